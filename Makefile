@@ -1,0 +1,63 @@
+# rmqha: every target creates and uses .venv itself; nothing is assumed installed by hand.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.rmqha-installed
+PYTEST_ARGS ?=
+
+.PHONY: all venv build test test-pure demo bench bench-quick trends chaos wheel-check clean
+
+all: build
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip "setuptools>=77" wheel "Cython>=3.1,<4"
+
+# Reinstall when the build or dependency files change; compile the extensions in place so
+# the editable install always imports the compiled twins that match the sources.
+$(STAMP): $(PY) pyproject.toml setup.py
+	$(PY) -m pip install --quiet -e '.[dev,spark]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+build: $(STAMP)
+	$(PY) setup.py --quiet build_ext --inplace
+
+test: build
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# The same suite with the pure-Python twins forced.
+test-pure: build
+	RMQHA_NO_EXTENSIONS=1 $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+chaos: build
+	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+
+demo: build
+	$(PY) -m rmqha demo $(DEMO_ARGS)
+
+bench: build
+	$(PY) -m pytest benches --benchmark-only --benchmark-autosave \
+		--benchmark-storage=file://.benchmarks --benchmark-disable-gc $(BENCH_ARGS)
+
+bench-quick: build
+	RMQHA_BENCH_QUICK=1 $(MAKE) bench
+
+trends: build
+	$(PY) -m spark_bench trends --history .benchmarks --out reports/trends
+
+# Build a wheel and prove it installs and imports in a fresh venv.
+wheel-check: $(PY)
+	rm -rf dist/wheelcheck && mkdir -p dist/wheelcheck
+	$(PY) -m pip wheel --quiet --no-deps -w dist/wheelcheck .
+	$(PYTHON) -m venv dist/wheelcheck/venv
+	dist/wheelcheck/venv/bin/pip install --quiet dist/wheelcheck/rmqha-*.whl
+	cd dist/wheelcheck && venv/bin/python -c "import rmqha, zipfile, glob; \
+		impl = rmqha.core_implementation(); print('wheel imports, core:', impl); \
+		assert impl == 'cython', impl; \
+		names = zipfile.ZipFile(glob.glob('rmqha-*.whl')[0]).namelist(); \
+		assert not [n for n in names if n.endswith('.c')], 'generated C in wheel'"
+
+clean:
+	rm -rf build dist *.egg-info rmqha/_core/*.c rmqha/_core/*.so rmqha/_core/*.html

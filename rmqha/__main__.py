@@ -1,0 +1,3 @@
+from rmqha.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,53 @@
+"""The hot paths, each as a compiled twin (``<name>.pyx``) and a pure twin (``<name>_py.py``).
+
+Both twins of a feature expose one API and write identical bytes.  :func:`load` returns the
+compiled twin when it imports, unless ``RMQHA_NO_EXTENSIONS`` is set; :func:`load_twin`
+returns a named twin so tests and benchmarks can run one body against both.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+
+NO_EXTENSIONS: bool = os.environ.get("RMQHA_NO_EXTENSIONS", "") not in ("", "0")
+
+#: Every hot-path feature; each has ``rmqha/_core/<name>.pyx`` and ``<name>_py.py``.
+FEATURES: tuple[str, ...] = ("records", "epoch_map", "frames", "ha_offsets")
+
+TWINS: tuple[str, ...] = ("cython", "python")
+
+_loaded: dict[str, str] = {}
+
+
+def load_twin(feature: str, twin: str) -> ModuleType:
+    """Import one named twin of a feature; ImportError if that twin is not available."""
+    if feature not in FEATURES:
+        raise ValueError(f"unknown hot-path feature {feature!r}; known: {', '.join(FEATURES)}")
+    if twin == "cython":
+        return importlib.import_module(f"rmqha._core.{feature}")
+    if twin == "python":
+        return importlib.import_module(f"rmqha._core.{feature}_py")
+    raise ValueError(f"unknown twin {twin!r}; expected 'cython' or 'python'")
+
+
+def load(feature: str) -> ModuleType:
+    """The twin in use for a feature: compiled when it imports and not disabled."""
+    if not NO_EXTENSIONS:
+        try:
+            mod = load_twin(feature, "cython")
+        except ImportError:
+            pass
+        else:
+            _loaded[feature] = "cython"
+            return mod
+    _loaded[feature] = "python"
+    return load_twin(feature, "python")
+
+
+def implementation() -> str:
+    """``"cython"`` when every feature loads compiled, else ``"python"``."""
+    for feature in FEATURES:
+        if feature not in _loaded:
+            load(feature)
+    return "cython" if all(v == "cython" for v in _loaded.values()) else "python"

@@ -1,0 +1,113 @@
+"""The one exception hierarchy of rmqha.
+
+Every error raised on purpose by rmqha derives from :class:`RmqhaError`.  Subclasses say
+which layer refused what; messages name the offending value so a person can act on them.
+Add new classes here (grouped by layer), never ad hoc in other modules.
+"""
+from __future__ import annotations
+
+
+class RmqhaError(Exception):
+    """Root of every error rmqha raises on purpose."""
+
+
+# --- configuration -----------------------------------------------------------------------
+
+
+class ConfigError(RmqhaError):
+    """A configuration key, value or file is wrong (the message names which)."""
+
+
+# --- storage -----------------------------------------------------------------------------
+
+
+class StoreError(RmqhaError):
+    """The commitlog, an index or a checkpoint refused an operation."""
+
+
+class MessageTooLargeError(StoreError):
+    """A record does not fit in one segment."""
+
+
+class InvalidMessageError(StoreError):
+    """A message's fields are invalid (empty or too long topic, bad properties, ...)."""
+
+
+class OffsetMismatchError(StoreError):
+    """Raw data was offered at an offset other than the log's current max offset."""
+
+
+class CorruptRecordError(StoreError):
+    """A stored record failed validation (magic, sizes, CRC)."""
+
+
+class StoreClosedError(StoreError):
+    """The store was used after close()."""
+
+
+class EpochError(StoreError):
+    """An epoch-map operation was refused (epochs must increase, starts must not go back)."""
+
+
+class CheckpointError(StoreError):
+    """A checkpoint file (epoch file, meta file) is missing or corrupt, .bak included."""
+
+
+# --- wire protocols ----------------------------------------------------------------------
+
+
+class ProtocolError(RmqhaError):
+    """A frame on the wire is malformed: out of bounds, unknown type, short body, ..."""
+
+
+class RemotingError(RmqhaError):
+    """An RPC failed at the transport level (connection lost, closed)."""
+
+
+class RemotingTimeoutError(RemotingError):
+    """An RPC got no answer in time."""
+
+
+class RemoteCommandError(RmqhaError):
+    """The remote side answered a request with a non-success code."""
+
+    def __init__(self, code: int, remark: str | None, request_code: int | None = None) -> None:
+        self.code = code
+        self.remark = remark or ""
+        self.request_code = request_code
+        what = f"request {request_code}" if request_code is not None else "request"
+        super().__init__(f"{what} refused with code {code}: {self.remark}")
+
+
+# --- controller / broker -----------------------------------------------------------------
+
+
+class ControllerError(RmqhaError):
+    """The controller could not do what was asked (not leader, no quorum, ...)."""
+
+
+class NotLeaderError(ControllerError):
+    """This controller is not the Raft leader; ``leader`` names the leader if known."""
+
+    def __init__(self, message: str, leader: str | None = None) -> None:
+        self.leader = leader
+        super().__init__(message)
+
+
+class BrokerError(RmqhaError):
+    """A broker refused an operation (identity mismatch, fenced, wrong role)."""
+
+
+class BrokerIdentityError(BrokerError):
+    """The stored broker identity does not match the configuration."""
+
+
+class ReplicationError(RmqhaError):
+    """The HA link failed: handshake refused, truncation impossible, bad block."""
+
+
+# --- client ------------------------------------------------------------------------------
+
+
+class ClientError(RmqhaError):
+    """The client could not complete a send or pull."""

@@ -1,0 +1,51 @@
+"""Shared fixtures: both twins of every hot path, free loopback ports, process cleanup."""
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+from rmqha import _core
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A run that silently tested only the pure twins would prove nothing about the compiled
+    # ones; fail loudly unless the pure-only mode was asked for.
+    if not _core.NO_EXTENSIONS:
+        missing = []
+        for feature in _core.FEATURES:
+            try:
+                _core.load_twin(feature, "cython")
+            except ImportError as exc:
+                missing.append(f"{feature}: {exc}")
+        if missing:
+            raise pytest.UsageError(
+                "compiled twins did not load (build with `make build`, or set "
+                "RMQHA_NO_EXTENSIONS=1 to test the pure twins only):\n  " + "\n  ".join(missing)
+            )
+
+
+def _twins() -> list[str]:
+    return ["python"] if _core.NO_EXTENSIONS else list(_core.TWINS)
+
+
+@pytest.fixture(params=_twins())
+def twin(request: pytest.FixtureRequest) -> str:
+    """The name of a twin ("cython" or "python"); every test using it runs on both."""
+    return request.param
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def port_factory():
+    return free_port
+
+
+os.environ.setdefault("PYTHONHASHSEED", "0")
