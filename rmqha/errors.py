@@ -111,3 +111,13 @@ class ReplicationError(RmqhaError):
 
 class ClientError(RmqhaError):
     """The client could not complete a send or pull."""
+
+
+class SendError(ClientError):
+    """A send failed after its retries; ``code``/``status`` are the last broker answer
+    (``status`` e.g. IN_SYNC_REPLICAS_NOT_ENOUGH, NOT_MASTER, TIMEOUT, CONNECTION)."""
+
+    def __init__(self, message: str, code: int | None = None, status: str = "") -> None:
+        self.code = code
+        self.status = status
+        super().__init__(message)
