@@ -1,0 +1,177 @@
+"""Controller admin commands, named like mqadmin's (kebab-case, with camelCase aliases).
+
+``get-controller-metadata``, ``get-sync-state-set``, ``elect-master``,
+``clean-broker-metadata``, ``get-controller-config``, ``update-controller-config``.
+Each takes ``-a/--controller-address`` (``a;b;c``), prints a human table (mqadmin's
+layout) or ``--json``, and exits non-zero on a refusal with the controller's remark.
+The admin token (when the controllers have one) comes from ``--admin-token`` or the
+environment variable ``RMQHA_ADMIN_TOKEN``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from typing import Any
+
+from rmqha.config import ConfigError, camel_to_snake, resolve_key
+from rmqha.controller.client import BlockingControllerClient
+from rmqha.controller.config import UPDATE_BLACKLIST, ControllerConfig
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-a", "--controller-address", "--controllerAddress", dest="controller_address",
+                   required=True, help="controller addresses, host:port;host:port")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--timeout", type=float, default=3.0, help="per-request timeout in seconds")
+    p.add_argument("--admin-token", default=os.environ.get("RMQHA_ADMIN_TOKEN"),
+                   help="the cluster's admin token (default: $RMQHA_ADMIN_TOKEN)")
+
+
+def _client(args: argparse.Namespace) -> BlockingControllerClient:
+    return BlockingControllerClient(args.controller_address, request_timeout=args.timeout,
+                                    admin_token=args.admin_token)
+
+
+def _emit(args: argparse.Namespace, data: Any, lines: list[str]) -> None:
+    if args.json:
+        print(json.dumps(data, indent=2, sort_keys=True, default=str))
+    else:
+        print("\n".join(lines))
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("get-controller-metadata", aliases=["getControllerMetaData"],
+                              help="controller group, leader and peers")
+    _common(p)
+    p.set_defaults(func=get_controller_metadata)
+
+    p = subparsers.add_parser("get-sync-state-set", aliases=["getSyncStateSet"],
+                              help="master, epochs and SyncStateSet of broker groups")
+    _common(p)
+    p.add_argument("-b", "--broker-name", "--brokerName", dest="broker_name", action="append",
+                   required=True, help="broker name (repeat for several)")
+    p.set_defaults(func=get_sync_state_set)
+
+    p = subparsers.add_parser("elect-master", aliases=["electMaster"],
+                              help="make a given broker the master of its group")
+    _common(p)
+    p.add_argument("-c", "--cluster-name", "--clusterName", dest="cluster_name", default="")
+    p.add_argument("-bn", "--broker-name", "--brokerName", dest="broker_name", required=True)
+    p.add_argument("-b", "--broker-id", "--brokerId", dest="broker_id", type=int, required=True)
+    p.set_defaults(func=elect_master)
+
+    p = subparsers.add_parser("clean-broker-metadata", aliases=["cleanBrokerMetadata"],
+                              help="remove broker ids (or a whole group) from the controller")
+    _common(p)
+    p.add_argument("-c", "--cluster-name", "--clusterName", dest="cluster_name", default="")
+    p.add_argument("-bn", "--broker-name", "--brokerName", dest="broker_name", required=True)
+    p.add_argument("-b", "--broker-ids", "--brokerControllerIdsToClean", dest="broker_ids",
+                   default="", help="ids to clean, 1;2;3 (default: the whole group)")
+    p.add_argument("-l", "--clean-living-broker", "--cleanLivingBroker", dest="clean_living",
+                   action="store_true", help="also clean brokers that are alive")
+    p.set_defaults(func=clean_broker_metadata)
+
+    p = subparsers.add_parser("get-controller-config", aliases=["getControllerConfig"],
+                              help="the configuration of each controller")
+    _common(p)
+    p.set_defaults(func=get_controller_config)
+
+    p = subparsers.add_parser("update-controller-config", aliases=["updateControllerConfig"],
+                              help="change a runtime setting on each controller")
+    _common(p)
+    p.add_argument("-k", "--key", required=True)
+    p.add_argument("-v", "--value", required=True)
+    p.set_defaults(func=update_controller_config)
+
+
+def get_controller_metadata(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        meta = client.get_metadata()
+    lines = [f"#ControllerGroup\t{meta.group}", f"#ControllerLeaderId\t{meta.leader_id}",
+             f"#ControllerLeaderAddress\t{meta.leader_address}"]
+    lines += [f"#Peer:\t{pid}:{addr}" for pid, addr in meta.peers]
+    _emit(args, dataclasses.asdict(meta), lines)
+    return 0
+
+
+def get_sync_state_set(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        table = client.get_sync_state_data(args.broker_name)
+    lines: list[str] = []
+    for name, st in table.items():
+        lines += ["", f"#brokerName\t{name}", f"#MasterBrokerId\t{st.master_broker_id}",
+                  f"#MasterAddr\t{st.master_address}", f"#MasterEpoch\t{st.master_epoch}",
+                  f"#SyncStateSetEpoch\t{st.sync_state_set_epoch}",
+                  f"#SyncStateSetNums\t{len(st.in_sync_replicas)}"]
+        for kind, reps in (("InSyncReplica", st.in_sync_replicas),
+                           ("NotInSyncReplica", st.not_in_sync_replicas)):
+            for r in reps:
+                lines.append(f"{kind}:\tReplicaIdentity{{brokerName='{r.broker_name}', "
+                             f"brokerId={r.broker_id}, brokerAddress='{r.broker_address}', "
+                             f"alive={str(r.alive).lower()}}}")
+    missing = [n for n in args.broker_name if n not in table]
+    for n in missing:
+        lines.append(f"broker set {n} is not known to the controller")
+    _emit(args, {n: dataclasses.asdict(s) for n, s in table.items()}, lines)
+    return 1 if missing and not table else 0
+
+
+def elect_master(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        res = client.elect_master(args.cluster_name, args.broker_name, args.broker_id, designate=True)
+    lines = [f"#ClusterName\t{args.cluster_name}", f"#BrokerName\t{args.broker_name}",
+             f"#BrokerMasterAddr\t{res.master_address}", f"#MasterEpoch\t{res.master_epoch}",
+             f"#SyncStateSetEpoch\t{res.sync_state_set_epoch}"]
+    lines += [f"\t#Broker\t{bid}\t{addr}" for bid, addr in sorted(res.broker_addrs.items())]
+    if res.code != 0:
+        lines.append(f"(master {res.master_broker_id} is alive and stays master)")
+    _emit(args, dataclasses.asdict(res), lines)
+    return 0
+
+
+def clean_broker_metadata(args: argparse.Namespace) -> int:
+    if not args.clean_living and not args.cluster_name:
+        print("cleanLivingBroker option is false, clusterName option can not be empty.",
+              file=sys.stderr)
+        return 2
+    ids = [int(x) for x in args.broker_ids.split(";") if x.strip()] if args.broker_ids else None
+    with _client(args) as client:
+        client.clean_broker_data(args.broker_name, ids, cluster=args.cluster_name,
+                                 clean_living_broker=args.clean_living)
+    _emit(args, {"brokerName": args.broker_name, "cleaned": ids or "all"},
+          [f"clear broker {args.broker_name} metadata from controller success! "])
+    return 0
+
+
+def get_controller_config(args: argparse.Namespace) -> int:
+    out: dict[str, dict[str, str]] = {}
+    lines: list[str] = []
+    with _client(args) as client:
+        for addr in client.addresses:
+            cfg = client.get_controller_config(addr)
+            out[addr] = cfg
+            lines.append(f"============{addr}============")
+            lines += [f"{k:<50s}=  {v}" for k, v in cfg.items()]
+    _emit(args, out, lines)
+    return 0
+
+
+def update_controller_config(args: argparse.Namespace) -> int:
+    try:
+        name = resolve_key(ControllerConfig, args.key, "the command line")
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    if name in UPDATE_BLACKLIST or camel_to_snake(args.key) in UPDATE_BLACKLIST:
+        print(f"refusing to update {args.key}: it redirects storage, membership or security "
+              "and can only be changed in the config file", file=sys.stderr)
+        return 2
+    with _client(args) as client:
+        client.update_controller_config({args.key: args.value})
+        addrs = client.addresses
+    _emit(args, {"updated": {args.key: args.value}, "controllers": addrs},
+          [f"update controller config success!{addrs}", f"{args.key} : {args.value}"])
+    return 0

@@ -1,0 +1,124 @@
+"""ControllerConfig: the settings of one controller process (RocketMQ-style defaults).
+
+Loaded with :func:`rmqha.config.load_config` from TOML or a RocketMQ ``key=value`` file;
+RocketMQ's camelCase keys (``controllerDLegerPeers``, ``enableElectUncleanMaster``, ...)
+are accepted.  Peers are ``id-host:port`` entries separated by ``;`` where host:port is the
+controller's remoting (RPC) address, as in RocketMQ; each controller's Raft (pysyncobj)
+address is given by ``raft_peers`` in the same format or, when that is empty, is the RPC
+port plus ``raft_port_offset``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rmqha.errors import ConfigError
+
+#: Keys UPDATE_CONTROLLER_CONFIG refuses: they would redirect storage, change the Raft
+#: membership or weaken security.  (RocketMQ's configBlackList, extended.)
+UPDATE_BLACKLIST: frozenset[str] = frozenset({
+    "controller_store_path", "config_store_path", "config_black_list", "controller_peers",
+    "controller_self_id", "controller_group", "raft_peers", "raft_port_offset",
+    "raft_password", "admin_token", "listen_host", "metrics_port", "metrics_host",
+    "raft_fast",
+})
+
+#: Values never shown by GET_CONTROLLER_CONFIG.
+SECRET_KEYS: frozenset[str] = frozenset({"raft_password", "admin_token"})
+
+
+@dataclass(frozen=True)
+class Peer:
+    id: str
+    rpc_address: str
+    raft_address: str
+
+
+def _parse_peer_list(text: str, key: str) -> list[tuple[str, str]]:
+    out = []
+    for item in [p.strip() for p in text.replace(",", ";").split(";") if p.strip()]:
+        pid, sep, addr = item.partition("-")
+        host, colon, port = addr.rpartition(":")
+        if not sep or not pid or not colon or not host or not port.isdigit():
+            raise ConfigError(f"{key}: bad peer {item!r}; expected id-host:port")
+        out.append((pid, addr))
+    return out
+
+
+@dataclass
+class ControllerConfig:
+    controller_group: str = field(default="rmqha-controller",
+                                  metadata={"aliases": ("controllerDLegerGroup",)})
+    controller_peers: str = field(default="n0-127.0.0.1:9878",
+                                  metadata={"aliases": ("controllerDLegerPeers",)})
+    controller_self_id: str = field(default="n0", metadata={"aliases": ("controllerDLegerSelfId",)})
+    raft_peers: str = ""
+    raft_port_offset: int = 1000
+    listen_host: str = "127.0.0.1"
+    controller_store_path: Path = field(default_factory=lambda: Path.home() / "rmqha" / "controller")
+    config_store_path: Path | None = None
+    config_black_list: str = "configBlackList;configStorePath"
+    #: pysyncobj ``password``; required when any peer is not on loopback.
+    raft_password: str | None = field(default=None, metadata={"aliases": ("clusterSecret",)})
+    #: When set, admin writes (elect, clean, config update) must carry it (extField adminToken).
+    admin_token: str | None = None
+    scan_not_active_broker_interval: int = 5000
+    scan_inactive_master_interval: int = 5000
+    elect_master_max_retry_count: int = 3
+    enable_elect_unclean_master: bool = False
+    notify_broker_role_changed: bool = True
+    #: Heartbeat timeout assumed when a broker's heartbeat does not say (ms).
+    broker_heartbeat_timeout: int = 10000
+    #: A new leader waits this long for fresh heartbeats before electing anyone (ms).
+    new_leader_heartbeat_wait: int = 3000
+    raft_fast: bool = True
+    raft_min_timeout: int = 400
+    raft_max_timeout: int = 800
+    raft_heartbeat_interval: int = 50
+    commit_timeout: int = 5000
+    max_frame_bytes: int = 16 * 1024 * 1024
+    #: Prometheus exporter port (0 = off).
+    metrics_port: int = field(default=0, metadata={"aliases": ("metricsPromExporterPort",)})
+    metrics_host: str = field(default="127.0.0.1", metadata={"aliases": ("metricsPromExporterHost",)})
+
+    def validate(self) -> None:
+        peers = self.peers()
+        if self.controller_self_id not in {p.id for p in peers}:
+            raise ConfigError(
+                f"controllerDLegerSelfId {self.controller_self_id!r} is not among the peers "
+                f"({', '.join(p.id for p in peers)})"
+            )
+        if self.raft_min_timeout <= 0 or self.raft_max_timeout < self.raft_min_timeout:
+            raise ConfigError("raft_min_timeout must be > 0 and <= raft_max_timeout")
+
+    def peers(self) -> list[Peer]:
+        rpc = _parse_peer_list(self.controller_peers, "controller_peers")
+        if not rpc:
+            raise ConfigError("controller_peers is empty")
+        ids = [pid for pid, _ in rpc]
+        if len(set(ids)) != len(ids):
+            raise ConfigError(f"controller_peers: duplicate ids in {self.controller_peers!r}")
+        raft: dict[str, str] = {}
+        if self.raft_peers.strip():
+            raft = dict(_parse_peer_list(self.raft_peers, "raft_peers"))
+            if set(raft) != set(ids):
+                raise ConfigError("raft_peers must name the same ids as controller_peers")
+        out = []
+        for pid, addr in rpc:
+            if pid in raft:
+                raft_addr = raft[pid]
+            else:
+                host, _, port = addr.rpartition(":")
+                raft_addr = f"{host}:{int(port) + self.raft_port_offset}"
+            out.append(Peer(pid, addr, raft_addr))
+        return out
+
+    def self_peer(self) -> Peer:
+        for p in self.peers():
+            if p.id == self.controller_self_id:
+                return p
+        raise ConfigError(f"controllerDLegerSelfId {self.controller_self_id!r} is not a peer")
+
+    @property
+    def journal_file(self) -> Path:
+        return self.controller_store_path / "raft" / "journal"

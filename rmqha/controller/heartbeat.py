@@ -1,0 +1,163 @@
+"""Broker liveness as one controller sees it (heartbeats, timeouts, closed connections).
+
+Every controller records the heartbeats it receives (brokers heartbeat all controllers,
+RocketMQ #5712), but only the leader acts on liveness.  A broker is alive while its last
+heartbeat is younger than the timeout it asked for and the connection it came on is open.
+Within one epoch the recorded max offset never goes down (a late heartbeat cannot make a
+replica look further behind than it was).  A new leader waits ``new_leader_wait`` for
+fresh heartbeats before declaring anyone dead: until then it triggers no election and the
+current master gets the benefit of the doubt.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rmqha.controller.elect_policy import CandidateInfo
+
+DEFAULT_PRIORITY = 2**31 - 1
+
+
+@dataclass
+class BrokerLiveInfo:
+    cluster: str
+    broker_name: str
+    broker_id: int
+    address: str
+    last_update: float
+    timeout_s: float
+    epoch: int = -1
+    max_offset: int = -1
+    confirm_offset: int = -1
+    priority: int = DEFAULT_PRIORITY
+    conn: Any = None
+
+    def expired(self, now: float) -> bool:
+        return now - self.last_update > self.timeout_s
+
+
+InactiveListener = Callable[[str, str, int], None]
+
+
+class BrokerHeartbeatManager:
+    """The heartbeat table of one controller; times are ``time.monotonic()`` seconds."""
+
+    def __init__(self, new_leader_wait_s: float = 3.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._table: dict[tuple[str, int], BrokerLiveInfo] = {}
+        self._clock = clock
+        self.new_leader_wait_s = new_leader_wait_s
+        self._leader_since: float | None = None
+        self._listeners: list[InactiveListener] = []
+
+    def add_inactive_listener(self, fn: InactiveListener) -> None:
+        """fn(cluster, broker_name, broker_id) when a broker times out or disconnects."""
+        self._listeners.append(fn)
+
+    # --- leadership ------------------------------------------------------------------
+
+    def on_leader(self) -> None:
+        self._leader_since = self._clock()
+
+    def on_not_leader(self) -> None:
+        self._leader_since = None
+
+    @property
+    def in_grace(self) -> bool:
+        """True while a new leader is still collecting fresh heartbeats."""
+        return (self._leader_since is not None
+                and self._clock() - self._leader_since < self.new_leader_wait_s)
+
+    # --- input -----------------------------------------------------------------------
+
+    def on_heartbeat(
+        self, cluster: str, broker_name: str, broker_id: int, address: str, *,
+        epoch: int | None = None, max_offset: int | None = None,
+        confirm_offset: int | None = None, timeout_ms: int | None = None,
+        priority: int | None = None, conn: Any = None, default_timeout_ms: int = 10000,
+    ) -> None:
+        now = self._clock()
+        key = (broker_name, broker_id)
+        timeout_s = (timeout_ms if timeout_ms and timeout_ms > 0 else default_timeout_ms) / 1000
+        prev = self._table.get(key)
+        e = -1 if epoch is None else epoch
+        mo = -1 if max_offset is None else max_offset
+        co = -1 if confirm_offset is None else confirm_offset
+        pr = DEFAULT_PRIORITY if priority is None else priority
+        if prev is None:
+            info = BrokerLiveInfo(cluster, broker_name, broker_id, address, now, timeout_s,
+                                  e, mo, co, pr, conn)
+            self._table[key] = info
+        else:
+            prev.last_update = now
+            prev.timeout_s = timeout_s
+            prev.priority = pr
+            prev.address = address
+            prev.cluster = cluster
+            if conn is not None:
+                prev.conn = conn
+            if e > prev.epoch or (e == prev.epoch and mo > prev.max_offset):
+                prev.epoch, prev.max_offset, prev.confirm_offset = e, mo, co
+            elif e == prev.epoch:
+                prev.confirm_offset = max(prev.confirm_offset, co)
+            info = prev
+        if conn is not None and hasattr(conn, "add_close_callback"):
+            tracked = conn.attributes.setdefault("heartbeat_keys", set())
+            if not tracked:
+                conn.add_close_callback(self._on_conn_closed)
+            tracked.add(key)
+
+    def _on_conn_closed(self, conn: Any) -> None:
+        for key in list(conn.attributes.get("heartbeat_keys", ())):
+            info = self._table.get(key)
+            if info is not None and info.conn is conn:
+                del self._table[key]
+                self._notify(info)
+
+    def _notify(self, info: BrokerLiveInfo) -> None:
+        for fn in self._listeners:
+            fn(info.cluster, info.broker_name, info.broker_id)
+
+    def scan(self) -> list[BrokerLiveInfo]:
+        """Drop expired entries, tell the listeners, return what was dropped."""
+        now = self._clock()
+        dead = [i for i in self._table.values() if i.expired(now)]
+        for info in dead:
+            del self._table[(info.broker_name, info.broker_id)]
+            if info.conn is not None and hasattr(info.conn, "close"):
+                info.conn.attributes.get("heartbeat_keys", set()).discard(
+                    (info.broker_name, info.broker_id))
+            self._notify(info)
+        return dead
+
+    def remove_group(self, broker_name: str, ids: list[int] | None = None) -> None:
+        for key in [k for k in self._table if k[0] == broker_name and (ids is None or k[1] in ids)]:
+            del self._table[key]
+
+    # --- queries ---------------------------------------------------------------------
+
+    def is_alive(self, broker_name: str, broker_id: int) -> bool:
+        info = self._table.get((broker_name, broker_id))
+        if info is None:
+            return False
+        if info.expired(self._clock()):
+            return False
+        return True
+
+    def info(self, broker_name: str, broker_id: int) -> BrokerLiveInfo | None:
+        return self._table.get((broker_name, broker_id))
+
+    def candidate(self, broker_name: str, broker_id: int) -> CandidateInfo:
+        info = self._table.get((broker_name, broker_id))
+        if info is None:
+            return CandidateInfo(broker_id)
+        return CandidateInfo(broker_id, info.epoch, info.max_offset, info.priority)
+
+    def alive_count(self, broker_name: str) -> int:
+        now = self._clock()
+        return sum(1 for (n, _), i in self._table.items() if n == broker_name and not i.expired(now))
+
+    def entries(self) -> list[BrokerLiveInfo]:
+        return list(self._table.values())

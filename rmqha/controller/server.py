@@ -1,0 +1,539 @@
+"""The controller process: remoting server + Raft node + heartbeat manager + elections.
+
+Request handling (RocketMQ's controller codes, see :mod:`rmqha.codes`):
+
+* GET_METADATA_INFO, BROKER_HEARTBEAT, GET/UPDATE_CONTROLLER_CONFIG: answered by any node.
+* Everything else needs the Raft leader; a follower answers CONTROLLER_NOT_LEADER with
+  the leader's RPC address in ``controllerLeaderAddress`` (and in the remark).
+* On the leader, one writer task handles requests one at a time: validate against the
+  committed state (:mod:`rmqha.controller.logic`), commit the event, answer after it is
+  applied.  Requests that queue up meanwhile are validated in order against a scratch
+  copy that already includes the earlier ones, and committed together as one Raft entry
+  (group commit).  A new leader first commits a barrier so it has applied everything before it
+  validates anything, and waits ``new_leader_heartbeat_wait`` for fresh heartbeats before
+  it elects anyone.
+* After a successful election the leader pushes NOTIFY_BROKER_ROLE_CHANGED (one-way) to the
+  live brokers of the group at their registered addresses.
+* Admin writes (designated elections, clean, config updates) need ``adminToken`` in the
+  header when the controller has an ``admin_token``.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from rmqha.codes import RequestCode, ResponseCode
+from rmqha.config import apply_values, check_port_free, resolve_key, to_dict
+from rmqha.controller.config import SECRET_KEYS, UPDATE_BLACKLIST, ControllerConfig, Peer
+from rmqha.controller.heartbeat import BrokerHeartbeatManager
+from rmqha.controller.logic import BadRequest, ControllerLogic, Decision
+from rmqha.controller.metrics import ControllerMetrics
+from rmqha.controller.state import ReplicasState
+from rmqha.errors import ConfigError, ControllerError, NotLeaderError, ProtocolError, RmqhaError
+from rmqha.metrics import MetricsRegistry
+from rmqha.raft import RaftNode, RaftRole, RaftSettings
+from rmqha.remoting import Connection, RemotingClient, RemotingCommand, RemotingServer
+
+log = logging.getLogger(__name__)
+
+#: Codes answered without the leader.
+#: Most requests validated and committed as one Raft entry.
+_MAX_BATCH = 256
+
+_ANY_NODE = {RequestCode.CONTROLLER_GET_METADATA_INFO, RequestCode.BROKER_HEARTBEAT,
+             RequestCode.GET_CONTROLLER_CONFIG, RequestCode.UPDATE_CONTROLLER_CONFIG}
+
+
+class _NotLeader(Exception):
+    pass
+
+
+class ControllerServer:
+    def __init__(self, config: ControllerConfig, metrics_registry: MetricsRegistry | None = None) -> None:
+        config.validate()
+        self.config = config
+        self.peers: list[Peer] = config.peers()
+        self.self_peer = config.self_peer()
+        self.state = ReplicasState()
+        self.heartbeats = BrokerHeartbeatManager(config.new_leader_heartbeat_wait / 1000)
+        self.logic = ControllerLogic(self.state, self.heartbeats, config.enable_elect_unclean_master)
+        self.metrics = ControllerMetrics(config.controller_group, self.self_peer.id, metrics_registry)
+        host, _, port = self.self_peer.rpc_address.rpartition(":")
+        self.remoting = RemotingServer(config.listen_host, int(port), None, config.max_frame_bytes)
+        self.raft = RaftNode(
+            RaftSettings(
+                self_address=self.self_peer.raft_address,
+                peers=[p.raft_address for p in self.peers],
+                journal_file=config.journal_file,
+                password=config.raft_password,
+                fast=config.raft_fast,
+                raft_min_timeout=config.raft_min_timeout / 1000,
+                raft_max_timeout=config.raft_max_timeout / 1000,
+                append_entries_period=config.raft_heartbeat_interval / 1000,
+            ),
+            self.state.apply, self.state.snapshot, self.state.restore,
+            on_role_change=self._role_changed_from_raft,
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending: list[tuple[Callable[[ControllerLogic], Decision], asyncio.Future[Decision]]] = []
+        self._writer: asyncio.Task[None] | None = None
+        self._ready_term = -1
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._notify_clients: dict[str, RemotingClient] = {}
+        self._notify_tasks: dict[str, asyncio.Task[None]] = {}
+        self._electing: set[str] = set()
+        self.heartbeats.add_inactive_listener(self._on_broker_inactive)
+        self._register_handlers()
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    @property
+    def address(self) -> str:
+        return self.self_peer.rpc_address
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        rhost, _, rport = self.self_peer.raft_address.rpartition(":")
+        check_port_free(self.config.listen_host, int(self.remoting.port), "controller_peers (RPC port)")
+        check_port_free(rhost, int(rport), "raft port (raft_peers / raft_port_offset)")
+        try:
+            await self.remoting.start()
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {self.address}: {exc}") from exc
+        self.raft.start()
+        if self.config.metrics_port:
+            self.metrics.start_http(self.config.metrics_host, self.config.metrics_port)
+        self._spawn(self._scan_heartbeats_loop())
+        self._spawn(self._rescan_masters_loop())
+        self._spawn(self._raft_metrics_loop())
+        log.info("controller %s serving %s (raft %s, group %s)", self.self_peer.id, self.address,
+                 self.self_peer.raft_address, self.config.controller_group)
+
+    async def stop(self) -> None:
+        for task in list(self._tasks) + list(self._notify_tasks.values()):
+            task.cancel()
+        for task in list(self._tasks):
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        await self.remoting.stop()
+        for client in self._notify_clients.values():
+            await client.close()
+        await asyncio.get_running_loop().run_in_executor(None, self.raft.stop)
+        self.metrics.stop()
+
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # --- raft role -------------------------------------------------------------------
+
+    def _role_changed_from_raft(self, role: RaftRole, term: int) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._on_role_change, role, term)
+
+    def _on_role_change(self, role: RaftRole, term: int) -> None:
+        self.metrics.raft(int(role), term)
+        if role == RaftRole.LEADER:
+            self.heartbeats.on_leader()
+        else:
+            self.heartbeats.on_not_leader()
+
+    def leader_peer(self) -> Peer | None:
+        if self.raft.is_leader:
+            return self.self_peer
+        leader = self.raft.leader
+        for p in self.peers:
+            if p.raft_address == leader:
+                return p
+        return None
+
+    # --- request plumbing ------------------------------------------------------------
+
+    def _register_handlers(self) -> None:
+        table: dict[int, Callable[[RemotingCommand, Connection], Awaitable[RemotingCommand]]] = {
+            RequestCode.CONTROLLER_GET_METADATA_INFO: self._get_metadata,
+            RequestCode.BROKER_HEARTBEAT: self._heartbeat,
+            RequestCode.GET_CONTROLLER_CONFIG: self._get_config,
+            RequestCode.UPDATE_CONTROLLER_CONFIG: self._update_config,
+            RequestCode.CONTROLLER_GET_NEXT_BROKER_ID: self._leader_call(
+                lambda logic, cmd: logic.get_next_broker_id(cmd.ext_fields)),
+            RequestCode.CONTROLLER_APPLY_BROKER_ID: self._leader_call(
+                lambda logic, cmd: logic.apply_broker_id(cmd.ext_fields)),
+            RequestCode.CONTROLLER_REGISTER_BROKER: self._leader_call(
+                lambda logic, cmd: logic.register_broker(cmd.ext_fields)),
+            RequestCode.CONTROLLER_GET_REPLICA_INFO: self._leader_call(
+                lambda logic, cmd: logic.get_replica_info(cmd.ext_fields)),
+            RequestCode.CONTROLLER_GET_SYNC_STATE_DATA: self._leader_call(
+                lambda logic, cmd: logic.get_sync_state_data(cmd.json_body())),
+            RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET: self._leader_call(
+                lambda logic, cmd: logic.alter_sync_state_set(cmd.ext_fields, cmd.json_body())),
+            RequestCode.CONTROLLER_ELECT_MASTER: self._leader_call(
+                lambda logic, cmd: logic.elect_master(cmd.ext_fields), admin=self._is_admin_elect,
+                after=self._after_elect),
+            RequestCode.CLEAN_BROKER_DATA: self._leader_call(
+                lambda logic, cmd: logic.clean_broker_data(cmd.ext_fields), admin=lambda c: True,
+                after=self._after_clean),
+        }
+        for code, fn in table.items():
+            self.remoting.register(code, self._metered(int(code), fn))
+
+    def _metered(self, code: int, fn: Callable[[RemotingCommand, Connection], Awaitable[RemotingCommand]]):
+        async def handler(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+            try:
+                resp = await fn(cmd, conn)
+            except BadRequest as exc:
+                resp = cmd.response(ResponseCode.CONTROLLER_INVALID_REQUEST, str(exc))
+            except ProtocolError as exc:
+                resp = cmd.response(ResponseCode.CONTROLLER_INVALID_REQUEST, str(exc))
+            self.metrics.request(code, resp.code)
+            return resp
+        return handler
+
+    def _not_leader(self, cmd: RemotingCommand) -> RemotingCommand:
+        leader = self.leader_peer()
+        addr = leader.rpc_address if leader else ""
+        return cmd.response(
+            ResponseCode.CONTROLLER_NOT_LEADER,
+            f"The controller is not in leader state; leader: {addr or 'unknown'}",
+            {"controllerLeaderAddress": addr, "controllerLeaderId": leader.id if leader else ""},
+        )
+
+    def _check_admin(self, cmd: RemotingCommand) -> RemotingCommand | None:
+        token = self.config.admin_token
+        if token and cmd.ext_fields.get("adminToken") != token:
+            return cmd.response(ResponseCode.NO_PERMISSION,
+                                "this admin operation needs the cluster's admin token")
+        return None
+
+    @staticmethod
+    def _is_admin_elect(cmd: RemotingCommand) -> bool:
+        return cmd.ext_fields.get("designateElect", "false").lower() == "true"
+
+    async def _ensure_leader_ready(self) -> None:
+        if not self.raft.is_leader:
+            raise _NotLeader()
+        term = self.raft.term
+        if self._ready_term != term:
+            await self.raft.apply({"type": "barrier"}, self.config.commit_timeout / 1000)
+            self._ready_term = term
+
+    async def _run_decision(self, decide: Callable[[ControllerLogic], Decision]) -> Decision:
+        """Queue a request for the single writer; raise _NotLeader when not leader.
+
+        The writer takes every queued request, validates them one after another (each
+        against the state left by the ones before it, on a scratch copy), commits their
+        events as one Raft entry and answers each after it is applied: one-at-a-time
+        semantics with group commit.
+        """
+        if not self.raft.is_leader:
+            raise _NotLeader()
+        fut: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+        self._pending.append((decide, fut))
+        if self._writer is None or self._writer.done():
+            self._writer = self._spawn(self._write_loop())
+        return await fut
+
+    async def _write_loop(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending[:_MAX_BATCH], self._pending[_MAX_BATCH:]
+            try:
+                await self._commit_batch(batch)
+            except (_NotLeader, NotLeaderError):
+                self._ready_term = -1
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(_NotLeader())
+            except ControllerError as exc:
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc)
+            except Exception as exc:  # a bug must fail these requests, not hang them all
+                log.exception("controller write batch failed")
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(ControllerError(f"internal error: {exc!r}"))
+
+    async def _commit_batch(self, batch: list[tuple[Callable[[ControllerLogic], Decision],
+                                                   asyncio.Future[Decision]]]) -> None:
+        await self._ensure_leader_ready()
+        scratch = self.state.overlay() if len(batch) > 1 else None
+        logic = self.logic if scratch is None else ControllerLogic(
+            scratch, self.heartbeats, self.logic.enable_elect_unclean_master)
+        decided: list[tuple[asyncio.Future[Decision], Decision, int | None]] = []
+        events: list[dict[str, Any]] = []
+        for decide, fut in batch:
+            try:
+                decision = decide(logic)
+            except (BadRequest, ProtocolError) as exc:
+                fut.set_exception(exc)
+                continue
+            slot = None
+            if decision.event is not None:
+                slot = len(events)
+                events.append(decision.event)
+                if scratch is not None:
+                    scratch.apply(decision.event)
+            decided.append((fut, decision, slot))
+        results: list[Any] = []
+        if events:
+            payload = events[0] if len(events) == 1 else {"type": "batch", "events": events}
+            started = time.perf_counter()
+            result = await self.raft.apply(payload, self.config.commit_timeout / 1000)
+            self.metrics.commit(time.perf_counter() - started)
+            results = [result] if len(events) == 1 else list(result.get("results", []))
+        for fut, decision, slot in decided:
+            if fut.done():
+                continue
+            if slot is not None:
+                res = results[slot] if slot < len(results) else None
+                if not (isinstance(res, dict) and res.get("ok")):
+                    reason = res.get("reason") if isinstance(res, dict) else res
+                    decision = Decision(ResponseCode.SYSTEM_ERROR,
+                                        f"state changed while committing ({reason}); retry")
+            fut.set_result(decision)
+
+    def _leader_call(
+        self, decide: Callable[[ControllerLogic, RemotingCommand], Decision], *,
+        admin: Callable[[RemotingCommand], bool] | None = None,
+        after: Callable[[RemotingCommand, Decision], None] | None = None,
+    ) -> Callable[[RemotingCommand, Connection], Awaitable[RemotingCommand]]:
+        async def handler(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+            if admin is not None and admin(cmd):
+                refused = self._check_admin(cmd)
+                if refused is not None:
+                    return refused
+            if not self.raft.is_leader:
+                return self._not_leader(cmd)
+            try:
+                decision = await self._run_decision(lambda logic: decide(logic, cmd))
+            except _NotLeader:
+                return self._not_leader(cmd)
+            except ControllerError as exc:
+                return cmd.response(ResponseCode.SYSTEM_ERROR, str(exc))
+            if after is not None:
+                after(cmd, decision)
+            return cmd.response(decision.code, decision.remark, decision.ext_fields,
+                                decision.body if decision.body is not None else b"")
+        return handler
+
+    # --- any-node handlers -----------------------------------------------------------
+
+    async def _get_metadata(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        leader = self.leader_peer()
+        return cmd.response(ext_fields={
+            "group": self.config.controller_group,
+            "controllerLeaderId": leader.id if leader else "",
+            "controllerLeaderAddress": leader.rpc_address if leader else "",
+            "isLeader": self.raft.is_leader,
+            "peers": "".join(f"{p.id}:{p.rpc_address};" for p in self.peers),
+        })
+
+    async def _heartbeat(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        ext = cmd.ext_fields
+        if not ext.get("brokerId"):
+            return cmd.response(ResponseCode.CONTROLLER_INVALID_REQUEST, "Heart beat with empty brokerId")
+
+        def num(key: str) -> int | None:
+            raw = ext.get(key)
+            if raw in (None, "", "null"):
+                return None
+            try:
+                return int(raw)
+            except ValueError:
+                raise BadRequest(f"header field {key} is not an integer: {raw!r}") from None
+
+        self.heartbeats.on_heartbeat(
+            ext.get("clusterName", ""), ext.get("brokerName", ""), int(num("brokerId") or 0),
+            ext.get("brokerAddr", ""), epoch=num("epoch"), max_offset=num("maxOffset"),
+            confirm_offset=num("confirmOffset"), timeout_ms=num("heartbeatTimeoutMills"),
+            priority=num("electionPriority"), conn=conn,
+            default_timeout_ms=self.config.broker_heartbeat_timeout,
+        )
+        return cmd.response(remark="Heart beat success")
+
+    def _config_view(self) -> dict[str, Any]:
+        view = to_dict(self.config)
+        for key in SECRET_KEYS:
+            camel = "".join(w.capitalize() if i else w for i, w in enumerate(key.split("_")))
+            if view.get(camel):
+                view[camel] = "******"
+        return view
+
+    async def _get_config(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        text = "".join(f"{k}={'' if v is None else v}\n" for k, v in self._config_view().items())
+        return cmd.response(body=text)
+
+    async def _update_config(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        refused = self._check_admin(cmd)
+        if refused is not None:
+            return refused
+        try:
+            text = cmd.body.decode("utf-8")
+        except UnicodeDecodeError:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, "string2Properties error")
+        values: dict[str, str] = {}
+        for line in text.splitlines():
+            line = line.strip()
+            if not line or line[0] in "#!":
+                continue
+            key, sep, value = line.partition("=")
+            if not sep:
+                return cmd.response(ResponseCode.SYSTEM_ERROR, "string2Properties error")
+            values[key.strip()] = value.strip()
+        black = set(UPDATE_BLACKLIST)
+        for k in self.config.config_black_list.split(";"):
+            if k.strip():
+                try:
+                    black.add(resolve_key(ControllerConfig, k.strip(), "configBlackList"))
+                except ConfigError:
+                    black.add(k.strip())
+        try:
+            names = {k: resolve_key(ControllerConfig, k, "the request") for k in values}
+        except ConfigError as exc:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, str(exc))
+        refused_keys = [k for k, n in names.items() if n in black]
+        if refused_keys:
+            return cmd.response(ResponseCode.NO_PERMISSION,
+                                f"Can not update config in black list: {', '.join(refused_keys)}")
+        candidate = dataclasses.replace(self.config)
+        try:
+            apply_values(candidate, values, "UPDATE_CONTROLLER_CONFIG")
+            candidate.validate()
+        except ConfigError as exc:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, str(exc))
+        apply_values(self.config, values, "UPDATE_CONTROLLER_CONFIG")
+        self.logic.enable_elect_unclean_master = self.config.enable_elect_unclean_master
+        self.heartbeats.new_leader_wait_s = self.config.new_leader_heartbeat_wait / 1000
+        log.info("controller config updated: %s", ", ".join(values))
+        return cmd.response()
+
+    # --- elections and notifications -------------------------------------------------
+
+    def _after_elect(self, cmd: RemotingCommand, decision: Decision) -> None:
+        name = cmd.ext_fields.get("brokerName", "")
+        self.metrics.election(name, decision.code)
+        if decision.code == ResponseCode.SUCCESS:
+            self._notify_role_changed(name)
+
+    def _after_clean(self, cmd: RemotingCommand, decision: Decision) -> None:
+        if decision.code == ResponseCode.SUCCESS and decision.event is not None:
+            ids = decision.event.get("broker_ids")
+            self.heartbeats.remove_group(decision.event["broker_name"], ids)
+
+    def _on_broker_inactive(self, cluster: str, broker_name: str, broker_id: int) -> None:
+        if not self.raft.is_leader or self.heartbeats.in_grace:
+            return
+        g = self.state.group(broker_name)
+        if g is not None and g.master_id == broker_id:
+            log.info("master %s/%d of %s is inactive: electing", broker_name, broker_id, cluster)
+            self._spawn(self.trigger_elect(broker_name))
+
+    async def trigger_elect(self, broker_name: str) -> int:
+        """A controller-triggered election (retried); returns the last response code."""
+        if broker_name in self._electing:
+            return ResponseCode.SYSTEM_BUSY
+        self._electing.add(broker_name)
+        code: int = ResponseCode.SYSTEM_ERROR
+        try:
+            for _ in range(max(1, self.config.elect_master_max_retry_count)):
+                ext = {"brokerName": broker_name, "brokerId": "-1"}
+                try:
+                    decision = await self._run_decision(lambda logic: logic.elect_master(ext))
+                except (_NotLeader, ControllerError) as exc:
+                    log.info("election for %s not done: %s", broker_name, exc or "not leader")
+                    return ResponseCode.CONTROLLER_NOT_LEADER
+                code = decision.code
+                self.metrics.election(broker_name, code)
+                if code == ResponseCode.SUCCESS:
+                    log.info("elected master %s of %s", decision.elected, broker_name)
+                    self._notify_role_changed(broker_name)
+                    return code
+                if code in (ResponseCode.CONTROLLER_MASTER_NOT_AVAILABLE,
+                            ResponseCode.CONTROLLER_MASTER_STILL_EXIST,
+                            ResponseCode.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED):
+                    if code == ResponseCode.CONTROLLER_MASTER_NOT_AVAILABLE:
+                        log.warning("%s: %s", broker_name, decision.remark)
+                    return code
+            return code
+        finally:
+            self._electing.discard(broker_name)
+
+    def _notify_role_changed(self, broker_name: str) -> None:
+        if not self.config.notify_broker_role_changed:
+            return
+        g = self.state.group(broker_name)
+        if g is None or g.master_id is None:
+            return
+        header = {"masterAddress": g.master_address, "masterEpoch": g.master_epoch,
+                  "syncStateSetEpoch": g.sync_state_set_epoch, "masterBrokerId": g.master_id}
+        body = {"syncStateSet": sorted(g.sync_state_set), "syncStateSetEpoch": g.sync_state_set_epoch}
+        for bid, entry in sorted(g.brokers.items()):
+            if not self.heartbeats.is_alive(broker_name, bid):
+                continue
+            addr = entry.address
+            previous = self._notify_tasks.get(addr)
+            if previous is not None and not previous.done():
+                previous.cancel()  # a newer epoch supersedes a pending notice
+            cmd = RemotingCommand.request(RequestCode.NOTIFY_BROKER_ROLE_CHANGED, header, body,
+                                          oneway=True)
+            self._notify_tasks[addr] = asyncio.ensure_future(self._send_notify(addr, cmd))
+
+    async def _send_notify(self, addr: str, cmd: RemotingCommand) -> None:
+        # Failures are only logged: brokers also poll GET_REPLICA_INFO and catch up.
+        try:
+            client = self._notify_clients.get(addr)
+            if client is None:
+                client = self._notify_clients[addr] = RemotingClient(addr, connect_timeout=3.0)
+            await asyncio.wait_for(client.oneway(cmd), 3.0)
+        except (asyncio.TimeoutError, OSError, RmqhaError) as exc:
+            log.info("role-change notice to %s failed: %s", addr, exc)
+
+    # --- background loops ------------------------------------------------------------
+
+    async def _scan_heartbeats_loop(self) -> None:
+        interval = max(0.05, self.config.scan_not_active_broker_interval / 1000)
+        while True:
+            await asyncio.sleep(interval)
+            self.heartbeats.scan()
+            self.metrics.brokers(len(self.heartbeats.entries()))
+
+    async def _rescan_masters_loop(self) -> None:
+        while True:
+            await asyncio.sleep(max(0.05, self.config.scan_inactive_master_interval / 1000))
+            if not self.raft.is_leader:
+                continue
+            for name in self.logic.groups_needing_election():
+                await self.trigger_elect(name)
+
+    async def _raft_metrics_loop(self) -> None:
+        while True:
+            self.metrics.raft(int(self.raft.role), self.raft.term)
+            await asyncio.sleep(1.0)
+
+
+async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> None:
+    """Run one controller until ``stop`` is set or SIGTERM/SIGINT arrives."""
+    server = ControllerServer(config)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass  # not the main thread: the caller sets stop
+    await server.start()
+    print(f"rmqha controller {server.self_peer.id} listening on {server.address}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()

@@ -1,0 +1,671 @@
+"""RocketMQ remoting frames: the RPC codec, an asyncio server and client, a blocking client.
+
+Wire format (all integers big-endian), byte-compatible with RocketMQ's ``RemotingCommand``::
+
+    total_length:int32              = 4 + header_length + body_length
+    serialize_type << 24 | header_length:int32   (serialize type 0 = JSON, the only one here)
+    header JSON {"code","language","version","opaque","flag","remark","extFields"}
+    body (opaque bytes; JSON in every protocol rmqha speaks)
+
+``flag`` bit 0 marks a response, bit 1 a one-way request.  Responses echo the request's
+``opaque``; that is the only thing that matches them, so replies may come out of order.
+
+This module owns the codec (:func:`encode`, :class:`FrameDecoder`), the per-connection
+machinery (:class:`Connection`: read loop, dispatch, request/response matching in both
+directions), :class:`RemotingServer`, :class:`RemotingClient` and
+:class:`BlockingRemotingClient`.  Every length from the network is checked against the
+connection's ``max_frame_bytes`` before anything is allocated; a malformed frame closes
+that one connection with a logged reason.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import struct
+import threading
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import Future as ConcurrentFuture
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from rmqha.codes import ResponseCode, code_name
+from rmqha.errors import (
+    ProtocolError,
+    RemoteCommandError,
+    RemotingError,
+    RemotingTimeoutError,
+    RmqhaError,
+)
+
+log = logging.getLogger(__name__)
+
+#: RocketMQ's default ``com.rocketmq.remoting.frameMaxLength``.
+DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
+
+FLAG_RESPONSE = 0x1
+FLAG_ONEWAY = 0x2
+
+SERIALIZE_JSON = 0
+LANGUAGE = "PYTHON"  # a member of RocketMQ's LanguageCode enum
+#: RocketMQ ``MQVersion.Version`` ordinal sent in ``version`` (V5_1_4 = 475); Java servers
+#: only use it to pick compatibility paths, none of which matter for the codes we send.
+VERSION = 475
+
+_LEN = struct.Struct(">ii")
+_OPAQUE_MASK = 0x7FFFFFFF
+_opaque_counter = itertools.count(1)
+_opaque_lock = threading.Lock()
+
+
+def next_opaque() -> int:
+    """A process-wide request id in RocketMQ's range (a non-negative int32)."""
+    with _opaque_lock:
+        return next(_opaque_counter) & _OPAQUE_MASK
+
+
+def ext_value(value: Any) -> str:
+    """How a header field travels in ``extFields``: always a string (Java's rendering)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+@dataclass
+class RemotingCommand:
+    """One frame: a request, a one-way request or a response."""
+
+    code: int
+    language: str = LANGUAGE
+    version: int = VERSION
+    opaque: int = 0
+    flag: int = 0
+    remark: str | None = None
+    ext_fields: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+
+    @classmethod
+    def request(
+        cls,
+        code: int,
+        ext_fields: Mapping[str, Any] | None = None,
+        body: bytes | str | Any = b"",
+        *,
+        oneway: bool = False,
+    ) -> RemotingCommand:
+        """A new request with a fresh opaque; ``None`` header values are left out and
+        a non-bytes body is encoded as JSON."""
+        return cls(
+            code=int(code),
+            opaque=next_opaque(),
+            flag=FLAG_ONEWAY if oneway else 0,
+            ext_fields=_ext(ext_fields),
+            body=_body(body),
+        )
+
+    def response(
+        self,
+        code: int = ResponseCode.SUCCESS,
+        remark: str | None = None,
+        ext_fields: Mapping[str, Any] | None = None,
+        body: bytes | str | Any = b"",
+    ) -> RemotingCommand:
+        """The response to this request (same opaque, response flag set)."""
+        return RemotingCommand(
+            code=int(code),
+            opaque=self.opaque,
+            flag=FLAG_RESPONSE,
+            remark=remark,
+            ext_fields=_ext(ext_fields),
+            body=_body(body),
+        )
+
+    @property
+    def is_response(self) -> bool:
+        return bool(self.flag & FLAG_RESPONSE)
+
+    @property
+    def is_oneway(self) -> bool:
+        return bool(self.flag & FLAG_ONEWAY)
+
+    def json_body(self) -> Any:
+        """The body decoded as JSON (``None`` when empty); ProtocolError if it is not JSON."""
+        if not self.body:
+            return None
+        try:
+            return json.loads(self.body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ProtocolError(f"body of code {self.code} is not JSON: {exc}") from exc
+
+    def check_success(self, request_code: int | None = None) -> RemotingCommand:
+        """Return self if it is SUCCESS, else raise RemoteCommandError with code and remark."""
+        if self.code != ResponseCode.SUCCESS:
+            raise RemoteCommandError(self.code, self.remark, request_code)
+        return self
+
+    def describe(self) -> str:
+        kind = "response" if self.is_response else ("oneway" if self.is_oneway else "request")
+        return f"{kind} {code_name(self.code, response=self.is_response)} opaque={self.opaque}"
+
+
+def _ext(fields: Mapping[str, Any] | None) -> dict[str, str]:
+    if not fields:
+        return {}
+    return {str(k): ext_value(v) for k, v in fields.items() if v is not None}
+
+
+def _body(body: bytes | str | Any) -> bytes:
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        return bytes(body)
+    if isinstance(body, str):
+        return body.encode("utf-8")
+    if body is None:
+        return b""
+    return json.dumps(body, separators=(",", ":")).encode("utf-8")
+
+
+# --- codec -------------------------------------------------------------------------------
+
+
+def encode(cmd: RemotingCommand) -> bytes:
+    """The full frame of a command, ready for the socket."""
+    header: dict[str, Any] = {
+        "code": int(cmd.code),
+        "language": cmd.language,
+        "version": int(cmd.version),
+        "opaque": int(cmd.opaque),
+        "flag": int(cmd.flag),
+        # RocketMQ's C++ client dereferences extFields in some replies: always an object.
+        "extFields": cmd.ext_fields,
+    }
+    if cmd.remark is not None:
+        header["remark"] = cmd.remark
+    header_bytes = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    body = cmd.body
+    return b"".join(
+        (_LEN.pack(4 + len(header_bytes) + len(body), (SERIALIZE_JSON << 24) | len(header_bytes)),
+         header_bytes, body)
+    )
+
+
+def _decode_header(raw: bytes) -> dict[str, Any]:
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"header is not JSON: {exc}") from exc
+    if not isinstance(header, dict):
+        raise ProtocolError("header JSON is not an object")
+    return header
+
+
+def _int_field(header: Mapping[str, Any], name: str, default: int | None = None) -> int:
+    value = header.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        if value is None and default is not None:
+            return default
+        raise ProtocolError(f"header field {name!r} must be an integer, got {value!r}")
+    return value
+
+
+def decode_frame(frame: bytes | memoryview) -> RemotingCommand:
+    """Decode one frame *without* its leading total_length field."""
+    if len(frame) < 4:
+        raise ProtocolError(f"frame of {len(frame)} bytes is shorter than its header length")
+    (ori,) = struct.unpack_from(">i", frame, 0)
+    serialize_type = (ori >> 24) & 0xFF
+    header_length = ori & 0xFFFFFF
+    if serialize_type != SERIALIZE_JSON:
+        raise ProtocolError(f"serialize type {serialize_type} not supported (only JSON=0)")
+    if header_length > len(frame) - 4:
+        raise ProtocolError(
+            f"header length {header_length} exceeds the frame ({len(frame) - 4} bytes left)"
+        )
+    header = _decode_header(bytes(frame[4 : 4 + header_length]))
+    ext_raw = header.get("extFields") or {}
+    if not isinstance(ext_raw, dict):
+        raise ProtocolError("header field 'extFields' must be an object")
+    # C++ clients send some header values as JSON numbers; keep them as strings like Java.
+    ext = {str(k): ext_value(v) for k, v in ext_raw.items() if v is not None}
+    remark = header.get("remark")
+    language = header.get("language", "")
+    return RemotingCommand(
+        code=_int_field(header, "code"),
+        language=language if isinstance(language, str) else str(language),
+        version=_int_field(header, "version", 0),
+        opaque=_int_field(header, "opaque", 0),
+        flag=_int_field(header, "flag", 0),
+        remark=None if remark is None else str(remark),
+        ext_fields=ext,
+        body=bytes(frame[4 + header_length :]),
+    )
+
+
+def decode(data: bytes | memoryview) -> RemotingCommand:
+    """Decode exactly one complete frame (with its total_length)."""
+    if len(data) < 4:
+        raise ProtocolError("frame shorter than its length field")
+    (total,) = struct.unpack_from(">i", data, 0)
+    if total != len(data) - 4:
+        raise ProtocolError(f"total length {total} does not match {len(data) - 4} bytes")
+    return decode_frame(memoryview(data)[4:])
+
+
+class FrameDecoder:
+    """Incremental decoder: feed arbitrary chunks, get whole commands.
+
+    A length below 4 or above ``max_frame_bytes`` raises ProtocolError before anything is
+    buffered for that frame; after an error the decoder must be discarded.
+    """
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self._buf = bytearray()
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> list[RemotingCommand]:
+        self._buf += data
+        out: list[RemotingCommand] = []
+        buf = self._buf
+        pos = 0
+        while len(buf) - pos >= 4:
+            (total,) = struct.unpack_from(">i", buf, pos)
+            if total < 4 or total > self.max_frame_bytes:
+                raise ProtocolError(
+                    f"frame length {total} outside [4, {self.max_frame_bytes}]"
+                )
+            if len(buf) - pos - 4 < total:
+                break
+            out.append(decode_frame(memoryview(buf)[pos + 4 : pos + 4 + total]))
+            pos += 4 + total
+        if pos:
+            del buf[:pos]
+        return out
+
+
+# --- connections -------------------------------------------------------------------------
+
+Handler = Callable[[RemotingCommand, "Connection"], Awaitable[Union[RemotingCommand, None]]]
+
+
+def not_supported(cmd: RemotingCommand) -> RemotingCommand:
+    """RocketMQ's answer to an unknown request code (the connection stays open)."""
+    return cmd.response(
+        ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f" request type {cmd.code} not supported"
+    )
+
+
+class Dispatcher:
+    """Request code -> handler, with an optional fallback handler for other codes."""
+
+    def __init__(self, fallback: Handler | Mapping[int, Handler] | None = None) -> None:
+        self._handlers: dict[int, Handler] = {}
+        self._fallback: Handler | None = None
+        if isinstance(fallback, Mapping):
+            for code, fn in fallback.items():
+                self.register(code, fn)
+        else:
+            self._fallback = fallback
+
+    def register(self, code: int, handler: Handler) -> None:
+        self._handlers[int(code)] = handler
+
+    async def __call__(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        handler = self._handlers.get(cmd.code, self._fallback)
+        if handler is None:
+            return not_supported(cmd)
+        return await handler(cmd, conn)
+
+
+class Connection:
+    """One TCP connection speaking remoting frames, in either direction.
+
+    Runs the read loop; incoming requests go to the dispatcher (each as its own task, so
+    a slow handler never blocks replies to other requests on the same connection, as
+    RocketMQ's clients require); incoming responses complete the matching pending request.
+    """
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        dispatcher: Dispatcher | None,
+        max_frame_bytes: int,
+        name: str = "",
+    ) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._dispatcher = dispatcher
+        self._decoder = FrameDecoder(max_frame_bytes)
+        self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._close_callbacks: list[Callable[[Connection], None]] = []
+        self._closed = asyncio.get_running_loop().create_future()
+        self._write_lock = asyncio.Lock()
+        peer = writer.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.name = name or self.peer
+        self.close_reason: str | None = None
+        #: Free-form per-connection state for handlers (e.g. which broker this is).
+        self.attributes: dict[str, Any] = {}
+        self._read_task = asyncio.get_running_loop().create_task(self._read_loop())
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.done()
+
+    async def wait_closed(self) -> None:
+        await asyncio.shield(self._closed)
+
+    def add_close_callback(self, cb: Callable[[Connection], None]) -> None:
+        """cb(connection) runs once when the connection closes (at once if already closed)."""
+        if self.closed:
+            cb(self)
+        else:
+            self._close_callbacks.append(cb)
+
+    async def send(self, cmd: RemotingCommand) -> None:
+        if self.closed:
+            raise RemotingError(f"connection {self.name} is closed ({self.close_reason})")
+        data = encode(cmd)
+        async with self._write_lock:
+            try:
+                self._writer.write(data)
+                await self._writer.drain()
+            except (ConnectionError, OSError) as exc:
+                self._mark_closed(f"write failed: {exc}")
+                raise RemotingError(f"connection {self.name}: write failed: {exc}") from exc
+
+    async def request(self, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
+        """Send a request and wait for the response with the same opaque."""
+        if cmd.is_oneway or cmd.is_response:
+            raise ValueError("request() needs a two-way request command")
+        fut: asyncio.Future[RemotingCommand] = asyncio.get_running_loop().create_future()
+        self._pending[cmd.opaque] = fut
+        try:
+            await self.send(cmd)
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise RemotingTimeoutError(
+                f"no response from {self.name} to {cmd.describe()} within {timeout:.3f}s"
+            ) from None
+        finally:
+            self._pending.pop(cmd.opaque, None)
+
+    async def oneway(self, cmd: RemotingCommand) -> None:
+        cmd.flag |= FLAG_ONEWAY
+        await self.send(cmd)
+
+    async def close(self, reason: str = "closed locally") -> None:
+        self._mark_closed(reason)
+        self._read_task.cancel()
+        try:
+            await self._writer.wait_closed()
+        except (ConnectionError, OSError):
+            pass  # the peer may already have reset it; closing is all we wanted
+
+    def _mark_closed(self, reason: str) -> None:
+        if self._closed.done():
+            return
+        self.close_reason = reason
+        self._closed.set_result(None)
+        self._writer.close()
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(RemotingError(f"connection {self.name} closed: {reason}"))
+        self._pending.clear()
+        callbacks, self._close_callbacks = self._close_callbacks, []
+        for cb in callbacks:
+            try:
+                cb(self)
+            except Exception:  # a broken callback must not stop the others
+                log.exception("close callback of %s failed", self.name)
+
+    async def _read_loop(self) -> None:
+        reason = "peer closed"
+        try:
+            while True:
+                data = await self._reader.read(256 * 1024)
+                if not data:
+                    break
+                for cmd in self._decoder.feed(data):
+                    self._on_command(cmd)
+        except ProtocolError as exc:
+            reason = f"malformed frame: {exc}"
+            log.warning("closing connection %s: %s", self.name, reason)
+        except (ConnectionError, OSError) as exc:
+            reason = f"read failed: {exc}"
+        except asyncio.CancelledError:
+            reason = self.close_reason or "cancelled"
+        finally:
+            self._mark_closed(reason)
+
+    def _on_command(self, cmd: RemotingCommand) -> None:
+        if cmd.is_response:
+            fut = self._pending.get(cmd.opaque)
+            if fut is not None and not fut.done():
+                fut.set_result(cmd)
+            else:
+                log.debug("%s: dropping response with unknown opaque %d", self.name, cmd.opaque)
+            return
+        task = asyncio.get_running_loop().create_task(self._handle(cmd))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _handle(self, cmd: RemotingCommand) -> None:
+        if self._dispatcher is None:
+            response: RemotingCommand | None = not_supported(cmd)
+        else:
+            try:
+                response = await self._dispatcher(cmd, self)
+            except RemoteCommandError as exc:
+                response = cmd.response(exc.code, exc.remark)
+            except RmqhaError as exc:
+                response = cmd.response(ResponseCode.SYSTEM_ERROR, str(exc))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a handler bug answers SYSTEM_ERROR, never kills the link
+                log.exception("handler for %s from %s failed", cmd.describe(), self.name)
+                response = cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+        if cmd.is_oneway or response is None or self.closed:
+            return
+        response.opaque = cmd.opaque
+        response.flag |= FLAG_RESPONSE
+        try:
+            await self.send(response)
+        except RemotingError as exc:
+            log.debug("could not answer %s: %s", cmd.describe(), exc)
+
+
+# --- server ------------------------------------------------------------------------------
+
+
+class RemotingServer:
+    """An asyncio TCP server of remoting frames.
+
+    ``handler`` is either one callable ``handler(cmd, conn) -> awaitable response|None``
+    used for every code not registered with :meth:`register`, or a mapping code ->
+    handler; without a handler for a code the answer is REQUEST_CODE_NOT_SUPPORTED.
+    ``conn`` (a :class:`Connection`) can also send requests and one-ways back to the peer.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        handler: Handler | Mapping[int, Handler] | None = None,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.max_frame_bytes = max_frame_bytes
+        self.dispatcher = Dispatcher(handler)
+        self.connections: set[Connection] = set()
+        self._server: asyncio.base_events.Server | None = None
+        self._connect_callbacks: list[Callable[[Connection], None]] = []
+
+    def register(self, code: int, handler: Handler) -> None:
+        self.dispatcher.register(code, handler)
+
+    def on_connect(self, cb: Callable[[Connection], None]) -> None:
+        self._connect_callbacks.append(cb)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._accept, self.host, self.port)
+        sock = self._server.sockets[0]
+        self.port = sock.getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            await conn.close("server stopping")
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+    async def __aenter__(self) -> RemotingServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = Connection(reader, writer, self.dispatcher, self.max_frame_bytes)
+        self.connections.add(conn)
+        conn.add_close_callback(self.connections.discard)
+        for cb in self._connect_callbacks:
+            cb(conn)
+
+
+# --- client ------------------------------------------------------------------------------
+
+
+def split_address(addr: str) -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise RemotingError(f"bad address {addr!r}; expected host:port")
+    return host, int(port)
+
+
+class RemotingClient:
+    """Client of one address: one reused connection, reconnected on demand.
+
+    ``handler`` (optional) answers requests the server sends over this connection.
+    """
+
+    def __init__(
+        self,
+        addr: str,
+        *,
+        connect_timeout: float = 3.0,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        handler: Handler | Mapping[int, Handler] | None = None,
+    ) -> None:
+        self.addr = addr
+        self.host, self.port = split_address(addr)
+        self.connect_timeout = connect_timeout
+        self.max_frame_bytes = max_frame_bytes
+        self._dispatcher = Dispatcher(handler) if handler is not None else None
+        self._conn: Connection | None = None
+        self._connect_lock: asyncio.Lock | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None and not self._conn.closed
+
+    async def connection(self) -> Connection:
+        """The live connection, opening a new one if needed."""
+        if self._conn is not None and not self._conn.closed:
+            return self._conn
+        if self._connect_lock is None:
+            self._connect_lock = asyncio.Lock()
+        async with self._connect_lock:
+            if self._conn is not None and not self._conn.closed:
+                return self._conn
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(self.host, self.port), self.connect_timeout
+                )
+            except asyncio.TimeoutError:
+                raise RemotingTimeoutError(f"connect to {self.addr} timed out") from None
+            except OSError as exc:
+                raise RemotingError(f"cannot connect to {self.addr}: {exc}") from exc
+            self._conn = Connection(
+                reader, writer, self._dispatcher, self.max_frame_bytes, name=self.addr
+            )
+            return self._conn
+
+    async def request(self, cmd: RemotingCommand, timeout: float = 3.0) -> RemotingCommand:
+        conn = await self.connection()
+        return await conn.request(cmd, timeout)
+
+    async def oneway(self, cmd: RemotingCommand) -> None:
+        conn = await self.connection()
+        await conn.oneway(cmd)
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+
+    async def __aenter__(self) -> RemotingClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class EventLoopThread:
+    """A private asyncio loop on a daemon thread, for blocking callers (CLI, tests)."""
+
+    def __init__(self, name: str = "rmqha-loop") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Awaitable[Any], timeout: float | None = None) -> Any:
+        fut: ConcurrentFuture[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+        return fut.result(timeout)
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+        self.loop.close()
+
+
+class BlockingRemotingClient:
+    """Blocking façade over :class:`RemotingClient` (its loop runs on a private thread)."""
+
+    def __init__(self, addr: str, *, connect_timeout: float = 3.0) -> None:
+        self._loop = EventLoopThread(f"rmqha-remoting-{addr}")
+        self._client = RemotingClient(addr, connect_timeout=connect_timeout)
+        self.addr = addr
+
+    def request(self, cmd: RemotingCommand, timeout: float = 3.0) -> RemotingCommand:
+        return self._loop.run(self._client.request(cmd, timeout))
+
+    def oneway(self, cmd: RemotingCommand) -> None:
+        self._loop.run(self._client.oneway(cmd))
+
+    def close(self) -> None:
+        try:
+            self._loop.run(self._client.close(), timeout=5)
+        finally:
+            self._loop.stop()
+
+    def __enter__(self) -> BlockingRemotingClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

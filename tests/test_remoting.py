@@ -1,0 +1,228 @@
+"""RocketMQ remoting frames: codec, incremental decoding, server/client behaviour."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import struct
+
+import pytest
+
+from rmqha.codes import RequestCode, ResponseCode
+from rmqha.errors import ProtocolError, RemoteCommandError, RemotingError, RemotingTimeoutError
+from rmqha.remoting import (
+    FLAG_ONEWAY,
+    FLAG_RESPONSE,
+    BlockingRemotingClient,
+    Connection,
+    FrameDecoder,
+    RemotingClient,
+    RemotingCommand,
+    RemotingServer,
+    decode,
+    encode,
+)
+
+
+def test_encode_layout_matches_rocketmq():
+    cmd = RemotingCommand(code=1005, opaque=7, remark="hi", ext_fields={"brokerName": "b"},
+                          body=b'{"x":1}')
+    data = encode(cmd)
+    total, ori = struct.unpack_from(">ii", data)
+    assert total == len(data) - 4
+    assert ori >> 24 == 0  # JSON serialize type
+    header_len = ori & 0xFFFFFF
+    header = json.loads(data[8 : 8 + header_len])
+    assert header == {"code": 1005, "language": "PYTHON", "version": cmd.version, "opaque": 7,
+                      "flag": 0, "remark": "hi", "extFields": {"brokerName": "b"}}
+    assert data[8 + header_len :] == b'{"x":1}'
+    assert decode(data) == cmd
+
+
+def test_request_and_response_helpers():
+    req = RemotingCommand.request(RequestCode.ELECT_MASTER,
+                                  {"brokerId": 3, "designateElect": True, "x": None},
+                                  body={"a": [1, 2]})
+    assert req.ext_fields == {"brokerId": "3", "designateElect": "true"}
+    assert req.json_body() == {"a": [1, 2]}
+    resp = req.response(ResponseCode.CONTROLLER_MASTER_STILL_EXIST, "still")
+    assert resp.opaque == req.opaque and resp.is_response and not req.is_response
+    with pytest.raises(RemoteCommandError) as info:
+        resp.check_success(req.code)
+    assert info.value.code == 2011 and "still" in str(info.value)
+    one = RemotingCommand.request(RequestCode.BROKER_HEARTBEAT, oneway=True)
+    assert one.is_oneway and one.flag == FLAG_ONEWAY
+    assert RequestCode(1002).name == "CONTROLLER_ELECT_MASTER"
+    assert RequestCode.ELECT_MASTER is RequestCode.CONTROLLER_ELECT_MASTER
+
+
+def test_decoder_accepts_any_chunking_and_numeric_ext_fields():
+    # A C++ client sends some header values as JSON numbers: they arrive as strings.
+    header = json.dumps({"code": 10, "language": "CPP", "version": 63, "opaque": 5, "flag": 0,
+                         "remark": "", "extFields": {"queueId": 3, "topic": "t"}}).encode()
+    frame = struct.pack(">ii", 4 + len(header) + 3, len(header)) + header + b"abc"
+    cmds = [RemotingCommand.request(1000 + i, {"k": str(i)}, body=bytes(i)) for i in range(20)]
+    stream = b"".join(encode(c) for c in cmds) + frame
+    for step in (1, 3, 7, 64, len(stream)):
+        dec = FrameDecoder()
+        out = []
+        for i in range(0, len(stream), step):
+            out.extend(dec.feed(stream[i : i + step]))
+        assert out[:20] == cmds
+        assert out[20].ext_fields == {"queueId": "3", "topic": "t"} and out[20].body == b"abc"
+        assert dec.buffered == 0
+
+
+@pytest.mark.parametrize(
+    "frame, reason",
+    [
+        (struct.pack(">i", 2) + b"xx", "outside"),
+        (struct.pack(">i", 1 << 30), "outside"),
+        (struct.pack(">ii", 8, 100) + b"abcd", "exceeds"),
+        (struct.pack(">ii", 7, 3) + b"{x}", "not JSON"),
+        (struct.pack(">ii", 6, 2) + b"[]", "not an object"),
+        (struct.pack(">ii", 4 + 12, 12) + b'{"code":"a"}', "integer"),
+        (struct.pack(">ii", 4 + 2, (1 << 24) | 2) + b"{}", "serialize type"),
+    ],
+)
+def test_decoder_rejects_malformed(frame, reason):
+    with pytest.raises(ProtocolError, match=reason):
+        FrameDecoder(max_frame_bytes=1 << 20).feed(frame)
+
+
+async def _echo(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+    return cmd.response(ResponseCode.SUCCESS, "echo", {"got": cmd.ext_fields.get("v", "")},
+                        cmd.body)
+
+
+def test_server_client_roundtrip_unknown_code_and_oneway():
+    async def main() -> None:
+        oneways: list[RemotingCommand] = []
+        got_oneway = asyncio.Event()
+
+        async def oneway_handler(cmd: RemotingCommand, conn: Connection) -> None:
+            oneways.append(cmd)
+            got_oneway.set()
+            return None
+
+        async def slow(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+            await asyncio.sleep(0.3)
+            return cmd.response()
+
+        server = RemotingServer("127.0.0.1", 0, {1: _echo, 904: oneway_handler, 2: slow})
+        async with server:
+            async with RemotingClient(server.address) as client:
+                resp = await client.request(RemotingCommand.request(1, {"v": "x"}, b"pay"), 2)
+                assert (resp.code, resp.remark, resp.ext_fields, resp.body) == (
+                    0, "echo", {"got": "x"}, b"pay")
+                # Unknown code: RocketMQ's answer, connection kept.
+                resp = await client.request(RemotingCommand.request(4242), 2)
+                assert resp.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+                assert "4242" in resp.remark
+                assert client.connected
+                # Replies come as they are ready: a slow request does not block a fast one.
+                slow_task = asyncio.ensure_future(client.request(RemotingCommand.request(2), 2))
+                fast = await client.request(RemotingCommand.request(1, {"v": "f"}), 2)
+                assert fast.ext_fields == {"got": "f"} and not slow_task.done()
+                assert (await slow_task).code == 0
+                await client.oneway(RemotingCommand.request(904, {"brokerId": "1"}))
+                await asyncio.wait_for(got_oneway.wait(), 2)
+                assert oneways[0].ext_fields == {"brokerId": "1"}
+                with pytest.raises(RemotingTimeoutError):
+                    await client.request(RemotingCommand.request(2), 0.05)
+
+    asyncio.run(main())
+
+
+def test_handler_errors_become_responses():
+    async def boom(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        raise RuntimeError("kaboom")
+
+    async def refuse(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        raise RemoteCommandError(ResponseCode.NO_PERMISSION, "token needed")
+
+    async def main() -> None:
+        async with RemotingServer("127.0.0.1", 0, {1: boom, 2: refuse}) as server:
+            async with RemotingClient(server.address) as client:
+                r1 = await client.request(RemotingCommand.request(1), 2)
+                assert r1.code == ResponseCode.SYSTEM_ERROR and "kaboom" in r1.remark
+                r2 = await client.request(RemotingCommand.request(2), 2)
+                assert (r2.code, r2.remark) == (16, "token needed")
+
+    asyncio.run(main())
+
+
+def test_malformed_frame_closes_only_that_connection(caplog):
+    async def main() -> None:
+        async with RemotingServer("127.0.0.1", 0, {1: _echo}, max_frame_bytes=4096) as server:
+            async with RemotingClient(server.address) as good:
+                assert (await good.request(RemotingCommand.request(1), 2)).code == 0
+                for bad in (struct.pack(">i", 1 << 20) + b"x" * 16,  # over the frame limit
+                            struct.pack(">ii", 9, 5) + b"{nope"):  # header not JSON
+                    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+                    writer.write(bad)
+                    await writer.drain()
+                    assert await asyncio.wait_for(reader.read(), 2) == b""  # closed by server
+                    writer.close()
+                # The other connection is untouched.
+                assert (await good.request(RemotingCommand.request(1, {"v": "y"}), 2)).ext_fields == {"got": "y"}
+
+    with caplog.at_level(logging.WARNING, logger="rmqha.remoting"):
+        asyncio.run(main())
+    reasons = [r.getMessage() for r in caplog.records if "malformed frame" in r.getMessage()]
+    assert any("outside" in m for m in reasons) and any("not JSON" in m for m in reasons)
+
+
+def test_server_initiated_request_and_close_callback():
+    async def main() -> None:
+        conns: list[Connection] = []
+        closed = asyncio.Event()
+
+        async def hello(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+            conns.append(conn)
+            conn.add_close_callback(lambda c: closed.set())
+            return cmd.response()
+
+        async def client_side(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+            return cmd.response(ResponseCode.SUCCESS, "client answered",
+                                {"role": cmd.ext_fields["masterEpoch"]})
+
+        async with RemotingServer("127.0.0.1", 0, {1: hello}) as server:
+            client = RemotingClient(server.address, handler={1008: client_side})
+            await client.request(RemotingCommand.request(1), 2)
+            resp = await conns[0].request(
+                RemotingCommand.request(RequestCode.NOTIFY_BROKER_ROLE_CHANGED, {"masterEpoch": 4}), 2)
+            assert (resp.remark, resp.ext_fields) == ("client answered", {"role": "4"})
+            await client.close()
+            await asyncio.wait_for(closed.wait(), 2)
+            assert conns[0].closed
+            # The client reconnects on the next request.
+            assert (await client.request(RemotingCommand.request(1), 2)).code == 0
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_client_errors_when_nothing_listens(port_factory):
+    async def main() -> None:
+        client = RemotingClient(f"127.0.0.1:{port_factory()}", connect_timeout=1)
+        with pytest.raises(RemotingError, match="cannot connect"):
+            await client.request(RemotingCommand.request(1), 1)
+
+    asyncio.run(main())
+
+
+def test_blocking_client():
+    from rmqha.remoting import EventLoopThread
+
+    loop = EventLoopThread("test-server")
+    server = RemotingServer("127.0.0.1", 0, {1: _echo})
+    try:
+        loop.run(server.start(), 5)
+        with BlockingRemotingClient(server.address) as client:
+            resp = client.request(RemotingCommand.request(1, {"v": "blocking"}), 2)
+            assert resp.ext_fields == {"got": "blocking"} and resp.flag & FLAG_RESPONSE
+            client.oneway(RemotingCommand.request(1))
+    finally:
+        loop.run(server.stop(), 5)
+        loop.stop()
