@@ -557,6 +557,23 @@ def test_refuses_busy_port_and_remote_peers_without_secret(tmp_path):
     assert controller_main(["--config", str(cfg)]) == 1
 
 
+def test_group_with_cluster_secret_commits(tmp_path):
+    # pysyncobj encrypts its peer traffic with the secret; the group must still elect and commit.
+    group = ControllerGroup(tmp_path, 3, settings={"raft_password": "s3cret-for-tests"})
+    try:
+        group.start()
+        group.wait_leader()
+
+        async def main() -> None:
+            async with admin(group.addresses) as c:
+                await c.apply_broker_id(CLUSTER, "secret", 1, "127.0.0.1:9;1")
+                assert await c.get_next_broker_id(CLUSTER, "secret") == 2
+
+        asyncio.run(main())
+    finally:
+        group.stop()
+
+
 def test_controller_client_gives_up_without_leader(tmp_path):
     async def main() -> None:
         async with ControllerClient([f"127.0.0.1:{free_port()}"], request_timeout=0.3) as c:
