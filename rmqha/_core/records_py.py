@@ -1,0 +1,372 @@
+"""RocketMQ v1 message records, pure-Python twin (same API and bytes as ``records.pyx``).
+
+Owns the byte layout of one commitlog record and the blank record that pads a segment's
+end, the masked body CRC, and the validating scanner recovery uses.  Layout (big-endian):
+
+    offset size field
+         0    4 total size (whole record, this field included)
+         4    4 magic 0xDAA320A7 (v1: IPv4 hosts)
+         8    4 body CRC32 (zlib polynomial) & 0x7FFFFFFF
+        12    4 queue id
+        16    4 flag
+        20    8 queue offset
+        28    8 physical offset (global offset of this record's first byte)
+        36    4 sys flag
+        40    8 born timestamp (ms)
+        48    8 born host (4-byte IPv4 + int32 port)
+        56    8 store timestamp (ms)
+        64    8 store host (4-byte IPv4 + int32 port)
+        72    4 reconsume times
+        76    8 prepared transaction offset
+        84    4 body length, then the body
+              1 topic length (unsigned), then the topic
+              2 properties length (unsigned), then ``key\\x01value\\x02`` pairs
+
+A blank record is ``total size | 0xCBD43194`` (8 bytes written) and fills a segment's rest.
+"""
+from __future__ import annotations
+
+import mmap
+import struct
+import zlib
+from collections.abc import Mapping, Sequence
+from enum import IntEnum
+
+from rmqha.errors import CorruptRecordError, InvalidMessageError, MessageTooLargeError, StoreError
+
+MESSAGE_MAGIC = 0xDAA320A7
+BLANK_MAGIC = 0xCBD43194
+#: Bytes of a record without body, topic and properties.
+FIXED_SIZE = 91
+#: The blank record's written part; a segment always keeps room for it.
+MIN_BLANK = 8
+MAX_TOPIC_BYTES = 255
+#: RocketMQ refuses properties longer than Short.MAX_VALUE.
+MAX_PROPERTIES_BYTES = 32767
+MAX_BODY_BYTES = 0x7FFFFFFF - FIXED_SIZE - MAX_TOPIC_BYTES - MAX_PROPERTIES_BYTES
+CRC_MASK = 0x7FFFFFFF
+#: Whether the CRC uses carry-less multiplication, 128-bit / 512-bit (never in this twin).
+CRC_CLMUL = False
+CRC_VCLMUL = False
+_MADV_POPULATE_WRITE = 23
+NAME_VALUE_SEPARATOR = "\x01"
+PROPERTY_SEPARATOR = "\x02"
+
+#: Everything up to and including the body length (84 + 4 bytes).
+_HEAD = struct.Struct(">iIIiiqqiq8sq8siqi")
+_HEAD_SIZE = _HEAD.size  # 88
+_SIZE_MAGIC = struct.Struct(">iI")
+_I32 = struct.Struct(">i")
+_U16 = struct.Struct(">H")
+_Q = struct.Struct(">q")
+
+
+class ScanStop(IntEnum):
+    """Why :func:`scan` stopped; the first two are clean ends, the rest cut the log."""
+
+    END = 0          # reached the requested end exactly
+    ZEROS = 1        # an all-zero header: the unwritten part of a preallocated segment
+    BLANK = 2        # a valid blank record filled the rest of the segment
+    TORN = 3         # a record or header runs past the end: incomplete write
+    BAD_MAGIC = 4    # neither the message nor the blank magic
+    BAD_SIZE = 5     # total size out of bounds, or a blank not ending the segment
+    BAD_LENGTHS = 6  # body/topic/properties lengths do not sum to the total size
+    BAD_CRC = 7      # body CRC mismatch
+    BAD_OFFSET = 8   # the physical-offset field is not where the record sits
+
+
+def crc32(data: bytes | bytearray | memoryview, value: int = 0) -> int:
+    """CRC-32 with zlib semantics (``zlib.crc32``)."""
+    return zlib.crc32(data, value)
+
+
+def body_crc(body: bytes | bytearray | memoryview) -> int:
+    """The record's body CRC: CRC-32 masked with 0x7FFFFFFF (RocketMQ's UtilAll.crc32)."""
+    return zlib.crc32(body) & CRC_MASK
+
+
+def message_size(body_len: int, topic_len: int, properties_len: int) -> int:
+    return FIXED_SIZE + body_len + topic_len + properties_len
+
+
+def encode_properties(properties: Mapping[str, str] | None) -> bytes:
+    """``key\\x01value\\x02`` pairs; InvalidMessageError for separators or an overlong result."""
+    if not properties:
+        return b""
+    parts = []
+    for key, value in properties.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise InvalidMessageError(f"property {key!r}: keys and values must be str")
+        if not key:
+            raise InvalidMessageError("property keys must not be empty")
+        for text in (key, value):
+            if NAME_VALUE_SEPARATOR in text or PROPERTY_SEPARATOR in text:
+                raise InvalidMessageError(
+                    f"property {key!r}: keys and values must not contain \\x01 or \\x02")
+        parts.append(key)
+        parts.append(NAME_VALUE_SEPARATOR)
+        parts.append(value)
+        parts.append(PROPERTY_SEPARATOR)
+    try:
+        out = "".join(parts).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidMessageError(f"properties are not encodable as UTF-8: {exc}") from None
+    if len(out) > MAX_PROPERTIES_BYTES:
+        raise InvalidMessageError(
+            f"properties encode to {len(out)} bytes; the limit is {MAX_PROPERTIES_BYTES}")
+    return out
+
+
+def decode_properties(raw: bytes | memoryview) -> dict[str, str]:
+    text = bytes(raw).decode("utf-8", errors="replace")
+    out: dict[str, str] = {}
+    for pair in text.split(PROPERTY_SEPARATOR):
+        if not pair:
+            continue
+        key, sep, value = pair.partition(NAME_VALUE_SEPARATOR)
+        if sep:
+            out[key] = value
+    return out
+
+
+def _check_room(buf_len: int, pos: int, size: int) -> None:
+    if pos < 0 or size < 0 or pos + size > buf_len:
+        raise StoreError(f"record of {size} bytes at {pos} does not fit a buffer of {buf_len}")
+
+
+def _check_fields(topic: bytes, properties: bytes, host_a: bytes, host_b: bytes) -> None:
+    if not 0 < len(topic) <= MAX_TOPIC_BYTES:
+        raise InvalidMessageError(f"topic must be 1..{MAX_TOPIC_BYTES} bytes, got {len(topic)}")
+    if len(properties) > MAX_PROPERTIES_BYTES:
+        raise InvalidMessageError(f"properties of {len(properties)} bytes exceed {MAX_PROPERTIES_BYTES}")
+    if len(host_a) != 8 or len(host_b) != 8:
+        raise InvalidMessageError("hosts must be 8 bytes (IPv4 + int32 port)")
+
+
+def write_message(buf, pos: int, topic: bytes, body, properties: bytes, queue_id: int,
+                  flag: int, queue_offset: int, physical_offset: int, sys_flag: int,
+                  born_timestamp: int, born_host: bytes, store_timestamp: int,
+                  store_host: bytes, reconsume_times: int,
+                  prepared_transaction_offset: int) -> int:
+    """Encode one record at ``buf[pos:]``; returns its size.  Nothing is written on error."""
+    _check_fields(topic, properties, born_host, store_host)
+    blen = len(body)
+    if blen > MAX_BODY_BYTES:
+        raise MessageTooLargeError(f"body of {blen} bytes is too large")
+    size = FIXED_SIZE + blen + len(topic) + len(properties)
+    _check_room(len(buf), pos, size)
+    _HEAD.pack_into(buf, pos, size, MESSAGE_MAGIC, zlib.crc32(body) & CRC_MASK, queue_id, flag,
+                    queue_offset, physical_offset, sys_flag, born_timestamp, born_host,
+                    store_timestamp, store_host, reconsume_times,
+                    prepared_transaction_offset, blen)
+    p = pos + _HEAD_SIZE
+    buf[p:p + blen] = body
+    p += blen
+    tlen = len(topic)
+    buf[p] = tlen
+    buf[p + 1:p + 1 + tlen] = topic
+    p += 1 + tlen
+    plen = len(properties)
+    _U16.pack_into(buf, p, plen)
+    buf[p + 2:p + 2 + plen] = properties
+    return size
+
+
+def write_batch(buf, pos: int, limit: int, topic: bytes, bodies: Sequence, start: int,
+                properties: bytes, queue_id: int, flag: int, queue_offset: int,
+                base_offset: int, sys_flag: int, born_timestamp: int, born_host: bytes,
+                store_timestamp: int, store_host: bytes, reconsume_times: int,
+                prepared_transaction_offset: int, offsets_out=None,
+                max_record: int = 0x7FFFFFFF) -> tuple[int, int]:
+    """Encode ``bodies[start:]`` from ``pos`` while each record ends at or before ``limit``.
+
+    Record i gets queue offset ``queue_offset + i`` (i counted from ``start``) and physical
+    offset ``base_offset + its position``; ``offsets_out[start + i]`` receives that offset
+    when given.  Returns ``(records written, end position)``.  Every body is checked first
+    (type, and record size <= ``max_record``), so a bad one raises before anything is written.
+    """
+    _check_fields(topic, properties, born_host, store_host)
+    extra = FIXED_SIZE + len(topic) + len(properties)
+    n = len(bodies)
+    if not 0 <= start <= n:
+        raise StoreError(f"start {start} outside a batch of {n}")
+    for i in range(start, n):
+        body = bodies[i]
+        if not isinstance(body, (bytes, bytearray, memoryview)):
+            raise InvalidMessageError(f"body {i} is {type(body).__name__}, not bytes-like")
+        if len(body) > MAX_BODY_BYTES or extra + len(body) > max_record:
+            raise MessageTooLargeError(
+                f"message {i}: a record of {extra + len(body)} bytes exceeds the limit of "
+                f"{min(max_record, 0x7FFFFFFF)}")
+    if offsets_out is not None and len(offsets_out) < n:
+        raise StoreError(f"offsets_out must hold {n} int64 values")
+    if limit > len(buf) or pos < 0:
+        raise StoreError(f"batch range {pos}..{limit} outside a buffer of {len(buf)}")
+    tlen = len(topic)
+    plen = len(properties)
+    tail = bytes((tlen,)) + topic + _U16.pack(plen) + properties
+    pack = _HEAD.pack_into
+    count = 0
+    for i in range(start, n):
+        body = bodies[i]
+        blen = len(body)
+        size = extra + blen
+        if pos + size > limit:
+            break
+        phys = base_offset + pos
+        pack(buf, pos, size, MESSAGE_MAGIC, zlib.crc32(body) & CRC_MASK, queue_id, flag,
+             queue_offset + count, phys, sys_flag, born_timestamp, born_host,
+             store_timestamp, store_host, reconsume_times, prepared_transaction_offset, blen)
+        p = pos + _HEAD_SIZE
+        buf[p:p + blen] = body
+        buf[p + blen:pos + size] = tail
+        if offsets_out is not None:
+            offsets_out[i] = phys
+        pos += size
+        count += 1
+    return count, pos
+
+
+def write_blank(buf, pos: int, size: int) -> None:
+    """Write the blank record header (``size`` = bytes left in the segment, >= 8)."""
+    if size < MIN_BLANK:
+        raise StoreError(f"a blank record needs at least {MIN_BLANK} bytes, got {size}")
+    _check_room(len(buf), pos, size)
+    _SIZE_MAGIC.pack_into(buf, pos, size, BLANK_MAGIC)
+
+
+def _check_record(buf, pos: int, end: int, seg_end: int, base_offset: int, verify_crc: bool):
+    """(size, stop) for the record at pos; stop is None when the record is valid."""
+    if end - pos < MIN_BLANK:
+        if not any(buf[pos:end]):
+            return 0, ScanStop.ZEROS
+        return 0, ScanStop.TORN
+    total, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+    if total == 0 and magic == 0:
+        return 0, ScanStop.ZEROS
+    if magic == BLANK_MAGIC:
+        if total != seg_end - pos:
+            return 0, ScanStop.BAD_SIZE
+        if total > end - pos:
+            return 0, ScanStop.TORN
+        return total, ScanStop.BLANK
+    if magic != MESSAGE_MAGIC:
+        return 0, ScanStop.BAD_MAGIC
+    if total < FIXED_SIZE or total > seg_end - pos:
+        return 0, ScanStop.BAD_SIZE
+    if total > end - pos:
+        return 0, ScanStop.TORN
+    blen = _I32.unpack_from(buf, pos + 84)[0]
+    if blen < 0 or blen > total - FIXED_SIZE:
+        return 0, ScanStop.BAD_LENGTHS
+    tlen = buf[pos + 88 + blen]
+    if tlen == 0 or FIXED_SIZE + blen + tlen > total:
+        return 0, ScanStop.BAD_LENGTHS
+    plen = _U16.unpack_from(buf, pos + 89 + blen + tlen)[0]
+    if FIXED_SIZE + blen + tlen + plen != total:
+        return 0, ScanStop.BAD_LENGTHS
+    if _Q.unpack_from(buf, pos + 28)[0] != base_offset + pos:
+        return 0, ScanStop.BAD_OFFSET
+    if verify_crc:
+        crc = _I32.unpack_from(buf, pos + 8)[0]
+        if zlib.crc32(buf[pos + 88:pos + 88 + blen]) & CRC_MASK != crc:
+            return 0, ScanStop.BAD_CRC
+    return total, None
+
+
+def scan(buf, pos: int, end: int, base_offset: int, verify_from: int,
+         table: dict | None = None, lower: bool = False) -> tuple[int, int, int]:
+    """Walk and validate records in ``buf[pos:end]``; returns ``(stop position, ScanStop, count)``.
+
+    ``buf`` is a whole segment: a blank record must reach ``len(buf)`` exactly, and ``end``
+    is where the written data ends (a record or blank running past it is TORN).  Body CRCs are
+    checked for records at global offsets >= ``verify_from``.  With ``table``, every message
+    updates ``table[(topic bytes, queue id)]`` to its queue offset + 1 or, with ``lower``,
+    to the smallest queue offset seen (used to forget records being truncated).
+    """
+    seg_end = len(buf)
+    if pos < 0 or end > seg_end or pos > end:
+        raise StoreError(f"scan range {pos}..{end} outside a buffer of {seg_end}")
+    count = 0
+    while pos < end:
+        size, stop = _check_record(buf, pos, end, seg_end, base_offset,
+                                   base_offset + pos >= verify_from)
+        if stop is not None:
+            if stop == ScanStop.BLANK:
+                return seg_end, int(stop), count
+            return pos, int(stop), count
+        if table is not None:
+            blen = _I32.unpack_from(buf, pos + 84)[0]
+            tlen = buf[pos + 88 + blen]
+            key = (bytes(buf[pos + 89 + blen:pos + 89 + blen + tlen]),
+                   _I32.unpack_from(buf, pos + 12)[0])
+            qoff = _Q.unpack_from(buf, pos + 20)[0]
+            if lower:
+                old = table.get(key)
+                if old is None or qoff < old:
+                    table[key] = qoff
+            else:
+                table[key] = qoff + 1
+        pos += size
+        count += 1
+    return pos, int(ScanStop.END), count
+
+
+def decode(buf, pos: int, limit: int, verify_crc: bool = True) -> tuple:
+    """Decode the message at ``pos`` (ending at or before ``limit``) into a 17-tuple:
+
+    (total_size, magic, body_crc, queue_id, flag, queue_offset, physical_offset, sys_flag,
+    born_timestamp, born_host(8 bytes), store_timestamp, store_host(8 bytes),
+    reconsume_times, prepared_transaction_offset, body, topic, properties) -- bytes copied.
+    CorruptRecordError if it is not a valid message.
+    """
+    if pos < 0 or limit > len(buf) or pos > limit:
+        raise StoreError(f"decode range {pos}..{limit} outside a buffer of {len(buf)}")
+    if limit - pos < MIN_BLANK:
+        raise CorruptRecordError(f"no record header at {pos}: only {limit - pos} bytes")
+    total, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+    if magic == BLANK_MAGIC:
+        raise CorruptRecordError(f"record at {pos} is a blank (segment padding), not a message")
+    phys = _Q.unpack_from(buf, pos + 28)[0] if limit - pos >= 36 else 0
+    size, stop = _check_record(buf, pos, limit, limit, phys - pos, verify_crc)
+    if stop is not None:
+        raise CorruptRecordError(f"invalid record at {pos}: {ScanStop(stop).name}")
+    head = _HEAD.unpack_from(buf, pos)
+    blen = head[14]
+    p = pos + 88
+    body = bytes(buf[p:p + blen])
+    p += blen
+    tlen = buf[p]
+    topic = bytes(buf[p + 1:p + 1 + tlen])
+    p += 1 + tlen
+    plen = _U16.unpack_from(buf, p)[0]
+    props = bytes(buf[p + 2:p + 2 + plen])
+    return head[:14] + (body, topic, props)
+
+
+def prefault(buf, start: int = 0) -> None:
+    """Fault in every page of a writable buffer from ``start`` on, without changing a byte.
+
+    On an mmap this asks the kernel (MADV_POPULATE_WRITE) in 4 MiB steps, so other threads
+    get the GIL between steps; elsewhere it reads one byte per page (write faults remain).
+    """
+    n = len(buf)
+    if not 0 <= start <= n:
+        raise StoreError(f"prefault start {start} outside a buffer of {n}")
+    if isinstance(buf, mmap.mmap):
+        step = 4 << 20
+        pos = start - start % mmap.PAGESIZE
+        try:
+            while pos < n:
+                buf.madvise(_MADV_POPULATE_WRITE, pos, min(step, n - pos))
+                pos += step
+            return
+        except OSError:
+            pass  # kernel before 5.14: touch pages instead
+    mv = memoryview(buf)
+    try:
+        total = 0
+        for i in range(start, n, 4096):
+            total += mv[i]
+    finally:
+        mv.release()

@@ -1,0 +1,584 @@
+"""The commitlog on disk, both twins: round trips, rolls, recovery, flushing, threads, bad input."""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import struct
+import tempfile
+import threading
+import zlib
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rmqha import _core
+from rmqha.errors import (
+    ConfigError,
+    CorruptRecordError,
+    InvalidMessageError,
+    MessageTooLargeError,
+    OffsetMismatchError,
+    StoreClosedError,
+    StoreError,
+)
+from rmqha.store import CommitLog, StoredMessage
+
+SEG = 16384
+MAGIC = 0xDAA320A7
+BLANK = 0xCBD43194
+
+
+def fixed_clock() -> int:
+    return 1_700_000_000_123
+
+
+def parse_store(directory: str | Path, segment_bytes: int) -> list[dict]:
+    """An independent reader of a store: RocketMQ v1 records with struct, segment by segment.
+
+    Returns every record (blanks included, as {"blank": size}) with its global offset.
+    """
+    out = []
+    names = sorted(n for n in os.listdir(directory) if len(n) == 20 and n.isdigit())
+    for name in names:
+        base = int(name)
+        data = Path(directory, name).read_bytes()
+        assert len(data) == segment_bytes
+        pos = 0
+        while pos + 8 <= len(data):
+            total, magic = struct.unpack_from(">iI", data, pos)
+            if total == 0 and magic == 0:
+                break
+            if magic == BLANK:
+                assert pos + total == len(data), "a blank must fill the segment"
+                out.append({"offset": base + pos, "blank": total})
+                break
+            assert magic == MAGIC
+            (crc, qid, flag, qoff, phys, sysflag, born, bip, bport, store, sip, sport, rc, prep,
+             blen) = struct.unpack_from(">iiiqqiq4siq4siiqi", data, pos + 8)
+            body = data[pos + 88:pos + 88 + blen]
+            tlen = data[pos + 88 + blen]
+            topic = data[pos + 89 + blen:pos + 89 + blen + tlen]
+            (plen,) = struct.unpack_from(">H", data, pos + 89 + blen + tlen)
+            props = data[pos + 91 + blen + tlen:pos + 91 + blen + tlen + plen]
+            assert 91 + blen + tlen + plen == total
+            assert phys == base + pos
+            assert crc == zlib.crc32(body) & 0x7FFFFFFF
+            out.append({"offset": base + pos, "size": total, "topic": topic.decode(),
+                        "body": body, "queue_id": qid, "queue_offset": qoff, "flag": flag,
+                        "props": props, "born": born, "store": store, "sport": sport})
+            pos += total
+    return out
+
+
+@pytest.fixture
+def logs(tmp_path):
+    """Open commitlogs through ``make(dir, twin, **kw)``; all are closed at the end."""
+    opened: list[CommitLog] = []
+
+    def make(directory, twin, **kw) -> CommitLog:
+        kw.setdefault("segment_bytes", SEG)
+        kw.setdefault("clock", fixed_clock)
+        log = CommitLog(directory, implementation=twin, **kw)
+        opened.append(log)
+        return log
+
+    yield make
+    for log in opened:
+        log.close()
+
+
+def store_bytes(directory) -> dict[str, bytes]:
+    return {n: Path(directory, n).read_bytes() for n in sorted(os.listdir(directory))
+            if len(n) == 20 and n.isdigit()}
+
+
+topics = st.text(st.characters(min_codepoint=33, max_codepoint=0x2FF, blacklist_categories=("Cs",)),
+                 min_size=1, max_size=20)
+prop_text = st.text(st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)),
+                    max_size=6)
+messages = st.lists(
+    st.tuples(topics, st.binary(max_size=3000), st.integers(0, 3),
+              st.dictionaries(prop_text.filter(bool), prop_text, max_size=3), st.booleans()),
+    min_size=1, max_size=25)
+
+
+@pytest.mark.skipif(_core.NO_EXTENSIONS,
+                    reason="compares the two twins; RMQHA_NO_EXTENSIONS runs the pure one only")
+@given(msgs=messages)
+@settings(max_examples=25, deadline=None)
+def test_round_trip_identical_bytes_both_twins(msgs) -> None:
+    with tempfile.TemporaryDirectory() as root:
+        results = {}
+        for twin in ("cython", "python"):
+            d = os.path.join(root, twin)
+            log = CommitLog(d, segment_bytes=SEG, implementation=twin, clock=fixed_clock,
+                            prefault=False)
+            try:
+                placed = []
+                for topic, body, qid, props, as_batch in msgs:
+                    if as_batch:
+                        r = log.append_batch(topic, [body, body[::-1]], qid, props)
+                        placed += [(r.offsets[0], topic, body, qid, props),
+                                   (r.offsets[1], topic, body[::-1], qid, props)]
+                    else:
+                        off, size = log.append(topic, body, qid, props)
+                        placed.append((off, topic, body, qid, props))
+                for off, topic, body, qid, props in placed:
+                    m = log.read_message(off)
+                    assert (m.topic, m.body, m.queue_id, m.properties) == (topic, body, qid, props)
+                assert [m.physical_offset for m in log.iter_messages()] == [p[0] for p in placed]
+            finally:
+                log.close()
+            results[twin] = store_bytes(d)
+            recs = [r for r in parse_store(d, SEG) if "blank" not in r]
+            assert [(r["offset"], r["topic"], r["body"], r["queue_id"]) for r in recs] == [
+                (p[0], p[1], p[2], p[3]) for p in placed]
+            # Queue offsets are consecutive per (topic, queue).
+            seen: dict = {}
+            for r in recs:
+                key = (r["topic"], r["queue_id"])
+                assert r["queue_offset"] == seen.get(key, 0)
+                seen[key] = r["queue_offset"] + 1
+            log = CommitLog(d, segment_bytes=SEG, implementation=twin, prefault=False)
+            try:
+                assert log.queue_offsets() == seen
+            finally:
+                log.close()
+        assert results["cython"] == results["python"]
+
+
+def test_segment_roll_and_blank_records(twin, logs, tmp_path) -> None:
+    log = logs(tmp_path, twin)
+    body = b"z" * 1000
+    offsets = [log.append("roll", body)[0] for _ in range(50)]
+    assert len(log.segment_files()) >= 4
+    for off in offsets:
+        assert log.segment_start(off) == log.segment_start(off + 1091 - 1), "no straddling"
+    log.close()
+    recs = parse_store(tmp_path, SEG)
+    blanks = [r for r in recs if "blank" in r]
+    assert len(blanks) == len(log.segment_files()) - 1 or len(blanks) >= 3
+    for b in blanks:
+        assert b["blank"] >= 8 and (b["offset"] + b["blank"]) % SEG == 0
+    assert [r["offset"] for r in recs if "blank" not in r] == offsets
+
+
+def test_batch_rolls_segments_and_matches_singles(twin, logs, tmp_path) -> None:
+    bodies = [bytes([i % 256]) * (i * 53 % 1500) for i in range(120)]
+    a = logs(tmp_path / "a", twin)
+    r = a.append_batch("T", bodies, 2, {"k": "v"})
+    b = logs(tmp_path / "b", twin)
+    singles = [b.append("T", x, 2, {"k": "v"})[0] for x in bodies]
+    assert list(r.offsets) == singles and r.count == 120 and r.first_queue_offset == 0
+    assert r.end_offset == a.max_offset == b.max_offset
+    a.close()
+    b.close()
+    assert store_bytes(tmp_path / "a") == store_bytes(tmp_path / "b")
+    assert a.queue_offset("T", 2) == 120
+
+
+def _fill(log: CommitLog, n: int, rnd: random.Random) -> list[tuple[int, int, bytes]]:
+    out = []
+    for i in range(n):
+        body = rnd.randbytes(rnd.randrange(0, 900))
+        off, size = log.append(f"t{i % 3}", body, i % 2)
+        out.append((off, size, body))
+    return out
+
+
+def _reopen_and_check(twin, d, records, cut_at: int, original: dict[str, bytes]) -> CommitLog:
+    """Reopen; every record ending at or before cut_at must be there, nothing after it.
+
+    (A record whose damaged bytes were zeros anyway is intact and may stay too.)
+    """
+    log = CommitLog(d, segment_bytes=SEG, implementation=twin, prefault=False)
+    try:
+        survivors = [r for r in records if r[0] + r[1] <= cut_at]
+        nxt = records[len(survivors)] if len(survivors) < len(records) else None
+        if nxt is not None and nxt[0] < cut_at:
+            seg = original[f"{nxt[0] - nxt[0] % SEG:020d}"]
+            if not any(seg[cut_at % SEG:(nxt[0] + nxt[1]) % SEG or SEG]):
+                survivors.append(nxt)
+        expect_end = survivors[-1][0] + survivors[-1][1] if survivors else 0
+        # The end may sit at a segment boundary after a blank.
+        assert log.max_offset in (expect_end, log.segment_end(expect_end))
+        got = list(log.iter_messages())
+        assert [(m.physical_offset, m.body) for m in got] == [(o, b) for o, _, b in survivors]
+        # The table agrees with what survived, and appends continue cleanly.
+        off, _ = log.append("t0", b"after recovery")
+        assert log.read_message(off).queue_offset == sum(
+            1 for i, r in enumerate(survivors) if i % 3 == 0 and i % 2 == 0)
+    except BaseException:
+        log.close()
+        raise
+    return log
+
+
+def test_recovery_after_truncating_a_segment_file(twin, logs, tmp_path) -> None:
+    rnd = random.Random(7)
+    src = tmp_path / "src"
+    log = logs(src, twin)
+    records = _fill(log, 60, rnd)
+    log.close()
+    original = store_bytes(src)
+    files = sorted(n for n in os.listdir(src) if n.isdigit())
+    for trial in range(12):
+        d = tmp_path / f"t{trial}"
+        shutil.copytree(src, d)
+        name = rnd.choice(files[-2:])
+        base = int(name)
+        cut = rnd.randrange(0, SEG)
+        os.truncate(d / name, cut)
+        for later in files:
+            if int(later) > base:
+                os.unlink(d / later)
+        _reopen_and_check(twin, d, records, base + cut, original).close()
+
+
+def test_recovery_with_flipped_tail_bytes(twin, logs, tmp_path) -> None:
+    rnd = random.Random(11)
+    src = tmp_path / "src"
+    log = logs(src, twin, flush_interval_ms=3_600_000)
+    records = _fill(log, 30, rnd)
+    flushed = log.flush()
+    records += _fill(log, 30, rnd)
+    # A crash now: the files as they are (the page cache holds the unflushed tail).
+    snap = tmp_path / "snap"
+    shutil.copytree(src, snap)
+    original = store_bytes(snap)
+    assert flushed < log.max_offset
+    for trial in range(15):
+        d = tmp_path / f"f{trial}"
+        shutil.copytree(snap, d)
+        victim = rnd.randrange(31, 60)
+        off, size, body = records[victim]
+        # Flip a byte in a validated part: size, magic, CRC, physical offset, or the body.
+        where = rnd.choice([0, 3, 5, 9, 30] + ([88 + rnd.randrange(len(body))] if body else []))
+        name = f"{off - off % SEG:020d}"
+        with open(d / name, "r+b") as fh:
+            fh.seek(off % SEG + where)
+            byte = fh.read(1)
+            fh.seek(off % SEG + where)
+            fh.write(bytes([byte[0] ^ (1 << rnd.randrange(8))]))
+        _reopen_and_check(twin, d, records, off, original).close()
+
+
+def test_recovery_with_zeroed_tail(twin, logs, tmp_path) -> None:
+    rnd = random.Random(5)
+    src = tmp_path / "src"
+    log = logs(src, twin)
+    records = _fill(log, 50, rnd)
+    log.close()
+    original = store_bytes(src)
+    files = sorted(n for n in os.listdir(src) if n.isdigit())
+    for trial in range(8):
+        d = tmp_path / f"z{trial}"
+        shutil.copytree(src, d)
+        name = files[-1] if trial % 2 else files[-2]
+        start = rnd.randrange(0, SEG)
+        with open(d / name, "r+b") as fh:
+            fh.seek(start)
+            fh.write(bytes(SEG - start))
+        for later in files:
+            if int(later) > int(name):
+                os.unlink(d / later)
+        _reopen_and_check(twin, d, records, int(name) + start, original).close()
+
+
+def test_checkpoint_tracks_flushes_and_survives_reopen(twin, logs, tmp_path) -> None:
+    log = logs(tmp_path, twin, flush_interval_ms=3_600_000)
+    log.append("a", b"1")
+    fut = log.flush_future(log.max_offset)
+    assert not fut.done() and log.flushed_offset < log.max_offset
+    assert log.flush() == log.max_offset == log.flushed_offset
+    assert fut.result(timeout=5) >= log.max_offset
+    assert log.flush_future(1).done()
+    log.close()
+    raw = (tmp_path / "commitlog.checkpoint").read_bytes()
+    assert struct.unpack_from(">q", raw, 8)[0] == log.max_offset
+    # A corrupt checkpoint only means "validate everything".
+    (tmp_path / "commitlog.checkpoint").write_bytes(b"garbage")
+    again = logs(tmp_path, twin)
+    assert again.max_offset == log.max_offset
+
+
+def test_sync_flush_group_commit(twin, logs, tmp_path) -> None:
+    log = logs(tmp_path, twin, flush="sync")
+    threads, per = 4, 40
+    errors: list[BaseException] = []
+    done: list[tuple[int, int]] = []
+    lock = threading.Lock()
+
+    def writer(k: int) -> None:
+        try:
+            for i in range(per):
+                off, size = log.append(f"w{k}", b"x" * 200)
+                # Sync mode: the record is flushed when append returns.
+                assert log.flushed_offset >= off + size
+                with lock:
+                    done.append((off, size))
+        except BaseException as exc:  # collected and re-raised in the main thread
+            errors.append(exc)
+
+    ts = [threading.Thread(target=writer, args=(k,)) for k in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=60)
+    assert not errors, errors
+    assert len(done) == threads * per
+    assert log.flushed_offset == log.max_offset
+    # Waiters shared fsyncs: fewer flush rounds than appends.
+    assert 0 < log.flush_count < threads * per
+    fut = log.flush_future(log.max_offset)
+    assert fut.done()
+
+
+def test_concurrent_readers(twin, logs, tmp_path) -> None:
+    log = logs(tmp_path, twin, segment_bytes=65536)
+    placed: list[tuple[int, bytes]] = []
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    reads = [0]
+
+    def reader() -> None:
+        rnd = random.Random()
+        try:
+            while not stop.is_set() or reads[0] < 50:
+                if not placed:
+                    continue
+                off, body = placed[rnd.randrange(len(placed))]
+                assert log.read_message(off).body == body
+                view = log.read(off, 91)
+                assert struct.unpack_from(">q", view, 28)[0] == off
+                view.release()
+                reads[0] += 1
+                for m in log.iter_messages(off):
+                    if m.physical_offset > off + 20000:
+                        break
+        except BaseException as exc:  # collected and re-raised in the main thread
+            errors.append(exc)
+
+    rs = [threading.Thread(target=reader) for _ in range(2)]
+    for t in rs:
+        t.start()
+    try:
+        for i in range(1500):
+            body = i.to_bytes(4, "big") * (i % 50)
+            off, _ = log.append("r", body)
+            placed.append((off, body))
+            if i % 100 == 0:
+                log.append_batch("r", [b"batch"] * 20)
+    finally:
+        stop.set()
+        for t in rs:
+            t.join(timeout=60)
+    assert not errors, errors
+    assert reads[0] >= 50
+
+
+def test_bad_input_leaves_log_unchanged(twin, logs, tmp_path) -> None:
+    log = logs(tmp_path, twin)
+    log.append("ok", b"first")
+    log.flush()
+    before = (log.max_offset, store_bytes(tmp_path), log.queue_offsets())
+    bad_calls = [
+        (MessageTooLargeError, lambda: log.append("big", b"x" * SEG)),
+        (MessageTooLargeError, lambda: log.append_batch("big", [b"ok", b"x" * SEG])),
+        (InvalidMessageError, lambda: log.append("", b"x")),
+        (InvalidMessageError, lambda: log.append("t" * 256, b"x")),
+        (InvalidMessageError, lambda: log.append("ok", b"x", properties={"a\x01": "b"})),
+        (InvalidMessageError, lambda: log.append("ok", b"x", properties={"a": "b\x02"})),
+        (InvalidMessageError, lambda: log.append_batch("ok", [b"x"], properties={"\x02": ""})),
+        (InvalidMessageError, lambda: log.append_batch("ok", [b"x", 5])),
+        (InvalidMessageError, lambda: log.append("ok", "text body")),
+        (InvalidMessageError, lambda: log.append("ok", b"x", queue_id=-1)),
+        (InvalidMessageError, lambda: log.append("ok", b"x", born_host=("::1", 1))),
+        (OffsetMismatchError, lambda: log.append_data(log.max_offset + 1, b"xx")),
+        (OffsetMismatchError, lambda: log.append_data(0, b"xx")),
+        (StoreError, lambda: log.append_data(log.max_offset, b"\0" * SEG)),
+        (CorruptRecordError, lambda: log.append_data(log.max_offset, b"\x07" * 200)),
+        (StoreError, lambda: log.truncate(log.max_offset + 10)),
+        (StoreError, lambda: log.truncate(3)),
+        (StoreError, lambda: log.read(log.max_offset - 5, 10)),
+    ]
+    for exc, call in bad_calls:
+        with pytest.raises(exc):
+            call()
+        assert (log.max_offset, store_bytes(tmp_path), log.queue_offsets()) == before
+    with pytest.raises(ConfigError):
+        CommitLog(tmp_path / "x", flush="sometimes")
+    with pytest.raises(StoreError):
+        CommitLog(tmp_path, segment_bytes=SEG)  # one open log per directory
+    log.close()
+    with pytest.raises(StoreClosedError):
+        log.append("ok", b"late")
+
+
+def test_append_data_replicates_byte_for_byte(twin, logs, tmp_path) -> None:
+    master = logs(tmp_path / "m", twin)
+    rnd = random.Random(3)
+    _fill(master, 40, rnd)
+    master.append_batch("b", [b"q" * 300] * 30, 1)
+    slave = logs(tmp_path / "s", twin)
+    seen: list[int] = []
+    slave.add_append_listener(seen.append)
+    off = 0
+    while off < master.max_offset:
+        n = min(rnd.randrange(1, 5000), master.max_offset - off, master.segment_end(off) - off)
+        view = master.read(off, n)
+        slave.append_data(off, view)
+        view.release()
+        off += n
+        assert slave.max_offset == off == seen[-1]
+        assert slave.whole_offset <= off
+    assert slave.whole_offset == slave.max_offset == master.max_offset
+    assert slave.queue_offsets() == master.queue_offsets()
+    # A block ending inside a record: readers stop at the last whole record, and the cut
+    # drops the partial one.
+    m2 = master.append("tail", b"partial record body")[0]
+    slave.append_data(m2, master.read(m2, 40))
+    assert slave.whole_offset == m2 and slave.max_offset == m2 + 40
+    assert [m.physical_offset for m in slave.iter_messages()][-1] < m2
+    assert slave.cut_to_last_whole_record() == m2
+    master.close()
+    slave.close()
+    mb, sb = store_bytes(tmp_path / "m"), store_bytes(tmp_path / "s")
+    assert sorted(sb) == sorted(mb)
+    for name in mb:
+        if int(name) + SEG <= m2:
+            assert mb[name] == sb[name]
+
+
+def test_truncate_and_queue_offsets(twin, logs, tmp_path) -> None:
+    log = logs(tmp_path, twin)
+    offs = [log.append("a" if i % 2 else "b", b"x" * 700)[0] for i in range(60)]
+    assert log.queue_offset("a") == 30
+    cut = offs[21]
+    with pytest.raises(StoreError):
+        log.truncate(cut + 1)
+    log.truncate(cut)
+    assert log.max_offset == cut and log.flushed_offset <= cut
+    assert log.queue_offset("a") == 10 and log.queue_offset("b") == 11
+    for name, data in store_bytes(tmp_path).items():
+        if int(name) > log.segment_start(cut):
+            assert not any(data), "only the warmed-up next segment (all zeros) may follow"
+    new_off, _ = log.append("a", b"new")
+    assert log.read_message(new_off).queue_offset == 10
+    log.close()
+    again = logs(tmp_path, twin)
+    assert again.max_offset == log.max_offset
+    assert again.queue_offset("a") == 11 and again.queue_offset("b") == 11
+
+
+def test_delete_segments_before_keeps_queue_offsets(twin, logs, tmp_path) -> None:
+    log = logs(tmp_path, twin)
+    for i in range(80):
+        log.append("only-old" if i < 10 else "main", b"y" * 900)
+    assert log.delete_segments_before(SEG * 3) == 3
+    assert log.min_offset == SEG * 3
+    with pytest.raises(StoreError):
+        log.read_message(0)
+    assert next(log.iter_messages()).physical_offset >= SEG * 3
+    log.close()
+    again = logs(tmp_path, twin)
+    assert again.min_offset == SEG * 3
+    assert again.queue_offset("only-old") == 10 and again.queue_offset("main") == 70
+
+
+def test_read_views_and_close_with_live_view(twin, logs, tmp_path) -> None:
+    log = logs(tmp_path, twin)
+    off, size = log.append("v", b"zero-copy")
+    view = log.read(off, size)
+    assert isinstance(view, memoryview) and bytes(view[88:97]) == b"zero-copy"
+    msg = log.read_message(off)
+    assert isinstance(msg, StoredMessage) and msg.store_timestamp == fixed_clock()
+    assert msg.store_host == ("127.0.0.1", 10911) and msg.size == size
+    with pytest.raises(StoreError):
+        log.read(log.segment_end(0) - 4, 8)
+    log.close()  # a reader's view outlives the log without an error
+    assert len(view) == size
+
+
+def test_async_flush_listeners_and_futures(twin, logs, tmp_path) -> None:
+    log = logs(tmp_path, twin, flush_interval_ms=20)
+    seen: list[int] = []
+    log.add_append_listener(seen.append)
+    off, size = log.append("l", b"one")
+    r = log.append_batch("l", [b"two", b"three"])
+    assert seen == [off + size, r.end_offset] == [off + size, log.max_offset]
+    # The background flush resolves the future without an explicit flush().
+    fut = log.flush_future(log.max_offset)
+    assert fut.result(timeout=10) >= log.max_offset
+    assert log.flushed_offset >= log.max_offset
+    log.remove_append_listener(seen.append)
+    log.append("l", b"four")
+    assert len(seen) == 2
+    assert log.queue_offset("l") == 4 and log.implementation == twin
+
+
+def test_sync_mode_covers_batches_and_replicated_data(twin, logs, tmp_path) -> None:
+    master = logs(tmp_path / "m", twin)
+    master.append_batch("s", [b"a" * 100] * 50)
+    slave = logs(tmp_path / "s", twin, flush="sync")
+    r = slave.append_batch("local", [b"b"] * 3)
+    assert slave.flushed_offset >= r.end_offset
+    slave.truncate(0)
+    end = slave.append_data(0, master.read(0, master.max_offset))
+    assert slave.flushed_offset >= end == master.max_offset
+
+
+def test_store_module_exports() -> None:
+    import rmqha.store as store
+    from rmqha.epoch_map import EpochMap
+
+    assert store.EpochMap is EpochMap
+    assert store.CommitLog is CommitLog and store.StoredMessage is StoredMessage
+    with pytest.raises(AttributeError):
+        store.NoSuchThing  # noqa: B018 - the attribute access is the test
+
+
+_WRITER = r"""
+import sys
+from rmqha.store import CommitLog
+log = CommitLog(sys.argv[1], segment_bytes=16384, flush="sync", implementation=sys.argv[2])
+i = 0
+while True:
+    off, size = log.append("k%d" % (i % 3), (b"%08d" % i) * (i % 40))
+    print(off, size, i, flush=True)
+    i += 1
+"""
+
+
+def test_kill_during_sync_appends_keeps_every_acknowledged_record(twin, tmp_path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path / "log"), twin],
+                            stdout=subprocess.PIPE, text=True)
+    acked: list[tuple[int, int, int]] = []
+    try:
+        deadline = time.monotonic() + 30
+        assert proc.stdout is not None
+        while len(acked) < 300 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            acked.append(tuple(int(x) for x in line.split()))  # type: ignore[misc]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    assert len(acked) >= 300, "the writer did not get going"
+    with CommitLog(tmp_path / "log", segment_bytes=16384, implementation=twin,
+                   prefault=False) as log:
+        for off, size, i in acked:
+            m = log.read_message(off)
+            assert (m.size, m.body, m.topic) == (size, (b"%08d" % i) * (i % 40), f"k{i % 3}")
+        assert log.max_offset >= acked[-1][0] + acked[-1][1]

@@ -1,0 +1,230 @@
+"""The records codec, both twins: CRC, identical bytes, batch = singles, scanner verdicts."""
+from __future__ import annotations
+
+import struct
+import zlib
+from array import array
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rmqha import _core
+from rmqha._core import load_twin
+from rmqha.errors import InvalidMessageError, MessageTooLargeError, StoreError
+
+HOST_A = bytes([10, 0, 0, 1]) + struct.pack(">i", 1234)
+HOST_B = bytes([127, 0, 0, 1]) + struct.pack(">i", 10911)
+
+
+def parse_record(buf: bytes, pos: int) -> dict:
+    """An independent reading of RocketMQ's v1 message layout (big-endian)."""
+    names = ["total", "magic", "crc", "queue_id", "flag", "queue_offset", "physical_offset",
+             "sys_flag", "born_ts", "born_ip", "born_port", "store_ts", "store_ip",
+             "store_port", "reconsume", "prepared", "body_len"]
+    vals = struct.unpack_from(">iIiiiqqiq4siq4siiqi", buf, pos)
+    rec = dict(zip(names, vals))
+    p = pos + 88
+    rec["body"] = bytes(buf[p:p + rec["body_len"]])
+    p += rec["body_len"]
+    tlen = buf[p]
+    rec["topic"] = bytes(buf[p + 1:p + 1 + tlen])
+    p += 1 + tlen
+    (plen,) = struct.unpack_from(">h", buf, p)
+    rec["properties"] = bytes(buf[p + 2:p + 2 + plen])
+    assert p + 2 + plen - pos == rec["total"]
+    return rec
+
+
+def msg_args(topic=b"TopicA", body=b"hello", props=b"", qoff=0, phys=0):
+    return (topic, body, props, 3, 7, qoff, phys, 0, 1_700_000_000_000, HOST_A,
+            1_700_000_000_001, HOST_B, 2, 0)
+
+
+BOTH = pytest.mark.skipif(_core.NO_EXTENSIONS,
+                          reason="compares the two twins; RMQHA_NO_EXTENSIONS runs the pure one only")
+
+
+@BOTH
+@given(data=st.binary(max_size=5000), seed=st.integers(0, 0xFFFFFFFF))
+@settings(max_examples=200, deadline=None)
+def test_crc32_matches_zlib(data: bytes, seed: int) -> None:
+    for twin in ("cython", "python"):
+        mod = load_twin("records", twin)
+        assert mod.crc32(data) == zlib.crc32(data)
+        assert mod.crc32(data, seed) == zlib.crc32(data, seed)
+        assert mod.body_crc(data) == zlib.crc32(data) & 0x7FFFFFFF
+
+
+@BOTH
+@given(topic=st.binary(min_size=1, max_size=255), body=st.binary(max_size=3000),
+       props=st.dictionaries(st.text(st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)),
+                                     min_size=1, max_size=8),
+                             st.text(st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)),
+                                     max_size=8), max_size=4),
+       qoff=st.integers(0, 2**62), phys=st.integers(0, 2**40))
+@settings(max_examples=150, deadline=None)
+def test_twins_write_identical_bytes(topic, body, props, qoff, phys) -> None:
+    outs = []
+    for twin in ("cython", "python"):
+        mod = load_twin("records", twin)
+        pb = mod.encode_properties(props)
+        buf = bytearray(4 + 91 + len(topic) + len(body) + len(pb) + 4)
+        size = mod.write_message(buf, 4, *msg_args(topic, body, pb, qoff, phys))
+        assert size == mod.message_size(len(body), len(topic), len(pb))
+        outs.append(bytes(buf))
+        rec = parse_record(buf, 4)
+        assert (rec["magic"], rec["total"], rec["body"], rec["topic"]) == (
+            0xDAA320A7, size, body, topic)
+        assert rec["crc"] == zlib.crc32(body) & 0x7FFFFFFF
+        assert (rec["queue_offset"], rec["physical_offset"], rec["queue_id"], rec["flag"]) == (
+            qoff, phys, 3, 7)
+        assert (rec["born_ip"], rec["born_port"], rec["store_port"]) == (
+            bytes([10, 0, 0, 1]), 1234, 10911)
+        assert mod.decode_properties(rec["properties"]) == props
+        dec = mod.decode(buf, 4, len(buf))
+        assert dec[14:17] == (body, topic, pb) and dec[5:7] == (qoff, phys)
+    assert outs[0] == outs[1]
+
+
+def test_batch_equals_singles(twin: str) -> None:
+    mod = load_twin("records", twin)
+    bodies = [bytes([i % 251]) * (i * 37 % 700) for i in range(60)]
+    bodies[3] = bytearray(b"mutable body")
+    bodies[4] = memoryview(b"a view")
+    one = bytearray(40000)
+    pos = 0
+    for i, b in enumerate(bodies):
+        pos += mod.write_message(one, pos, b"T", b, b"k\x01v\x02", 1, 0, 100 + i, 5000 + pos, 0,
+                                 11, HOST_A, 12, HOST_B, 0, 0)
+    two = bytearray(40000)
+    offs = array("q", [0] * len(bodies))
+    count, end = mod.write_batch(two, 0, len(two), b"T", bodies, 0, b"k\x01v\x02", 1, 0, 100,
+                                 5000, 0, 11, HOST_A, 12, HOST_B, 0, 0, offs)
+    assert (count, end) == (len(bodies), pos)
+    assert one == two
+    p = 0
+    for i, b in enumerate(bodies):
+        assert offs[i] == 5000 + p
+        rec = parse_record(two, p)
+        assert rec["body"] == bytes(b) and rec["queue_offset"] == 100 + i
+        p += rec["total"]
+
+
+def test_batch_stops_at_limit_and_resumes(twin: str) -> None:
+    mod = load_twin("records", twin)
+    bodies = [b"x" * 100] * 10
+    buf = bytearray(2000)
+    count, end = mod.write_batch(buf, 0, 600, b"T", bodies, 0, b"", 0, 0, 0, 0, 0, 1, HOST_A,
+                                 1, HOST_B, 0, 0)
+    assert count == 3 and end == 3 * 192
+    count2, end2 = mod.write_batch(buf, end, 2000, b"T", bodies, count, b"", 0, 0, 3, 0, 0, 1,
+                                   HOST_A, 1, HOST_B, 0, 0)
+    assert count2 == 7 and end2 == 10 * 192
+    assert parse_record(buf, 9 * 192)["queue_offset"] == 9
+
+
+def test_bad_input_writes_nothing(twin: str) -> None:
+    mod = load_twin("records", twin)
+    buf = bytearray(1000)
+    with pytest.raises(InvalidMessageError):
+        mod.write_message(buf, 0, *msg_args(topic=b""))
+    with pytest.raises(InvalidMessageError):
+        mod.write_message(buf, 0, *msg_args(topic=b"t" * 256))
+    with pytest.raises(StoreError):
+        mod.write_message(buf, 950, *msg_args())
+    with pytest.raises(StoreError):
+        mod.write_message(buf, -1, *msg_args())
+    with pytest.raises(InvalidMessageError):
+        mod.write_batch(buf, 0, 1000, b"T", [b"ok", "not bytes"], 0, b"", 0, 0, 0, 0, 0, 0,
+                        HOST_A, 0, HOST_B, 0, 0)
+    with pytest.raises(MessageTooLargeError):
+        mod.write_batch(buf, 0, 1000, b"T", [b"ok", b"x" * 500], 0, b"", 0, 0, 0, 0, 0, 0,
+                        HOST_A, 0, HOST_B, 0, 0, None, 400)
+    with pytest.raises(StoreError):
+        mod.write_blank(buf, 0, 7)
+    assert buf == bytearray(1000)
+    for bad in ({"a\x01": "b"}, {"a": "b\x02"}, {"": "x"}, {"k": "v" * 40000}, {"\ud800": ""}):
+        with pytest.raises(InvalidMessageError):
+            mod.encode_properties(bad)
+
+
+def test_scan_verdicts(twin: str) -> None:
+    mod = load_twin("records", twin)
+    S = mod.ScanStop
+    seg = 4096
+    base = 8192
+    good = bytearray(seg)
+    pos = 0
+    ends = []
+    for i in range(5):
+        pos += mod.write_message(good, pos, b"T", bytes([i]) * 50, b"", 0, 0, i, base + pos, 0,
+                                 1, HOST_A, 1, HOST_B, 0, 0)
+        ends.append(pos)
+    mod.write_blank(good, pos, seg - pos)
+    table: dict = {}
+    assert mod.scan(good, 0, seg, base, 0, table) == (seg, S.BLANK, 5)
+    assert table == {(b"T", 0): 5}
+    assert mod.scan(good, 0, ends[2], base, 0) == (ends[2], S.END, 3)
+    low: dict = {}
+    mod.scan(good, ends[1], ends[4], base, 0, low, True)
+    assert low == {(b"T", 0): 2}
+    # Zeros after the data: a clean end.
+    zeros = bytearray(good)
+    zeros[ends[2]:] = bytes(seg - ends[2])
+    assert mod.scan(zeros, 0, seg, base, 0) == (ends[2], S.ZEROS, 3)
+
+    def verdict(mutate, verify_from=0):
+        b = bytearray(good)
+        mutate(b)
+        return mod.scan(b, 0, seg, base, verify_from)
+
+    r3 = ends[2]
+    assert verdict(lambda b: b.__setitem__(r3 + 4, 0)) == (r3, S.BAD_MAGIC, 3)
+    assert verdict(lambda b: struct.pack_into(">i", b, r3, 20)) == (r3, S.BAD_SIZE, 3)
+    assert verdict(lambda b: struct.pack_into(">i", b, r3, seg)) == (r3, S.BAD_SIZE, 3)
+    assert verdict(lambda b: struct.pack_into(">i", b, r3 + 84, 49)) == (r3, S.BAD_LENGTHS, 3)
+    assert verdict(lambda b: b.__setitem__(r3 + 100, 99)) == (r3, S.BAD_CRC, 3)
+    # Below verify_from the body CRC is trusted.
+    assert verdict(lambda b: b.__setitem__(r3 + 100, 99), base + seg)[1] == S.BLANK
+    assert verdict(lambda b: struct.pack_into(">q", b, r3 + 28, 1)) == (r3, S.BAD_OFFSET, 3)
+    assert verdict(lambda b: struct.pack_into(">i", b, ends[4], 100)) == (ends[4], S.BAD_SIZE, 5)
+    # A record cut by the data end.
+    assert mod.scan(good, 0, r3 + 60, base, 0) == (r3, S.TORN, 3)
+    assert mod.scan(good, 0, r3 + 5, base, 0) == (r3, S.TORN, 3)
+    # A header cut inside its zero high bytes cannot be told from the unwritten rest.
+    assert mod.scan(good, 0, r3 + 3, base, 0) == (r3, S.ZEROS, 3)
+
+
+def test_decode_refuses_blank_and_garbage(twin: str) -> None:
+    from rmqha.errors import CorruptRecordError
+
+    mod = load_twin("records", twin)
+    buf = bytearray(512)
+    mod.write_blank(buf, 0, 512)
+    with pytest.raises(CorruptRecordError):
+        mod.decode(buf, 0, 512)
+    with pytest.raises(CorruptRecordError):
+        mod.decode(bytearray(b"\x01" * 200), 0, 200)
+    size = mod.write_message(buf, 0, *msg_args())
+    buf[90] ^= 0xFF  # inside the body
+    with pytest.raises(CorruptRecordError):
+        mod.decode(buf, 0, 512)
+    assert mod.decode(buf, 0, size, False)[0] == size
+
+
+def test_prefault_keeps_bytes(twin: str) -> None:
+    import mmap
+
+    mod = load_twin("records", twin)
+    mm = mmap.mmap(-1, 1 << 20)
+    try:
+        mm[5000:5005] = b"hello"
+        mod.prefault(mm)
+        mod.prefault(mm, 4097)
+        mod.prefault(bytearray(10000), 3)
+        assert mm[5000:5005] == b"hello"
+        with pytest.raises(StoreError):
+            mod.prefault(mm, len(mm) + 1)
+    finally:
+        mm.close()
