@@ -1,0 +1,217 @@
+"""HA replication on loopback: catch-up throughput against raw TCP, and replication lag.
+
+* ``tcp-raw``: one Python process ``sendall``s 1 MiB chunks to this one, which
+  ``recv_into``s a reusable buffer: the ceiling for any Python replication on this machine.
+* ``catch-up``: an empty HASlave in this process replicates a pre-written log of 1 KiB
+  records (1 GiB; 128 MiB with ``RMQHA_BENCH_QUICK=1``) from an HAMaster in its own
+  process (``python -m rmqha.ha.node``), default HAConfig, until byte-for-byte caught up.
+  ``extra_info["ratio_vs_tcp_raw"]`` compares it with the raw figure of the same run
+  (target: at least 0.5).
+* ``lag``: the master process appends single 1 KiB messages at a steady rate, each body
+  stamped with ``time.monotonic_ns()``; the slave here notes when each record's end
+  arrived (commitlog append listener).  p50/p99/max in ms go to ``extra_info``.
+
+Speed is reported, never asserted.  Run: ``RMQHA_BENCH_QUICK=1 .venv/bin/python -m pytest
+benches/bench_replication.py --benchmark-only -s``.
+"""
+from __future__ import annotations
+
+import asyncio
+import bisect
+import shutil
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import pytest
+
+from benches.conftest import QUICK, describe
+from rmqha import core_implementation
+from rmqha.ha import HAConfig, HASlave
+from rmqha.ha.testing import NodeProcess, fill, open_store, wait_until_async
+
+LOG_BYTES = (128 if QUICK else 1024) << 20
+SEG = (64 if QUICK else 256) << 20
+ROUNDS = 3
+LAG_RATE = 2000 if QUICK else 5000  # messages per second
+LAG_SECONDS = 2.0 if QUICK else 10.0
+MESSAGE_BYTES = 1024
+CFG = HAConfig()  # defaults: what a broker gets
+
+_results: dict[str, float] = {}
+
+_SENDER = r"""
+import socket, sys
+port, total = int(sys.argv[1]), int(sys.argv[2])
+s = socket.create_connection(("127.0.0.1", port))
+s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+s.recv(1)  # wait for "go" so process start-up is not timed
+buf = memoryview(bytes(1 << 20))
+left = total
+while left:
+    n = min(left, len(buf))
+    s.sendall(buf[:n])
+    left -= n
+s.close()
+"""
+
+
+@pytest.fixture(scope="module")
+def master_node(tmp_path_factory: pytest.TempPathFactory):
+    d = str(tmp_path_factory.mktemp("ha-bench-master"))
+    cl, em = open_store(d, SEG)
+    em.append(1, 0)
+    fill(cl, LOG_BYTES, body_size=MESSAGE_BYTES - 100, batch=1024)  # ~1 KiB records
+    max_offset = cl.max_offset
+    cl.close()
+    node = NodeProcess(["--dir", d, "--role", "master", "--broker-id", "1", "--segment-bytes", str(SEG),
+                        "--known", "2"])
+    try:
+        yield node, max_offset
+    finally:
+        node.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.benchmark(group="replication-catchup")
+def test_raw_loopback_tcp(benchmark: Any) -> None:
+    total = LOG_BYTES
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
+        lsock = socket.socket()
+        lsock.bind(("127.0.0.1", 0))
+        lsock.listen(1)
+        proc = subprocess.Popen([sys.executable, "-c", _SENDER, str(lsock.getsockname()[1]), str(total)])
+        procs.append(proc)
+        conn, _ = lsock.accept()
+        lsock.close()
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        return (conn,), {}
+
+    buf = bytearray(1 << 20)
+    view = memoryview(buf)
+
+    def receive(conn: socket.socket) -> int:
+        conn.sendall(b"g")
+        got = 0
+        while got < total:
+            n = conn.recv_into(view)
+            if not n:
+                break
+            got += n
+        conn.close()
+        return got
+
+    try:
+        got = benchmark.pedantic(receive, setup=setup, rounds=ROUNDS, iterations=1)
+    finally:
+        for p in procs:
+            p.wait(timeout=30)
+    assert got == total
+    mbps = total / benchmark.stats.stats.min / 1e6
+    _results["tcp_raw_mb_s"] = mbps
+    describe(benchmark, "tcp-raw", message_bytes=MESSAGE_BYTES, batch=1 << 20, replicas=2,
+             bytes=total, mb_per_s=round(mbps, 1))
+    print(f"\nraw loopback TCP: {mbps:.0f} MB/s (best of {ROUNDS})")
+
+
+@pytest.mark.benchmark(group="replication-catchup")
+def test_slave_catch_up(benchmark: Any, master_node: Any) -> None:
+    node, max_offset = master_node
+    dirs: list[str] = []
+    stores: list[Any] = []
+
+    def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
+        while stores:
+            stores.pop().close()
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+        d = tempfile.mkdtemp(prefix="ha-bench-slave-")
+        dirs.append(d)
+        cl, em = open_store(d, SEG)
+        cl.wait_prefaulted(30)
+        stores.append(cl)
+        return (cl, em), {}
+
+    def catch_up(cl: Any, em: Any) -> int:
+        async def run() -> None:
+            s = HASlave(cl, em, group="g", broker_id=2, master_ha_address=f"127.0.0.1:{node.port}", config=CFG)
+            await s.start()
+            try:
+                await wait_until_async(lambda: cl.max_offset >= max_offset, 600, "catch-up", interval=0.002)
+            finally:
+                await s.stop()
+
+        asyncio.run(run())
+        return cl.max_offset
+
+    try:
+        got = benchmark.pedantic(catch_up, setup=setup, rounds=ROUNDS, iterations=1)
+    finally:
+        while stores:
+            stores.pop().close()
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+    assert got == max_offset
+    mbps = max_offset / benchmark.stats.stats.min / 1e6
+    raw = _results.get("tcp_raw_mb_s")
+    ratio = mbps / raw if raw else None
+    describe(benchmark, core_implementation(), message_bytes=MESSAGE_BYTES, batch=CFG.ha_transfer_batch_bytes,
+             replicas=2, bytes=max_offset, mb_per_s=round(mbps, 1),
+             ratio_vs_tcp_raw=round(ratio, 3) if ratio else None)
+    print(f"\ncatch-up: {mbps:.0f} MB/s (best of {ROUNDS})"
+          + (f", {ratio:.0%} of raw loopback TCP ({raw:.0f} MB/s)" if ratio else ""))
+
+
+@pytest.mark.benchmark(group="replication-lag")
+def test_replication_lag_under_steady_load(benchmark: Any, tmp_path: Any) -> None:
+    mdir, sdir = str(tmp_path / "m"), str(tmp_path / "s")
+    cl, em = open_store(mdir, SEG)
+    em.append(1, 0)
+    cl.close()
+    node = NodeProcess(["--dir", mdir, "--role", "master", "--broker-id", "1", "--segment-bytes", str(SEG),
+                        "--known", "2"])
+    scl, sem = open_store(sdir, SEG)
+    arrivals: list[tuple[int, int]] = []  # (max offset, monotonic ns) as blocks land
+    scl.add_append_listener(lambda mx: arrivals.append((mx, time.monotonic_ns())))
+
+    def run_load() -> int:
+        async def run() -> int:
+            s = HASlave(scl, sem, group="g", broker_id=2, master_ha_address=f"127.0.0.1:{node.port}", config=CFG)
+            await s.start()
+            try:
+                loop = asyncio.get_running_loop()
+                st = await loop.run_in_executor(None, lambda: node.command(
+                    f"produce {LAG_RATE} {LAG_SECONDS} {MESSAGE_BYTES}", timeout=LAG_SECONDS * 5 + 30))
+                await wait_until_async(lambda: scl.max_offset >= st["max_offset"], 30, "slave drained")
+                return int(st["max_offset"])
+            finally:
+                await s.stop()
+
+        return asyncio.run(run())
+
+    try:
+        end = benchmark.pedantic(run_load, rounds=1, iterations=1)
+        ends = [a for a, _ in arrivals]
+        lags_ms: list[float] = []
+        for msg in scl.iter_messages(0):
+            (sent_ns,) = struct.unpack_from(">q", msg.body, 0)
+            i = bisect.bisect_left(ends, msg.physical_offset + msg.size)
+            lags_ms.append((arrivals[i][1] - sent_ns) / 1e6)
+    finally:
+        node.stop()
+        scl.close()
+    assert scl.max_offset == end and len(lags_ms) == int(LAG_RATE * LAG_SECONDS)
+    q = statistics.quantiles(lags_ms, n=100)
+    p50, p99 = q[49], q[98]
+    describe(benchmark, core_implementation(), message_bytes=MESSAGE_BYTES, batch=1, replicas=2,
+             rate_per_s=LAG_RATE, seconds=LAG_SECONDS, lag_p50_ms=round(p50, 3), lag_p99_ms=round(p99, 3),
+             lag_max_ms=round(max(lags_ms), 3))
+    print(f"\nreplication lag at {LAG_RATE} x {MESSAGE_BYTES} B/s: p50 {p50:.3f} ms, p99 {p99:.3f} ms, "
+          f"max {max(lags_ms):.3f} ms over {len(lags_ms)} messages")

@@ -1,0 +1,319 @@
+"""The two HA wire dialects seen through one small interface each for master and slave.
+
+:mod:`rmqha.frames` owns the byte layouts; this module maps its frame types onto the few
+events the replication logic needs, so :mod:`rmqha.ha.master` and :mod:`rmqha.ha.slave`
+are written once for both dialects:
+
+* slave -> master: :class:`SlaveHello`, :class:`EpochQuery`, :class:`TruncateConfirm`,
+  :class:`Ack` (in the ``rocketmq`` dialect the first report after the handshake plays
+  the part of CONFIRM_TRUNCATE);
+* master -> slave: :class:`MasterHello`, :class:`EpochList`, :class:`Block`.
+
+Refusals: the ``framed`` dialect carries a reason code (:class:`RefuseReason`, sent as
+HANDSHAKE_MASTER check_result); the ``rocketmq`` dialect has no field for it, so the
+master logs the reason and closes.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+from rmqha import frames as _frames
+
+from rmqha.errors import ProtocolError
+
+fr: Any = _frames
+M2S = fr.Direction.MASTER_TO_SLAVE
+S2M = fr.Direction.SLAVE_TO_MASTER
+
+
+class RefuseReason(IntEnum):
+    """HANDSHAKE_MASTER check_result codes (0 accepts; values 1-4 are rmqha.frames.CheckResult)."""
+
+    ACCEPTED = 0
+    PROTOCOL_NOT_SUPPORTED = 1
+    IDENTITY_MISMATCH = 2  # not of this group / id unknown to the controller
+    NOT_MASTER = 3
+    REFUSED = 4
+    SEGMENT_SIZE_MISMATCH = 5
+    STALE_MASTER_EPOCH = 6  # the slave holds a newer epoch than this master
+    SAME_BROKER_ID = 7  # the "slave" claims the master's own id
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+# --- events ----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class SlaveHello:
+    broker_id: int
+    sync_from_last_file: bool
+    async_learner: bool
+    segment_bytes: int | None  # None: the dialect does not carry it
+    address: str
+    epoch: int | None  # the slave's last epoch, when the dialect carries it
+
+
+@dataclass(slots=True)
+class EpochQuery:
+    pass
+
+
+@dataclass(slots=True)
+class TruncateConfirm:
+    offset: int
+
+
+@dataclass(slots=True)
+class Ack:
+    offset: int
+    epoch: int | None
+
+
+@dataclass(slots=True)
+class MasterHello:
+    result: int
+    max_offset: int
+    last_epoch: int
+    #: rocketmq sends the (epoch, start) pairs in the handshake; framed leaves this None.
+    pairs: tuple[tuple[int, int], ...] | None
+
+
+@dataclass(slots=True)
+class EpochList:
+    entries: tuple[tuple[int, int, int], ...]
+
+
+@dataclass(slots=True)
+class Block:
+    epoch: int
+    epoch_start: int
+    offset: int
+    confirm: int
+    data: Any  # memoryview/bytes; empty = heartbeat
+
+
+# --- master side -----------------------------------------------------------------------------
+
+
+class MasterCodec:
+    """What a master reads from and writes to one slave, in one dialect."""
+
+    name = ""
+    #: Whether the slave sends QUERY_EPOCH / CONFIRM_TRUNCATE (framed) or gets the epochs in
+    #: the handshake and answers with its first report (rocketmq).
+    epoch_exchange = False
+
+    def __init__(self, max_frame_bytes: int) -> None:
+        self.max_frame_bytes = max_frame_bytes
+
+    def feed(self, chunk: bytes) -> list[Any]:
+        raise NotImplementedError
+
+    def hello(self, result: int, max_offset: int, last_epoch: int, pairs: list[tuple[int, int]]) -> bytes | None:
+        raise NotImplementedError
+
+    def epochs(self, entries: list[tuple[int, int, int]], epoch: int) -> bytes:
+        raise NotImplementedError
+
+    def block_header(self, epoch: int, epoch_start: int, offset: int, confirm: int, size: int) -> bytes:
+        raise NotImplementedError
+
+
+class FramedMaster(MasterCodec):
+    name = "framed"
+    epoch_exchange = True
+
+    def __init__(self, max_frame_bytes: int) -> None:
+        super().__init__(max_frame_bytes)
+        self._dec = fr.FramedDecoder(S2M, max_frame_bytes)
+        self._pack = fr.pack_transfer_header
+
+    def feed(self, chunk: bytes) -> list[Any]:
+        out: list[Any] = []
+        for f in self._dec.feed(chunk):
+            t = type(f)
+            if t is fr.TransferAck:
+                out.append(Ack(f.slave_max_offset, f.epoch))
+            elif t is fr.HandshakeSlave:
+                out.append(
+                    SlaveHello(f.broker_id, f.sync_from_last_file, f.async_learner, f.segment_bytes, f.address, f.epoch)
+                )
+            elif t is fr.QueryEpoch:
+                out.append(EpochQuery())
+            elif t is fr.ConfirmTruncate:
+                out.append(TruncateConfirm(f.offset))
+            else:  # the decoder's direction check makes this unreachable; keep the guard
+                raise ProtocolError(f"frame {t.__name__} is not sent by a slave")
+        return out
+
+    def hello(self, result: int, max_offset: int, last_epoch: int, pairs: list[tuple[int, int]]) -> bytes:
+        return fr.framed.encode(
+            fr.HandshakeMaster(int(result), max_offset, last_epoch, _now_ms(), last_epoch)
+        )
+
+    def epochs(self, entries: list[tuple[int, int, int]], epoch: int) -> bytes:
+        return fr.framed.encode(fr.ReturnEpoch(tuple(entries), _now_ms(), epoch))
+
+    def block_header(self, epoch: int, epoch_start: int, offset: int, confirm: int, size: int) -> bytes:
+        return self._pack(offset, epoch_start, confirm, size, epoch, _now_ms())
+
+
+class RocketMQMaster(MasterCodec):
+    name = "rocketmq"
+    epoch_exchange = False
+
+    def __init__(self, max_frame_bytes: int) -> None:
+        super().__init__(max_frame_bytes)
+        self._dec = fr.RocketMQDecoder(S2M, max_frame_bytes)
+        self._pack = fr.pack_rocketmq_transfer_header
+
+    def feed(self, chunk: bytes) -> list[Any]:
+        out: list[Any] = []
+        for f in self._dec.feed(chunk):
+            t = type(f)
+            if t is fr.RmqSlaveAck:
+                out.append(Ack(f.max_offset, None))
+            elif t is fr.RmqSlaveHandshake:
+                out.append(SlaveHello(f.broker_id, f.sync_from_last_file, f.async_learner, None, "", None))
+            else:
+                raise ProtocolError(f"message {t.__name__} is not sent by a slave")
+        return out
+
+    def hello(self, result: int, max_offset: int, last_epoch: int, pairs: list[tuple[int, int]]) -> bytes | None:
+        if result != RefuseReason.ACCEPTED:
+            return None  # no field for a reason: the master logs it and closes
+        return fr.rocketmq.encode(fr.RmqMasterHandshake(max_offset, last_epoch, tuple(pairs), 1))
+
+    def epochs(self, entries: list[tuple[int, int, int]], epoch: int) -> bytes:
+        raise ProtocolError("the rocketmq dialect has no epoch query")
+
+    def block_header(self, epoch: int, epoch_start: int, offset: int, confirm: int, size: int) -> bytes:
+        return self._pack(offset, epoch, epoch_start, confirm, size)
+
+
+def master_codec(first4: bytes, max_frame_bytes: int) -> MasterCodec:
+    """The codec for a connection whose first four bytes are ``first4`` (ProtocolError if neither)."""
+    dialect = fr.detect_dialect(first4)
+    if dialect is fr.Dialect.ROCKETMQ:
+        return RocketMQMaster(max_frame_bytes)
+    return FramedMaster(max_frame_bytes)
+
+
+# --- slave side ------------------------------------------------------------------------------
+
+
+class SlaveCodec:
+    """What a slave writes to and reads from its master, in one dialect."""
+
+    name = ""
+    epoch_exchange = False
+
+    def __init__(self, max_frame_bytes: int) -> None:
+        self.max_frame_bytes = max_frame_bytes
+
+    def feed(self, chunk: bytes) -> list[Any]:
+        raise NotImplementedError
+
+    def hello(self, broker_id: int, segment_bytes: int, address: str, sync_from_last_file: bool,
+              async_learner: bool, epoch: int) -> bytes:
+        raise NotImplementedError
+
+    def query_epoch(self, epoch: int) -> bytes:
+        raise NotImplementedError
+
+    def confirm(self, offset: int, epoch: int) -> bytes:
+        raise NotImplementedError
+
+    def ack(self, offset: int, epoch: int) -> bytes:
+        raise NotImplementedError
+
+
+class FramedSlave(SlaveCodec):
+    name = "framed"
+    epoch_exchange = True
+
+    def __init__(self, max_frame_bytes: int) -> None:
+        super().__init__(max_frame_bytes)
+        self._dec = fr.FramedDecoder(M2S, max_frame_bytes)
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of an incomplete frame the decoder holds."""
+        return int(self._dec.buffered)
+
+    def feed(self, chunk: bytes) -> list[Any]:
+        out: list[Any] = []
+        for f in self._dec.feed(chunk):
+            t = type(f)
+            if t is fr.TransferData:
+                out.append(Block(f.epoch, f.epoch_start_offset, f.block_start_offset, f.confirm_offset, f.data))
+            elif t is fr.HandshakeMaster:
+                out.append(MasterHello(f.check_result, f.master_max_offset, f.master_last_epoch, None))
+            elif t is fr.ReturnEpoch:
+                out.append(EpochList(tuple(f.entries)))
+            else:
+                raise ProtocolError(f"frame {t.__name__} is not sent by a master")
+        return out
+
+    def hello(self, broker_id: int, segment_bytes: int, address: str, sync_from_last_file: bool,
+              async_learner: bool, epoch: int) -> bytes:
+        return fr.framed.encode(fr.HandshakeSlave(
+            broker_id, segment_bytes, address, sync_from_last_file, async_learner, _now_ms(), epoch
+        ))
+
+    def query_epoch(self, epoch: int) -> bytes:
+        return fr.framed.encode(fr.QueryEpoch(_now_ms(), epoch))
+
+    def confirm(self, offset: int, epoch: int) -> bytes:
+        return fr.framed.encode(fr.ConfirmTruncate(offset, _now_ms(), epoch))
+
+    def ack(self, offset: int, epoch: int) -> bytes:
+        return fr.framed.encode(fr.TransferAck(offset, _now_ms(), epoch))
+
+
+class RocketMQSlave(SlaveCodec):
+    name = "rocketmq"
+    epoch_exchange = False
+
+    def __init__(self, max_frame_bytes: int) -> None:
+        super().__init__(max_frame_bytes)
+        self._dec = fr.RocketMQDecoder(M2S, max_frame_bytes)
+
+    def feed(self, chunk: bytes) -> list[Any]:
+        out: list[Any] = []
+        for f in self._dec.feed(chunk):
+            t = type(f)
+            if t is fr.RmqMasterTransfer:
+                out.append(Block(f.epoch, f.epoch_start_offset, f.offset, f.confirm_offset, f.data))
+            elif t is fr.RmqMasterHandshake:
+                out.append(MasterHello(RefuseReason.ACCEPTED, f.max_offset, f.last_epoch, tuple(f.entries)))
+            else:
+                raise ProtocolError(f"message {t.__name__} is not sent by a master")
+        return out
+
+    def hello(self, broker_id: int, segment_bytes: int, address: str, sync_from_last_file: bool,
+              async_learner: bool, epoch: int) -> bytes:
+        return fr.rocketmq.encode(fr.RmqSlaveHandshake(broker_id, sync_from_last_file, async_learner))
+
+    def query_epoch(self, epoch: int) -> bytes:
+        raise ProtocolError("the rocketmq dialect has no epoch query")
+
+    def confirm(self, offset: int, epoch: int) -> bytes:
+        return fr.rocketmq.encode(fr.RmqSlaveAck(offset))
+
+    def ack(self, offset: int, epoch: int) -> bytes:
+        return fr.rocketmq.encode(fr.RmqSlaveAck(offset))
+
+
+def slave_codec(protocol: str, max_frame_bytes: int) -> SlaveCodec:
+    if protocol == "rocketmq":
+        return RocketMQSlave(max_frame_bytes)
+    if protocol == "framed":
+        return FramedSlave(max_frame_bytes)
+    raise ProtocolError(f"unknown HA protocol {protocol!r}")

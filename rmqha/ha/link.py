@@ -1,0 +1,261 @@
+"""One HA TCP link on the asyncio loop: scatter/gather sends and a reusable receive buffer.
+
+Sends take a list of buffers (frame headers and memoryviews of the mmap-ed commitlog) and
+hand them to ``socket.sendmsg`` as they are, so log bytes go from the page cache to the
+kernel without a Python-level copy; a partial send keeps views of the rest, never copies.
+Receives go into one growable buffer with ``recv_into``; frames are parsed in place and
+only the unparsed tail of a read is moved to the front.  Both directions take timeouts
+built from loop callbacks, not extra tasks, because the link's loops wake very often.
+"""
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+#: sendmsg takes at most IOV_MAX (1024 on Linux) buffers per call.
+_IOV_BATCH = 512
+
+
+class LinkClosed(ConnectionError):
+    """The peer closed the link (EOF) or the link was closed locally."""
+
+
+class LinkTimeout(TimeoutError):
+    """Nothing arrived within the wait."""
+
+
+def tune_socket(sock: socket.socket) -> None:
+    """Non-blocking, no Nagle (headers and acks are small), big buffers for bulk blocks."""
+    sock.setblocking(False)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
+        except OSError:
+            pass  # the kernel caps it; the default still works
+
+
+def _set_result(fut: asyncio.Future[Any], value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+class Link:
+    """A connected non-blocking socket with zero-copy sends and timed receives."""
+
+    def __init__(self, sock: socket.socket, *, recv_bytes: int = 1 << 20) -> None:
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.loop = asyncio.get_running_loop()
+        self.recv_bytes = recv_bytes
+        self.closed = False
+        #: The future a task is parked on (at most one reader and one writer at a time).
+        self._waits: set[asyncio.Future[bool]] = set()
+        self.bytes_in = 0
+        self.bytes_out = 0
+        try:
+            self.peer = "%s:%d" % sock.getpeername()[:2]
+        except OSError:
+            self.peer = "?"
+
+    # --- receive -----------------------------------------------------------------------------
+
+    async def recv(self, timeout: float | None) -> bytes:
+        """What is available (at least one byte, at most ``recv_bytes``); LinkClosed on EOF.
+
+        Immutable ``bytes`` on purpose: the frame decoders slice blocks out of them without
+        copying, and the commitlog copies each block once, into its mmap.
+        """
+        while True:
+            if self.closed:
+                raise LinkClosed("link closed")
+            try:
+                data = self.sock.recv(self.recv_bytes)
+            except (BlockingIOError, InterruptedError):
+                await self._wait(readable=True, timeout=timeout)
+                continue
+            if not data:
+                raise LinkClosed(f"peer {self.peer} closed the link")
+            self.bytes_in += len(data)
+            return data
+
+    async def recv_into(self, view: memoryview, timeout: float | None) -> int:
+        """Read into ``view`` (at least one byte); LinkClosed on EOF."""
+        while True:
+            if self.closed:
+                raise LinkClosed("link closed")
+            try:
+                n = self.sock.recv_into(view)
+            except (BlockingIOError, InterruptedError):
+                await self._wait(readable=True, timeout=timeout)
+                continue
+            if n == 0:
+                raise LinkClosed(f"peer {self.peer} closed the link")
+            self.bytes_in += n
+            return n
+
+    # --- send ----------------------------------------------------------------------------------
+
+    async def send(self, buffers: Sequence[Any], timeout: float | None = None) -> int:
+        """Send every buffer in order without copying; returns the bytes sent."""
+        pending = [b if isinstance(b, memoryview) else memoryview(b) for b in buffers]
+        total = 0
+        i = 0
+        while i < len(pending):
+            if self.closed:
+                raise LinkClosed("link closed")
+            try:
+                n = self.sock.sendmsg(pending[i : i + _IOV_BATCH])
+            except (BlockingIOError, InterruptedError):
+                await self._wait(readable=False, timeout=timeout)
+                continue
+            total += n
+            while n > 0:
+                first = pending[i]
+                size = first.nbytes
+                if n >= size:
+                    n -= size
+                    i += 1
+                else:
+                    pending[i] = first[n:]
+                    n = 0
+            if i < len(pending):
+                await self._wait(readable=False, timeout=timeout)
+        self.bytes_out += total
+        return total
+
+    # --- waiting -------------------------------------------------------------------------------
+
+    async def _wait(self, *, readable: bool, timeout: float | None) -> None:
+        fut: asyncio.Future[bool] = self.loop.create_future()
+        add = self.loop.add_reader if readable else self.loop.add_writer
+        remove = self.loop.remove_reader if readable else self.loop.remove_writer
+        add(self.fd, _set_result, fut, True)
+        timer = self.loop.call_later(timeout, _set_result, fut, False) if timeout is not None else None
+        self._waits.add(fut)
+        try:
+            ready = await fut
+        finally:
+            self._waits.discard(fut)
+            if not self.closed:
+                remove(self.fd)
+            if timer is not None:
+                timer.cancel()
+        if self.closed:
+            raise LinkClosed("link closed")
+        if not ready:
+            raise LinkTimeout(f"no {'data from' if readable else 'room to send to'} {self.peer} in {timeout:.3f}s")
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.loop.remove_reader(self.fd)
+            self.loop.remove_writer(self.fd)
+        except (ValueError, OSError):
+            pass
+        # Wake tasks parked on this socket so they see the close now, not at their timeout.
+        for fut in list(self._waits):
+            _set_result(fut, False)
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+async def connect(host: str, port: int, timeout: float) -> socket.socket:
+    """A tuned, connected non-blocking socket to host:port."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        tune_socket(sock)
+        await asyncio.wait_for(loop.sock_connect(sock, (host, port)), timeout)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class Waker:
+    """A wake-up flag one task waits on with a timeout (cheaper than Event + wait_for)."""
+
+    __slots__ = ("_loop", "_fut", "_flag")
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._fut: asyncio.Future[bool] | None = None
+        self._flag = False
+
+    def wake(self) -> None:
+        self._flag = True
+        fut = self._fut
+        if fut is not None and not fut.done():
+            fut.set_result(True)
+
+    async def wait(self, timeout: float) -> bool:
+        """True when woken (or a wake was pending), False when the timeout passed."""
+        if self._flag:
+            self._flag = False
+            return True
+        fut: asyncio.Future[bool] = self._loop.create_future()
+        self._fut = fut
+        timer = self._loop.call_later(max(timeout, 0.0), _set_result, fut, False)
+        try:
+            woke = await fut
+        finally:
+            timer.cancel()
+            self._fut = None
+        self._flag = False
+        return woke
+
+
+class RecvBuffer:
+    """A receive buffer whose frames are parsed and consumed in place.
+
+    ``buf[start:end]`` holds unparsed bytes.  :meth:`make_room` guarantees a frame of a known
+    size fits from ``start``: normally by moving the one partial frame at the tail to the
+    front (rare: the buffer is many frames long), growing only for a frame larger than the
+    buffer (callers bound frame sizes first).
+    """
+
+    __slots__ = ("buf", "view", "start", "end")
+
+    def __init__(self, capacity: int) -> None:
+        self.buf = bytearray(capacity)
+        self.view = memoryview(self.buf)
+        self.start = 0
+        self.end = 0
+
+    @property
+    def pending(self) -> int:
+        return self.end - self.start
+
+    def consume(self, n: int) -> None:
+        self.start += n
+        if self.start == self.end:
+            self.start = self.end = 0
+
+    def make_room(self, frame_bytes: int) -> None:
+        if self.start + frame_bytes <= len(self.buf) and self.end < len(self.buf):
+            return
+        tail = bytes(self.view[self.start : self.end])  # at most one partial frame
+        if frame_bytes > len(self.buf):
+            self.view.release()
+            self.buf = bytearray(frame_bytes)
+            self.view = memoryview(self.buf)
+        self.buf[0 : len(tail)] = tail
+        self.start = 0
+        self.end = len(tail)
+
+    async def fill(self, link: Link, timeout: float | None) -> bool:
+        """Read more bytes from ``link``; True when the read filled all the room it had
+        (more is probably queued in the socket)."""
+        if self.end == len(self.buf):
+            self.make_room(self.pending + 1)
+        room = len(self.buf) - self.end
+        n = await link.recv_into(self.view[self.end :], timeout)
+        self.end += n
+        return n == room

@@ -1,0 +1,530 @@
+"""The slave side of HA replication (:class:`HASlave`): connect, truncate, receive, ack.
+
+One :class:`HASlave` keeps this broker's commitlog a byte-for-byte prefix of its master's.
+It walks the connection states of DESIGN.md:
+
+* READY: the store is recovered and the master's HA address known; connect (with backoff);
+* HANDSHAKE: introduce itself (group id, segment size, flags, last epoch), get the master's
+  epoch entries, find the consistent point, cut the commitlog and the epoch map there
+  (flushed, so a crash after the cut cannot bring the tail back, RocketMQ #10666), tell the
+  master where to send from;
+* TRANSFER: append every block at exactly the log's max offset (anything else closes the
+  link), record a new epoch entry when a block's epoch changes, ack the max offset, keep
+  the master's confirm offset; SUSPEND once caught up (heartbeats only);
+* SHUTDOWN after :meth:`HASlave.stop`.
+
+Every bad frame closes the link with a logged reason before anything is written.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+from collections.abc import Callable
+from enum import Enum
+from typing import Any
+
+from rmqha.errors import EpochError, ProtocolError, ReplicationError, StoreError
+from rmqha.ha.config import HAConfig
+from rmqha.ha.dialects import Block, EpochList, FramedSlave, MasterHello, RefuseReason, SlaveCodec, fr, slave_codec
+from rmqha.ha.link import Link, LinkClosed, LinkTimeout, RecvBuffer, connect
+
+log = logging.getLogger(__name__)
+
+#: During bulk catch-up the slave acks at least this often (in bytes received).
+_ACK_EVERY_BYTES = 8 << 20
+#: Receive buffer of the framed transfer path (grows for a frame larger than this).
+_RECV_BUFFER_BYTES = 4 << 20
+_PEEK = struct.Struct(">ii")  # length and type of a framed frame, to bound it before it is read
+_TRANSFER_DATA = int(fr.FrameType.TRANSFER_DATA)
+
+
+class SlaveState(str, Enum):
+    """HAConnectionState of the slave's link."""
+
+    READY = "READY"
+    HANDSHAKE = "HANDSHAKE"
+    TRANSFER = "TRANSFER"
+    SUSPEND = "SUSPEND"
+    SHUTDOWN = "SHUTDOWN"
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ReplicationError(f"master HA address {address!r} is not host:port")
+    return host or "127.0.0.1", int(port)
+
+
+class HASlave:
+    """Replicates the master at ``master_ha_address`` into ``commitlog`` and ``epoch_map``."""
+
+    def __init__(
+        self,
+        commitlog: Any,
+        epoch_map: Any,
+        *,
+        group: str,
+        broker_id: int,
+        master_ha_address: str,
+        config: HAConfig | None = None,
+        async_learner: bool = False,
+        protocol: str | None = None,
+        on_confirm: Callable[[int], Any] | None = None,
+        on_truncate: Callable[[int], Any] | None = None,
+        address: str = "",
+    ) -> None:
+        self.commitlog = commitlog
+        self.epoch_map = epoch_map
+        self.group = group
+        self.broker_id = int(broker_id)
+        self.config = config or HAConfig()
+        self.async_learner = async_learner
+        self.protocol = protocol or self.config.ha_protocol
+        slave_codec(self.protocol, self.config.max_frame_bytes)  # validates the name now
+        self.address = address
+        self._master = master_ha_address
+        self._on_confirm = on_confirm
+        self._on_truncate = on_truncate
+        self._state = SlaveState.READY
+        self._confirm = 0
+        self._task: asyncio.Task[None] | None = None
+        self._link: Link | None = None
+        self._stopped = False
+        self._kick: asyncio.Event | None = None
+        #: Statistics for status() and tests.
+        self.sessions = 0
+        self.last_error = ""
+        self.last_truncate: int | None = None
+        self.bytes_dropped = 0
+        self.master_max_offset = -1
+        self._last_read = 0.0
+        self._last_write = 0.0
+        self._transferring = False
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._task is not None:
+            return
+        self._kick = asyncio.Event()
+        self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        self._stopped = True
+        if self._link is not None:
+            self._link.close()
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self._task = None
+        self._state = SlaveState.SHUTDOWN
+        log.info("HA slave %d stopped", self.broker_id)
+
+    # --- public state ------------------------------------------------------------------------
+
+    @property
+    def state(self) -> SlaveState:
+        return self._state
+
+    @property
+    def confirm_offset(self) -> int:
+        """The master's confirm offset, never above this log's max offset."""
+        return min(self._confirm, self.commitlog.max_offset)
+
+    @property
+    def master_ha_address(self) -> str:
+        return self._master
+
+    def set_master_address(self, address: str) -> None:
+        """Follow a (new) master: the current link is closed and the next one goes there."""
+        if address == self._master:
+            return
+        self._master = address
+        if self._link is not None:
+            self._link.close()
+        if self._kick is not None:
+            self._kick.set()
+
+    def status(self) -> dict[str, Any]:
+        now = time.monotonic()
+        return {
+            "role": "slave",
+            "group": self.group,
+            "broker_id": self.broker_id,
+            "master_address": self._master,
+            "protocol": self.protocol,
+            "async_learner": self.async_learner,
+            "state": self._state.value,
+            "max_offset": self.commitlog.max_offset,
+            "confirm_offset": self.confirm_offset,
+            "master_max_offset": self.master_max_offset,
+            "epoch": self.epoch_map.last_epoch(),
+            "sessions": self.sessions,
+            "last_error": self.last_error,
+            "last_truncate": self.last_truncate,
+            "last_read_ms_ago": int((now - self._last_read) * 1000) if self._last_read else None,
+            "last_write_ms_ago": int((now - self._last_write) * 1000) if self._last_write else None,
+            "bytes_received": self._link.bytes_in if self._link is not None else 0,
+        }
+
+    # --- connection loop -----------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        cfg = self.config
+        backoff = cfg.ha_reconnect_min_ms
+        while not self._stopped:
+            self._state = SlaveState.READY
+            self._transferring = False
+            start_max = self.commitlog.max_offset
+            try:
+                await self._session()
+            except asyncio.CancelledError:
+                raise
+            except (LinkClosed, LinkTimeout, ProtocolError, ReplicationError, EpochError, StoreError,
+                    OSError, asyncio.TimeoutError) as exc:
+                if not self._stopped:
+                    self.last_error = f"{type(exc).__name__}: {exc}"
+                    level = logging.INFO if isinstance(exc, (LinkClosed, ConnectionRefusedError)) else logging.WARNING
+                    log.log(level, "HA link to %s closed: %s", self._master, self.last_error)
+            finally:
+                if self._link is not None:
+                    self._link.close()
+                    self._link = None
+            if self._stopped:
+                break
+            if self._transferring or self.commitlog.max_offset != start_max:
+                backoff = cfg.ha_reconnect_min_ms  # the link worked: retry soon
+            self._state = SlaveState.READY
+            assert self._kick is not None
+            self._kick.clear()
+            try:
+                await asyncio.wait_for(self._kick.wait(), backoff / 1000)
+            except asyncio.TimeoutError:
+                pass
+            backoff = min(backoff * 2, cfg.ha_reconnect_max_ms)
+
+    async def _next(self, link: Link, codec: SlaveCodec, pending: list[Any], timeout: float) -> Any:
+        while not pending:
+            pending.extend(codec.feed(await link.recv(timeout)))
+            self._last_read = time.monotonic()
+        return pending.pop(0)
+
+    async def _session(self) -> None:
+        cfg = self.config
+        cl = self.commitlog
+        em = self.epoch_map
+        timeout = cfg.ha_housekeeping_interval_ms / 1000
+        host, port = _split_address(self._master)
+        sock = await connect(host, port, cfg.ha_connect_timeout_ms / 1000)
+        link = self._link = Link(sock)
+        codec = slave_codec(self.protocol, cfg.max_frame_bytes)
+        self.sessions += 1
+        self._state = SlaveState.HANDSHAKE
+        await self._send(link, codec.hello(self.broker_id, cl.segment_bytes, self.address,
+                                           cfg.sync_from_last_file, self.async_learner, em.last_epoch()))
+        pending: list[Any] = []
+        hello = await self._next(link, codec, pending, timeout)
+        if not isinstance(hello, MasterHello):
+            raise ProtocolError(f"expected the master handshake, got {type(hello).__name__}")
+        if hello.result != RefuseReason.ACCEPTED:
+            try:
+                name = RefuseReason(hello.result).name
+            except ValueError:
+                name = f"code {hello.result}"
+            raise ReplicationError(f"master {self._master} refused this slave: {name}")
+        if hello.last_epoch < em.last_epoch():
+            raise ReplicationError(
+                f"master {self._master} is at epoch {hello.last_epoch}, older than this slave's "
+                f"{em.last_epoch()}: not following a stale master"
+            )
+        self.master_max_offset = hello.max_offset
+        if codec.epoch_exchange:
+            await self._send(link, codec.query_epoch(em.last_epoch()))
+            answer = await self._next(link, codec, pending, timeout)
+            if not isinstance(answer, EpochList):
+                raise ProtocolError(f"expected RETURN_EPOCH, got {type(answer).__name__}")
+            entries = list(answer.entries)
+        else:
+            pairs = hello.pairs or ()
+            entries = [
+                (e, s, pairs[i + 1][1] if i + 1 < len(pairs) else hello.max_offset)
+                for i, (e, s) in enumerate(pairs)
+            ]
+        _check_entries(entries, hello.max_offset)
+        offset = self._truncate(entries)
+        await self._send(link, codec.confirm(offset, em.last_epoch()))
+        self._state = SlaveState.TRANSFER
+        self._transferring = True
+        log.info("HA slave %d following %s (%s) from offset %d, master max %d",
+                 self.broker_id, self._master, codec.name, offset, hello.max_offset)
+        await self._transfer(link, codec, pending)
+
+    async def _send(self, link: Link, frame: bytes) -> None:
+        await link.send([frame], self.config.ha_housekeeping_interval_ms / 1000)
+        self._last_write = time.monotonic()
+
+    # --- truncation ------------------------------------------------------------------------------
+
+    def _truncate(self, remote: list[tuple[int, int, int]]) -> int:
+        """Cut this log at the consistent point with ``remote``; the offset to receive from."""
+        cl = self.commitlog
+        em = self.epoch_map
+        local_max = cl.max_offset
+        local_min = cl.min_offset
+        if local_max <= local_min:
+            if len(em):
+                em.clear()  # entries describing no bytes would only confuse the next check
+            self._lower_confirm(local_max)
+            # 0 = "empty": the master picks its min offset or its last segment's start.
+            return 0 if local_max == 0 else local_max
+        if len(em) == 0:
+            # Data but no epochs (RocketMQ quirk j skipped truncation here): nothing proves
+            # any byte matches the master, so nothing is in common.
+            point = -1
+        else:
+            em.set_max_offset(local_max)
+            point = em.find_consistent_point(remote)
+            em.set_max_offset(None)
+        if point < 0 or point < local_min:
+            dropped = local_max - local_min
+            log.warning("HA slave %d shares no history with master %s: dropping its whole log "
+                        "(%d bytes, offsets %d..%d)", self.broker_id, self._master, dropped, local_min, local_max)
+            start = self._drop_log()
+            self.bytes_dropped += dropped
+            self._after_truncate(start)
+            return start
+        if point < local_max:
+            log.warning("HA slave %d truncating at %d: dropping %d bytes the master %s does not have "
+                        "(local max %d)", self.broker_id, point, local_max - point, self._master, local_max)
+            cl.truncate(point)
+            em.truncate_suffix(point)
+            cl.flush()
+            self.bytes_dropped += local_max - point
+            self._after_truncate(point)
+        else:
+            # Epochs that start at the cut hold no data; drop those the master does not
+            # have (same epoch, same start) so the master's next epoch can be recorded.
+            shared = {(e, s) for e, s, _ in remote}
+            last = em.last_entry()
+            while last is not None and last[1] >= point and (last[0], last[1]) not in shared:
+                em.truncate_suffix_by_epoch(last[0])
+                last = em.last_entry()
+        return point
+
+    def _drop_log(self) -> int:
+        """Empty the log (and the epoch map); returns where the empty log now starts."""
+        cl = self.commitlog
+        reset = getattr(cl, "reset", None)
+        if reset is not None:
+            reset(0)
+        else:
+            cl.truncate(cl.min_offset)
+        self.epoch_map.clear()
+        cl.flush()
+        return cl.max_offset
+
+    def _after_truncate(self, offset: int) -> None:
+        self.last_truncate = offset
+        self._lower_confirm(offset)
+        if self._on_truncate is not None:
+            self._on_truncate(offset)
+
+    def _lower_confirm(self, offset: int) -> None:
+        if self._confirm > offset:
+            self._confirm = offset
+
+    # --- transfer --------------------------------------------------------------------------------
+
+    async def _transfer_framed(self, link: Link, codec: SlaveCodec, pending: list[Any]) -> None:
+        """TRANSFER in the framed dialect, parsed in place: blocks go from the receive
+        buffer to the commitlog's mmap with no copy in between."""
+        cfg = self.config
+        cl = self.commitlog
+        em = self.epoch_map
+        heartbeat = cfg.ha_send_heartbeat_interval_ms / 1000
+        housekeeping = cfg.ha_housekeeping_interval_ms / 1000
+        max_frame = cfg.max_frame_bytes
+        unpack = fr.unpack_transfer_header
+        header = fr.TRANSFER_HEADER_SIZE
+        rb = RecvBuffer(_RECV_BUFFER_BYTES)
+        acked = cl.max_offset
+        if pending:
+            self._apply(pending)
+            pending.clear()
+        last_read = time.monotonic()
+        while True:
+            now = time.monotonic()
+            wait = min(heartbeat - (now - self._last_write), housekeeping - (now - last_read))
+            full = False
+            got = False
+            if wait > 0:
+                try:
+                    full = await rb.fill(link, wait)
+                    got = True
+                except LinkTimeout:
+                    pass
+            now = time.monotonic()
+            if got:
+                last_read = self._last_read = now
+                blocks: list[Block] = []
+                need = 0
+                while rb.pending >= 8:
+                    length, ftype = _PEEK.unpack_from(rb.buf, rb.start)
+                    if ftype != _TRANSFER_DATA:
+                        raise ProtocolError(f"frame type {ftype} where only TRANSFER_DATA (6) may come")
+                    if length < header or length > max_frame:
+                        raise ProtocolError(
+                            f"TRANSFER_DATA length {length} is outside {header}..{max_frame} (max_frame_bytes)"
+                        )
+                    if rb.pending < length:
+                        need = length
+                        break
+                    block, estart, confirm, size, epoch, _ = unpack(rb.buf, rb.start)
+                    body = rb.start + header
+                    blocks.append(Block(epoch, estart, block, confirm, rb.view[body : body + size]))
+                    rb.consume(length)
+                if blocks:
+                    self._apply(blocks)
+                    for b in blocks:
+                        b.data.release()
+                if need:
+                    # Only now: moving the partial frame overwrites the blocks just applied.
+                    rb.make_room(need)
+            elif now - last_read >= housekeeping:
+                raise LinkTimeout(f"master {self._master} silent for {housekeeping:.1f}s")
+            mx = cl.max_offset
+            # A full read means more is already queued (bulk catch-up): ack every few MiB
+            # instead of every read; otherwise (live traffic) ack at once for the confirm offset.
+            behind = full and mx - acked < _ACK_EVERY_BYTES
+            if (mx != acked and not behind) or now - self._last_write >= heartbeat:
+                await self._send(link, codec.ack(mx, em.last_epoch()))
+                acked = mx
+            # recv and send do not suspend while data flows: let other tasks run.
+            await asyncio.sleep(0)
+
+    async def _transfer(self, link: Link, codec: SlaveCodec, pending: list[Any]) -> None:
+        if isinstance(codec, FramedSlave) and codec.buffered == 0:
+            await self._transfer_framed(link, codec, pending)
+            return
+        cfg = self.config
+        cl = self.commitlog
+        em = self.epoch_map
+        heartbeat = cfg.ha_send_heartbeat_interval_ms / 1000
+        housekeeping = cfg.ha_housekeeping_interval_ms / 1000
+        acked = cl.max_offset
+        if pending:
+            self._apply(pending)
+            pending.clear()
+        last_read = time.monotonic()
+        while True:
+            now = time.monotonic()
+            wait = min(heartbeat - (now - self._last_write), housekeeping - (now - last_read))
+            if wait > 0:
+                try:
+                    chunk = await link.recv(wait)
+                except LinkTimeout:
+                    chunk = b""
+            else:
+                chunk = b""
+            now = time.monotonic()
+            if chunk:
+                last_read = self._last_read = now
+                blocks = codec.feed(chunk)
+                if blocks:
+                    self._apply(blocks)
+            elif now - last_read >= housekeeping:
+                raise LinkTimeout(f"master {self._master} silent for {housekeeping:.1f}s")
+            mx = cl.max_offset
+            # A full read means more is already queued (bulk catch-up): ack every few MiB
+            # instead of every read; otherwise (live traffic) ack at once for the confirm offset.
+            behind = len(chunk) >= link.recv_bytes and mx - acked < _ACK_EVERY_BYTES
+            if (mx != acked and not behind) or now - self._last_write >= heartbeat:
+                await self._send(link, codec.ack(mx, em.last_epoch()))
+                acked = mx
+            # recv() and send() do not suspend while data flows: let other tasks run.
+            await asyncio.sleep(0)
+
+    def _apply(self, blocks: list[Any]) -> None:
+        cl = self.commitlog
+        em = self.epoch_map
+        seg_bytes = cl.segment_bytes
+        for b in blocks:
+            if type(b) is not Block:
+                raise ProtocolError(f"unexpected {type(b).__name__} during transfer")
+            size = len(b.data)
+            mx = cl.max_offset
+            last_epoch = em.last_epoch()
+            if size == 0 and b.offset == -1:
+                pass  # a RocketMQ master with an empty log heartbeats at -1
+            else:
+                if b.offset != mx:
+                    if not self._may_rebase(b.offset, size):
+                        raise ProtocolError(
+                            f"block at offset {b.offset} ({size} bytes) does not start at this "
+                            f"slave's max offset {mx}"
+                        )
+                if b.epoch < last_epoch:
+                    raise ProtocolError(f"block epoch {b.epoch} is older than this slave's epoch {last_epoch}")
+                if b.epoch_start > b.offset:
+                    raise ProtocolError(f"block at {b.offset} claims its epoch {b.epoch} starts later, at {b.epoch_start}")
+            if size:
+                end = b.offset + size
+                seg_end = b.offset - b.offset % seg_bytes + seg_bytes
+                if end > seg_end:
+                    raise ProtocolError(f"block {b.offset}..{end} crosses the segment end {seg_end}")
+                last = em.last_entry()
+                new_epoch = b.epoch > last_epoch
+                if new_epoch:
+                    if last is not None and b.epoch_start < last[1]:
+                        raise ProtocolError(
+                            f"block epoch {b.epoch} starts at {b.epoch_start}, before the last epoch's start {last[1]}"
+                        )
+                elif last is not None and last[1] != b.epoch_start:
+                    raise ProtocolError(
+                        f"block epoch {b.epoch} starts at {b.epoch_start} but this slave has it at {last[1]}"
+                    )
+                if b.offset != mx:
+                    self._rebase(b.offset)
+                # Data first: the commitlog validates the records and undoes a bad block, and
+                # an epoch entry missing after a crash only makes the next handshake cut
+                # back to the previous epoch's end (safe), never the reverse.
+                cl.append_data(b.offset, b.data)
+                if new_epoch:
+                    em.append(b.epoch, b.epoch_start)
+                self._state = SlaveState.TRANSFER
+            elif b.offset == mx:
+                self._state = SlaveState.SUSPEND
+            confirm = min(b.confirm, cl.max_offset)
+            if confirm > self._confirm:
+                self._confirm = confirm
+                if self._on_confirm is not None:
+                    self._on_confirm(confirm)
+
+    def _may_rebase(self, offset: int, size: int) -> bool:
+        """An empty log may start where the master says (its min offset or last segment)."""
+        cl = self.commitlog
+        return size > 0 and cl.max_offset <= cl.min_offset and offset % cl.segment_bytes == 0
+
+    def _rebase(self, offset: int) -> None:
+        cl = self.commitlog
+        reset = getattr(cl, "reset", None)
+        if reset is None:
+            raise ReplicationError(f"this commitlog cannot start an empty log at {offset}")
+        reset(offset)
+        log.info("HA slave %d starts its empty log at the master's offset %d", self.broker_id, offset)
+
+
+def _check_entries(entries: list[tuple[int, int, int]], master_max: int) -> None:
+    """The master's epoch entries must be ordered (else a bad frame); the last end may have
+    grown past the handshake's max offset while the exchange ran."""
+    prev_epoch = -1
+    prev_start = -1
+    for e, s, end in entries:
+        if e <= prev_epoch or s < prev_start or end < s:
+            raise ProtocolError(f"master epoch entries are not ordered: {entries[:8]!r}")
+        prev_epoch, prev_start = e, s

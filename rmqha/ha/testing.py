@@ -1,0 +1,238 @@
+"""Helpers for tests and benchmarks of the HA layer (real stores, real processes, no mocks).
+
+* :func:`open_store` / :func:`fill`: a commitlog + epoch map in a directory, filled with
+  real RocketMQ-format records;
+* :func:`segments_identical`: byte-for-byte comparison of two stores' segment files;
+* :class:`SyncStateAuthority`: the controller's SyncStateSet rules (master id and epoch
+  fencing, set epochs) in memory, for testing the master's proposals without a controller;
+* :class:`NodeProcess`: a ``python -m rmqha.ha.node`` child process driven over stdio;
+* :func:`wait_until` / :func:`wait_until_async`: polling with a deadline, never fixed sleeps.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rmqha.errors import ControllerError
+from rmqha.store import CommitLog, EpochMap
+
+EPOCH_FILE = "epochFileCheckpoint"
+
+
+def open_store(directory: str, segment_bytes: int, **kwargs: Any) -> tuple[CommitLog, EpochMap]:
+    """The commitlog (``directory/commitlog``) and epoch map of one replica."""
+    os.makedirs(directory, exist_ok=True)
+    cl = CommitLog(os.path.join(directory, "commitlog"), segment_bytes=segment_bytes, **kwargs)
+    em = EpochMap.open(os.path.join(directory, EPOCH_FILE))
+    return cl, em
+
+
+def fill(cl: CommitLog, nbytes: int, body_size: int = 1000, batch: int = 256, topic: str = "ha-test",
+         seed: int = 0) -> int:
+    """Append records until the log grew by at least ``nbytes``; returns the new max offset."""
+    target = cl.max_offset + nbytes
+    body = bytes((seed + i) & 0xFF for i in range(body_size))
+    bodies = [body] * batch
+    while cl.max_offset < target:
+        cl.append_batch(topic, bodies)
+    return cl.max_offset
+
+
+def segments_identical(a: CommitLog, b: CommitLog) -> tuple[bool, str]:
+    """(True, "") when both logs have the same max offset and byte-identical segment files."""
+    a.flush()
+    b.flush()
+    if a.max_offset != b.max_offset:
+        return False, f"max offsets differ: {a.max_offset} vs {b.max_offset}"
+    if a.min_offset != b.min_offset:
+        return False, f"min offsets differ: {a.min_offset} vs {b.min_offset}"
+    fa = [os.path.basename(p) for p in a.segment_files()]
+    fb = [os.path.basename(p) for p in b.segment_files()]
+    if fa != fb:
+        return False, f"segment names differ: {fa} vs {fb}"
+    for pa, pb in zip(a.segment_files(), b.segment_files()):
+        with open(pa, "rb") as x, open(pb, "rb") as y:
+            pos = 0
+            while True:
+                ca = x.read(1 << 20)
+                cb = y.read(1 << 20)
+                if ca != cb:
+                    for i, (u, v) in enumerate(zip(ca, cb)):
+                        if u != v:
+                            return False, f"{os.path.basename(pa)} differs at byte {pos + i}"
+                    return False, f"{os.path.basename(pa)} lengths differ"
+                if not ca:
+                    break
+                pos += len(ca)
+    return True, ""
+
+
+# --- the controller's SyncStateSet rules, in memory ----------------------------------------------
+
+
+@dataclass
+class SyncStateAuthority:
+    """What the controller decides for AlterSyncStateSet, for one broker group.
+
+    Fencing as in RocketMQ's ``alterSyncStateSet``: the proposer must be the current master
+    with the current master epoch; the new set must contain the master and only registered,
+    alive ids; each applied change bumps the set epoch.
+    """
+
+    master_id: int
+    master_epoch: int = 1
+    sync_state_set: set[int] = field(default_factory=set)
+    set_epoch: int = 1
+    registered: set[int] = field(default_factory=set)
+    alive: set[int] | None = None
+    history: list[tuple[frozenset[int], int]] = field(default_factory=list)
+    #: When set, the next proposal waits for this event (tests hold a change in flight).
+    gate: asyncio.Event | None = None
+
+    def __post_init__(self) -> None:
+        self.sync_state_set = set(self.sync_state_set) | {self.master_id}
+        self.registered = set(self.registered) | self.sync_state_set
+
+    def elect(self, new_master: int) -> tuple[int, int]:
+        """A new master: epoch+1, set = {new master}; returns (master epoch, set epoch)."""
+        self.master_id = new_master
+        self.master_epoch += 1
+        self.sync_state_set = {new_master}
+        self.set_epoch += 1
+        self.registered.add(new_master)
+        return self.master_epoch, self.set_epoch
+
+    async def alter(self, master_id: int, master_epoch: int, new_ids: Iterable[int]) -> tuple[list[int], int]:
+        if self.gate is not None:
+            await self.gate.wait()
+        new = set(int(i) for i in new_ids)
+        if master_id != self.master_id:
+            raise ControllerError(f"2002 invalid master {master_id} (master is {self.master_id})")
+        if master_epoch != self.master_epoch:
+            raise ControllerError(f"2000 fenced master epoch {master_epoch} (now {self.master_epoch})")
+        if new == self.sync_state_set:
+            raise ControllerError("2013 the new SyncStateSet equals the old one")
+        if master_id not in new:
+            raise ControllerError("2013 the new SyncStateSet lacks the master")
+        for i in new:
+            if i not in self.registered:
+                raise ControllerError(f"2003 replica {i} is not registered")
+            if self.alive is not None and i not in self.alive:
+                raise ControllerError(f"2006 replica {i} is not alive")
+        self.sync_state_set = new
+        self.set_epoch += 1
+        self.history.append((frozenset(new), self.set_epoch))
+        return sorted(new), self.set_epoch
+
+    def callback(self, master_id: int, master_epoch: int) -> Callable[[list[int]], Any]:
+        """The ``alter_sync_state_set`` callback a broker would give its HAMaster."""
+
+        async def alter_sync_state_set(new_ids: list[int]) -> tuple[list[int], int]:
+            return await self.alter(master_id, master_epoch, new_ids)
+
+        return alter_sync_state_set
+
+
+# --- waiting ----------------------------------------------------------------------------------
+
+
+def wait_until(pred: Callable[[], bool], timeout: float, what: str = "condition", interval: float = 0.01) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+async def wait_until_async(pred: Callable[[], bool], timeout: float, what: str = "condition",
+                           interval: float = 0.005) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+# --- node processes ---------------------------------------------------------------------------
+
+
+class NodeProcess:
+    """One ``python -m rmqha.ha.node`` child; ``args`` are its command-line flags."""
+
+    def __init__(self, args: list[str], *, env: dict[str, str] | None = None, log_path: str | None = None) -> None:
+        self.args = args
+        self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rmqha.ha.node", *args],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+            env={**os.environ, **(env or {})},
+        )
+        self.ready = self._read_line(timeout=30)
+        if self.ready.get("event") != "ready":
+            raise RuntimeError(f"node did not start: {self.ready}")
+        self.port: int = self.ready["port"]
+
+    def _read_line(self, timeout: float) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        import selectors
+
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        try:
+            if not sel.select(timeout):
+                raise TimeoutError(f"node {self.args} said nothing for {timeout}s")
+        finally:
+            sel.close()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"node exited with {self.proc.wait()}")
+        return json.loads(line)
+
+    def command(self, text: str, timeout: float = 30) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text.encode() + b"\n")
+        self.proc.stdin.flush()
+        return self._read_line(timeout)
+
+    def status(self) -> dict[str, Any]:
+        return self.command("status")
+
+    def write(self, count: int, body_bytes: int) -> dict[str, Any]:
+        return self.command(f"write {count} {body_bytes}")
+
+    def kill(self) -> None:
+        """SIGKILL: no flush, no goodbye (what a crash looks like)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        self._close()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write(b"quit\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=10)
+            except (BrokenPipeError, subprocess.TimeoutExpired, OSError):
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self._close()
+
+    def _close(self) -> None:
+        for f in (self.proc.stdin, self.proc.stdout):
+            if f is not None:
+                try:
+                    f.close()
+                except OSError:
+                    pass
+        if self._log is not subprocess.DEVNULL:
+            self._log.close()

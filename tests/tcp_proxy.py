@@ -1,0 +1,161 @@
+"""A loopback TCP proxy that tests put between two peers to cut and restore their link.
+
+It runs its own asyncio loop on a daemon thread, so both plain and asyncio tests can drive
+it.  ``cut()`` severs the link in one of two ways:
+
+* ``"close"``: every proxied connection is reset and new ones are accepted then closed
+  at once, as when a peer's host goes away and the kernel answers;
+* ``"blackhole"``: connections stay open but bytes in both directions are dropped, as in a
+  network partition where nobody sees a FIN, so only timeouts can notice.
+
+``restore()`` lets new connections through again (blackholed ones stay dead: bytes dropped
+mid-stream can never be replayed, so they are closed on restore).
+"""
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import threading
+from concurrent.futures import Future
+from typing import Literal
+
+CutMode = Literal["close", "blackhole"]
+
+
+class TcpProxy:
+    """Forwards 127.0.0.1:``port`` to ``target``; cut() and restore() control the link."""
+
+    def __init__(self, target_host: str, target_port: int, listen_port: int = 0) -> None:
+        self.target = (target_host, target_port)
+        self._listen_port = listen_port
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="tcp-proxy", daemon=True)
+        self._server: asyncio.AbstractServer | None = None
+        self._mode: CutMode | None = None
+        self._links: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: Connections accepted so far (tests wait on reconnects with it).
+        self.accepted = 0
+
+    # --- control (any thread) --------------------------------------------------------------
+
+    def start(self) -> int:
+        self._thread.start()
+        self.port = self._call(self._start())
+        return self.port
+
+    def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+        self._call(self._stop())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self._loop.close()
+
+    def cut(self, mode: CutMode = "close") -> None:
+        self._call(self._cut(mode))
+
+    def restore(self) -> None:
+        self._call(self._restore())
+
+    @property
+    def is_cut(self) -> bool:
+        return self._mode is not None
+
+    def __enter__(self) -> TcpProxy:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _call(self, coro):  # type: ignore[no-untyped-def]
+        fut: Future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return fut.result(timeout=10)
+
+    # --- loop side ---------------------------------------------------------------------------
+
+    async def _start(self) -> int:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self._listen_port)
+        return self._server.sockets[0].getsockname()[1]
+
+    async def _stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        self._reset_all()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _cut(self, mode: CutMode) -> None:
+        self._mode = mode
+        if mode == "close":
+            self._reset_all()
+
+    async def _restore(self) -> None:
+        if self._mode == "blackhole":
+            self._reset_all()
+        self._mode = None
+
+    def _reset_all(self) -> None:
+        for a, b in list(self._links):
+            _reset(a)
+            _reset(b)
+        self._links.clear()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        if self._mode is not None:
+            _reset(writer)
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            _reset(writer)
+            return
+        link = (writer, up_writer)
+        self._links.add(link)
+        t1 = asyncio.ensure_future(self._pump(reader, up_writer, link))
+        t2 = asyncio.ensure_future(self._pump(up_reader, writer, link))
+        for t in (t1, t2):
+            self._tasks.add(t)
+            t.add_done_callback(self._tasks.discard)
+
+    async def _pump(
+        self,
+        src: asyncio.StreamReader,
+        dst: asyncio.StreamWriter,
+        link: tuple[asyncio.StreamWriter, asyncio.StreamWriter],
+    ) -> None:
+        try:
+            while True:
+                data = await src.read(1 << 16)
+                if not data:
+                    break
+                if self._mode == "blackhole":
+                    continue  # dropped on the floor, nobody is told
+                if link not in self._links:
+                    break
+                dst.write(data)
+                await dst.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            if link in self._links:
+                self._links.discard(link)
+                for w in link:
+                    w.close()
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Close with RST (SO_LINGER 0) so the peer sees the link die at once."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except OSError:
+            pass
+    writer.close()

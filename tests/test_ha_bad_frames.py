@@ -1,0 +1,337 @@
+"""Malformed and out-of-order frames close the HA link, with a reason, and write nothing.
+
+Master side: a raw socket plays a broken slave against a real HAMaster.  Slave side: a
+scripted master (real frames from rmqha.frames over a real socket) feeds a real HASlave
+one bad frame after a correct handshake.  Both check the store afterwards, byte for byte.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import socket
+import struct
+import time
+
+import pytest
+
+from rmqha import frames
+from rmqha.frames import Direction
+from rmqha.ha import HAConfig, HAMaster, HASlave
+from rmqha.ha.testing import fill, open_store, segments_identical, wait_until_async
+
+SEG = 1 << 20
+CFG = HAConfig(
+    ha_send_heartbeat_interval_ms=100,
+    ha_housekeeping_interval_ms=2000,
+    ha_reconnect_min_ms=50,
+    ha_reconnect_max_ms=200,
+    max_frame_bytes=1 << 20,
+)
+
+
+def _digest(cl) -> tuple[int, str]:
+    cl.flush()
+    h = hashlib.sha256()
+    for path in cl.segment_files():
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return cl.max_offset, h.hexdigest()
+
+
+def _hello(broker_id: int = 2, seg: int = SEG, epoch: int = -1) -> bytes:
+    return frames.framed.encode(frames.HandshakeSlave(broker_id, seg, "127.0.0.1:1", epoch=epoch))
+
+
+def _hdr(length: int, ftype: int, epoch: int = 1) -> bytes:
+    return struct.pack(">iiqq", length, ftype, 0, epoch)
+
+
+def _recv_until_closed(sock: socket.socket, timeout: float) -> bytes:
+    """Everything the master sends until it closes; raises if it stays open."""
+    sock.settimeout(timeout)
+    got = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            chunk = sock.recv(1 << 16)
+        except ConnectionResetError:
+            return got
+        if not chunk:
+            return got
+        got += chunk
+    raise AssertionError("the master kept the link open")
+
+
+MASTER_CASES = {
+    # first four bytes are neither a framed length (>= 24) nor the rocketmq state 1
+    "unknown-dialect": lambda port: [struct.pack(">i", 7) + b"\0" * 20],
+    "over-max-frame": lambda port: [_hdr(CFG.max_frame_bytes + 1, 1)],
+    "unknown-type": lambda port: [_hdr(24, 99)],
+    "master-type-from-slave": lambda port: [_hdr(24 + 16, 2) + b"\0" * 16],
+    "ack-before-handshake": lambda port: [frames.framed.encode(frames.TransferAck(0))],
+    "ack-instead-of-query": lambda port: [_hello(), frames.framed.encode(frames.TransferAck(0))],
+    "short-handshake-payload": lambda port: [_hdr(24 + 8, 1) + b"\0" * 8],
+}
+
+
+@pytest.mark.parametrize("case", sorted(MASTER_CASES))
+def test_master_closes_on_bad_slave_frames_and_keeps_serving(tmp_path, case: str) -> None:
+    mcl, mem = open_store(str(tmp_path / "m"), SEG)
+    scl, sem = open_store(str(tmp_path / "s"), SEG)
+    mem.append(1, 0)
+    fill(mcl, 300_000)
+    before = _digest(mcl)
+
+    async def run() -> None:
+        m = HAMaster(mcl, mem, group="g", broker_id=1, config=CFG, is_known_replica=lambda i: i == 2)
+        port = await m.start()
+        try:
+            loop = asyncio.get_running_loop()
+
+            def bad_client() -> None:
+                with socket.create_connection(("127.0.0.1", port)) as sock:
+                    for chunk in MASTER_CASES[case](port):
+                        sock.sendall(chunk)
+                    _recv_until_closed(sock, 5)
+
+            await loop.run_in_executor(None, bad_client)
+            assert m.status()["slaves"] == []
+            s = HASlave(scl, sem, group="g", broker_id=2, master_ha_address=f"127.0.0.1:{port}", config=CFG)
+            await s.start()
+            try:
+                await wait_until_async(lambda: scl.max_offset == mcl.max_offset, 10, "good slave served")
+            finally:
+                await s.stop()
+        finally:
+            await m.stop()
+
+    try:
+        asyncio.run(run())
+        assert _digest(mcl) == before
+        ok, why = segments_identical(mcl, scl)
+        assert ok, why
+    finally:
+        mcl.close()
+        scl.close()
+
+
+def test_master_closes_on_acks_out_of_order(tmp_path) -> None:
+    """An ack beyond what was sent, or going backwards, is a bad frame."""
+    mcl, mem = open_store(str(tmp_path / "m"), SEG)
+    mem.append(1, 0)
+    fill(mcl, 100_000)
+    max_offset = mcl.max_offset
+
+    async def run() -> None:
+        m = HAMaster(mcl, mem, group="g", broker_id=1, config=CFG, is_known_replica=lambda i: i == 2)
+        port = await m.start()
+        try:
+            def client(acks: list[int]) -> None:
+                with socket.create_connection(("127.0.0.1", port)) as sock:
+                    dec = frames.FramedDecoder(Direction.MASTER_TO_SLAVE, 1 << 22)
+                    sock.sendall(_hello() + frames.framed.encode(frames.QueryEpoch()))
+                    sock.sendall(frames.framed.encode(frames.ConfirmTruncate(0)))
+                    for a in acks:
+                        sock.sendall(frames.framed.encode(frames.TransferAck(a)))
+                    data = _recv_until_closed(sock, 5)
+                    got = dec.feed(data)
+                    assert isinstance(got[0], frames.HandshakeMaster) and got[0].check_result == 0
+
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, client, [max_offset + 1])
+            await loop.run_in_executor(None, client, [50_000, 40_000])
+        finally:
+            await m.stop()
+
+    try:
+        asyncio.run(run())
+        assert mcl.max_offset == max_offset
+    finally:
+        mcl.close()
+
+
+# --- slave side -------------------------------------------------------------------------------
+
+
+def _block(offset: int, data: bytes, epoch: int = 1, epoch_start: int = 0, confirm: int = 0) -> bytes:
+    return frames.pack_transfer_header(offset, epoch_start, confirm, len(data), epoch) + data
+
+
+SLAVE_CASES = {
+    # (what the scripted master sends after a correct handshake, expected text in the reason)
+    "wrong-offset": (lambda mx, ref: _block(mx + 10, ref[:100]), "does not start at"),
+    "older-epoch": (lambda mx, ref: _block(mx, ref[:100], epoch=0), "older than"),
+    "epoch-start-after-block": (lambda mx, ref: _block(mx, ref[:100], epoch=2, epoch_start=mx + 1), "starts later"),
+    "crosses-segment": (lambda mx, ref: _block(mx, b"\0" * (SEG - mx % SEG + 10)), "segment end"),
+    "over-max-frame": (lambda mx, ref: _hdr(CFG.max_frame_bytes + 1, 6), "max_frame_bytes"),
+    "unknown-type": (lambda mx, ref: _hdr(24, 42), "frame type 42"),
+    "slave-type-from-master": (lambda mx, ref: frames.framed.encode(frames.TransferAck(1)), "frame type 7"),
+    "corrupt-records": (lambda mx, ref: _block(mx, bytes(b ^ 0x5A for b in ref[:4096])), "invalid record"),
+    "corrupt-records-new-epoch": (
+        lambda mx, ref: _block(mx, bytes(b ^ 0x5A for b in ref[:4096]), epoch=2, epoch_start=mx), "invalid record"),
+    "half-a-frame-then-silence": (lambda mx, ref: _block(mx, ref[:4096])[:2000], "silent"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SLAVE_CASES))
+def test_slave_closes_on_bad_master_frames_and_writes_nothing(tmp_path, case: str) -> None:
+    scl, sem = open_store(str(tmp_path / "s"), SEG)
+    sem.append(1, 0)
+    fill(scl, 200_000)
+    ref_cl, _ = open_store(str(tmp_path / "ref"), SEG)
+    fill(ref_cl, 300_000)  # the same records the slave holds, and more: valid continuation bytes
+    mx = scl.max_offset
+    reference = bytes(ref_cl.read(mx, 8192))
+    ref_cl.close()
+    before = (_digest(scl), sem.pairs())
+    make, reason = SLAVE_CASES[case]
+
+    async def run() -> None:
+        closed = asyncio.Event()
+
+        async def scripted_master(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            dec = frames.FramedDecoder(Direction.SLAVE_TO_MASTER, 1 << 20)
+            got: list = []
+            try:
+                while not got:
+                    got += dec.feed(await reader.read(1 << 16))
+                writer.write(frames.framed.encode(frames.HandshakeMaster(0, mx + 8192, 1)))
+                while len(got) < 2:
+                    got += dec.feed(await reader.read(1 << 16))
+                writer.write(frames.framed.encode(frames.ReturnEpoch(((1, 0, mx + 8192),))))
+                while len(got) < 3:
+                    got += dec.feed(await reader.read(1 << 16))
+                assert isinstance(got[2], frames.ConfirmTruncate) and got[2].offset == mx
+                writer.write(make(mx, reference))
+                await writer.drain()
+                while await reader.read(1 << 16):
+                    pass
+                closed.set()
+            except ConnectionError:
+                closed.set()
+            finally:
+                writer.close()
+
+        server = await asyncio.start_server(scripted_master, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        s = HASlave(scl, sem, group="g", broker_id=2, master_ha_address=f"127.0.0.1:{port}", config=CFG)
+        await s.start()
+        try:
+            await asyncio.wait_for(closed.wait(), 10)
+            await wait_until_async(lambda: reason in s.last_error, 5, f"reason {reason!r} logged")
+        finally:
+            await s.stop()
+            server.close()
+            await server.wait_closed()
+
+    try:
+        asyncio.run(run())
+        assert (_digest(scl), sem.pairs()) == before
+    finally:
+        scl.close()
+
+
+def test_slave_refuses_unordered_epoch_entries(tmp_path) -> None:
+    scl, sem = open_store(str(tmp_path / "s"), SEG)
+    sem.append(1, 0)
+    fill(scl, 50_000)
+    before = (_digest(scl), sem.pairs())
+
+    async def run() -> None:
+        async def scripted_master(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read(1 << 16)
+            writer.write(frames.framed.encode(frames.HandshakeMaster(0, 100, 3)))
+            await reader.read(1 << 16)
+            writer.write(frames.framed.encode(frames.ReturnEpoch(((3, 50, 100), (1, 0, 50)))))
+            await writer.drain()
+            await reader.read(1 << 16)
+            writer.close()
+
+        server = await asyncio.start_server(scripted_master, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        s = HASlave(scl, sem, group="g", broker_id=2, master_ha_address=f"127.0.0.1:{port}", config=CFG)
+        await s.start()
+        try:
+            await wait_until_async(lambda: "not ordered" in s.last_error, 10, "refusal")
+        finally:
+            await s.stop()
+            server.close()
+            await server.wait_closed()
+
+    try:
+        asyncio.run(run())
+        assert (_digest(scl), sem.pairs()) == before
+    finally:
+        scl.close()
+
+
+def test_master_drops_a_silent_slave_after_housekeeping(tmp_path) -> None:
+    mcl, mem = open_store(str(tmp_path / "m"), SEG)
+    mem.append(1, 0)
+    fill(mcl, 20_000)
+    cfg = HAConfig(ha_send_heartbeat_interval_ms=50, ha_housekeeping_interval_ms=300)
+
+    async def run() -> None:
+        m = HAMaster(mcl, mem, group="g", broker_id=1, config=cfg, is_known_replica=lambda i: i == 2)
+        port = await m.start()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(_hello() + frames.framed.encode(frames.QueryEpoch()) +
+                         frames.framed.encode(frames.ConfirmTruncate(0)))
+            await wait_until_async(lambda: len(m.status()["slaves"]) == 1, 5, "slave registered")
+            t0 = time.monotonic()
+            # Never ack: the master must give up after ha_housekeeping_interval_ms.
+            await wait_until_async(lambda: not m.status()["slaves"], 5, "silent slave dropped")
+            assert 0.2 <= time.monotonic() - t0 < 2
+            while await reader.read(1 << 16):
+                pass  # blocks and heartbeats until the master closes
+            writer.close()
+        finally:
+            await m.stop()
+
+    try:
+        asyncio.run(run())
+    finally:
+        mcl.close()
+
+
+@pytest.mark.parametrize("first", ["block-before-handshake", "epochs-before-handshake", "refusal-code"])
+def test_slave_closes_on_out_of_order_handshake(tmp_path, first: str) -> None:
+    scl, sem = open_store(str(tmp_path / "s"), SEG)
+    sem.append(1, 0)
+    fill(scl, 30_000)
+    before = (_digest(scl), sem.pairs())
+    mx = scl.max_offset
+    reply = {
+        "block-before-handshake": _block(mx, b"\0" * 64),
+        "epochs-before-handshake": frames.framed.encode(frames.ReturnEpoch(((1, 0, mx),))),
+        "refusal-code": frames.framed.encode(frames.HandshakeMaster(99, mx, 1)),
+    }[first]
+    expect = {"block-before-handshake": "expected the master handshake",
+              "epochs-before-handshake": "expected the master handshake",
+              "refusal-code": "code 99"}[first]
+
+    async def run() -> None:
+        async def scripted_master(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read(1 << 16)
+            writer.write(reply)
+            await writer.drain()
+            await reader.read(1 << 16)
+            writer.close()
+
+        server = await asyncio.start_server(scripted_master, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        s = HASlave(scl, sem, group="g", broker_id=2, master_ha_address=f"127.0.0.1:{port}", config=CFG)
+        await s.start()
+        try:
+            await wait_until_async(lambda: expect in s.last_error, 10, f"{expect!r}")
+        finally:
+            await s.stop()
+            server.close()
+            await server.wait_closed()
+
+    try:
+        asyncio.run(run())
+        assert (_digest(scl), sem.pairs()) == before
+    finally:
+        scl.close()

@@ -1,0 +1,287 @@
+"""Failover at the replication layer: kill a master mid-transfer, promote, truncate, converge.
+
+The broker normally drives these steps on a controller's orders; here the test plays the
+controller (new epochs, who follows whom) and runs real HAMaster/HASlave objects on real
+stores, with the first master in its own process so it can be SIGKILLed mid-transfer.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from rmqha.ha import HAConfig, HAMaster, HASlave
+from rmqha.ha.testing import NodeProcess, fill, open_store, segments_identical, wait_until_async
+
+SEG = 4 << 20
+CFG = HAConfig(
+    ha_send_heartbeat_interval_ms=100,
+    ha_housekeeping_interval_ms=1500,
+    ha_reconnect_min_ms=20,
+    ha_reconnect_max_ms=200,
+)
+
+
+def test_kill_master_mid_transfer_old_master_truncates_exactly(tmp_path) -> None:
+    a_dir, b_dir = str(tmp_path / "a"), str(tmp_path / "b")
+    acl, aem = open_store(a_dir, SEG)
+    aem.append(1, 0)
+    x = fill(acl, 24 << 20)
+    acl.close()
+    # Small blocks and a small send window keep the transfer long enough to interrupt.
+    a = NodeProcess(["--dir", a_dir, "--role", "master", "--broker-id", "1", "--segment-bytes", str(SEG),
+                     "--batch-bytes", "8192", "--window-bytes", "65536", "--known", "2"],
+                    log_path=str(tmp_path / "a.log"))
+    bcl, bem = open_store(b_dir, SEG)
+    acl = None
+    truncated: list[int] = []
+    try:
+        async def phase1() -> None:
+            s = HASlave(bcl, bem, group="g", broker_id=2, master_ha_address=f"127.0.0.1:{a.port}", config=CFG)
+            await s.start()
+            try:
+                await wait_until_async(lambda: bcl.max_offset > 2 << 20, 30, "part of the log", interval=0.001)
+                a.kill()
+            finally:
+                await s.stop()
+
+        asyncio.run(phase1())
+        y = bcl.max_offset
+        assert 0 < y < x, f"the kill should land mid-transfer (slave {y}, master {x})"
+        # B is elected: cut its torn tail, open epoch 2 there, take writes.
+        y_whole = bcl.cut_to_last_whole_record()
+        assert y_whole <= y
+        bem.append(2, y_whole)
+        z = fill(bcl, 2 << 20, seed=11)
+
+        acl, aem = open_store(a_dir, SEG)
+        assert acl.max_offset == x  # SIGKILL lost nothing already in the page cache
+
+        async def phase2() -> None:
+            m = HAMaster(bcl, bem, group="g", broker_id=2, config=CFG, is_known_replica=lambda i: i == 1)
+            port = await m.start()
+            s = HASlave(acl, aem, group="g", broker_id=1, master_ha_address=f"127.0.0.1:{port}", config=CFG,
+                        on_truncate=truncated.append)
+            await s.start()
+            try:
+                await wait_until_async(lambda: acl.max_offset == z and truncated, 30, "old master converged")
+                assert s.bytes_dropped == x - y_whole
+                assert (s.sessions, s.last_error) == (1, "")
+            finally:
+                await s.stop()
+                await m.stop()
+
+        asyncio.run(phase2())
+        assert truncated == [y_whole]
+        ok, why = segments_identical(bcl, acl)
+        assert ok, why
+        assert aem.pairs() == bem.pairs() == [(1, 0), (2, y_whole)]
+    finally:
+        a.stop()
+        bcl.close()
+        if acl is not None:
+            acl.close()
+
+
+def test_three_failovers_with_divergent_tails_converge(tmp_path) -> None:
+    ids = (1, 2, 3)
+    stores = {i: open_store(str(tmp_path / f"n{i}"), SEG) for i in ids}
+    truncations: dict[int, list[int]] = {i: [] for i in ids}
+
+    async def run() -> None:
+        master_id, epoch = 1, 1
+        stores[1][1].append(epoch, 0)
+        fill(stores[1][0], 3 << 20)
+        for rnd in range(4):
+            cl, em = stores[master_id]
+            m = HAMaster(cl, em, group="g", broker_id=master_id, config=CFG,
+                         is_known_replica=lambda i, me=master_id: i in ids and i != me)
+            port = await m.start()
+            slaves = [
+                HASlave(*stores[i], group="g", broker_id=i, master_ha_address=f"127.0.0.1:{port}", config=CFG,
+                        on_truncate=truncations[i].append)
+                for i in ids if i != master_id
+            ]
+            for s in slaves:
+                await s.start()
+            fill(cl, 1 << 20, seed=rnd)
+            await wait_until_async(
+                lambda: all(stores[s.broker_id][0].max_offset == cl.max_offset for s in slaves), 30,
+                f"round {rnd}: slaves caught up")
+            for s in slaves:
+                assert (s.sessions, s.last_error) == (1, ""), (rnd, s.broker_id, s.last_error)
+                await s.stop()
+            if rnd == 3:
+                await m.stop()
+                return
+            # Partitioned master keeps writing a tail nobody else gets, then dies.
+            fill(cl, 200_000 + 50_000 * rnd, seed=100 + rnd)
+            await m.stop()
+            old, master_id = master_id, ids[(ids.index(master_id) + 1) % 3]
+            epoch += 1
+            ncl, nem = stores[master_id]
+            start = ncl.cut_to_last_whole_record()
+            nem.append(epoch, start)
+            # The old master will truncate exactly to the new epoch's start.
+            expected_cut = start
+            before = len(truncations[old])
+            # (checked after the next round's catch-up)
+            stores_cut[old].append((before, expected_cut))
+
+    stores_cut: dict[int, list[tuple[int, int]]] = {i: [] for i in ids}
+    try:
+        asyncio.run(run())
+        ref_cl, ref_em = stores[1]
+        for i in (2, 3):
+            ok, why = segments_identical(ref_cl, stores[i][0])
+            assert ok, f"node {i}: {why}"
+            assert stores[i][1].pairs() == ref_em.pairs()
+        assert [e for e, _ in ref_em.pairs()] == [1, 2, 3, 4]
+        for i in ids:
+            for before, cut in stores_cut[i]:
+                assert truncations[i][before] == cut, (i, truncations[i], cut)
+        assert sum(len(v) for v in stores_cut.values()) == 3
+    finally:
+        for cl, _ in stores.values():
+            cl.close()
+
+
+def test_truncation_is_durable_before_transfer_resumes(tmp_path) -> None:
+    """#10666: after the slave cuts its log, the on-disk state (what a crash leaves) must
+    already be cut; RocketMQ only moved in-memory positions and the tail came back."""
+    import shutil
+
+    from rmqha import frames
+    from rmqha.frames import Direction
+
+    sdir = str(tmp_path / "s")
+    scl, sem = open_store(sdir, SEG)
+    sem.append(1, 0)
+    p = fill(scl, 300_000)
+    sem.append(2, p)
+    x = fill(scl, 200_000, seed=4)  # epoch 2: a term the new master never had
+    truncated: list[int] = []
+
+    async def run() -> None:
+        done = asyncio.Event()
+
+        async def new_master(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            dec = frames.FramedDecoder(Direction.SLAVE_TO_MASTER, 1 << 20)
+            got: list = []
+            while not got:
+                got += dec.feed(await reader.read(1 << 16))
+            writer.write(frames.framed.encode(frames.HandshakeMaster(0, p + 5000, 3)))
+            while len(got) < 2:
+                got += dec.feed(await reader.read(1 << 16))
+            writer.write(frames.framed.encode(frames.ReturnEpoch(((1, 0, p), (3, p, p + 5000)))))
+            while len(got) < 3:
+                got += dec.feed(await reader.read(1 << 16))
+            assert got[2].offset == p
+            # Crash point: copy the slave's files now, while its store is still open.
+            shutil.copytree(sdir, str(tmp_path / "crash"))
+            done.set()
+            writer.close()
+
+        server = await asyncio.start_server(new_master, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        s = HASlave(scl, sem, group="g", broker_id=2, master_ha_address=f"127.0.0.1:{port}", config=CFG,
+                    on_truncate=truncated.append)
+        await s.start()
+        try:
+            await asyncio.wait_for(done.wait(), 10)
+        finally:
+            await s.stop()
+            server.close()
+            await server.wait_closed()
+
+    try:
+        asyncio.run(run())
+        assert truncated == [p] and x > p
+        assert scl.max_offset == p
+    finally:
+        scl.close()
+    crashed, cem = open_store(str(tmp_path / "crash"), SEG)
+    try:
+        assert crashed.max_offset == p  # the dropped tail did not come back
+        assert cem.pairs() == [(1, 0)]
+        assert sum(m.size for m in crashed.iter_messages()) == p
+    finally:
+        crashed.close()
+
+
+def test_empty_epoch_at_the_cut_is_dropped_or_kept_without_cutting_data(tmp_path) -> None:
+    """A slave that was elected (epoch 2 at P) but wrote nothing, then follows a master of
+    epoch 3 from P: its empty epoch 2 goes, epoch 3 comes in, no byte is truncated."""
+    mcl, mem = open_store(str(tmp_path / "m"), SEG)
+    scl, sem = open_store(str(tmp_path / "s"), SEG)
+    mem.append(1, 0)
+    p = fill(mcl, 400_000)
+    sem.append(1, 0)
+    scl.append_data(0, mcl.read(0, p))  # a replica of epoch 1, up to P
+    truncated: list[int] = []
+
+    async def run() -> None:
+        m = HAMaster(mcl, mem, group="g", broker_id=1, config=CFG, is_known_replica=lambda i: i == 2)
+        port = await m.start()
+        s = HASlave(scl, sem, group="g", broker_id=2, master_ha_address=f"127.0.0.1:{port}", config=CFG,
+                    on_truncate=truncated.append)
+        await s.start()
+        try:
+            await wait_until_async(lambda: scl.max_offset == mcl.max_offset and s.sessions, 10, "caught up")
+        finally:
+            await s.stop()
+            await m.stop()
+
+    try:
+        sem.append(2, p)  # elected, wrote nothing
+        mcl.cut_to_last_whole_record()
+        mem.append(3, p)
+        fill(mcl, 100_000, seed=8)
+        asyncio.run(run())
+        assert truncated == []
+        assert sem.pairs() == mem.pairs() == [(1, 0), (3, p)]
+        ok, why = segments_identical(mcl, scl)
+        assert ok, why
+    finally:
+        mcl.close()
+        scl.close()
+
+
+def test_slave_follows_a_new_master_address_without_restart(tmp_path) -> None:
+    a_cl, a_em = open_store(str(tmp_path / "a"), SEG)
+    b_cl, b_em = open_store(str(tmp_path / "b"), SEG)
+    s_cl, s_em = open_store(str(tmp_path / "s"), SEG)
+    a_em.append(1, 0)
+    fill(a_cl, 500_000)
+
+    async def run() -> None:
+        ma = HAMaster(a_cl, a_em, group="g", broker_id=1, config=CFG)
+        mb = HAMaster(b_cl, b_em, group="g", broker_id=2, config=CFG)
+        pa = await ma.start()
+        pb = None
+        sb = HASlave(b_cl, b_em, group="g", broker_id=2, master_ha_address=f"127.0.0.1:{pa}", config=CFG)
+        ss = HASlave(s_cl, s_em, group="g", broker_id=3, master_ha_address=f"127.0.0.1:{pa}", config=CFG)
+        await sb.start()
+        await ss.start()
+        try:
+            await wait_until_async(lambda: b_cl.max_offset == s_cl.max_offset == a_cl.max_offset, 20, "both follow A")
+            await sb.stop()
+            await ma.stop()
+            start = b_cl.cut_to_last_whole_record()
+            b_em.append(2, start)  # B is elected with epoch 2
+            pb = await mb.start()
+            ss.set_master_address(f"127.0.0.1:{pb}")
+            fill(b_cl, 200_000, seed=3)
+            await wait_until_async(lambda: s_cl.max_offset == b_cl.max_offset, 20, "slave follows B")
+            assert ss.master_ha_address.endswith(str(pb))
+            assert s_em.pairs() == [(1, 0), (2, start)]
+        finally:
+            await ss.stop()
+            await mb.stop()
+            await ma.stop()
+
+    try:
+        asyncio.run(run())
+        ok, why = segments_identical(b_cl, s_cl)
+        assert ok, why
+    finally:
+        for cl in (a_cl, b_cl, s_cl):
+            cl.close()
