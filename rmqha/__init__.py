@@ -11,4 +11,25 @@ def core_implementation() -> str:
     return _implementation()
 
 
-__all__ = ["core_implementation", "__version__"]
+# Client classes load on first use so `import rmqha` stays light (no asyncio, lz4, ...).
+_LAZY = {
+    "Producer": "rmqha.client.producer",
+    "Consumer": "rmqha.client.consumer",
+    "BlockingProducer": "rmqha.client.producer",
+    "BlockingConsumer": "rmqha.client.consumer",
+    "Message": "rmqha.client.model",
+    "SendResult": "rmqha.client.model",
+    "SendStatus": "rmqha.client.model",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rmqha' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = ["core_implementation", "__version__", *_LAZY]

@@ -258,3 +258,63 @@ def check_port_free(host: str, port: int, key: str) -> None:
             sock.bind((host, port))
         except OSError as exc:
             raise ConfigError(f"{key}: {host}:{port} is not free ({exc.strerror})") from exc
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyDoc:
+    """One configuration key as an operator sees it: name, other spellings, default, meaning."""
+
+    key: str
+    aliases: tuple[str, ...]
+    default: str
+    doc: str
+
+
+_FIELD_LINE = re.compile(r"^\s+(\w+)\s*:")
+
+
+def _field_comments(cls: type) -> dict[str, str]:
+    """The ``#:`` comment lines written above each field in the class source."""
+    import inspect
+
+    try:
+        lines = inspect.getsource(cls).splitlines()
+    except (OSError, TypeError):
+        return {}
+    docs: dict[str, str] = {}
+    pending: list[str] = []
+    for line in lines:
+        stripped = line.strip()
+        if stripped.startswith("#:"):
+            pending.append(stripped[2:].strip())
+            continue
+        match = _FIELD_LINE.match(line)
+        if match and pending:
+            docs[match.group(1)] = " ".join(pending)
+        if not stripped.startswith("#"):
+            pending = []
+    return docs
+
+
+def describe_keys(cls: type) -> list[KeyDoc]:
+    """Every key of a config dataclass with its default, for ``rmqha config-keys`` and README."""
+    comments = _field_comments(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            default: Any = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = None
+        if isinstance(default, enum.Enum):
+            default = default.value
+        if isinstance(default, Path):
+            default = str(default)
+        if isinstance(default, (list, tuple)):
+            default = ";".join(str(v) for v in default)
+        aliases = tuple(dict.fromkeys((snake_to_camel(f.name), *f.metadata.get("aliases", ()))))
+        aliases = tuple(a for a in aliases if a != f.name)
+        out.append(KeyDoc(f.name, aliases, "" if default is None else str(default),
+                          comments.get(f.name, "")))
+    return out

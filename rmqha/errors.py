@@ -113,6 +113,10 @@ class ClientError(RmqhaError):
     """The client could not complete a send or pull."""
 
 
+class TopicNotFoundError(ClientError):
+    """The name servers know no route for a topic (TOPIC_NOT_EXIST)."""
+
+
 class SendError(ClientError):
     """A send failed after its retries; ``code``/``status`` are the last broker answer
     (``status`` e.g. IN_SYNC_REPLICAS_NOT_ENOUGH, NOT_MASTER, TIMEOUT, CONNECTION)."""

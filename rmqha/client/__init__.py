@@ -1,0 +1,20 @@
+"""rmqha's Python client: :class:`Producer` and :class:`Consumer` (asyncio) and their
+blocking wrappers, speaking RocketMQ's client protocol to name servers and brokers."""
+from __future__ import annotations
+
+from rmqha.client.consumer import BlockingConsumer, Consumer, allocate_averagely
+from rmqha.client.model import Message, MessageQueue, ReceivedMessage, SendResult, SendStatus
+from rmqha.client.producer import BlockingProducer, Producer
+
+__all__ = [
+    "BlockingConsumer",
+    "BlockingProducer",
+    "Consumer",
+    "Message",
+    "MessageQueue",
+    "Producer",
+    "ReceivedMessage",
+    "SendResult",
+    "SendStatus",
+    "allocate_averagely",
+]

@@ -1,0 +1,191 @@
+"""Connections and topic routes for rmqha's client.
+
+:class:`ClientSession` keeps one :class:`~rmqha.remoting.RemotingClient` per address
+(reconnected on demand), answers what brokers push (NOTIFY_CONSUMER_IDS_CHANGED), and
+looks up topic routes on the name servers (GET_ROUTEINFO_BY_TOPIC), trying each name
+server in turn and caching routes for ``route_ttl_s``.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rmqha.client.model import MessageQueue
+from rmqha.codes import RequestCode, ResponseCode
+from rmqha.errors import (
+    ClientError,
+    ProtocolError,
+    RemotingError,
+    RemotingTimeoutError,
+    TopicNotFoundError,
+)
+from rmqha.messaging.topics import PERM_READ, PERM_WRITE
+from rmqha.remoting import RemotingClient, RemotingCommand
+
+log = logging.getLogger(__name__)
+
+MASTER_ID = 0
+
+
+@dataclass
+class QueueData:
+    broker_name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+
+
+@dataclass
+class BrokerData:
+    cluster: str
+    broker_name: str
+    broker_addrs: dict[int, str]
+
+    @property
+    def master(self) -> str | None:
+        return self.broker_addrs.get(MASTER_ID)
+
+    def any_address(self) -> str | None:
+        """Master if present, else the lowest id (where RocketMQ clients read from)."""
+        if not self.broker_addrs:
+            return None
+        return self.broker_addrs.get(MASTER_ID) or self.broker_addrs[min(self.broker_addrs)]
+
+
+@dataclass
+class TopicRoute:
+    topic: str
+    queue_datas: list[QueueData]
+    broker_datas: dict[str, BrokerData]
+    fetched_at: float = field(default_factory=time.monotonic)
+
+    @classmethod
+    def from_json(cls, topic: str, data: dict[str, Any]) -> TopicRoute:
+        try:
+            qds = [QueueData(str(q["brokerName"]), int(q["readQueueNums"]),
+                             int(q["writeQueueNums"]), int(q["perm"]))
+                   for q in data.get("queueDatas") or []]
+            bds = {}
+            for b in data.get("brokerDatas") or []:
+                addrs = {int(k): str(v) for k, v in (b.get("brokerAddrs") or {}).items()}
+                bds[str(b["brokerName"])] = BrokerData(str(b.get("cluster", "")),
+                                                       str(b["brokerName"]), addrs)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ProtocolError(f"bad route for {topic}: {exc}") from exc
+        return cls(topic, qds, bds)
+
+    def publish_queues(self) -> list[MessageQueue]:
+        """Writable queues on broker groups whose master is known (RocketMQ's rule)."""
+        out = []
+        for qd in sorted(self.queue_datas, key=lambda q: q.broker_name):
+            bd = self.broker_datas.get(qd.broker_name)
+            if not qd.perm & PERM_WRITE or bd is None or bd.master is None:
+                continue
+            out.extend(MessageQueue(self.topic, qd.broker_name, i)
+                       for i in range(qd.write_queue_nums))
+        return out
+
+    def subscribe_queues(self) -> list[MessageQueue]:
+        out = []
+        for qd in self.queue_datas:
+            if qd.perm & PERM_READ and qd.broker_name in self.broker_datas:
+                out.extend(MessageQueue(self.topic, qd.broker_name, i)
+                           for i in range(qd.read_queue_nums))
+        return sorted(out)
+
+    def addresses(self) -> list[str]:
+        return sorted({a for b in self.broker_datas.values() for a in b.broker_addrs.values()})
+
+
+def parse_namesrv(addrs: str | list[str] | tuple[str, ...]) -> list[str]:
+    if isinstance(addrs, str):
+        out = [a.strip() for a in addrs.replace(",", ";").split(";") if a.strip()]
+    else:
+        out = [a.strip() for a in addrs if a.strip()]
+    if not out:
+        raise ClientError("no name server address given")
+    return out
+
+
+class ClientSession:
+    """Shared connections, route cache and server-push handling of one client."""
+
+    def __init__(self, namesrv: str | list[str], *, route_ttl_s: float = 30.0,
+                 rpc_timeout_s: float = 3.0) -> None:
+        self.namesrv = parse_namesrv(namesrv)
+        self.route_ttl_s = route_ttl_s
+        self.rpc_timeout_s = rpc_timeout_s
+        self._clients: dict[str, RemotingClient] = {}
+        self._routes: dict[str, TopicRoute] = {}
+        self._ns_index = 0
+        #: Called with the group name when a broker says a group's members changed.
+        self.on_consumer_ids_changed: Callable[[str], None] | None = None
+
+    def client(self, addr: str) -> RemotingClient:
+        c = self._clients.get(addr)
+        if c is None:
+            c = self._clients[addr] = RemotingClient(
+                addr, handler={RequestCode.NOTIFY_CONSUMER_IDS_CHANGED: self._on_ids_changed},
+                connect_timeout=self.rpc_timeout_s)
+        return c
+
+    async def _on_ids_changed(self, cmd: RemotingCommand, conn: Any) -> None:
+        group = cmd.ext_fields.get("consumerGroup", "")
+        if self.on_consumer_ids_changed is not None and group:
+            self.on_consumer_ids_changed(group)
+        return None
+
+    async def request(self, addr: str, cmd: RemotingCommand,
+                      timeout: float | None = None) -> RemotingCommand:
+        """One request; on a timeout the connection is closed (as RocketMQ clients do), so
+        the next request opens a fresh one instead of waiting on a dead link."""
+        client = self.client(addr)
+        try:
+            return await client.request(cmd, timeout or self.rpc_timeout_s)
+        except RemotingTimeoutError:
+            await client.close()
+            raise
+
+    async def route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
+        """The route of a topic; ClientError if no name server knows it."""
+        cached = self._routes.get(topic)
+        fresh = cached is not None and time.monotonic() - cached.fetched_at < self.route_ttl_s
+        if fresh and not refresh:
+            return cached
+        last: Exception | None = None
+        for i in range(len(self.namesrv)):
+            addr = self.namesrv[(self._ns_index + i) % len(self.namesrv)]
+            try:
+                resp = await self.request(addr, RemotingCommand.request(
+                    RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}))
+            except RemotingError as exc:
+                last = exc
+                continue
+            self._ns_index = (self._ns_index + i) % len(self.namesrv)
+            if resp.code == ResponseCode.TOPIC_NOT_EXIST:
+                raise TopicNotFoundError(f"topic {topic} has no route: {resp.remark}")
+            if resp.code != ResponseCode.SUCCESS:
+                last = ClientError(f"route of {topic} refused by {addr}: {resp.code} {resp.remark}")
+                continue
+            data = resp.json_body()
+            if not isinstance(data, dict):
+                last = ClientError(f"empty route for {topic} from {addr}")
+                continue
+            route = TopicRoute.from_json(topic, data)
+            self._routes[topic] = route
+            return route
+        if cached is not None:
+            log.warning("route refresh for %s failed (%s); keeping the cached one", topic, last)
+            return cached
+        raise ClientError(f"no name server answered for topic {topic}: {last}")
+
+    async def close(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        for c in clients:
+            try:
+                await c.close()
+            except (RemotingError, OSError) as exc:
+                log.debug("closing %s: %s", c.addr, exc)

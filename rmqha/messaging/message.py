@@ -1,0 +1,450 @@
+"""What a message looks like on RocketMQ's client protocol, shared by broker and client.
+
+Owns: the properties string (``k\\x01v\\x02``), reserved property keys, sysFlag bits and the
+compression type kept in sysFlag bits 8-10 (RocketMQ 5: 0 or 3 zlib, 1 lz4, 2 zstd),
+body compression and decompression, the batch body encoding (RocketMQ's
+``MessageDecoder.encodeMessage`` layout), RocketMQ message ids (store host + commitlog
+offset, and the client's ``UNIQ_KEY``), the tag hash used by consume-queue indexes, and
+decoding the V1 store records that pull responses carry.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum, IntFlag
+
+import lz4.frame
+
+from rmqha.errors import ProtocolError
+
+# --- properties ---------------------------------------------------------------------------
+
+NAME_VALUE_SEP = "\x01"
+PROPERTY_SEP = "\x02"
+
+
+class Prop:
+    """Reserved property keys (RocketMQ ``MessageConst``)."""
+
+    UNIQ_KEY = "UNIQ_KEY"
+    WAIT = "WAIT"
+    TAGS = "TAGS"
+    KEYS = "KEYS"
+    DELAY = "DELAY"
+    RETRY_TOPIC = "RETRY_TOPIC"
+    ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+    REAL_TOPIC = "REAL_TOPIC"
+    REAL_QID = "REAL_QID"
+    RECONSUME_TIME = "RECONSUME_TIME"
+    MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
+    MIN_OFFSET = "MIN_OFFSET"
+    MAX_OFFSET = "MAX_OFFSET"
+
+
+def encode_properties(props: Mapping[str, str] | None) -> str:
+    """``k\\x01v\\x02`` pairs, keys sorted (as the C++ client writes them); empty values
+    are left out because RocketMQ's parsers drop them anyway."""
+    if not props:
+        return ""
+    parts = []
+    for key in sorted(props):
+        value = props[key]
+        if value is None or value == "":
+            continue
+        k, v = str(key), str(value)
+        if NAME_VALUE_SEP in k or PROPERTY_SEP in k or NAME_VALUE_SEP in v or PROPERTY_SEP in v:
+            raise ProtocolError(f"property {k!r} contains a separator character")
+        parts.append(f"{k}{NAME_VALUE_SEP}{v}{PROPERTY_SEP}")
+    return "".join(parts)
+
+
+def decode_properties(text: str | bytes | None) -> dict[str, str]:
+    """Parse a properties string; pairs that are not exactly ``name\\x01value`` are skipped
+    like RocketMQ's parsers skip them."""
+    if not text:
+        return {}
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        text = bytes(text).decode("utf-8", errors="replace")
+    out: dict[str, str] = {}
+    for pair in text.split(PROPERTY_SEP):
+        if not pair:
+            continue
+        name, sep, value = pair.partition(NAME_VALUE_SEP)
+        if sep and name and value:
+            out[name] = value
+    return out
+
+
+def find_property(props: bytes | memoryview, key: bytes) -> bytes | None:
+    """One property's value straight from the raw bytes (no full parse): index builders
+    only need TAGS."""
+    raw = bytes(props)
+    needle = key + b"\x01"
+    pos = 0
+    while True:
+        at = raw.find(needle, pos)
+        if at < 0:
+            return None
+        if at == 0 or raw[at - 1] == 0x02:
+            start = at + len(needle)
+            end = raw.find(b"\x02", start)
+            return raw[start:] if end < 0 else raw[start:end]
+        pos = at + 1
+
+
+# --- sysFlag and compression ----------------------------------------------------------------
+
+
+class SysFlag(IntFlag):
+    """``MessageSysFlag`` bits of a message."""
+
+    COMPRESSED = 0x1
+    MULTI_TAGS = 0x2
+    TRANSACTION_PREPARED = 0x4
+    TRANSACTION_COMMIT = 0x8
+    BORNHOST_V6 = 0x10
+    STOREHOST_V6 = 0x20
+    NEED_UNWRAP = 0x40
+    INNER_BATCH = 0x80
+
+
+COMPRESSION_TYPE_MASK = 0x700  # bits 8-10
+COMPRESSION_TYPE_SHIFT = 8
+
+
+class CompressionType(IntEnum):
+    """RocketMQ 5 ``CompressionType`` values in sysFlag bits 8-10 (0 is read as zlib)."""
+
+    LZ4 = 1
+    ZSTD = 2
+    ZLIB = 3
+
+
+#: RocketMQ's default ``compressMsgBodyOverHowmuch``.
+DEFAULT_COMPRESS_OVER_BYTES = 4096
+
+
+class DecompressError(ProtocolError):
+    """A body marked compressed did not decompress; ``offset`` says where it is stored."""
+
+    def __init__(self, message: str, offset: int | None = None) -> None:
+        self.offset = offset
+        super().__init__(message)
+
+
+def compression_type(sys_flag: int) -> CompressionType | None:
+    """The compression of a body with this sysFlag, or None when it is not compressed."""
+    if not sys_flag & SysFlag.COMPRESSED:
+        return None
+    bits = (sys_flag & COMPRESSION_TYPE_MASK) >> COMPRESSION_TYPE_SHIFT
+    if bits == 0:
+        return CompressionType.ZLIB
+    try:
+        return CompressionType(bits)
+    except ValueError:
+        raise DecompressError(f"unknown compression type {bits} in sysFlag {sys_flag:#x}") from None
+
+
+def compress(body: bytes, kind: CompressionType = CompressionType.LZ4) -> tuple[bytes, int]:
+    """Compress a body; returns (bytes, the sysFlag bits that mark it)."""
+    if kind is CompressionType.LZ4:
+        data = lz4.frame.compress(body)
+    elif kind is CompressionType.ZLIB:
+        data = zlib.compress(body, 5)
+    else:
+        raise ProtocolError(f"compression {kind.name} is not supported for writing")
+    return data, int(SysFlag.COMPRESSED) | (int(kind) << COMPRESSION_TYPE_SHIFT)
+
+
+def decompress(body: bytes | memoryview, sys_flag: int, *, offset: int | None = None,
+               limit: int = 256 * 1024 * 1024) -> bytes:
+    """The plain body of a message; DecompressError (naming ``offset``) if it is broken.
+
+    ``limit`` bounds the output so a hostile body cannot exhaust memory."""
+    kind = compression_type(sys_flag)
+    if kind is None:
+        return bytes(body)
+    where = f" at offset {offset}" if offset is not None else ""
+    try:
+        if kind is CompressionType.ZLIB:
+            d = zlib.decompressobj()
+            out = d.decompress(bytes(body), limit)
+            if d.unconsumed_tail or not d.eof:
+                raise DecompressError(f"zlib body{where} is truncated or over {limit} bytes",
+                                      offset)
+            return out
+        if kind is CompressionType.LZ4:
+            d4 = lz4.frame.LZ4FrameDecompressor()
+            out = d4.decompress(bytes(body), max_length=limit)
+            if not d4.eof:
+                raise DecompressError(f"lz4 body{where} is truncated or over {limit} bytes",
+                                      offset)
+            return out
+    except (zlib.error, RuntimeError, ValueError) as exc:
+        raise DecompressError(f"{kind.name.lower()} body{where} does not decompress: {exc}",
+                              offset) from exc
+    raise DecompressError(f"{kind.name.lower()} bodies{where} cannot be decompressed here",
+                          offset)
+
+
+def strip_compression(sys_flag: int) -> int:
+    return sys_flag & ~(int(SysFlag.COMPRESSED) | COMPRESSION_TYPE_MASK)
+
+
+# --- tags ------------------------------------------------------------------------------------
+
+
+def tag_hash(tag: str | None) -> int:
+    """Java ``String.hashCode`` of a tag (what RocketMQ stores in consume queues); 0 for none."""
+    if not tag:
+        return 0
+    h = 0
+    data = tag.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def parse_subscription(expression: str | None) -> frozenset[str] | None:
+    """Tags of a TAG subscription (``A || B``); None means every message (``*``)."""
+    if expression is None:
+        return None
+    tags = [t.strip() for t in expression.split("||")]
+    tags = [t for t in tags if t]
+    if not tags or "*" in tags:
+        return None
+    return frozenset(tags)
+
+
+# --- batch bodies ------------------------------------------------------------------------------
+
+
+_BATCH_HEAD = struct.Struct(">iiiii")  # total size, magic, body crc, flag, body length
+
+
+@dataclass
+class BatchItem:
+    """One message inside a batch send."""
+
+    body: bytes
+    properties: dict[str, str] = field(default_factory=dict)
+    flag: int = 0
+
+
+def encode_batch(items: Iterable[BatchItem]) -> bytes:
+    """The batch body: per message TOTALSIZE MAGIC BODYCRC FLAG BODYLEN body PROPLEN props."""
+    out = bytearray()
+    for item in items:
+        props = encode_properties(item.properties).encode("utf-8")
+        if len(props) > 32767:
+            raise ProtocolError(f"properties of {len(props)} bytes exceed 32767")
+        total = 20 + len(item.body) + 2 + len(props)
+        out += _BATCH_HEAD.pack(total, 0, 0, item.flag, len(item.body))
+        out += item.body
+        out += struct.pack(">h", len(props))
+        out += props
+    return bytes(out)
+
+
+def decode_batch(body: bytes | memoryview, *, max_items: int = 65536) -> list[BatchItem]:
+    """Split a batch body; ProtocolError on any length that does not fit."""
+    mv = memoryview(body)
+    pos, n = 0, len(mv)
+    items: list[BatchItem] = []
+    while pos < n:
+        if n - pos < 22:
+            raise ProtocolError(f"batch entry at {pos} shorter than its header")
+        total, _magic, _crc, flag, body_len = _BATCH_HEAD.unpack_from(mv, pos)
+        if total < 22 or total > n - pos or body_len < 0 or 20 + body_len + 2 > total:
+            raise ProtocolError(f"batch entry at {pos}: bad sizes total={total} body={body_len}")
+        b_start = pos + 20
+        (props_len,) = struct.unpack_from(">h", mv, b_start + body_len)
+        if props_len < 0 or 20 + body_len + 2 + props_len != total:
+            raise ProtocolError(f"batch entry at {pos}: bad properties length {props_len}")
+        p_start = b_start + body_len + 2
+        items.append(BatchItem(
+            body=bytes(mv[b_start : b_start + body_len]),
+            properties=decode_properties(bytes(mv[p_start : p_start + props_len])),
+            flag=flag,
+        ))
+        if len(items) > max_items:
+            raise ProtocolError(f"batch holds more than {max_items} messages")
+        pos += total
+    return items
+
+
+# --- message ids -------------------------------------------------------------------------------
+
+
+def _ipv4_bytes(host: str) -> bytes:
+    try:
+        return socket.inet_aton(socket.gethostbyname(host))
+    except OSError:
+        return b"\x7f\x00\x00\x01"
+
+
+def offset_msg_id(store_host: str, commit_offset: int) -> str:
+    """RocketMQ's ``offsetMsgId``: hex of store ip(4) | port(int32) | commitlog offset(int64)."""
+    host, _, port = store_host.rpartition(":")
+    return (_ipv4_bytes(host) + struct.pack(">iq", int(port), commit_offset)).hex().upper()
+
+
+def parse_offset_msg_id(msg_id: str) -> tuple[str, int]:
+    """(store ``ip:port``, commitlog offset) of an ``offsetMsgId``."""
+    try:
+        raw = bytes.fromhex(msg_id)
+    except ValueError:
+        raise ProtocolError(f"message id {msg_id!r} is not hex") from None
+    if len(raw) != 16:
+        raise ProtocolError(f"message id {msg_id!r} is not 16 bytes")
+    port, offset = struct.unpack_from(">iq", raw, 4)
+    return f"{socket.inet_ntoa(raw[:4])}:{port}", offset
+
+
+_uniq_counter = itertools.count()
+_uniq_lock = threading.Lock()
+_uniq_prefix = (
+    _ipv4_bytes(socket.gethostname()) + struct.pack(">H", os.getpid() & 0xFFFF) + os.urandom(4)
+)
+
+
+def new_uniq_key() -> str:
+    """A client message id (32 upper-case hex, like RocketMQ's ``MessageClientIDSetter``):
+    ip, pid, a random per-process part, seconds and a counter."""
+    with _uniq_lock:
+        n = next(_uniq_counter) & 0xFFFF
+    return (_uniq_prefix + struct.pack(">IH", int(time.time()) & 0xFFFFFFFF, n)).hex().upper()
+
+
+# --- V1 store records (pull bodies) ---------------------------------------------------------
+
+MAGIC_V1 = 0xDAA320A7
+_REC_HEAD = struct.Struct(">iIiiiqqiq4si q4si iqi")
+REC_FIXED = 91  # record size without body, topic and properties
+
+
+@dataclass
+class ReceivedMessage:
+    """A message as a consumer sees it (body decompressed)."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commit_offset: int
+    body: bytes
+    properties: dict[str, str]
+    sys_flag: int = 0
+    flag: int = 0
+    born_timestamp: int = 0
+    store_timestamp: int = 0
+    born_host: str = ""
+    store_host: str = ""
+    reconsume_times: int = 0
+    broker_name: str = ""
+    #: Set when a compressed body did not decompress: the body is the raw stored bytes.
+    decompress_error: str | None = None
+
+    @property
+    def msg_id(self) -> str:
+        """The client id (UNIQ_KEY) when present, else the offset id, like RocketMQ."""
+        return self.properties.get(Prop.UNIQ_KEY) or offset_msg_id(self.store_host,
+                                                                  self.commit_offset)
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(Prop.TAGS)
+
+    @property
+    def keys(self) -> str | None:
+        return self.properties.get(Prop.KEYS)
+
+
+def _host(ip: bytes, port: int) -> str:
+    return f"{socket.inet_ntoa(ip)}:{port}"
+
+
+def decode_record(data: bytes | memoryview, pos: int = 0, *, broker_name: str = "",
+                  inflate: bool = True) -> tuple[ReceivedMessage, int]:
+    """Decode the V1 record at ``pos``; returns (message, record size).  With ``inflate``
+    the body is decompressed, and a body that fails to is kept raw with
+    ``decompress_error`` set (naming its offset), so nothing is dropped silently."""
+    mv = memoryview(data)
+    n = len(mv)
+    if n - pos < REC_FIXED:
+        raise ProtocolError(f"record at {pos}: {n - pos} bytes left, need {REC_FIXED}")
+    (total, magic, _crc, queue_id, flag, queue_offset, phys, sys_flag, born_ts, born_ip,
+     born_port, store_ts, store_ip, store_port, reconsume, _prep, body_len
+     ) = _REC_HEAD.unpack_from(mv, pos)
+    if magic != MAGIC_V1:
+        raise ProtocolError(f"record at {pos}: magic {magic:#x} is not V1")
+    if total < REC_FIXED or total > n - pos or body_len < 0 or body_len > total - REC_FIXED:
+        raise ProtocolError(f"record at {pos}: bad sizes total={total} body={body_len}")
+    b = pos + 88
+    body = mv[b : b + body_len]
+    t = b + body_len
+    topic_len = mv[t]
+    if REC_FIXED + body_len + topic_len > total:
+        raise ProtocolError(f"record at {pos}: topic runs past the record")
+    (props_len,) = struct.unpack_from(">H", mv, t + 1 + topic_len)
+    if REC_FIXED + body_len + topic_len + props_len != total:
+        raise ProtocolError(f"record at {pos}: sizes do not add up to {total}")
+    topic = bytes(mv[t + 1 : t + 1 + topic_len]).decode("utf-8", errors="replace")
+    p = t + 3 + topic_len
+    props = decode_properties(bytes(mv[p : p + props_len]))
+    error: str | None = None
+    if inflate:
+        try:
+            plain = decompress(body, sys_flag, offset=phys)
+        except DecompressError as exc:
+            plain, error = bytes(body), str(exc)
+    else:
+        plain = bytes(body)
+    msg = ReceivedMessage(
+        topic=topic, queue_id=queue_id, queue_offset=queue_offset, commit_offset=phys,
+        body=plain, properties=props, sys_flag=sys_flag, flag=flag,
+        born_timestamp=born_ts, store_timestamp=store_ts,
+        born_host=_host(born_ip, born_port), store_host=_host(store_ip, store_port),
+        reconsume_times=reconsume, broker_name=broker_name, decompress_error=error,
+    )
+    return msg, total
+
+
+def decode_records(data: bytes | memoryview, *, broker_name: str = "",
+                   max_records: int = 1 << 20) -> list[ReceivedMessage]:
+    """Decode concatenated V1 store records (a pull body) into messages (see
+    :func:`decode_record`)."""
+    mv = memoryview(data)
+    pos = 0
+    out: list[ReceivedMessage] = []
+    while pos < len(mv):
+        msg, size = decode_record(mv, pos, broker_name=broker_name)
+        out.append(msg)
+        if len(out) > max_records:
+            raise ProtocolError(f"more than {max_records} records in one body")
+        pos += size
+    return out
+
+
+def reencode_record(raw: bytes | memoryview, body: bytes, sys_flag: int) -> bytes:
+    """A copy of one V1 record with another body and sysFlag (sizes and body CRC
+    recomputed, every other field kept): how a broker hands an lz4 body to a client that
+    only inflates zlib."""
+    mv = memoryview(raw)
+    (total,) = struct.unpack_from(">i", mv, 0)
+    (body_len,) = struct.unpack_from(">i", mv, 84)
+    tail = mv[88 + body_len : total]
+    out = bytearray(mv[:88])
+    struct.pack_into(">i", out, 0, 88 + len(body) + len(tail))
+    struct.pack_into(">i", out, 8, zlib.crc32(body) & 0x7FFFFFFF)
+    struct.pack_into(">i", out, 36, sys_flag)
+    struct.pack_into(">i", out, 84, len(body))
+    out += body
+    out += tail
+    return bytes(out)

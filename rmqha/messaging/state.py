@@ -1,0 +1,145 @@
+"""Broker state that must survive a failover: topic configs and consumer group offsets.
+
+Both are written as records to an internal topic of the commitlog (``STATE_TOPIC``,
+queue 0), so HA replication carries them to the slaves like any message and a new master
+already knows every topic and committed offset.  Each record body is one JSON object:
+
+- ``{"op": "topic_put", "config": <RocketMQ TopicConfig>}``
+- ``{"op": "topic_delete", "topic": T}``
+- ``{"op": "offsets", "entries": [[group, topic, queue_id, offset], ...]}``
+- ``{"op": "checkpoint", "topics": [...], "offsets": [...]}`` — the whole state; written
+  before retention deletes segments, so the state never depends on deleted records.
+
+The state is the fold of these records in log order (a checkpoint replaces everything);
+records are applied as the index passes them (up to the confirm offset), and a master
+also applies its own writes at once (see :class:`BrokerState`).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from rmqha.errors import ConfigError, ProtocolError
+from rmqha.messaging.topics import TopicConfig, TopicTable
+
+log = logging.getLogger(__name__)
+
+#: The internal topic holding state records (RocketMQ reserves the ``RMQ_SYS_`` prefix).
+STATE_TOPIC = "RMQ_SYS_RMQHA_STATE"
+
+OffsetKey = tuple[str, str, int]  # group, topic, queue id
+
+
+class OffsetTable:
+    """Committed consumer offsets: (group, topic, queue) -> next offset to consume."""
+
+    def __init__(self) -> None:
+        self._offsets: dict[OffsetKey, int] = {}
+
+    def get(self, group: str, topic: str, queue_id: int) -> int | None:
+        return self._offsets.get((group, topic, queue_id))
+
+    def set(self, group: str, topic: str, queue_id: int, offset: int) -> bool:
+        """Store an offset; True when it changed."""
+        key = (group, topic, queue_id)
+        if self._offsets.get(key) == offset:
+            return False
+        self._offsets[key] = offset
+        return True
+
+    def entries(self) -> list[list[Any]]:
+        return [[g, t, q, o] for (g, t, q), o in sorted(self._offsets.items())]
+
+    def groups(self) -> set[str]:
+        return {g for g, _, _ in self._offsets}
+
+    def drop_topic(self, topic: str) -> None:
+        for key in [k for k in self._offsets if k[1] == topic]:
+            del self._offsets[key]
+
+    def clear(self) -> None:
+        self._offsets.clear()
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+
+@dataclass
+class StateRecord:
+    """One decoded state record."""
+
+    op: str
+    data: dict[str, Any]
+
+
+def topic_put_record(config: TopicConfig) -> bytes:
+    return _dump({"op": "topic_put", "config": config.to_rocketmq()})
+
+
+def topic_delete_record(topic: str) -> bytes:
+    return _dump({"op": "topic_delete", "topic": topic})
+
+
+def offsets_record(entries: Iterable[tuple[str, str, int, int]]) -> bytes:
+    return _dump({"op": "offsets", "entries": [list(e) for e in entries]})
+
+
+def _dump(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode("utf-8")
+
+
+def decode_record(body: bytes | memoryview) -> StateRecord:
+    try:
+        data = json.loads(bytes(body))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolError(f"state record is not JSON: {exc}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("op"), str):
+        raise ProtocolError("state record has no op")
+    return StateRecord(data["op"], data)
+
+
+class BrokerState:
+    """Topics and offsets, the fold of the state log."""
+
+    def __init__(self, topics: TopicTable) -> None:
+        self.topics = topics
+        self.offsets = OffsetTable()
+
+    def checkpoint_record(self) -> bytes:
+        return _dump({
+            "op": "checkpoint",
+            "topics": [c.to_rocketmq() for _, c in sorted(self.topics.items())],
+            "offsets": self.offsets.entries(),
+        })
+
+    def apply(self, body: bytes | memoryview, *, persist: bool = True) -> StateRecord | None:
+        """Apply one record; a bad record is logged and skipped (it cannot be fixed here)."""
+        try:
+            rec = decode_record(body)
+            self._apply(rec, persist)
+        except (ProtocolError, ConfigError, KeyError, TypeError, ValueError) as exc:
+            log.error("skipping bad state record: %s", exc)
+            return None
+        return rec
+
+    def _apply(self, rec: StateRecord, persist: bool) -> None:
+        d = rec.data
+        if rec.op == "topic_put":
+            self.topics.put(TopicConfig.from_rocketmq(d["config"]), persist=persist)
+        elif rec.op == "topic_delete":
+            self.topics.remove(str(d["topic"]), persist=persist)
+            self.offsets.drop_topic(str(d["topic"]))
+        elif rec.op == "offsets":
+            for group, topic, queue_id, offset in d["entries"]:
+                self.offsets.set(str(group), str(topic), int(queue_id), int(offset))
+        elif rec.op == "checkpoint":
+            self.topics.replace_all([TopicConfig.from_rocketmq(c) for c in d["topics"]],
+                                    persist=persist)
+            self.offsets.clear()
+            for group, topic, queue_id, offset in d["offsets"]:
+                self.offsets.set(str(group), str(topic), int(queue_id), int(offset))
+        else:
+            raise ProtocolError(f"unknown state op {rec.op!r}")
