@@ -14,6 +14,12 @@ from rmqha.errors import RmqhaError
 
 _COMMAND_MODULES: tuple[str, ...] = (
     "rmqha.cli.demo",
+    "rmqha.cli.namesrv",
+    "rmqha.cli.broker",
+    "rmqha.cli.controller",
+    "rmqha.cli.admin",
+    "rmqha.client.cli",
+    "rmqha.cli.config_keys",
 )
 
 

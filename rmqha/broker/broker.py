@@ -1,0 +1,621 @@
+"""The broker process object: store, identity, roles, HA, messaging and name-server registration.
+
+:class:`Broker` wires the layers together on one asyncio loop:
+
+- the store in ``store_dir``: ``commitlog/`` (:class:`rmqha.store.CommitLog`) and
+  ``epochFileCheckpoint`` (:class:`rmqha.store.EpochMap`), plus ``.broker.meta``;
+- the :class:`~rmqha.broker.replicas_manager.ReplicasManager` (controller side) which calls
+  back :meth:`Broker.become_master`, :meth:`Broker.become_slave`, ...;
+- a :class:`~rmqha.remoting.RemotingServer` on the client port serving the messaging
+  handlers, NOTIFY_BROKER_ROLE_CHANGED and two admin queries: GET_BROKER_EPOCH_CACHE (1007,
+  RocketMQ's ``EpochEntryCache`` body) and GET_BROKER_HA_STATUS (907, role, offsets, HA link);
+- :class:`rmqha.ha.HAMaster` / :class:`rmqha.ha.HASlave` on the HA port;
+- the :class:`rmqha.messaging.MessageService`;
+- registration with every name server every ``register_name_server_period_ms`` and at once
+  after every role change (as id 0 when master, with the master epoch as state version).
+
+Until the controller has told it its role the broker is fenced: every write code is
+refused with SERVICE_NOT_AVAILABLE, and it does not register with name servers.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from rmqha import log as rmqha_log
+from rmqha.broker.config import BrokerConfig
+from rmqha.broker.failpoints import Failpoint, hit
+from rmqha.broker.metrics import register_broker_metrics
+from rmqha.broker.replicas_manager import ReplicasManager, Role
+from rmqha.codes import RequestCode, ResponseCode
+from rmqha.errors import BrokerError, ConfigError, RemoteCommandError, RemotingError
+from rmqha.ha import HAConfig, HAMaster, HASlave
+from rmqha.messaging import MessageService
+from rmqha.metrics import MetricsRegistry
+from rmqha.remoting import Connection, RemotingClient, RemotingCommand, RemotingServer, split_address
+
+log = logging.getLogger(__name__)
+
+COMMITLOG_DIR = "commitlog"
+EPOCH_FILE = "epochFileCheckpoint"
+#: Java Long.MAX_VALUE: RocketMQ's wire value for the open end of the last epoch.
+OPEN_END = (1 << 63) - 1
+
+#: Codes that write messages: refused unless this broker is master (fencing, #6508).
+WRITE_CODES = frozenset({
+    RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE,
+})
+
+
+class Replication:
+    """What the messaging layer needs of replication, read from whichever HA side is running.
+
+    Master: the HAMaster's SyncStateSet, acks and confirm offset.  Slave: the HASlave's
+    confirm offset (what the master confirmed, capped at the local log).  Neither (fenced,
+    or a lone broker without HA): the log's max offset, a set of one.
+    """
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+
+    def sync_state_set_size(self) -> int:
+        master = self._broker.ha_master
+        if master is None:
+            return 1
+        return int(master.sync_state_set_size())
+
+    async def wait_for_replicas(self, end_offset: int, timeout_s: float) -> bool:
+        master = self._broker.ha_master
+        if master is None:
+            return self._broker.role == Role.MASTER
+        # all_ack_in_sync_state_set / in_sync_replicas are applied by the HA master.
+        return bool(await master.wait_for_replicas(end_offset, timeout_s))
+
+    def confirm_offset(self) -> int:
+        b = self._broker
+        if b.ha_master is not None:
+            return int(b.ha_master.confirm_offset)
+        if b.ha_slave is not None:
+            return int(b.ha_slave.confirm_offset)
+        return int(b.commitlog.max_offset) if b.commitlog is not None else 0
+
+
+class Broker:
+    """One broker process (see the module docstring)."""
+
+    def __init__(self, config: BrokerConfig, *, controller_client: Any = None) -> None:
+        self.config = config
+        self.store_dir = Path(config.store_dir)
+        self.commitlog: Any = None
+        self.epoch_map: Any = None
+        self.message_service: MessageService | None = None
+        self.ha_master: HAMaster | None = None
+        self.ha_slave: HASlave | None = None
+        self.replication = Replication(self)
+        self._controller_client = controller_client
+        self.replicas: ReplicasManager | None = None
+        self.server: RemotingServer | None = None
+        self._ns_clients: dict[str, RemotingClient] = {}
+        self._ns_kick = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._ha_lock = asyncio.Lock()
+        self._known_ids: frozenset[int] = frozenset()
+        self._known_ids_at = 0.0
+        self._started = False
+        self.metrics: MetricsRegistry | None = None
+        #: The bound Prometheus port (None when metrics are off).
+        self.metrics_port: int | None = None
+        #: Set when a background loop died of an unexpected error; run_broker then exits.
+        self.failed = asyncio.Event()
+        #: (master id, master client address) the HA slave follows, None unless slave.
+        self._slave_of: tuple[int, str] | None = None
+
+    # --- derived state --------------------------------------------------------------------
+
+    @property
+    def role(self) -> Role:
+        return self.replicas.role if self.replicas is not None else Role.FENCED
+
+    @property
+    def broker_id(self) -> int | None:
+        return self.replicas.status.broker_id if self.replicas is not None else None
+
+    @property
+    def namesrv_broker_id(self) -> int:
+        """The id registered with name servers: 0 for the master (RocketMQ MASTER_ID)."""
+        return 0 if self.role == Role.MASTER else int(self.broker_id or 0)
+
+    # --- life cycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the store, settle the id, serve, register; returns once registered."""
+        from rmqha.controller.client import ControllerClient
+        from rmqha.store import CommitLog, EpochMap
+
+        cfg = self.config
+        rmqha_log.context.group = cfg.broker_name
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        controller = self._controller_client or ControllerClient(
+            cfg.controller_addr, request_timeout=cfg.rpc_timeout_ms / 1000)
+        self.replicas = ReplicasManager(cfg, controller, self, on_task_failed=self._task_done)
+        # Refuse a wrong identity before touching the store or any network peer.
+        self.replicas.identity.read_meta()
+        self.replicas.identity.read_temp()
+
+        self.commitlog = CommitLog(
+            self.store_dir / COMMITLOG_DIR, segment_bytes=cfg.segment_bytes, flush=cfg.flush,
+            flush_interval_ms=cfg.flush_interval_ms,
+            # STOREHOST of every record: consumers send failed messages back there.
+            store_host=(cfg.advertised_host, cfg.listen_port),
+        )
+        self.epoch_map = EpochMap.open(self.store_dir / EPOCH_FILE)
+        log.info("store open: %s max offset %d, epochs %s", self.store_dir, self.commitlog.max_offset,
+                 self.epoch_map.pairs())
+
+        broker_id = await self.replicas.negotiate_id()
+        self.message_service = self._make_message_service(broker_id)
+        self.message_service.set_role("fenced", None)
+
+        # Every write code gets the role guard, even one the messaging layer does not serve.
+        handlers: dict[int, Any] = {int(code): None for code in WRITE_CODES}
+        handlers.update({int(code): h for code, h in self.message_service.handlers().items()})
+        self.server = RemotingServer(cfg.listen_host, cfg.listen_port, max_frame_bytes=cfg.max_frame_bytes)
+        for code, handler in handlers.items():
+            self.server.register(code, self._guard(code, handler))
+        self.server.register(RequestCode.NOTIFY_BROKER_ROLE_CHANGED, self.replicas.handle_notify)
+        self.server.register(RequestCode.GET_BROKER_EPOCH_CACHE, self._handle_epoch_cache)
+        self.server.register(RequestCode.GET_BROKER_HA_STATUS, self._handle_ha_status)
+        try:
+            await self.server.start()
+        except OSError as exc:
+            raise ConfigError(f"listen_port: cannot listen on {cfg.listen_host}:{cfg.listen_port}: {exc}") from exc
+        log.info("broker %s/%s id %d serving clients on %s", cfg.cluster, cfg.broker_name, broker_id,
+                 self.server.address)
+
+        if cfg.metrics_port >= 0:
+            self.metrics = MetricsRegistry()
+            register_broker_metrics(self, self.metrics)
+            self.metrics_port = self.metrics.serve(cfg.metrics_port, cfg.listen_host)
+            log.info("metrics on http://%s:%d/metrics", cfg.listen_host, self.metrics_port)
+
+        await self.replicas.start()
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self._namesrv_loop(), name="namesrv-register")
+        task.add_done_callback(self._task_done)
+        self._tasks.append(task)
+        self._started = True
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.critical("broker task %s died: %r; stopping the broker", task.get_name(), exc, exc_info=exc)
+            self.failed.set()
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass  # cancelled above
+        self._tasks.clear()
+        if self._started:
+            await self._unregister_namesrv()
+        for client in self._ns_clients.values():
+            await client.close()
+        if self.replicas is not None:
+            await self.replicas.stop()
+        await self._stop_ha()
+        if self.server is not None:
+            await self.server.stop()
+        if self.message_service is not None:
+            self.message_service.close()
+        if self.commitlog is not None:
+            self.commitlog.close()
+        if self.metrics is not None:
+            self.metrics.stop()
+
+    # --- wiring the other layers ------------------------------------------------------------
+
+    def _make_message_service(self, broker_id: int) -> MessageService:
+        return MessageService(
+            self.commitlog, store_dir=str(self.store_dir), config=self.config,
+            broker_name=self.config.broker_name, broker_id=broker_id, replication=self.replication,
+            on_segments_deleted=self._on_segments_deleted, on_topics_changed=self.topics_changed,
+        )
+
+    def _guard(self, code: int, handler: Any) -> Any:
+        """Wrap a write handler: refuse unless master (SERVICE_NOT_AVAILABLE names the master)."""
+
+        async def guarded(cmd: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+            role = self.role
+            if role != Role.MASTER:
+                master = self.replicas.status.master_address if self.replicas else None
+                if role == Role.SLAVE and master:
+                    remark = f"broker {self.config.broker_address} is a slave; the master of " \
+                             f"{self.config.broker_name} is {master}"
+                else:
+                    remark = f"broker {self.config.broker_address} is fenced: its role is not confirmed by the controller yet"
+                return cmd.response(ResponseCode.SERVICE_NOT_AVAILABLE, remark, {})
+            if handler is None:
+                return cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f" request type {cmd.code} not supported")
+            return await handler(cmd, conn)
+
+        if code in WRITE_CODES:
+            return guarded
+        return handler
+
+    def _ha_config(self) -> HAConfig:
+        return HAConfig.from_object(self.config)
+
+    async def is_known_replica(self, broker_id: int) -> bool:
+        """True if the controller knows ``broker_id`` as a member of this group.
+
+        Answered from a cache; an unknown id refreshes it first (a new member registers
+        with the controller just before it connects), at most every 200 ms.
+        """
+        if broker_id in self._known_ids:
+            return True
+        if time.monotonic() - self._known_ids_at > 0.2:
+            self._known_ids_at = time.monotonic()
+            await self._refresh_known_ids()
+        return broker_id in self._known_ids
+
+    async def _refresh_known_ids(self) -> None:
+        if self.replicas is None:
+            return
+        try:
+            data = await self.replicas.controller.get_sync_state_data([self.config.broker_name])
+        except (RemotingError, RemoteCommandError, BrokerError) as exc:
+            log.debug("could not refresh known replicas: %s", exc)
+            return
+        ids: set[int] = set()
+        entry = _field(data, self.config.broker_name)
+        if entry is None and isinstance(data, dict):
+            entry = (data.get("replicasInfoTable") or {}).get(self.config.broker_name)
+        for key in ("inSyncReplicas", "notInSyncReplicas", "in_sync_replicas", "not_in_sync_replicas"):
+            for rep in _field(entry, key) or ():
+                rid = _field(rep, "brokerId", "broker_id")
+                if rid is not None:
+                    ids.add(int(rid))
+        if ids:
+            self._known_ids = frozenset(ids)
+
+    def _on_confirm(self, offset: int) -> None:
+        if self.message_service is not None:
+            self.message_service.on_confirm_offset(offset)
+
+    def _on_truncate(self, offset: int) -> None:
+        if self.message_service is not None:
+            self.message_service.on_truncate(offset)
+
+    def _on_segments_deleted(self, min_offset: int) -> None:
+        """Retention deleted segments: drop epoch entries that ended before the new min offset."""
+        if self.epoch_map is not None:
+            self.epoch_map.truncate_prefix(min_offset)
+
+    async def _stop_ha(self) -> None:
+        if self.ha_master is not None:
+            master, self.ha_master = self.ha_master, None
+            await master.stop()
+        if self.ha_slave is not None:
+            slave, self.ha_slave = self.ha_slave, None
+            await slave.stop()
+
+    # --- RoleListener ----------------------------------------------------------------------
+
+    def heartbeat_status(self) -> tuple[int, int, int]:
+        if self.commitlog is None or self.epoch_map is None:
+            return -1, 0, 0
+        return int(self.epoch_map.last_epoch()), int(self.commitlog.max_offset), int(self.replication.confirm_offset())
+
+    def _append_epoch(self, epoch: int) -> None:
+        """Record (epoch, max offset) in the epoch map (the first entry of a new master term)."""
+        em = self.epoch_map
+        last = em.last_epoch()
+        if last > epoch:
+            # Entries from a term the controller no longer has (a wiped controller): drop them.
+            log.warning("epoch map has epoch %d beyond the controller's %d; dropping the newer entries", last, epoch)
+            em.truncate_suffix_by_epoch(epoch + 1)
+            last = em.last_epoch()
+        if last == epoch:
+            log.info("epoch map already ends with epoch %d", epoch)
+            return
+        em.append(epoch, int(self.commitlog.max_offset))
+
+    async def become_master(self, epoch: int, sync_state_set: frozenset[int], sync_state_set_epoch: int) -> None:
+        async with self._ha_lock:
+            self._slave_of = None
+            if self.ha_slave is not None:
+                slave, self.ha_slave = self.ha_slave, None
+                await slave.stop()
+            before = int(self.commitlog.max_offset)
+            self.commitlog.cut_to_last_whole_record()
+            after = int(self.commitlog.max_offset)
+            if after != before:
+                log.warning("cut %d bytes of partial record at the log end (%d -> %d)", before - after, before, after)
+                self.epoch_map.truncate_suffix(after + 1)
+            self._append_epoch(epoch)
+            hit(Failpoint.AFTER_MASTER_EPOCH_APPENDED)
+            log.info("became master of %s at epoch %d from offset %d; epochs %s",
+                     self.config.broker_name, epoch, after, self.epoch_map.pairs())
+            await self._start_ha_master(sync_state_set, sync_state_set_epoch)
+            if self.message_service is not None:
+                self.message_service.set_role("master", None)
+        self._ns_kick.set()
+
+    async def _start_ha_master(self, ids: frozenset[int], ids_epoch: int) -> None:
+        assert self.replicas is not None
+        master = HAMaster(
+            self.commitlog, self.epoch_map, group=self.config.broker_name, broker_id=self.replicas.broker_id,
+            config=self._ha_config(), is_known_replica=self.is_known_replica,
+            alter_sync_state_set=self.replicas.alter_sync_state_set, on_confirm=self._on_confirm,
+            sync_state_set=set(ids), sync_state_set_epoch=ids_epoch,
+        )
+        await master.start(self.config.listen_host, self.config.ha_port)
+        self.ha_master = master
+        await self._refresh_known_ids()
+
+    async def master_reelected(self, epoch: int, sync_state_set: frozenset[int], sync_state_set_epoch: int) -> None:
+        async with self._ha_lock:
+            self._append_epoch(epoch)
+            log.info("re-elected master of %s at epoch %d; epochs %s", self.config.broker_name, epoch,
+                     self.epoch_map.pairs())
+            if self.ha_master is not None:
+                self.ha_master.on_new_epoch(epoch, int(self.commitlog.max_offset))
+                self.ha_master.set_sync_state_set(set(sync_state_set), sync_state_set_epoch)
+        self._ns_kick.set()
+
+    async def become_slave(self, master_id: int, master_address: str, epoch: int) -> None:
+        async with self._ha_lock:
+            # Refuse writes first: a demoted master must not append while it steps down.
+            if self.message_service is not None:
+                self.message_service.set_role("slave", master_address)
+            if self.ha_master is not None:
+                master, self.ha_master = self.ha_master, None
+                await master.stop()
+            if self.ha_slave is not None:
+                if self._slave_of == (master_id, master_address):
+                    log.info("master %d at %s unchanged at epoch %d; keeping the HA link", master_id, master_address, epoch)
+                    self._ns_kick.set()
+                    return
+                slave, self.ha_slave = self.ha_slave, None
+                await slave.stop()
+            self._slave_of = None
+            ha_addr = await self._master_ha_address(master_address)
+            log.info("became slave of %d (%s, HA %s) at epoch %d", master_id, master_address, ha_addr, epoch)
+            await self._start_ha_slave(ha_addr)
+            self._slave_of = (master_id, master_address)
+        self._ns_kick.set()
+
+    async def _start_ha_slave(self, ha_addr: str) -> None:
+        assert self.replicas is not None
+        slave = HASlave(
+            self.commitlog, self.epoch_map, group=self.config.broker_name, broker_id=self.replicas.broker_id,
+            master_ha_address=ha_addr, config=self._ha_config(), async_learner=self.config.async_learner,
+            protocol=self.config.ha_protocol, on_confirm=self._on_confirm, on_truncate=self._on_truncate,
+            address=self.config.broker_address,
+        )
+        await slave.start()
+        self.ha_slave = slave
+
+    async def _master_ha_address(self, master_address: str) -> str:
+        """The master's HA address, asked of the master itself (GET_BROKER_HA_STATUS).
+
+        The controller protocol carries only client addresses; RocketMQ slaves learn the HA
+        address from the name server.  Asking the master works without a name server;
+        if it does not answer, its default (client port + 1) is used.
+        """
+        client = RemotingClient(master_address, connect_timeout=1.0)
+        try:
+            for _ in range(3):
+                try:
+                    resp = await client.request(RemotingCommand.request(RequestCode.GET_BROKER_HA_STATUS), 1.0)
+                except RemotingError as exc:
+                    log.debug("asking %s for its HA address failed: %s", master_address, exc)
+                    await asyncio.sleep(0.2)
+                    continue
+                if resp.code == ResponseCode.SUCCESS:
+                    addr = (resp.json_body() or {}).get("haAddress")
+                    if addr:
+                        return str(addr)
+                break
+        finally:
+            await client.close()
+        host, port = split_address(master_address)
+        return f"{host}:{port + 1}"
+
+    def apply_sync_state_set(self, ids: frozenset[int], epoch: int) -> None:
+        if self.ha_master is not None:
+            self.ha_master.set_sync_state_set(set(ids), epoch)
+
+    # --- name servers -----------------------------------------------------------------------
+
+    def _register_body(self) -> dict[str, Any]:
+        topics: dict[str, Any] = {}
+        if self.message_service is not None:
+            raw = self.message_service.topic_configs() or {}
+            for name, cfg in raw.items():
+                topics[str(name)] = cfg if isinstance(cfg, dict) else _topic_config_json(str(name), cfg)
+        epoch = self.replicas.master_epoch if self.replicas else 0
+        return {
+            "topicConfigSerializeWrapper": {
+                "topicConfigTable": topics,
+                "dataVersion": {"timestamp": int(time.time() * 1000), "counter": 0, "stateVersion": epoch},
+            },
+            "filterServerList": [],
+        }
+
+    async def register_namesrv_once(self) -> None:
+        """REGISTER_BROKER to every name server (skipped while fenced)."""
+        if self.role == Role.FENCED or not self.config.namesrv_addr:
+            return
+        ext = {
+            "brokerName": self.config.broker_name,
+            "brokerAddr": self.config.broker_address,
+            "clusterName": self.config.cluster,
+            "haServerAddr": self.config.ha_address,
+            "brokerId": self.namesrv_broker_id,
+            "masterEpoch": self.replicas.master_epoch if self.replicas else 0,
+            "heartbeatTimeoutMillis": self.config.namesrv_broker_timeout_ms,
+            "enableActingMaster": False,
+            "compressed": False,
+        }
+        body = self._register_body()
+        await asyncio.gather(*(self._register_one(addr, ext, body) for addr in self.config.namesrv_addr))
+
+    async def _register_one(self, addr: str, ext: dict[str, Any], body: dict[str, Any]) -> None:
+        client = self._ns_clients.get(addr)
+        if client is None:
+            client = self._ns_clients[addr] = RemotingClient(addr, connect_timeout=1.0)
+        try:
+            resp = await client.request(RemotingCommand.request(RequestCode.REGISTER_BROKER, ext, body),
+                                        self.config.rpc_timeout_ms / 1000)
+        except RemotingError as exc:
+            log.debug("register to name server %s failed: %s", addr, exc)
+            return
+        if resp.code != ResponseCode.SUCCESS:
+            log.warning("name server %s refused registration: %s", addr, resp.remark)
+
+    async def _unregister_namesrv(self) -> None:
+        ext = {"brokerName": self.config.broker_name, "brokerAddr": self.config.broker_address,
+               "clusterName": self.config.cluster, "brokerId": self.namesrv_broker_id}
+        for addr, client in self._ns_clients.items():
+            try:
+                await client.request(RemotingCommand.request(RequestCode.UNREGISTER_BROKER, ext), 1.0)
+            except RemotingError as exc:
+                log.debug("unregister from %s failed: %s", addr, exc)
+
+    async def _namesrv_loop(self) -> None:
+        period = self.config.register_name_server_period_ms / 1000
+        while True:
+            self._ns_kick.clear()
+            await self.register_namesrv_once()
+            try:
+                await asyncio.wait_for(self._ns_kick.wait(), period)
+            except asyncio.TimeoutError:
+                pass  # the period elapsed: renew the registration
+
+    def topics_changed(self) -> None:
+        """Tell name servers about topic changes now (the messaging layer may call this)."""
+        self._ns_kick.set()
+
+    # --- admin handlers ---------------------------------------------------------------------
+
+    def epoch_cache(self) -> dict[str, Any]:
+        """RocketMQ ``EpochEntryCache``: the last entry's endOffset is Long.MAX_VALUE."""
+        entries = self.epoch_map.entries() if self.epoch_map is not None else []
+        epoch_list = [{"epoch": e, "startOffset": s, "endOffset": end} for e, s, end in entries]
+        if epoch_list:
+            epoch_list[-1]["endOffset"] = OPEN_END
+        return {
+            "clusterName": self.config.cluster,
+            "brokerName": self.config.broker_name,
+            "brokerId": self.namesrv_broker_id,
+            "epochList": epoch_list,
+            "maxOffset": int(self.commitlog.max_offset) if self.commitlog is not None else 0,
+        }
+
+    async def _handle_epoch_cache(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        return cmd.response(ResponseCode.SUCCESS, None, None, self.epoch_cache())
+
+    def ha_status(self) -> dict[str, Any]:
+        st = self.replicas.status if self.replicas is not None else None
+        status: dict[str, Any] = {
+            "role": self.role.value,
+            "clusterName": self.config.cluster,
+            "brokerName": self.config.broker_name,
+            "brokerId": self.namesrv_broker_id,
+            "controllerBrokerId": self.broker_id,
+            "address": self.config.broker_address,
+            "haAddress": self.config.ha_address,
+            "masterId": st.master_id if st else None,
+            "masterAddress": st.master_address if st else None,
+            "masterEpoch": st.master_epoch if st else 0,
+            "syncStateSet": sorted(st.sync_state_set) if st else [],
+            "syncStateSetEpoch": st.sync_state_set_epoch if st else 0,
+            "staleNoticesIgnored": st.stale_notices_ignored if st else 0,
+            "lastEpoch": self.epoch_map.last_epoch() if self.epoch_map is not None else -1,
+            "maxOffset": int(self.commitlog.max_offset) if self.commitlog is not None else 0,
+            "confirmOffset": self.replication.confirm_offset() if self.commitlog is not None else 0,
+        }
+        if self.ha_master is not None:
+            status["ha"] = _jsonable(self.ha_master.status())
+        elif self.ha_slave is not None:
+            status["ha"] = _jsonable(self.ha_slave.status())
+        return status
+
+    async def _handle_ha_status(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        return cmd.response(ResponseCode.SUCCESS, None, None, self.ha_status())
+
+
+def _field(obj: Any, *names: str) -> Any:
+    for name in names:
+        if isinstance(obj, dict):
+            if name in obj:
+                return obj[name]
+        elif obj is not None and hasattr(obj, name):
+            return getattr(obj, name)
+    return None
+
+
+def _topic_config_json(name: str, cfg: Any) -> dict[str, Any]:
+    to_json = getattr(cfg, "to_json", None)
+    if callable(to_json):
+        return to_json()
+    return {
+        "topicName": name,
+        "readQueueNums": int(_field(cfg, "read_queue_nums", "readQueueNums") or 4),
+        "writeQueueNums": int(_field(cfg, "write_queue_nums", "writeQueueNums") or 4),
+        "perm": int(_field(cfg, "perm") or 6),
+        "topicSysFlag": int(_field(cfg, "topic_sys_flag", "topicSysFlag") or 0),
+        "order": bool(_field(cfg, "order") or False),
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    """Status objects (dataclasses, enums, sets) as JSON-friendly values."""
+    import dataclasses
+    import enum
+
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {k: _jsonable(v) for k, v in dataclasses.asdict(value).items()}
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = [_jsonable(v) for v in value]
+        return sorted(items) if isinstance(value, (set, frozenset)) else items
+    if isinstance(value, enum.Enum):
+        return value.name
+    return value
+
+
+async def run_broker(config: BrokerConfig, stop: asyncio.Event) -> None:
+    """Run a broker until ``stop`` is set; raise if it fails to start or a loop dies."""
+    broker = Broker(config)
+    stopper = asyncio.ensure_future(stop.wait())
+    failure = asyncio.ensure_future(broker.failed.wait())
+    start = asyncio.ensure_future(broker.start())
+    try:
+        done, _ = await asyncio.wait({start, stopper, failure}, return_when=asyncio.FIRST_COMPLETED)
+        if start in done:
+            start.result()  # raise start-up errors (wrong identity, bad store)
+            await asyncio.wait({stopper, failure}, return_when=asyncio.FIRST_COMPLETED)
+        else:
+            start.cancel()
+            try:
+                await start
+            except asyncio.CancelledError:
+                pass  # stopping during start-up
+        if broker.failed.is_set():
+            raise BrokerError("a broker background task died (see the log); exiting")
+    finally:
+        stopper.cancel()
+        failure.cancel()
+        await broker.stop()

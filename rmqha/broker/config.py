@@ -1,0 +1,163 @@
+"""BrokerConfig: every setting of a broker process, with RocketMQ-style keys and defaults.
+
+Field names are rmqha's snake_case (units in the name: ``_ms``, ``_bytes``, ``_hours``);
+each also accepts RocketMQ's camelCase ``BrokerConfig``/``MessageStoreConfig`` key through
+``aliases`` (``brokerClusterName``, ``controllerAddr``, ``haMaxTimeSlaveNotCatchup``, ...),
+so a ``broker.conf`` from a RocketMQ controller-mode deployment mostly loads as it is.
+Load with :func:`load_broker_config` (TOML or ``key=value``; env ``RMQHA_<KEY>``).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rmqha.config import load_config
+from rmqha.errors import ConfigError
+
+INT32_MAX = 2**31 - 1
+
+
+def _alias(*names: str) -> dict[str, tuple[str, ...]]:
+    return {"aliases": names}
+
+
+@dataclass
+class BrokerConfig:
+    # --- identity -------------------------------------------------------------------------
+    cluster: str = field(default="DefaultCluster", metadata=_alias("brokerClusterName", "cluster_name"))
+    broker_name: str = field(default="broker-a", metadata=_alias("brokerName"))
+    store_dir: Path = field(default=Path("~/store"), metadata=_alias("storePathRootDir", "store_path_root_dir"))
+
+    # --- network --------------------------------------------------------------------------
+    listen_host: str = "127.0.0.1"
+    #: The IP others use to reach this broker (advertised); empty = ``listen_host``.
+    broker_ip: str = field(default="", metadata=_alias("brokerIP1"))
+    listen_port: int = field(default=10911, metadata=_alias("listenPort", "client_port"))
+    #: 0 = ``listen_port + 1`` (RocketMQ: haListenPort <= 0 -> listenPort + 1).
+    ha_listen_port: int = field(default=0, metadata=_alias("haListenPort", "ha_port"))
+    controller_addr: list[str] = field(default_factory=list, metadata=_alias("controllerAddr", "controller_addresses"))
+    namesrv_addr: list[str] = field(default_factory=list, metadata=_alias("namesrvAddr", "namesrv_addresses"))
+    max_frame_bytes: int = 16 * 1024 * 1024
+    rpc_timeout_ms: int = 3000
+    #: Admin writes (topic changes, config updates) need this token when it is set.
+    admin_token: str = ""
+
+    # --- controller mode ------------------------------------------------------------------
+    #: Accepted for RocketMQ config compatibility; rmqha brokers always run in controller mode.
+    enable_controller_mode: bool = field(default=True, metadata=_alias("enableControllerMode"))
+    #: Ignored, as in RocketMQ controller mode (the id comes from the controller and is kept
+    #: in .broker.meta; the role from elections).  Accepted so quick-start confs load.
+    broker_id: int = field(default=-1, metadata=_alias("brokerId"))
+    broker_role: str = field(default="", metadata=_alias("brokerRole"))
+    broker_heartbeat_interval_ms: int = field(default=1000, metadata=_alias("brokerHeartbeatInterval"))
+    controller_heartbeat_timeout_ms: int = field(default=10000, metadata=_alias("controllerHeartBeatTimeoutMills"))
+    send_heartbeat_timeout_ms: int = field(default=1000, metadata=_alias("sendHeartbeatTimeoutMillis"))
+    sync_broker_metadata_period_ms: int = field(default=5000, metadata=_alias("syncBrokerMetadataPeriod"))
+    check_sync_state_set_period_ms: int = field(default=5000, metadata=_alias("checkSyncStateSetPeriod"))
+    #: Accepted for RocketMQ confs; unused: the controller client follows NOT_LEADER
+    #: answers and re-asks GET_METADATA_INFO whenever the leader moves.
+    sync_controller_metadata_period_ms: int = field(default=10000, metadata=_alias("syncControllerMetadataPeriod"))
+    #: Lower is preferred in elections (RocketMQ brokerElectionPriority).
+    broker_election_priority: int = field(default=INT32_MAX, metadata=_alias("brokerElectionPriority"))
+    register_name_server_period_ms: int = field(default=30000, metadata=_alias("registerNameServerPeriod"))
+    #: How long the name server keeps this broker without a renewal.
+    namesrv_broker_timeout_ms: int = field(default=120000, metadata=_alias("heartbeatTimeoutMillis"))
+
+    # --- store ----------------------------------------------------------------------------
+    segment_bytes: int = field(default=1 << 30, metadata=_alias("mappedFileSizeCommitLog"))
+    #: ``async`` or ``sync`` (RocketMQ ASYNC_FLUSH / SYNC_FLUSH accepted).
+    flush: str = field(default="async", metadata=_alias("flushDiskType", "flush_mode"))
+    flush_interval_ms: int = field(default=500, metadata=_alias("flushIntervalCommitLog"))
+    file_reserved_hours: int = field(default=72, metadata=_alias("fileReservedTime"))
+
+    # --- acks -----------------------------------------------------------------------------
+    all_ack_in_sync_state_set: bool = field(default=False, metadata=_alias("allAckInSyncStateSet"))
+    in_sync_replicas: int = field(default=1, metadata=_alias("inSyncReplicas"))
+    min_in_sync_replicas: int = field(default=1, metadata=_alias("minInSyncReplicas"))
+    #: Accepted for RocketMQ confs; unused (only slave-acting-master mode reads it).
+    total_replicas: int = field(default=1, metadata=_alias("totalReplicas"))
+    slave_timeout_ms: int = field(default=3000, metadata=_alias("slaveTimeout"))
+
+    # --- HA -------------------------------------------------------------------------------
+    ha_protocol: str = "framed"
+    ha_send_heartbeat_interval_ms: int = field(default=5000, metadata=_alias("haSendHeartbeatInterval"))
+    ha_housekeeping_interval_ms: int = field(default=20000, metadata=_alias("haHousekeepingInterval"))
+    ha_transfer_batch_bytes: int = field(default=32768, metadata=_alias("haTransferBatchSize"))
+    ha_max_time_slave_not_catchup_ms: int = field(default=15000, metadata=_alias("haMaxTimeSlaveNotCatchup"))
+    sync_from_last_file: bool = field(default=False, metadata=_alias("syncFromLastFile"))
+    async_learner: bool = field(default=False, metadata=_alias("asyncLearner"))
+
+    # --- messaging ------------------------------------------------------------------------
+    compress_msg_body_over_bytes: int = field(default=4096, metadata=_alias("compressMsgBodyOverHowmuch"))
+    auto_create_topic_enable: bool = field(default=True, metadata=_alias("autoCreateTopicEnable"))
+    default_topic_queue_nums: int = field(default=4, metadata=_alias("defaultTopicQueueNums"))
+    long_polling_max_ms: int = 15000
+
+    # --- operations -----------------------------------------------------------------------
+    #: Prometheus port: -1 off, 0 any free port.
+    metrics_port: int = -1
+    log_level: str = "INFO"
+    log_file: str = ""
+    log_json: bool = True
+
+    def validate(self) -> None:
+        self.store_dir = Path(os.path.expanduser(str(self.store_dir)))
+        flush = self.flush.strip().lower()
+        flush = {"async_flush": "async", "sync_flush": "sync"}.get(flush, flush)
+        if flush not in ("async", "sync"):
+            raise ConfigError(f"flush must be 'async' or 'sync' (or ASYNC_FLUSH/SYNC_FLUSH), got {self.flush!r}")
+        self.flush = flush
+        if self.ha_protocol not in ("framed", "rocketmq"):
+            raise ConfigError(f"ha_protocol must be 'framed' or 'rocketmq', got {self.ha_protocol!r}")
+        if not self.enable_controller_mode:
+            raise ConfigError("enable_controller_mode=false is not supported: rmqha brokers always run in controller mode")
+        for key in ("cluster", "broker_name"):
+            value = getattr(self, key)
+            if not value or "#" in value:
+                raise ConfigError(f"{key} {value!r} must be non-empty and must not contain '#'")
+        if not 0 <= self.listen_port < 65536:
+            raise ConfigError(f"listen_port {self.listen_port} is out of range")
+        if not 0 <= self.ha_listen_port < 65536:
+            raise ConfigError(f"ha_listen_port {self.ha_listen_port} is out of range")
+        if not self.controller_addr:
+            raise ConfigError("controller_addr is empty: a broker needs at least one controller address")
+        for key in ("broker_heartbeat_interval_ms", "sync_broker_metadata_period_ms",
+                    "check_sync_state_set_period_ms", "register_name_server_period_ms",
+                    "controller_heartbeat_timeout_ms", "rpc_timeout_ms", "slave_timeout_ms"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"{key} must be positive, got {getattr(self, key)}")
+        if self.in_sync_replicas < 1 or self.min_in_sync_replicas < 1:
+            raise ConfigError("in_sync_replicas and min_in_sync_replicas must be at least 1")
+        if self.segment_bytes < 4096:
+            raise ConfigError(f"segment_bytes {self.segment_bytes} is below 4096")
+        # The HA knobs are checked together by the HA layer; fail at load, not at election.
+        from rmqha.ha.config import HAConfig
+
+        HAConfig.from_object(self)
+
+    # --- derived --------------------------------------------------------------------------
+
+    @property
+    def advertised_host(self) -> str:
+        return self.broker_ip or self.listen_host
+
+    @property
+    def ha_port(self) -> int:
+        """The HA listen port: configured, else client port + 1 (0 if the client port is 0)."""
+        if self.ha_listen_port:
+            return self.ha_listen_port
+        return self.listen_port + 1 if self.listen_port else 0
+
+    @property
+    def broker_address(self) -> str:
+        return f"{self.advertised_host}:{self.listen_port}"
+
+    @property
+    def ha_address(self) -> str:
+        return f"{self.advertised_host}:{self.ha_port}"
+
+
+def load_broker_config(path: str | Path | None = None, **overrides: object) -> BrokerConfig:
+    """Defaults < file < ``RMQHA_<KEY>`` environment < ``overrides``; validated."""
+    return load_config(BrokerConfig, path, overrides=overrides or None)

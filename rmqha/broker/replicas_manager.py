@@ -1,0 +1,429 @@
+"""ReplicasManager: the broker's side of controller mode (seed 004, RocketMQ ReplicasManager).
+
+It owns the broker's view of its group (master id, address, master epoch, SyncStateSet and
+its epoch) and decides role changes; the :class:`RoleListener` (the Broker) carries them
+out on the store, the HA layer and the messaging layer.  Everything runs on the broker's
+asyncio loop; role changes are serialised by one lock.
+
+- Start-up: negotiate the broker id (:mod:`rmqha.broker.identity`), register with the
+  controller (which records the current address), heartbeat, then take the role the
+  register answer names, or ask for an election when the group has no master.  Until a
+  role is taken the broker is fenced (RocketMQ #6508: a broker that served before the
+  controller confirmed its role lost acknowledged writes).
+- Heartbeats go to *every* controller every ``broker_heartbeat_interval_ms`` (RocketMQ
+  #5712: liveness is per controller node, so a new leader must already know us), carrying
+  the last epoch, max offset, confirm offset and election priority.
+- Replica info is polled every ``sync_broker_metadata_period_ms``; NOTIFY_BROKER_ROLE_CHANGED
+  pushes are taken at once.  Either way only a master epoch *newer* than the one held
+  changes anything; stale notices are logged and ignored.
+- SyncStateSet changes proposed by the HA master go to the controller with
+  AlterSyncStateSet; a FENCED answer (2000/2001: our epoch or set epoch is old) re-reads
+  replica info, which applies whatever newer state the controller has.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import logging
+from dataclasses import dataclass, field
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from rmqha import log as rmqha_log
+from rmqha.broker.config import BrokerConfig
+from rmqha.broker.failpoints import Failpoint, hit
+from rmqha.broker.identity import IdentityStore, negotiate_broker_id
+from rmqha.codes import ResponseCode
+from rmqha.errors import BrokerError, ControllerError, RemoteCommandError, RemotingError, RmqhaError
+from rmqha.remoting import Connection, RemotingCommand
+
+log = logging.getLogger(__name__)
+
+
+class Role(str, enum.Enum):
+    FENCED = "fenced"
+    MASTER = "master"
+    SLAVE = "slave"
+
+
+@dataclass(frozen=True)
+class GroupState:
+    """One snapshot of the controller's record of a group (replica info, notify, elect...)."""
+
+    master_id: int | None
+    master_address: str | None
+    master_epoch: int
+    sync_state_set: frozenset[int] = frozenset()
+    sync_state_set_epoch: int = 0
+
+
+class RoleListener(Protocol):
+    """What the broker does on role changes (all awaited on the loop, one at a time)."""
+
+    async def become_master(self, epoch: int, sync_state_set: frozenset[int], sync_state_set_epoch: int) -> None: ...
+
+    async def master_reelected(self, epoch: int, sync_state_set: frozenset[int], sync_state_set_epoch: int) -> None: ...
+
+    async def become_slave(self, master_id: int, master_address: str, epoch: int) -> None: ...
+
+    def apply_sync_state_set(self, ids: frozenset[int], epoch: int) -> None: ...
+
+    def heartbeat_status(self) -> tuple[int, int, int]:
+        """(last epoch in the epoch map, max offset, confirm offset) for controller heartbeats."""
+        ...
+
+
+@dataclass
+class ReplicasStatus:
+    role: Role = Role.FENCED
+    broker_id: int | None = None
+    master_id: int | None = None
+    master_address: str | None = None
+    master_epoch: int = 0
+    sync_state_set: frozenset[int] = field(default_factory=frozenset)
+    sync_state_set_epoch: int = 0
+    registered: bool = False
+    stale_notices_ignored: int = 0
+
+
+def _opt_int(value: Any) -> int | None:
+    if value is None or value == "" or value == "null":
+        return None
+    return int(value)
+
+
+class ReplicasManager:
+    """Drives one broker's identity, registration, heartbeats and role from the controller."""
+
+    def __init__(self, config: BrokerConfig, controller: Any, listener: RoleListener,
+                 on_task_failed: Callable[[asyncio.Task[None]], None] | None = None) -> None:
+        self.config = config
+        self.controller = controller  # rmqha.controller.client.ControllerClient
+        self.listener = listener
+        self.identity = IdentityStore(config.store_dir, config.cluster, config.broker_name)
+        self.status = ReplicasStatus()
+        self._role_lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._side_tasks: set[asyncio.Task[None]] = set()
+        self._stopping = asyncio.Event()
+        #: Called when a background loop dies of an unexpected error (the broker exits).
+        self._on_task_failed = on_task_failed
+
+    # --- properties -----------------------------------------------------------------------
+
+    @property
+    def broker_id(self) -> int:
+        if self.status.broker_id is None:
+            raise BrokerError("broker id not negotiated yet")
+        return self.status.broker_id
+
+    @property
+    def role(self) -> Role:
+        return self.status.role
+
+    @property
+    def master_epoch(self) -> int:
+        return self.status.master_epoch
+
+    # --- start / stop ---------------------------------------------------------------------
+
+    async def negotiate_id(self) -> int:
+        """Settle the broker id (identity files + controller); called before serving."""
+        broker_id = await negotiate_broker_id(
+            self.identity, self.controller, address=self.config.broker_address, stop=self._stopping,
+        )
+        self.status.broker_id = broker_id
+        rmqha_log.context.broker_id = broker_id
+        return broker_id
+
+    async def start(self) -> None:
+        """Register, start heartbeats and the metadata poll, and take the first role.
+
+        Returns once registered; the role may still be pending (then the poll keeps asking).
+        """
+        await self._register_until_done()
+        loop = asyncio.get_running_loop()
+        await self._send_heartbeats()
+        for coro, name in ((self._heartbeat_loop(), "controller-heartbeat"),
+                           (self._sync_metadata_loop(), "sync-broker-metadata")):
+            task = loop.create_task(coro, name=name)
+            if self._on_task_failed is not None:
+                task.add_done_callback(self._on_task_failed)
+            self._tasks.append(task)
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        tasks = self._tasks + list(self._side_tasks)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass  # cancelled above, as intended
+        self._tasks.clear()
+        await self.controller.close()
+
+    # --- registration ---------------------------------------------------------------------
+
+    async def _register_until_done(self) -> None:
+        delay = 0.2
+        while not self._stopping.is_set():
+            try:
+                state = await self._register()
+            except (RemotingError, ControllerError, RemoteCommandError) as exc:
+                log.warning("register to controller failed (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            hit(Failpoint.AFTER_REGISTER_BROKER)
+            self.status.registered = True
+            if state.master_id is not None and state.master_address:
+                try:
+                    await self.change_role(state, source="register")
+                except (RmqhaError, OSError):
+                    log.exception("taking the role named at registration failed; the metadata poll retries")
+            return
+
+    async def _register(self) -> GroupState:
+        result = await self.controller.register_broker(
+            self.config.cluster, self.config.broker_name, self.broker_id, self.config.broker_address,
+        )
+        state = _group_state(result)
+        log.info("registered to controller as id %d at %s (master %s epoch %d)",
+                 self.broker_id, self.config.broker_address, state.master_id, state.master_epoch)
+        return state
+
+    # --- heartbeats -----------------------------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        period = self.config.broker_heartbeat_interval_ms / 1000
+        while True:
+            await asyncio.sleep(period)
+            await self._send_heartbeats()
+
+    async def _send_heartbeats(self) -> None:
+        """One-way BROKER_HEARTBEAT to every controller (the client ignores dead ones)."""
+        epoch, max_offset, confirm_offset = self.listener.heartbeat_status()
+        try:
+            # Bounded, so one stuck controller cannot delay the next round to the others.
+            await asyncio.wait_for(self.controller.heartbeat(
+                self.config.cluster, self.config.broker_name, self.broker_id, self.config.broker_address,
+                epoch=epoch, max_offset=max_offset, confirm_offset=confirm_offset,
+                timeout_ms=self.config.controller_heartbeat_timeout_ms,
+                priority=self.config.broker_election_priority,
+            ), self.config.send_heartbeat_timeout_ms / 1000)
+        except asyncio.TimeoutError:
+            log.debug("a heartbeat round took over %d ms", self.config.send_heartbeat_timeout_ms)
+
+    # --- metadata poll --------------------------------------------------------------------
+
+    async def _sync_metadata_loop(self) -> None:
+        period = self.config.sync_broker_metadata_period_ms / 1000
+        while True:
+            try:
+                await self.sync_once()
+            except (RemotingError, ControllerError) as exc:
+                log.debug("replica info poll failed: %s", exc)
+            except RemoteCommandError as exc:
+                if exc.code == ResponseCode.CONTROLLER_BROKER_METADATA_NOT_EXIST:
+                    log.warning("controller has no record of %s; registering again", self.config.broker_name)
+                    await self._register_until_done()
+                else:
+                    log.warning("replica info poll refused: %s", exc)
+            except (RmqhaError, OSError):
+                # A role change failed half-way (store or HA start-up): the role and epoch
+                # were not recorded, so the next poll tries the change again.
+                log.exception("acting on replica info failed; retrying next period")
+            await asyncio.sleep(period)
+
+    async def sync_once(self) -> GroupState:
+        """Read replica info once and act on it (role change, election, SyncStateSet)."""
+        state = _group_state(await self.controller.get_replica_info(self.config.broker_name))
+        if state.master_id is None or not state.master_address:
+            await self.elect()
+        elif state.master_epoch > self.status.master_epoch:
+            await self.change_role(state, source="replica info")
+        elif (state.master_epoch == self.status.master_epoch and state.master_id == self.status.broker_id
+              and self.status.role == Role.MASTER):
+            self._apply_sync_state_set(state.sync_state_set, state.sync_state_set_epoch)
+        elif (state.master_epoch == self.status.master_epoch and self.status.role == Role.SLAVE
+              and state.master_id == self.status.master_id and state.master_address != self.status.master_address):
+            await self._follow_moved_master(state)
+        return state
+
+    async def _follow_moved_master(self, state: GroupState) -> None:
+        """Same master, same epoch, new address (it restarted on another port): follow it."""
+        assert state.master_id is not None and state.master_address is not None
+        async with self._role_lock:
+            if self.status.master_epoch != state.master_epoch or self.status.role != Role.SLAVE:
+                return
+            log.info("master %d moved from %s to %s at epoch %d; following it",
+                     state.master_id, self.status.master_address, state.master_address, state.master_epoch)
+            await self.listener.become_slave(state.master_id, state.master_address, state.master_epoch)
+            self.status.master_address = state.master_address
+
+    async def elect(self) -> None:
+        """Ask the controller to elect a master for the group (this broker as candidate)."""
+        try:
+            # Returns on SUCCESS and on MASTER_STILL_EXIST (then naming the current master).
+            result = await self.controller.elect_master(self.config.cluster, self.config.broker_name, self.broker_id)
+        except RemoteCommandError as exc:
+            log.info("election for %s refused: %s", self.config.broker_name, exc)
+            return
+        state = _group_state(result)
+        if state.master_id is not None and state.master_address and state.master_epoch > self.status.master_epoch:
+            await self.change_role(state, source="election")
+
+    # --- notifications --------------------------------------------------------------------
+
+    async def handle_notify(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        """NOTIFY_BROKER_ROLE_CHANGED (1008) from the controller."""
+        ext = cmd.ext_fields
+        body = cmd.json_body() or {}
+        try:
+            state = GroupState(
+                master_id=_opt_int(ext.get("masterBrokerId")),
+                master_address=ext.get("masterAddress") or None,
+                master_epoch=int(ext.get("masterEpoch", 0) or 0),
+                sync_state_set=frozenset(int(i) for i in body.get("syncStateSet", [])),
+                sync_state_set_epoch=int(body.get("syncStateSetEpoch", ext.get("syncStateSetEpoch", 0)) or 0),
+            )
+        except (TypeError, ValueError) as exc:
+            return cmd.response(ResponseCode.CONTROLLER_INVALID_REQUEST, f"bad role notification: {exc}")
+        if self.status.broker_id is None or not self.status.registered:
+            log.info("ignoring role notification (epoch %d): not registered yet", state.master_epoch)
+            return cmd.response(ResponseCode.SUCCESS)
+        await self.change_role(state, source="notification")
+        return cmd.response(ResponseCode.SUCCESS)
+
+    # --- role changes ---------------------------------------------------------------------
+
+    async def change_role(self, state: GroupState, *, source: str) -> bool:
+        """Take the role ``state`` names if its master epoch is newer than ours; True if taken."""
+        async with self._role_lock:
+            held = self.status.master_epoch
+            if state.master_epoch <= held:
+                if state.master_epoch < held or state.master_id != self.status.master_id:
+                    self.status.stale_notices_ignored += 1
+                    log.warning(
+                        "ignoring stale %s: master %s at epoch %d, but this broker holds epoch %d (master %s)",
+                        source, state.master_id, state.master_epoch, held, self.status.master_id,
+                    )
+                elif self.status.role == Role.MASTER and state.master_id == self.status.broker_id:
+                    self._apply_sync_state_set(state.sync_state_set, state.sync_state_set_epoch)
+                return False
+            if state.master_id is None or not state.master_address:
+                log.info("%s at epoch %d names no master; staying %s", source, state.master_epoch, self.status.role.value)
+                return False
+            me = self.broker_id
+            was = self.status.role
+            if not (was == Role.MASTER and state.master_id == me):
+                # Fenced while the switch runs (and if it fails half-way): no writes are
+                # taken under a role that is neither the old one nor the new one yet.
+                self.status.role = Role.FENCED
+            log.info("%s: master of %s is now %d (%s) at epoch %d (was %s at epoch %d, this broker %s)",
+                     source, self.config.broker_name, state.master_id, state.master_address,
+                     state.master_epoch, self.status.master_id, held, was.value)
+            before = dataclasses.replace(self.status)
+            # Recorded before the switch: the new HA master proposes SyncStateSet changes
+            # under the new epoch at once.
+            self.status.master_epoch = state.master_epoch
+            self.status.master_id = state.master_id
+            try:
+                if state.master_id == me:
+                    self.status.master_address = self.config.broker_address
+                    ss = state.sync_state_set or frozenset({me})
+                    self.status.sync_state_set = ss
+                    self.status.sync_state_set_epoch = state.sync_state_set_epoch
+                    if was == Role.MASTER:
+                        await self.listener.master_reelected(state.master_epoch, ss, state.sync_state_set_epoch)
+                    else:
+                        await self.listener.become_master(state.master_epoch, ss, state.sync_state_set_epoch)
+                    self.status.role = Role.MASTER
+                else:
+                    self.status.master_address = state.master_address
+                    await self.listener.become_slave(state.master_id, state.master_address, state.master_epoch)
+                    self.status.role = Role.SLAVE
+            except BaseException:
+                # Half-way: forget the new epoch so the next poll or notice tries again,
+                # and stay fenced (the old role's services may be partly stopped).
+                role = self.status.role
+                self.status = before
+                self.status.role = role
+                raise
+            rmqha_log.context.epoch = state.master_epoch
+        return True
+
+    async def _resync(self) -> None:
+        try:
+            await self.sync_once()
+        except (RmqhaError, OSError) as exc:
+            log.warning("replica info re-read after a refused AlterSyncStateSet failed: %s", exc)
+
+    def _apply_sync_state_set(self, ids: frozenset[int], epoch: int) -> None:
+        if epoch <= self.status.sync_state_set_epoch or not ids:
+            return
+        log.info("SyncStateSet of %s is now %s (epoch %d)", self.config.broker_name, sorted(ids), epoch)
+        self.status.sync_state_set = ids
+        self.status.sync_state_set_epoch = epoch
+        self.listener.apply_sync_state_set(ids, epoch)
+
+    async def alter_sync_state_set(self, new_ids: frozenset[int] | set[int] | list[int]) -> tuple[frozenset[int], int]:
+        """Propose a new SyncStateSet to the controller (called by the HA master).
+
+        Returns the set and epoch now in force: the new ones on success; on a FENCED or
+        other refusal, whatever a fresh replica-info read says (the HA master adopts it).
+        """
+        ids = frozenset(int(i) for i in new_ids) | {self.broker_id}
+        if self.status.role != Role.MASTER:
+            raise BrokerError(f"only the master proposes SyncStateSet changes (this broker is {self.status.role.value})")
+        try:
+            result = await self.controller.alter_sync_state_set(
+                self.config.broker_name, self.broker_id, self.status.master_epoch,
+                sorted(ids), self.status.sync_state_set_epoch,
+            )
+        except RemoteCommandError as exc:
+            log.warning("AlterSyncStateSet %s refused: %s; re-reading replica info", sorted(ids), exc)
+            # Re-read on a task of its own: acting on it may stop the HA master, whose
+            # proposal task is the one running this call.
+            task = asyncio.get_running_loop().create_task(self._resync(), name="resync-after-fenced")
+            self._side_tasks.add(task)
+            task.add_done_callback(self._side_tasks.discard)
+            return self.status.sync_state_set, self.status.sync_state_set_epoch
+        new_set, new_epoch = _sync_state_result(result, ids)
+        if new_epoch > self.status.sync_state_set_epoch:
+            # The HA master adopts the returned set itself; only our record changes here.
+            log.info("SyncStateSet of %s is now %s (epoch %d)", self.config.broker_name, sorted(new_set), new_epoch)
+            self.status.sync_state_set = new_set
+            self.status.sync_state_set_epoch = new_epoch
+        return self.status.sync_state_set, self.status.sync_state_set_epoch
+
+
+def _field(obj: Any, *names: str) -> Any:
+    for name in names:
+        if isinstance(obj, dict):
+            if name in obj:
+                return obj[name]
+        elif hasattr(obj, name):
+            return getattr(obj, name)
+    return None
+
+
+def _group_state(result: Any) -> GroupState:
+    """A GroupState from the controller client's answer dataclasses (register, replica info, elect)."""
+    ss = _field(result, "sync_state_set", "syncStateSet") or ()
+    return GroupState(
+        master_id=_opt_int(_field(result, "master_broker_id", "master_id", "masterBrokerId")),
+        master_address=_field(result, "master_address", "masterAddress") or None,
+        master_epoch=int(_field(result, "master_epoch", "masterEpoch") or 0),
+        sync_state_set=frozenset(int(i) for i in ss),
+        sync_state_set_epoch=int(_field(result, "sync_state_set_epoch", "syncStateSetEpoch") or 0),
+    )
+
+
+def _sync_state_result(result: Any, proposed: frozenset[int]) -> tuple[frozenset[int], int]:
+    ss = _field(result, "sync_state_set", "syncStateSet", "new_sync_state_set")
+    epoch = _field(result, "sync_state_set_epoch", "new_sync_state_set_epoch", "syncStateSetEpoch", "newSyncStateSetEpoch")
+    return (frozenset(int(i) for i in ss) if ss else proposed), int(epoch or 0)

@@ -1,0 +1,65 @@
+"""NamesrvConfig: settings of a name server process (RocketMQ ``NamesrvConfig`` names accepted).
+
+An embedded controller (``enable_controller_in_namesrv = true``) takes its own settings
+from ``controller_config_file`` (a controller config file) and/or a ``[controller]`` table
+in the name server's TOML file; either is loaded into the controller's config dataclass.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rmqha.config import load_config
+from rmqha.errors import ConfigError
+
+
+def _alias(*names: str) -> dict[str, tuple[str, ...]]:
+    return {"aliases": names}
+
+
+@dataclass
+class NamesrvConfig:
+    listen_host: str = "127.0.0.1"
+    listen_port: int = field(default=9876, metadata=_alias("listenPort"))
+    #: A broker not renewed for this long is dropped (RocketMQ: 120 s).
+    broker_expire_ms: int = field(default=120_000, metadata=_alias("brokerChannelExpiredTime"))
+    #: How often expired brokers are looked for (RocketMQ scans every 5 s).
+    scan_not_active_broker_interval_ms: int = field(default=5000, metadata=_alias("scanNotActiveBrokerInterval"))
+    #: Drop a broker's registrations as soon as the connection it registered over closes
+    #: (RocketMQ's BrokerHousekeepingService does the same on channel close).
+    drop_on_disconnect: bool = True
+    max_frame_bytes: int = 16 * 1024 * 1024
+    #: Admin writes (topic deletion from the route table) need this token when set.
+    admin_token: str = ""
+
+    enable_controller_in_namesrv: bool = field(default=False, metadata=_alias("enableControllerInNamesrv"))
+    controller_config_file: str = ""
+    #: ``[controller]`` table of a TOML file: controller settings (any key spelling).
+    controller: dict[str, Any] = field(default_factory=dict)
+
+    metrics_port: int = -1
+    log_level: str = "INFO"
+    log_file: str = ""
+    log_json: bool = True
+
+    def validate(self) -> None:
+        if not 0 <= self.listen_port < 65536:
+            raise ConfigError(f"listen_port {self.listen_port} is out of range")
+        if self.broker_expire_ms <= 0 or self.scan_not_active_broker_interval_ms <= 0:
+            raise ConfigError("broker_expire_ms and scan_not_active_broker_interval_ms must be positive")
+        if (self.controller_config_file or self.controller) and not self.enable_controller_in_namesrv:
+            raise ConfigError(
+                "controller settings given but enable_controller_in_namesrv is false "
+                "(set it to true to host a controller in the name server)"
+            )
+        if self.controller_config_file and not Path(self.controller_config_file).exists():
+            raise ConfigError(f"controller_config_file {self.controller_config_file} does not exist")
+
+    @property
+    def address(self) -> str:
+        return f"{self.listen_host}:{self.listen_port}"
+
+
+def load_namesrv_config(path: str | Path | None = None, **overrides: object) -> NamesrvConfig:
+    return load_config(NamesrvConfig, path, overrides=overrides or None)

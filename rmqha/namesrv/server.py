@@ -1,0 +1,239 @@
+"""The name server process: a RemotingServer over the route table.
+
+Answers (RocketMQ codes and shapes):
+
+- REGISTER_BROKER (103): header ``brokerName, brokerAddr, clusterName, haServerAddr,
+  brokerId, heartbeatTimeoutMillis``; body ``RegisterBrokerBody`` JSON whose
+  ``topicConfigSerializeWrapper.dataVersion.stateVersion`` is the broker's master epoch
+  (RocketMQ #6316).  Reply header ``haServerAddr, masterAddr``, body ``{"table":{}}``.
+  A stale master's claim on id 0 is refused with SYSTEM_ERROR naming the holder.
+- UNREGISTER_BROKER (104).
+- GET_ROUTEINFO_BY_TOPIC (105): ``TopicRouteData`` (ints as JSON numbers, brokerAddrs keys
+  quoted) or TOPIC_NOT_EXIST (17).
+- GET_BROKER_CLUSTER_INFO (106): ``ClusterInfo``.
+- GET_BROKER_MEMBER_GROUP (901): RocketMQ's ``{"brokerMemberGroup": {cluster, brokerName,
+  brokerAddrs}}`` plus rmqha's ``haAddrs``, ``masterAddr`` and ``masterEpoch`` beside it.
+- GET_ALL_TOPIC_LIST_FROM_NAMESERVER (206): ``{"topicList": [...]}``.
+- DELETE_TOPIC_IN_NAMESRV (216): drop a topic from the routes until a broker registers it
+  again (needs ``adminToken`` when the name server has an ``admin_token``).
+
+Other codes get REQUEST_CODE_NOT_SUPPORTED and the connection stays open.  With
+``enable_controller_in_namesrv`` the process also runs a controller node (its own port,
+as RocketMQ's embedded DLedger controller listens on its own peer port).
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from typing import Any
+
+from rmqha.codes import RequestCode, ResponseCode
+from rmqha.metrics import MetricsRegistry
+from rmqha.namesrv.config import NamesrvConfig
+from rmqha.namesrv.route_table import BrokerRegistration, RouteTable, TopicConfig
+from rmqha.remoting import Connection, RemotingCommand, RemotingServer
+
+log = logging.getLogger(__name__)
+
+_CONN_KEY = "namesrv_registrations"
+
+
+def now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+def _int(ext: dict[str, str], key: str, default: int) -> int:
+    raw = ext.get(key)
+    if raw in (None, "", "null"):
+        return default
+    return int(raw)
+
+
+def parse_register_body(body: bytes) -> tuple[dict[str, TopicConfig], int]:
+    """Topic configs and the state version (master epoch) of a RegisterBrokerBody."""
+    if not body:
+        return {}, 0
+    obj = json.loads(body)
+    if not isinstance(obj, dict):
+        raise ValueError("RegisterBrokerBody is not a JSON object")
+    wrapper = obj.get("topicConfigSerializeWrapper") or {}
+    table = wrapper.get("topicConfigTable") or {}
+    topics = {str(name): TopicConfig.from_json(str(name), cfg or {}) for name, cfg in table.items()}
+    version = wrapper.get("dataVersion") or {}
+    return topics, int(version.get("stateVersion", 0) or 0)
+
+
+class NameServer:
+    """A name server (and optionally an embedded controller) in one asyncio process."""
+
+    def __init__(self, config: NamesrvConfig) -> None:
+        self.config = config
+        self.routes = RouteTable(config.broker_expire_ms)
+        self.server = RemotingServer(config.listen_host, config.listen_port, max_frame_bytes=config.max_frame_bytes)
+        self.controller: Any = None
+        # (broker_name, broker_addr) -> the connection it last registered over
+        self._reg_conn: dict[tuple[str, str], Connection] = {}
+        self._scan_task: asyncio.Task[None] | None = None
+        self.metrics: MetricsRegistry | None = None
+        self.metrics_port: int | None = None
+        for code, handler in (
+            (RequestCode.REGISTER_BROKER, self._register_broker),
+            (RequestCode.UNREGISTER_BROKER, self._unregister_broker),
+            (RequestCode.GET_ROUTEINFO_BY_TOPIC, self._route_by_topic),
+            (RequestCode.GET_BROKER_CLUSTER_INFO, self._cluster_info),
+            (RequestCode.GET_BROKER_MEMBER_GROUP, self._member_group),
+            (RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER, self._topic_list),
+            (RequestCode.DELETE_TOPIC_IN_NAMESRV, self._delete_topic),
+        ):
+            self.server.register(code, handler)
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    async def start(self) -> None:
+        if self.config.enable_controller_in_namesrv:
+            await self._start_controller()
+        await self.server.start()
+        if self.config.metrics_port >= 0:
+            self.metrics = MetricsRegistry()
+            self.metrics.gauge("rmqha_namesrv_brokers", "live broker registrations").set_function(
+                lambda: float(sum(len(self.routes.members(g)) for g in self.routes.group_names())))
+            self.metrics.gauge("rmqha_namesrv_broker_groups", "broker groups with a live member").set_function(
+                lambda: float(len(self.routes.group_names())))
+            self.metrics_port = self.metrics.serve(self.config.metrics_port, self.config.listen_host)
+        self._scan_task = asyncio.get_running_loop().create_task(self._scan_loop())
+        log.info("name server listening on %s", self.server.address)
+
+    async def stop(self) -> None:
+        if self._scan_task is not None:
+            self._scan_task.cancel()
+            try:
+                await self._scan_task
+            except asyncio.CancelledError:
+                pass  # we cancelled it
+            self._scan_task = None
+        await self.server.stop()
+        if self.controller is not None:
+            await self.controller.stop()
+            self.controller = None
+        if self.metrics is not None:
+            self.metrics.stop()
+            self.metrics = None
+
+    async def _start_controller(self) -> None:
+        # Imported here: a plain name server must not need the controller's dependencies.
+        from rmqha.namesrv.embedded import start_embedded_controller
+
+        self.controller = await start_embedded_controller(self.config)
+
+    # --- housekeeping ---------------------------------------------------------------------
+
+    async def _scan_loop(self) -> None:
+        period = self.config.scan_not_active_broker_interval_ms / 1000
+        while True:
+            await asyncio.sleep(period)
+            for reg in self.routes.expire(now_ms()):
+                self._reg_conn.pop((reg.broker_name, reg.broker_addr), None)
+
+    def _on_conn_closed(self, conn: Connection) -> None:
+        if not self.config.drop_on_disconnect:
+            return
+        for key in list(conn.attributes.get(_CONN_KEY, ())):
+            if self._reg_conn.get(key) is conn:
+                del self._reg_conn[key]
+                if self.routes.unregister(*key):
+                    log.info("broker %s of %s dropped: its connection closed (%s)", key[1], key[0], conn.close_reason)
+
+    # --- handlers -------------------------------------------------------------------------
+
+    async def _register_broker(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        ext = cmd.ext_fields
+        try:
+            name, addr, cluster = ext["brokerName"], ext["brokerAddr"], ext["clusterName"]
+            broker_id = _int(ext, "brokerId", -1)
+            timeout_ms = _int(ext, "heartbeatTimeoutMillis", self.config.broker_expire_ms)
+            if ext.get("compressed", "false").lower() == "true":
+                return cmd.response(ResponseCode.SYSTEM_ERROR, "compressed RegisterBrokerBody is not supported")
+            topics, state_version = parse_register_body(cmd.body)
+        except KeyError as exc:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"REGISTER_BROKER without header field {exc}")
+        except ValueError as exc:  # bad ints or a body that is not the expected JSON
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"bad REGISTER_BROKER request: {exc}")
+        if broker_id < 0:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"brokerId {broker_id} is invalid")
+        # rmqha brokers also send the epoch as a header (Java brokers only in the body).
+        epoch = max(state_version, _int(ext, "masterEpoch", 0))
+        reg = BrokerRegistration(
+            cluster=cluster, broker_name=name, broker_addr=addr, broker_id=broker_id,
+            ha_addr=ext.get("haServerAddr", ""), master_epoch=epoch, topics=topics,
+            heartbeat_timeout_ms=min(timeout_ms, self.config.broker_expire_ms),
+        )
+        result = self.routes.register(reg, now_ms())
+        if not result.accepted:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"registration as master refused: {result.reason}",
+                                {"masterAddr": result.master_addr, "haServerAddr": result.ha_server_addr})
+        key = (name, addr)
+        self._reg_conn[key] = conn
+        keys: set[tuple[str, str]] = conn.attributes.setdefault(_CONN_KEY, set())
+        if not keys:
+            conn.add_close_callback(self._on_conn_closed)
+        keys.add(key)
+        return cmd.response(ResponseCode.SUCCESS, None,
+                            {"masterAddr": result.master_addr, "haServerAddr": result.ha_server_addr},
+                            {"table": {}})
+
+    async def _unregister_broker(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        ext = cmd.ext_fields
+        name, addr = ext.get("brokerName", ""), ext.get("brokerAddr", "")
+        self._reg_conn.pop((name, addr), None)
+        self.routes.unregister(name, addr)
+        return cmd.response(ResponseCode.SUCCESS)
+
+    async def _route_by_topic(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        topic = cmd.ext_fields.get("topic", "")
+        route = self.routes.topic_route(topic)
+        if route is None:
+            return cmd.response(ResponseCode.TOPIC_NOT_EXIST, f"No topic route info in name server for the topic: {topic}")
+        return cmd.response(ResponseCode.SUCCESS, None, None, route)
+
+    async def _cluster_info(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        return cmd.response(ResponseCode.SUCCESS, None, None, self.routes.cluster_info())
+
+    async def _member_group(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        name = cmd.ext_fields.get("brokerName", "")
+        route = self.routes.group_route(name)
+        if route is None:
+            # RocketMQ answers an empty group rather than an error.
+            route = {"cluster": cmd.ext_fields.get("clusterName", ""), "brokerName": name, "brokerAddrs": {},
+                     "haAddrs": {}, "masterAddr": "", "masterEpoch": 0}
+        body = {
+            "brokerMemberGroup": {k: route[k] for k in ("cluster", "brokerName", "brokerAddrs")},
+            "haAddrs": route["haAddrs"], "masterAddr": route["masterAddr"], "masterEpoch": route["masterEpoch"],
+        }
+        return cmd.response(ResponseCode.SUCCESS, None, None, body)
+
+    async def _delete_topic(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        token = self.config.admin_token
+        if token and not hmac.compare_digest(cmd.ext_fields.get("adminToken", ""), token):
+            return cmd.response(ResponseCode.NO_PERMISSION, "admin token missing or wrong")
+        topic = cmd.ext_fields.get("topic", "")
+        removed = self.routes.delete_topic(topic)
+        log.info("topic %s deleted from the routes of %d broker(s)", topic, removed)
+        return cmd.response(ResponseCode.SUCCESS)
+
+    async def _topic_list(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        return cmd.response(ResponseCode.SUCCESS, None, None, {"topicList": self.routes.topics()})
+
+
+async def run_namesrv(config: NamesrvConfig, stop: asyncio.Event) -> None:
+    """Run a name server until ``stop`` is set."""
+    ns = NameServer(config)
+    await ns.start()
+    try:
+        await stop.wait()
+    finally:
+        await ns.stop()
