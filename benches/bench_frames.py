@@ -2,7 +2,9 @@
 
 Groups: TRANSFER_DATA header encode/decode one at a time and 10,000 per call, and the
 incremental decoding of a 64 MiB stream of framed TRANSFER_DATA frames fed in 64 KiB
-chunks (8 MiB with RMQHA_BENCH_QUICK=1).  Speed is reported, never asserted.
+chunks (8 MiB with RMQHA_BENCH_QUICK=1), once only counting the frames and once reading
+every field and the data of each (the compiled twin makes those on first read).  Speed is
+reported, never asserted.
 """
 from __future__ import annotations
 
@@ -148,3 +150,44 @@ def test_stream_decode(benchmark, impl: str, stream_chunks: list[bytes]) -> None
             return count
     n = benchmark.pedantic(run, rounds=3 if QUICK else 5, iterations=1, warmup_rounds=1)
     assert n == STREAM_BYTES // (48 + BODY)
+
+
+@pytest.mark.benchmark(group="frames-stream-decode-read-fields-64MiB")
+@pytest.mark.parametrize("impl", TWINS + ("struct",))
+def test_stream_decode_read_fields(benchmark, impl: str, stream_chunks: list[bytes]) -> None:
+    """As test_stream_decode, but the consumer reads every field and the data of every frame
+    (as the HA slave does), so work a twin defers until a field is read is counted too."""
+    _info(benchmark, impl, message_bytes=48 + BODY, batch=len(stream_chunks))
+    benchmark.extra_info["stream_bytes"] = sum(map(len, stream_chunks))
+    if impl == "struct":
+        hdr = struct.Struct(">ii")
+
+        def run() -> int:
+            buf = b""
+            total = 0
+            for chunk in stream_chunks:
+                buf = buf + chunk if buf else chunk
+                pos, n = 0, len(buf)
+                mv = memoryview(buf)
+                while n - pos >= 8:
+                    length, _ = hdr.unpack_from(buf, pos)
+                    if n - pos < length:
+                        break
+                    _, _, ts, epoch, block, estart, confirm = _TD.unpack_from(buf, pos)
+                    total += len(mv[pos + 48 : pos + length])
+                    pos += length
+                buf = buf[pos:]
+            return total
+    else:
+        dec_cls = load_twin("frames", impl).FramedDecoder
+
+        def run() -> int:
+            dec = dec_cls(None, 1 << 20)
+            total = 0
+            for chunk in stream_chunks:
+                for f in dec.feed(chunk):
+                    f.block_start_offset, f.epoch_start_offset, f.confirm_offset, f.timestamp_ms, f.epoch
+                    total += len(f.data)
+            return total
+    total = benchmark.pedantic(run, rounds=3 if QUICK else 5, iterations=1, warmup_rounds=1)
+    assert total == STREAM_BYTES // (48 + BODY) * BODY

@@ -50,10 +50,15 @@ from rmqha._core.frames_py import (
     RmqSlaveHandshake,
     RocketMQFrame,
     TransferAck,
-    TransferData,
 )
 
 _impl: ModuleType = _core.load("frames")
+
+#: The TRANSFER_DATA frame type of the twin in use: the decoders return it, so
+#: ``type(frame) is TransferData`` holds for decoded frames.  The compiled twin's type
+#: behaves as the dataclass (fields, ``__match_args__``, equality with either, repr), and
+#: both twins encode either.
+TransferData = _impl.TransferData
 
 pack_transfer_header = _impl.pack_transfer_header
 unpack_transfer_header = _impl.unpack_transfer_header
@@ -71,7 +76,11 @@ def detect_dialect(first4: bytes) -> Dialect:
 
 
 class DialectCodec:
-    """encode/decode/decoder of one dialect, bound to a twin (default: the one in use)."""
+    """encode/decode/decoder of one dialect, bound to a twin (default: the one in use).
+
+    A codec bound to a named twin decodes TRANSFER_DATA to that twin's ``TransferData``
+    (``rmqha._core.frames_py.TransferData`` for "python"); the two types compare equal.
+    """
 
     def __init__(self, dialect: Dialect, implementation: str | None = None) -> None:
         mod = _impl if implementation is None else _core.load_twin("frames", implementation)

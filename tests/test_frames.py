@@ -1,6 +1,7 @@
 """HA wire frames (hot path 2): both dialects, both directions, both twins."""
 from __future__ import annotations
 
+import copy
 import struct
 from array import array
 
@@ -63,6 +64,14 @@ rmq_s2m = st.one_of(
 def wire(codec, frame) -> bytes:
     """Everything sent for a frame: header (+ data for data frames)."""
     return b"".join(bytes(p) for p in codec.encode_parts(frame))
+
+
+def values(frame) -> tuple:
+    """Type name and field values of a frame of either twin (memoryviews as bytes), so twins'
+    outputs are compared field by field and not only through ``__eq__``."""
+    t = type(frame)
+    vals = tuple(getattr(frame, name) for name in t.__match_args__)
+    return (t.__name__,) + tuple(bytes(v) if isinstance(v, memoryview) else v for v in vals)
 
 
 def codecs(twin: str):
@@ -147,6 +156,73 @@ def test_data_is_not_copied(twin: str) -> None:
     assert got.data == bytes(view)
 
 
+# --- the TransferData type of each twin ----------------------------------------------------------
+
+
+def test_public_transfer_data_is_the_decoders_type() -> None:
+    # The HA layer dispatches on ``type(frame) is frames.TransferData``.
+    raw = public.pack_transfer_header(10, 0, 5, 3, 2) + b"abc"
+    (got,) = public.FramedDecoder(M2S).feed(raw)
+    assert type(got) is public.TransferData
+    assert type(public.framed.decode(raw)) is public.TransferData
+
+
+def test_transfer_data_type_behaves_as_the_dataclass(twin: str) -> None:
+    cls = load_twin("frames", twin).TransferData
+    ref = load_twin("frames", "python").TransferData  # the dataclass
+    args = (4096, 1024, 2048, b"abc", 99, 7)
+    a, d = cls(*args), ref(*args)
+    assert cls.__match_args__ == ref.__match_args__
+    assert values(a) == values(d) == ("TransferData",) + args
+    assert repr(a) == repr(d)
+    assert a == d and d == a and not (a != d) and not (d != a)
+    assert cls(block_start_offset=4096, epoch_start_offset=1024, confirm_offset=2048) == ref(4096, 1024, 2048)
+    for i in range(len(args)):  # every field takes part in equality
+        other = list(args)
+        other[i] = b"abd" if i == 3 else other[i] + 1
+        assert a != ref(*other) and ref(*other) != a and a != cls(*other)
+    assert a != (4096, 1024, 2048, b"abc", 99, 7)
+    with pytest.raises(TypeError):
+        hash(a)
+    with pytest.raises(AttributeError):
+        a.extra = 1  # type: ignore[attr-defined]
+    match a:
+        case cls(block, estart, confirm, data, ts, epoch):
+            assert (block, estart, confirm, data, ts, epoch) == args
+        case _:
+            pytest.fail("TransferData did not match its positional pattern")
+    a.epoch, a.data = 8, b"xyz"
+    assert values(a) == ("TransferData", 4096, 1024, 2048, b"xyz", 99, 8)
+    assert copy.copy(a) == a and copy.copy(a) is not a
+    # Either twin encodes either type, to the same bytes.
+    header = struct.pack(">iiqqqqq", 51, 6, 99, 7, 4096, 1024, 2048)
+    for mod in {load_twin("frames", twin), load_twin("frames", "python")}:
+        assert mod.encode_framed(cls(*args)) == mod.encode_framed(ref(*args)) == header
+
+
+def test_decoded_transfer_data_fields(twin: str) -> None:
+    mod = load_twin("frames", twin)
+    body = bytes(range(200))
+    raw = mod.pack_transfer_header(1 << 40, 1 << 33, (1 << 40) - 1, len(body), 12, 1700000000000) + body
+    for chunks in ([raw], [raw[:30], raw[30:]], [raw[:100], raw[100:]]):
+        for mutable in (False, True):
+            dec = mod.FramedDecoder(M2S)
+            got = []
+            for c in chunks:
+                got += dec.feed(bytearray(c) if mutable else c)
+            (f,) = got
+            assert type(f) is mod.TransferData
+            assert values(f) == ("TransferData", 1 << 40, 1 << 33, (1 << 40) - 1, body, 1700000000000, 12)
+            assert f.data is f.data  # made once
+            assert values(f) == values(load_twin("frames", "python").decode_framed(raw))
+            if not mutable and len(chunks) == 1:
+                assert isinstance(f.data, memoryview) and f.data.obj is raw
+    # Assigning a field keeps the others.
+    (f,) = mod.FramedDecoder(M2S).feed(raw)
+    f.confirm_offset = 5
+    assert values(f)[1:4] == (1 << 40, 1 << 33, 5) and f.epoch == 12 and bytes(f.data) == body
+
+
 # --- incremental decoding ----------------------------------------------------------------------
 
 
@@ -175,6 +251,7 @@ def test_split_at_every_byte_boundary(twin: str) -> None:
             dec = make()
             got = dec.feed(stream[:cut]) + dec.feed(stream[cut:])
             assert got == expected, cut
+            assert [values(f) for f in got] == [values(f) for f in expected], cut
             assert dec.buffered == 0 and dec.stream_offset == len(stream)
         dec = make()
         got = []
@@ -195,6 +272,7 @@ def test_random_chunking(twin: str, cuts, mutable) -> None:
             got += dec.feed(bytearray(chunk) if mutable else chunk)
             prev = p
         assert got == expected
+        assert [values(f) for f in got] == [values(f) for f in expected]
 
 
 # --- bad frames --------------------------------------------------------------------------------

@@ -3,8 +3,10 @@
 
 Same API, bytes and results as ``rmqha._core.frames_py``, whose docstring holds both
 dialects' layouts; the frame dataclasses and enums are imported from there so both twins
-return equal objects.  Headers are read and written through raw pointers after explicit
-length checks, and the batch helpers run whole batches of TRANSFER_DATA headers in C loops.
+return equal objects, except TRANSFER_DATA: its own extension type here (decoded fields kept
+in C until read, data sliced from the chunk on first read) behaves as, and compares equal
+to, the dataclass.  Headers are read and written through raw pointers after explicit length
+checks, and the batch helpers run whole batches of TRANSFER_DATA headers in C loops.
 """
 cimport cython
 from cpython.array cimport array, clone
@@ -42,8 +44,8 @@ from rmqha._core.frames_py import (
     SLAVE_TO_MASTER_TYPES,
     TRANSFER_HEADER_SIZE,
     TransferAck,
-    TransferData,
 )
+from rmqha._core.frames_py import TransferData as _PyTransferData
 
 cdef enum:
     C_HDR = 24
@@ -81,6 +83,11 @@ cdef extern from *:
     static inline void rmqha_wr32(unsigned char *p, int32_t v) { uint32_t u = RMQHA_BE32((uint32_t) v); memcpy(p, &u, 4); }
     static inline void rmqha_wr16(unsigned char *p, int16_t v) { uint16_t u = RMQHA_BE16((uint16_t) v); memcpy(p, &u, 2); }
     static inline void rmqha_wr64(unsigned char *p, int64_t v) { uint64_t u = RMQHA_BE64((uint64_t) v); memcpy(p, &u, 8); }
+    #if defined(__GNUC__)
+    #define RMQHA_PREFETCH(p) __builtin_prefetch((const void *) (p))
+    #else
+    #define RMQHA_PREFETCH(p) ((void) (p))
+    #endif
     """
     int32_t rd32 "rmqha_rd32" (const unsigned char *p) noexcept nogil
     int16_t rd16 "rmqha_rd16" (const unsigned char *p) noexcept nogil
@@ -88,6 +95,7 @@ cdef extern from *:
     void wr32 "rmqha_wr32" (unsigned char *p, int32_t v) noexcept nogil
     void wr16 "rmqha_wr16" (unsigned char *p, int16_t v) noexcept nogil
     void wr64 "rmqha_wr64" (unsigned char *p, int64_t v) noexcept nogil
+    void prefetch "RMQHA_PREFETCH" (const unsigned char *p) noexcept nogil
 
 
 cdef inline void wr_td(unsigned char *p, int64_t block, int64_t estart, int64_t confirm,
@@ -134,6 +142,146 @@ cdef object _data_of(object buf, object view, Py_ssize_t start, Py_ssize_t end, 
     if owned or type(buf) is bytes:
         return view[start:end]
     return bytes(view[start:end])
+
+
+# --- the compiled TransferData frame ------------------------------------------------------------
+# TRANSFER_DATA is the one frame a stream carries by the thousand, so this twin has its own
+# type for it: the decoder fills C fields and keeps the block as (per-chunk view, start, end);
+# the Python ints and the memoryview slice are only made when an attribute is read.  To
+# callers it is the dataclass ``frames_py.TransferData``: same constructor, attributes
+# (settable), ``__match_args__``, equality (also with the dataclass), repr, unhashable.
+
+
+@cython.final
+@cython.freelist(64)
+cdef class TransferData:
+    """A block of the log; ``epoch`` (envelope) is the block's own epoch; empty data = heartbeat."""
+
+    # A decoded frame keeps its five integers in C fields (_vals is None); a frame built or
+    # changed by a caller keeps them, as given, in the list _vals (like the dataclass, the
+    # constructor takes any value: encode is where they are checked).
+    cdef int64_t _b, _s, _c, _ts, _ep
+    cdef list _vals
+    # When _lazy, the data is _data[_start:_end] (_data the per-chunk view), sliced on first read.
+    cdef object _data
+    cdef Py_ssize_t _start, _end
+    cdef bint _lazy
+
+    __match_args__ = _PyTransferData.__match_args__
+
+    def __init__(self, block_start_offset, epoch_start_offset, confirm_offset, data=b"",
+                 timestamp_ms=0, epoch=0):
+        self._vals = [block_start_offset, epoch_start_offset, confirm_offset, timestamp_ms, epoch]
+        self._data = data
+        self._lazy = False
+
+    cdef inline object _get(self, int i, int64_t native):
+        return native if self._vals is None else self._vals[i]
+
+    cdef inline void _set(self, int i, object value):
+        if self._vals is None:
+            self._vals = [self._b, self._s, self._c, self._ts, self._ep]
+        self._vals[i] = value
+
+    @property
+    def block_start_offset(self):
+        return self._get(0, self._b)
+
+    @block_start_offset.setter
+    def block_start_offset(self, value):
+        self._set(0, value)
+
+    @property
+    def epoch_start_offset(self):
+        return self._get(1, self._s)
+
+    @epoch_start_offset.setter
+    def epoch_start_offset(self, value):
+        self._set(1, value)
+
+    @property
+    def confirm_offset(self):
+        return self._get(2, self._c)
+
+    @confirm_offset.setter
+    def confirm_offset(self, value):
+        self._set(2, value)
+
+    @property
+    def timestamp_ms(self):
+        return self._get(3, self._ts)
+
+    @timestamp_ms.setter
+    def timestamp_ms(self, value):
+        self._set(3, value)
+
+    @property
+    def epoch(self):
+        return self._get(4, self._ep)
+
+    @epoch.setter
+    def epoch(self, value):
+        self._set(4, value)
+
+    @property
+    def data(self):
+        if self._lazy:
+            # Sliced once, then kept: ``f.data is f.data`` as with the dataclass.
+            self._data = self._data[self._start:self._end]
+            self._lazy = False
+        return self._data
+
+    @data.setter
+    def data(self, value):
+        self._lazy = False
+        self._data = value
+
+    def __eq__(self, other):
+        if type(other) is TransferData or type(other) is _PyTransferData:
+            return _td_values(self) == _td_values(other)
+        return NotImplemented
+
+    def __ne__(self, other):
+        if type(other) is TransferData or type(other) is _PyTransferData:
+            return _td_values(self) != _td_values(other)
+        return NotImplemented
+
+    # Mutable with value equality, so unhashable (as the dataclass).
+    __hash__ = None
+
+    def __repr__(self):
+        return (f"{type(self).__qualname__}(block_start_offset={self.block_start_offset!r}, "
+                f"epoch_start_offset={self.epoch_start_offset!r}, confirm_offset={self.confirm_offset!r}, "
+                f"data={self.data!r}, timestamp_ms={self.timestamp_ms!r}, epoch={self.epoch!r})")
+
+    def __reduce__(self):
+        return TransferData, _td_values(self)
+
+
+cdef tuple _td_values(object f):
+    return (f.block_start_offset, f.epoch_start_offset, f.confirm_offset, f.data, f.timestamp_ms, f.epoch)
+
+
+cdef inline TransferData _td_decoded(int64_t b, int64_t s, int64_t c, int64_t ts, int64_t ep, bint lazy,
+                                     object view, const unsigned char *base, Py_ssize_t start,
+                                     Py_ssize_t end):
+    """A decoded frame: with ``lazy`` (the buffer is immutable or decoder-owned) its data is a
+    view of ``view`` made on first read, else a copy made now."""
+    cdef TransferData f = TransferData.__new__(TransferData)
+    f._b = b
+    f._s = s
+    f._c = c
+    f._ts = ts
+    f._ep = ep
+    if lazy:
+        f._data = view
+        f._start = start
+        f._end = end
+        f._lazy = True
+    else:
+        # A mutable receive buffer may be reused by the caller: copy the block out now.
+        f._data = PyBytes_FromStringAndSize(<const char *> base + start, end - start)
+    return f
 
 
 cdef int _direction(object direction) except -2:
@@ -334,7 +482,7 @@ def encode_framed(frame):
     cdef unsigned char *p
     cdef Py_ssize_t n, i
     cdef int32_t flags
-    if t is TransferData:
+    if t is TransferData or t is _PyTransferData:
         return pack_transfer_header(frame.block_start_offset, frame.epoch_start_offset,
                                     frame.confirm_offset, len(frame.data), frame.epoch,
                                     frame.timestamp_ms)
@@ -412,7 +560,7 @@ cdef object _framed_payload(int32_t ftype, int64_t ts, int64_t epoch, object buf
         c = rd64(q + 16)
         if b < 0 or s < 0 or c < 0:
             raise _perr(f"TRANSFER_DATA negative offset (block {b}, epoch start {s}, confirm {c})", where)
-        return TransferData(b, s, c, _data_of(buf, view, p + 24, end, owned), ts, epoch)
+        return _td_decoded(b, s, c, ts, epoch, owned or type(buf) is bytes, view, base, p + 24, end)
     if ftype == 7 or ftype == 5:
         name = "TRANSFER_ACK" if ftype == 7 else "CONFIRM_TRUNCATE"
         if plen != 8:
@@ -801,8 +949,8 @@ cdef class _StreamDecoder:
             s = rd64(p + 32)
             c = rd64(p + 40)
             if b >= 0 and s >= 0 and c >= 0:
-                return TransferData(b, s, c, _data_of(buf, view, pos + C_TD, pos + size, owned),
-                                    rd64(p + 8), rd64(p + 16))
+                return _td_decoded(b, s, c, rd64(p + 8), rd64(p + 16), owned or type(buf) is bytes, view,
+                                   base, pos + C_TD, pos + size)
         elif ftype == 7 and size == C_HDR + 8:
             o = rd64(p + C_HDR)
             if o >= 0:
@@ -852,6 +1000,10 @@ cdef class _StreamDecoder:
                         continue
                 take = min(n - pos, self._need - have)
                 if take > 0:
+                    if n - pos - take >= C_TD:
+                        # The next frame's header: its load overlaps the copy below.
+                        prefetch(cp + pos + take)
+                        prefetch(cp + pos + take + C_TD - 1)
                     self._take(cp + pos, take)
                     pos += take
                 if PyByteArray_GET_SIZE(self._pending) < self._need:
@@ -873,6 +1025,11 @@ cdef class _StreamDecoder:
                     self._take(cp + pos, n - pos)
                     self._need = size
                     return out
+                if n - pos - size >= C_TD:
+                    # Frames are KiBs apart, so the next header is a cache miss: start loading
+                    # it now and build this frame while it arrives.  A hint: reads nothing.
+                    prefetch(cp + pos + size)
+                    prefetch(cp + pos + size + C_TD - 1)
                 out.append(self._frame(chunk, view, cp, pos, size, False))
                 self._offset += size
                 pos += size

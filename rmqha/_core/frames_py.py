@@ -2,8 +2,9 @@
 
 This module owns both HA dialects' byte layouts, the frame dataclasses and enums (shared by
 the compiled twin ``rmqha._core.frames``, which imports them from here so both twins return
-equal objects), single-frame encode/decode, the incremental decoders and the batch helpers
-for TRANSFER_DATA headers.  All integers are big-endian.
+equal objects; only TRANSFER_DATA has a compiled type of its own there, which compares equal
+to this dataclass and which both twins encode), single-frame encode/decode, the incremental
+decoders and the batch helpers for TRANSFER_DATA headers.  All integers are big-endian.
 
 ``framed`` (default; seed 002 with DESIGN.md's payloads)::
 
@@ -412,7 +413,17 @@ def encode_framed(frame: FramedFrame) -> bytes:
             return _HDR.pack(HEADER_SIZE + 8, 5, frame.timestamp_ms, frame.epoch) + _I64.pack(frame.offset)
     except struct.error as exc:
         raise _err(f"field out of range: {exc}", where) from None
+    if _is_transfer_data_type(t):
+        return pack_transfer_header(
+            frame.block_start_offset, frame.epoch_start_offset, frame.confirm_offset,
+            len(frame.data), frame.epoch, frame.timestamp_ms,
+        )
     raise ProtocolError(f"encode_framed: {t.__name__} is not a framed frame type")
+
+
+def _is_transfer_data_type(t: type) -> bool:
+    """The compiled twin's TransferData (same name and fields, in order) is encoded as ours."""
+    return t.__name__ == "TransferData" and getattr(t, "__match_args__", None) == TransferData.__match_args__
 
 
 # --- framed: decode ----------------------------------------------------------------------------
