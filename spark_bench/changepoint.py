@@ -1,0 +1,204 @@
+"""Change-point detection for one benchmark series: E-divisive means with a permutation test.
+
+The method follows Matteson & James (2014), the basis of MongoDB's CI change-point detection
+and of Apache Otava (formerly Hunter):
+
+* The energy statistic ``Q(t)`` of a split at ``t`` compares the mean pairwise distance across
+  the split with the mean distances inside each side (exponent alpha = 1). It is largest where
+  the distribution changes, and it needs no assumption about the noise, which matters because
+  benchmark timings are skewed and have outliers.
+* Binary segmentation: the best split of every segment is tested, significant ones split the
+  segment and the halves are searched again.
+* Significance comes from a permutation test: shuffling the points around the candidate
+  destroys any change, so the share of shuffles whose best statistic reaches the observed one
+  is the p-value. The test runs on a window of ``window`` points either side of the candidate
+  (as Otava windows its analysis) so its cost does not grow with the history length, and all
+  permutations are evaluated in one vectorised batch.
+* A statistically significant but tiny shift is not worth a human's time: changes whose size
+  (median after vs median before, between neighbouring change points) is below
+  ``min_change`` are merged away at the end.
+
+This module is plain numpy so it runs inside a Spark grouped pandas UDF and in unit tests
+without a JVM.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    """Knobs of the detector; the defaults suit pytest-benchmark medians."""
+
+    #: A candidate is significant when its permutation p-value is below this.
+    alpha: float = 0.01
+    #: Number of shuffles per test (the smallest reachable p-value is 1 / (permutations + 1)).
+    permutations: int = 199
+    #: Fewest points on either side of a change.
+    min_size: int = 5
+    #: Relative change (0.05 = 5%) below which a change is not reported.
+    min_change: float = 0.05
+    #: Points either side of a candidate used by the permutation test.
+    window: int = 60
+    #: Only the most recent points are analysed (the statistic costs O(n^2) memory).
+    max_points: int = 3000
+    #: The shift of medians must also be this many robust standard errors (from the MAD of
+    #: both sides); it keeps outliers next to the edge of a short segment from alarming.
+    min_z: float = 3.0
+    #: A split may move this many points to where it best separates the two medians.
+    refine: int = 3
+    #: Upper bound on accepted splits per series, a guard against pathological input.
+    max_changes: int = 64
+
+
+@dataclass(frozen=True)
+class ChangePoint:
+    """One detected change: the first point of the new level."""
+
+    index: int
+    before: float
+    after: float
+    change: float  # (after - before) / before
+    p_value: float
+
+    @property
+    def confidence(self) -> float:
+        return 1.0 - self.p_value
+
+
+def energy_statistic(x: np.ndarray, min_size: int) -> np.ndarray:
+    """``Q`` for every split of each row of ``x`` (shape (r, n)); ``-inf`` where not allowed.
+
+    Column ``t`` of the result is the split into ``x[:, :t]`` and ``x[:, t:]``.
+    """
+    x = np.atleast_2d(np.asarray(x, dtype=np.float64))
+    rows, n = x.shape
+    out = np.full((rows, n + 1), -np.inf)
+    if n < 2 * min_size:
+        return out
+    dist = np.abs(x[:, :, None] - x[:, None, :])
+    # below[j] = sum of distances from point j to the points before it; the matrix is
+    # symmetric, so the distances to the points after it are the row sum minus that.
+    below = np.tril(dist, -1).sum(axis=2)
+    above = dist.sum(axis=2) - below
+    zero = np.zeros((rows, 1))
+    within_prefix = np.concatenate([zero, np.cumsum(below, axis=1)], axis=1)
+    within_suffix = np.concatenate([np.cumsum(above[:, ::-1], axis=1)[:, ::-1], zero], axis=1)
+    total = within_prefix[:, -1:]
+    cross = total - within_prefix - within_suffix
+    t = np.arange(min_size, n - min_size + 1)
+    m = t.astype(np.float64)
+    k = n - m
+    q = (2.0 * cross[:, t] / n
+         - (m * k / n) * (2.0 * within_prefix[:, t] / (m * (m - 1.0))
+                          + 2.0 * within_suffix[:, t] / (k * (k - 1.0))))
+    out[:, t] = q
+    return out
+
+
+def _permutation_p_value(x: np.ndarray, cfg: DetectorConfig, rng: np.random.Generator) -> float:
+    """p-value of the best split of ``x`` against ``cfg.permutations`` shuffles of ``x``."""
+    observed = energy_statistic(x, cfg.min_size).max()
+    if not np.isfinite(observed):
+        return 1.0
+    shuffled = np.argsort(rng.random((cfg.permutations, x.size)), axis=1)
+    null = energy_statistic(x[shuffled], cfg.min_size).max(axis=1)
+    # Ties count against the change: a constant series must never look significant.
+    exceed = int(np.count_nonzero(null >= observed * (1.0 - 1e-12)))
+    return (exceed + 1.0) / (cfg.permutations + 1.0)
+
+
+def _level(x: np.ndarray) -> float:
+    return float(np.median(x))
+
+
+def _l1_cost(x: np.ndarray, split: int) -> float:
+    left, right = x[:split], x[split:]
+    return float(np.abs(left - np.median(left)).sum() + np.abs(right - np.median(right)).sum())
+
+
+def _refine(x: np.ndarray, split: int, cfg: DetectorConfig) -> int:
+    """Move ``split`` (inside ``x``) to the nearby split with the least absolute deviation
+    from the two medians: the energy statistic finds the change, but a single outlier beside
+    it can pull its maximum a point or two away."""
+    lo = max(cfg.min_size, split - cfg.refine)
+    hi = min(x.size - cfg.min_size, split + cfg.refine)
+    if lo > hi:
+        return split
+    return min(range(lo, hi + 1), key=lambda t: (_l1_cost(x, t), abs(t - split)))
+
+
+def _z_score(left: np.ndarray, right: np.ndarray) -> float:
+    """Shift of medians over its robust standard error (MAD scaled to sigma, and the
+    1.2533 factor of the median's standard error under normal noise)."""
+    resid = np.concatenate([left - np.median(left), right - np.median(right)])
+    sigma = 1.4826 * float(np.median(np.abs(resid)))
+    shift = abs(float(np.median(right) - np.median(left)))
+    if sigma == 0.0:
+        return float("inf") if shift > 0.0 else 0.0
+    return shift / (1.2533 * sigma * np.sqrt(1.0 / left.size + 1.0 / right.size))
+
+
+def _relative(before: float, after: float) -> float:
+    if before == 0.0:
+        return 0.0 if after == 0.0 else float("inf") * np.sign(after)
+    return (after - before) / abs(before)
+
+
+def detect(values: np.ndarray | list[float], cfg: DetectorConfig | None = None,
+           seed: int | str = 0) -> list[ChangePoint]:
+    """Change points of one series in time order; indexes refer to ``values``."""
+    cfg = cfg or DetectorConfig()
+    x_all = np.asarray(values, dtype=np.float64)
+    offset = max(0, x_all.size - cfg.max_points)
+    x = x_all[offset:]
+    n = x.size
+    if n < 2 * cfg.min_size or not np.all(np.isfinite(x)):
+        return []
+    if isinstance(seed, str):
+        seed = zlib.crc32(seed.encode())
+    rng = np.random.default_rng(seed)
+
+    accepted: dict[int, float] = {}  # split index -> p-value
+    pending = [(0, n)]
+    while pending and len(accepted) < cfg.max_changes:
+        lo, hi = pending.pop()
+        q = energy_statistic(x[lo:hi], cfg.min_size)[0]
+        best = int(np.argmax(q))
+        if not np.isfinite(q[best]):
+            continue
+        split = lo + _refine(x[lo:hi], best, cfg)
+        w_lo = max(lo, split - cfg.window)
+        w_hi = min(hi, split + cfg.window)
+        if _z_score(x[lo:split], x[split:hi]) < cfg.min_z:
+            continue
+        p = _permutation_p_value(x[w_lo:w_hi], cfg, rng)
+        if p >= cfg.alpha:
+            continue
+        accepted[split] = p
+        pending.append((lo, split))
+        pending.append((split, hi))
+
+    # Merge away changes too small to matter; removing one changes its neighbours' levels,
+    # so drop the smallest first and re-measure.
+    splits = sorted(accepted)
+    while True:
+        bounds = [0, *splits, n]
+        sizes = []
+        for i, s in enumerate(splits):
+            before = _level(x[bounds[i]:s])
+            after = _level(x[s:bounds[i + 2]])
+            sizes.append((abs(_relative(before, after)), i, before, after))
+        small = [item for item in sizes if item[0] < cfg.min_change
+                 or _z_score(x[bounds[item[1]]:splits[item[1]]],
+                             x[splits[item[1]]:bounds[item[1] + 2]]) < cfg.min_z]
+        if not small:
+            break
+        splits.pop(min(small)[1])
+
+    return [ChangePoint(index=offset + s, before=before, after=after,
+                        change=_relative(before, after), p_value=accepted[s])
+            for (_, _, before, after), s in zip(sizes, splits, strict=True)]

@@ -1,0 +1,248 @@
+"""Trends: per-series rolling baselines, change points and ratio series.
+
+A *series* is one benchmark on one machine with one implementation, ordered by run time.
+Ratio series compare implementations measured side by side in the same run: the compiled
+twin against the pure one, and each rmqha twin against every peer (sqlite3-wal, lmdb, ...),
+matched by benchmark group (or test function) and parameters. A ratio is a speed-up: how
+many times faster the rmqha side is, so higher is better.
+
+The rolling baseline is an exact median of the previous ``baseline_window`` runs computed
+with Spark windows (``median().over(...)`` is refused by Spark 4, so the median is taken
+from the sorted window list). Change points come from :mod:`spark_bench.changepoint`, run
+once per series in a grouped pandas UDF (``applyInPandas``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from spark_bench.changepoint import DetectorConfig, detect
+from spark_bench.series import Direction, SeriesKind
+
+#: Implementations that are rmqha's own (the twins); everything else is a peer.
+RMQHA_IMPLEMENTATIONS = ("cython", "python")
+#: extra_info keys that define what was measured, so only like is compared with like.
+CASE_INFO_KEYS = ("message_bytes", "batch", "replicas")
+#: Metrics a series can follow; only ops is "higher is better".
+METRICS = ("median", "mean", "min", "ops")
+
+SERIES_COLUMNS = [
+    "kind", "series_id", "benchmark", "machine", "implementation", "mode", "case_key", "run_index",
+    "run_id", "run_time", "commit", "value", "higher_is_better", "baseline", "delta_pct",
+    "worse_pct",
+]
+
+CHANGE_SCHEMA = T.StructType([
+    T.StructField("series_id", T.StringType()),
+    T.StructField("kind", T.StringType()),
+    T.StructField("run_index", T.LongType()),
+    T.StructField("run_id", T.StringType()),
+    T.StructField("run_time", T.TimestampType()),
+    T.StructField("commit", T.StringType()),
+    T.StructField("before", T.DoubleType()),
+    T.StructField("after", T.DoubleType()),
+    T.StructField("change_pct", T.DoubleType()),
+    T.StructField("worse_pct", T.DoubleType()),
+    T.StructField("confidence", T.DoubleType()),
+    T.StructField("direction", T.StringType()),
+    T.StructField("open", T.BooleanType()),
+])
+
+
+@dataclass(frozen=True)
+class TrendConfig:
+    metric: str = "median"
+    baseline_window: int = 10
+    detector: DetectorConfig = field(default_factory=DetectorConfig)
+
+
+@dataclass
+class TrendTables:
+    """The job's outputs: every point with its baseline, the change points, one summary row
+    per series (latest value against baseline, change and open-regression counts)."""
+
+    series: DataFrame
+    changes: DataFrame
+    summary: DataFrame
+
+
+def _case_key(runs: DataFrame) -> Column:
+    """What was measured, without who measured it: group (or test function), parameters
+    other than the implementation, and the size fields of extra_info."""
+    impl = F.col("implementation")
+    params = F.map_filter(
+        F.coalesce(F.col("params"), F.create_map().cast("map<string,string>")),
+        lambda k, v: ~(k.isin("twin", "impl", "implementation", "peer") | (v == impl)))
+    param_text = F.array_join(
+        F.transform(F.array_sort(F.map_entries(params)),
+                    lambda e: F.concat(e["key"], F.lit("="), F.coalesce(e["value"], F.lit("None")))),
+        ",")
+    info = F.concat_ws(",", *(
+        F.when(F.col("extra_info")[k].isNotNull(),
+               F.concat(F.lit(f"{k}="), F.col("extra_info")[k])) for k in CASE_INFO_KEYS))
+    base = F.coalesce(F.col("group"), F.regexp_replace(F.col("name"), r"\[.*\]$", ""))
+    detail = F.concat_ws(",", F.when(param_text != "", param_text), F.when(info != "", info))
+    return F.when(detail != "", F.concat(base, F.lit("["), detail, F.lit("]"))).otherwise(base)
+
+
+def benchmark_points(runs: DataFrame, metric: str) -> DataFrame:
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {METRICS}, not {metric!r}")
+    # Quick-mode runs (RMQHA_BENCH_QUICK=1, CI) measure smaller workloads; mixing them into
+    # the full-mode series would show every switch as a change point.
+    mode = F.when(F.lower(F.col("extra_info")["quick"]) == "true", "quick").otherwise("full")
+    return runs.select(
+        F.lit(SeriesKind.BENCHMARK.value).alias("kind"),
+        F.concat_ws(" | ", "benchmark", "machine", "implementation",
+                    F.when(mode == "quick", F.lit("quick"))).alias("series_id"),
+        "benchmark", "machine", "implementation", mode.alias("mode"),
+        _case_key(runs).alias("case_key"),
+        "run_id", "run_time", "commit",
+        F.col(metric).cast("double").alias("value"),
+        F.lit(metric == "ops").alias("higher_is_better"),
+    ).filter(F.col("value").isNotNull())
+
+
+def ratio_points(points: DataFrame, metric: str) -> DataFrame:
+    """Side-by-side speed-ups within each run; a case measured twice by the same
+    implementation in one run is ambiguous and left out."""
+    keys = ["run_id", "machine", "mode", "case_key", "implementation"]
+    one = (points.groupBy(*keys)
+           .agg(F.count("*").alias("n"), F.first("value").alias("value"),
+                F.first("run_time").alias("run_time"), F.first("commit").alias("commit"))
+           .filter("n = 1").drop("n"))
+    a, b = one.alias("a"), one.alias("b")
+    joined = a.join(
+        b,
+        (F.col("a.run_id") == F.col("b.run_id")) & (F.col("a.machine") == F.col("b.machine"))
+        & (F.col("a.mode") == F.col("b.mode")) & (F.col("a.case_key") == F.col("b.case_key"))
+        & (F.col("a.implementation") != F.col("b.implementation"))
+        & F.col("a.implementation").isin(*RMQHA_IMPLEMENTATIONS)
+        # cython vs python once, not twice
+        & ~((F.col("a.implementation") == "python") & (F.col("b.implementation") == "cython")),
+    )
+    # Times: b/a is how many times faster a is. Rates (ops): a/b.
+    ratio = (F.col("a.value") / F.col("b.value")) if metric == "ops" else (F.col("b.value") / F.col("a.value"))
+    label = F.concat(F.col("a.implementation"), F.lit(" vs "), F.col("b.implementation"))
+    return joined.select(
+        F.lit(SeriesKind.RATIO.value).alias("kind"),
+        F.concat_ws(" | ", F.col("a.case_key"), F.col("a.machine"), label,
+                    F.when(F.col("a.mode") == "quick", F.lit("quick"))).alias("series_id"),
+        F.col("a.case_key").alias("benchmark"), F.col("a.machine").alias("machine"),
+        label.alias("implementation"), F.col("a.mode").alias("mode"),
+        F.col("a.case_key").alias("case_key"),
+        F.col("a.run_id").alias("run_id"), F.col("a.run_time").alias("run_time"),
+        F.col("a.commit").alias("commit"), ratio.alias("value"),
+        F.lit(True).alias("higher_is_better"),
+    ).filter(F.col("value").isNotNull() & ~F.isnan("value"))
+
+
+def _exact_median(values: Column) -> Column:
+    """Median of an array column (null when empty)."""
+    s = F.array_sort(values)
+    n = F.size(s)
+    upper = F.element_at(s, (F.floor(n / 2) + 1).cast("int"))
+    lower = F.element_at(s, F.greatest((F.ceil(n / 2)).cast("int"), F.lit(1)))
+    return F.when(n > 0, (upper + lower) / 2.0)
+
+
+def with_baseline(points: DataFrame, window: int) -> DataFrame:
+    order = Window.partitionBy("series_id").orderBy("run_time", "run_id")
+    previous = order.rowsBetween(-window, -1)
+    baseline = _exact_median(F.collect_list("value").over(previous))
+    delta = (F.col("value") / F.col("baseline") - 1.0) * 100.0
+    return (points
+            .withColumn("run_index", (F.row_number().over(order) - 1).cast("long"))
+            .withColumn("baseline", baseline)
+            .withColumn("delta_pct", F.when(F.col("baseline") != 0, delta))
+            .withColumn("worse_pct", F.when(F.col("higher_is_better"), -F.col("delta_pct"))
+                        .otherwise(F.col("delta_pct")))
+            .select(*SERIES_COLUMNS))
+
+
+def _series_changes(cfg: DetectorConfig):  # noqa: ANN202 - returns the UDF body
+    def run(pdf: pd.DataFrame) -> pd.DataFrame:
+        pdf = pdf.sort_values("run_index", kind="stable").reset_index(drop=True)
+        series_id = str(pdf["series_id"].iloc[0])
+        higher_better = bool(pdf["higher_is_better"].iloc[0])
+        values = pdf["value"].to_numpy(dtype=np.float64)
+        found = detect(values, cfg, seed=series_id)
+        rows = []
+        last_level = float(np.median(values[found[-1].index:])) if found else None
+        for cp in found:
+            worse = -cp.change if higher_better else cp.change
+            still_worse = (last_level is not None and cp.before != 0
+                           and ((cp.before - last_level) if higher_better
+                                else (last_level - cp.before)) / abs(cp.before) >= cfg.min_change)
+            at = pdf.iloc[cp.index]
+            rows.append({
+                "series_id": series_id, "kind": str(pdf["kind"].iloc[0]),
+                "run_index": int(at["run_index"]), "run_id": at["run_id"],
+                "run_time": at["run_time"], "commit": at["commit"],
+                "before": cp.before, "after": cp.after, "change_pct": cp.change * 100.0,
+                "worse_pct": worse * 100.0, "confidence": cp.confidence,
+                "direction": (Direction.REGRESSION if worse > 0 else Direction.IMPROVEMENT).value,
+                "open": bool(worse > 0 and still_worse),
+            })
+        return pd.DataFrame(rows, columns=[f.name for f in CHANGE_SCHEMA.fields])
+    return run
+
+
+def change_points(series: DataFrame, cfg: DetectorConfig) -> DataFrame:
+    cols = ["series_id", "kind", "run_index", "run_id", "run_time", "commit", "value",
+            "higher_is_better"]
+    return series.select(*cols).groupBy("series_id").applyInPandas(
+        _series_changes(cfg), schema=CHANGE_SCHEMA)
+
+
+def summarize(series: DataFrame, changes: DataFrame) -> DataFrame:
+    latest_first = Window.partitionBy("series_id").orderBy(F.desc("run_time"), F.desc("run_id"))
+    latest = (series.withColumn("_rank", F.row_number().over(latest_first))
+              .filter("_rank = 1").drop("_rank", "run_index"))
+    counts = series.groupBy("series_id").agg(
+        F.count("*").alias("runs"), F.min("run_time").alias("first_run_time"))
+    change_stats = changes.groupBy("series_id").agg(
+        F.count("*").alias("changes"),
+        F.sum(F.col("open").cast("int")).alias("open_regressions"),
+        F.max_by(F.struct("run_time", "commit", "change_pct", "direction"), "run_index")
+        .alias("last_change"))
+    return (latest.join(counts, "series_id").join(change_stats, "series_id", "left")
+            .select(
+                "kind", "series_id", "benchmark", "machine", "implementation", "mode", "case_key",
+                "runs", "first_run_time", F.col("run_time").alias("latest_run_time"),
+                F.col("run_id").alias("latest_run_id"), F.col("commit").alias("latest_commit"),
+                F.col("value").alias("latest_value"), "baseline", "delta_pct", "worse_pct",
+                "higher_is_better",
+                F.coalesce("changes", F.lit(0)).alias("changes"),
+                F.coalesce("open_regressions", F.lit(0)).alias("open_regressions"),
+                F.col("last_change.run_time").alias("last_change_time"),
+                F.col("last_change.commit").alias("last_change_commit"),
+                F.col("last_change.change_pct").alias("last_change_pct"),
+                F.col("last_change.direction").alias("last_change_direction")))
+
+
+def compute(runs: DataFrame, out: str, cfg: TrendConfig | None = None) -> TrendTables:
+    """Build the trend tables from the ingested run table and write them as Parquet under
+    ``out`` (``series``, ``changes``, ``summary``). Each step reads the previous one back
+    from Parquet, so the window functions and the change-point UDF run exactly once."""
+    cfg = cfg or TrendConfig()
+    spark = runs.sparkSession
+    base = out.rstrip("/")
+
+    def materialize(df: DataFrame, name: str) -> DataFrame:
+        path = f"{base}/{name}.parquet"
+        df.write.mode("overwrite").parquet(path)
+        return spark.read.parquet(path)
+
+    points = benchmark_points(runs, cfg.metric)
+    series = materialize(
+        with_baseline(points.unionByName(ratio_points(points, cfg.metric)), cfg.baseline_window),
+        "series")
+    changes = materialize(change_points(series, cfg.detector), "changes")
+    summary = materialize(summarize(series, changes), "summary")
+    return TrendTables(series=series, changes=changes, summary=summary)

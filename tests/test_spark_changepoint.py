@@ -1,0 +1,83 @@
+"""E-divisive change-point detector (spark_bench.changepoint): plain numpy, no JVM."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import spark_support  # noqa: F401 - puts the repository root on sys.path
+
+from spark_bench.changepoint import DetectorConfig, detect, energy_statistic
+
+
+def noisy(rng: np.random.Generator, n: int, noise: float = 0.02, level: float = 1e-6) -> np.ndarray:
+    return level * (1.0 + noise * rng.standard_normal(n))
+
+
+@pytest.mark.parametrize("step", [0.10, 0.25])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_step_regression_found_at_the_right_run(step: float, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    x = noisy(rng, 60)
+    x[37:] *= 1.0 + step
+    found = detect(x, seed=seed)
+    assert [c.index for c in found] == [37]
+    assert found[0].change == pytest.approx(step, abs=0.03)
+    assert found[0].confidence >= 0.99
+
+
+def test_speed_up_is_a_negative_change() -> None:
+    rng = np.random.default_rng(5)
+    x = noisy(rng, 50)
+    x[20:] *= 0.7
+    [cp] = detect(x)
+    assert cp.index == 20
+    assert cp.change == pytest.approx(-0.30, abs=0.03)
+    assert cp.after < cp.before
+
+
+def test_two_changes_in_one_series() -> None:
+    rng = np.random.default_rng(9)
+    x = noisy(rng, 120)
+    x[40:] *= 1.2
+    x[90:] /= 1.2
+    assert [c.index for c in detect(x)] == [40, 90]
+
+
+def test_pure_noise_over_100_series_raises_no_alarm() -> None:
+    rng = np.random.default_rng(11)
+    alarms = {}
+    for i in range(100):
+        # Gaussian noise plus rare 30% spikes, as on a shared VM.
+        x = noisy(rng, 60, noise=0.03)
+        x[rng.random(60) < 0.02] *= 1.3
+        found = detect(x, seed=i)
+        if found:
+            alarms[i] = [(c.index, round(c.change, 3)) for c in found]
+    assert alarms == {}
+
+
+def test_small_significant_shift_below_min_change_is_not_reported() -> None:
+    rng = np.random.default_rng(4)
+    x = noisy(rng, 80, noise=0.002)
+    x[40:] *= 1.03  # highly significant, but under the 5% floor
+    assert detect(x) == []
+    assert [c.index for c in detect(x, DetectorConfig(min_change=0.01))] == [40]
+
+
+@pytest.mark.parametrize("values", [[], [1.0] * 7, [1.0] * 40, [1.0, float("nan")] * 20])
+def test_degenerate_series_have_no_change(values: list[float]) -> None:
+    assert detect(values) == []
+
+
+def test_energy_statistic_peaks_at_the_split() -> None:
+    x = np.r_[np.zeros(20), np.ones(15)]
+    q = energy_statistic(x, min_size=3)[0]
+    assert int(np.argmax(q)) == 20
+    assert np.isneginf(q[:3]).all() and np.isneginf(q[-3:]).all()
+
+
+def test_only_the_most_recent_points_are_analysed() -> None:
+    rng = np.random.default_rng(2)
+    x = noisy(rng, 300)
+    x[250:] *= 1.5
+    [cp] = detect(x, DetectorConfig(max_points=100))
+    assert cp.index == 250
