@@ -14,6 +14,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
+from rmqha.errors import ConfigError
+
 
 @dataclass
 class LogContext:
@@ -70,7 +72,10 @@ def configure_logging(
     context.process = process
     handler: logging.Handler
     if path:
-        handler = logging.FileHandler(path, encoding="utf-8")
+        try:
+            handler = logging.FileHandler(path, encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"log_file {path} cannot be opened for appending: {exc.strerror or exc}") from exc
     else:
         handler = logging.StreamHandler(stream or sys.stderr)
     if json_lines:

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from cluster import FAST_BROKER, Cluster, free_port_pair
+from cluster import FAST_BROKER, Cluster, free_port, free_port_pair
 from rmqha.broker import Broker, BrokerConfig
 from rmqha.broker.replicas_manager import GroupState, Role
 from rmqha.config import apply_values
@@ -46,7 +46,7 @@ def make_config(cluster: Cluster, tmp_path, group: str = "broker-a", **overrides
 
 def test_fenced_alter_sync_state_set_rereads_and_adopts_the_controller_set(cluster, tmp_path, loop):
     cluster.start_controllers(1)
-    broker = Broker(make_config(cluster, tmp_path, metrics_port=0))
+    broker = Broker(make_config(cluster, tmp_path, metrics_port=free_port()))
     try:
         loop.run(broker.start(), 30)
         cluster.wait_for(lambda: broker.role == Role.MASTER, what="the in-process broker to be master")

@@ -28,7 +28,9 @@ from typing import Any
 from rmqha import log as rmqha_log
 from rmqha.broker.config import BrokerConfig
 from rmqha.broker.failpoints import Failpoint, hit
-from rmqha.broker.metrics import register_broker_metrics
+from rmqha.broker.metrics import (
+    FlushProbe, flush_latency_histogram, register_broker_metrics, served_bytes_counter,
+)
 from rmqha.broker.replicas_manager import ReplicasManager, Role
 from rmqha.codes import RequestCode, ResponseCode
 from rmqha.errors import BrokerError, ConfigError, RemoteCommandError, RemotingError
@@ -112,6 +114,11 @@ class Broker:
         self.failed = asyncio.Event()
         #: (master id, master client address) the HA slave follows, None unless slave.
         self._slave_of: tuple[int, str] | None = None
+        self._served_bytes: Any = None
+        # Every log line says which broker it comes from; id -1 and epoch 0 until known.
+        rmqha_log.context.group = config.broker_name
+        rmqha_log.context.broker_id = -1
+        rmqha_log.context.epoch = 0
 
     # --- derived state --------------------------------------------------------------------
 
@@ -136,7 +143,6 @@ class Broker:
         from rmqha.store import CommitLog, EpochMap
 
         cfg = self.config
-        rmqha_log.context.group = cfg.broker_name
         self.store_dir.mkdir(parents=True, exist_ok=True)
         controller = self._controller_client or ControllerClient(
             cfg.controller_addr, request_timeout=cfg.rpc_timeout_ms / 1000)
@@ -152,6 +158,15 @@ class Broker:
             store_host=(cfg.advertised_host, cfg.listen_port),
         )
         self.epoch_map = EpochMap.open(self.store_dir / EPOCH_FILE)
+        if self.epoch_map.last_epoch() > 0:
+            rmqha_log.context.epoch = int(self.epoch_map.last_epoch())
+        if cfg.metrics_port > 0:
+            # Built before the message service, which takes it for its rmqha_messaging_* series.
+            self.metrics = MetricsRegistry()
+            register_broker_metrics(self, self.metrics)
+            self.commitlog.add_append_listener(
+                FlushProbe(self.commitlog, flush_latency_histogram(self.metrics)).on_append)
+            self._served_bytes = served_bytes_counter(self.metrics)
         log.info("store open: %s max offset %d, epochs %s", self.store_dir, self.commitlog.max_offset,
                  self.epoch_map.pairs())
 
@@ -163,6 +178,8 @@ class Broker:
         handlers: dict[int, Any] = {int(code): None for code in WRITE_CODES}
         handlers.update({int(code): h for code, h in self.message_service.handlers().items()})
         self.server = RemotingServer(cfg.listen_host, cfg.listen_port, max_frame_bytes=cfg.max_frame_bytes)
+        if self._served_bytes is not None and handlers.get(int(RequestCode.PULL_MESSAGE)) is not None:
+            handlers[int(RequestCode.PULL_MESSAGE)] = self._count_served(handlers[int(RequestCode.PULL_MESSAGE)])
         for code, handler in handlers.items():
             self.server.register(code, self._guard(code, handler))
         self.server.register(RequestCode.NOTIFY_BROKER_ROLE_CHANGED, self.replicas.handle_notify)
@@ -175,11 +192,9 @@ class Broker:
         log.info("broker %s/%s id %d serving clients on %s", cfg.cluster, cfg.broker_name, broker_id,
                  self.server.address)
 
-        if cfg.metrics_port >= 0:
-            self.metrics = MetricsRegistry()
-            register_broker_metrics(self, self.metrics)
-            self.metrics_port = self.metrics.serve(cfg.metrics_port, cfg.listen_host)
-            log.info("metrics on http://%s:%d/metrics", cfg.listen_host, self.metrics_port)
+        if self.metrics is not None:
+            self.metrics_port = self.metrics.serve(cfg.metrics_port, cfg.metrics_host)
+            log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, self.metrics_port)
 
         await self.replicas.start()
         loop = asyncio.get_running_loop()
@@ -228,7 +243,20 @@ class Broker:
             self.commitlog, store_dir=str(self.store_dir), config=self.config,
             broker_name=self.config.broker_name, broker_id=broker_id, replication=self.replication,
             on_segments_deleted=self._on_segments_deleted, on_topics_changed=self.topics_changed,
+            metrics=self.metrics,
         )
+
+    def _count_served(self, handler: Any) -> Any:
+        """Wrap the pull handler: count the bytes of every response body (messages out)."""
+        counter = self._served_bytes
+
+        async def counted(cmd: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+            resp = await handler(cmd, conn)
+            if resp is not None and resp.body:
+                counter.inc(len(resp.body))
+            return resp
+
+        return counted
 
     def _guard(self, code: int, handler: Any) -> Any:
         """Wrap a write handler: refuse unless master (SERVICE_NOT_AVAILABLE names the master)."""
@@ -237,12 +265,15 @@ class Broker:
             role = self.role
             if role != Role.MASTER:
                 master = self.replicas.status.master_address if self.replicas else None
+                ext: dict[str, Any] = {}
                 if role == Role.SLAVE and master:
                     remark = f"broker {self.config.broker_address} is a slave; the master of " \
                              f"{self.config.broker_name} is {master}"
+                    # Clients re-route to the master without waiting for the name server.
+                    ext["masterAddress"] = master
                 else:
                     remark = f"broker {self.config.broker_address} is fenced: its role is not confirmed by the controller yet"
-                return cmd.response(ResponseCode.SERVICE_NOT_AVAILABLE, remark, {})
+                return cmd.response(ResponseCode.SERVICE_NOT_AVAILABLE, remark, ext)
             if handler is None:
                 return cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f" request type {cmd.code} not supported")
             return await handler(cmd, conn)
@@ -330,6 +361,7 @@ class Broker:
         em.append(epoch, int(self.commitlog.max_offset))
 
     async def become_master(self, epoch: int, sync_state_set: frozenset[int], sync_state_set_epoch: int) -> None:
+        rmqha_log.context.epoch = epoch
         async with self._ha_lock:
             self._slave_of = None
             if self.ha_slave is not None:
@@ -363,6 +395,7 @@ class Broker:
         await self._refresh_known_ids()
 
     async def master_reelected(self, epoch: int, sync_state_set: frozenset[int], sync_state_set_epoch: int) -> None:
+        rmqha_log.context.epoch = epoch
         async with self._ha_lock:
             self._append_epoch(epoch)
             log.info("re-elected master of %s at epoch %d; epochs %s", self.config.broker_name, epoch,
@@ -373,6 +406,7 @@ class Broker:
         self._ns_kick.set()
 
     async def become_slave(self, master_id: int, master_address: str, epoch: int) -> None:
+        rmqha_log.context.epoch = epoch
         async with self._ha_lock:
             # Refuse writes first: a demoted master must not append while it steps down.
             if self.message_service is not None:

@@ -93,11 +93,21 @@ class BrokerConfig:
     auto_create_topic_enable: bool = field(default=True, metadata=_alias("autoCreateTopicEnable"))
     default_topic_queue_nums: int = field(default=4, metadata=_alias("defaultTopicQueueNums"))
     long_polling_max_ms: int = 15000
+    #: How often retention looks for segments older than ``file_reserved_hours``.
+    retention_interval_s: float = 60.0
+    #: Upper bound of one pull response body.
+    max_pull_bytes: int = 4 * 1024 * 1024
+    #: Consumer offsets committed by pulls are written to the replicated state this often.
+    offset_flush_interval_s: float = 1.0
+    #: A client (producer/consumer) without a heartbeat for this long is forgotten.
+    client_expire_s: float = 120.0
 
     # --- operations -----------------------------------------------------------------------
-    #: Prometheus port: -1 off, 0 any free port.
-    metrics_port: int = -1
+    #: Prometheus /metrics port; 0 = off (as the controller's metricsPromExporterPort).
+    metrics_port: int = field(default=0, metadata=_alias("metricsPromExporterPort"))
+    metrics_host: str = field(default="127.0.0.1", metadata=_alias("metricsPromExporterHost"))
     log_level: str = "INFO"
+    #: Append JSON-line logs to this file instead of stderr; empty = stderr.
     log_file: str = ""
     log_json: bool = True
 
@@ -120,6 +130,13 @@ class BrokerConfig:
             raise ConfigError(f"listen_port {self.listen_port} is out of range")
         if not 0 <= self.ha_listen_port < 65536:
             raise ConfigError(f"ha_listen_port {self.ha_listen_port} is out of range")
+        if not 0 <= self.metrics_port < 65536:
+            raise ConfigError(f"metrics_port {self.metrics_port} is out of range (0 = off)")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ConfigError(f"log_level {self.log_level!r} is not DEBUG, INFO, WARNING, ERROR or CRITICAL")
+        for key in ("retention_interval_s", "offset_flush_interval_s", "client_expire_s", "max_pull_bytes"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"{key} must be positive, got {getattr(self, key)}")
         if not self.controller_addr:
             raise ConfigError("controller_addr is empty: a broker needs at least one controller address")
         for key in ("broker_heartbeat_interval_ms", "sync_broker_metadata_period_ms",

@@ -3,7 +3,10 @@
 ``get-controller-metadata``, ``get-sync-state-set``, ``elect-master``,
 ``clean-broker-metadata``, ``get-controller-config``, ``update-controller-config``.
 Each takes ``-a/--controller-address`` (``a;b;c``), prints a human table (mqadmin's
-layout) or ``--json``, and exits non-zero on a refusal with the controller's remark.
+layout) or ``--json``, and exits non-zero on a refusal with the controller's remark or on
+an unreachable address (named, with what to check; no traceback).
+``get-sync-state-set`` takes broker names (``-b``, repeatable) or ``-c CLUSTER -n NAMESRV``
+(the cluster's groups, resolved through the name server as mqadmin does).
 The admin token (when the controllers have one) comes from ``--admin-token`` or the
 environment variable ``RMQHA_ADMIN_TOKEN``.
 """
@@ -11,14 +14,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 from typing import Any
 
+from rmqha.cli.lookup import group_names
+from rmqha.cli.output import emit, reports_errors
 from rmqha.config import ConfigError, camel_to_snake, resolve_key
 from rmqha.controller.client import BlockingControllerClient
 from rmqha.controller.config import UPDATE_BLACKLIST, ControllerConfig
+from rmqha.errors import ControllerError
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -30,16 +35,27 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="the cluster's admin token (default: $RMQHA_ADMIN_TOKEN)")
 
 
-def _client(args: argparse.Namespace) -> BlockingControllerClient:
-    return BlockingControllerClient(args.controller_address, request_timeout=args.timeout,
-                                    admin_token=args.admin_token)
+def _client(args: argparse.Namespace, *, leader: bool = False) -> BlockingControllerClient:
+    """A client; with ``leader`` it first asks GET_METADATA_INFO (as mqadmin does), so an
+    unreachable address or a group without a leader fails at once instead of after the
+    client's leader-search retries."""
+    client = BlockingControllerClient(args.controller_address, request_timeout=args.timeout,
+                                      admin_token=args.admin_token)
+    if leader:
+        try:
+            meta = client.get_metadata()
+        except BaseException:
+            client.close()
+            raise
+        if not meta.leader_address:
+            client.close()
+            raise ControllerError(f"controller {meta.address} answers but its group has no leader "
+                                  "right now (a majority of controllers must be up); retry shortly")
+    return client
 
 
 def _emit(args: argparse.Namespace, data: Any, lines: list[str]) -> None:
-    if args.json:
-        print(json.dumps(data, indent=2, sort_keys=True, default=str))
-    else:
-        print("\n".join(lines))
+    emit(args, data, lines)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -52,7 +68,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               help="master, epochs and SyncStateSet of broker groups")
     _common(p)
     p.add_argument("-b", "--broker-name", "--brokerName", dest="broker_name", action="append",
-                   required=True, help="broker name (repeat for several)")
+                   default=[], help="broker name (repeat for several)")
+    p.add_argument("-c", "--cluster-name", "--clusterName", dest="cluster_name", default=None,
+                   help="every broker group of this cluster (resolved through -n)")
+    p.add_argument("-n", "--namesrv-addr", "--namesrvAddr", dest="namesrv", default=None,
+                   help="name server addresses for -c, host:port;host:port")
     p.set_defaults(func=get_sync_state_set)
 
     p = subparsers.add_parser("elect-master", aliases=["electMaster"],
@@ -87,6 +107,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=update_controller_config)
 
 
+@reports_errors("controller")
 def get_controller_metadata(args: argparse.Namespace) -> int:
     with _client(args) as client:
         meta = client.get_metadata()
@@ -97,8 +118,21 @@ def get_controller_metadata(args: argparse.Namespace) -> int:
     return 0
 
 
+@reports_errors("controller")
 def get_sync_state_set(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    names = list(args.broker_name)
+    if args.cluster_name:
+        if not args.namesrv:
+            print("-c/--cluster-name needs -n/--namesrv-addr to find the cluster's broker groups",
+                  file=sys.stderr)
+            return 2
+        names += [n for n in group_names(args.namesrv, args.cluster_name, args.timeout) if n not in names]
+    if not names:
+        print("name broker groups with -b BROKER_NAME or a cluster with -c CLUSTER -n NAMESRV",
+              file=sys.stderr)
+        return 2
+    args.broker_name = names
+    with _client(args, leader=True) as client:
         table = client.get_sync_state_data(args.broker_name)
     lines: list[str] = []
     for name, st in table.items():
@@ -119,8 +153,9 @@ def get_sync_state_set(args: argparse.Namespace) -> int:
     return 1 if missing and not table else 0
 
 
+@reports_errors("controller")
 def elect_master(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with _client(args, leader=True) as client:
         res = client.elect_master(args.cluster_name, args.broker_name, args.broker_id, designate=True)
     lines = [f"#ClusterName\t{args.cluster_name}", f"#BrokerName\t{args.broker_name}",
              f"#BrokerMasterAddr\t{res.master_address}", f"#MasterEpoch\t{res.master_epoch}",
@@ -132,13 +167,14 @@ def elect_master(args: argparse.Namespace) -> int:
     return 0
 
 
+@reports_errors("controller")
 def clean_broker_metadata(args: argparse.Namespace) -> int:
     if not args.clean_living and not args.cluster_name:
         print("cleanLivingBroker option is false, clusterName option can not be empty.",
               file=sys.stderr)
         return 2
     ids = [int(x) for x in args.broker_ids.split(";") if x.strip()] if args.broker_ids else None
-    with _client(args) as client:
+    with _client(args, leader=True) as client:
         client.clean_broker_data(args.broker_name, ids, cluster=args.cluster_name,
                                  clean_living_broker=args.clean_living)
     _emit(args, {"brokerName": args.broker_name, "cleaned": ids or "all"},
@@ -146,6 +182,7 @@ def clean_broker_metadata(args: argparse.Namespace) -> int:
     return 0
 
 
+@reports_errors("controller")
 def get_controller_config(args: argparse.Namespace) -> int:
     out: dict[str, dict[str, str]] = {}
     lines: list[str] = []
@@ -159,6 +196,7 @@ def get_controller_config(args: argparse.Namespace) -> int:
     return 0
 
 
+@reports_errors("controller")
 def update_controller_config(args: argparse.Namespace) -> int:
     try:
         name = resolve_key(ControllerConfig, args.key, "the command line")

@@ -1,48 +1,87 @@
 """``rmqha broker --config FILE`` runs one broker; two read-only broker admin queries.
 
-- ``rmqha get-broker-epoch -b ADDR`` (alias ``getBrokerEpoch``): the broker's epoch map
+- ``rmqha get-broker-epoch`` (alias ``getBrokerEpoch``): each replica's epoch map
   (GET_BROKER_EPOCH_CACHE), printed like RocketMQ's ``mqadmin getBrokerEpoch``.
-- ``rmqha ha-status -b ADDR`` (alias ``haStatus``): role, master, epochs, offsets and the HA
-  links (GET_BROKER_HA_STATUS).
+- ``rmqha ha-status`` (alias ``haStatus``): a master's slaves (ack offset, lag in bytes
+  and ms, in sync or not) or a slave's link to its master (GET_BROKER_HA_STATUS), laid
+  out like ``mqadmin haStatus``.
 
-Both accept ``--json`` for the raw answer.
+Both take ``-b`` as a broker address (``host:port``) or, with ``-n``, a broker group
+name (every live member is asked), or ``-c CLUSTER -n NAMESRV`` for every group of a
+cluster; ``--json`` prints the raw answers keyed by broker address.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import signal
+import sys
 from typing import Any
 
 from rmqha.broker.broker import run_broker
-from rmqha.broker.config import load_broker_config
+from rmqha.broker.config import BrokerConfig, load_broker_config
+from rmqha.cli.lookup import is_address, members
+from rmqha.cli.output import add_json_flag, emit, reports_errors, table
 from rmqha.codes import RequestCode
+from rmqha.config import check_port_free
+from rmqha import log as rmqha_log
 from rmqha.log import configure_logging
 from rmqha.remoting import BlockingRemotingClient, RemotingCommand
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("broker", help="run a broker")
+    p = subparsers.add_parser(
+        "broker", help="run a broker",
+        description="Run one broker. The config is TOML or a RocketMQ key=value file "
+                    "(run `rmqha config-keys broker` for every key); RMQHA_<KEY> environment "
+                    "variables override it.")
     p.add_argument("--config", "-c", help="TOML or key=value config file")
     p.add_argument("--listen-port", type=int, default=None, help="override listen_port")
     p.add_argument("--store-dir", default=None, help="override store_dir")
+    p.add_argument("--metrics-port", type=int, default=None, help="override metrics_port (0 = off)")
+    p.add_argument("--log-file", default=None, help="override log_file (JSON lines appended there)")
     p.set_defaults(func=_run)
 
     for name, alias, fn, help_text in (
-        ("get-broker-epoch", "getBrokerEpoch", _get_broker_epoch, "print a broker's epoch map"),
-        ("ha-status", "haStatus", _ha_status, "print a broker's role, offsets and HA links"),
+        ("get-broker-epoch", "getBrokerEpoch", _get_broker_epoch, "print each replica's epoch map"),
+        ("ha-status", "haStatus", _ha_status,
+         "print a master's slaves (ack offset, lag bytes/ms, in sync) or a slave's link"),
     ):
         q = subparsers.add_parser(name, aliases=[alias], help=help_text)
-        q.add_argument("-b", "--broker-addr", required=True, help="broker client address host:port")
-        q.add_argument("--json", action="store_true", help="print the raw JSON answer")
-        q.add_argument("--timeout", type=float, default=3.0)
+        q.add_argument("-b", "--broker", "--broker-addr", "--brokerAddr", "--brokerName", dest="broker",
+                       help="broker address host:port, or a broker group name (needs -n)")
+        q.add_argument("-c", "--cluster-name", "--clusterName", dest="cluster_name", default=None,
+                       help="every broker of this cluster (needs -n)")
+        q.add_argument("-n", "--namesrv-addr", "--namesrvAddr", dest="namesrv", default=None,
+                       help="name server addresses, host:port;host:port")
+        add_json_flag(q)
+        q.add_argument("--timeout", type=float, default=3.0, help="per-request timeout in seconds")
         q.set_defaults(func=fn)
 
 
+def preflight(config: BrokerConfig) -> None:
+    """Stop at once, naming the key, if a port the broker will bind is taken.
+
+    The client port is bound only after the id is settled with the controller and the HA
+    port only on becoming master: checking them first turns a late failure (or a broker
+    that runs without replication) into an immediate ConfigError.
+    """
+    check_port_free(config.listen_host, config.listen_port, "listen_port (client port)")
+    if config.ha_port:
+        check_port_free(config.listen_host, config.ha_port, "ha_listen_port (HA port)")
+    if config.metrics_port > 0:
+        check_port_free(config.metrics_host, config.metrics_port, "metrics_port")
+
+
 def _run(args: argparse.Namespace) -> int:
-    config = load_broker_config(args.config, listen_port=args.listen_port, store_dir=args.store_dir)
+    config = load_broker_config(args.config, listen_port=args.listen_port, store_dir=args.store_dir,
+                                metrics_port=args.metrics_port, log_file=args.log_file)
     configure_logging("broker", level=config.log_level, json_lines=config.log_json, path=config.log_file or None)
+    # From the first line on: the group, id -1 and epoch 0 until the broker learns them.
+    rmqha_log.context.group = config.broker_name
+    rmqha_log.context.broker_id = -1
+    rmqha_log.context.epoch = 0
+    preflight(config)
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -62,37 +101,79 @@ def _query(addr: str, code: int, timeout: float) -> Any:
     return resp.json_body()
 
 
+def _targets(args: argparse.Namespace) -> list[str] | None:
+    """The broker addresses to ask; None (after printing why) if the flags do not say."""
+    if args.broker and is_address(args.broker):
+        return [args.broker]
+    if not (args.broker or args.cluster_name):
+        print(f"rmqha {args.command}: give -b BROKER_ADDR, -b BROKER_NAME -n NAMESRV or "
+              "-c CLUSTER -n NAMESRV", file=sys.stderr)
+        return None
+    if not args.namesrv:
+        print(f"rmqha {args.command}: a broker name or cluster needs -n/--namesrv-addr", file=sys.stderr)
+        return None
+    found = members(args.namesrv, cluster=args.cluster_name,
+                    broker_names=[args.broker] if args.broker else None, timeout=args.timeout)
+    return [m.address for m in found]
+
+
+@reports_errors("broker")
 def _get_broker_epoch(args: argparse.Namespace) -> int:
-    data = _query(args.broker_addr, RequestCode.GET_BROKER_EPOCH_CACHE, args.timeout)
-    if args.json:
-        print(json.dumps(data, indent=2))
-        return 0
-    print(f"#clusterName\t{data['clusterName']}")
-    print(f"#brokerName\t{data['brokerName']}")
-    print(f"#brokerAddr\t{args.broker_addr}")
-    print(f"#brokerId\t{data['brokerId']}")
-    entries = data.get("epochList", [])
-    for i, e in enumerate(entries):
-        # RocketMQ's tool shows the open end of the last epoch as the broker's max offset.
-        end = data["maxOffset"] if i == len(entries) - 1 else e["endOffset"]
-        print(f"#Epoch: EpochEntry{{epoch={e['epoch']}, startOffset={e['startOffset']}, endOffset={end}}}")
+    targets = _targets(args)
+    if targets is None:
+        return 2
+    answers = {addr: _query(addr, RequestCode.GET_BROKER_EPOCH_CACHE, args.timeout) for addr in targets}
+    lines: list[str] = []
+    for addr, data in answers.items():
+        if lines:
+            lines.append("")
+        lines += [f"#clusterName\t{data['clusterName']}", f"#brokerName\t{data['brokerName']}",
+                  f"#brokerAddr\t{addr}", f"#brokerId\t{data['brokerId']}"]
+        entries = data.get("epochList", [])
+        for i, e in enumerate(entries):
+            # RocketMQ's tool shows the open end of the last epoch as the broker's max offset.
+            end = data["maxOffset"] if i == len(entries) - 1 else e["endOffset"]
+            lines.append(f"#Epoch: EpochEntry{{epoch={e['epoch']}, startOffset={e['startOffset']}, endOffset={end}}}")
+    emit(args, answers[targets[0]] if args.broker and is_address(args.broker) else answers, lines)
     return 0
 
 
+def _ha_lines(addr: str, data: dict[str, Any]) -> list[str]:
+    ha = data.get("ha") if isinstance(data.get("ha"), dict) else {}
+    lines = [f"#BrokerAddr\t{addr}", f"#BrokerName\t{data.get('brokerName')}",
+             f"#Role\t{data.get('role')}", f"#MasterEpoch\t{data.get('masterEpoch')}"]
+    if data.get("role") == "master":
+        slaves = ha.get("slaves") or []
+        lines += [f"#MasterAddr\t{addr}", f"#MasterCommitLogMaxOffset\t{data.get('maxOffset')}",
+                  f"#ConfirmOffset\t{data.get('confirmOffset')}",
+                  f"#SyncStateSet\t{data.get('syncStateSet')} (epoch {data.get('syncStateSetEpoch')})",
+                  f"#SlaveNum\t{ha.get('slave_num', len(slaves))}",
+                  f"#InSyncSlaveNum\t{ha.get('in_sync_slave_num', 0)}"]
+        rows = [(s.get("broker_id"), s.get("address"), s.get("ack_offset"), s.get("lag_bytes"),
+                 s.get("lag_ms"), "OK" if s.get("in_sync") else "Fall Behind", s.get("state"),
+                 s.get("transfer_from")) for s in slaves]
+        lines += table(("#SlaveId", "#SlaveAddr", "#SlaveAckOffset", "#Diff(bytes)", "#Lag(ms)",
+                        "#Status", "#State", "#TransferFromWhere"), rows)
+    else:
+        lines += [f"#MasterAddr\t{data.get('masterAddress')}",
+                  f"#CommitLogMaxOffset\t{data.get('maxOffset')}",
+                  f"#ConfirmOffset\t{data.get('confirmOffset')}",
+                  f"#LinkState\t{ha.get('state')}",
+                  f"#LastReadMsAgo\t{ha.get('last_read_ms_ago')}",
+                  f"#LastWriteMsAgo\t{ha.get('last_write_ms_ago')}"]
+    return lines
+
+
+@reports_errors("broker")
 def _ha_status(args: argparse.Namespace) -> int:
-    data = _query(args.broker_addr, RequestCode.GET_BROKER_HA_STATUS, args.timeout)
-    if args.json:
-        print(json.dumps(data, indent=2))
-        return 0
-    for key in ("role", "brokerName", "controllerBrokerId", "address", "haAddress", "masterAddress",
-                "masterEpoch", "syncStateSet", "syncStateSetEpoch", "lastEpoch", "maxOffset", "confirmOffset"):
-        print(f"#{key[0].upper()}{key[1:]}\t{data.get(key)}")
-    ha = data.get("ha")
-    if isinstance(ha, dict):
-        for key, value in ha.items():
-            if isinstance(value, list):
-                for item in value:
-                    print(f"#{key}\t{json.dumps(item, sort_keys=True)}")
-            else:
-                print(f"#ha.{key}\t{value}")
+    targets = _targets(args)
+    if targets is None:
+        return 2
+    answers = {addr: _query(addr, RequestCode.GET_BROKER_HA_STATUS, args.timeout) for addr in targets}
+    lines: list[str] = []
+    for addr, data in answers.items():
+        if lines:
+            lines.append("")
+        lines += _ha_lines(addr, data)
+    emit(args, answers[targets[0]] if args.broker and is_address(args.broker) else answers, lines)
     return 0

@@ -5,7 +5,7 @@ import argparse
 import asyncio
 import sys
 
-from rmqha.config import load_config
+from rmqha.config import check_port_free, load_config
 from rmqha.controller.config import ControllerConfig
 from rmqha.errors import RmqhaError
 from rmqha.log import configure_logging
@@ -21,16 +21,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--peers", help="controllerDLegerPeers, id-host:port;... (overrides the file)")
     p.add_argument("--raft-peers", help="raft_peers, id-host:port;... (overrides the file)")
     p.add_argument("--store-path", help="controller_store_path (overrides the file)")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="metrics_port / metricsPromExporterPort (0 = off; overrides the file)")
+    p.add_argument("--log-level", default="INFO",
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], type=str.upper)
+    p.add_argument("--log-file", default=None, help="append JSON-line logs to this file instead of stderr")
     p.add_argument("--plain-logs", action="store_true", help="plain text logs instead of JSON lines")
     p.set_defaults(func=run)
 
 
+def preflight(config: ControllerConfig) -> None:
+    """Stop at once, naming the key, if a port the controller will bind is taken."""
+    me = config.self_peer()
+    rpc_port = int(me.rpc_address.rpartition(":")[2])
+    raft_host, _, raft_port = me.raft_address.rpartition(":")
+    check_port_free(config.listen_host, rpc_port, "controller_peers (RPC port of this controller)")
+    check_port_free(raft_host, int(raft_port), "raft port (raft_peers / raft_port_offset)")
+    if config.metrics_port > 0:
+        check_port_free(config.metrics_host, config.metrics_port, "metrics_port")
+
+
 def run(args: argparse.Namespace) -> int:
-    configure_logging("controller", level=str(args.log_level), json_lines=not args.plain_logs)
+    configure_logging("controller", level=str(args.log_level), json_lines=not args.plain_logs,
+                      path=args.log_file)
     config = load_config(ControllerConfig, args.config, overrides={
         "controller_self_id": args.self_id, "controller_peers": args.peers,
-        "raft_peers": args.raft_peers, "controller_store_path": args.store_path})
+        "raft_peers": args.raft_peers, "controller_store_path": args.store_path,
+        "metrics_port": args.metrics_port})
+    preflight(config)
     from rmqha.controller.server import serve
 
     asyncio.run(serve(config))

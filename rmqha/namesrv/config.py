@@ -38,14 +38,21 @@ class NamesrvConfig:
     #: ``[controller]`` table of a TOML file: controller settings (any key spelling).
     controller: dict[str, Any] = field(default_factory=dict)
 
-    metrics_port: int = -1
+    #: Prometheus /metrics port; 0 = off (as the controller's metricsPromExporterPort).
+    metrics_port: int = field(default=0, metadata=_alias("metricsPromExporterPort"))
+    metrics_host: str = field(default="127.0.0.1", metadata=_alias("metricsPromExporterHost"))
     log_level: str = "INFO"
+    #: Append JSON-line logs to this file instead of stderr; empty = stderr.
     log_file: str = ""
     log_json: bool = True
 
     def validate(self) -> None:
         if not 0 <= self.listen_port < 65536:
             raise ConfigError(f"listen_port {self.listen_port} is out of range")
+        if not 0 <= self.metrics_port < 65536:
+            raise ConfigError(f"metrics_port {self.metrics_port} is out of range (0 = off)")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ConfigError(f"log_level {self.log_level!r} is not DEBUG, INFO, WARNING, ERROR or CRITICAL")
         if self.broker_expire_ms <= 0 or self.scan_not_active_broker_interval_ms <= 0:
             raise ConfigError("broker_expire_ms and scan_not_active_broker_interval_ms must be positive")
         if (self.controller_config_file or self.controller) and not self.enable_controller_in_namesrv:

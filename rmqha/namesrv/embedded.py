@@ -13,19 +13,25 @@ import logging
 from rmqha.config import load_config
 from rmqha.controller.config import ControllerConfig
 from rmqha.controller.server import ControllerServer
+from rmqha.metrics import MetricsRegistry
 from rmqha.namesrv.config import NamesrvConfig
 
 log = logging.getLogger(__name__)
 
 
-async def start_embedded_controller(config: NamesrvConfig) -> ControllerServer:
-    """Load the controller settings and start a controller node; returns it (call stop())."""
+async def start_embedded_controller(config: NamesrvConfig,
+                                    metrics: MetricsRegistry | None = None) -> ControllerServer:
+    """Load the controller settings and start a controller node; returns it (call stop()).
+
+    With ``metrics`` (the name server's registry) the controller's series are served on
+    the name server's metrics port too.
+    """
     ccfg = load_config(
         ControllerConfig,
         config.controller_config_file or None,
         overrides=dict(config.controller) or None,
     )
-    server = ControllerServer(ccfg)
+    server = ControllerServer(ccfg, metrics)
     await server.start()
     log.info("embedded controller %s serving %s", ccfg.controller_self_id, server.address)
     return server

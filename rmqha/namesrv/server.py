@@ -30,7 +30,8 @@ import logging
 import time
 from typing import Any
 
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.codes import RequestCode, ResponseCode, code_name
+from rmqha.errors import ConfigError
 from rmqha.metrics import MetricsRegistry
 from rmqha.namesrv.config import NamesrvConfig
 from rmqha.namesrv.route_table import BrokerRegistration, RouteTable, TopicConfig
@@ -77,8 +78,11 @@ class NameServer:
         # (broker_name, broker_addr) -> the connection it last registered over
         self._reg_conn: dict[tuple[str, str], Connection] = {}
         self._scan_task: asyncio.Task[None] | None = None
-        self.metrics: MetricsRegistry | None = None
+        self.metrics: MetricsRegistry | None = MetricsRegistry() if config.metrics_port > 0 else None
         self.metrics_port: int | None = None
+        self._requests: Any = None
+        if self.metrics is not None:
+            self._register_metrics(self.metrics)
         for code, handler in (
             (RequestCode.REGISTER_BROKER, self._register_broker),
             (RequestCode.UNREGISTER_BROKER, self._unregister_broker),
@@ -88,23 +92,46 @@ class NameServer:
             (RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER, self._topic_list),
             (RequestCode.DELETE_TOPIC_IN_NAMESRV, self._delete_topic),
         ):
-            self.server.register(code, handler)
+            self.server.register(code, self._metered(int(code), handler))
 
     @property
     def address(self) -> str:
         return self.server.address
 
+    def _register_metrics(self, m: MetricsRegistry) -> None:
+        m.gauge("rmqha_namesrv_brokers", "live broker registrations").set_function(
+            lambda: float(sum(len(self.routes.members(g)) for g in self.routes.group_names())))
+        m.gauge("rmqha_namesrv_broker_groups", "broker groups with a live member").set_function(
+            lambda: float(len(self.routes.group_names())))
+        m.gauge("rmqha_namesrv_topics", "topics served by at least one live broker group").set_function(
+            lambda: float(len(self.routes.topics())))
+        self._requests = m.counter("rmqha_namesrv_requests", "Requests by code and result",
+                                   ("request_type", "result"))
+
+    def _metered(self, code: int, handler: Any) -> Any:
+        if self._requests is None:
+            return handler
+        counter = self._requests
+
+        async def metered(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+            resp = await handler(cmd, conn)
+            ok = resp is None or resp.code == ResponseCode.SUCCESS
+            counter.labels(request_type=code_name(code), result="success" if ok else "failed").inc()
+            return resp
+
+        return metered
+
     async def start(self) -> None:
         if self.config.enable_controller_in_namesrv:
             await self._start_controller()
-        await self.server.start()
-        if self.config.metrics_port >= 0:
-            self.metrics = MetricsRegistry()
-            self.metrics.gauge("rmqha_namesrv_brokers", "live broker registrations").set_function(
-                lambda: float(sum(len(self.routes.members(g)) for g in self.routes.group_names())))
-            self.metrics.gauge("rmqha_namesrv_broker_groups", "broker groups with a live member").set_function(
-                lambda: float(len(self.routes.group_names())))
-            self.metrics_port = self.metrics.serve(self.config.metrics_port, self.config.listen_host)
+        try:
+            await self.server.start()
+        except OSError as exc:
+            raise ConfigError(f"listen_port: cannot listen on {self.config.listen_host}:"
+                              f"{self.config.listen_port}: {exc.strerror or exc}") from exc
+        if self.metrics is not None:
+            self.metrics_port = self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
+            log.info("metrics on http://%s:%d/metrics", self.config.metrics_host, self.metrics_port)
         self._scan_task = asyncio.get_running_loop().create_task(self._scan_loop())
         log.info("name server listening on %s", self.server.address)
 
@@ -128,7 +155,7 @@ class NameServer:
         # Imported here: a plain name server must not need the controller's dependencies.
         from rmqha.namesrv.embedded import start_embedded_controller
 
-        self.controller = await start_embedded_controller(self.config)
+        self.controller = await start_embedded_controller(self.config, self.metrics)
 
     # --- housekeeping ---------------------------------------------------------------------
 
