@@ -194,6 +194,7 @@ def test_election_rules_one_by_one(group):
             assert (r.code, r.master_broker_id) == (ResponseCode.CONTROLLER_MASTER_STILL_EXIST, 2)
 
             # Master widens the set; then dies: ranking by epoch, then offset.
+            await wait_alive(c, name, {1, 2, 3})
             s = await c.alter_sync_state_set(name, 2, 1, [1, 2, 3], 1)
             assert (s.sync_state_set, s.sync_state_set_epoch) == ([1, 2, 3], 2)
             b1.epoch, b1.offset = 1, 100
@@ -228,12 +229,14 @@ def test_election_rules_one_by_one(group):
             b2.priority = 7
             await b3.start_heartbeats()
             await b2.beat_once()
+            await wait_alive(c, name, {1, 2, 3})
             await c.alter_sync_state_set(name, 1, 3, [1, 2, 3], 5)
             await b1.die()
             info = await wait_until(lambda: master_is(3), 10, "b3 elected by priority")
             assert info.master_epoch == 4
 
             # An operator may name a live candidate (even with a live master)...
+            await wait_alive(c, name, {2, 3})
             await c.alter_sync_state_set(name, 3, 4, [2, 3], 7)
             r = await c.elect_master(CLUSTER, name, 2, designate=True)
             assert (r.code, r.master_broker_id, r.master_epoch) == (0, 2, 5)
@@ -275,6 +278,17 @@ async def _async_true(value):
     return value
 
 
+async def wait_alive(c: ControllerClient, name: str, ids: set[int]) -> None:
+    """Heartbeats are one-way on their own connections: before a request that needs some
+    brokers alive, wait until the leader has seen them, or the request races the beat."""
+    async def seen() -> bool:
+        table = await c.get_sync_state_data([name])
+        group_state = table[name]
+        replicas = group_state.in_sync_replicas + group_state.not_in_sync_replicas
+        return ids <= {r.broker_id for r in replicas if r.alive}
+    await wait_until(seen, 10, f"brokers {sorted(ids)} of {name} seen alive")
+
+
 def test_alter_sync_state_set_fencing(group):
     async def main() -> None:
         name = "fence"
@@ -285,6 +299,7 @@ def test_alter_sync_state_set_fencing(group):
                 await b.register()
                 await b.start_heartbeats()
             await b3.register()  # registered, never heartbeats: not alive
+            await wait_alive(c, name, {1, 2})
             await c.elect_master(CLUSTER, name, 1)  # master 1, epoch 1, set {1} epoch 1
 
             async def code_of(master, epoch, ids, set_epoch, broker=name):
@@ -325,6 +340,7 @@ def test_clean_broker_data(group):
             for b in (b1, b2):
                 await b.register()
             await b1.start_heartbeats()
+            await wait_alive(c, name, {1})
             with pytest.raises(RemoteCommandError, match="still alive") as info:
                 await c.clean_broker_data(name, [1], cluster=CLUSTER)
             assert info.value.code == ResponseCode.CONTROLLER_INVALID_CLEAN_BROKER_METADATA
