@@ -3,9 +3,16 @@
 This module owns the store's files and their lifecycle: segment files named by the 20-digit
 offset of their first byte, the flushed-offset checkpoint, the queue-offset table per
 (topic, queue id), group-committed flushing, recovery of a torn or corrupt tail, and the
-next segment's background warm-up (first touch of a page costs 8-16 us on this class of
-VM, so pages are faulted in before appends reach them).  Record bytes are written by the
+segments' background warm-up (first touch of a page costs 8-16 us on this class of VM, so
+pages are faulted in before appends reach them: the active segment at once, the next one
+once the writer is half-way through the active one).  Record bytes are written by the
 selected twin of :mod:`rmqha._core.records`.
+
+Replicated bytes (a slave) arrive either as ``append_data`` (validated in the caller's
+buffer, then one ``pwrite``) or straight into the mapping through ``receive_view`` /
+``commit_received`` (one kernel copy from the socket); both validate every record before
+``max_offset`` moves and zero a bad block.  ``reset`` starts an empty log at a later
+segment (a slave joining after retention on its master).
 
 Threads: one writer at a time (appends, ``append_data``, truncate, delete, close serialise
 on one lock); any number of readers (``read``, ``read_message``, ``iter_messages``) without
@@ -55,6 +62,7 @@ _CHECKPOINT = struct.Struct(">8sqqqI")
 _CLEAN = 1   # flags bit: written by close(); the log ended exactly at the flushed offset
 _CHECKPOINT_MAGIC = b"RMQHACP1"
 _SIZE_MAGIC = struct.Struct(">iI")
+_INT32 = struct.Struct(">i")
 _HOST = struct.Struct(">4si")
 _ZEROS = bytes(1 << 20)
 # sys flag bits for IPv6 born/store hosts: v1 records carry IPv4 only.
@@ -62,6 +70,7 @@ _SYSFLAG_V6_HOSTS = 0x10 | 0x20
 _INT32_MAX = 0x7FFFFFFF
 _FIXED = 91          # record bytes besides body, topic and properties
 _MIN_BLANK = 8       # a segment always keeps room for the blank record's header
+_NEVER = 1 << 62
 
 
 class FlushMode(str, Enum):
@@ -237,6 +246,16 @@ class CommitLog:
         self._warm_idle = threading.Event()
         self._warm_idle.set()
         self._warm_pending = 0
+        # After open, truncate and reset the rest of the active segment and all of the
+        # next one are faulted in at once.  Later, the next segment's file is created as
+        # soon as the writer enters a segment, its pages faulted in once the writer is
+        # half-way through: early enough to finish first (a writer that overtakes the
+        # warm-up faults at a fraction of the speed), late enough not to fault in and
+        # zero a segment nobody writes for a long time.  (Keeping a shorter window just
+        # ahead of the writer was measured slower: the warm-up then fell behind a
+        # replica catching up at full speed.)
+        self._warm_upto = 0          # global offset up to which warm-up was requested
+        self._warm_next_at = _NEVER  # max offset at which the next segment is warmed
         self._queue_offsets: dict[tuple[bytes, int], int] = {}
         self._base_table: dict[tuple[bytes, int], int] = {}
         self._closed = False
@@ -267,12 +286,11 @@ class CommitLog:
         self._warmer.start()
         active = self._segments.get(self.segment_start(self._max_offset))
         if active is None:
-            # Create (and warm) the first segment now rather than on the first append.
+            # Create the first segment now rather than on the first append.
             with self._lock:
                 self._active_segment()
-        else:
-            self._request_warm(("prefault", active, self._max_offset - active.base))
-            self._request_warm(("create", self.segment_start(self._max_offset) + self._sb))
+        with self._lock:
+            self._warm_all_ahead()
 
     # --- geometry and state ------------------------------------------------------------
 
@@ -422,6 +440,8 @@ class CommitLog:
             self._queue_offsets[key] = qoff + 1
             end = offset + size
             self._max_offset = self._whole_offset = end
+            if end >= self._warm_next_at:
+                self._warm_next()
         if self._listeners or self._mode is FlushMode.SYNC:
             self._appended(end)
         return offset, size
@@ -471,6 +491,8 @@ class CommitLog:
                 if done:
                     self._queue_offsets[key] = q0 + done
             end_offset = self._max_offset
+            if end_offset >= self._warm_next_at:
+                self._warm_next()
         if n:
             self._appended(end_offset)
         return BatchAppendResult(offsets, q0, n, overhead, end_offset)
@@ -481,41 +503,149 @@ class CommitLog:
         The block may end inside a record (the next block continues it) but never crosses a
         segment end.  Whole records in it are validated (magic, sizes, offsets, CRC) and fed
         to the queue-offset table; an invalid one undoes the write and raises.
+
+        The bytes go to the segment file with ``pwrite`` (a kernel copy through its direct
+        map: on this class of VM far cheaper than a user-space copy into a mapping that is
+        not warm yet); the records are validated in ``data`` itself, only a record begun
+        by an earlier block is checked in the file.  Nothing is visible to readers before
+        max_offset moves, and that happens only after validation.  A receiver that can
+        put the bytes straight into the log uses :meth:`receive_view` instead.
         """
         n = len(data)
         with self._lock:
-            self._check_open()
-            if offset != self._max_offset:
-                raise OffsetMismatchError(
-                    f"append_data at {offset}, but the log ends at {self._max_offset}")
+            seg, pos = self._tail_block(offset, n)
             if n == 0:
                 return offset
-            seg_end = self.segment_end(offset)
-            if offset + n > seg_end:
-                raise StoreError(
-                    f"append_data of {n} bytes at {offset} crosses the segment end {seg_end}")
-            seg = self._active_segment()
-            pos = offset - seg.base
-            seg.mm[pos:pos + n] = data
-            table: dict[tuple[bytes, int], int] = {}
-            whole_pos = self._whole_offset - seg.base
-            stop_pos, stop, _ = self._codec.scan(seg.mm, whole_pos, pos + n, seg.base, 0, table)
-            S = self._codec.ScanStop
-            incomplete = stop == S.TORN or (stop == S.ZEROS and pos + n - stop_pos < 8)
-            bad = stop not in (S.END, S.BLANK) and not incomplete
-            if not bad and offset + n == seg_end and stop_pos != self._sb:
-                bad = True
-            if bad:
-                self._zero(seg, pos, pos + n)
-                raise CorruptRecordError(
-                    f"append_data at {offset}: invalid record at {seg.base + stop_pos} "
-                    f"({S(stop).name}); nothing written")
-            self._queue_offsets.update(table)
-            self._max_offset = offset + n
-            self._whole_offset = seg.base + stop_pos
-            end = self._max_offset
-        self._appended(end)
-        return end
+            try:
+                self._pwrite(seg, data, pos)
+            except OSError:
+                self._zero(seg, pos, pos + n)  # no partial block may linger past the end
+                raise
+            end_offset = self._commit_block(seg, pos, n, data)
+        self._appended(end_offset)
+        return end_offset
+
+    def receive_view(self, offset: int, size: int) -> memoryview:
+        """Slave side: a writable view of the ``size`` log bytes at ``offset`` (exactly
+        ``max_offset``, inside one segment), to receive replicated bytes straight into the
+        segment's mapping (``socket.recv_into``) with no copy in between.
+
+        What is written there stays invisible (beyond ``max_offset``) until
+        :meth:`commit_received` validates it; :meth:`discard_received` zeroes an abandoned
+        one.  One writer: no other write, truncate or reset may come in between.
+        """
+        with self._lock:
+            seg, pos = self._tail_block(offset, size)
+            return seg.view[pos:pos + size]
+
+    def tail_is_warm(self, offset: int, size: int) -> bool:
+        """Whether the ``size`` bytes at ``offset`` (max offset, one segment) are in memory
+        already, so that receiving into :meth:`receive_view` costs no page allocation;
+        when not (warm-up is behind), :meth:`append_data` from a buffer is cheaper."""
+        seg = self._segments.get(self.segment_start(offset))
+        if seg is None or size <= 0:
+            return False
+        pos = offset - seg.base
+        if pos + size > self._sb:
+            return False
+        try:
+            return bool(self._codec.resident(seg.mm, pos, pos + size))
+        except ValueError:  # unmapped under us (truncate / close)
+            return False
+
+    def commit_received(self, offset: int, size: int) -> int:
+        """Make ``size`` bytes received through :meth:`receive_view` at ``offset`` part of
+        the log, exactly as :meth:`append_data` would (same validation; an invalid record
+        zeroes them and raises CorruptRecordError); returns the new max offset."""
+        with self._lock:
+            seg, pos = self._tail_block(offset, size)
+            if size == 0:
+                return offset
+            end_offset = self._commit_block(seg, pos, size, None)
+        self._appended(end_offset)
+        return end_offset
+
+    def discard_received(self, offset: int, size: int) -> None:
+        """Zero ``size`` bytes received at ``offset`` (the max offset) and never committed
+        (a link that broke mid-block), so no stray bytes follow the log's end."""
+        with self._lock:
+            if self._closed or offset != self._max_offset or size <= 0:
+                return
+            seg, pos = self._tail_block(offset, size)
+            self._zero(seg, pos, pos + size)
+
+    def _tail_block(self, offset: int, n: int) -> tuple[_Segment, int]:
+        """(segment, position) of an ``n``-byte block at the max offset; with the lock held."""
+        self._check_open()
+        if offset != self._max_offset:
+            raise OffsetMismatchError(
+                f"replicated data at {offset}, but the log ends at {self._max_offset}")
+        if n < 0:
+            raise StoreError(f"negative block size {n}")
+        seg_end = self.segment_end(offset)
+        if offset + n > seg_end:
+            raise StoreError(
+                f"a block of {n} bytes at {offset} crosses the segment end {seg_end}")
+        seg = self._active_segment()
+        return seg, offset - seg.base
+
+    def _commit_block(self, seg: _Segment, pos: int, n: int,
+                      data: bytes | bytearray | memoryview | None) -> int:
+        """Validate a block written at ``seg[pos:pos+n]`` (``data``: its source, checked
+        there; None: check the segment) and advance the log, or zero it and raise."""
+        end = pos + n
+        table: dict[tuple[bytes, int], int] = {}
+        if data is None:
+            stop_pos, stop, _ = self._codec.scan(seg.mm, self._whole_offset - seg.base, end,
+                                                 seg.base, 0, table)
+        else:
+            stop_pos, stop = self._validate_block(seg, data, pos, end, table)
+        S = self._codec.ScanStop
+        incomplete = stop == S.TORN or (stop == S.ZEROS and end - stop_pos < 8)
+        bad = stop not in (S.END, S.BLANK) and not incomplete
+        if not bad and end == self._sb and stop_pos != self._sb:
+            bad = True
+        if bad:
+            self._zero(seg, pos, end)
+            raise CorruptRecordError(
+                f"replicated block at {seg.base + pos}: invalid record at {seg.base + stop_pos} "
+                f"({S(stop).name}); nothing written")
+        self._queue_offsets.update(table)
+        self._max_offset = seg.base + end
+        self._whole_offset = seg.base + stop_pos
+        if self._max_offset >= self._warm_next_at:
+            self._warm_next()
+        return self._max_offset
+
+    @staticmethod
+    def _pwrite(seg: _Segment, data: bytes | bytearray | memoryview, pos: int) -> None:
+        done = os.pwrite(seg.fd, data, pos)
+        n = len(data)
+        if done < n:  # short write (a signal, a nearly full disk): finish it
+            view = memoryview(data).cast("B")
+            while done < n:
+                done += os.pwrite(seg.fd, view[done:], pos + done)
+
+    def _validate_block(self, seg: _Segment, data: bytes | bytearray | memoryview, pos: int,
+                        end: int, table: dict[tuple[bytes, int], int]) -> tuple[int, int]:
+        """Scan the records of a block written at ``seg[pos:end]``: (stop position, ScanStop)."""
+        codec = self._codec
+        wpos = self._whole_offset - seg.base
+        rec_end = pos
+        if wpos < pos:
+            # A record begun by an earlier block: its head is only in the file, so check it
+            # there (one record); the rest of the block is checked in ``data``.
+            rec_end = end
+            if end - wpos >= 8:
+                (total,) = _INT32.unpack_from(seg.mm, wpos)
+                if pos < wpos + total < end:
+                    rec_end = wpos + total
+            stop_pos, stop, _ = codec.scan(seg.mm, wpos, rec_end, seg.base, 0, table)
+            if rec_end == end or stop != codec.ScanStop.END:
+                return stop_pos, stop
+        stop_pos, stop, _ = codec.scan(data, rec_end - pos, end - pos, seg.base + pos, 0, table,
+                                       False, self._sb - pos)
+        return pos + stop_pos, stop
 
     def _appended(self, end: int) -> None:
         for cb in self._listeners:
@@ -546,11 +676,33 @@ class CommitLog:
                 seg = self._warm_ready.pop(base, None)
                 if seg is None:
                     seg = _Segment(self._path(base), base, self._sb, create=True)
-                    self._request_warm(("prefault", seg, 0))
-            self._segments[base] = seg
+                self._segments[base] = seg
+            if self._warm_upto <= self._max_offset:
+                # The writer got here before its warm-up (a fast writer): fault in the rest.
+                self._request_warm(("range", self._max_offset, base + self._sb))
+                self._warm_upto = base + self._sb
+            # The next file now (cheap), its pages once the writer is half-way here.
             self._request_warm(("create", base + self._sb))
+            self._warm_next_at = base + self._sb // 2
         self._active = seg
         return seg
+
+    def _warm_all_ahead(self) -> None:
+        """Fault in the rest of the active segment and all of the next one (after open,
+        truncate and reset: the writer may go fast from here)."""
+        upto = self.segment_start(self._max_offset) + 2 * self._sb
+        self._request_warm(("range", self._max_offset, upto))
+        self._warm_upto = upto
+        self._warm_next_at = _NEVER
+
+    def _warm_next(self) -> None:
+        """The writer is half-way through its segment: fault in the next one."""
+        self._warm_next_at = _NEVER
+        nxt = self.segment_start(self._max_offset) + self._sb
+        start = max(self._warm_upto, nxt)
+        if start < nxt + self._sb:
+            self._request_warm(("range", start, nxt + self._sb))
+            self._warm_upto = nxt + self._sb
 
     def _request_warm(self, job: tuple) -> None:
         if not self._prefault:
@@ -567,18 +719,17 @@ class CommitLog:
                 if job[0] == "stop":
                     return
                 if job[0] == "create":
-                    base = job[1]
-                    with self._warm_lock:
-                        if (self._closing or base in self._segments or base in self._warm_ready
-                                or base <= self.segment_start(self._max_offset)):
-                            continue
-                        seg = _Segment(self._path(base), base, self._sb, create=True)
-                        self._warm_ready[base] = seg
-                    self._codec.prefault(seg.mm)
-                elif job[0] == "prefault":
-                    seg, start = job[1], job[2]
-                    if not self._closing and self._segments.get(seg.base) is seg:
-                        self._codec.prefault(seg.mm, start)
+                    self._warm_segment(job[1])
+                elif job[0] == "range":
+                    start, end = job[1], job[2]
+                    while start < end and not self._closing:
+                        base = start - start % self._sb
+                        seg = self._warm_segment(base)
+                        if seg is None:
+                            break
+                        stop = min(end, base + self._sb)
+                        self._codec.prefault(seg.mm, start - base, stop - base)
+                        start = stop
             except (OSError, ValueError) as exc:
                 # Warming is an optimisation; a failure shows up again, loudly, on the writer.
                 log.warning("commitlog warm-up %s failed: %s", job[0], exc)
@@ -587,6 +738,20 @@ class CommitLog:
                     self._warm_pending -= 1
                     if self._warm_pending <= 0:
                         self._warm_idle.set()
+
+    def _warm_segment(self, base: int) -> _Segment | None:
+        """The segment at ``base`` for warm-up, creating the writer's next one if needed."""
+        with self._warm_lock:
+            seg = self._segments.get(base) or self._warm_ready.get(base)
+            if seg is not None or self._closing:
+                return seg
+            # Only ever the segment right after the writer's: a job queued before a
+            # truncate or reset must not leave a file beyond a gap.
+            if base != self.segment_start(self._max_offset) + self._sb:
+                return None
+            seg = _Segment(self._path(base), base, self._sb, create=True)
+            self._warm_ready[base] = seg
+            return seg
 
     def wait_prefaulted(self, timeout: float | None = None) -> bool:
         """Block until queued warm-up work (the active and next segment) is done."""
@@ -611,6 +776,20 @@ class CommitLog:
             raise StoreError(f"offset {offset} is below the log start {self.min_offset}")
         pos = offset - base
         return seg.view[pos:pos + size]
+
+    def segment_fd(self, offset: int) -> int:
+        """A new file descriptor of the segment holding ``offset``; the caller closes it.
+
+        For ``os.sendfile`` (the HA master): the kernel hands page-cache pages to the
+        socket without a copy.  Being a duplicate, it keeps the file readable even if the
+        segment is deleted meanwhile (a retention pass while a slow slave catches up).
+        """
+        with self._lock:  # every close of a segment's fd holds it
+            seg = self._segments.get(self.segment_start(offset))
+            if seg is None or not self.min_offset <= offset < self._max_offset:
+                raise StoreError(f"offset {offset} is outside the log "
+                                 f"{self.min_offset}..{self._max_offset}")
+            return os.dup(seg.fd)
 
     def read_message(self, offset: int, *, verify_crc: bool = True) -> StoredMessage:
         """Decode the message at ``offset`` (CorruptRecordError for blanks and bad bytes)."""
@@ -953,11 +1132,65 @@ class CommitLog:
                     self._flush_wanted = min(self._flush_wanted, offset)
                 self._write_checkpoint()
             # Zeroing and fdatasync left the pages clean and write-protected: fault them
-            # writable again off the hot path.
-            if seg is not None:
-                self._request_warm(("prefault", seg, offset - base))
-            self._request_warm(("create", base + self._sb))
+            # writable again off the hot path (and the next segment).
+            self._warm_all_ahead()
             log.info("commitlog truncated to %d", offset)
+
+    def reset(self, offset: int) -> None:
+        """Make this EMPTY log start at ``offset`` (a multiple of ``segment_bytes``), durably.
+
+        A slave that joins late starts where its master's log starts (the master's min
+        offset after retention, or its last segment with ``sync_from_last_file``) without
+        holding the bytes before it.  Every segment file goes and one empty segment is
+        created at ``offset``; min, max and flushed offsets become ``offset``; the queue
+        offset table starts empty (the records that arrive next carry their own queue
+        offsets) and so does ``queue_offsets.json``; the checkpoint is rewritten.  All of
+        it is fsync-ed before returning, so a reopen finds the same empty log.  A crash
+        half-way leaves an empty log (at 0 at worst), never a partial one.
+
+        StoreError when the log holds any byte (``max_offset > min_offset``: truncate it
+        first) or ``offset`` is negative or not segment-aligned.
+        """
+        if not isinstance(offset, int) or offset < 0 or offset % self._sb:
+            raise StoreError(f"reset to {offset!r}: the offset must be a non-negative multiple "
+                             f"of segment_bytes={self._sb}")
+        with self._lock:
+            self._check_open()
+            if self._max_offset > self.min_offset or self._whole_offset != self._max_offset:
+                raise StoreError(
+                    f"reset to {offset}: the log is not empty (it holds {self.min_offset}.."
+                    f"{self._max_offset}); truncate it to its min offset first")
+            with self._io_lock:
+                # Queue offsets first: a crash after this leaves an empty log, either way
+                # with no stale per-queue numbers that the next records would contradict.
+                self._base_table = {}
+                self._queue_offsets = {}
+                self._save_queue_base(offset)
+                self._active = None
+                victims = [self._segments.pop(b) for b in sorted(self._segments)]
+                # Under the warm-up lock: no job may create a segment of the old or the new
+                # geometry while the files change (a stray file would leave a gap).
+                with self._warm_lock:
+                    victims.extend(self._warm_ready.pop(b) for b in sorted(self._warm_ready))
+                    self._max_offset = self._whole_offset = offset
+                    for seg in victims:
+                        seg.close()
+                        os.unlink(seg.path)
+                    _fsync_dir(self._dir)
+                    seg = _Segment(self._path(offset), offset, self._sb, create=True)
+                os.fdatasync(seg.fd)
+                self._segments[offset] = seg
+                self._active = seg
+                _fsync_dir(self._dir)
+                with self._flush_lock:
+                    self._flushed_offset = offset
+                    self._flush_wanted = min(self._flush_wanted, offset)
+                    self._resolve_futures()
+                    self._flushed_cond.notify_all()
+                self._write_checkpoint()
+            self._warm_all_ahead()
+            log.info("commitlog reset: empty log at %d (%d old segment file(s) removed)",
+                     offset, len(victims))
 
     def cut_to_last_whole_record(self) -> int:
         """Drop a partial record at the end (slave side); returns the new max offset."""

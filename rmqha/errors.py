@@ -106,6 +106,11 @@ class ReplicationError(RmqhaError):
     """The HA link failed: handshake refused, truncation impossible, bad block."""
 
 
+class LocalClusterError(RmqhaError):
+    """A cluster started by rmqha.local_cluster did not reach a state in time, or one of
+    its processes died while waited on (the message carries every process's log tail)."""
+
+
 # --- client ------------------------------------------------------------------------------
 
 

@@ -531,6 +531,135 @@ def test_sync_mode_covers_batches_and_replicated_data(twin, logs, tmp_path) -> N
     assert slave.flushed_offset >= end == master.max_offset
 
 
+def test_append_data_rejects_a_bad_record_split_across_blocks(twin, logs, tmp_path) -> None:
+    """A record cut at a block edge is validated once its tail arrives: a bad tail (CRC)
+    rejects that whole block, leaves the log where it was, and the good bytes still fit."""
+    master = logs(tmp_path / "m", twin)
+    offs = [master.append("split", bytes([i]) * 700)[0] for i in range(8)]
+    slave = logs(tmp_path / "s", twin)
+    cut = offs[3] + 300  # record 3 straddles the blocks
+    slave.append_data(0, master.read(0, cut))
+    assert (slave.max_offset, slave.whole_offset) == (cut, offs[3])
+    tail = bytearray(master.read(cut, master.max_offset - cut))
+    tail[100] ^= 0x55  # inside record 3's body
+    with pytest.raises(CorruptRecordError, match="BAD_CRC"):
+        slave.append_data(cut, tail)
+    assert (slave.max_offset, slave.whole_offset) == (cut, offs[3])
+    assert slave.queue_offset("split") == 3
+    tail[100] ^= 0x55
+    tail[offs[5] - cut + 4] ^= 0x01  # record 5's magic, wholly inside the block
+    with pytest.raises(CorruptRecordError, match="BAD_MAGIC"):
+        slave.append_data(cut, tail)
+    assert slave.max_offset == cut
+    slave.append_data(cut, master.read(cut, master.max_offset - cut))
+    assert slave.queue_offset("split") == 8
+    slave.close()
+    again = logs(tmp_path / "s", twin)
+    assert again.max_offset == master.max_offset and again.queue_offset("split") == 8
+    assert [m.body for m in again.iter_messages()] == [bytes([i]) * 700 for i in range(8)]
+
+
+def test_receive_view_commit_and_discard(twin, logs, tmp_path) -> None:
+    """Bytes received straight into the mapping count only once committed and valid."""
+    master = logs(tmp_path / "m", twin)
+    offs = [master.append("rv", bytes([i]) * 900)[0] for i in range(10)]
+    slave = logs(tmp_path / "s", twin)
+    seen: list[int] = []
+    slave.add_append_listener(seen.append)
+    cut = offs[4] + 500  # record 4 straddles the two blocks
+    for start, end in ((0, cut), (cut, master.max_offset)):
+        view = slave.receive_view(start, end - start)
+        view[:] = master.read(start, end - start)
+        view.release()
+        assert slave.max_offset == start  # invisible until committed
+        assert slave.commit_received(start, end - start) == end == seen[-1]
+    assert slave.queue_offset("rv") == 10 and slave.whole_offset == master.max_offset
+    assert [m.body for m in slave.iter_messages()] == [bytes([i]) * 900 for i in range(10)]
+    # A bad record: the commit refuses, zeroes the bytes and leaves the log as it was.
+    tail_at = master.max_offset
+    more = master.append("rv", b"z" * 300)[1]
+    view = slave.receive_view(tail_at, more)
+    view[:] = master.read(tail_at, more)
+    view[120] ^= 0xFF
+    view.release()
+    with pytest.raises(CorruptRecordError, match="BAD_CRC"):
+        slave.commit_received(tail_at, more)
+    assert slave.max_offset == tail_at and not any(slave.receive_view(tail_at, more))
+    # An abandoned block (the link broke): discard zeroes what came.
+    view = slave.receive_view(tail_at, more)
+    view[:100] = master.read(tail_at, 100)
+    view.release()
+    slave.discard_received(tail_at, 100)
+    assert not any(slave.receive_view(tail_at, more)) and slave.max_offset == tail_at
+    with pytest.raises(OffsetMismatchError):
+        slave.receive_view(tail_at + 1, 10)
+    with pytest.raises(StoreError, match="segment end"):
+        slave.receive_view(tail_at, SEG)
+    slave.close()
+    again = logs(tmp_path / "s", twin)
+    assert (again.max_offset, again.queue_offset("rv")) == (tail_at, 10)
+
+
+def test_reset_refuses_data_and_unaligned_offsets(twin, logs, tmp_path) -> None:
+    log = logs(tmp_path, twin)
+    log.append("r", b"x" * 100)
+    first = f"{0:020d}"
+    before = (log.max_offset, log.min_offset, store_bytes(tmp_path)[first])
+    for bad in (SEG // 2, -SEG, 3):
+        with pytest.raises(StoreError, match="multiple of segment_bytes"):
+            log.reset(bad)
+    with pytest.raises(StoreError, match="not empty"):
+        log.reset(SEG)
+    assert (log.max_offset, log.min_offset, store_bytes(tmp_path)[first]) == before
+    log.close()
+    with pytest.raises(StoreClosedError):
+        log.reset(0)
+
+
+def test_reset_starts_an_empty_log_durably(twin, logs, tmp_path) -> None:
+    master = logs(tmp_path / "m", twin)
+    while master.max_offset < 3 * SEG + 2000:
+        master.append_batch("q", [b"m" * 500] * 4, 1)
+    base_q = {}
+    for m in master.iter_messages(3 * SEG):
+        base_q[(m.topic, m.queue_id)] = m.queue_offset + 1
+    # A slave that had a log (with retention history) drops it and restarts at 3 * SEG.
+    d = tmp_path / "s"
+    slave = logs(d, twin)
+    for i in range(60):
+        slave.append("old-topic", b"o" * 600)
+    slave.delete_segments_before(2 * SEG)  # leaves queue_offsets.json behind
+    slave.truncate(slave.min_offset)
+    assert slave.max_offset == slave.min_offset == 2 * SEG
+    slave.reset(3 * SEG)
+    assert (slave.min_offset, slave.max_offset, slave.flushed_offset) == (3 * SEG,) * 3
+    assert slave.queue_offsets() == {}
+    files = store_bytes(d)
+    assert min(files) == f"{3 * SEG:020d}"
+    assert all(not any(data) for data in files.values()), "nothing but empty (warmed) segments"
+    slave.close()
+    slave = logs(d, twin)
+    assert (slave.min_offset, slave.max_offset, slave.queue_offsets()) == (3 * SEG, 3 * SEG, {})
+    # Replicated bytes land at the new start and keep the master's queue offsets.
+    end = slave.append_data(3 * SEG, master.read(3 * SEG, master.max_offset - 3 * SEG))
+    assert end == master.max_offset
+    assert slave.queue_offsets() == base_q == {("q", 1): master.queue_offset("q", 1)}
+    assert [m.physical_offset for m in slave.iter_messages()] == \
+        [m.physical_offset for m in master.iter_messages(3 * SEG)]
+    slave.close()
+    slave = logs(d, twin)
+    assert (slave.min_offset, slave.max_offset) == (3 * SEG, master.max_offset)
+    assert slave.queue_offsets() == base_q
+    assert store_bytes(d)[f"{3 * SEG:020d}"] == store_bytes(tmp_path / "m")[f"{3 * SEG:020d}"]
+    # An empty log can move back to 0 too, and appends continue from there.
+    slave.truncate(3 * SEG)
+    slave.reset(0)
+    assert slave.append("new", b"n")[0] == 0 and slave.queue_offsets() == {("new", 0): 1}
+    slave.close()
+    slave = logs(d, twin)
+    assert (slave.min_offset, slave.queue_offset("new")) == (0, 1)
+
+
 def test_store_module_exports() -> None:
     import rmqha.store as store
     from rmqha.epoch_map import EpochMap

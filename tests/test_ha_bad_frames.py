@@ -170,7 +170,21 @@ SLAVE_CASES = {
     "corrupt-records-new-epoch": (
         lambda mx, ref: _block(mx, bytes(b ^ 0x5A for b in ref[:4096]), epoch=2, epoch_start=mx), "invalid record"),
     "half-a-frame-then-silence": (lambda mx, ref: _block(mx, ref[:4096])[:2000], "silent"),
+    # Large blocks arriving in pieces go straight into the commitlog's mapping: the same
+    # refusals, and what was received is zeroed again.
+    "direct-corrupt-records": (
+        lambda mx, ref: _split(_block(mx, ref[:90_000] + bytes(b ^ 0x5A for b in ref[90_000:100_000]))),
+        "invalid record"),
+    "direct-wrong-offset": (lambda mx, ref: _split(_block(mx + 10, ref[:100_000])), "does not start at"),
+    "direct-half-then-silence": (lambda mx, ref: _split(_block(mx, ref[:100_000]))[:2], "silent"),
 }
+#: The cases whose large block must have been received straight into the log.
+DIRECT_CASES = {"direct-corrupt-records", "direct-half-then-silence"}
+
+
+def _split(frame: bytes) -> tuple[bytes, ...]:
+    """A frame in three writes (header and a little, most of the body, the rest)."""
+    return frame[:1000], frame[1000:60_000], frame[60_000:]
 
 
 @pytest.mark.parametrize("case", sorted(SLAVE_CASES))
@@ -181,7 +195,7 @@ def test_slave_closes_on_bad_master_frames_and_writes_nothing(tmp_path, case: st
     ref_cl, _ = open_store(str(tmp_path / "ref"), SEG)
     fill(ref_cl, 300_000)  # the same records the slave holds, and more: valid continuation bytes
     mx = scl.max_offset
-    reference = bytes(ref_cl.read(mx, 8192))
+    reference = bytes(ref_cl.read(mx, 100_000))
     ref_cl.close()
     before = (_digest(scl), sem.pairs())
     make, reason = SLAVE_CASES[case]
@@ -202,8 +216,11 @@ def test_slave_closes_on_bad_master_frames_and_writes_nothing(tmp_path, case: st
                 while len(got) < 3:
                     got += dec.feed(await reader.read(1 << 16))
                 assert isinstance(got[2], frames.ConfirmTruncate) and got[2].offset == mx
-                writer.write(make(mx, reference))
-                await writer.drain()
+                out = make(mx, reference)
+                for part in out if isinstance(out, tuple) else (out,):
+                    writer.write(part)
+                    await writer.drain()
+                    await asyncio.sleep(0.05)  # let the slave see the frame in pieces
                 while await reader.read(1 << 16):
                     pass
                 closed.set()
@@ -219,6 +236,8 @@ def test_slave_closes_on_bad_master_frames_and_writes_nothing(tmp_path, case: st
         try:
             await asyncio.wait_for(closed.wait(), 10)
             await wait_until_async(lambda: reason in s.last_error, 5, f"reason {reason!r} logged")
+            if case in DIRECT_CASES:
+                assert s.direct_receives >= 1
         finally:
             await s.stop()
             server.close()

@@ -272,6 +272,8 @@ def test_slave_follows_a_new_master_address_without_restart(tmp_path) -> None:
             fill(b_cl, 200_000, seed=3)
             await wait_until_async(lambda: s_cl.max_offset == b_cl.max_offset, 20, "slave follows B")
             assert ss.master_ha_address.endswith(str(pb))
+            # The slave writes epoch entries off the transfer path (acks wait for them).
+            await wait_until_async(lambda: len(s_em.pairs()) >= 2, 5, "epoch 2 entry on disk")
             assert s_em.pairs() == [(1, 0), (2, start)]
         finally:
             await ss.stop()

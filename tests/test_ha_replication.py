@@ -36,7 +36,12 @@ def _slave(cl, em, port: int, broker_id: int = 2, **kw) -> HASlave:
     return HASlave(cl, em, group="g", broker_id=broker_id, master_ha_address=f"127.0.0.1:{port}", **kw)
 
 
-def test_slave_catches_up_large_log_byte_identical(tmp_path) -> None:
+#: The master's two ways of sending large blocks (sendmsg of mmap views; sendfile).
+SEND_MODES = pytest.mark.parametrize("sendfile", [False, True], ids=["sendmsg", "sendfile"])
+
+
+@SEND_MODES
+def test_slave_catches_up_large_log_byte_identical(tmp_path, sendfile: bool) -> None:
     mcl, mem = open_store(str(tmp_path / "m"), SEG)
     scl, sem = open_store(str(tmp_path / "s"), SEG)
     mem.append(1, 0)
@@ -44,7 +49,7 @@ def test_slave_catches_up_large_log_byte_identical(tmp_path) -> None:
     confirms: list[int] = []
 
     async def run() -> None:
-        m = _master(mcl, mem)
+        m = _master(mcl, mem, config=HAConfig(**{**CFG.__dict__, "ha_transfer_sendfile": sendfile}))
         port = await m.start()
         s = _slave(scl, sem, port, on_confirm=confirms.append)
         await s.start()
@@ -120,7 +125,8 @@ def test_slave_started_mid_stream_catches_up(tmp_path) -> None:
         scl.close()
 
 
-def test_rocketmq_dialect_slave_replicates_from_framed_master(tmp_path) -> None:
+@SEND_MODES
+def test_rocketmq_dialect_slave_replicates_from_framed_master(tmp_path, sendfile: bool) -> None:
     mcl, mem = open_store(str(tmp_path / "m"), SEG)
     scl, sem = open_store(str(tmp_path / "s"), SEG)
     mem.append(1, 0)
@@ -130,7 +136,7 @@ def test_rocketmq_dialect_slave_replicates_from_framed_master(tmp_path) -> None:
     fill(mcl, 3 << 20, seed=7)
 
     async def run() -> None:
-        m = _master(mcl, mem)
+        m = _master(mcl, mem, config=HAConfig(**{**CFG.__dict__, "ha_transfer_sendfile": sendfile}))
         port = await m.start()
         s = _slave(scl, sem, port, protocol="rocketmq")
         await s.start()
@@ -176,6 +182,8 @@ def test_new_epoch_reaches_connected_slave(tmp_path) -> None:
             m.on_new_epoch(6, start6)
             fill(mcl, 100_000, seed=1)
             await wait_until_async(lambda: scl.max_offset == mcl.max_offset, 30, "epoch 6 data")
+            # The slave writes epoch entries off the transfer path (acks wait for them).
+            await wait_until_async(lambda: len(sem.pairs()) >= 2, 5, "epoch 6 entry on disk")
             assert sem.pairs() == [(5, 0), (6, start6)]
             # An epoch with no data (no write before the next one) never reaches the slave...
             m.on_new_epoch(7, mcl.max_offset)
@@ -183,6 +191,7 @@ def test_new_epoch_reaches_connected_slave(tmp_path) -> None:
             m.on_new_epoch(8, start8)  # ...and is replaced by the next one at the same start
             fill(mcl, 50_000, seed=2)
             await wait_until_async(lambda: scl.max_offset == mcl.max_offset, 30, "epoch 8 data")
+            await wait_until_async(lambda: len(sem.pairs()) >= 3, 5, "epoch 8 entry on disk")
             assert sem.pairs() == [(5, 0), (6, start6), (8, start8)] == mem.pairs()
         finally:
             await s.stop()
@@ -381,8 +390,6 @@ def test_slave_with_data_but_no_epochs_drops_its_log(tmp_path) -> None:
         scl.close()
 
 
-@pytest.mark.skipif(not hasattr(CommitLog, "reset"),
-                    reason="needs CommitLog.reset(offset) to start an empty log at a segment start")
 @pytest.mark.parametrize("from_last_file", [False, True])
 def test_empty_slave_starts_at_min_offset_or_last_segment(tmp_path, from_last_file: bool) -> None:
     mcl, mem = open_store(str(tmp_path / "m"), SEG)
@@ -409,6 +416,50 @@ def test_empty_slave_starts_at_min_offset_or_last_segment(tmp_path, from_last_fi
         assert scl.min_offset == expected
         for off in (expected, mcl.max_offset - 1000):
             assert bytes(scl.read(off, 1000)) == bytes(mcl.read(off, 1000))
+    finally:
+        mcl.close()
+        scl.close()
+
+
+def test_slave_behind_the_masters_min_offset_drops_its_log_and_restarts(tmp_path, caplog) -> None:
+    """Retention on the master removed everything after the slave's end: the slave cannot
+    continue its log, so it drops it (logging the bytes) and starts at the master's min."""
+    mcl, mem = open_store(str(tmp_path / "m"), SEG)
+    scl, sem = open_store(str(tmp_path / "s"), SEG)
+    mem.append(1, 0)
+    fill(mcl, 3 * SEG + 100_000)
+    # The slave holds a consistent prefix: the master's first bytes, same epoch.
+    size = mcl.read_message(0).size  # fill() writes records of one size
+    own = size * ((1 << 20) // size)
+    scl.append_data(0, mcl.read(0, own))
+    sem.append(1, 0)
+    assert scl.whole_offset == own
+    mcl.delete_segments_before(2 * SEG)  # the master now starts at 2 * SEG
+    truncated: list[int] = []
+
+    async def run() -> None:
+        m = _master(mcl, mem)
+        port = await m.start()
+        s = _slave(scl, sem, port, on_truncate=truncated.append)
+        await s.start()
+        try:
+            await wait_until_async(lambda: scl.max_offset == mcl.max_offset, 30, "restart at the master's min")
+            assert s.bytes_dropped == own
+            assert s.sessions == 1  # no retry loop: the first session restarts the log
+        finally:
+            await s.stop()
+            await m.stop()
+
+    try:
+        with caplog.at_level("WARNING", logger="rmqha.ha.slave"):
+            asyncio.run(run())
+        assert truncated == [0]
+        assert any(f"dropping the whole log ({own} bytes" in r.getMessage() for r in caplog.records)
+        assert scl.min_offset == 2 * SEG
+        ok, why = segments_identical(mcl, scl)
+        assert ok, why
+        assert sem.pairs() == mem.pairs() == [(1, 0)]
+        assert scl.queue_offsets() == mcl.queue_offsets()
     finally:
         mcl.close()
         scl.close()
@@ -449,6 +500,8 @@ def test_config_rejects_bad_values() -> None:
         HAConfig(ha_protocol="carrier-pigeon")
     with pytest.raises(ConfigError, match="max_frame_bytes"):
         HAConfig(ha_transfer_batch_bytes=1 << 20, max_frame_bytes=1 << 20)
+    with pytest.raises(ConfigError, match="ha_transfer_sendfile"):
+        HAConfig(ha_transfer_sendfile="yes")
     with pytest.raises(ConfigError, match="ha_housekeeping_interval_ms"):
         HAConfig(ha_send_heartbeat_interval_ms=1000, ha_housekeeping_interval_ms=500)
     cfg = HAConfig.from_object({"ha_transfer_batch_bytes": 65536, "unrelated": 1})

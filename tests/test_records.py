@@ -196,6 +196,36 @@ def test_scan_verdicts(twin: str) -> None:
     assert mod.scan(good, 0, r3 + 3, base, 0) == (r3, S.ZEROS, 3)
 
 
+def test_scan_of_a_segment_piece(twin: str) -> None:
+    """``seg_end``: a block cut out of a segment scans as it would in place."""
+    mod = load_twin("records", twin)
+    S = mod.ScanStop
+    seg, base = 4096, 8192
+    good = bytearray(seg)
+    pos = 0
+    ends = []
+    for i in range(5):
+        pos += mod.write_message(good, pos, b"T", bytes([i]) * 50, b"", 0, 0, i, base + pos, 0,
+                                 1, HOST_A, 1, HOST_B, 0, 0)
+        ends.append(pos)
+    mod.write_blank(good, pos, seg - pos)
+    r1 = ends[0]
+    piece = bytes(good[r1:])  # records 1..4 and the blank, as a replicated block
+    table: dict = {}
+    assert mod.scan(piece, 0, len(piece), base + r1, 0, table, False, seg - r1) == \
+        (seg - r1, S.BLANK, 4)
+    assert table == {(b"T", 0): 5}
+    part = bytes(good[r1:ends[3] + 30])  # ends inside record 4
+    assert mod.scan(part, 0, len(part), base + r1, 0, None, False, seg - r1) == \
+        (ends[3] - r1, S.TORN, 3)
+    # The wrong origin is a bad physical offset, a wrong segment end a bad blank.
+    assert mod.scan(piece, 0, len(piece), base, 0, None, False, seg - r1)[1] == S.BAD_OFFSET
+    tail = bytes(good[ends[4]:])
+    assert mod.scan(tail, 0, len(tail), base + ends[4], 0, None, False, seg)[1] == S.BAD_SIZE
+    with pytest.raises(StoreError):
+        mod.scan(piece, 0, len(piece), base + r1, 0, None, False, len(piece) - 1)
+
+
 def test_decode_refuses_blank_and_garbage(twin: str) -> None:
     from rmqha.errors import CorruptRecordError
 
@@ -223,8 +253,13 @@ def test_prefault_keeps_bytes(twin: str) -> None:
         mod.prefault(mm)
         mod.prefault(mm, 4097)
         mod.prefault(bytearray(10000), 3)
+        mod.prefault(mm, 4000, 9000)  # a range, as the commitlog's warm-up asks
         assert mm[5000:5005] == b"hello"
         with pytest.raises(StoreError):
             mod.prefault(mm, len(mm) + 1)
+        with pytest.raises(StoreError):
+            mod.prefault(mm, 0, len(mm) + 1)
+        with pytest.raises(StoreError):
+            mod.prefault(mm, 9000, 4000)
     finally:
         mm.close()

@@ -280,6 +280,24 @@ cdef extern from *:
         return (uint64_t)rmqha_get32(p) << 32 | (uint64_t)rmqha_get32(p + 4);
     }
 
+    /* 1 when the pages holding p[0] and p[n-1] are in memory (mincore), else 0; 1 where
+       the kernel cannot tell (no mincore): callers treat "unknown" as "warm". */
+    static int rmqha_resident(unsigned char *p, size_t n) {
+    #if defined(__linux__)
+        long page = sysconf(_SC_PAGESIZE);
+        unsigned char vec = 0;
+        uintptr_t first = (uintptr_t)p & ~((uintptr_t)page - 1);
+        uintptr_t last = ((uintptr_t)p + (n ? n - 1 : 0)) & ~((uintptr_t)page - 1);
+        if (mincore((void *)last, (size_t)page, &vec) != 0) return 1;
+        if (!(vec & 1)) return 0;
+        if (mincore((void *)first, (size_t)page, &vec) != 0) return 1;
+        return vec & 1;
+    #else
+        (void)p; (void)n;
+        return 1;
+    #endif
+    }
+
     /* Fault every page in without changing a byte (the next segment may already take
        writes from another thread, so plain stores are not allowed).  0 on success. */
     static int rmqha_prefault(unsigned char *p, size_t n) {
@@ -307,6 +325,7 @@ cdef extern from *:
     uint32_t rmqha_get32(const unsigned char *p) nogil
     uint64_t rmqha_get64(const unsigned char *p) nogil
     int rmqha_prefault(unsigned char *p, size_t n) nogil
+    int rmqha_resident(unsigned char *p, size_t n) nogil
     int rmqha_have_clmul
     int rmqha_have_vclmul_flag
     const uint32_t C_MESSAGE_MAGIC
@@ -631,7 +650,7 @@ cdef int _check_record(const unsigned char* b, Py_ssize_t pos, Py_ssize_t end,
 
 
 def scan(object buf, Py_ssize_t pos, Py_ssize_t end, int64_t base_offset, int64_t verify_from,
-         dict table=None, bint lower=False):
+         dict table=None, bint lower=False, Py_ssize_t seg_end=-1):
     """Walk and validate records in ``buf[pos:end]``; returns ``(stop position, ScanStop, count)``.
 
     ``buf`` is a whole segment: a blank record must reach ``len(buf)`` exactly, and ``end``
@@ -639,6 +658,11 @@ def scan(object buf, Py_ssize_t pos, Py_ssize_t end, int64_t base_offset, int64_
     checked for records at global offsets >= ``verify_from``.  With ``table``, every message
     updates ``table[(topic bytes, queue id)]`` to its queue offset + 1 or, with ``lower``,
     to the smallest queue offset seen (used to forget records being truncated).
+
+    ``seg_end`` (>= ``end``) says where the segment ends, counted from ``buf[0]``, when
+    ``buf`` is only a piece of it (a replicated block; ``base_offset`` is then the global
+    offset of ``buf[0]``); a blank record must reach it and the stop position of a blank
+    is ``seg_end``.
     """
     cdef Py_buffer view
     cdef const unsigned char* b
@@ -649,15 +673,20 @@ def scan(object buf, Py_ssize_t pos, Py_ssize_t end, int64_t base_offset, int64_
     cdef object key = None
     _get_buffer(buf, &view, PyBUF_SIMPLE)
     try:
-        if pos < 0 or end > view.len or pos > end:
-            raise StoreError(f"scan range {pos}..{end} outside a buffer of {view.len}")
+        if seg_end < 0:
+            seg_end = view.len
+        if pos < 0 or end > view.len or pos > end or seg_end < end:
+            raise StoreError(f"scan range {pos}..{end} outside a buffer of {view.len} "
+                             f"(segment end {seg_end})")
         b = <const unsigned char*>view.buf
+        # Every field read stays below ``end`` (<= view.len): _check_record returns TORN
+        # for a record or blank running past it, whatever ``seg_end`` is.
         while pos < end:
-            stop = _check_record(b, pos, end, view.len, base_offset,
+            stop = _check_record(b, pos, end, seg_end, base_offset,
                                  base_offset + pos >= verify_from, &size)
             if stop >= 0:
                 if stop == S_BLANK:
-                    pos = view.len
+                    pos = seg_end
                 break
             stop = S_END
             if table is not None:
@@ -747,15 +776,35 @@ def decode(object buf, Py_ssize_t pos, Py_ssize_t limit, bint verify_crc=True):
         PyBuffer_Release(&view)
 
 
-def prefault(object buf, Py_ssize_t start=0):
-    """Fault in every page of a writable buffer from ``start`` on, without changing a byte
-    (MADV_POPULATE_WRITE, or an atomic no-op per page on older kernels; GIL released)."""
+def prefault(object buf, Py_ssize_t start=0, Py_ssize_t end=-1):
+    """Fault in every page of a writable buffer from ``start`` to ``end`` (default: its
+    end), without changing a byte (MADV_POPULATE_WRITE, or an atomic no-op per page on
+    older kernels; GIL released)."""
     cdef Py_buffer view
     _get_buffer(buf, &view, PyBUF_WRITABLE)
     try:
-        if start < 0 or start > view.len:
-            raise StoreError(f"prefault start {start} outside a buffer of {view.len}")
+        if end < 0:
+            end = view.len
+        if start < 0 or start > end or end > view.len:
+            raise StoreError(f"prefault range {start}..{end} outside a buffer of {view.len}")
         with nogil:
-            rmqha_prefault(<unsigned char*>view.buf + start, <size_t>(view.len - start))
+            rmqha_prefault(<unsigned char*>view.buf + start, <size_t>(end - start))
     finally:
         PyBuffer_Release(&view)
+
+
+def resident(object buf, Py_ssize_t start, Py_ssize_t end):
+    """Whether the pages of ``buf[start:end]`` are in memory, judged by its first and last
+    page (mincore; True where the kernel cannot tell).  Warm-up faults pages in front to
+    back, so both ends resident means the range is."""
+    cdef Py_buffer view
+    cdef int res
+    _get_buffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        if start < 0 or start >= end or end > view.len:
+            raise StoreError(f"resident range {start}..{end} outside a buffer of {view.len}")
+        with nogil:
+            res = rmqha_resident(<unsigned char*>view.buf + start, <size_t>(end - start))
+    finally:
+        PyBuffer_Release(&view)
+    return res != 0

@@ -275,7 +275,8 @@ def _check_record(buf, pos: int, end: int, seg_end: int, base_offset: int, verif
 
 
 def scan(buf, pos: int, end: int, base_offset: int, verify_from: int,
-         table: dict | None = None, lower: bool = False) -> tuple[int, int, int]:
+         table: dict | None = None, lower: bool = False,
+         seg_end: int = -1) -> tuple[int, int, int]:
     """Walk and validate records in ``buf[pos:end]``; returns ``(stop position, ScanStop, count)``.
 
     ``buf`` is a whole segment: a blank record must reach ``len(buf)`` exactly, and ``end``
@@ -283,10 +284,18 @@ def scan(buf, pos: int, end: int, base_offset: int, verify_from: int,
     checked for records at global offsets >= ``verify_from``.  With ``table``, every message
     updates ``table[(topic bytes, queue id)]`` to its queue offset + 1 or, with ``lower``,
     to the smallest queue offset seen (used to forget records being truncated).
+
+    ``seg_end`` (>= ``end``) says where the segment ends, counted from ``buf[0]``, when
+    ``buf`` is only a piece of it (a replicated block; ``base_offset`` is then the global
+    offset of ``buf[0]``); a blank record must reach it and the stop position of a blank
+    is ``seg_end``.
     """
-    seg_end = len(buf)
-    if pos < 0 or end > seg_end or pos > end:
-        raise StoreError(f"scan range {pos}..{end} outside a buffer of {seg_end}")
+    n = len(buf)
+    if seg_end < 0:
+        seg_end = n
+    if pos < 0 or end > n or pos > end or seg_end < end:
+        raise StoreError(f"scan range {pos}..{end} outside a buffer of {n} "
+                         f"(segment end {seg_end})")
     count = 0
     while pos < end:
         size, stop = _check_record(buf, pos, end, seg_end, base_offset,
@@ -344,15 +353,16 @@ def decode(buf, pos: int, limit: int, verify_crc: bool = True) -> tuple:
     return head[:14] + (body, topic, props)
 
 
-def prefault(buf, start: int = 0) -> None:
-    """Fault in every page of a writable buffer from ``start`` on, without changing a byte.
+def prefault(buf, start: int = 0, end: int | None = None) -> None:
+    """Fault in every page of a writable buffer from ``start`` to ``end`` (default: its
+    end), without changing a byte.
 
     On an mmap this asks the kernel (MADV_POPULATE_WRITE) in 4 MiB steps, so other threads
     get the GIL between steps; elsewhere it reads one byte per page (write faults remain).
     """
-    n = len(buf)
-    if not 0 <= start <= n:
-        raise StoreError(f"prefault start {start} outside a buffer of {n}")
+    n = len(buf) if end is None or end < 0 else end
+    if not 0 <= start <= n <= len(buf):
+        raise StoreError(f"prefault range {start}..{n} outside a buffer of {len(buf)}")
     if isinstance(buf, mmap.mmap):
         step = 4 << 20
         pos = start - start % mmap.PAGESIZE
@@ -370,3 +380,11 @@ def prefault(buf, start: int = 0) -> None:
             total += mv[i]
     finally:
         mv.release()
+
+
+def resident(buf, start: int, end: int) -> bool:
+    """Whether the pages of ``buf[start:end]`` are in memory.  Python has no mincore: this
+    twin cannot tell and answers True (the caller then takes its fast path as if warm)."""
+    if start < 0 or start >= end or end > len(buf):
+        raise StoreError(f"resident range {start}..{end} outside a buffer of {len(buf)}")
+    return True

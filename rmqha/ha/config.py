@@ -29,6 +29,10 @@ class HAConfig:
     ha_transfer_batch_bytes: int = 256 << 10
     #: Bytes of frames the master hands to one sendmsg call: batching syscalls, not frames.
     ha_send_window_bytes: int = 1 << 20
+    #: Send blocks of 64 KiB or more with sendfile: no copy on the master, but the slave
+    #: then copies from cache-cold page-cache pages; measured slower catch-up on a 2-core
+    #: loopback (benches/bench_replication.py), so only for masters short of CPU.
+    ha_transfer_sendfile: bool = False
     #: An idle side sends a heartbeat (master: empty block, slave: ack) this often.
     ha_send_heartbeat_interval_ms: int = 5000
     #: A side that heard nothing for this long closes the link (the slave then reconnects).
@@ -74,6 +78,8 @@ class HAConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+        if not isinstance(self.ha_transfer_sendfile, bool):
+            raise ConfigError(f"ha_transfer_sendfile must be true or false, got {self.ha_transfer_sendfile!r}")
         if self.ha_protocol not in PROTOCOLS:
             raise ConfigError(
                 f"ha_protocol must be one of {', '.join(PROTOCOLS)}, got {self.ha_protocol!r}"

@@ -3,6 +3,8 @@
 Sends take a list of buffers (frame headers and memoryviews of the mmap-ed commitlog) and
 hand them to ``socket.sendmsg`` as they are, so log bytes go from the page cache to the
 kernel without a Python-level copy; a partial send keeps views of the rest, never copies.
+Large log ranges can go as :class:`FileRange` parts instead, sent with ``sendfile``: the
+kernel then attaches the page-cache pages to the socket without copying them at all.
 Receives go into one growable buffer with ``recv_into``; frames are parsed in place and
 only the unparsed tail of a read is moved to the front.  Both directions take timeouts
 built from loop callbacks, not extra tasks, because the link's loops wake very often.
@@ -10,12 +12,26 @@ built from loop callbacks, not extra tasks, because the link's loops wake very o
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 import socket
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 #: sendmsg takes at most IOV_MAX (1024 on Linux) buffers per call.
 _IOV_BATCH = 512
+_MSG_MORE = getattr(socket, "MSG_MORE", 0)
+_SO_RCVLOWAT = getattr(socket, "SO_RCVLOWAT", None)
+#: Whether file ranges can go out with sendfile (else callers send mmap views).
+HAVE_SENDFILE = hasattr(os, "sendfile")
+
+
+class FileRange(NamedTuple):
+    """``count`` bytes of the open file ``fd`` from ``offset``, for :meth:`Link.send_parts`."""
+
+    fd: int
+    offset: int
+    count: int
 
 
 class LinkClosed(ConnectionError):
@@ -81,6 +97,49 @@ class Link:
             self.bytes_in += len(data)
             return data
 
+    def try_recv_into(self, view: memoryview) -> int:
+        """Read what is queued into ``view`` without waiting: 0 when nothing is (the
+        stream paused); LinkClosed on EOF."""
+        if self.closed:
+            raise LinkClosed("link closed")
+        try:
+            n = self.sock.recv_into(view)
+        except (BlockingIOError, InterruptedError):
+            return 0
+        if n == 0:
+            raise LinkClosed(f"peer {self.peer} closed the link")
+        self.bytes_in += n
+        return n
+
+    def try_recvmsg_into(self, buffers: Sequence[memoryview]) -> int:
+        """Scatter what is queued over ``buffers`` in order, without waiting: 0 when
+        nothing is; LinkClosed on EOF."""
+        if self.closed:
+            raise LinkClosed("link closed")
+        try:
+            n = self.sock.recvmsg_into(buffers)[0]
+        except (BlockingIOError, InterruptedError):
+            return 0
+        if n == 0:
+            raise LinkClosed(f"peer {self.peer} closed the link")
+        self.bytes_in += n
+        return n
+
+    def set_rcvlowat(self, nbytes: int) -> int:
+        """Readiness (and so a wake-up) only once ``nbytes`` are queued (SO_RCVLOWAT);
+        returns the value in force (1 where the option is missing)."""
+        if _SO_RCVLOWAT is None or self.closed:
+            return 1
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, _SO_RCVLOWAT, nbytes)
+        except OSError:
+            return 1
+        return nbytes
+
+    async def wait_readable(self, timeout: float | None) -> None:
+        """Until data is queued (LinkTimeout after ``timeout``; LinkClosed when closed)."""
+        await self._wait(readable=True, timeout=timeout)
+
     async def recv_into(self, view: memoryview, timeout: float | None) -> int:
         """Read into ``view`` (at least one byte); LinkClosed on EOF."""
         while True:
@@ -100,6 +159,31 @@ class Link:
 
     async def send(self, buffers: Sequence[Any], timeout: float | None = None) -> int:
         """Send every buffer in order without copying; returns the bytes sent."""
+        return await self._send_buffers(buffers, timeout, 0)
+
+    async def send_parts(self, parts: Sequence[Any], timeout: float | None = None) -> int:
+        """Send buffers and :class:`FileRange` parts in order; returns the bytes sent.
+
+        Runs of buffers go out with one ``sendmsg``; a file range with ``sendfile``, which
+        hands the page-cache pages to the socket without any copy (the receiver's copy is
+        the only one).  Buffers right before a file range carry MSG_MORE, so a frame
+        header and its body leave in the same TCP segments despite TCP_NODELAY.
+        """
+        total = 0
+        run: list[Any] = []
+        for part in parts:
+            if type(part) is FileRange:
+                if run:
+                    total += await self._send_buffers(run, timeout, _MSG_MORE)
+                    run = []
+                total += await self._send_file(part, timeout)
+            else:
+                run.append(part)
+        if run:
+            total += await self._send_buffers(run, timeout, 0)
+        return total
+
+    async def _send_buffers(self, buffers: Sequence[Any], timeout: float | None, flags: int) -> int:
         pending = [b if isinstance(b, memoryview) else memoryview(b) for b in buffers]
         total = 0
         i = 0
@@ -107,7 +191,7 @@ class Link:
             if self.closed:
                 raise LinkClosed("link closed")
             try:
-                n = self.sock.sendmsg(pending[i : i + _IOV_BATCH])
+                n = self.sock.sendmsg(pending[i : i + _IOV_BATCH], (), flags)
             except (BlockingIOError, InterruptedError):
                 await self._wait(readable=False, timeout=timeout)
                 continue
@@ -125,6 +209,24 @@ class Link:
                 await self._wait(readable=False, timeout=timeout)
         self.bytes_out += total
         return total
+
+    async def _send_file(self, part: FileRange, timeout: float | None) -> int:
+        sent = 0
+        while sent < part.count:
+            if self.closed:
+                raise LinkClosed("link closed")
+            try:
+                n = os.sendfile(self.fd, part.fd, part.offset + sent, part.count - sent)
+            except (BlockingIOError, InterruptedError):
+                await self._wait(readable=False, timeout=timeout)
+                continue
+            if n == 0:
+                raise OSError(errno.EIO, f"file ends at {part.offset + sent}, inside a range to send")
+            sent += n
+            if sent < part.count:
+                await self._wait(readable=False, timeout=timeout)
+        self.bytes_out += sent
+        return sent
 
     # --- waiting -------------------------------------------------------------------------------
 
@@ -241,14 +343,29 @@ class RecvBuffer:
     def make_room(self, frame_bytes: int) -> None:
         if self.start + frame_bytes <= len(self.buf) and self.end < len(self.buf):
             return
-        tail = bytes(self.view[self.start : self.end])  # at most one partial frame
-        if frame_bytes > len(self.buf):
-            self.view.release()
-            self.buf = bytearray(frame_bytes)
-            self.view = memoryview(self.buf)
-        self.buf[0 : len(tail)] = tail
+        n = self.end - self.start  # at most one partial frame
+        if frame_bytes <= len(self.buf) and n <= self.start:
+            # The usual case: the tail moves to the front with one memcpy (no overlap).
+            self.buf[0:n] = self.view[self.start : self.end]
+        else:
+            tail = bytes(self.view[self.start : self.end])
+            if frame_bytes > len(self.buf):
+                self.view.release()
+                self.buf = bytearray(frame_bytes)
+                self.view = memoryview(self.buf)
+            self.buf[0:n] = tail
         self.start = 0
-        self.end = len(tail)
+        self.end = n
+
+    def try_fill(self, link: Link, limit: int | None = None) -> int:
+        """Read what is already queued on ``link``, at most ``limit`` bytes (0: nothing,
+        the stream paused)."""
+        if self.end == len(self.buf):
+            self.make_room(self.pending + 1)
+        stop = len(self.buf) if limit is None else min(len(self.buf), self.end + limit)
+        n = link.try_recv_into(self.view[self.end : stop])
+        self.end += n
+        return n
 
     async def fill(self, link: Link, timeout: float | None) -> bool:
         """Read more bytes from ``link``; True when the read filled all the room it had

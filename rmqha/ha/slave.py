@@ -9,11 +9,17 @@ It walks the connection states of DESIGN.md:
   (flushed, so a crash after the cut cannot bring the tail back, RocketMQ #10666), tell the
   master where to send from;
 * TRANSFER: append every block at exactly the log's max offset (anything else closes the
-  link), record a new epoch entry when a block's epoch changes, ack the max offset, keep
-  the master's confirm offset; SUSPEND once caught up (heartbeats only);
+  link; large blocks are received straight into the commitlog's mapping and validated
+  before they count), record a new epoch entry when a block's epoch changes (written off
+  the transfer path; acks wait for it), ack the max offset, keep the master's confirm
+  offset; SUSPEND once caught up (heartbeats only).  A first block beyond this log's end,
+  at a segment start, means retention on the master removed what followed it: the log is
+  dropped (bytes logged) and restarts there;
 * SHUTDOWN after :meth:`HASlave.stop`.
 
-Every bad frame closes the link with a logged reason before anything is written.
+Every bad frame closes the link with a logged reason, and nothing of it becomes part of
+the log: headers are checked before a byte is stored, records before max_offset moves (a
+body already received into the mapping is zeroed again).
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ import logging
 import struct
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from enum import Enum
 from typing import Any
 
@@ -36,7 +43,18 @@ log = logging.getLogger(__name__)
 _ACK_EVERY_BYTES = 8 << 20
 #: Receive buffer of the framed transfer path (grows for a frame larger than this).
 _RECV_BUFFER_BYTES = 4 << 20
+#: A block at least this large that is not wholly buffered yet is received straight into
+#: the commitlog's mapping (smaller ones, the live-traffic case, go through the buffer).
+_DIRECT_MIN_BYTES = 64 << 10
+#: What a direct receive may read beyond its block: the next header and a little of its
+#: body (copied from the buffer into the log, so kept small).
+_DIRECT_OVERFLOW_BYTES = 4 << 10
+#: While receiving a block straight into the log, wake up for at least this much of it.
+_DIRECT_WAKE_BYTES = 256 << 10
 _PEEK = struct.Struct(">ii")  # length and type of a framed frame, to bound it before it is read
+#: The block's start offset inside a TRANSFER_DATA header (length, type, timestamp, epoch, ...).
+_BLOCK_OFFSET = struct.Struct(">q")
+_BLOCK_OFFSET_AT = 24
 _TRANSFER_DATA = int(fr.FrameType.TRANSFER_DATA)
 
 
@@ -98,10 +116,18 @@ class HASlave:
         self.last_error = ""
         self.last_truncate: int | None = None
         self.bytes_dropped = 0
+        #: Blocks received straight into the commitlog's mapping (framed dialect, large blocks).
+        self.direct_receives = 0
         self.master_max_offset = -1
         self._last_read = 0.0
         self._last_write = 0.0
         self._transferring = False
+        #: No data block applied yet in this session (the only time a jump is accepted).
+        self._first_block = False
+        #: Epoch entries being written by the worker, in order: ((epoch, start), future).
+        self._epoch_jobs: list[tuple[tuple[int, int], Future[None]]] = []
+        self._epoch_writer: ThreadPoolExecutor | None = None
+        self._epoch_failed: BaseException | None = None
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -122,6 +148,10 @@ class HASlave:
             except asyncio.CancelledError:
                 pass
         self._task = None
+        self._settle_epochs_now()
+        if self._epoch_writer is not None:
+            self._epoch_writer.shutdown(wait=True)
+            self._epoch_writer = None
         self._state = SlaveState.SHUTDOWN
         log.info("HA slave %d stopped", self.broker_id)
 
@@ -195,6 +225,7 @@ class HASlave:
                 if self._link is not None:
                     self._link.close()
                     self._link = None
+                self._settle_epochs_now()
             if self._stopped:
                 break
             if self._transferring or self.commitlog.max_offset != start_max:
@@ -260,6 +291,7 @@ class HASlave:
         await self._send(link, codec.confirm(offset, em.last_epoch()))
         self._state = SlaveState.TRANSFER
         self._transferring = True
+        self._first_block = True
         log.info("HA slave %d following %s (%s) from offset %d, master max %d",
                  self.broker_id, self._master, codec.name, offset, hello.max_offset)
         await self._transfer(link, codec, pending)
@@ -316,15 +348,15 @@ class HASlave:
                 last = em.last_entry()
         return point
 
-    def _drop_log(self) -> int:
-        """Empty the log (and the epoch map); returns where the empty log now starts."""
+    def _drop_log(self, start: int = 0) -> int:
+        """Empty the log (and the epoch map), to start over at ``start`` (segment-aligned;
+        0 = "empty": the master then picks where); returns where the empty log starts."""
         cl = self.commitlog
-        reset = getattr(cl, "reset", None)
-        if reset is not None:
-            reset(0)
-        else:
-            cl.truncate(cl.min_offset)
         self.epoch_map.clear()
+        cl.truncate(cl.min_offset)
+        reset = getattr(cl, "reset", None)
+        if reset is not None and cl.max_offset != start:
+            reset(start)
         cl.flush()
         return cl.max_offset
 
@@ -341,8 +373,12 @@ class HASlave:
     # --- transfer --------------------------------------------------------------------------------
 
     async def _transfer_framed(self, link: Link, codec: SlaveCodec, pending: list[Any]) -> None:
-        """TRANSFER in the framed dialect, parsed in place: blocks go from the receive
-        buffer to the commitlog's mmap with no copy in between."""
+        """TRANSFER in the framed dialect, parsed in place.
+
+        Blocks wholly in the receive buffer (small ones: live traffic) go to the commitlog
+        with ``append_data`` (validated in the buffer, one pwrite); a large block still
+        arriving is received straight into the commitlog's mapping (:meth:`_receive_direct`),
+        the bulk catch-up case: one copy, kernel to page cache."""
         cfg = self.config
         cl = self.commitlog
         em = self.epoch_map
@@ -357,18 +393,30 @@ class HASlave:
             self._apply(pending)
             pending.clear()
         last_read = time.monotonic()
+        limit: int | None = None
         while True:
+            # What is queued already, without waiting: during bulk catch-up the socket
+            # always has more, and acks wait (every _ACK_EVERY_BYTES) so that neither side
+            # spends a syscall and a wake-up per read on them.  After a block received
+            # straight into the log, read little: the next one most likely goes there too.
+            got = rb.try_fill(link, limit) > 0
             now = time.monotonic()
-            wait = min(heartbeat - (now - self._last_write), housekeeping - (now - last_read))
-            full = False
-            got = False
-            if wait > 0:
-                try:
-                    full = await rb.fill(link, wait)
-                    got = True
-                except LinkTimeout:
-                    pass
-            now = time.monotonic()
+            if not got:
+                # The stream paused: tell the master where this log ends before waiting
+                # (live traffic is acked at once; that is what moves the confirm offset).
+                mx = cl.max_offset
+                if mx != acked:
+                    await self._ack(link, codec, mx)
+                    acked = mx
+                    now = time.monotonic()
+                wait = min(heartbeat - (now - self._last_write), housekeeping - (now - last_read))
+                if wait > 0:
+                    try:
+                        await rb.fill(link, wait)
+                        got = True
+                    except LinkTimeout:
+                        pass
+                now = time.monotonic()
             if got:
                 last_read = self._last_read = now
                 blocks: list[Block] = []
@@ -382,8 +430,21 @@ class HASlave:
                             f"TRANSFER_DATA length {length} is outside {header}..{max_frame} (max_frame_bytes)"
                         )
                     if rb.pending < length:
-                        need = length
+                        if (length - header >= _DIRECT_MIN_BYTES and rb.pending >= header
+                                and self._warm_target(rb, length - header)):
+                            # A large block still on its way: straight into the log.
+                            if blocks:
+                                self._apply(blocks)
+                                for b in blocks:
+                                    b.data.release()
+                                blocks = []
+                            await self._receive_direct(link, rb, housekeeping)
+                            limit = _DIRECT_OVERFLOW_BYTES
+                            break  # acks and other tasks get their turn between blocks
+                        # A large block needs only its header buffered (see above).
+                        need = header if length - header >= _DIRECT_MIN_BYTES else length
                         break
+                    limit = None
                     block, estart, confirm, size, epoch, _ = unpack(rb.buf, rb.start)
                     body = rb.start + header
                     blocks.append(Block(epoch, estart, block, confirm, rb.view[body : body + size]))
@@ -398,14 +459,73 @@ class HASlave:
             elif now - last_read >= housekeeping:
                 raise LinkTimeout(f"master {self._master} silent for {housekeeping:.1f}s")
             mx = cl.max_offset
-            # A full read means more is already queued (bulk catch-up): ack every few MiB
-            # instead of every read; otherwise (live traffic) ack at once for the confirm offset.
-            behind = full and mx - acked < _ACK_EVERY_BYTES
-            if (mx != acked and not behind) or now - self._last_write >= heartbeat:
-                await self._send(link, codec.ack(mx, em.last_epoch()))
+            if mx - acked >= _ACK_EVERY_BYTES or now - self._last_write >= heartbeat:
+                await self._ack(link, codec, mx)
                 acked = mx
             # recv and send do not suspend while data flows: let other tasks run.
             await asyncio.sleep(0)
+
+    def _warm_target(self, rb: RecvBuffer, size: int) -> bool:
+        """Whether the block whose header is at the front of ``rb`` lands on log pages that
+        are in memory already.  Receiving into pages not faulted in yet (the commitlog's
+        warm-up is behind) costs a fault and a zero-fill per page; the buffer path and
+        one pwrite then cost less."""
+        offset = _BLOCK_OFFSET.unpack_from(rb.buf, rb.start + _BLOCK_OFFSET_AT)[0]
+        warm = getattr(self.commitlog, "tail_is_warm", None)
+        return warm is None or warm(offset, size)
+
+    async def _receive_direct(self, link: Link, rb: RecvBuffer, timeout: float) -> None:
+        """Receive the block whose header (and maybe some body) is buffered in ``rb``
+        straight into the commitlog's mapping, then validate and commit it.
+
+        The header is checked before a byte is stored.  The kernel copies the body from
+        the socket into the (prefaulted) segment pages, the one copy on this side; bytes
+        after the body (the next header, at most _DIRECT_OVERFLOW_BYTES) land in ``rb``.
+        A bad record is zeroed by the commitlog, a link lost mid-block zeroes what came.
+        """
+        cl = self.commitlog
+        header = fr.TRANSFER_HEADER_SIZE
+        self.direct_receives += 1
+        offset, estart, confirm, size, epoch, _ = fr.unpack_transfer_header(rb.buf, rb.start)
+        b = Block(epoch, estart, offset, confirm, None)
+        new_epoch = self._check_block(b, size)
+        view = cl.receive_view(offset, size)
+        have = rb.pending - header
+        start = rb.start + header
+        view[:have] = rb.view[start : start + have]
+        rb.consume(rb.pending)
+        overflow = rb.view[:_DIRECT_OVERFLOW_BYTES]
+        committed = False
+        lowat = 1
+        try:
+            while have < size:
+                n = link.try_recvmsg_into([view[have:], overflow])
+                if n == 0:
+                    # Wake up once a good part of the rest is queued, not for every
+                    # segment: each wake-up costs more Python than copying 100 KiB.
+                    want = min(size - have, _DIRECT_WAKE_BYTES)
+                    if want != lowat:
+                        lowat = link.set_rcvlowat(want)
+                    try:
+                        await link.wait_readable(timeout)
+                    except LinkTimeout:
+                        raise LinkTimeout(f"master {self._master} silent for {timeout:.1f}s "
+                                          f"in the middle of a block") from None
+                    continue
+                took = min(n, size - have)
+                have += took
+                rb.end = n - took
+            self._last_read = time.monotonic()
+            cl.commit_received(offset, size)
+            committed = True
+        finally:
+            if lowat != 1:
+                link.set_rcvlowat(1)
+            overflow.release()
+            view.release()
+            if not committed and have:
+                cl.discard_received(offset, have)
+        self._block_done(b, size, new_epoch)
 
     async def _transfer(self, link: Link, codec: SlaveCodec, pending: list[Any]) -> None:
         if isinstance(codec, FramedSlave) and codec.buffered == 0:
@@ -444,66 +564,166 @@ class HASlave:
             # instead of every read; otherwise (live traffic) ack at once for the confirm offset.
             behind = len(chunk) >= link.recv_bytes and mx - acked < _ACK_EVERY_BYTES
             if (mx != acked and not behind) or now - self._last_write >= heartbeat:
-                await self._send(link, codec.ack(mx, em.last_epoch()))
+                await self._ack(link, codec, mx)
                 acked = mx
             # recv() and send() do not suspend while data flows: let other tasks run.
             await asyncio.sleep(0)
 
     def _apply(self, blocks: list[Any]) -> None:
         cl = self.commitlog
-        em = self.epoch_map
-        seg_bytes = cl.segment_bytes
         for b in blocks:
             if type(b) is not Block:
                 raise ProtocolError(f"unexpected {type(b).__name__} during transfer")
             size = len(b.data)
-            mx = cl.max_offset
-            last_epoch = em.last_epoch()
-            if size == 0 and b.offset == -1:
-                pass  # a RocketMQ master with an empty log heartbeats at -1
-            else:
-                if b.offset != mx:
-                    if not self._may_rebase(b.offset, size):
-                        raise ProtocolError(
-                            f"block at offset {b.offset} ({size} bytes) does not start at this "
-                            f"slave's max offset {mx}"
-                        )
-                if b.epoch < last_epoch:
-                    raise ProtocolError(f"block epoch {b.epoch} is older than this slave's epoch {last_epoch}")
-                if b.epoch_start > b.offset:
-                    raise ProtocolError(f"block at {b.offset} claims its epoch {b.epoch} starts later, at {b.epoch_start}")
+            new_epoch = self._check_block(b, size)
             if size:
-                end = b.offset + size
-                seg_end = b.offset - b.offset % seg_bytes + seg_bytes
-                if end > seg_end:
-                    raise ProtocolError(f"block {b.offset}..{end} crosses the segment end {seg_end}")
-                last = em.last_entry()
-                new_epoch = b.epoch > last_epoch
-                if new_epoch:
-                    if last is not None and b.epoch_start < last[1]:
-                        raise ProtocolError(
-                            f"block epoch {b.epoch} starts at {b.epoch_start}, before the last epoch's start {last[1]}"
-                        )
-                elif last is not None and last[1] != b.epoch_start:
-                    raise ProtocolError(
-                        f"block epoch {b.epoch} starts at {b.epoch_start} but this slave has it at {last[1]}"
-                    )
-                if b.offset != mx:
-                    self._rebase(b.offset)
                 # Data first: the commitlog validates the records and undoes a bad block, and
                 # an epoch entry missing after a crash only makes the next handshake cut
                 # back to the previous epoch's end (safe), never the reverse.
                 cl.append_data(b.offset, b.data)
-                if new_epoch:
-                    em.append(b.epoch, b.epoch_start)
-                self._state = SlaveState.TRANSFER
-            elif b.offset == mx:
-                self._state = SlaveState.SUSPEND
-            confirm = min(b.confirm, cl.max_offset)
-            if confirm > self._confirm:
-                self._confirm = confirm
-                if self._on_confirm is not None:
-                    self._on_confirm(confirm)
+            self._block_done(b, size, new_epoch)
+
+    def _check_block(self, b: Block, size: int) -> bool:
+        """Refuse (ProtocolError) a block that cannot continue this log, before any of it
+        is stored; start an empty log where the block says when allowed.  True when the
+        block opens a new epoch."""
+        cl = self.commitlog
+        seg_bytes = cl.segment_bytes
+        mx = cl.max_offset
+        last_epoch = self._last_epoch()
+        if size == 0 and b.offset == -1:
+            pass  # a RocketMQ master with an empty log heartbeats at -1
+        else:
+            if b.offset != mx:
+                if self._may_restart(b, size):
+                    self._restart_at(b.offset)
+                    mx = cl.max_offset
+                    last_epoch = self._last_epoch()
+                elif not self._may_rebase(b.offset, size):
+                    raise ProtocolError(
+                        f"block at offset {b.offset} ({size} bytes) does not start at this "
+                        f"slave's max offset {mx}"
+                    )
+            if b.epoch < last_epoch:
+                raise ProtocolError(f"block epoch {b.epoch} is older than this slave's epoch {last_epoch}")
+            if b.epoch_start > b.offset:
+                raise ProtocolError(f"block at {b.offset} claims its epoch {b.epoch} starts later, at {b.epoch_start}")
+        if not size:
+            return False
+        end = b.offset + size
+        seg_end = b.offset - b.offset % seg_bytes + seg_bytes
+        if end > seg_end:
+            raise ProtocolError(f"block {b.offset}..{end} crosses the segment end {seg_end}")
+        last = self._last_entry()
+        new_epoch = b.epoch > last_epoch
+        if new_epoch:
+            if last is not None and b.epoch_start < last[1]:
+                raise ProtocolError(
+                    f"block epoch {b.epoch} starts at {b.epoch_start}, before the last epoch's start {last[1]}"
+                )
+        elif last is not None and last[1] != b.epoch_start:
+            raise ProtocolError(
+                f"block epoch {b.epoch} starts at {b.epoch_start} but this slave has it at {last[1]}"
+            )
+        if b.offset != mx:
+            self._rebase(b.offset)
+        return new_epoch
+
+    def _block_done(self, b: Block, size: int, new_epoch: bool) -> None:
+        """After a block's data is in the log: its epoch entry, the state, the confirm offset."""
+        cl = self.commitlog
+        if size:
+            self._first_block = False
+            if new_epoch:
+                self._persist_epoch(b.epoch, b.epoch_start)
+            self._state = SlaveState.TRANSFER
+        elif b.offset == cl.max_offset:
+            self._state = SlaveState.SUSPEND
+        confirm = min(b.confirm, cl.max_offset)
+        if confirm > self._confirm:
+            self._confirm = confirm
+            if self._on_confirm is not None:
+                self._on_confirm(confirm)
+
+    # --- epoch entries learnt from blocks ------------------------------------------------------
+
+    def _persist_epoch(self, epoch: int, start: int) -> None:
+        """Record a new epoch entry without stalling the transfer on its fsync (several ms
+        here): a worker thread writes it, in order, and every ack first waits for it
+        (:meth:`_ack`), so no offset is acknowledged under an epoch not yet on disk."""
+        if self._epoch_writer is None:
+            self._epoch_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ha-epoch")
+        self._epoch_jobs.append(((epoch, start), self._epoch_writer.submit(self._append_epoch, epoch, start)))
+
+    def _append_epoch(self, epoch: int, start: int) -> None:
+        # Runs on the worker: after a failed entry none of the later ones may be written.
+        if self._epoch_failed is not None:
+            raise self._epoch_failed
+        try:
+            self.epoch_map.append(epoch, start)
+        except BaseException as exc:
+            self._epoch_failed = exc
+            raise
+
+    def _last_entry(self) -> tuple[int, int] | None:
+        if self._epoch_jobs:
+            return self._epoch_jobs[-1][0]
+        last = self.epoch_map.last_entry()
+        return None if last is None else (last[0], last[1])
+
+    def _last_epoch(self) -> int:
+        if self._epoch_jobs:
+            return self._epoch_jobs[-1][0][0]
+        return self.epoch_map.last_epoch()
+
+    async def _settle_epochs(self) -> None:
+        """Wait until the epoch entries handed to the worker are written (or raise why not)."""
+        while self._epoch_jobs:
+            _, fut = self._epoch_jobs[0]
+            await asyncio.wrap_future(fut)
+            self._epoch_jobs.pop(0)
+
+    def _settle_epochs_now(self) -> None:
+        """Blocking variant, for the end of a session (the next one reads the epoch map)."""
+        jobs, self._epoch_jobs = self._epoch_jobs, []
+        for _, fut in jobs:
+            try:
+                fut.result()
+            except (EpochError, StoreError, OSError) as exc:
+                log.warning("HA slave %d could not record an epoch entry: %s", self.broker_id, exc)
+        self._epoch_failed = None
+
+    async def _ack(self, link: Link, codec: SlaveCodec, offset: int) -> None:
+        await self._settle_epochs()
+        await self._send(link, codec.ack(offset, self.epoch_map.last_epoch()))
+
+    def _may_restart(self, b: Block, size: int) -> bool:
+        """The master's log starts beyond this slave's end (retention deleted the bytes in
+        between): it says so by starting the session's first block there, at a segment
+        start above this log's max offset, in an epoch not older than this log's last."""
+        cl = self.commitlog
+        return (
+            self._first_block
+            and 0 < size <= cl.segment_bytes
+            and b.offset > cl.max_offset > cl.min_offset
+            and b.offset % cl.segment_bytes == 0
+            and b.epoch_start <= b.offset
+            and b.epoch >= self.epoch_map.last_epoch()
+        )
+
+    def _restart_at(self, offset: int) -> None:
+        cl = self.commitlog
+        local_min, local_max = cl.min_offset, cl.max_offset
+        dropped = local_max - local_min
+        log.warning(
+            "HA slave %d: master %s starts its log at %d, beyond this log's end %d (retention "
+            "removed the bytes in between): dropping the whole log (%d bytes, offsets %d..%d) "
+            "and restarting at %d", self.broker_id, self._master, offset, local_max, dropped,
+            local_min, local_max, offset,
+        )
+        self._drop_log(offset)
+        self.bytes_dropped += dropped
+        self._after_truncate(local_min)
 
     def _may_rebase(self, offset: int, size: int) -> bool:
         """An empty log may start where the master says (its min offset or last segment)."""
