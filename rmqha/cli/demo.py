@@ -1,10 +1,10 @@
-"""``rmqha demo``: the storage demo (append, close, reopen, verify) for both twins.
+"""``rmqha demo`` (the cluster demo, :mod:`rmqha.demo`) and ``rmqha demo-store``.
 
-Appends ``--messages`` 1 KiB messages (default one million) to a commitlog in a temporary
-directory (or ``--dir``) in batches, with a progress bar on stderr, closes it, reopens it
-(recovery scans and validates the tail), reads every record back and checks its body,
-topic, queue and queue offset, and prints records/s and MB/s for each twin.  The exit code
-is non-zero when any record fails verification.  (The cluster demo replaces this later.)
+``demo-store`` is the storage demo: it appends ``--messages`` 1 KiB messages (default one
+million) to a commitlog in a temporary directory (or ``--dir``) in batches, with a progress
+bar on stderr, closes it, reopens it (recovery scans and validates the tail), reads every
+record back and checks its body, topic, queue and queue offset, and prints records/s and
+MB/s for each twin.  The exit code is non-zero when any record fails verification.
 """
 from __future__ import annotations
 
@@ -15,8 +15,11 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from rmqha import _core
+from rmqha import demo as cluster_demo
+from rmqha.demo import DemoOptions, ProgressBar, run_demo
 from rmqha.store import CommitLog
 
 _TOPIC = "demo-topic"
@@ -35,31 +38,6 @@ class DemoResult:
     errors: int
 
 
-class _Progress:
-    """A one-line text progress bar on stderr, redrawn at most every 1%."""
-
-    def __init__(self, label: str, total: int, width: int = 32) -> None:
-        self.label, self.total, self.width = label, max(total, 1), width
-        self._shown = -1
-        # Redrawing with \r only makes sense on a terminal; logs get the final line.
-        self._live = sys.stderr.isatty()
-
-    def update(self, done: int) -> None:
-        pct = done * 100 // self.total
-        if pct == self._shown or (not self._live and done < self.total):
-            return
-        self._shown = pct
-        filled = done * self.width // self.total
-        bar = "#" * filled + "." * (self.width - filled)
-        sys.stderr.write(f"\r{self.label:<18} [{bar}] {pct:3d}% {done}/{self.total}")
-        sys.stderr.flush()
-
-    def finish(self) -> None:
-        self.update(self.total)
-        sys.stderr.write("\n")
-        sys.stderr.flush()
-
-
 def _body(i: int, size: int) -> bytes:
     # Deterministic and different per message, so verification catches misplaced records.
     stamp = i.to_bytes(8, "big")
@@ -73,7 +51,7 @@ def run_twin(twin: str, directory: str, messages: int, size: int, batch: int,
     log = CommitLog(directory, segment_bytes=segment_bytes, implementation=twin)
     try:
         log.wait_prefaulted(300)
-        bar = _Progress(f"{twin}: append", messages)
+        bar = ProgressBar(f"{twin}: append", messages)
         done = 0
         t0 = time.perf_counter()
         for k, bodies in enumerate(bodies_per_batch):
@@ -94,7 +72,7 @@ def run_twin(twin: str, directory: str, messages: int, size: int, batch: int,
     reopen_s = time.perf_counter() - t0
     errors = 0
     try:
-        bar = _Progress(f"{twin}: verify", messages)
+        bar = ProgressBar(f"{twin}: verify", messages)
         seen = 0
         next_qoff = [0] * _QUEUES
         t0 = time.perf_counter()
@@ -131,9 +109,9 @@ def _rate(n: float, seconds: float) -> float:
     return n / seconds if seconds > 0 else float("inf")
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
+def cmd_demo_store(args: argparse.Namespace) -> int:
     if args.messages <= 0 or args.size < 0 or args.batch <= 0:
-        print("rmqha demo: --messages and --batch must be > 0, --size >= 0", file=sys.stderr)
+        print("rmqha demo-store: --messages and --batch must be > 0, --size >= 0", file=sys.stderr)
         return 2
     twins = ["python"] if _core.NO_EXTENSIONS else ["cython", "python"]
     root = args.dir or tempfile.mkdtemp(prefix="rmqha-demo-")
@@ -170,9 +148,52 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    if args.messages < 2 or args.size < _MIN_CLUSTER_BODY or args.batch <= 0 or args.in_flight <= 0:
+        print(f"rmqha demo: --messages must be >= 2, --size >= {_MIN_CLUSTER_BODY}, "
+              "--batch and --in-flight > 0", file=sys.stderr)
+        return 2
+    if not 0.0 < args.kill_at < 1.0:
+        print("rmqha demo: --kill-at must be between 0 and 1", file=sys.stderr)
+        return 2
+    if args.dir and os.path.isdir(args.dir) and os.listdir(args.dir):
+        # Old stores would bring old broker identities into a new cluster.
+        print(f"rmqha demo: --dir {args.dir} is not empty (an earlier run?); give a new or "
+              "empty directory", file=sys.stderr)
+        return 2
+    return run_demo(DemoOptions(
+        messages=args.messages, body_bytes=args.size, batch=args.batch, in_flight=args.in_flight,
+        kill_at=args.kill_at, directory=Path(args.dir) if args.dir else None, keep=args.keep,
+        json=args.json))
+
+
+#: Bodies start with a 10-digit sequence number.
+_MIN_CLUSTER_BODY = 10
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
+    doc = cluster_demo.__doc__ or ""
     p = subparsers.add_parser(
-        "demo", help="append N 1 KiB messages, reopen, verify, print rates (both twins)",
+        "demo", help="run a 3-controller, 3-broker cluster here, kill its master under load, "
+                     "check nothing acknowledged is lost",
+        description=doc.split("\n\n")[1] if doc else None)
+    p.add_argument("--messages", type=int, default=100_000, help="messages to produce (default 100000)")
+    p.add_argument("--size", type=int, default=256, help="body bytes per message (default 256)")
+    p.add_argument("--batch", type=int, default=32, help="messages per send (default 32)")
+    p.add_argument("--in-flight", type=int, default=4, help="sends in flight at once (default 4)")
+    p.add_argument("--kill-at", type=float, default=0.4,
+                   help="kill the master once this fraction is acknowledged (default 0.4)")
+    p.add_argument("--dir", default=None,
+                   help="directory for configs, stores and logs (default: a temp dir, removed "
+                        "afterwards unless the demo fails)")
+    p.add_argument("--keep", action="store_true", help="keep the temp directory afterwards")
+    p.add_argument("--json", action="store_true",
+                   help="print only one JSON summary on stdout (for scripts)")
+    p.set_defaults(func=cmd_demo)
+
+    p = subparsers.add_parser(
+        "demo-store", help="storage only: append N 1 KiB messages, reopen, verify, print rates "
+                           "(both twins)",
         description=__doc__.split("\n\n")[1] if __doc__ else None)
     p.add_argument("--messages", type=int, default=1_000_000, help="messages per twin")
     p.add_argument("--size", type=int, default=1024, help="body bytes per message")
@@ -180,4 +201,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--segment-mb", type=int, default=1024, help="segment size in MiB")
     p.add_argument("--dir", default=None, help="directory for the stores (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the stores afterwards")
-    p.set_defaults(func=cmd_demo)
+    p.set_defaults(func=cmd_demo_store)

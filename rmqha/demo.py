@@ -1,0 +1,890 @@
+"""``rmqha demo``: a whole rmqha cluster on this machine, its master killed under load.
+
+The demo starts 3 controllers (one Raft group), a name server and a broker group of 3
+(one master, two slaves, every write acknowledged only once all replicas in the
+SyncStateSet hold it) as separate processes on 127.0.0.1 in a temporary directory.  It
+creates a topic and produces numbered messages with rmqha's Producer; partway it
+SIGKILLs the master and shows the election as the controller reports it (old and new
+master, master epoch, SyncStateSet) and the time until the first write is acknowledged
+again.  It then restarts the killed broker on its old store and shows it rejoin as a
+slave, cutting the bytes it had written that the new master never got.  Finally it
+reads the whole topic back with rmqha's Consumer and prints what was sent, acknowledged,
+consumed, duplicated and lost.  Acknowledged messages must all be there: the exit code is
+1 if any is missing (or the failover did not happen), 130 after Ctrl-C, else 0.
+Whatever the outcome, every process it started is stopped and the demo checks that none
+of their ports still accepts connections.
+
+This module owns the demo's scenario and its output; processes are
+:mod:`rmqha.local_cluster`'s.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import CancelledError
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
+
+from rmqha.client import Consumer, Message, Producer
+from rmqha.client.admin import TopicAdmin
+from rmqha.errors import ProtocolError, RemotingError, RmqhaError, SendError
+from rmqha.local_cluster import QUICK_BROKER, BrokerProc, Cluster, Leftovers, ReplicaInfo
+from rmqha.messaging.message import parse_offset_msg_id
+from rmqha.remoting import EventLoopThread
+
+TOPIC = "DemoTopic"
+GROUP = "broker-a"
+QUEUES = 8
+#: The broker settings that make the point of the demo: a send is acknowledged only once
+#: every replica in the SyncStateSet holds it (RocketMQ's allAckInSyncStateSet).
+ALL_ACK = {"all_ack_in_sync_state_set": True, "slave_timeout_ms": 3000}
+#: The first bytes of every body: the message's sequence number, so the reader can tell
+#: which message it is and count duplicates without trusting any id.
+_SEQ_DIGITS = 10
+
+# The restarted broker's HA slave logs how much it cut (rmqha.ha.slave).
+_TRUNCATE_LINE = re.compile(r"truncating at (\d+): dropping (\d+) bytes.*?\(local max (\d+)\)")
+_DROP_ALL_LINE = re.compile(r"dropping (?:its|the) whole log \((\d+) bytes")
+# ... and the broker where its store ended when it opened (rmqha.broker.broker).
+_STORE_OPEN_LINE = re.compile(r"store open: .*? max offset (\d+)")
+
+
+@dataclass
+class DemoOptions:
+    messages: int = 100_000
+    body_bytes: int = 256
+    batch: int = 32
+    in_flight: int = 4
+    #: The master is killed once this fraction of the messages is acknowledged.
+    kill_at: float = 0.4
+    directory: Path | None = None
+    keep: bool = False
+    json: bool = False
+    #: Longest wait for any one step (a new master, a rejoin, the last message).
+    step_timeout_s: float = 60.0
+
+
+@dataclass
+class ElectionEvent:
+    """One change of the controller's view of the group, seconds after the kill."""
+
+    after_s: float
+    master_id: int | None
+    master_address: str | None
+    master_epoch: int
+    sync_state_set: list[int]
+
+
+@dataclass
+class Failover:
+    killed: str = ""
+    killed_pid: int = 0
+    acked_at_kill: int = 0
+    old_master_id: int | None = None
+    old_master_address: str | None = None
+    old_epoch: int = 0
+    old_sync_state_set: list[int] = field(default_factory=list)
+    new_master_id: int | None = None
+    new_master_address: str | None = None
+    new_epoch: int = 0
+    new_sync_state_set: list[int] = field(default_factory=list)
+    #: SIGKILL -> the controller names another master.
+    election_s: float | None = None
+    #: SIGKILL -> the first send acknowledged by the new master.
+    first_ack_s: float | None = None
+    events: list[ElectionEvent] = field(default_factory=list)
+
+
+@dataclass
+class Rejoin:
+    broker: str = ""
+    broker_id: int | None = None
+    role: str | None = None
+    master_id: int | None = None
+    master_epoch: int = 0
+    #: Where its log ended when it came back, where it was cut, and how much was cut.
+    log_end_before: int | None = None
+    truncated_at: int | None = None
+    truncated_bytes: int | None = None
+    epoch_map: list[dict[str, int]] = field(default_factory=list)
+    matches_master_epochs: bool = False
+    as_slave_s: float | None = None
+    in_sync_s: float | None = None
+    sync_state_set: list[int] = field(default_factory=list)
+
+
+@dataclass
+class DemoSummary:
+    messages: int
+    body_bytes: int
+    sent: int = 0
+    acked: int = 0
+    not_acked: int = 0
+    send_errors: int = 0
+    consumed: int = 0
+    duplicates: int = 0
+    lost: int = 0
+    lost_sample: list[int] = field(default_factory=list)
+    unacked_but_stored: int = 0
+    produce_s: float = 0.0
+    produce_msgs_per_s: float = 0.0
+    produce_mb_per_s: float = 0.0
+    consume_s: float = 0.0
+    consume_msgs_per_s: float = 0.0
+    failover_s: float | None = None
+    failover: Failover = field(default_factory=Failover)
+    rejoin: Rejoin = field(default_factory=Rejoin)
+    processes_started: int = 0
+    leftover_processes: list[str] = field(default_factory=list)
+    leftover_ports: list[int] = field(default_factory=list)
+    directory: str = ""
+    kept: bool = False
+    total_s: float = 0.0
+    interrupted: bool = False
+    error: str | None = None
+    ok: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# --- output ---------------------------------------------------------------------------------
+
+
+class ProgressBar:
+    """A one-line progress bar on stderr.  On a terminal it is redrawn in place (at most
+    every 1% or 0.2 s); elsewhere (a pipe, a CI log) only the final line is written."""
+
+    def __init__(self, label: str, total: int, *, stream: TextIO | None = None,
+                 enabled: bool = True, width: int = 30) -> None:
+        self.label, self.total, self.width = label, max(total, 1), width
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = enabled
+        self.live = enabled and self.stream.isatty()
+        self.done = 0
+        self.suffix = ""
+        self._shown = (-1, "")
+        self._drawn_at = 0.0
+        self._visible = False
+
+    def _line(self) -> str:
+        pct = min(100, self.done * 100 // self.total)
+        filled = min(self.width, self.done * self.width // self.total)
+        bar = "#" * filled + "." * (self.width - filled)
+        return f"{self.label:<10} [{bar}] {pct:3d}% {self.done:,}/{self.total:,} {self.suffix}".rstrip()
+
+    def update(self, done: int, suffix: str = "") -> None:
+        self.done, self.suffix = done, suffix
+        if not self.live:
+            return
+        pct = done * 100 // self.total
+        now = time.monotonic()
+        if (pct, suffix) == self._shown or (pct == self._shown[0] and now - self._drawn_at < 0.2):
+            return
+        self._shown, self._drawn_at = (pct, suffix), now
+        self.stream.write("\r\033[K" + self._line())
+        self.stream.flush()
+        self._visible = True
+
+    def clear(self) -> None:
+        """Take the bar off the screen (before other output); the next update redraws it."""
+        if self._visible:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+            self._visible = False
+            self._shown = (-1, "")
+
+    def finish(self) -> None:
+        if not self.enabled:
+            return
+        if self.live:
+            self.clear()
+        self.stream.write(self._line() + "\n")
+        self.stream.flush()
+
+
+class Console:
+    """The demo's human output (stdout), kept clear of a live progress bar on stderr."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.bar: ProgressBar | None = None
+
+    def say(self, text: str = "") -> None:
+        if self.quiet:
+            return
+        if self.bar is not None:
+            self.bar.clear()
+        print(text, flush=True)
+
+    def progress(self, label: str, total: int) -> ProgressBar:
+        self.bar = ProgressBar(label, total, enabled=not self.quiet)
+        return self.bar
+
+    def end_progress(self) -> None:
+        if self.bar is not None:
+            self.bar.finish()
+            self.bar = None
+
+
+def _warn(text: str) -> None:
+    print(f"rmqha demo: {text}", file=sys.stderr, flush=True)
+
+
+def _ids(ids: list[int]) -> str:
+    return "{" + ", ".join(str(i) for i in ids) + "}"
+
+
+def _s(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.2f} s"
+
+
+# --- the producer ---------------------------------------------------------------------------
+
+
+def _body(seq: int, size: int) -> bytes:
+    head = str(seq).zfill(_SEQ_DIGITS).encode()
+    return head + b"." * max(0, size - len(head))
+
+
+def _seq_of(body: bytes) -> int | None:
+    head = body[:_SEQ_DIGITS]
+    return int(head) if len(head) == _SEQ_DIGITS and head.isdigit() else None
+
+
+class ProduceLoad:
+    """Numbered messages sent in batches by ``in_flight`` concurrent senders of one
+    :class:`Producer`, on the demo's client loop; counters read from the main thread."""
+
+    def __init__(self, loop: EventLoopThread, namesrv: list[str], opts: DemoOptions) -> None:
+        self.loop = loop
+        self.namesrv = namesrv
+        self.opts = opts
+        self.sent = 0
+        self.acked: set[int] = set()
+        self.not_acked = 0
+        self.send_errors = 0
+        self.last_error = ""
+        self.started_at = 0.0
+        self.finished_at: float | None = None
+        #: Set by the main thread just before it kills the master.
+        self.kill_time: float | None = None
+        self.killed_address: str | None = None
+        self.first_ack_after_kill: float | None = None
+        self._next = 0
+        self._future: Any = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._producer: Producer | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._future is not None and self._future.done()
+
+    def start(self) -> None:
+        self.started_at = time.monotonic()
+        self._future = asyncio.run_coroutine_threadsafe(self._run(), self.loop.loop)
+
+    def result(self) -> None:
+        """Re-raise what made the load fail (SendErrors are counted, not raised)."""
+        if self._future is not None and self._future.done():
+            self._future.result()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancel the senders and wait until the producer is closed (for an early exit)."""
+        if self._future is None or self._future.done():
+            return
+
+        async def cancel() -> None:
+            # The flag as well as the cancel: asyncio.wait_for (3.11) can swallow a
+            # cancellation that races with a response, and the sender would go on.
+            self._stopping = True
+            if self._task is not None:
+                self._task.cancel()
+                await asyncio.wait([self._task], timeout=timeout)
+
+        try:
+            self.loop.run(cancel(), timeout + 1)
+        except (TimeoutError, RuntimeError) as exc:  # a stuck close must not stop the clean-up
+            _warn(f"the producer did not stop cleanly: {exc!r}")
+
+    async def _run(self) -> None:
+        self._task = asyncio.current_task()
+        self._producer = Producer(self.namesrv, "demo-producer", send_timeout_s=3.0,
+                                  backoff_s=0.02, max_backoff_s=0.2, retry_deadline_s=30.0,
+                                  compress_over_bytes=-1)
+        try:
+            self._tasks = [asyncio.ensure_future(self._sender()) for _ in range(self.opts.in_flight)]
+            await asyncio.gather(*self._tasks)
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self._producer.close()
+            self.finished_at = time.monotonic()
+
+    async def _sender(self) -> None:
+        assert self._producer is not None
+        opts = self.opts
+        while self._next < opts.messages and not self._stopping:
+            first = self._next
+            seqs = range(first, min(first + opts.batch, opts.messages))
+            self._next = seqs.stop
+            self.sent += len(seqs)
+            try:
+                results = await self._producer.send_batch(
+                    TOPIC, [Message(_body(s, opts.body_bytes)) for s in seqs])
+            except SendError as exc:
+                self.send_errors += len(seqs)
+                self.last_error = str(exc)
+                continue
+            now = time.monotonic()
+            for seq, r in zip(seqs, results):
+                if not r.ok:
+                    self.not_acked += 1
+                    continue
+                self.acked.add(seq)
+                if self.kill_time is not None and self.first_ack_after_kill is None:
+                    try:
+                        host, _ = parse_offset_msg_id(r.offset_msg_id)
+                    except ProtocolError:
+                        host = ""
+                    if host and host != self.killed_address:
+                        self.first_ack_after_kill = now
+
+
+# --- the scenario ---------------------------------------------------------------------------
+
+
+class Demo:
+    def __init__(self, opts: DemoOptions) -> None:
+        self.opts = opts
+        self.out = Console(opts.json)
+        self.summary = DemoSummary(opts.messages, opts.body_bytes)
+        self.cluster: Cluster | None = None
+        self.loop: EventLoopThread | None = None
+        self.load: ProduceLoad | None = None
+        self.brokers: list[BrokerProc] = []
+        #: The controller's last reported (master id, epoch, SyncStateSet) of the group.
+        self._last_view: tuple[int | None, int, list[int]] = (None, 0, [])
+        self._ticks = 0
+        self._consume_stop = False
+
+    # --- steps ------------------------------------------------------------------------------
+
+    def run(self) -> DemoSummary:
+        opts, out, s = self.opts, self.out, self.summary
+        started = time.monotonic()
+        temp = opts.directory is None
+        base = Path(tempfile.mkdtemp(prefix="rmqha-demo-")) if temp else Path(opts.directory or ".")
+        base.mkdir(parents=True, exist_ok=True)
+        s.directory = str(base)
+        out.say("rmqha demo: a replicated commit log losing its master under load, losing nothing "
+                "acknowledged")
+        out.say(f"working directory: {base}  (configs, stores and one log per process)")
+        restore = _handle_stop_signals()
+        try:
+            self.cluster = Cluster(base, cluster_name="rmqha-demo",
+                                   broker_defaults={**QUICK_BROKER, **ALL_ACK})
+            self.loop = EventLoopThread("demo-clients")
+            self._start_cluster()
+            self._create_topic()
+            self._produce_and_kill()
+            self._restart_old_master()
+            self._consume()
+        except KeyboardInterrupt:
+            s.interrupted = True
+            out.end_progress()
+            out.say("\ninterrupted: stopping everything the demo started ...")
+        except (RmqhaError, OSError, TimeoutError) as exc:
+            # The first line says what; the rest (every process's log tail) goes to stderr.
+            text = f"{type(exc).__name__}: {exc}"
+            s.error = text.splitlines()[0]
+            out.end_progress()
+            out.say(f"\nthe demo failed: {s.error}")
+            _warn(text)
+        finally:
+            # A second Ctrl-C must not cut the clean-up short.
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+            self._stop_everything()
+            restore()
+        s.total_s = time.monotonic() - started
+        s.ok = (not s.interrupted and s.error is None and s.lost == 0
+                and s.failover.new_master_id is not None
+                and s.failover.new_master_id != s.failover.old_master_id
+                and s.failover.new_epoch > s.failover.old_epoch
+                and not s.leftover_processes and not s.leftover_ports)
+        # A failed run keeps its logs for a look; an interrupted one cleans up.
+        s.kept = opts.keep or not temp or (not s.ok and not s.interrupted)
+        if not s.kept:
+            shutil.rmtree(base, ignore_errors=True)
+        return s
+
+    def _start_cluster(self) -> None:
+        c, out = self._c, self.out
+        out.say("\n[1/5] Starting the cluster: 3 controllers, 1 name server, broker group of 3")
+        t0 = time.monotonic()
+        c.start_controllers(3, wait=False)
+        leader = c.wait_for(c.controller_leader, 60, what="a controller leader")
+        for proc in c.controllers:
+            mark = "  <- Raft leader" if proc.address == leader else ""
+            out.say(f"      controller  {proc.node_id:<4} {proc.address:<16} pid {proc.pid}{mark}")
+        ns = c.start_namesrv()
+        out.say(f"      name server      {ns.address:<16} pid {ns.pid}")
+        self.brokers = c.start_group(GROUP, 3, in_sync=True, timeout=60)
+        info = self._replica_info()
+        for b in self.brokers:
+            role = "master" if b.broker_id() == info.master_id else "slave"
+            out.say(f"      broker {b.group} id {b.broker_id()} {b.address:<16} pid {b.pid:<7} "
+                    f"{role}  (HA port {b.ha_address.rpartition(':')[2]})")
+        out.say(f"      controller's view: master id {info.master_id}, master epoch "
+                f"{info.master_epoch}, SyncStateSet {_ids(info.sync_state_set)}  "
+                f"(up in {time.monotonic() - t0:.1f} s)")
+        self.summary.processes_started = len(c.processes)
+
+    def _create_topic(self) -> None:
+        c, out = self._c, self.out
+        out.say(f"\n[2/5] Creating topic {TOPIC} with {QUEUES} queues on {GROUP}")
+
+        async def create() -> None:
+            async with TopicAdmin(c.namesrv_addresses) as admin:
+                for change in await admin.create_topic(TOPIC, QUEUES, groups=[GROUP]):
+                    if not change.ok:
+                        raise RmqhaError(f"creating {TOPIC} on {change.broker_name} failed: "
+                                         f"{change.remark}")
+
+        self._run(create(), 30)
+        c.wait_for(lambda: (r := c.route(TOPIC)) is not None
+                   and any("0" in b["brokerAddrs"] for b in r["brokerDatas"]),
+                   30, what=f"the name server's route of {TOPIC}")
+
+    def _produce_and_kill(self) -> None:
+        c, out, opts, s = self._c, self.out, self.opts, self.summary
+        kill_after = max(1, min(opts.messages - 1, int(opts.messages * opts.kill_at)))
+        out.say(f"\n[3/5] Producing {opts.messages:,} messages of {opts.body_bytes} bytes "
+                f"(batches of {opts.batch}, {opts.in_flight} in flight); a send is "
+                f"acknowledged once every replica in the SyncStateSet has it.")
+        out.say(f"      The master gets SIGKILL after {kill_after:,} acknowledged messages.")
+        load = self.load = ProduceLoad(self._l, c.namesrv_addresses, opts)
+        bar = out.progress("produce", opts.messages)
+        before = self._replica_info()
+        master = c.broker_by_id(GROUP, before.master_id or 0)
+        if master is None:
+            raise RmqhaError(f"no running broker has the master's id {before.master_id}")
+        load.start()
+        while not load.done and len(load.acked) < kill_after:
+            self._tick(bar, load)
+        f = s.failover
+        f.killed, f.killed_pid, f.acked_at_kill = master.name, master.pid or 0, len(load.acked)
+        f.old_master_id, f.old_master_address = before.master_id, before.master_address
+        f.old_epoch, f.old_sync_state_set = before.master_epoch, before.sync_state_set
+        load.killed_address, load.kill_time = master.address, time.monotonic()
+        master.kill()
+        out.say(f"  >>> SIGKILL {master.name} (pid {f.killed_pid}): the master, id {f.old_master_id}, "
+                f"master epoch {f.old_epoch}, after {f.acked_at_kill:,} acknowledged messages")
+        self._watch_election(bar, load, before)
+        while not load.done:
+            self._tick(bar, load)
+            self._watch_sync_state_set(load)
+        self._tick(bar, load)
+        out.end_progress()
+        load.result()
+        self._record_load()
+        extra = ""
+        if s.send_errors:
+            extra = f"; {s.send_errors:,} failed after the producer's retries ({load.last_error})"
+        out.say(f"      {s.acked:,} of {s.sent:,} acknowledged in {s.produce_s:.1f} s "
+                f"({s.produce_msgs_per_s:,.0f} msg/s, failover included){extra}")
+
+    def _record_load(self) -> None:
+        """Copy the producer's counters into the summary (also after an early stop)."""
+        s, load = self.summary, self.load
+        if load is None or not load.started_at:
+            return
+        end = load.finished_at or time.monotonic()
+        s.sent, s.acked = load.sent, len(load.acked)
+        s.not_acked, s.send_errors = load.not_acked, load.send_errors
+        s.produce_s = end - load.started_at
+        s.produce_msgs_per_s = s.acked / s.produce_s if s.produce_s > 0 else 0.0
+        s.produce_mb_per_s = s.produce_msgs_per_s * self.opts.body_bytes / 1e6
+        s.failover_s = s.failover.first_ack_s
+
+    def _tick(self, bar: ProgressBar, load: ProduceLoad, pause: float = 0.05) -> None:
+        elapsed = time.monotonic() - load.started_at
+        rate = len(load.acked) / elapsed if elapsed > 0 else 0.0
+        bar.update(len(load.acked), f"{rate:,.0f} msg/s")
+        time.sleep(pause)
+
+    def _watch_election(self, bar: ProgressBar, load: ProduceLoad, before: ReplicaInfo) -> None:
+        """Print the controller's view each time it changes, until a new master is named
+        and has acknowledged a write (or the producer has nothing left to send)."""
+        f = self.summary.failover
+        t0 = load.kill_time or time.monotonic()
+        self._last_view = (before.master_id, before.master_epoch, before.sync_state_set)
+        deadline = t0 + self.opts.step_timeout_s
+        while True:
+            # Ask often: the election itself takes tens of milliseconds.
+            self._tick(bar, load, 0.005)
+            lines = self._poll_view(t0)
+            if f.first_ack_s is None and load.first_ack_after_kill is not None:
+                f.first_ack_s = load.first_ack_after_kill - t0
+                lines.append((f.first_ack_s, "first write acknowledged by the new master (the "
+                                             "producer retried by itself)"))
+            self._say_at(lines)
+            if f.election_s is not None and (f.first_ack_s is not None or load.done):
+                return
+            if time.monotonic() > deadline:
+                raise RmqhaError(f"no new master acknowledged a write within "
+                                 f"{self.opts.step_timeout_s:.0f} s of the kill\n{self._c.describe()}")
+
+    def _watch_sync_state_set(self, load: ProduceLoad) -> None:
+        """After the election: report SyncStateSet changes (slaves catching up) as they
+        come, asking the controller every few ticks."""
+        self._ticks += 1
+        if self._ticks % 4 == 0:
+            self._say_at(self._poll_view(load.kill_time or 0.0))
+
+    def _poll_view(self, t0: float) -> list[tuple[float, str]]:
+        """Ask the controller; a line (seconds after ``t0``, text) if its view changed."""
+        info = self._replica_info_or_none()
+        after = time.monotonic() - t0
+        if info is None:
+            return []
+        view = (info.master_id, info.master_epoch, info.sync_state_set)
+        if view == self._last_view:
+            return []
+        self._last_view = view
+        return [(after, self._election_event(after, info))]
+
+    def _say_at(self, lines: list[tuple[float, str]]) -> None:
+        for after, text in sorted(lines):
+            self.out.say(f"      {'+' + format(after, '.2f') + ' s':>8}  {text}")
+
+    def _election_event(self, after: float, info: ReplicaInfo) -> str:
+        """Record one change of the controller's view; its description."""
+        f = self.summary.failover
+        f.events.append(ElectionEvent(after, info.master_id, info.master_address,
+                                      info.master_epoch, info.sync_state_set))
+        if info.master_id is None:
+            return (f"controller: no master (epoch {info.master_epoch}), SyncStateSet "
+                    f"{_ids(info.sync_state_set)}")
+        if info.master_id != f.old_master_id and f.election_s is None:
+            f.election_s = after
+            f.new_master_id, f.new_master_address = info.master_id, info.master_address
+            f.new_epoch = info.master_epoch
+            f.new_sync_state_set = info.sync_state_set
+            return (f"controller elected id {info.master_id} ({info.master_address}): master "
+                    f"epoch {f.old_epoch} -> {info.master_epoch}, SyncStateSet "
+                    f"{_ids(f.old_sync_state_set)} -> {_ids(info.sync_state_set)}")
+        if info.master_id == f.new_master_id:
+            f.new_epoch = info.master_epoch
+            f.new_sync_state_set = info.sync_state_set
+        return (f"controller: master id {info.master_id}, epoch {info.master_epoch}, "
+                f"SyncStateSet {_ids(info.sync_state_set)}")
+
+    def _restart_old_master(self) -> None:
+        c, out, f, r = self._c, self.out, self.summary.failover, self.summary.rejoin
+        old = c.broker_by_id(GROUP, f.old_master_id or 0)
+        if old is None:
+            raise RmqhaError(f"no broker process has id {f.old_master_id}")
+        r.broker, r.broker_id = old.name, f.old_master_id
+        out.say(f"\n[4/5] Restarting {old.name} (the old master, id {r.broker_id}) on its old store")
+        t0 = time.monotonic()
+        log_offset = len(old.log_text())
+        old.start()
+        timeout = self.opts.step_timeout_s
+        c.wait_role(old, "slave", timeout)
+        r.as_slave_s = time.monotonic() - t0
+        # Truncation happens when its HA link first reaches the master, before any transfer.
+        status = c.wait_for(lambda: (st := c.broker_status(old)).get("ha", {}).get("sessions", 0) >= 1
+                            and st, timeout, what=f"{old.name}'s HA link to the new master", process=old)
+        r.role, r.master_id = status.get("role"), status.get("masterId")
+        r.master_epoch = int(status.get("masterEpoch") or 0)
+        self._say_at([(r.as_slave_s, f"back as a slave of id {r.master_id} (master epoch "
+                                     f"{r.master_epoch})")])
+        ids = sorted(b.broker_id() or 0 for b in self.brokers)
+        info = c.wait_for(lambda: (i := self._replica_info_or_none()) is not None
+                          and i.sync_state_set == ids and i, timeout,
+                          what=f"SyncStateSet {ids}", process=old)
+        r.in_sync_s = time.monotonic() - t0
+        r.sync_state_set = info.sync_state_set
+        master = c.broker_by_id(GROUP, r.master_id or 0)
+        theirs = [] if master is None else [
+            {"epoch": e["epoch"], "startOffset": e["startOffset"]}
+            for e in c.broker_epochs(master).get("epochList", [])]
+        epoch_start = next((e["startOffset"] for e in theirs if e["epoch"] == f.new_epoch), None)
+        self._read_truncation(old.log_text()[log_offset:], status, epoch_start)
+        if r.truncated_bytes and r.log_end_before is not None and r.truncated_at is not None:
+            out.say(f"      cut {r.truncated_bytes:,} bytes: its log ended at {r.log_end_before:,}, "
+                    f"but epoch {f.new_epoch} starts at {r.truncated_at:,} on the new master; the "
+                    f"tail was written by the old master alone and never acknowledged")
+        elif r.truncated_bytes:
+            out.say(f"      dropped its whole log ({r.truncated_bytes:,} bytes): nothing in common "
+                    f"with the new master's")
+        elif r.log_end_before is not None:
+            out.say(f"      nothing to cut: its log ended at {r.log_end_before:,}, exactly where "
+                    f"epoch {f.new_epoch} starts (every byte it had written had reached a slave)")
+        else:
+            out.say("      nothing was cut (no truncation reported)")
+        r.epoch_map = [{"epoch": e["epoch"], "startOffset": e["startOffset"]}
+                       for e in c.broker_epochs(old).get("epochList", [])]
+        r.matches_master_epochs = bool(theirs) and theirs[:len(r.epoch_map)] == r.epoch_map
+        epochs = ", ".join(f"epoch {e['epoch']} from {e['startOffset']:,}" for e in r.epoch_map)
+        same = "same as the master's" if r.matches_master_epochs else "DIFFERS from the master's"
+        out.say(f"      its epoch map now: {epochs} ({same})")
+        self._say_at([(r.in_sync_s, f"caught up: SyncStateSet {_ids(r.sync_state_set)} "
+                                    f"(SyncStateSet epoch {info.sync_state_set_epoch})")])
+
+    def _read_truncation(self, log: str, status: dict[str, Any], epoch_start: int | None) -> None:
+        """How much the rejoining broker cut, from its own log lines (where its store ended
+        when it opened; the HA slave's truncation line) and its HA status."""
+        r = self.summary.rejoin
+        ha = status.get("ha") or {}
+        m = _STORE_OPEN_LINE.search(log)
+        if m:
+            r.log_end_before = int(m.group(1))
+        m = _TRUNCATE_LINE.search(log)
+        if m:
+            r.truncated_at, r.truncated_bytes, r.log_end_before = (int(g) for g in m.groups())
+            return
+        m = _DROP_ALL_LINE.search(log)
+        if m:
+            r.truncated_at, r.truncated_bytes = 0, int(m.group(1))
+            return
+        if ha.get("bytes_dropped") is not None:
+            r.truncated_bytes = int(ha["bytes_dropped"])
+        elif r.log_end_before is not None:
+            r.truncated_bytes = 0
+        if ha.get("last_truncate") is not None:
+            r.truncated_at = int(ha["last_truncate"])
+        elif r.truncated_bytes == 0:
+            r.truncated_at = epoch_start
+
+    def _consume(self) -> None:
+        c, out, opts, s = self._c, self.out, self.opts, self.summary
+        assert self.load is not None
+        acked = self.load.acked
+        out.say(f"\n[5/5] Reading {TOPIC} back with a new consumer group")
+        bar = out.progress("consume", max(1, len(acked)))
+        counts: Counter[int] = Counter()
+        t0 = time.monotonic()
+
+        async def read() -> None:
+            consumer = Consumer(c.namesrv_addresses, f"demo-audit-{int(time.time())}", TOPIC,
+                                pull_batch=128, long_poll_s=1.0, rebalance_interval_s=2.0)
+            await consumer.start()
+            try:
+                idle_since = time.monotonic()
+                while not self._consume_stop:
+                    got = await consumer.poll(0.5, 4096)
+                    now = time.monotonic()
+                    if got:
+                        idle_since = now
+                    for m in got:
+                        seq = _seq_of(m.body)
+                        if seq is not None:
+                            counts[seq] += 1
+                    missing = len(acked) - sum(1 for q in acked if q in counts) if not got else -1
+                    # Done once every acknowledged message is in and the topic stays quiet
+                    # (unacknowledged or duplicated copies may trail); give up after a long
+                    # silence with messages still missing.
+                    if missing == 0 and now - idle_since >= 1.0:
+                        return
+                    if now - idle_since >= min(20.0, opts.step_timeout_s):
+                        return
+            finally:
+                await consumer.close()
+
+        fut = asyncio.run_coroutine_threadsafe(read(), self._l.loop)
+        try:
+            while not fut.done():
+                elapsed = time.monotonic() - t0
+                seen = len(counts)
+                bar.update(min(seen, bar.total), f"{seen / elapsed if elapsed else 0:,.0f} msg/s")
+                time.sleep(0.1)
+            fut.result()
+        finally:
+            if not fut.done():
+                # Interrupted: let the reader close its consumer (it checks the flag each poll).
+                self._consume_stop = True
+                try:
+                    fut.result(10)
+                except (TimeoutError, CancelledError, RmqhaError, OSError) as exc:
+                    _warn(f"the consumer did not stop cleanly: {exc!r}")
+        bar.update(min(len(counts), bar.total))
+        out.end_progress()
+        s.consume_s = time.monotonic() - t0
+        s.consumed = len(counts)
+        s.consume_msgs_per_s = s.consumed / s.consume_s if s.consume_s > 0 else 0.0
+        s.duplicates = sum(n - 1 for n in counts.values())
+        lost = sorted(acked - set(counts))
+        s.lost, s.lost_sample = len(lost), lost[:20]
+        s.unacked_but_stored = len(set(counts) - acked)
+
+    # --- clean-up ---------------------------------------------------------------------------
+
+    def _stop_everything(self) -> None:
+        s = self.summary
+        if self.load is not None:
+            self.load.stop()
+            if not s.sent:
+                self._record_load()
+        if self.loop is not None:
+            try:
+                self.loop.run(_cancel_other_tasks(), 10)
+            except (TimeoutError, RuntimeError) as exc:
+                _warn(f"client tasks did not stop cleanly: {exc!r}")
+            self.loop.stop()
+        if self.cluster is not None:
+            s.processes_started = len(self.cluster.processes)
+            self.cluster.stop_all(timeout=5.0)
+            left: Leftovers = self.cluster.leftovers()
+            s.leftover_processes, s.leftover_ports = left.processes, left.ports
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    @property
+    def _c(self) -> Cluster:
+        assert self.cluster is not None
+        return self.cluster
+
+    @property
+    def _l(self) -> EventLoopThread:
+        assert self.loop is not None
+        return self.loop
+
+    def _run(self, coro: Any, timeout: float) -> Any:
+        return self._l.run(coro, timeout)
+
+    def _replica_info(self) -> ReplicaInfo:
+        c = self._c
+        return c.wait_for(lambda: c.replica_info(GROUP), 30, what=f"the controller's view of {GROUP}")
+
+    def _replica_info_or_none(self) -> ReplicaInfo | None:
+        try:
+            return self._c.replica_info(GROUP)
+        except (RemotingError, TimeoutError, OSError):
+            return None
+
+
+async def _cancel_other_tasks(timeout: float = 5.0) -> None:
+    """Cancel whatever still runs on the demo's client loop (after an interrupt) and give
+    it ``timeout`` seconds to unwind, so the loop closes with nothing pending."""
+    me = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not me]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout)
+
+
+# --- signals, summary, entry point ----------------------------------------------------------
+
+
+def _handle_stop_signals() -> Callable[[], None]:
+    """Make SIGINT, SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread (so the
+    demo unwinds through its clean-up); returns a function restoring the old handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    # SIGINT may have been inherited as ignored (a background job): take it back.
+    wanted = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: interrupt,
+              signal.SIGHUP: interrupt}
+    old = {sig: signal.signal(sig, handler) for sig, handler in wanted.items()}
+
+    def restore() -> None:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+    return restore
+
+
+def _rows(s: DemoSummary) -> Iterator[tuple[str, str, str]]:
+    f, r = s.failover, s.rejoin
+    yield "messages sent", f"{s.sent:,}", ""
+    yield "acknowledged (all-ack)", f"{s.acked:,}", "every replica in the SyncStateSet had it"
+    yield "not acknowledged", f"{s.not_acked + s.send_errors:,}", \
+        "failed after the producer's retries, or replicas too slow" if s.not_acked + s.send_errors else ""
+    yield "consumed (distinct)", f"{s.consumed:,}", ""
+    yield "duplicates", f"{s.duplicates:,}", "a retried send stored twice (same message id)" if s.duplicates else ""
+    yield "lost (acknowledged, not read)", f"{s.lost:,}", "MUST be 0" if s.lost else ""
+    if s.unacked_but_stored:
+        yield "stored without an ack", f"{s.unacked_but_stored:,}", "its ack was lost in the failover"
+    yield "failover: election", _s(f.election_s), "SIGKILL -> controller names a new master"
+    yield "failover: first acked write", _s(f.first_ack_s), "SIGKILL -> new master acknowledges"
+    yield "master epoch", f"{f.old_epoch} -> {f.new_epoch}", \
+        f"master id {f.old_master_id} -> {f.new_master_id}"
+    cut = "-" if r.truncated_bytes is None else f"{r.truncated_bytes:,} bytes"
+    yield "old master cut on rejoin", cut, f"back in sync after {_s(r.in_sync_s)}"
+    yield "produce throughput", f"{s.produce_msgs_per_s:,.0f} msg/s", \
+        f"{s.produce_mb_per_s:.1f} MB/s of bodies over {s.produce_s:.1f} s, failover included"
+    yield "consume throughput", f"{s.consume_msgs_per_s:,.0f} msg/s", f"over {s.consume_s:.1f} s"
+    left = len(s.leftover_processes)
+    ports = ", ".join(map(str, s.leftover_ports)) or "none"
+    yield "processes stopped", f"{s.processes_started - left} of {s.processes_started}", \
+        f"ports still open: {ports}"
+    yield "wall time", f"{s.total_s:.1f} s", ""
+
+
+def format_summary(s: DemoSummary) -> str:
+    rows = list(_rows(s))
+    w1 = max(len(a) for a, _, _ in rows)
+    w2 = max(len(b) for _, b, _ in rows)
+    lines = ["", "Summary"]
+    lines += [f"  {a:<{w1}}  {b:>{w2}}  {c}".rstrip() for a, b, c in rows]
+    return "\n".join(lines)
+
+
+def verdict(s: DemoSummary) -> str:
+    if s.interrupted:
+        return "interrupted."
+    problems = []
+    if s.error:
+        problems.append(s.error.splitlines()[0])
+    if s.lost:
+        problems.append(f"{s.lost:,} acknowledged message(s) missing, e.g. seq {s.lost_sample[:5]}")
+    f = s.failover
+    if s.error is None and (f.new_master_id is None or f.new_epoch <= f.old_epoch):
+        problems.append("no failover to a new master with a higher epoch was seen")
+    if s.leftover_processes or s.leftover_ports:
+        problems.append(f"left behind: processes {s.leftover_processes}, ports {s.leftover_ports}")
+    if problems:
+        return "FAILED: " + "; ".join(problems)
+    return "OK: every acknowledged message was read back after the failover."
+
+
+def run_demo(opts: DemoOptions) -> int:
+    """Run the demo; the process exit code (0 ok, 1 failed, 130 interrupted)."""
+    s = Demo(opts).run()
+    if opts.json:
+        print(json.dumps(s.to_json(), indent=None, sort_keys=True), flush=True)
+    else:
+        if not s.interrupted:
+            print(format_summary(s))
+        else:
+            left = len(s.leftover_processes)
+            print(f"stopped {s.processes_started - left} of {s.processes_started} processes; "
+                  f"ports still open: {', '.join(map(str, s.leftover_ports)) or 'none'}")
+        print(verdict(s))
+        if s.kept:
+            print(f"configs, stores and logs kept in {s.directory}")
+        sys.stdout.flush()
+    if s.interrupted:
+        return 130
+    return 0 if s.ok else 1

@@ -1,0 +1,151 @@
+"""``rmqha demo`` end to end, as a user runs it: a subprocess, real processes, a real SIGKILL.
+
+- a reduced run with ``--json`` exits 0, loses no acknowledged message, shows a failover
+  to another broker at a higher master epoch and the old master back in sync, and leaves
+  no process and no listening port behind;
+- SIGINT while the brokers start or while messages flow makes it stop everything and
+  exit 130, again leaving nothing behind.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from rmqha.local_cluster import port_open
+
+SUMMARY_FIELDS = {
+    "sent", "acked", "not_acked", "send_errors", "consumed", "duplicates", "lost",
+    "failover_s", "produce_msgs_per_s", "consume_msgs_per_s", "failover", "rejoin",
+    "leftover_processes", "leftover_ports", "total_s", "ok", "interrupted", "error",
+}
+
+
+def _demo(args: list[str], **kw: object) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "rmqha", "demo", *args], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, **kw)
+
+
+def _processes_under(directory: Path) -> list[str]:
+    """Command lines of running processes that name ``directory`` (the demo's children
+    get ``--config <directory>/...``)."""
+    needle = str(directory).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().split(") ", 1)[1][:1]
+        except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
+            continue
+        if needle in cmdline and state != "Z":
+            found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
+    return found
+
+
+def _configured_ports(directory: Path) -> list[int]:
+    """Every port in the generated configs (client, HA, RPC and Raft ports)."""
+    ports: set[int] = set()
+    for path in directory.rglob("*.toml"):
+        cfg = tomllib.loads(path.read_text())
+        for key in ("listen_port", "ha_listen_port", "metrics_port"):
+            if isinstance(cfg.get(key), int) and cfg[key] > 0:
+                ports.add(cfg[key])
+        if "listen_port" in cfg and not cfg.get("ha_listen_port") and "broker_name" in cfg:
+            ports.add(cfg["listen_port"] + 1)
+        for key in ("controller_peers", "raft_peers"):
+            for item in str(cfg.get(key, "")).split(";"):
+                if item:
+                    ports.add(int(item.rpartition(":")[2]))
+    return sorted(ports)
+
+
+def _assert_nothing_left(directory: Path, min_ports: int = 6) -> None:
+    ports = _configured_ports(directory)
+    assert len(ports) >= min_ports, f"expected the demo's configs under {directory}, found {ports}"
+    assert _processes_under(directory) == []
+    assert [p for p in ports if port_open(f"127.0.0.1:{p}")] == []
+
+
+@pytest.mark.timeout(150)
+def test_demo_json_run_loses_nothing_and_leaves_nothing(tmp_path: Path) -> None:
+    work = tmp_path / "demo"
+    proc = _demo(["--messages", "3000", "--json", "--dir", str(work)])
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, f"stdout:\n{out}\nstderr:\n{err}"
+    summary = json.loads(out)  # nothing else on stdout
+    assert SUMMARY_FIELDS <= set(summary), SUMMARY_FIELDS - set(summary)
+    assert summary["ok"] is True and summary["error"] is None and not summary["interrupted"]
+    assert summary["sent"] == 3000
+    assert summary["lost"] == 0 and summary["lost_sample"] == []
+    assert summary["acked"] > 0 and summary["consumed"] >= summary["acked"]
+    f = summary["failover"]
+    assert f["new_master_id"] not in (None, f["old_master_id"])
+    assert f["new_epoch"] > f["old_epoch"] >= 1
+    assert f["election_s"] is not None and f["election_s"] >= 0
+    assert 0 < f["acked_at_kill"] < 3000
+    r = summary["rejoin"]
+    assert r["broker_id"] == f["old_master_id"] and r["role"] == "slave"
+    assert r["master_id"] == f["new_master_id"]
+    assert r["matches_master_epochs"] is True
+    assert r["epoch_map"][-1]["epoch"] == f["new_epoch"]
+    assert sorted(r["sync_state_set"]) == [1, 2, 3]
+    assert summary["leftover_processes"] == [] and summary["leftover_ports"] == []
+    assert summary["processes_started"] == 7
+    _assert_nothing_left(work)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("phase", ["name server      127.0.0.1", "[3/5]"], ids=["while-starting-brokers",
+                                                                  "while-producing"])
+def test_sigint_stops_everything(tmp_path: Path, phase: str) -> None:
+    work = tmp_path / "demo"
+    # Big enough that the run is still producing when the signal comes.
+    proc = _demo(["--messages", "2000000", "--dir", str(work)])
+    lines: list[str] = []
+    reached = threading.Event()
+
+    def read_stdout() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if phase in line:
+                reached.set()
+
+    reader = threading.Thread(target=read_stdout, daemon=True)
+    reader.start()
+    try:
+        assert reached.wait(60), f"never reached {phase}:\n{''.join(lines)}"
+        if phase == "[3/5]":
+            # Let messages flow (and every process be busy) before the interrupt.
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        proc.wait(40)
+        stopped_in = time.monotonic() - started
+        reader.join(10)
+        err = proc.stderr.read() if proc.stderr is not None else ""
+    finally:
+        proc.kill()
+        proc.wait()
+    out = "".join(lines)
+    assert proc.returncode == 130, f"stdout:\n{out}\nstderr:\n{err}"
+    assert "[5/5]" not in out and "interrupted" in out
+    assert "ports still open: none" in out
+    assert "Traceback" not in err and "Task was destroyed" not in err, err
+    assert stopped_in < 20
+    # Interrupted while brokers start: the controllers and the name server were up.
+    _assert_nothing_left(work, min_ports=7 if "name server" in phase else 13)

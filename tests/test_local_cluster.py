@@ -1,0 +1,55 @@
+"""rmqha.local_cluster's own promises: what it starts it stops, and nothing stays listening.
+
+- ``stop_all`` ends every process (paused ones too) and ``leftovers()`` then finds no
+  process and no open port; a process stopped this way exits by itself (SIGTERM);
+- ``close`` also kills a child started for the cluster that no Process holds (what a
+  Ctrl-C inside ``Popen`` leaves behind);
+- a wait that cannot succeed fails with LocalClusterError carrying the processes' logs.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rmqha.errors import LocalClusterError
+from rmqha.local_cluster import Cluster, port_open
+
+
+def test_stop_all_leaves_no_process_and_no_port(tmp_path: Path) -> None:
+    with Cluster(tmp_path) as c:
+        controllers = c.start_controllers(1)
+        ns = c.start_namesrv()
+        ports = [p for proc in c.processes for p in proc.ports()]
+        assert len(ports) == 3 and all(port_open(f"127.0.0.1:{p}") for p in (ports[0], ports[2]))
+        assert c.leftovers().processes == [proc.name for proc in c.processes]
+        controllers[0].pause()  # a frozen process must be stopped too
+        c.stop_all(timeout=10)
+        left = c.leftovers()
+        assert not left and left.processes == [] and left.ports == []
+        assert ns.returncode == 0  # SIGTERM: it shut down by itself
+        assert controllers[0].returncode is not None
+
+
+def test_close_kills_children_no_process_holds(tmp_path: Path) -> None:
+    config = tmp_path / "stray" / "broker.toml"
+    config.parent.mkdir()
+    # Looks like one of the cluster's processes (python -m rmqha KIND --config DIR/...).
+    stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "rmqha",
+                              "broker", "--config", str(config)])
+    try:
+        Cluster(tmp_path).close()
+        assert stray.wait(10) is not None
+    finally:
+        stray.kill()
+
+
+def test_failed_wait_names_what_and_shows_logs(tmp_path: Path) -> None:
+    with Cluster(tmp_path) as c:
+        ns = c.start_namesrv()
+        with pytest.raises(LocalClusterError) as info:
+            c.wait_for(lambda: False, 0.3, what="the impossible")
+        text = str(info.value)
+        assert "the impossible" in text and ns.name in text and str(ns.log_path) in text
