@@ -217,14 +217,26 @@ def _reopen_and_check(twin, d, records, cut_at: int, original: dict[str, bytes])
     return log
 
 
+def _closed_source(logs, twin, src, count: int, rnd: random.Random):
+    """A log at ``src`` with ``count`` random appends, closed cleanly: returns the records,
+    the store's bytes and its segment file names in order."""
+    log = logs(src, twin)
+    records = _fill(log, count, rnd)
+    log.close()
+    return records, store_bytes(src), sorted(n for n in os.listdir(src) if n.isdigit())
+
+
+def _drop_segments_after(d, files: list[str], base: int) -> None:
+    """Delete the segment files that start after ``base`` (a crash before they existed)."""
+    for later in files:
+        if int(later) > base:
+            os.unlink(d / later)
+
+
 def test_recovery_after_truncating_a_segment_file(twin, logs, tmp_path) -> None:
     rnd = random.Random(7)
     src = tmp_path / "src"
-    log = logs(src, twin)
-    records = _fill(log, 60, rnd)
-    log.close()
-    original = store_bytes(src)
-    files = sorted(n for n in os.listdir(src) if n.isdigit())
+    records, original, files = _closed_source(logs, twin, src, 60, rnd)
     for trial in range(12):
         d = tmp_path / f"t{trial}"
         shutil.copytree(src, d)
@@ -232,9 +244,7 @@ def test_recovery_after_truncating_a_segment_file(twin, logs, tmp_path) -> None:
         base = int(name)
         cut = rnd.randrange(0, SEG)
         os.truncate(d / name, cut)
-        for later in files:
-            if int(later) > base:
-                os.unlink(d / later)
+        _drop_segments_after(d, files, base)
         _reopen_and_check(twin, d, records, base + cut, original).close()
 
 
@@ -269,11 +279,7 @@ def test_recovery_with_flipped_tail_bytes(twin, logs, tmp_path) -> None:
 def test_recovery_with_zeroed_tail(twin, logs, tmp_path) -> None:
     rnd = random.Random(5)
     src = tmp_path / "src"
-    log = logs(src, twin)
-    records = _fill(log, 50, rnd)
-    log.close()
-    original = store_bytes(src)
-    files = sorted(n for n in os.listdir(src) if n.isdigit())
+    records, original, files = _closed_source(logs, twin, src, 50, rnd)
     for trial in range(8):
         d = tmp_path / f"z{trial}"
         shutil.copytree(src, d)
@@ -282,9 +288,7 @@ def test_recovery_with_zeroed_tail(twin, logs, tmp_path) -> None:
         with open(d / name, "r+b") as fh:
             fh.seek(start)
             fh.write(bytes(SEG - start))
-        for later in files:
-            if int(later) > int(name):
-                os.unlink(d / later)
+        _drop_segments_after(d, files, int(name))
         _reopen_and_check(twin, d, records, int(name) + start, original).close()
 
 

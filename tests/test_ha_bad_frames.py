@@ -11,22 +11,18 @@ import hashlib
 import socket
 import struct
 import time
+from collections.abc import Callable
 
 import pytest
 
 from rmqha import frames
 from rmqha.frames import Direction
-from rmqha.ha import HAConfig, HAMaster, HASlave
-from rmqha.ha.testing import fill, open_store, segments_identical, wait_until_async
+from rmqha.ha import HAConfig
+from rmqha.ha.testing import (assert_same_log, fast_config, fill, ha_master, ha_slave, master_running,
+                              replica_stores, scripted_master, slave_running, wait_until_async)
 
 SEG = 1 << 20
-CFG = HAConfig(
-    ha_send_heartbeat_interval_ms=100,
-    ha_housekeeping_interval_ms=2000,
-    ha_reconnect_min_ms=50,
-    ha_reconnect_max_ms=200,
-    max_frame_bytes=1 << 20,
-)
+CFG = fast_config(ha_housekeeping_interval_ms=2000, ha_reconnect_min_ms=50, max_frame_bytes=1 << 20)
 
 
 def _digest(cl) -> tuple[int, str]:
@@ -76,78 +72,56 @@ MASTER_CASES = {
 
 @pytest.mark.parametrize("case", sorted(MASTER_CASES))
 def test_master_closes_on_bad_slave_frames_and_keeps_serving(tmp_path, case: str) -> None:
-    mcl, mem = open_store(str(tmp_path / "m"), SEG)
-    scl, sem = open_store(str(tmp_path / "s"), SEG)
-    mem.append(1, 0)
-    fill(mcl, 300_000)
-    before = _digest(mcl)
+    with replica_stores(tmp_path, SEG, "m", "s") as [(mcl, mem), (scl, sem)]:
+        mem.append(1, 0)
+        fill(mcl, 300_000)
+        before = _digest(mcl)
 
-    async def run() -> None:
-        m = HAMaster(mcl, mem, group="g", broker_id=1, config=CFG, is_known_replica=lambda i: i == 2)
-        port = await m.start()
-        try:
-            loop = asyncio.get_running_loop()
+        async def run() -> None:
+            m = ha_master(mcl, mem, CFG)
+            async with master_running(m) as port:
+                def bad_client() -> None:
+                    with socket.create_connection(("127.0.0.1", port)) as sock:
+                        for chunk in MASTER_CASES[case](port):
+                            sock.sendall(chunk)
+                        _recv_until_closed(sock, 5)
 
-            def bad_client() -> None:
-                with socket.create_connection(("127.0.0.1", port)) as sock:
-                    for chunk in MASTER_CASES[case](port):
-                        sock.sendall(chunk)
-                    _recv_until_closed(sock, 5)
+                await asyncio.get_running_loop().run_in_executor(None, bad_client)
+                assert m.status()["slaves"] == []
+                async with slave_running(ha_slave(scl, sem, port, CFG)):
+                    await wait_until_async(lambda: scl.max_offset == mcl.max_offset, 10, "good slave served")
 
-            await loop.run_in_executor(None, bad_client)
-            assert m.status()["slaves"] == []
-            s = HASlave(scl, sem, group="g", broker_id=2, master_ha_address=f"127.0.0.1:{port}", config=CFG)
-            await s.start()
-            try:
-                await wait_until_async(lambda: scl.max_offset == mcl.max_offset, 10, "good slave served")
-            finally:
-                await s.stop()
-        finally:
-            await m.stop()
-
-    try:
         asyncio.run(run())
         assert _digest(mcl) == before
-        ok, why = segments_identical(mcl, scl)
-        assert ok, why
-    finally:
-        mcl.close()
-        scl.close()
+        assert_same_log(mcl, scl)
 
 
 def test_master_closes_on_acks_out_of_order(tmp_path) -> None:
     """An ack beyond what was sent, or going backwards, is a bad frame."""
-    mcl, mem = open_store(str(tmp_path / "m"), SEG)
-    mem.append(1, 0)
-    fill(mcl, 100_000)
-    max_offset = mcl.max_offset
+    with replica_stores(tmp_path, SEG, "m") as [(mcl, mem)]:
+        mem.append(1, 0)
+        fill(mcl, 100_000)
+        max_offset = mcl.max_offset
 
-    async def run() -> None:
-        m = HAMaster(mcl, mem, group="g", broker_id=1, config=CFG, is_known_replica=lambda i: i == 2)
-        port = await m.start()
-        try:
-            def client(acks: list[int]) -> None:
-                with socket.create_connection(("127.0.0.1", port)) as sock:
-                    dec = frames.FramedDecoder(Direction.MASTER_TO_SLAVE, 1 << 22)
-                    sock.sendall(_hello() + frames.framed.encode(frames.QueryEpoch()))
-                    sock.sendall(frames.framed.encode(frames.ConfirmTruncate(0)))
-                    for a in acks:
-                        sock.sendall(frames.framed.encode(frames.TransferAck(a)))
-                    data = _recv_until_closed(sock, 5)
-                    got = dec.feed(data)
-                    assert isinstance(got[0], frames.HandshakeMaster) and got[0].check_result == 0
+        async def run() -> None:
+            async with master_running(ha_master(mcl, mem, CFG)) as port:
+                def client(acks: list[int]) -> None:
+                    with socket.create_connection(("127.0.0.1", port)) as sock:
+                        dec = frames.FramedDecoder(Direction.MASTER_TO_SLAVE, 1 << 22)
+                        sock.sendall(_hello() + frames.framed.encode(frames.QueryEpoch()))
+                        sock.sendall(frames.framed.encode(frames.ConfirmTruncate(0)))
+                        for a in acks:
+                            sock.sendall(frames.framed.encode(frames.TransferAck(a)))
+                        data = _recv_until_closed(sock, 5)
+                        got = dec.feed(data)
+                        assert isinstance(got[0], frames.HandshakeMaster) and got[0].check_result == 0
 
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(None, client, [max_offset + 1])
-            await loop.run_in_executor(None, client, [50_000, 40_000])
-        finally:
-            await m.stop()
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(None, client, [max_offset + 1])
+                await loop.run_in_executor(None, client, [50_000, 40_000])
 
-    try:
         asyncio.run(run())
         assert mcl.max_offset == max_offset
-    finally:
-        mcl.close()
 
 
 # --- slave side -------------------------------------------------------------------------------
@@ -189,168 +163,119 @@ def _split(frame: bytes) -> tuple[bytes, ...]:
 
 @pytest.mark.parametrize("case", sorted(SLAVE_CASES))
 def test_slave_closes_on_bad_master_frames_and_writes_nothing(tmp_path, case: str) -> None:
-    scl, sem = open_store(str(tmp_path / "s"), SEG)
-    sem.append(1, 0)
-    fill(scl, 200_000)
-    ref_cl, _ = open_store(str(tmp_path / "ref"), SEG)
-    fill(ref_cl, 300_000)  # the same records the slave holds, and more: valid continuation bytes
-    mx = scl.max_offset
-    reference = bytes(ref_cl.read(mx, 100_000))
-    ref_cl.close()
-    before = (_digest(scl), sem.pairs())
-    make, reason = SLAVE_CASES[case]
+    with replica_stores(tmp_path, SEG, "s") as [(scl, sem)]:
+        sem.append(1, 0)
+        fill(scl, 200_000)
+        mx = scl.max_offset
+        with replica_stores(tmp_path, SEG, "ref") as [(ref_cl, _)]:
+            fill(ref_cl, 300_000)  # the same records the slave holds, and more: valid continuation bytes
+            reference = bytes(ref_cl.read(mx, 100_000))
+        before = (_digest(scl), sem.pairs())
+        make, reason = SLAVE_CASES[case]
 
-    async def run() -> None:
-        closed = asyncio.Event()
+        async def run() -> None:
+            closed = asyncio.Event()
 
-        async def scripted_master(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            dec = frames.FramedDecoder(Direction.SLAVE_TO_MASTER, 1 << 20)
-            got: list = []
-            try:
-                while not got:
-                    got += dec.feed(await reader.read(1 << 16))
-                writer.write(frames.framed.encode(frames.HandshakeMaster(0, mx + 8192, 1)))
-                while len(got) < 2:
-                    got += dec.feed(await reader.read(1 << 16))
-                writer.write(frames.framed.encode(frames.ReturnEpoch(((1, 0, mx + 8192),))))
-                while len(got) < 3:
-                    got += dec.feed(await reader.read(1 << 16))
-                assert isinstance(got[2], frames.ConfirmTruncate) and got[2].offset == mx
-                out = make(mx, reference)
-                for part in out if isinstance(out, tuple) else (out,):
-                    writer.write(part)
-                    await writer.drain()
-                    await asyncio.sleep(0.05)  # let the slave see the frame in pieces
-                while await reader.read(1 << 16):
-                    pass
-                closed.set()
-            except ConnectionError:
-                closed.set()
-            finally:
-                writer.close()
+            async def master_script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                dec = frames.FramedDecoder(Direction.SLAVE_TO_MASTER, 1 << 20)
+                got: list = []
+                try:
+                    while not got:
+                        got += dec.feed(await reader.read(1 << 16))
+                    writer.write(frames.framed.encode(frames.HandshakeMaster(0, mx + 8192, 1)))
+                    while len(got) < 2:
+                        got += dec.feed(await reader.read(1 << 16))
+                    writer.write(frames.framed.encode(frames.ReturnEpoch(((1, 0, mx + 8192),))))
+                    while len(got) < 3:
+                        got += dec.feed(await reader.read(1 << 16))
+                    assert isinstance(got[2], frames.ConfirmTruncate) and got[2].offset == mx
+                    out = make(mx, reference)
+                    for part in out if isinstance(out, tuple) else (out,):
+                        writer.write(part)
+                        await writer.drain()
+                        await asyncio.sleep(0.05)  # let the slave see the frame in pieces
+                    while await reader.read(1 << 16):
+                        pass
+                    closed.set()
+                except ConnectionError:
+                    closed.set()
+                finally:
+                    writer.close()
 
-        server = await asyncio.start_server(scripted_master, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        s = HASlave(scl, sem, group="g", broker_id=2, master_ha_address=f"127.0.0.1:{port}", config=CFG)
-        await s.start()
-        try:
-            await asyncio.wait_for(closed.wait(), 10)
-            await wait_until_async(lambda: reason in s.last_error, 5, f"reason {reason!r} logged")
-            if case in DIRECT_CASES:
-                assert s.direct_receives >= 1
-        finally:
-            await s.stop()
-            server.close()
-            await server.wait_closed()
+            async with scripted_master(master_script) as port, slave_running(ha_slave(scl, sem, port, CFG)) as s:
+                await asyncio.wait_for(closed.wait(), 10)
+                await wait_until_async(lambda: reason in s.last_error, 5, f"reason {reason!r} logged")
+                if case in DIRECT_CASES:
+                    assert s.direct_receives >= 1
 
-    try:
         asyncio.run(run())
         assert (_digest(scl), sem.pairs()) == before
-    finally:
-        scl.close()
+
+
+def _assert_slave_refuses(tmp_path, log_bytes: int, replies: Callable[[int], list[bytes]], expect: str) -> None:
+    """A slave holding ``log_bytes`` of epoch 1 gets ``replies(its max offset)``, one per
+    frame it sends; it must close with ``expect`` in its reason and leave its store as it was."""
+    with replica_stores(tmp_path, SEG, "s") as [(scl, sem)]:
+        sem.append(1, 0)
+        fill(scl, log_bytes)
+        before = (_digest(scl), sem.pairs())
+        answers = replies(scl.max_offset)
+
+        async def master_script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            for answer in answers:
+                await reader.read(1 << 16)
+                writer.write(answer)
+                await writer.drain()
+            await reader.read(1 << 16)
+            writer.close()
+
+        async def run() -> None:
+            async with scripted_master(master_script) as port, slave_running(ha_slave(scl, sem, port, CFG)) as s:
+                await wait_until_async(lambda: expect in s.last_error, 10, f"{expect!r}")
+
+        asyncio.run(run())
+        assert (_digest(scl), sem.pairs()) == before
 
 
 def test_slave_refuses_unordered_epoch_entries(tmp_path) -> None:
-    scl, sem = open_store(str(tmp_path / "s"), SEG)
-    sem.append(1, 0)
-    fill(scl, 50_000)
-    before = (_digest(scl), sem.pairs())
-
-    async def run() -> None:
-        async def scripted_master(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await reader.read(1 << 16)
-            writer.write(frames.framed.encode(frames.HandshakeMaster(0, 100, 3)))
-            await reader.read(1 << 16)
-            writer.write(frames.framed.encode(frames.ReturnEpoch(((3, 50, 100), (1, 0, 50)))))
-            await writer.drain()
-            await reader.read(1 << 16)
-            writer.close()
-
-        server = await asyncio.start_server(scripted_master, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        s = HASlave(scl, sem, group="g", broker_id=2, master_ha_address=f"127.0.0.1:{port}", config=CFG)
-        await s.start()
-        try:
-            await wait_until_async(lambda: "not ordered" in s.last_error, 10, "refusal")
-        finally:
-            await s.stop()
-            server.close()
-            await server.wait_closed()
-
-    try:
-        asyncio.run(run())
-        assert (_digest(scl), sem.pairs()) == before
-    finally:
-        scl.close()
+    _assert_slave_refuses(tmp_path, 50_000, lambda mx: [
+        frames.framed.encode(frames.HandshakeMaster(0, 100, 3)),
+        frames.framed.encode(frames.ReturnEpoch(((3, 50, 100), (1, 0, 50)))),
+    ], "not ordered")
 
 
 def test_master_drops_a_silent_slave_after_housekeeping(tmp_path) -> None:
-    mcl, mem = open_store(str(tmp_path / "m"), SEG)
-    mem.append(1, 0)
-    fill(mcl, 20_000)
-    cfg = HAConfig(ha_send_heartbeat_interval_ms=50, ha_housekeeping_interval_ms=300)
+    with replica_stores(tmp_path, SEG, "m") as [(mcl, mem)]:
+        mem.append(1, 0)
+        fill(mcl, 20_000)
+        cfg = HAConfig(ha_send_heartbeat_interval_ms=50, ha_housekeeping_interval_ms=300)
 
-    async def run() -> None:
-        m = HAMaster(mcl, mem, group="g", broker_id=1, config=cfg, is_known_replica=lambda i: i == 2)
-        port = await m.start()
-        try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(_hello() + frames.framed.encode(frames.QueryEpoch()) +
-                         frames.framed.encode(frames.ConfirmTruncate(0)))
-            await wait_until_async(lambda: len(m.status()["slaves"]) == 1, 5, "slave registered")
-            t0 = time.monotonic()
-            # Never ack: the master must give up after ha_housekeeping_interval_ms.
-            await wait_until_async(lambda: not m.status()["slaves"], 5, "silent slave dropped")
-            assert 0.2 <= time.monotonic() - t0 < 2
-            while await reader.read(1 << 16):
-                pass  # blocks and heartbeats until the master closes
-            writer.close()
-        finally:
-            await m.stop()
+        async def run() -> None:
+            m = ha_master(mcl, mem, cfg)
+            async with master_running(m) as port:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(_hello() + frames.framed.encode(frames.QueryEpoch()) +
+                             frames.framed.encode(frames.ConfirmTruncate(0)))
+                await wait_until_async(lambda: len(m.status()["slaves"]) == 1, 5, "slave registered")
+                t0 = time.monotonic()
+                # Never ack: the master must give up after ha_housekeeping_interval_ms.
+                await wait_until_async(lambda: not m.status()["slaves"], 5, "silent slave dropped")
+                assert 0.2 <= time.monotonic() - t0 < 2
+                while await reader.read(1 << 16):
+                    pass  # blocks and heartbeats until the master closes
+                writer.close()
 
-    try:
         asyncio.run(run())
-    finally:
-        mcl.close()
 
 
 @pytest.mark.parametrize("first", ["block-before-handshake", "epochs-before-handshake", "refusal-code"])
 def test_slave_closes_on_out_of_order_handshake(tmp_path, first: str) -> None:
-    scl, sem = open_store(str(tmp_path / "s"), SEG)
-    sem.append(1, 0)
-    fill(scl, 30_000)
-    before = (_digest(scl), sem.pairs())
-    mx = scl.max_offset
     reply = {
-        "block-before-handshake": _block(mx, b"\0" * 64),
-        "epochs-before-handshake": frames.framed.encode(frames.ReturnEpoch(((1, 0, mx),))),
-        "refusal-code": frames.framed.encode(frames.HandshakeMaster(99, mx, 1)),
+        "block-before-handshake": lambda mx: _block(mx, b"\0" * 64),
+        "epochs-before-handshake": lambda mx: frames.framed.encode(frames.ReturnEpoch(((1, 0, mx),))),
+        "refusal-code": lambda mx: frames.framed.encode(frames.HandshakeMaster(99, mx, 1)),
     }[first]
     expect = {"block-before-handshake": "expected the master handshake",
               "epochs-before-handshake": "expected the master handshake",
               "refusal-code": "code 99"}[first]
-
-    async def run() -> None:
-        async def scripted_master(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await reader.read(1 << 16)
-            writer.write(reply)
-            await writer.drain()
-            await reader.read(1 << 16)
-            writer.close()
-
-        server = await asyncio.start_server(scripted_master, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        s = HASlave(scl, sem, group="g", broker_id=2, master_ha_address=f"127.0.0.1:{port}", config=CFG)
-        await s.start()
-        try:
-            await wait_until_async(lambda: expect in s.last_error, 10, f"{expect!r}")
-        finally:
-            await s.stop()
-            server.close()
-            await server.wait_closed()
-
-    try:
-        asyncio.run(run())
-        assert (_digest(scl), sem.pairs()) == before
-    finally:
-        scl.close()
+    _assert_slave_refuses(tmp_path, 30_000, lambda mx: [reply(mx)], expect)

@@ -8,16 +8,12 @@ from __future__ import annotations
 
 import asyncio
 
-from rmqha.ha import HAConfig, HAMaster, HASlave
-from rmqha.ha.testing import NodeProcess, fill, open_store, segments_identical, wait_until_async
+from rmqha.ha.testing import (NodeProcess, assert_same_log, fast_config, fill, ha_master, ha_slave,
+                              master_running, open_store, replica_stores, scripted_master, slave_running,
+                              wait_until_async)
 
 SEG = 4 << 20
-CFG = HAConfig(
-    ha_send_heartbeat_interval_ms=100,
-    ha_housekeeping_interval_ms=1500,
-    ha_reconnect_min_ms=20,
-    ha_reconnect_max_ms=200,
-)
+CFG = fast_config(ha_housekeeping_interval_ms=1500)
 
 
 def test_kill_master_mid_transfer_old_master_truncates_exactly(tmp_path) -> None:
@@ -35,13 +31,9 @@ def test_kill_master_mid_transfer_old_master_truncates_exactly(tmp_path) -> None
     truncated: list[int] = []
     try:
         async def phase1() -> None:
-            s = HASlave(bcl, bem, group="g", broker_id=2, master_ha_address=f"127.0.0.1:{a.port}", config=CFG)
-            await s.start()
-            try:
+            async with slave_running(ha_slave(bcl, bem, a.port, CFG)):
                 await wait_until_async(lambda: bcl.max_offset > 2 << 20, 30, "part of the log", interval=0.001)
                 a.kill()
-            finally:
-                await s.stop()
 
         asyncio.run(phase1())
         y = bcl.max_offset
@@ -56,23 +48,15 @@ def test_kill_master_mid_transfer_old_master_truncates_exactly(tmp_path) -> None
         assert acl.max_offset == x  # SIGKILL lost nothing already in the page cache
 
         async def phase2() -> None:
-            m = HAMaster(bcl, bem, group="g", broker_id=2, config=CFG, is_known_replica=lambda i: i == 1)
-            port = await m.start()
-            s = HASlave(acl, aem, group="g", broker_id=1, master_ha_address=f"127.0.0.1:{port}", config=CFG,
-                        on_truncate=truncated.append)
-            await s.start()
-            try:
+            async with master_running(ha_master(bcl, bem, CFG, broker_id=2, known=(1,))) as port, \
+                    slave_running(ha_slave(acl, aem, port, CFG, broker_id=1, on_truncate=truncated.append)) as s:
                 await wait_until_async(lambda: acl.max_offset == z and truncated, 30, "old master converged")
                 assert s.bytes_dropped == x - y_whole
                 assert (s.sessions, s.last_error) == (1, "")
-            finally:
-                await s.stop()
-                await m.stop()
 
         asyncio.run(phase2())
         assert truncated == [y_whole]
-        ok, why = segments_identical(bcl, acl)
-        assert ok, why
+        assert_same_log(bcl, acl)
         assert aem.pairs() == bem.pairs() == [(1, 0), (2, y_whole)]
     finally:
         a.stop()
@@ -92,12 +76,10 @@ def test_three_failovers_with_divergent_tails_converge(tmp_path) -> None:
         fill(stores[1][0], 3 << 20)
         for rnd in range(4):
             cl, em = stores[master_id]
-            m = HAMaster(cl, em, group="g", broker_id=master_id, config=CFG,
-                         is_known_replica=lambda i, me=master_id: i in ids and i != me)
+            m = ha_master(cl, em, CFG, broker_id=master_id, known=[i for i in ids if i != master_id])
             port = await m.start()
             slaves = [
-                HASlave(*stores[i], group="g", broker_id=i, master_ha_address=f"127.0.0.1:{port}", config=CFG,
-                        on_truncate=truncations[i].append)
+                ha_slave(*stores[i], port, CFG, broker_id=i, on_truncate=truncations[i].append)
                 for i in ids if i != master_id
             ]
             for s in slaves:
@@ -131,8 +113,7 @@ def test_three_failovers_with_divergent_tails_converge(tmp_path) -> None:
         asyncio.run(run())
         ref_cl, ref_em = stores[1]
         for i in (2, 3):
-            ok, why = segments_identical(ref_cl, stores[i][0])
-            assert ok, f"node {i}: {why}"
+            assert_same_log(ref_cl, stores[i][0], f"node {i}")
             assert stores[i][1].pairs() == ref_em.pairs()
         assert [e for e, _ in ref_em.pairs()] == [1, 2, 3, 4]
         for i in ids:
@@ -180,17 +161,9 @@ def test_truncation_is_durable_before_transfer_resumes(tmp_path) -> None:
             done.set()
             writer.close()
 
-        server = await asyncio.start_server(new_master, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        s = HASlave(scl, sem, group="g", broker_id=2, master_ha_address=f"127.0.0.1:{port}", config=CFG,
-                    on_truncate=truncated.append)
-        await s.start()
-        try:
+        async with scripted_master(new_master) as port, \
+                slave_running(ha_slave(scl, sem, port, CFG, on_truncate=truncated.append)):
             await asyncio.wait_for(done.wait(), 10)
-        finally:
-            await s.stop()
-            server.close()
-            await server.wait_closed()
 
     try:
         asyncio.run(run())
@@ -210,27 +183,18 @@ def test_truncation_is_durable_before_transfer_resumes(tmp_path) -> None:
 def test_empty_epoch_at_the_cut_is_dropped_or_kept_without_cutting_data(tmp_path) -> None:
     """A slave that was elected (epoch 2 at P) but wrote nothing, then follows a master of
     epoch 3 from P: its empty epoch 2 goes, epoch 3 comes in, no byte is truncated."""
-    mcl, mem = open_store(str(tmp_path / "m"), SEG)
-    scl, sem = open_store(str(tmp_path / "s"), SEG)
-    mem.append(1, 0)
-    p = fill(mcl, 400_000)
-    sem.append(1, 0)
-    scl.append_data(0, mcl.read(0, p))  # a replica of epoch 1, up to P
-    truncated: list[int] = []
+    with replica_stores(tmp_path, SEG, "m", "s") as [(mcl, mem), (scl, sem)]:
+        mem.append(1, 0)
+        p = fill(mcl, 400_000)
+        sem.append(1, 0)
+        scl.append_data(0, mcl.read(0, p))  # a replica of epoch 1, up to P
+        truncated: list[int] = []
 
-    async def run() -> None:
-        m = HAMaster(mcl, mem, group="g", broker_id=1, config=CFG, is_known_replica=lambda i: i == 2)
-        port = await m.start()
-        s = HASlave(scl, sem, group="g", broker_id=2, master_ha_address=f"127.0.0.1:{port}", config=CFG,
-                    on_truncate=truncated.append)
-        await s.start()
-        try:
-            await wait_until_async(lambda: scl.max_offset == mcl.max_offset and s.sessions, 10, "caught up")
-        finally:
-            await s.stop()
-            await m.stop()
+        async def run() -> None:
+            async with master_running(ha_master(mcl, mem, CFG)) as port, \
+                    slave_running(ha_slave(scl, sem, port, CFG, on_truncate=truncated.append)) as s:
+                await wait_until_async(lambda: scl.max_offset == mcl.max_offset and s.sessions, 10, "caught up")
 
-    try:
         sem.append(2, p)  # elected, wrote nothing
         mcl.cut_to_last_whole_record()
         mem.append(3, p)
@@ -238,52 +202,42 @@ def test_empty_epoch_at_the_cut_is_dropped_or_kept_without_cutting_data(tmp_path
         asyncio.run(run())
         assert truncated == []
         assert sem.pairs() == mem.pairs() == [(1, 0), (3, p)]
-        ok, why = segments_identical(mcl, scl)
-        assert ok, why
-    finally:
-        mcl.close()
-        scl.close()
+        assert_same_log(mcl, scl)
 
 
 def test_slave_follows_a_new_master_address_without_restart(tmp_path) -> None:
-    a_cl, a_em = open_store(str(tmp_path / "a"), SEG)
-    b_cl, b_em = open_store(str(tmp_path / "b"), SEG)
-    s_cl, s_em = open_store(str(tmp_path / "s"), SEG)
-    a_em.append(1, 0)
-    fill(a_cl, 500_000)
+    with replica_stores(tmp_path, SEG, "a", "b", "s") as [(a_cl, a_em), (b_cl, b_em), (s_cl, s_em)]:
+        a_em.append(1, 0)
+        fill(a_cl, 500_000)
 
-    async def run() -> None:
-        ma = HAMaster(a_cl, a_em, group="g", broker_id=1, config=CFG)
-        mb = HAMaster(b_cl, b_em, group="g", broker_id=2, config=CFG)
-        pa = await ma.start()
-        pb = None
-        sb = HASlave(b_cl, b_em, group="g", broker_id=2, master_ha_address=f"127.0.0.1:{pa}", config=CFG)
-        ss = HASlave(s_cl, s_em, group="g", broker_id=3, master_ha_address=f"127.0.0.1:{pa}", config=CFG)
-        await sb.start()
-        await ss.start()
-        try:
-            await wait_until_async(lambda: b_cl.max_offset == s_cl.max_offset == a_cl.max_offset, 20, "both follow A")
-            await sb.stop()
-            await ma.stop()
-            start = b_cl.cut_to_last_whole_record()
-            b_em.append(2, start)  # B is elected with epoch 2
-            pb = await mb.start()
-            ss.set_master_address(f"127.0.0.1:{pb}")
-            fill(b_cl, 200_000, seed=3)
-            await wait_until_async(lambda: s_cl.max_offset == b_cl.max_offset, 20, "slave follows B")
-            assert ss.master_ha_address.endswith(str(pb))
-            # The slave writes epoch entries off the transfer path (acks wait for them).
-            await wait_until_async(lambda: len(s_em.pairs()) >= 2, 5, "epoch 2 entry on disk")
-            assert s_em.pairs() == [(1, 0), (2, start)]
-        finally:
-            await ss.stop()
-            await mb.stop()
-            await ma.stop()
+        async def run() -> None:
+            ma = ha_master(a_cl, a_em, CFG, known=None)
+            mb = ha_master(b_cl, b_em, CFG, broker_id=2, known=None)
+            pa = await ma.start()
+            pb = None
+            sb = ha_slave(b_cl, b_em, pa, CFG)
+            ss = ha_slave(s_cl, s_em, pa, CFG, broker_id=3)
+            await sb.start()
+            await ss.start()
+            try:
+                await wait_until_async(lambda: b_cl.max_offset == s_cl.max_offset == a_cl.max_offset, 20,
+                                       "both follow A")
+                await sb.stop()
+                await ma.stop()
+                start = b_cl.cut_to_last_whole_record()
+                b_em.append(2, start)  # B is elected with epoch 2
+                pb = await mb.start()
+                ss.set_master_address(f"127.0.0.1:{pb}")
+                fill(b_cl, 200_000, seed=3)
+                await wait_until_async(lambda: s_cl.max_offset == b_cl.max_offset, 20, "slave follows B")
+                assert ss.master_ha_address.endswith(str(pb))
+                # The slave writes epoch entries off the transfer path (acks wait for them).
+                await wait_until_async(lambda: len(s_em.pairs()) >= 2, 5, "epoch 2 entry on disk")
+                assert s_em.pairs() == [(1, 0), (2, start)]
+            finally:
+                await ss.stop()
+                await mb.stop()
+                await ma.stop()
 
-    try:
         asyncio.run(run())
-        ok, why = segments_identical(b_cl, s_cl)
-        assert ok, why
-    finally:
-        for cl in (a_cl, b_cl, s_cl):
-            cl.close()
+        assert_same_log(b_cl, s_cl)

@@ -149,11 +149,9 @@ def test_bad_input_writes_nothing(twin: str) -> None:
             mod.encode_properties(bad)
 
 
-def test_scan_verdicts(twin: str) -> None:
-    mod = load_twin("records", twin)
-    S = mod.ScanStop
-    seg = 4096
-    base = 8192
+def _five_records_segment(mod, seg: int, base: int) -> tuple[bytearray, list[int]]:
+    """A ``seg``-byte segment starting at log offset ``base``: five records of topic ``T``
+    (queue offsets 0-4), then a blank to the end; returns it and each record's end."""
     good = bytearray(seg)
     pos = 0
     ends = []
@@ -162,6 +160,14 @@ def test_scan_verdicts(twin: str) -> None:
                                  1, HOST_A, 1, HOST_B, 0, 0)
         ends.append(pos)
     mod.write_blank(good, pos, seg - pos)
+    return good, ends
+
+
+def test_scan_verdicts(twin: str) -> None:
+    mod = load_twin("records", twin)
+    S = mod.ScanStop
+    seg, base = 4096, 8192
+    good, ends = _five_records_segment(mod, seg, base)
     table: dict = {}
     assert mod.scan(good, 0, seg, base, 0, table) == (seg, S.BLANK, 5)
     assert table == {(b"T", 0): 5}
@@ -201,14 +207,7 @@ def test_scan_of_a_segment_piece(twin: str) -> None:
     mod = load_twin("records", twin)
     S = mod.ScanStop
     seg, base = 4096, 8192
-    good = bytearray(seg)
-    pos = 0
-    ends = []
-    for i in range(5):
-        pos += mod.write_message(good, pos, b"T", bytes([i]) * 50, b"", 0, 0, i, base + pos, 0,
-                                 1, HOST_A, 1, HOST_B, 0, 0)
-        ends.append(pos)
-    mod.write_blank(good, pos, seg - pos)
+    good, ends = _five_records_segment(mod, seg, base)
     r1 = ends[0]
     piece = bytes(good[r1:])  # records 1..4 and the blank, as a replicated block
     table: dict = {}

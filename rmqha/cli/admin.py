@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 from rmqha.cli.lookup import group_names
-from rmqha.cli.output import emit, reports_errors
+from rmqha.cli.output import add_json_flag, emit, reports_errors
 from rmqha.config import ConfigError, camel_to_snake, resolve_key
 from rmqha.controller.client import BlockingControllerClient
 from rmqha.controller.config import UPDATE_BLACKLIST, ControllerConfig
@@ -29,7 +29,7 @@ from rmqha.errors import ControllerError
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-a", "--controller-address", "--controllerAddress", dest="controller_address",
                    required=True, help="controller addresses, host:port;host:port")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_json_flag(p)
     p.add_argument("--timeout", type=float, default=3.0, help="per-request timeout in seconds")
     p.add_argument("--admin-token", default=os.environ.get("RMQHA_ADMIN_TOKEN"),
                    help="the cluster's admin token (default: $RMQHA_ADMIN_TOKEN)")
@@ -58,53 +58,54 @@ def _emit(args: argparse.Namespace, data: Any, lines: list[str]) -> None:
     emit(args, data, lines)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("get-controller-metadata", aliases=["getControllerMetaData"],
-                              help="controller group, leader and peers")
+def _command(subparsers: argparse._SubParsersAction, name: str, alias: str, help_text: str,
+             func: Any) -> argparse.ArgumentParser:
+    """One admin subcommand with the flags every one of them takes."""
+    p = subparsers.add_parser(name, aliases=[alias], help=help_text)
     _common(p)
-    p.set_defaults(func=get_controller_metadata)
+    p.set_defaults(func=func)
+    return p
 
-    p = subparsers.add_parser("get-sync-state-set", aliases=["getSyncStateSet"],
-                              help="master, epochs and SyncStateSet of broker groups")
-    _common(p)
+
+def _group_flags(p: argparse.ArgumentParser) -> None:
+    """``-c`` (cluster, informational) and ``-bn`` (the broker group acted on)."""
+    p.add_argument("-c", "--cluster-name", "--clusterName", dest="cluster_name", default="")
+    p.add_argument("-bn", "--broker-name", "--brokerName", dest="broker_name", required=True)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    _command(subparsers, "get-controller-metadata", "getControllerMetaData",
+             "controller group, leader and peers", get_controller_metadata)
+
+    p = _command(subparsers, "get-sync-state-set", "getSyncStateSet",
+                 "master, epochs and SyncStateSet of broker groups", get_sync_state_set)
     p.add_argument("-b", "--broker-name", "--brokerName", dest="broker_name", action="append",
                    default=[], help="broker name (repeat for several)")
     p.add_argument("-c", "--cluster-name", "--clusterName", dest="cluster_name", default=None,
                    help="every broker group of this cluster (resolved through -n)")
     p.add_argument("-n", "--namesrv-addr", "--namesrvAddr", dest="namesrv", default=None,
                    help="name server addresses for -c, host:port;host:port")
-    p.set_defaults(func=get_sync_state_set)
 
-    p = subparsers.add_parser("elect-master", aliases=["electMaster"],
-                              help="make a given broker the master of its group")
-    _common(p)
-    p.add_argument("-c", "--cluster-name", "--clusterName", dest="cluster_name", default="")
-    p.add_argument("-bn", "--broker-name", "--brokerName", dest="broker_name", required=True)
+    p = _command(subparsers, "elect-master", "electMaster",
+                 "make a given broker the master of its group", elect_master)
+    _group_flags(p)
     p.add_argument("-b", "--broker-id", "--brokerId", dest="broker_id", type=int, required=True)
-    p.set_defaults(func=elect_master)
 
-    p = subparsers.add_parser("clean-broker-metadata", aliases=["cleanBrokerMetadata"],
-                              help="remove broker ids (or a whole group) from the controller")
-    _common(p)
-    p.add_argument("-c", "--cluster-name", "--clusterName", dest="cluster_name", default="")
-    p.add_argument("-bn", "--broker-name", "--brokerName", dest="broker_name", required=True)
+    p = _command(subparsers, "clean-broker-metadata", "cleanBrokerMetadata",
+                 "remove broker ids (or a whole group) from the controller", clean_broker_metadata)
+    _group_flags(p)
     p.add_argument("-b", "--broker-ids", "--brokerControllerIdsToClean", dest="broker_ids",
                    default="", help="ids to clean, 1;2;3 (default: the whole group)")
     p.add_argument("-l", "--clean-living-broker", "--cleanLivingBroker", dest="clean_living",
                    action="store_true", help="also clean brokers that are alive")
-    p.set_defaults(func=clean_broker_metadata)
 
-    p = subparsers.add_parser("get-controller-config", aliases=["getControllerConfig"],
-                              help="the configuration of each controller")
-    _common(p)
-    p.set_defaults(func=get_controller_config)
+    _command(subparsers, "get-controller-config", "getControllerConfig",
+             "the configuration of each controller", get_controller_config)
 
-    p = subparsers.add_parser("update-controller-config", aliases=["updateControllerConfig"],
-                              help="change a runtime setting on each controller")
-    _common(p)
+    p = _command(subparsers, "update-controller-config", "updateControllerConfig",
+                 "change a runtime setting on each controller", update_controller_config)
     p.add_argument("-k", "--key", required=True)
     p.add_argument("-v", "--value", required=True)
-    p.set_defaults(func=update_controller_config)
 
 
 @reports_errors("controller")

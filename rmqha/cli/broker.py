@@ -13,9 +13,8 @@ cluster; ``--json`` prints the raw answers keyed by broker address.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from rmqha.broker.broker import run_broker
@@ -23,6 +22,7 @@ from rmqha.broker.config import BrokerConfig, load_broker_config
 from rmqha.cli.lookup import is_address, members
 from rmqha.cli.output import add_json_flag, emit, reports_errors, table
 from rmqha.codes import RequestCode
+from rmqha.cli.serving import add_server_parser, serve_until_signalled
 from rmqha.config import check_port_free
 from rmqha import log as rmqha_log
 from rmqha.log import configure_logging
@@ -30,16 +30,7 @@ from rmqha.remoting import BlockingRemotingClient, RemotingCommand
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "broker", help="run a broker",
-        description="Run one broker. The config is TOML or a RocketMQ key=value file "
-                    "(run `rmqha config-keys broker` for every key); RMQHA_<KEY> environment "
-                    "variables override it.")
-    p.add_argument("--config", "-c", help="TOML or key=value config file")
-    p.add_argument("--listen-port", type=int, default=None, help="override listen_port")
-    p.add_argument("--store-dir", default=None, help="override store_dir")
-    p.add_argument("--metrics-port", type=int, default=None, help="override metrics_port (0 = off)")
-    p.add_argument("--log-file", default=None, help="override log_file (JSON lines appended there)")
+    p = add_server_parser(subparsers, "broker", "run a broker", "Run one broker.", store_dir=True)
     p.set_defaults(func=_run)
 
     for name, alias, fn, help_text in (
@@ -82,16 +73,7 @@ def _run(args: argparse.Namespace) -> int:
     rmqha_log.context.broker_id = -1
     rmqha_log.context.epoch = 0
     preflight(config)
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await run_broker(config, stop)
-
-    asyncio.run(main())
-    return 0
+    return serve_until_signalled(lambda stop: run_broker(config, stop))
 
 
 def _query(addr: str, code: int, timeout: float) -> Any:
@@ -117,25 +99,38 @@ def _targets(args: argparse.Namespace) -> list[str] | None:
     return [m.address for m in found]
 
 
-@reports_errors("broker")
-def _get_broker_epoch(args: argparse.Namespace) -> int:
+def _ask_each(args: argparse.Namespace, code: int, render: Callable[[str, dict[str, Any]], list[str]]) -> int:
+    """Ask every target broker ``code``; print the ``render``ed blocks (blank-line apart) or JSON.
+
+    JSON is the one answer when ``-b`` named an address, else the answers keyed by address.
+    """
     targets = _targets(args)
     if targets is None:
         return 2
-    answers = {addr: _query(addr, RequestCode.GET_BROKER_EPOCH_CACHE, args.timeout) for addr in targets}
+    answers = {addr: _query(addr, code, args.timeout) for addr in targets}
     lines: list[str] = []
     for addr, data in answers.items():
         if lines:
             lines.append("")
-        lines += [f"#clusterName\t{data['clusterName']}", f"#brokerName\t{data['brokerName']}",
-                  f"#brokerAddr\t{addr}", f"#brokerId\t{data['brokerId']}"]
-        entries = data.get("epochList", [])
-        for i, e in enumerate(entries):
-            # RocketMQ's tool shows the open end of the last epoch as the broker's max offset.
-            end = data["maxOffset"] if i == len(entries) - 1 else e["endOffset"]
-            lines.append(f"#Epoch: EpochEntry{{epoch={e['epoch']}, startOffset={e['startOffset']}, endOffset={end}}}")
+        lines += render(addr, data)
     emit(args, answers[targets[0]] if args.broker and is_address(args.broker) else answers, lines)
     return 0
+
+
+def _epoch_lines(addr: str, data: dict[str, Any]) -> list[str]:
+    lines = [f"#clusterName\t{data['clusterName']}", f"#brokerName\t{data['brokerName']}",
+             f"#brokerAddr\t{addr}", f"#brokerId\t{data['brokerId']}"]
+    entries = data.get("epochList", [])
+    for i, e in enumerate(entries):
+        # RocketMQ's tool shows the open end of the last epoch as the broker's max offset.
+        end = data["maxOffset"] if i == len(entries) - 1 else e["endOffset"]
+        lines.append(f"#Epoch: EpochEntry{{epoch={e['epoch']}, startOffset={e['startOffset']}, endOffset={end}}}")
+    return lines
+
+
+@reports_errors("broker")
+def _get_broker_epoch(args: argparse.Namespace) -> int:
+    return _ask_each(args, RequestCode.GET_BROKER_EPOCH_CACHE, _epoch_lines)
 
 
 def _ha_lines(addr: str, data: dict[str, Any]) -> list[str]:
@@ -166,14 +161,4 @@ def _ha_lines(addr: str, data: dict[str, Any]) -> list[str]:
 
 @reports_errors("broker")
 def _ha_status(args: argparse.Namespace) -> int:
-    targets = _targets(args)
-    if targets is None:
-        return 2
-    answers = {addr: _query(addr, RequestCode.GET_BROKER_HA_STATUS, args.timeout) for addr in targets}
-    lines: list[str] = []
-    for addr, data in answers.items():
-        if lines:
-            lines.append("")
-        lines += _ha_lines(addr, data)
-    emit(args, answers[targets[0]] if args.broker and is_address(args.broker) else answers, lines)
-    return 0
+    return _ask_each(args, RequestCode.GET_BROKER_HA_STATUS, _ha_lines)

@@ -2,9 +2,8 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import signal
 
+from rmqha.cli.serving import add_server_parser, serve_until_signalled
 from rmqha.config import check_port_free
 from rmqha.log import configure_logging
 from rmqha.namesrv.config import NamesrvConfig, load_namesrv_config
@@ -12,15 +11,7 @@ from rmqha.namesrv.server import run_namesrv
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "namesrv", help="run a name server",
-        description="Run a name server. The config is TOML or a RocketMQ key=value file "
-                    "(run `rmqha config-keys namesrv` for every key); RMQHA_<KEY> environment "
-                    "variables override it.")
-    p.add_argument("--config", "-c", help="TOML or key=value config file")
-    p.add_argument("--listen-port", type=int, default=None, help="override listen_port")
-    p.add_argument("--metrics-port", type=int, default=None, help="override metrics_port (0 = off)")
-    p.add_argument("--log-file", default=None, help="override log_file (JSON lines appended there)")
+    p = add_server_parser(subparsers, "namesrv", "run a name server", "Run a name server.")
     p.set_defaults(func=_run)
 
 
@@ -36,13 +27,4 @@ def _run(args: argparse.Namespace) -> int:
                                  metrics_port=args.metrics_port, log_file=args.log_file)
     configure_logging("namesrv", level=config.log_level, json_lines=config.log_json, path=config.log_file or None)
     preflight(config)
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await run_namesrv(config, stop)
-
-    asyncio.run(main())
-    return 0
+    return serve_until_signalled(lambda stop: run_namesrv(config, stop))

@@ -98,22 +98,45 @@ class Block:
     data: Any  # memoryview/bytes; empty = heartbeat
 
 
+class _Codec:
+    """Decoding shared by both ends: frames of the peer's direction mapped to events.
+
+    A subclass names its decoder and ``_EVENTS`` (frame type -> event builder); a frame
+    type missing from the table is one the peer must not send.
+    """
+
+    name = ""
+    epoch_exchange = False
+    #: Words for the error: what the dialect calls a frame, and who may send the ones read.
+    _unit = "frame"
+    _sender = ""
+    _EVENTS: dict[type, Any] = {}
+
+    def __init__(self, max_frame_bytes: int, decoder: Any) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self._dec = decoder
+
+    def feed(self, chunk: bytes) -> list[Any]:
+        out: list[Any] = []
+        events = self._EVENTS
+        for f in self._dec.feed(chunk):
+            build = events.get(type(f))
+            if build is None:  # for framed the decoder's direction check makes this unreachable
+                raise ProtocolError(f"{self._unit} {type(f).__name__} is not sent by a {self._sender}")
+            out.append(build(f))
+        return out
+
+
 # --- master side -----------------------------------------------------------------------------
 
 
-class MasterCodec:
+class MasterCodec(_Codec):
     """What a master reads from and writes to one slave, in one dialect."""
 
-    name = ""
     #: Whether the slave sends QUERY_EPOCH / CONFIRM_TRUNCATE (framed) or gets the epochs in
     #: the handshake and answers with its first report (rocketmq).
     epoch_exchange = False
-
-    def __init__(self, max_frame_bytes: int) -> None:
-        self.max_frame_bytes = max_frame_bytes
-
-    def feed(self, chunk: bytes) -> list[Any]:
-        raise NotImplementedError
+    _sender = "slave"
 
     def hello(self, result: int, max_offset: int, last_epoch: int, pairs: list[tuple[int, int]]) -> bytes | None:
         raise NotImplementedError
@@ -129,28 +152,17 @@ class FramedMaster(MasterCodec):
     name = "framed"
     epoch_exchange = True
 
-    def __init__(self, max_frame_bytes: int) -> None:
-        super().__init__(max_frame_bytes)
-        self._dec = fr.FramedDecoder(S2M, max_frame_bytes)
-        self._pack = fr.pack_transfer_header
+    _EVENTS = {
+        fr.TransferAck: lambda f: Ack(f.slave_max_offset, f.epoch),
+        fr.HandshakeSlave: lambda f: SlaveHello(f.broker_id, f.sync_from_last_file, f.async_learner,
+                                                f.segment_bytes, f.address, f.epoch),
+        fr.QueryEpoch: lambda f: EpochQuery(),
+        fr.ConfirmTruncate: lambda f: TruncateConfirm(f.offset),
+    }
 
-    def feed(self, chunk: bytes) -> list[Any]:
-        out: list[Any] = []
-        for f in self._dec.feed(chunk):
-            t = type(f)
-            if t is fr.TransferAck:
-                out.append(Ack(f.slave_max_offset, f.epoch))
-            elif t is fr.HandshakeSlave:
-                out.append(
-                    SlaveHello(f.broker_id, f.sync_from_last_file, f.async_learner, f.segment_bytes, f.address, f.epoch)
-                )
-            elif t is fr.QueryEpoch:
-                out.append(EpochQuery())
-            elif t is fr.ConfirmTruncate:
-                out.append(TruncateConfirm(f.offset))
-            else:  # the decoder's direction check makes this unreachable; keep the guard
-                raise ProtocolError(f"frame {t.__name__} is not sent by a slave")
-        return out
+    def __init__(self, max_frame_bytes: int) -> None:
+        super().__init__(max_frame_bytes, fr.FramedDecoder(S2M, max_frame_bytes))
+        self._pack = fr.pack_transfer_header
 
     def hello(self, result: int, max_offset: int, last_epoch: int, pairs: list[tuple[int, int]]) -> bytes:
         return fr.framed.encode(
@@ -168,22 +180,16 @@ class RocketMQMaster(MasterCodec):
     name = "rocketmq"
     epoch_exchange = False
 
-    def __init__(self, max_frame_bytes: int) -> None:
-        super().__init__(max_frame_bytes)
-        self._dec = fr.RocketMQDecoder(S2M, max_frame_bytes)
-        self._pack = fr.pack_rocketmq_transfer_header
+    _unit = "message"
+    _EVENTS = {
+        fr.RmqSlaveAck: lambda f: Ack(f.max_offset, None),
+        fr.RmqSlaveHandshake: lambda f: SlaveHello(f.broker_id, f.sync_from_last_file, f.async_learner,
+                                                   None, "", None),
+    }
 
-    def feed(self, chunk: bytes) -> list[Any]:
-        out: list[Any] = []
-        for f in self._dec.feed(chunk):
-            t = type(f)
-            if t is fr.RmqSlaveAck:
-                out.append(Ack(f.max_offset, None))
-            elif t is fr.RmqSlaveHandshake:
-                out.append(SlaveHello(f.broker_id, f.sync_from_last_file, f.async_learner, None, "", None))
-            else:
-                raise ProtocolError(f"message {t.__name__} is not sent by a slave")
-        return out
+    def __init__(self, max_frame_bytes: int) -> None:
+        super().__init__(max_frame_bytes, fr.RocketMQDecoder(S2M, max_frame_bytes))
+        self._pack = fr.pack_rocketmq_transfer_header
 
     def hello(self, result: int, max_offset: int, last_epoch: int, pairs: list[tuple[int, int]]) -> bytes | None:
         if result != RefuseReason.ACCEPTED:
@@ -208,17 +214,10 @@ def master_codec(first4: bytes, max_frame_bytes: int) -> MasterCodec:
 # --- slave side ------------------------------------------------------------------------------
 
 
-class SlaveCodec:
+class SlaveCodec(_Codec):
     """What a slave writes to and reads from its master, in one dialect."""
 
-    name = ""
-    epoch_exchange = False
-
-    def __init__(self, max_frame_bytes: int) -> None:
-        self.max_frame_bytes = max_frame_bytes
-
-    def feed(self, chunk: bytes) -> list[Any]:
-        raise NotImplementedError
+    _sender = "master"
 
     def hello(self, broker_id: int, segment_bytes: int, address: str, sync_from_last_file: bool,
               async_learner: bool, epoch: int) -> bytes:
@@ -238,28 +237,20 @@ class FramedSlave(SlaveCodec):
     name = "framed"
     epoch_exchange = True
 
+    _EVENTS = {
+        fr.TransferData: lambda f: Block(f.epoch, f.epoch_start_offset, f.block_start_offset, f.confirm_offset,
+                                         f.data),
+        fr.HandshakeMaster: lambda f: MasterHello(f.check_result, f.master_max_offset, f.master_last_epoch, None),
+        fr.ReturnEpoch: lambda f: EpochList(tuple(f.entries)),
+    }
+
     def __init__(self, max_frame_bytes: int) -> None:
-        super().__init__(max_frame_bytes)
-        self._dec = fr.FramedDecoder(M2S, max_frame_bytes)
+        super().__init__(max_frame_bytes, fr.FramedDecoder(M2S, max_frame_bytes))
 
     @property
     def buffered(self) -> int:
         """Bytes of an incomplete frame the decoder holds."""
         return int(self._dec.buffered)
-
-    def feed(self, chunk: bytes) -> list[Any]:
-        out: list[Any] = []
-        for f in self._dec.feed(chunk):
-            t = type(f)
-            if t is fr.TransferData:
-                out.append(Block(f.epoch, f.epoch_start_offset, f.block_start_offset, f.confirm_offset, f.data))
-            elif t is fr.HandshakeMaster:
-                out.append(MasterHello(f.check_result, f.master_max_offset, f.master_last_epoch, None))
-            elif t is fr.ReturnEpoch:
-                out.append(EpochList(tuple(f.entries)))
-            else:
-                raise ProtocolError(f"frame {t.__name__} is not sent by a master")
-        return out
 
     def hello(self, broker_id: int, segment_bytes: int, address: str, sync_from_last_file: bool,
               async_learner: bool, epoch: int) -> bytes:
@@ -281,21 +272,15 @@ class RocketMQSlave(SlaveCodec):
     name = "rocketmq"
     epoch_exchange = False
 
-    def __init__(self, max_frame_bytes: int) -> None:
-        super().__init__(max_frame_bytes)
-        self._dec = fr.RocketMQDecoder(M2S, max_frame_bytes)
+    _unit = "message"
+    _EVENTS = {
+        fr.RmqMasterTransfer: lambda f: Block(f.epoch, f.epoch_start_offset, f.offset, f.confirm_offset, f.data),
+        fr.RmqMasterHandshake: lambda f: MasterHello(RefuseReason.ACCEPTED, f.max_offset, f.last_epoch,
+                                                     tuple(f.entries)),
+    }
 
-    def feed(self, chunk: bytes) -> list[Any]:
-        out: list[Any] = []
-        for f in self._dec.feed(chunk):
-            t = type(f)
-            if t is fr.RmqMasterTransfer:
-                out.append(Block(f.epoch, f.epoch_start_offset, f.offset, f.confirm_offset, f.data))
-            elif t is fr.RmqMasterHandshake:
-                out.append(MasterHello(RefuseReason.ACCEPTED, f.max_offset, f.last_epoch, tuple(f.entries)))
-            else:
-                raise ProtocolError(f"message {t.__name__} is not sent by a master")
-        return out
+    def __init__(self, max_frame_bytes: int) -> None:
+        super().__init__(max_frame_bytes, fr.RocketMQDecoder(M2S, max_frame_bytes))
 
     def hello(self, broker_id: int, segment_bytes: int, address: str, sync_from_last_file: bool,
               async_learner: bool, epoch: int) -> bytes:

@@ -433,11 +433,8 @@ class HASlave:
                         if (length - header >= _DIRECT_MIN_BYTES and rb.pending >= header
                                 and self._warm_target(rb, length - header)):
                             # A large block still on its way: straight into the log.
-                            if blocks:
-                                self._apply(blocks)
-                                for b in blocks:
-                                    b.data.release()
-                                blocks = []
+                            self._apply_views(blocks)
+                            blocks = []
                             await self._receive_direct(link, rb, housekeeping)
                             limit = _DIRECT_OVERFLOW_BYTES
                             break  # acks and other tasks get their turn between blocks
@@ -449,10 +446,7 @@ class HASlave:
                     body = rb.start + header
                     blocks.append(Block(epoch, estart, block, confirm, rb.view[body : body + size]))
                     rb.consume(length)
-                if blocks:
-                    self._apply(blocks)
-                    for b in blocks:
-                        b.data.release()
+                self._apply_views(blocks)
                 if need:
                     # Only now: moving the partial frame overwrites the blocks just applied.
                     rb.make_room(need)
@@ -582,6 +576,14 @@ class HASlave:
                 # back to the previous epoch's end (safe), never the reverse.
                 cl.append_data(b.offset, b.data)
             self._block_done(b, size, new_epoch)
+
+    def _apply_views(self, blocks: list[Block]) -> None:
+        """:meth:`_apply` blocks whose data are views of the receive buffer, then release
+        those views so the buffer can be reused."""
+        if blocks:
+            self._apply(blocks)
+            for b in blocks:
+                b.data.release()
 
     def _check_block(self, b: Block, size: int) -> bool:
         """Refuse (ProtocolError) a block that cannot continue this log, before any of it

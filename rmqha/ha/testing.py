@@ -1,8 +1,13 @@
 """Helpers for tests and benchmarks of the HA layer (real stores, real processes, no mocks).
 
 * :func:`open_store` / :func:`fill`: a commitlog + epoch map in a directory, filled with
-  real RocketMQ-format records;
-* :func:`segments_identical`: byte-for-byte comparison of two stores' segment files;
+  real RocketMQ-format records; :func:`replica_stores` opens several and closes them all;
+* :func:`segments_identical` / :func:`assert_same_log`: byte-for-byte comparison of two
+  stores' segment files;
+* :func:`fast_config`: HA timers short enough for tests;
+* :func:`ha_master` / :func:`ha_slave`: HA objects of test group ``g`` on such stores;
+  :func:`master_running`, :func:`slave_running` and :func:`scripted_master` start one
+  side of a link and always stop it (``async with``, slave before master);
 * :class:`SyncStateAuthority`: the controller's SyncStateSet rules (master id and epoch
   fencing, set epochs) in memory, for testing the master's proposals without a controller;
 * :class:`NodeProcess`: a ``python -m rmqha.ha.node`` child process driven over stdio;
@@ -17,14 +22,21 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rmqha.errors import ControllerError
+from rmqha.ha.config import HAConfig
+from rmqha.ha.master import HAMaster
+from rmqha.ha.slave import HASlave
 from rmqha.store import CommitLog, EpochMap
 
 EPOCH_FILE = "epochFileCheckpoint"
+#: The broker group of every HA object these helpers build.
+GROUP = "g"
 
 
 def open_store(directory: str, segment_bytes: int, **kwargs: Any) -> tuple[CommitLog, EpochMap]:
@@ -33,6 +45,20 @@ def open_store(directory: str, segment_bytes: int, **kwargs: Any) -> tuple[Commi
     cl = CommitLog(os.path.join(directory, "commitlog"), segment_bytes=segment_bytes, **kwargs)
     em = EpochMap.open(os.path.join(directory, EPOCH_FILE))
     return cl, em
+
+
+@contextmanager
+def replica_stores(base: str | Path, segment_bytes: int, *names: str,
+                   **kwargs: Any) -> Iterator[list[tuple[CommitLog, EpochMap]]]:
+    """One store per name (``base/name``); every commitlog is closed on leaving the block."""
+    stores: list[tuple[CommitLog, EpochMap]] = []
+    try:
+        for name in names:
+            stores.append(open_store(os.path.join(base, name), segment_bytes, **kwargs))
+        yield stores
+    finally:
+        for cl, _ in stores:
+            cl.close()
 
 
 def fill(cl: CommitLog, nbytes: int, body_size: int = 1000, batch: int = 256, topic: str = "ha-test",
@@ -73,6 +99,71 @@ def segments_identical(a: CommitLog, b: CommitLog) -> tuple[bool, str]:
                     break
                 pos += len(ca)
     return True, ""
+
+
+def assert_same_log(a: CommitLog, b: CommitLog, what: str = "") -> None:
+    """Assert :func:`segments_identical`, with its explanation (prefixed by ``what``) on failure."""
+    ok, why = segments_identical(a, b)
+    assert ok, f"{what}: {why}" if what else why
+
+
+# --- HA objects and their lifetimes -------------------------------------------------------------
+
+
+def fast_config(**overrides: Any) -> HAConfig:
+    """HA timers short enough for tests (heartbeats every 100 ms, reconnects after 20-200 ms);
+    ``overrides`` are further HAConfig fields."""
+    return HAConfig(**{"ha_send_heartbeat_interval_ms": 100, "ha_reconnect_min_ms": 20,
+                       "ha_reconnect_max_ms": 200, **overrides})
+
+
+def ha_master(cl: CommitLog, em: EpochMap, config: HAConfig, *, broker_id: int = 1,
+              known: Iterable[int] | None = (2,), **kwargs: Any) -> HAMaster:
+    """A master of group ``g``; ``known`` are the slave ids it accepts (None: no check)."""
+    if known is not None:
+        ids = frozenset(known)
+        kwargs.setdefault("is_known_replica", lambda i: i in ids)
+    return HAMaster(cl, em, group=GROUP, broker_id=broker_id, config=config, **kwargs)
+
+
+def ha_slave(cl: CommitLog, em: EpochMap, port: int, config: HAConfig, *, broker_id: int = 2,
+             **kwargs: Any) -> HASlave:
+    """A slave of group ``g`` following the master at ``127.0.0.1:port``."""
+    return HASlave(cl, em, group=GROUP, broker_id=broker_id, master_ha_address=f"127.0.0.1:{port}", config=config,
+                   **kwargs)
+
+
+@asynccontextmanager
+async def master_running(master: HAMaster) -> AsyncIterator[int]:
+    """Start ``master`` on a free port; yields the port; stops the master on leaving."""
+    port = await master.start()
+    try:
+        yield port
+    finally:
+        await master.stop()
+
+
+@asynccontextmanager
+async def slave_running(slave: HASlave) -> AsyncIterator[HASlave]:
+    """Start ``slave``; yields it; stops it on leaving."""
+    await slave.start()
+    try:
+        yield slave
+    finally:
+        await slave.stop()
+
+
+@asynccontextmanager
+async def scripted_master(
+    handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+) -> AsyncIterator[int]:
+    """A TCP server on 127.0.0.1 playing a master with ``handler``; yields its port."""
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 # --- the controller's SyncStateSet rules, in memory ----------------------------------------------

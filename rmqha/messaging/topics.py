@@ -40,6 +40,21 @@ def validate_topic_name(topic: str) -> None:
         raise ConfigError(f"topic {topic!r} is invalid (1-127 chars of [%|a-zA-Z0-9_-])")
 
 
+def rocketmq_topic_config(topic_name: str, read_queue_nums: int, write_queue_nums: int, perm: int,
+                          topic_sys_flag: int, order: bool) -> dict[str, Any]:
+    """RocketMQ's ``TopicConfig`` JSON, as brokers register it and the name server serves it."""
+    return {
+        "topicName": topic_name,
+        "readQueueNums": read_queue_nums,
+        "writeQueueNums": write_queue_nums,
+        "perm": perm,
+        "topicFilterType": "SINGLE_TAG",
+        "topicSysFlag": topic_sys_flag,
+        "order": order,
+        "attributes": {},
+    }
+
+
 @dataclass
 class TopicConfig:
     """One topic on this broker."""
@@ -68,16 +83,8 @@ class TopicConfig:
 
     def to_rocketmq(self) -> dict[str, Any]:
         """RocketMQ's ``TopicConfig`` JSON (what ``topicConfigTable`` holds)."""
-        return {
-            "topicName": self.topic_name,
-            "readQueueNums": self.read_queue_nums,
-            "writeQueueNums": self.write_queue_nums,
-            "perm": self.perm,
-            "topicFilterType": "SINGLE_TAG",
-            "topicSysFlag": self.topic_sys_flag,
-            "order": self.order,
-            "attributes": {},
-        }
+        return rocketmq_topic_config(self.topic_name, self.read_queue_nums, self.write_queue_nums,
+                                     self.perm, self.topic_sys_flag, self.order)
 
     @classmethod
     def from_rocketmq(cls, data: dict[str, Any]) -> TopicConfig:

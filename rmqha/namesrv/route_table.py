@@ -17,15 +17,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from rmqha.messaging.topics import PERM_READ_WRITE, rocketmq_topic_config
+
 log = logging.getLogger(__name__)
 
 MASTER_ID = 0
-
-#: RocketMQ's permission bits.
-PERM_PRIORITY = 8
-PERM_READ = 4
-PERM_WRITE = 2
-PERM_INHERIT = 1
 
 
 @dataclass(frozen=True)
@@ -35,7 +31,7 @@ class TopicConfig:
     topic: str
     read_queue_nums: int = 4
     write_queue_nums: int = 4
-    perm: int = PERM_READ | PERM_WRITE
+    perm: int = PERM_READ_WRITE
     topic_sys_flag: int = 0
     order: bool = False
 
@@ -45,22 +41,14 @@ class TopicConfig:
             topic=str(obj.get("topicName", name)),
             read_queue_nums=int(obj.get("readQueueNums", 4)),
             write_queue_nums=int(obj.get("writeQueueNums", 4)),
-            perm=int(obj.get("perm", PERM_READ | PERM_WRITE)),
+            perm=int(obj.get("perm", PERM_READ_WRITE)),
             topic_sys_flag=int(obj.get("topicSysFlag", 0)),
             order=bool(obj.get("order", False)),
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "topicName": self.topic,
-            "readQueueNums": self.read_queue_nums,
-            "writeQueueNums": self.write_queue_nums,
-            "perm": self.perm,
-            "topicFilterType": "SINGLE_TAG",
-            "topicSysFlag": self.topic_sys_flag,
-            "order": self.order,
-            "attributes": {},
-        }
+        return rocketmq_topic_config(self.topic, self.read_queue_nums, self.write_queue_nums, self.perm,
+                                     self.topic_sys_flag, self.order)
 
 
 @dataclass
