@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import importlib.util
+import logging
 import os
 import shutil
 import sys
@@ -46,6 +47,9 @@ _SESSION = None
 def shared_session():  # noqa: ANN201 - pyspark may be absent, so no annotation import
     global _SESSION
     if _SESSION is None:
+        # py4j logs "Closing down clientserver connection" from __del__ at interpreter exit,
+        # after pytest closed the captured stream: a spurious "Logging error" traceback.
+        logging.getLogger("py4j").setLevel(logging.WARNING)
         from spark_bench.session import SessionOptions, build_session
         _SESSION = build_session(SessionOptions(master="local[2]", shuffle_partitions=2,
                                                 fast_start=True, app_name="rmqha-spark-tests"))
