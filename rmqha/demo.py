@@ -6,13 +6,23 @@ SyncStateSet hold it) as separate processes on 127.0.0.1 in a temporary director
 creates a topic and produces numbered messages with rmqha's Producer; partway it
 SIGKILLs the master and shows the election as the controller reports it (old and new
 master, master epoch, SyncStateSet) and the time until the first write is acknowledged
-again.  It then restarts the killed broker on its old store and shows it rejoin as a
-slave, cutting the bytes it had written that the new master never got.  Finally it
+again.  Just before the kill the replication links to the slaves stall for a moment while
+the producer keeps sending, so the master holds writes no slave has (none acknowledged:
+every send waits for all replicas); the kill then takes that tail with it, as when a
+master's host dies with its links stuck.  It then restarts the killed broker on its old
+store and shows it rejoin as a slave, cutting exactly that tail: from where the new
+master's epoch starts to where its own log ended.  Finally it
 reads the whole topic back with rmqha's Consumer and prints what was sent, acknowledged,
 consumed, duplicated and lost.  Acknowledged messages must all be there: the exit code is
 1 if any is missing (or the failover did not happen), 130 after Ctrl-C, else 0.
 Whatever the outcome, every process it started is stopped and the demo checks that none
 of their ports still accepts connections.
+
+The links are the demo's own: each broker advertises a relay in this process as its HA
+address (:class:`ReplicationLinks`), and a stall holds the master's bytes in the relay.
+Freezing the slaves (SIGSTOP) would not do: on one machine the master's bytes wait in the
+kernel's socket buffers, which outlive a SIGKILL, and the slaves read them once resumed,
+so the new master would hold the whole tail and nothing would be cut.
 
 This module owns the demo's scenario and its output; processes are
 :mod:`rmqha.local_cluster`'s.
@@ -39,7 +49,15 @@ from typing import Any, TextIO
 from rmqha.client import Consumer, Message, Producer
 from rmqha.client.admin import TopicAdmin
 from rmqha.errors import ProtocolError, RemotingError, RmqhaError, SendError
-from rmqha.local_cluster import QUICK_BROKER, BrokerProc, Cluster, Leftovers, ReplicaInfo
+from rmqha.local_cluster import (
+    QUICK_BROKER,
+    QUICK_CONTROLLER,
+    BrokerProc,
+    Cluster,
+    Leftovers,
+    ReplicaInfo,
+    port_open,
+)
 from rmqha.messaging.message import parse_offset_msg_id
 from rmqha.remoting import EventLoopThread
 
@@ -59,6 +77,34 @@ _DROP_ALL_LINE = re.compile(r"dropping (?:its|the) whole log \((\d+) bytes")
 # ... and the broker where its store ended when it opened (rmqha.broker.broker).
 _STORE_OPEN_LINE = re.compile(r"store open: .*? max offset (\d+)")
 
+#: The broker key that makes a broker tell slaves another HA address than the one it
+#: listens on (the demo's relay in front of it).
+HA_ADVERTISED_KEY = "ha_advertised_address"
+#: A stall lasts at most this fraction of the shortest timer it could trip (see
+#: :func:`check_stall_timing`).
+_STALL_MARGIN = 4
+
+
+
+
+def check_stall_timing(stall_s: float, broker: dict[str, Any], controller: dict[str, Any]) -> None:
+    """Refuse a stall long enough to trip a timer and change the story: a side that hears
+    nothing for ha_housekeeping_interval_ms drops the link, a member not caught up for
+    ha_max_time_slave_not_catchup_ms is shrunk out of the SyncStateSet, a send waits
+    slave_timeout_ms for its acks.  Heartbeats to the controller do not cross the relay,
+    but its timeouts are kept clear as well, so no election can pick another node."""
+    timers = {
+        "ha_housekeeping_interval_ms": broker.get("ha_housekeeping_interval_ms"),
+        "ha_max_time_slave_not_catchup_ms": broker.get("ha_max_time_slave_not_catchup_ms"),
+        "slave_timeout_ms": broker.get("slave_timeout_ms"),
+        "controller_heartbeat_timeout_ms": broker.get("controller_heartbeat_timeout_ms"),
+        "broker_heartbeat_timeout": controller.get("broker_heartbeat_timeout"),
+    }
+    for name, ms in timers.items():
+        if isinstance(ms, int) and stall_s * 1000 * _STALL_MARGIN > ms:
+            raise RmqhaError(f"a {stall_s:.2f} s stall is too long for {name} = {ms} ms "
+                             f"(at most 1/{_STALL_MARGIN} of it)")
+
 
 @dataclass
 class DemoOptions:
@@ -73,6 +119,10 @@ class DemoOptions:
     json: bool = False
     #: Longest wait for any one step (a new master, a rejoin, the last message).
     step_timeout_s: float = 60.0
+    #: Stall the replication links just before the kill, so the master holds a tail.
+    stall: bool = True
+    #: How long the links stall before the kill (the producer keeps sending meanwhile).
+    stall_s: float = 0.3
 
 
 @dataclass
@@ -99,6 +149,20 @@ class Failover:
     new_master_address: str | None = None
     new_epoch: int = 0
     new_sync_state_set: list[int] = field(default_factory=list)
+    #: The links to the slaves stalled before the kill (see DemoOptions.stall).
+    stalled: bool = False
+    stall_s: float | None = None
+    #: The master's max offset just after the links stalled: no slave can have more.
+    master_max_at_stall: int | None = None
+    #: As seen at the end of the stall, just before the kill: the master's max offset, its
+    #: slaves' acks and the slaves' own max offsets.
+    master_max_at_kill: int | None = None
+    slave_acks_at_kill: list[int] = field(default_factory=list)
+    slave_max_at_kill: list[int] = field(default_factory=list)
+    #: master_max_at_kill - max(slave_max_at_kill): on no slave, never acknowledged.
+    tail_bytes: int | None = None
+    #: Bytes the stalled links held when the master died, dropped with it.
+    link_bytes_dropped: int = 0
     #: SIGKILL -> the controller names another master.
     election_s: float | None = None
     #: SIGKILL -> the first send acknowledged by the new master.
@@ -117,6 +181,8 @@ class Rejoin:
     log_end_before: int | None = None
     truncated_at: int | None = None
     truncated_bytes: int | None = None
+    #: Where the new master's epoch starts in its own epoch map.
+    new_epoch_start: int | None = None
     epoch_map: list[dict[str, int]] = field(default_factory=list)
     matches_master_epochs: bool = False
     as_slave_s: float | None = None
@@ -365,6 +431,123 @@ class ProduceLoad:
                         self.first_ack_after_kill = now
 
 
+# --- the replication links -----------------------------------------------------------------
+
+
+class _Link:
+    """One relayed HA connection (slave <-> master); what the master sends once the link
+    is stalled is counted, never forwarded (a stalled link is not resumed: its master dies)."""
+
+    def __init__(self, slave_writer: asyncio.StreamWriter, master_writer: asyncio.StreamWriter) -> None:
+        self.slave_writer = slave_writer
+        self.master_writer = master_writer
+        self.stalled = False
+        self.held_bytes = 0
+
+
+class ReplicationLinks:
+    """The HA links of the demo's brokers, relayed through this process.
+
+    One relay listens in front of each broker's HA port; the broker advertises the relay's
+    address, so every slave reaches its master through it.  :meth:`stall` stops the
+    master-to-slave bytes of the links open at that moment (acks still flow, so the
+    producer goes on sending and the master on appending).  When the master dies, a
+    stalled link drops what it held and resets the slave's side: those bytes never reach
+    a slave, as when a host dies with its links stuck.  A later link (to the new master)
+    is never stalled.  Runs on its own event loop thread.
+    """
+
+    def __init__(self) -> None:
+        self._loop = EventLoopThread("demo-links")
+        self._servers: list[asyncio.Server] = []
+        self._links: set[_Link] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.ports: list[int] = []
+        #: Bytes held by stalled links when their master side ended (never delivered).
+        self.dropped_bytes = 0
+
+    def front(self, target: str) -> str:
+        """Start a relay to ``target`` (host:port); the address slaves should dial."""
+        host, _, port = target.rpartition(":")
+        server = self._loop.run(asyncio.start_server(
+            lambda r, w: self._accept(r, w, host, int(port)), "127.0.0.1", 0), 10)
+        self._servers.append(server)
+        relay_port = int(server.sockets[0].getsockname()[1])
+        self.ports.append(relay_port)
+        return f"127.0.0.1:{relay_port}"
+
+    def stall(self) -> int:
+        """Stall every open link; how many were stalled."""
+        async def stall() -> int:
+            for link in self._links:
+                link.stalled = True
+            return len(self._links)
+        return int(self._loop.run(stall(), 5))
+
+    def close(self) -> None:
+        async def close() -> None:
+            for server in self._servers:
+                server.close()
+            for link in list(self._links):
+                link.slave_writer.transport.abort()
+                link.master_writer.transport.abort()
+            for task in list(self._tasks):
+                task.cancel()
+            if self._tasks:
+                await asyncio.wait(list(self._tasks), timeout=5)
+            for server in self._servers:
+                await server.wait_closed()
+        try:
+            self._loop.run(close(), 10)
+        except (TimeoutError, RuntimeError, OSError) as exc:
+            _warn(f"the replication links did not close cleanly: {exc!r}")
+        self._loop.stop()
+
+    async def _accept(self, slave_reader: asyncio.StreamReader, slave_writer: asyncio.StreamWriter,
+                      host: str, port: int) -> None:
+        try:
+            master_reader, master_writer = await asyncio.open_connection(host, port)
+        except OSError:
+            slave_writer.transport.abort()  # as if the master's port refused: the slave retries
+            return
+        link = _Link(slave_writer, master_writer)
+        self._links.add(link)
+        tasks = [asyncio.ensure_future(self._to_master(link, slave_reader)),
+                 asyncio.ensure_future(self._to_slave(link, master_reader))]
+        self._tasks.update(tasks)
+        try:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            self._tasks.difference_update(tasks)
+            self._links.discard(link)
+
+    async def _to_master(self, link: _Link, reader: asyncio.StreamReader) -> None:
+        try:
+            while data := await reader.read(1 << 20):
+                link.master_writer.write(data)
+                await link.master_writer.drain()
+        except (OSError, ConnectionError):
+            pass  # the slave's side broke: same as its end
+        link.master_writer.close()
+
+    async def _to_slave(self, link: _Link, reader: asyncio.StreamReader) -> None:
+        try:
+            while data := await reader.read(1 << 20):
+                if link.stalled:
+                    link.held_bytes += len(data)
+                    continue
+                link.slave_writer.write(data)
+                await link.slave_writer.drain()
+        except (OSError, ConnectionError):
+            pass  # the master's side broke: same as its end
+        if link.stalled:
+            # The master is gone: a stalled link's bytes die with it; the slave sees a reset.
+            self.dropped_bytes += link.held_bytes
+            link.slave_writer.transport.abort()
+        else:
+            link.slave_writer.close()
+
+
 # --- the scenario ---------------------------------------------------------------------------
 
 
@@ -377,6 +560,7 @@ class Demo:
         self.loop: EventLoopThread | None = None
         self.load: ProduceLoad | None = None
         self.brokers: list[BrokerProc] = []
+        self.links: ReplicationLinks | None = None
         #: The controller's last reported (master id, epoch, SyncStateSet) of the group.
         self._last_view: tuple[int | None, int, list[int]] = (None, 0, [])
         self._ticks = 0
@@ -394,10 +578,15 @@ class Demo:
         out.say("rmqha demo: a replicated commit log losing its master under load, losing nothing "
                 "acknowledged")
         out.say(f"working directory: {base}  (configs, stores and one log per process)")
+        broker_defaults = {**QUICK_BROKER, **ALL_ACK}
+        stall = opts.stall
         restore = _handle_stop_signals()
         try:
-            self.cluster = Cluster(base, cluster_name="rmqha-demo",
-                                   broker_defaults={**QUICK_BROKER, **ALL_ACK})
+            if stall:
+                check_stall_timing(opts.stall_s, broker_defaults, QUICK_CONTROLLER)
+                self.links = ReplicationLinks()
+            self.cluster = Cluster(base, cluster_name="rmqha-demo", broker_defaults=broker_defaults,
+                                   controller_defaults=QUICK_CONTROLLER)
             self.loop = EventLoopThread("demo-clients")
             self._start_cluster()
             self._create_topic()
@@ -444,7 +633,10 @@ class Demo:
             out.say(f"      controller  {proc.node_id:<4} {proc.address:<16} pid {proc.pid}{mark}")
         ns = c.start_namesrv()
         out.say(f"      name server      {ns.address:<16} pid {ns.pid}")
-        self.brokers = c.start_group(GROUP, 3, in_sync=True, timeout=60)
+        if self.links is None:
+            self.brokers = c.start_group(GROUP, 3, in_sync=True, timeout=60)
+        else:
+            self.brokers = self._start_group_behind_links(self.links)
         info = self._replica_info()
         for b in self.brokers:
             role = "master" if b.broker_id() == info.master_id else "slave"
@@ -454,6 +646,24 @@ class Demo:
                 f"{info.master_epoch}, SyncStateSet {_ids(info.sync_state_set)}  "
                 f"(up in {time.monotonic() - t0:.1f} s)")
         self.summary.processes_started = len(c.processes)
+
+    def _start_group_behind_links(self, links: ReplicationLinks) -> list[BrokerProc]:
+        """What Cluster.start_group does, each broker advertising a relay as its HA address."""
+        c = self._c
+        brokers = []
+        for _ in range(3):
+            proc = c.add_broker(GROUP)
+            proc.config[HA_ADVERTISED_KEY] = links.front(proc.ha_address)
+            proc.start()
+            c.wait_broker_up(proc, 60)
+            brokers.append(proc)
+        c.wait_role(brokers[0], "master", 60)
+        for b in brokers[1:]:
+            c.wait_role(b, "slave", 60)
+        ids = sorted(b.broker_id() or 0 for b in brokers)
+        c.wait_for(lambda: (i := c.replica_info(GROUP)) is not None and i.sync_state_set == ids,
+                   60, what=f"SyncStateSet {ids} of {GROUP}")
+        return brokers
 
     def _create_topic(self) -> None:
         c, out = self._c, self.out
@@ -477,7 +687,11 @@ class Demo:
         out.say(f"\n[3/5] Producing {opts.messages:,} messages of {opts.body_bytes} bytes "
                 f"(batches of {opts.batch}, {opts.in_flight} in flight); a send is "
                 f"acknowledged once every replica in the SyncStateSet has it.")
-        out.say(f"      The master gets SIGKILL after {kill_after:,} acknowledged messages.")
+        if self.links is not None:
+            out.say(f"      After {kill_after:,} acknowledged messages the links to the slaves stall "
+                    f"for a moment, then the master gets SIGKILL.")
+        else:
+            out.say(f"      The master gets SIGKILL after {kill_after:,} acknowledged messages.")
         load = self.load = ProduceLoad(self._l, c.namesrv_addresses, opts)
         bar = out.progress("produce", opts.messages)
         before = self._replica_info()
@@ -491,6 +705,9 @@ class Demo:
         f.killed, f.killed_pid, f.acked_at_kill = master.name, master.pid or 0, len(load.acked)
         f.old_master_id, f.old_master_address = before.master_id, before.master_address
         f.old_epoch, f.old_sync_state_set = before.master_epoch, before.sync_state_set
+        if self.links is not None:
+            self._stall_links(master, load, bar)
+        f.acked_at_kill = len(load.acked)
         load.killed_address, load.kill_time = master.address, time.monotonic()
         master.kill()
         out.say(f"  >>> SIGKILL {master.name} (pid {f.killed_pid}): the master, id {f.old_master_id}, "
@@ -508,6 +725,38 @@ class Demo:
             extra = f"; {s.send_errors:,} failed after the producer's retries ({load.last_error})"
         out.say(f"      {s.acked:,} of {s.sent:,} acknowledged in {s.produce_s:.1f} s "
                 f"({s.produce_msgs_per_s:,.0f} msg/s, failover included){extra}")
+
+    def _stall_links(self, master: BrokerProc, load: ProduceLoad, bar: ProgressBar) -> None:
+        """Stall the master's links to its slaves for stall_s while the producer keeps
+        sending.  What the master appends and sends meanwhile reaches no slave, so those
+        sends wait for acks that never come; the kill follows at once."""
+        c, out, f, links = self._c, self.out, self.summary.failover, self.links
+        assert links is not None
+        slaves = [b for b in self.brokers if b is not master and b.alive]
+        t0 = time.monotonic()
+        stalled = links.stall()
+        # Read after the stall began: every byte a slave can still get was written before.
+        f.master_max_at_stall = int(c.broker_status(master)["maxOffset"])
+        f.stalled = stalled > 0
+        # The stall's length is the scenario, not a synchronisation: long enough for the
+        # slaves to have stored and acked whatever crossed before it, far below every
+        # timer it could trip (check_stall_timing).
+        while time.monotonic() - t0 < self.opts.stall_s and not load.done:
+            self._tick(bar, load, 0.01)
+        ha = c.broker_status(master).get("ha") or {}
+        f.slave_max_at_kill = [int(c.broker_status(b)["maxOffset"]) for b in slaves]
+        f.stall_s = time.monotonic() - t0
+        f.master_max_at_kill = int(ha.get("max_offset", f.master_max_at_stall))
+        f.slave_acks_at_kill = [int(sl.get("ack_offset", -1)) for sl in ha.get("slaves", [])]
+        have = max(f.slave_max_at_kill, default=0)
+        f.tail_bytes = f.master_max_at_kill - have
+        if f.tail_bytes > 0:
+            out.say(f"  >>> the slaves' links stall for {f.stall_s:.1f} s, so the master holds writes "
+                    f"nobody else has (its log ends at {f.master_max_at_kill:,}, the slaves' at "
+                    f"{have:,}); they were never acknowledged")
+        else:
+            out.say(f"  >>> the slaves' links stalled for {f.stall_s:.1f} s, but the slaves already "
+                    f"have all the master wrote ({f.master_max_at_kill:,}): nothing for the kill to take")
 
     def _record_load(self) -> None:
         """Copy the producer's counters into the summary (also after an early stop)."""
@@ -626,11 +875,14 @@ class Demo:
             {"epoch": e["epoch"], "startOffset": e["startOffset"]}
             for e in c.broker_epochs(master).get("epochList", [])]
         epoch_start = next((e["startOffset"] for e in theirs if e["epoch"] == f.new_epoch), None)
+        r.new_epoch_start = epoch_start
+        if self.links is not None:
+            f.link_bytes_dropped = self.links.dropped_bytes
         self._read_truncation(old.log_text()[log_offset:], status, epoch_start)
         if r.truncated_bytes and r.log_end_before is not None and r.truncated_at is not None:
-            out.say(f"      cut {r.truncated_bytes:,} bytes: its log ended at {r.log_end_before:,}, "
-                    f"but epoch {f.new_epoch} starts at {r.truncated_at:,} on the new master; the "
-                    f"tail was written by the old master alone and never acknowledged")
+            out.say(f"      cut {r.truncated_bytes:,} bytes = {r.log_end_before:,} (where its log "
+                    f"ended) - {r.truncated_at:,} (where epoch {f.new_epoch} starts on the new "
+                    f"master): the tail only the old master had, never acknowledged")
         elif r.truncated_bytes:
             out.say(f"      dropped its whole log ({r.truncated_bytes:,} bytes): nothing in common "
                     f"with the new master's")
@@ -753,6 +1005,9 @@ class Demo:
             self.cluster.stop_all(timeout=5.0)
             left: Leftovers = self.cluster.leftovers()
             s.leftover_processes, s.leftover_ports = left.processes, left.ports
+        if self.links is not None:
+            self.links.close()
+            s.leftover_ports += [p for p in self.links.ports if port_open(f"127.0.0.1:{p}")]
 
     # --- helpers ----------------------------------------------------------------------------
 
@@ -830,6 +1085,10 @@ def _rows(s: DemoSummary) -> Iterator[tuple[str, str, str]]:
     yield "failover: first acked write", _s(f.first_ack_s), "SIGKILL -> new master acknowledges"
     yield "master epoch", f"{f.old_epoch} -> {f.new_epoch}", \
         f"master id {f.old_master_id} -> {f.new_master_id}"
+    if f.stalled:
+        tail = "-" if f.tail_bytes is None else f"{f.tail_bytes:,} bytes"
+        yield "unreplicated tail at kill", tail, \
+            f"written while the links stalled {_s(f.stall_s)}; lost with the master, never acked"
     cut = "-" if r.truncated_bytes is None else f"{r.truncated_bytes:,} bytes"
     yield "old master cut on rejoin", cut, f"back in sync after {_s(r.in_sync_s)}"
     yield "produce throughput", f"{s.produce_msgs_per_s:,.0f} msg/s", \

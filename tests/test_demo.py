@@ -3,6 +3,9 @@
 - a reduced run with ``--json`` exits 0, loses no acknowledged message, shows a failover
   to another broker at a higher master epoch and the old master back in sync, and leaves
   no process and no listening port behind;
+- with the replication links stalled before the kill (the default), the old master cuts
+  exactly the tail it alone had: from the new epoch's start to its own log end, a
+  non-zero number of bytes, none of them acknowledged;
 - SIGINT while the brokers start or while messages flow makes it stop everything and
   exit 130, again leaving nothing behind.
 """
@@ -20,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from rmqha.demo import HA_ADVERTISED_KEY
 from rmqha.local_cluster import port_open
 
 SUMMARY_FIELDS = {
@@ -67,6 +71,8 @@ def _configured_ports(directory: Path) -> list[int]:
             for item in str(cfg.get(key, "")).split(";"):
                 if item:
                     ports.add(int(item.rpartition(":")[2]))
+        if cfg.get(HA_ADVERTISED_KEY):  # the demo's relay in front of the HA port
+            ports.add(int(str(cfg[HA_ADVERTISED_KEY]).rpartition(":")[2]))
     return sorted(ports)
 
 
@@ -77,16 +83,20 @@ def _assert_nothing_left(directory: Path, min_ports: int = 6) -> None:
     assert [p for p in ports if port_open(f"127.0.0.1:{p}")] == []
 
 
-@pytest.mark.timeout(150)
-def test_demo_json_run_loses_nothing_and_leaves_nothing(tmp_path: Path) -> None:
-    work = tmp_path / "demo"
-    proc = _demo(["--messages", "3000", "--json", "--dir", str(work)])
+def _json_run(work: Path, *extra: str) -> dict:
+    proc = _demo(["--messages", "3000", "--json", "--dir", str(work), *extra])
     try:
         out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
     assert proc.returncode == 0, f"stdout:\n{out}\nstderr:\n{err}"
-    summary = json.loads(out)  # nothing else on stdout
+    return json.loads(out)  # nothing else on stdout
+
+
+@pytest.mark.timeout(150)
+def test_demo_json_run_loses_nothing_and_leaves_nothing(tmp_path: Path) -> None:
+    work = tmp_path / "demo"
+    summary = _json_run(work, "--no-stall")
     assert SUMMARY_FIELDS <= set(summary), SUMMARY_FIELDS - set(summary)
     assert summary["ok"] is True and summary["error"] is None and not summary["interrupted"]
     assert summary["sent"] == 3000
@@ -105,6 +115,36 @@ def test_demo_json_run_loses_nothing_and_leaves_nothing(tmp_path: Path) -> None:
     assert sorted(r["sync_state_set"]) == [1, 2, 3]
     assert summary["leftover_processes"] == [] and summary["leftover_ports"] == []
     assert summary["processes_started"] == 7
+    assert summary["failover"]["stalled"] is False
+    _assert_nothing_left(work)
+
+
+@pytest.mark.timeout(150)
+def test_stalled_links_make_the_old_master_cut_exactly_its_unacknowledged_tail(tmp_path: Path) -> None:
+    work = tmp_path / "demo"
+    summary = _json_run(work)
+    assert summary["ok"] is True and summary["error"] is None
+    assert summary["lost"] == 0 and summary["lost_sample"] == []
+    f, r = summary["failover"], summary["rejoin"]
+    assert f["stalled"] is True
+    # Nothing crossed the stalled links: no slave has more than the master had when they
+    # stalled, and the master wrote beyond what the slaves have (sends never acknowledged).
+    assert max(f["slave_max_at_kill"]) <= f["master_max_at_stall"] <= f["master_max_at_kill"]
+    assert f["tail_bytes"] == f["master_max_at_kill"] - max(f["slave_max_at_kill"]) > 0
+    # The new master's epoch starts at its own log end, which is what it had at the kill
+    # (the links to the dead master carried nothing more).
+    new_start = next(e["startOffset"] for e in r["epoch_map"] if e["epoch"] == f["new_epoch"])
+    assert r["new_epoch_start"] == new_start
+    assert new_start in f["slave_max_at_kill"]
+    assert r["matches_master_epochs"] is True
+    # The old master (SIGKILL keeps its page cache) still ends where it last wrote ...
+    assert r["log_end_before"] >= f["master_max_at_kill"]
+    # ... and cuts from the new epoch's start to that end: exactly the tail it alone had.
+    assert r["truncated_at"] == new_start
+    assert r["truncated_bytes"] == r["log_end_before"] - new_start
+    assert r["truncated_bytes"] >= f["tail_bytes"] > 0
+    assert r["role"] == "slave" and sorted(r["sync_state_set"]) == [1, 2, 3]
+    assert summary["leftover_processes"] == [] and summary["leftover_ports"] == []
     _assert_nothing_left(work)
 
 

@@ -36,6 +36,9 @@ class BrokerConfig:
     listen_port: int = field(default=10911, metadata=_alias("listenPort", "client_port"))
     #: 0 = ``listen_port + 1`` (RocketMQ: haListenPort <= 0 -> listenPort + 1).
     ha_listen_port: int = field(default=0, metadata=_alias("haListenPort", "ha_port"))
+    #: host:port slaves dial for replication when it differs from the HA listener (a proxy,
+    #: NAT or relay in between); empty = the advertised host and the HA port.
+    ha_advertised_address: str = field(default="", metadata=_alias("haAdvertisedAddress"))
     controller_addr: list[str] = field(default_factory=list, metadata=_alias("controllerAddr", "controller_addresses"))
     namesrv_addr: list[str] = field(default_factory=list, metadata=_alias("namesrvAddr", "namesrv_addresses"))
     max_frame_bytes: int = 16 * 1024 * 1024
@@ -172,6 +175,8 @@ class BrokerConfig:
 
     @property
     def ha_address(self) -> str:
+        if self.ha_advertised_address:
+            return self.ha_advertised_address
         return f"{self.advertised_host}:{self.ha_port}"
 
 

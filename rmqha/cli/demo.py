@@ -164,7 +164,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(DemoOptions(
         messages=args.messages, body_bytes=args.size, batch=args.batch, in_flight=args.in_flight,
         kill_at=args.kill_at, directory=Path(args.dir) if args.dir else None, keep=args.keep,
-        json=args.json))
+        json=args.json, stall=args.stall))
 
 
 #: Bodies start with a 10-digit sequence number.
@@ -183,6 +183,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--in-flight", type=int, default=4, help="sends in flight at once (default 4)")
     p.add_argument("--kill-at", type=float, default=0.4,
                    help="kill the master once this fraction is acknowledged (default 0.4)")
+    p.add_argument("--no-stall", dest="stall", action="store_false",
+                   help="kill the master without first stalling its links to the slaves (the "
+                        "old master then usually has nothing to cut when it rejoins)")
     p.add_argument("--dir", default=None,
                    help="directory for configs, stores and logs (default: a temp dir, removed "
                         "afterwards unless the demo fails)")
