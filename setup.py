@@ -21,7 +21,9 @@ def extensions() -> list[Extension]:
     mods = []
     for path in sorted(glob.glob(os.path.join("rmqha", "_core", "*.pyx"))):
         name = path[:-4].replace(os.sep, ".")
-        mods.append(Extension(name, [path], extra_compile_args=["-O2"]))
+        # -O3 explicitly: the record and CRC loops rely on its vectorisation (measured ~2x
+        # slower at -O2, which would otherwise override Python's default -O3 here).
+        mods.append(Extension(name, [path], extra_compile_args=["-O3"]))
     return cythonize(
         mods,
         compiler_directives={"language_level": "3", "embedsignature": True},
