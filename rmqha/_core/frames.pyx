@@ -902,7 +902,8 @@ cdef class _StreamDecoder:
         self._setup(direction)
 
     def _setup(self, direction):
-        raise NotImplementedError
+        # A cdef class cannot be an ABC: refuse the bare base class plainly instead.
+        raise TypeError(f"{type(self).__name__} is a base class; use FramedDecoder or RocketMQDecoder")
 
     @property
     def buffered(self):

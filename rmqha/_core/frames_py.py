@@ -36,6 +36,7 @@ under the view).  A decoder never allocates from a length above ``max_frame_byte
 from __future__ import annotations
 
 import struct
+from abc import ABC, abstractmethod
 from array import array
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
@@ -685,7 +686,7 @@ def decode_rocketmq(buf: Any, direction: Any, max_frame_bytes: int = DEFAULT_MAX
 # --- incremental decoders ----------------------------------------------------------------------
 
 
-class _StreamDecoder:
+class _StreamDecoder(ABC):
     """Shared buffering: whole frames inside a chunk are parsed in place; a frame cut across
     chunks is assembled in a bytearray that never grows beyond the validated frame size."""
 
@@ -699,8 +700,9 @@ class _StreamDecoder:
         self._failed: ProtocolError | None = None
         self._setup(direction)
 
-    def _setup(self, direction: Any) -> None:  # pragma: no cover - overridden
-        raise NotImplementedError
+    @abstractmethod
+    def _setup(self, direction: Any) -> None:
+        """Each dialect's decoder defines it."""
 
     @property
     def buffered(self) -> int:
@@ -712,11 +714,13 @@ class _StreamDecoder:
         """Stream offset of the first byte of the frame being assembled."""
         return self._offset
 
-    def _size(self, buf: Any, pos: int, avail: int) -> int:  # pragma: no cover - overridden
-        raise NotImplementedError
+    @abstractmethod
+    def _size(self, buf: Any, pos: int, avail: int) -> int:
+        """Each dialect's decoder defines it."""
 
-    def _frame(self, buf: Any, pos: int, size: int, owned: bool) -> Any:  # pragma: no cover - overridden
-        raise NotImplementedError
+    @abstractmethod
+    def _frame(self, buf: Any, pos: int, size: int, owned: bool) -> Any:
+        """Each dialect's decoder defines it."""
 
     def feed(self, chunk: Any) -> list[Any]:
         """Frames completed by ``chunk`` (any size, possibly empty), in stream order."""
@@ -768,8 +772,9 @@ class _StreamDecoder:
             pos += size
         return out
 
-    def _header_hint(self) -> int:  # pragma: no cover - overridden
-        raise NotImplementedError
+    @abstractmethod
+    def _header_hint(self) -> int:
+        """Each dialect's decoder defines it."""
 
 
 class FramedDecoder(_StreamDecoder):

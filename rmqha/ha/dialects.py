@@ -16,6 +16,7 @@ master logs the reason and closes.
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
@@ -98,7 +99,7 @@ class Block:
     data: Any  # memoryview/bytes; empty = heartbeat
 
 
-class _Codec:
+class _Codec(ABC):
     """Decoding shared by both ends: frames of the peer's direction mapped to events.
 
     A subclass names its decoder and ``_EVENTS`` (frame type -> event builder); a frame
@@ -138,14 +139,17 @@ class MasterCodec(_Codec):
     epoch_exchange = False
     _sender = "slave"
 
+    @abstractmethod
     def hello(self, result: int, max_offset: int, last_epoch: int, pairs: list[tuple[int, int]]) -> bytes | None:
-        raise NotImplementedError
+        """Encode this message in the dialect."""
 
+    @abstractmethod
     def epochs(self, entries: list[tuple[int, int, int]], epoch: int) -> bytes:
-        raise NotImplementedError
+        """Encode this message in the dialect."""
 
+    @abstractmethod
     def block_header(self, epoch: int, epoch_start: int, offset: int, confirm: int, size: int) -> bytes:
-        raise NotImplementedError
+        """Encode this message in the dialect."""
 
 
 class FramedMaster(MasterCodec):
@@ -219,18 +223,22 @@ class SlaveCodec(_Codec):
 
     _sender = "master"
 
+    @abstractmethod
     def hello(self, broker_id: int, segment_bytes: int, address: str, sync_from_last_file: bool,
               async_learner: bool, epoch: int) -> bytes:
-        raise NotImplementedError
+        """Encode this message in the dialect."""
 
+    @abstractmethod
     def query_epoch(self, epoch: int) -> bytes:
-        raise NotImplementedError
+        """Encode this message in the dialect."""
 
+    @abstractmethod
     def confirm(self, offset: int, epoch: int) -> bytes:
-        raise NotImplementedError
+        """Encode this message in the dialect."""
 
+    @abstractmethod
     def ack(self, offset: int, epoch: int) -> bytes:
-        raise NotImplementedError
+        """Encode this message in the dialect."""
 
 
 class FramedSlave(SlaveCodec):
