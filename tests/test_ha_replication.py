@@ -331,7 +331,6 @@ def test_slave_behind_the_masters_min_offset_drops_its_log_and_restarts(tmp_path
         assert scl.queue_offsets() == mcl.queue_offsets()
 
 
-@pytest.mark.slow
 def test_slave_catches_up_100mb(tmp_path) -> None:
     with replica_stores(tmp_path, 32 << 20, "m", "s") as [(mcl, mem), (scl, sem)]:
         mem.append(1, 0)
