@@ -397,10 +397,12 @@ class CommitLog:
                queue_id: int = 0, properties: Mapping[str, str] | None = None, *,
                flag: int = 0, sys_flag: int = 0, born_timestamp: int | None = None,
                born_host: tuple[str, int] | None = None, reconsume_times: int = 0,
-               prepared_transaction_offset: int = 0) -> tuple[int, int]:
+               prepared_transaction_offset: int = 0, wait_flush: bool = True) -> tuple[int, int]:
         """Append one message; returns ``(physical offset, size)``.
 
-        In sync flush mode this returns once an fsync covers the record.
+        In sync flush mode this returns once an fsync covers the record, unless
+        ``wait_flush=False``: then the caller waits with :meth:`flush_future` (one fsync can
+        then cover a whole batch of appends).
         """
         # The common case (a known topic, default fields) stays on a short path: at a few
         # hundred ns per record in the codec, Python-level checks would dominate.
@@ -443,15 +445,18 @@ class CommitLog:
             if end >= self._warm_next_at:
                 self._warm_next()
         if self._listeners or self._mode is FlushMode.SYNC:
-            self._appended(end)
+            self._appended(end, wait_flush)
         return offset, size
 
     def append_batch(self, topic: str | bytes, bodies: Sequence[bytes] | Iterable[bytes],
                      queue_id: int = 0, properties: Mapping[str, str] | None = None, *,
                      flag: int = 0, sys_flag: int = 0, born_timestamp: int | None = None,
                      born_host: tuple[str, int] | None = None, reconsume_times: int = 0,
-                     prepared_transaction_offset: int = 0) -> BatchAppendResult:
+                     prepared_transaction_offset: int = 0,
+                     wait_flush: bool = True) -> BatchAppendResult:
         """Append many messages to one (topic, queue) with shared properties, in C loops.
+
+        ``wait_flush`` as for :meth:`append` (sync flush mode: one fsync covers the batch).
 
         Every body is checked before anything is written; rolling segments as needed.
         """
@@ -494,7 +499,7 @@ class CommitLog:
             if end_offset >= self._warm_next_at:
                 self._warm_next()
         if n:
-            self._appended(end_offset)
+            self._appended(end_offset, wait_flush)
         return BatchAppendResult(offsets, q0, n, overhead, end_offset)
 
     def append_data(self, offset: int, data: bytes | bytearray | memoryview) -> int:
@@ -647,10 +652,10 @@ class CommitLog:
                                        False, self._sb - pos)
         return pos + stop_pos, stop
 
-    def _appended(self, end: int) -> None:
+    def _appended(self, end: int, wait_flush: bool = True) -> None:
         for cb in self._listeners:
             cb(end)
-        if self._mode is FlushMode.SYNC:
+        if wait_flush and self._mode is FlushMode.SYNC:
             self._wait_flushed(end)
 
     # --- segments ------------------------------------------------------------------------

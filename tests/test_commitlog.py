@@ -341,6 +341,19 @@ def test_sync_flush_group_commit(twin, logs, tmp_path) -> None:
     assert fut.done()
 
 
+def test_sync_flush_without_waiting_shares_one_fsync(twin, logs, tmp_path) -> None:
+    # A broker appends a whole batch without waiting, then waits once for its end: the
+    # batch costs one fsync round, not one per message.
+    log = logs(tmp_path, twin, flush="sync")
+    before = log.flush_count
+    ends = [sum(log.append("batch", b"y" * 300, wait_flush=False)) for _ in range(32)]
+    result = log.append_batch("batch", [b"z" * 300] * 32, wait_flush=False)
+    assert log.flushed_offset < result.end_offset  # nothing waited for the disk yet
+    assert log.flush_future(result.end_offset).result(timeout=10) >= result.end_offset
+    assert ends[-1] < result.end_offset <= log.flushed_offset
+    assert 1 <= log.flush_count - before <= 2
+
+
 def test_concurrent_readers(twin, logs, tmp_path) -> None:
     log = logs(tmp_path, twin, segment_bytes=65536)
     placed: list[tuple[int, bytes]] = []

@@ -735,6 +735,7 @@ def test_flush_sync_answers_after_the_fsync(tmp_path: Path) -> None:
             b = await env.broker(flush="sync")
             await create_topic(b.address, "durable", 2)
             async with Producer(env.namesrv) as p:
+                flushes_before = b.log.flush_count
                 results = await asyncio.gather(*(p.send_batch("durable", [b"d" * 100] * 8)
                                                  for _ in range(6)))
                 for rs in results:
@@ -742,6 +743,8 @@ def test_flush_sync_answers_after_the_fsync(tmp_path: Path) -> None:
                     assert all(r.ok for r in rs)
                     # Acknowledged means on disk: the flushed offset covers the record.
                     assert b.log.flushed_offset > end
+                # Group commit: a batch shares its fsync (48 messages, at most one per batch).
+                assert b.log.flush_count - flushes_before <= 6
 
     run(main())
 

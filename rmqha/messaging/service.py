@@ -464,7 +464,7 @@ class MessageService:
             topic, body, queue_id,
             properties if isinstance(properties, dict) else decode_properties(properties),
             flag=flag, sys_flag=sys_flag, born_timestamp=born_timestamp, born_host=born_host,
-            reconsume_times=reconsume_times,
+            reconsume_times=reconsume_times, wait_flush=False,
         )
 
     async def _append_rows(self, topic: str, queue_id: int,
@@ -475,17 +475,13 @@ class MessageService:
         """Append (body, properties, flag, reconsume_times) rows to one queue, in order and
         back to back (a batch gets consecutive queue offsets).
 
-        With flush=sync the commitlog's append returns only after the fsync, so the rows
-        go on a worker thread (the event loop keeps serving); the lock keeps a batch's
-        rows together."""
-        def run() -> list[tuple[int, int]]:
-            with self._append_lock:
-                return [self._append(topic, queue_id, body, props, flag, sys_flag,
-                                     born_timestamp, born_host, reconsume)
-                        for body, props, flag, reconsume in rows]
-        if self.config.flush == "sync":
-            return await asyncio.to_thread(run)
-        return run()
+        Appends never wait for the fsync here: with flush=sync the caller awaits
+        ``flush_future`` for the batch's end, so one group commit covers the whole batch
+        and every send that arrived meanwhile."""
+        with self._append_lock:
+            return [self._append(topic, queue_id, body, props, flag, sys_flag,
+                                 born_timestamp, born_host, reconsume)
+                    for body, props, flag, reconsume in rows]
 
     def _check_writable(self) -> None:
         if self.role != "master":
