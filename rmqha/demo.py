@@ -87,12 +87,25 @@ _STALL_MARGIN = 4
 
 
 
-def check_stall_timing(stall_s: float, broker: dict[str, Any], controller: dict[str, Any]) -> None:
-    """Refuse a stall long enough to trip a timer and change the story: a side that hears
-    nothing for ha_housekeeping_interval_ms drops the link, a member not caught up for
+def stall_cap_s(broker: dict[str, Any], controller: dict[str, Any]) -> float:
+    """The longest stall that trips no timer and so cannot change the story: a side that
+    hears nothing for ha_housekeeping_interval_ms drops the link, a member not caught up for
     ha_max_time_slave_not_catchup_ms is shrunk out of the SyncStateSet, a send waits
     slave_timeout_ms for its acks.  Heartbeats to the controller do not cross the relay,
     but its timeouts are kept clear as well, so no election can pick another node."""
+    timers = _stall_timers(broker, controller)
+    return min(timers.values()) / 1000 / _STALL_MARGIN
+
+
+def check_stall_timing(stall_s: float, broker: dict[str, Any], controller: dict[str, Any]) -> None:
+    """Refuse a stall longer than :func:`stall_cap_s` allows, naming the timer."""
+    for name, ms in _stall_timers(broker, controller).items():
+        if stall_s * 1000 * _STALL_MARGIN > ms:
+            raise RmqhaError(f"a {stall_s:.2f} s stall is too long for {name} = {ms} ms "
+                             f"(at most 1/{_STALL_MARGIN} of it)")
+
+
+def _stall_timers(broker: dict[str, Any], controller: dict[str, Any]) -> dict[str, int]:
     timers = {
         "ha_housekeeping_interval_ms": broker.get("ha_housekeeping_interval_ms"),
         "ha_max_time_slave_not_catchup_ms": broker.get("ha_max_time_slave_not_catchup_ms"),
@@ -100,10 +113,7 @@ def check_stall_timing(stall_s: float, broker: dict[str, Any], controller: dict[
         "controller_heartbeat_timeout_ms": broker.get("controller_heartbeat_timeout_ms"),
         "broker_heartbeat_timeout": controller.get("broker_heartbeat_timeout"),
     }
-    for name, ms in timers.items():
-        if isinstance(ms, int) and stall_s * 1000 * _STALL_MARGIN > ms:
-            raise RmqhaError(f"a {stall_s:.2f} s stall is too long for {name} = {ms} ms "
-                             f"(at most 1/{_STALL_MARGIN} of it)")
+    return {name: ms for name, ms in timers.items() if isinstance(ms, int)}
 
 
 @dataclass
@@ -121,7 +131,8 @@ class DemoOptions:
     step_timeout_s: float = 60.0
     #: Stall the replication links just before the kill, so the master holds a tail.
     stall: bool = True
-    #: How long the links stall before the kill (the producer keeps sending meanwhile).
+    #: How long the links stall at least before the kill (the producer keeps sending
+    #: meanwhile); longer, up to stall_cap_s, until the master holds writes no slave has.
     stall_s: float = 0.3
 
 
@@ -561,6 +572,8 @@ class Demo:
         self.load: ProduceLoad | None = None
         self.brokers: list[BrokerProc] = []
         self.links: ReplicationLinks | None = None
+        #: The longest the links may stall (stall_cap_s of the demo's timers).
+        self._stall_cap = opts.stall_s
         #: The controller's last reported (master id, epoch, SyncStateSet) of the group.
         self._last_view: tuple[int | None, int, list[int]] = (None, 0, [])
         self._ticks = 0
@@ -584,6 +597,7 @@ class Demo:
         try:
             if stall:
                 check_stall_timing(opts.stall_s, broker_defaults, QUICK_CONTROLLER)
+                self._stall_cap = stall_cap_s(broker_defaults, QUICK_CONTROLLER)
                 self.links = ReplicationLinks()
             self.cluster = Cluster(base, cluster_name="rmqha-demo", broker_defaults=broker_defaults,
                                    controller_defaults=QUICK_CONTROLLER)
@@ -738,10 +752,14 @@ class Demo:
         # Read after the stall began: every byte a slave can still get was written before.
         f.master_max_at_stall = int(c.broker_status(master)["maxOffset"])
         f.stalled = stalled > 0
-        # The stall's length is the scenario, not a synchronisation: long enough for the
-        # slaves to have stored and acked whatever crossed before it, far below every
-        # timer it could trip (check_stall_timing).
-        while time.monotonic() - t0 < self.opts.stall_s and not load.done:
+        # At least stall_s, so the slaves have stored and acked whatever crossed before the
+        # stall; then on until the master holds writes no slave has (a starved producer on
+        # a busy machine may send nothing for a while), but never so long that a timer
+        # trips (stall_cap_s).
+        shortest, longest = t0 + self.opts.stall_s, t0 + self._stall_cap
+        while not load.done and time.monotonic() < longest:
+            if time.monotonic() >= shortest and self._master_ahead(master, slaves):
+                break
             self._tick(bar, load, 0.01)
         ha = c.broker_status(master).get("ha") or {}
         f.slave_max_at_kill = [int(c.broker_status(b)["maxOffset"]) for b in slaves]
@@ -757,6 +775,11 @@ class Demo:
         else:
             out.say(f"  >>> the slaves' links stalled for {f.stall_s:.1f} s, but the slaves already "
                     f"have all the master wrote ({f.master_max_at_kill:,}): nothing for the kill to take")
+
+    def _master_ahead(self, master: BrokerProc, slaves: list[BrokerProc]) -> bool:
+        c = self._c
+        have = max((int(c.broker_status(b)["maxOffset"]) for b in slaves), default=0)
+        return int(c.broker_status(master)["maxOffset"]) > have
 
     def _record_load(self) -> None:
         """Copy the producer's counters into the summary (also after an early stop)."""
