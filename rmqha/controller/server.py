@@ -23,6 +23,7 @@ import asyncio
 import dataclasses
 import logging
 import signal
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -526,11 +527,11 @@ async def serve(config: ControllerConfig, stop: asyncio.Event | None = None) -> 
     server = ControllerServer(config)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
+    # Signals reach only the main thread; a controller run on another thread (an embedded
+    # one, or a test) is stopped by its caller setting ``stop``.
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError):
-            pass  # not the main thread: the caller sets stop
     await server.start()
     print(f"rmqha controller {server.self_peer.id} listening on {server.address}", flush=True)
     try:
