@@ -8,7 +8,7 @@ import pytest
 
 from benches.conftest import describe
 from rmqha._core import load_twin
-from rmqha.epoch_map import EpochMap
+from rmqha.store.epoch_map import EpochMap
 
 TWINS = ("cython", "python")
 

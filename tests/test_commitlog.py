@@ -679,7 +679,7 @@ def test_reset_starts_an_empty_log_durably(twin, logs, tmp_path) -> None:
 
 def test_store_module_exports() -> None:
     import rmqha.store as store
-    from rmqha.epoch_map import EpochMap
+    from rmqha.store.epoch_map import EpochMap
 
     assert store.EpochMap is EpochMap
     assert store.CommitLog is CommitLog and store.StoredMessage is StoredMessage

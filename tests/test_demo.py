@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from rmqha.demo import HA_ADVERTISED_KEY
+from rmqha.demo.cluster import HA_ADVERTISED_KEY
 from rmqha.local_cluster import port_open
 
 SUMMARY_FIELDS = {

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rmqha._core import load_twin
-from rmqha.epoch_map import OPEN_END, EpochMap, decode_checkpoint, encode_checkpoint
+from rmqha.store.epoch_map import OPEN_END, EpochMap, decode_checkpoint, encode_checkpoint
 from rmqha.errors import CheckpointError, EpochError
 
 FAST = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -313,7 +313,7 @@ def test_corrupt_main_falls_back_to_bak(twin: str, tmp_path: Path, caplog, damag
     elif damage == "out_of_order":
         _good(path, [])
         path.write_bytes(encode_checkpoint([(2, 0), (1, 5)]))
-    with caplog.at_level(logging.WARNING, logger="rmqha.epoch_map"):
+    with caplog.at_level(logging.WARNING, logger="rmqha.store.epoch_map"):
         m = EpochMap.open(path, implementation=twin)
     assert m.pairs() == pairs
     assert any(".bak" in r.getMessage() for r in caplog.records)
@@ -367,7 +367,7 @@ def test_concurrent_reads_see_consistent_maps(twin: str) -> None:
     """The commitlog writer thread mutates while the HA loop reads: no torn reads."""
     import threading
 
-    from rmqha.ha_offsets import limit_batch
+    from rmqha.ha.offsets import limit_batch
 
     m = make(twin, [(1, 0)])
     done = threading.Event()

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rmqha._core import load_twin
-from rmqha.epoch_map import EpochMap
+from rmqha.store.epoch_map import EpochMap
 from rmqha.errors import EpochError
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -1,7 +1,7 @@
 """The master's SyncStateSet bookkeeping: applied set, in-flight union, caught-up ageing."""
 from __future__ import annotations
 
-from rmqha import ha_offsets
+from rmqha.ha import offsets as ha_offsets
 from rmqha.ha.sync_state import SyncStateSet
 
 

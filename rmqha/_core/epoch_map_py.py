@@ -1,7 +1,7 @@
 """Pure-Python twin of the in-memory epoch map (hot path 3 of DESIGN.md).
 
 This module owns the ordered ``(epoch, start_offset)`` entries of one broker's log and every
-query and mutation on them; persistence lives in :mod:`rmqha.epoch_map`.  The compiled twin
+query and mutation on them; persistence lives in :mod:`rmqha.store.epoch_map`.  The compiled twin
 ``rmqha._core.epoch_map`` has the same API and results.
 
 Model: an entry ends where the next one starts; the last entry ends at the log's max offset,
@@ -14,7 +14,7 @@ RocketMQ quirks (reference notes 7.2 a-c), decided here:
       a copy, so the stale end survived);
   (b) an ``append`` whose start equals the last start replaces the last entry (that epoch
       held no data) instead of being rejected, so the newest epoch is never lost;
-  (c) emptying the map is persisted like any other change (see rmqha.epoch_map).
+  (c) emptying the map is persisted like any other change (see rmqha.store.epoch_map).
 """
 from __future__ import annotations
 

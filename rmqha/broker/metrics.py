@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -30,8 +30,23 @@ from prometheus_client.registry import Collector
 from rmqha.broker.replicas_manager import Role
 from rmqha.metrics import MetricsRegistry
 
-if TYPE_CHECKING:
-    from rmqha.broker.broker import Broker
+
+
+class ObservedBroker(Protocol):
+    """What the series read from a broker (:class:`rmqha.broker.broker.Broker` is one).
+
+    A protocol rather than an import: the broker imports this module, not the reverse.
+    """
+
+    replicas: Any
+    replication: Any
+    commitlog: Any
+    epoch_map: Any
+    ha_master: Any
+
+    @property
+    def role(self) -> Role: ...
+
 
 ROLE_VALUE = {Role.FENCED: 0, Role.SLAVE: 1, Role.MASTER: 2}
 
@@ -44,7 +59,7 @@ FLUSH_BUCKETS: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0
 class HACollector(Collector):
     """Per-slave ack offsets and lag, read from ``HAMaster.status()`` on each scrape."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: ObservedBroker) -> None:
         self._broker = broker
 
     def describe(self) -> list[Any]:
@@ -115,7 +130,7 @@ class FlushProbe:
             self._busy = False
 
 
-def register_broker_metrics(broker: Broker, registry: MetricsRegistry) -> None:
+def register_broker_metrics(broker: ObservedBroker, registry: MetricsRegistry) -> None:
     """Add the broker's series to ``registry``; gauges read the broker when scraped."""
 
     def status(key: str) -> float:

@@ -18,7 +18,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "rmqha.cli.broker",
     "rmqha.cli.controller",
     "rmqha.cli.admin",
-    "rmqha.client.cli",
+    "rmqha.cli.client",
     "rmqha.cli.config_keys",
 )
 

@@ -4,7 +4,7 @@ One :class:`HAMaster` listens on the broker's HA port and serves every slave tha
 handshake, in either dialect (told apart by the connection's first four bytes).  Per slave
 it runs two tasks on the loop: a reader (handshake, epoch exchange, acks, housekeeping) and
 a writer that pushes the log from the slave's offset in blocks cut by
-:func:`rmqha.ha_offsets.limit_batch`, each labelled with its own epoch and epoch start, with
+:func:`rmqha.ha.offsets.limit_batch`, each labelled with its own epoch and epoch start, with
 the bytes sent straight from the commitlog: header + mmap memoryviews through one sendmsg,
 or with ``ha_transfer_sendfile`` large blocks through ``sendfile`` (the kernel hands
 page-cache pages to the socket, no copy on this side; but then the slave copies from
@@ -40,7 +40,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from enum import Enum
 from typing import Any
 
-from rmqha import ha_offsets as hao
+from rmqha.ha import offsets as hao
 from rmqha.errors import ProtocolError, ReplicationError, RmqhaError, StoreError
 from rmqha.ha.config import HAConfig
 from rmqha.ha.dialects import (

@@ -1,11 +1,11 @@
-"""Batch limiting, confirm offset and SyncStateSet rules of the HA master (``rmqha.ha_offsets``).
+"""Batch limiting, confirm offset and SyncStateSet rules of the HA master (``rmqha.ha.offsets``).
 
 This module owns the public names of hot paths 4 and 5; the rules and their decisions on
 RocketMQ's behaviour are documented in ``rmqha._core.ha_offsets_py``, and the compiled twin
 ``rmqha._core.ha_offsets`` is used when it imports.
 
 * ``limit_batch(epoch_map, from_offset, want, segment_end, max_batch=32768) -> (epoch, epoch_start, size)``
-  accepts the public :class:`rmqha.epoch_map.EpochMap` of either twin (or a bare core).
+  accepts the public :class:`rmqha.store.epoch_map.EpochMap` of either twin (or a bare core).
 * ``confirm_offset(master_max, acks, previous)``: ``acks`` are the ack offsets of the other
   SyncStateSet members; ``None`` or a negative value marks a member without a live
   connection (or that has not reported yet) and freezes the result at ``previous``.
