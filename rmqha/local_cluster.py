@@ -345,12 +345,18 @@ class NamesrvProc(Process):
 
 class BrokerProc(Process):
     @property
+    def host(self) -> str:
+        """The loopback address it listens on (127.0.0.1 unless its config names another)."""
+        host = str(self.config.get("listen_host") or "127.0.0.1")
+        return "127.0.0.1" if host == "0.0.0.0" else host
+
+    @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.config['listen_port']}"
+        return f"{self.host}:{self.config['listen_port']}"
 
     @property
     def ha_address(self) -> str:
-        return f"127.0.0.1:{self.config.get('ha_listen_port') or self.config['listen_port'] + 1}"
+        return f"{self.host}:{self.config.get('ha_listen_port') or self.config['listen_port'] + 1}"
 
     def ports(self) -> list[int]:
         return [int(self.address.rpartition(":")[2]), int(self.ha_address.rpartition(":")[2]),
