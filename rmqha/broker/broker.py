@@ -27,6 +27,7 @@ from typing import Any
 
 from rmqha import log as rmqha_log
 from rmqha.broker.config import BrokerConfig
+from rmqha.broker.confirm_checkpoint import ConfirmCheckpoint
 from rmqha.broker.failpoints import Failpoint, hit
 from rmqha.broker.metrics import (
     FlushProbe, flush_latency_histogram, register_broker_metrics, served_bytes_counter,
@@ -57,11 +58,14 @@ class Replication:
 
     Master: the HAMaster's SyncStateSet, acks and confirm offset.  Slave: the HASlave's
     confirm offset (what the master confirmed, capped at the local log).  Neither (fenced,
-    or a lone broker without HA): the log's max offset, a set of one.
+    or stepping down between the two): the last confirm offset either side reported,
+    never the log's max offset: records past it may still be cut by a truncation, and a
+    consumer must never read what a truncation can remove.
     """
 
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
+        self.checkpoint: ConfirmCheckpoint | None = None
 
     def sync_state_set_size(self) -> int:
         master = self._broker.ha_master
@@ -72,17 +76,32 @@ class Replication:
     async def wait_for_replicas(self, end_offset: int, timeout_s: float) -> bool:
         master = self._broker.ha_master
         if master is None:
-            return self._broker.role == Role.MASTER
-        # all_ack_in_sync_state_set / in_sync_replicas are applied by the HA master.
+            # Not master (or stepping down): nothing is acknowledged from here.
+            return False
+        # all_ack_in_sync_state_set / in_sync_replicas / min_in_sync_replicas are applied
+        # by the HA master.
         return bool(await master.wait_for_replicas(end_offset, timeout_s))
+
+    def copies_of(self, offset: int) -> int:
+        """SyncStateSet members holding ``offset`` (0 unless this broker is master)."""
+        master = self._broker.ha_master
+        return int(master.copies_of(offset)) if master is not None else 0
+
+    def learned(self, offset: int) -> None:
+        if self.checkpoint is not None:
+            self.checkpoint.learned(int(offset))
 
     def confirm_offset(self) -> int:
         b = self._broker
         if b.ha_master is not None:
-            return int(b.ha_master.confirm_offset)
-        if b.ha_slave is not None:
-            return int(b.ha_slave.confirm_offset)
-        return int(b.commitlog.max_offset) if b.commitlog is not None else 0
+            confirm = int(b.ha_master.confirm_offset)
+        elif b.ha_slave is not None:
+            confirm = int(b.ha_slave.confirm_offset)
+        else:
+            return min(self.checkpoint.offset if self.checkpoint is not None else 0,
+                       int(b.commitlog.max_offset) if b.commitlog is not None else 0)
+        self.learned(confirm)
+        return confirm
 
 
 class Broker:
@@ -158,6 +177,7 @@ class Broker:
             store_host=(cfg.advertised_host, cfg.listen_port),
         )
         self.epoch_map = EpochMap.open(self.store_dir / EPOCH_FILE)
+        self.replication.checkpoint = ConfirmCheckpoint(self.store_dir)
         if self.epoch_map.last_epoch() > 0:
             rmqha_log.context.epoch = int(self.epoch_map.last_epoch())
         if cfg.metrics_port > 0:
@@ -231,6 +251,8 @@ class Broker:
             await self.server.stop()
         if self.message_service is not None:
             self.message_service.close()
+        if self.replication.checkpoint is not None:
+            self.replication.checkpoint.flush()
         if self.commitlog is not None:
             self.commitlog.close()
         if self.metrics is not None:
@@ -319,10 +341,13 @@ class Broker:
             self._known_ids = frozenset(ids)
 
     def _on_confirm(self, offset: int) -> None:
+        self.replication.learned(offset)
         if self.message_service is not None:
             self.message_service.on_confirm_offset(offset)
 
     def _on_truncate(self, offset: int) -> None:
+        if self.replication.checkpoint is not None:
+            self.replication.checkpoint.cut(offset)
         if self.message_service is not None:
             self.message_service.on_truncate(offset)
 

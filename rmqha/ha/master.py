@@ -275,10 +275,11 @@ class HAMaster:
 
     async def wait_for_replicas(self, offset: int, timeout: float) -> bool:
         """The broker's ack policy: every member with ``all_ack_in_sync_state_set``, else
-        ``in_sync_replicas`` copies (the master counts as one; 0 or 1 needs no wait)."""
+        ``in_sync_replicas`` copies (the master counts as one; 0 or 1 needs no wait); in
+        both cases at least ``min_in_sync_replicas`` copies."""
         if self.config.all_ack_in_sync_state_set:
             return await self.wait_for_acks(offset, None, timeout)
-        need = self.config.in_sync_replicas
+        need = max(self.config.in_sync_replicas, self.config.min_in_sync_replicas)
         if need <= 1:
             return True
         return await self.wait_for_acks(offset, need, timeout)
@@ -686,7 +687,23 @@ class HAMaster:
             if self._on_confirm is not None:
                 self._on_confirm(new)
 
+    def copies_of(self, offset: int) -> int:
+        """SyncStateSet members (this master included) that hold ``offset``."""
+        if offset > self.commitlog.max_offset:
+            return 0
+        count = 1
+        for member in self._set.members():
+            if member == self.broker_id:
+                continue
+            sl = self._links.get(member)
+            if sl is not None and sl.ack >= offset:
+                count += 1
+        return count
+
     def _acks_reached(self, offset: int, need: int | None) -> bool:
+        """``need`` copies (None: every SyncStateSet member) and never fewer than
+        ``min_in_sync_replicas``: a set that shrank while a send waited does not lower the
+        number of copies the user asked for."""
         if offset > self.commitlog.max_offset:
             return False
         members = self._set.members()
@@ -697,19 +714,9 @@ class HAMaster:
                 sl = self._links.get(member)
                 if sl is None or sl.ack < offset:
                     return False
-            return True
-        count = 1
-        if count >= need:
-            return True
-        for member in members:
-            if member == self.broker_id:
-                continue
-            sl = self._links.get(member)
-            if sl is not None and sl.ack >= offset:
-                count += 1
-                if count >= need:
-                    return True
-        return False
+            floor = self.config.min_in_sync_replicas
+            return floor <= 1 or self.copies_of(offset) >= floor
+        return self.copies_of(offset) >= max(need, self.config.min_in_sync_replicas)
 
     def _check_waiters(self) -> None:
         for need, heap in self._waiters.items():

@@ -100,6 +100,8 @@ class Replication(Protocol):
 
     def confirm_offset(self) -> int: ...
 
+    def copies_of(self, offset: int) -> int: ...
+
 
 @dataclass
 class MessagingConfig:
@@ -518,6 +520,14 @@ class MessageService:
             except asyncio.TimeoutError:
                 return ResponseCode.FLUSH_DISK_TIMEOUT, "FLUSH_DISK_TIMEOUT"
         if not ok:
+            need = int(self.config.min_in_sync_replicas)
+            if need > 1 and self.replication is not None and \
+                    self.replication.sync_state_set_size() < need and \
+                    self.replication.copies_of(end_offset) < need:
+                # The set shrank below the floor while the send waited: RocketMQ's
+                # IN_SYNC_REPLICAS_NOT_ENOUGH (a failure clients retry), never SEND_OK, even
+                # though every member of what is left of the set holds it.
+                return ResponseCode.SYSTEM_ERROR, "IN_SYNC_REPLICAS_NOT_ENOUGH"
             return ResponseCode.FLUSH_SLAVE_TIMEOUT, "FLUSH_SLAVE_TIMEOUT"
         return ResponseCode.SUCCESS, "PUT_OK"
 
@@ -600,8 +610,13 @@ class MessageService:
         ids = ",".join(prefix + _QOFF.pack(off).hex().upper() for off, _ in placed)
         ext = {"msgId": ids, "queueId": queue_id, "queueOffset": queue_offset,
                PUT_STATUS_FIELD: status, "commitLogOffset": first_offset}
-        remark = None if code == ResponseCode.SUCCESS else (
-            f"{status}: stored at {first_offset} but not confirmed in time")
+        if code == ResponseCode.SUCCESS:
+            remark = None
+        elif status == "IN_SYNC_REPLICAS_NOT_ENOUGH":
+            remark = (f"in-sync replicas not enough: stored at {first_offset} but held by fewer "
+                      f"than min_in_sync_replicas={self.config.min_in_sync_replicas} copies")
+        else:
+            remark = f"{status}: stored at {first_offset} but not confirmed in time"
         return cmd.response(code, remark, ext)
 
     def _queue_offset_at(self, commit_offset: int) -> int:
