@@ -48,7 +48,7 @@ from typing import Any, TextIO
 
 from rmqha.client import Consumer, Message, Producer
 from rmqha.client.admin import TopicAdmin
-from rmqha.errors import ProtocolError, RemotingError, RmqhaError, SendError
+from rmqha.errors import LocalClusterError, ProtocolError, RemotingError, RmqhaError, SendError
 from rmqha.local_cluster import (
     QUICK_BROKER,
     QUICK_CONTROLLER,
@@ -65,8 +65,9 @@ TOPIC = "DemoTopic"
 GROUP = "broker-a"
 QUEUES = 8
 #: The broker settings that make the point of the demo: a send is acknowledged only once
-#: every replica in the SyncStateSet holds it (RocketMQ's allAckInSyncStateSet).
-ALL_ACK = {"all_ack_in_sync_state_set": True, "slave_timeout_ms": 3000}
+#: every replica in the SyncStateSet holds it (RocketMQ's allAckInSyncStateSet), and never
+#: with fewer than two copies, even while a new master's set is still itself alone.
+ALL_ACK = {"all_ack_in_sync_state_set": True, "min_in_sync_replicas": 2, "slave_timeout_ms": 3000}
 #: The first bytes of every body: the message's sequence number, so the reader can tell
 #: which message it is and count duplicates without trusting any id.
 _SEQ_DIGITS = 10
@@ -914,9 +915,27 @@ class Demo:
                     f"epoch {f.new_epoch} starts (every byte it had written had reached a slave)")
         else:
             out.say("      nothing was cut (no truncation reported)")
-        r.epoch_map = [{"epoch": e["epoch"], "startOffset": e["startOffset"]}
-                       for e in c.broker_epochs(old).get("epochList", [])]
-        r.matches_master_epochs = bool(theirs) and theirs[:len(r.epoch_map)] == r.epoch_map
+        # A slave records an epoch when the first block of that epoch reaches it, and it can
+        # join the SyncStateSet before that (its log ended exactly where the new epoch
+        # starts, and the new master had confirmed nothing past it yet): wait until it holds
+        # what the master had when the set was complete, then compare the whole maps.
+        master_max = int(c.broker_status(master).get("maxOffset") or 0) if master is not None else 0
+
+        def caught_up() -> list[dict[str, int]] | None:
+            mine = [{"epoch": e["epoch"], "startOffset": e["startOffset"]}
+                    for e in c.broker_epochs(old).get("epochList", [])]
+            done = int(c.broker_status(old).get("maxOffset") or 0) >= master_max and mine == theirs
+            return mine if done else None
+
+        try:
+            if master is None:
+                raise LocalClusterError("no master to compare with")
+            r.epoch_map = c.wait_for(caught_up, timeout, what=f"{old.name} to hold the master's log "
+                                     f"up to {master_max:,} and its epochs", process=old)
+        except LocalClusterError:
+            r.epoch_map = [{"epoch": e["epoch"], "startOffset": e["startOffset"]}
+                           for e in c.broker_epochs(old).get("epochList", [])]
+        r.matches_master_epochs = bool(theirs) and theirs == r.epoch_map
         epochs = ", ".join(f"epoch {e['epoch']} from {e['startOffset']:,}" for e in r.epoch_map)
         same = "same as the master's" if r.matches_master_epochs else "DIFFERS from the master's"
         out.say(f"      its epoch map now: {epochs} ({same})")
