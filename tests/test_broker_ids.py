@@ -145,3 +145,44 @@ def test_foreign_identity_is_refused_and_never_registered(cluster):
     assert not port_open(b.address)
     assert cluster.replica_info("broker-a") is None
     assert cluster.replica_info("broker-z") is None
+
+
+@pytest.mark.parametrize("victim", ["master", "slave"])
+def test_an_id_held_by_a_live_broker_cannot_be_taken(cluster, victim):
+    """A copied ``.broker.meta`` (or a whole copied store) naming a live broker's id: the
+    controller refuses the newcomer, naming both addresses; the id keeps its address, the
+    group keeps one master and its replication links."""
+    cluster.start_controllers(1)
+    master, slave = cluster.start_group("broker-a", 2, in_sync=True)
+    held = master if victim == "master" else slave
+    held_id = held.broker_id()
+    before = registered_ids(cluster, "broker-a")
+    sessions = cluster.broker_status(slave).get("ha", {}).get("sessions")
+
+    impostor = cluster.add_broker("broker-a")
+    impostor.store_dir.mkdir(parents=True, exist_ok=True)
+    (impostor.store_dir / META_FILE).write_text((held.store_dir / META_FILE).read_text())
+    impostor.start()
+    code = impostor.wait_exit(30)
+    assert code != 0
+    text = impostor.log_text()
+    assert held.address in text and impostor.address in text, impostor.log_tail()
+    assert f"broker id {held_id}" in text
+
+    # Nothing moved: same addresses, same master, the slave's link was never replaced.
+    assert registered_ids(cluster, "broker-a") == before
+    info = cluster.replica_info("broker-a")
+    assert info.master_id == master.broker_id() and info.master_address == master.address
+    assert cluster.broker_role(master) == "master" and cluster.broker_role(slave) == "slave"
+    assert cluster.broker_status(slave).get("ha", {}).get("sessions") == sessions
+    assert sorted(info.sync_state_set) == sorted([master.broker_id(), slave.broker_id()])
+
+    # Once the holder is gone (its connection closed), the same store may take the id at a
+    # new address: a rescheduled broker is not an impostor.
+    if victim == "slave":
+        held.kill()
+        impostor.start()
+        cluster.wait_role(impostor, "slave", 30)
+        assert impostor.broker_id() == held_id
+        cluster.wait_for(lambda: registered_ids(cluster, "broker-a").get(held_id) == impostor.address,
+                         what="the id re-pointed to the new address")

@@ -131,6 +131,7 @@ class Broker:
         self.metrics_port: int | None = None
         #: Set when a background loop died of an unexpected error; run_broker then exits.
         self.failed = asyncio.Event()
+        self.failure: BaseException | None = None
         #: (master id, master client address) the HA slave follows, None unless slave.
         self._slave_of: tuple[int, str] | None = None
         self._served_bytes: Any = None
@@ -229,6 +230,7 @@ class Broker:
         exc = task.exception()
         if exc is not None:
             log.critical("broker task %s died: %r; stopping the broker", task.get_name(), exc, exc_info=exc)
+            self.failure = exc
             self.failed.set()
 
     async def stop(self) -> None:
@@ -673,7 +675,7 @@ async def run_broker(config: BrokerConfig, stop: asyncio.Event) -> None:
             except asyncio.CancelledError:
                 pass  # stopping during start-up
         if broker.failed.is_set():
-            raise BrokerError("a broker background task died (see the log); exiting")
+            raise BrokerError(f"a broker background task died: {broker.failure}; exiting")
     finally:
         stopper.cancel()
         failure.cancel()

@@ -35,7 +35,9 @@ from rmqha.broker.config import BrokerConfig
 from rmqha.broker.failpoints import Failpoint, hit
 from rmqha.broker.identity import IdentityStore, negotiate_broker_id
 from rmqha.codes import ResponseCode
-from rmqha.errors import BrokerError, ControllerError, RemoteCommandError, RemotingError, RmqhaError
+from rmqha.errors import (
+    BrokerError, BrokerIdentityError, ControllerError, RemoteCommandError, RemotingError, RmqhaError,
+)
 from rmqha.remoting import Connection, RemotingCommand
 
 log = logging.getLogger(__name__)
@@ -172,7 +174,15 @@ class ReplicasManager:
         while not self._stopping.is_set():
             try:
                 state = await self._register()
-            except (RemotingError, ControllerError, RemoteCommandError) as exc:
+            except RemoteCommandError as exc:
+                if exc.code == ResponseCode.CONTROLLER_BROKER_ID_INVALID:
+                    # Another live broker holds our id: retrying cannot help, an operator must.
+                    raise BrokerIdentityError(f"the controller refused this broker's id: {exc}") from None
+                log.warning("register to controller failed (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            except (RemotingError, ControllerError) as exc:
                 log.warning("register to controller failed (%s); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)

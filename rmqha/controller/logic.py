@@ -172,6 +172,17 @@ class ControllerLogic:
             header["masterAddress"] = g.master_address
         event = None
         if g.brokers[broker_id].address != address:
+            live = self.heartbeats.info(name, broker_id)
+            if live is not None and self.heartbeats.is_alive(name, broker_id) and live.address != address:
+                # Two processes claim one id (a copied store, or a .broker.meta naming another
+                # broker's id): the live holder keeps it; re-pointing the id would give the
+                # group two masters at one epoch, or two slaves fighting over one link.
+                return Decision(
+                    ResponseCode.CONTROLLER_BROKER_ID_INVALID,
+                    f"broker id {broker_id} of {name} is held by the live broker at {live.address}; "
+                    f"{address} cannot register with it (a copied store, or a .broker.meta naming "
+                    f"another broker's id?): stop one of them, or give {address} its own store",
+                    header)
             event = {"type": "update_address", "broker_name": name, "broker_id": broker_id,
                      "address": address, "expect_revision": self.state.revision}
         return Decision(ext_fields=header, body=sync_state_body(g), event=event)

@@ -353,9 +353,16 @@ class ControllerServer:
             except ValueError:
                 raise BadRequest(f"header field {key} is not an integer: {raw!r}") from None
 
+        name, broker_id, address = ext.get("brokerName", ""), int(num("brokerId") or 0), ext.get("brokerAddr", "")
+        live = self.heartbeats.info(name, broker_id)
+        if live is not None and live.address != address and self.heartbeats.is_alive(name, broker_id):
+            # Another live process holds this id: its liveness must not be refreshed (or
+            # moved) by an impostor's heartbeats.
+            return cmd.response(ResponseCode.CONTROLLER_BROKER_ID_INVALID,
+                                f"broker id {broker_id} of {name} is held by the live broker at "
+                                f"{live.address}; heartbeat from {address} ignored")
         self.heartbeats.on_heartbeat(
-            ext.get("clusterName", ""), ext.get("brokerName", ""), int(num("brokerId") or 0),
-            ext.get("brokerAddr", ""), epoch=num("epoch"), max_offset=num("maxOffset"),
+            ext.get("clusterName", ""), name, broker_id, address, epoch=num("epoch"), max_offset=num("maxOffset"),
             confirm_offset=num("confirmOffset"), timeout_ms=num("heartbeatTimeoutMills"),
             priority=num("electionPriority"), conn=conn,
             default_timeout_ms=self.config.broker_heartbeat_timeout,
