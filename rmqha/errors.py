@@ -41,6 +41,10 @@ class CorruptRecordError(StoreError):
     """A stored record failed validation (magic, sizes, CRC)."""
 
 
+class MissingSegmentError(StoreError):
+    """A commitlog segment file that the store's own records say must exist is gone."""
+
+
 class StoreClosedError(StoreError):
     """The store was used after close()."""
 

@@ -728,3 +728,35 @@ def test_kill_during_sync_appends_keeps_every_acknowledged_record(twin, tmp_path
             m = log.read_message(off)
             assert (m.size, m.body, m.topic) == (size, (b"%08d" % i) * (i % 40), f"k{i % 3}")
         assert log.max_offset >= acked[-1][0] + acked[-1][1]
+
+
+def test_missing_segments_are_refused_naming_the_file(twin, logs, tmp_path) -> None:
+    """A store missing its first segment, or one in the middle, does not open: a slave
+    would otherwise claim bytes it does not hold.  Retention's own start is accepted."""
+    from rmqha.errors import MissingSegmentError
+
+    log = logs(tmp_path, twin)
+    for _ in range(60):
+        log.append("gap", b"g" * 1000)
+    files = log.segment_files()
+    assert len(files) >= 4
+    log.close()
+    names = [os.path.basename(f) for f in files]
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    os.replace(tmp_path / names[1], aside / names[1])
+    with pytest.raises(MissingSegmentError, match=names[1]):
+        logs(tmp_path, twin)
+    os.replace(aside / names[1], tmp_path / names[1])
+    os.replace(tmp_path / names[0], aside / names[0])
+    with pytest.raises(MissingSegmentError, match=names[0]):
+        logs(tmp_path, twin)
+    os.replace(aside / names[0], tmp_path / names[0])
+    # Nothing was changed by the refusals: the log opens whole.
+    again = logs(tmp_path, twin)
+    assert again.min_offset == 0 and len(list(again.iter_messages())) == 60
+    # Retention moving the start is recorded, so a store that starts later opens.
+    deleted = again.delete_segments_before(int(names[2]))
+    assert deleted and again.min_offset == int(names[2])
+    again.close()
+    logs(tmp_path, twin).close()

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 from rmqha import log as rmqha_log
 from rmqha.broker.config import BrokerConfig
+from rmqha.broker.confirm_checkpoint import FILE_NAME as CONFIRM_FILE
 from rmqha.broker.confirm_checkpoint import ConfirmCheckpoint
 from rmqha.broker.failpoints import Failpoint, hit
 from rmqha.broker.metrics import (
@@ -34,7 +36,9 @@ from rmqha.broker.metrics import (
 )
 from rmqha.broker.replicas_manager import ReplicasManager, Role
 from rmqha.codes import RequestCode, ResponseCode
-from rmqha.errors import BrokerError, ConfigError, RemoteCommandError, RemotingError
+from rmqha.errors import (
+    BrokerError, ConfigError, MissingSegmentError, RemoteCommandError, RemotingError, StoreError,
+)
 from rmqha.ha import HAConfig, HAMaster, HASlave
 from rmqha.messaging import MessageService
 from rmqha.metrics import MetricsRegistry
@@ -160,7 +164,7 @@ class Broker:
     async def start(self) -> None:
         """Open the store, settle the id, serve, register; returns once registered."""
         from rmqha.controller.client import ControllerClient
-        from rmqha.store import CommitLog, EpochMap
+        from rmqha.store import EpochMap
 
         cfg = self.config
         self.store_dir.mkdir(parents=True, exist_ok=True)
@@ -171,12 +175,15 @@ class Broker:
         self.replicas.identity.read_meta()
         self.replicas.identity.read_temp()
 
-        self.commitlog = CommitLog(
-            self.store_dir / COMMITLOG_DIR, segment_bytes=cfg.segment_bytes, flush=cfg.flush,
-            flush_interval_ms=cfg.flush_interval_ms,
-            # STOREHOST of every record: consumers send failed messages back there.
-            store_host=(cfg.advertised_host, cfg.listen_port),
-        )
+        try:
+            self.commitlog = self._open_commitlog()
+        except MissingSegmentError as exc:
+            if not cfg.rebuild_store_from_master:
+                raise StoreError(f"{exc} [store {self.store_dir}]") from None
+            aside = self._move_store_aside(str(exc))
+            log.warning("store moved aside to %s (%s); starting empty, replication rebuilds it "
+                        "from the master", aside, exc)
+            self.commitlog = self._open_commitlog()
         self.epoch_map = EpochMap.open(self.store_dir / EPOCH_FILE)
         self.replication.checkpoint = ConfirmCheckpoint(self.store_dir)
         if self.epoch_map.last_epoch() > 0:
@@ -223,6 +230,27 @@ class Broker:
         task.add_done_callback(self._task_done)
         self._tasks.append(task)
         self._started = True
+
+    def _open_commitlog(self) -> Any:
+        from rmqha.store import CommitLog
+
+        cfg = self.config
+        return CommitLog(
+            self.store_dir / COMMITLOG_DIR, segment_bytes=cfg.segment_bytes, flush=cfg.flush,
+            flush_interval_ms=cfg.flush_interval_ms,
+            # STOREHOST of every record: consumers send failed messages back there.
+            store_host=(cfg.advertised_host, cfg.listen_port),
+        )
+
+    def _move_store_aside(self, why: str) -> Path:
+        """Move the log, its epoch map and confirm offset (not the identity) aside."""
+        aside = self.store_dir / f"aside-{time.strftime('%Y%m%dT%H%M%S')}"
+        aside.mkdir()
+        for name in (COMMITLOG_DIR, EPOCH_FILE, EPOCH_FILE + ".bak", CONFIRM_FILE):
+            if (self.store_dir / name).exists():
+                os.replace(self.store_dir / name, aside / name)
+        (aside / "WHY").write_text(why + "\n", encoding="utf-8")
+        return aside
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         if task.cancelled():

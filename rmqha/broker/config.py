@@ -90,6 +90,10 @@ class BrokerConfig:
     ha_max_time_slave_not_catchup_ms: int = field(default=15000, metadata=_alias("haMaxTimeSlaveNotCatchup"))
     sync_from_last_file: bool = field(default=False, metadata=_alias("syncFromLastFile"))
     async_learner: bool = field(default=False, metadata=_alias("asyncLearner"))
+    #: A store that fails its start-up checks (a missing segment file) is moved aside to
+    #: ``store_dir/aside-<time>/`` and the broker starts empty, to be rebuilt by replication
+    #: from its master.  Off: the broker refuses to start and names what is wrong.
+    rebuild_store_from_master: bool = False
 
     # --- messaging ------------------------------------------------------------------------
     compress_msg_body_over_bytes: int = field(default=4096, metadata=_alias("compressMsgBodyOverHowmuch"))

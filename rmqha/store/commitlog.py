@@ -47,6 +47,7 @@ from rmqha.errors import (
     CorruptRecordError,
     InvalidMessageError,
     MessageTooLargeError,
+    MissingSegmentError,
     OffsetMismatchError,
     StoreClosedError,
     StoreError,
@@ -975,6 +976,27 @@ class CommitLog:
         os.replace(tmp, path)
         _fsync_dir(self._dir)
 
+    def _check_first_segment(self, first_base: int) -> None:
+        """A log may start past 0 only where retention or ``reset`` moved its start, and
+        both record that start in ``queue_offsets.json`` first; anything else is a first
+        segment gone missing (a slave would then claim bytes it does not hold)."""
+        if first_base == 0:
+            return
+        path = os.path.join(self._dir, QUEUE_BASE_FILE)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                recorded = int(json.load(fh)["valid_at"])
+        except FileNotFoundError:
+            recorded = 0
+        except (ValueError, KeyError, TypeError):
+            return  # unreadable: _load_queue_base says so; the segments are the evidence left
+        if recorded < first_base:
+            raise MissingSegmentError(
+                f"commitlog segment {self._path(recorded)} is missing: the log starts at "
+                f"{self._path(first_base)} but the store records its start at {recorded} "
+                f"({QUEUE_BASE_FILE}); restore the file, or let the broker rebuild this store "
+                f"from its master (rebuild_store_from_master)")
+
     def _load_queue_base(self, first_base: int) -> dict[tuple[bytes, int], int]:
         path = os.path.join(self._dir, QUEUE_BASE_FILE)
         try:
@@ -1004,8 +1026,12 @@ class CommitLog:
                                  f"segment_bytes={self._sb}")
         for prev, nxt in zip(bases, bases[1:]):
             if nxt != prev + self._sb:
-                raise StoreError(f"segments missing between {self._path(prev)} and "
-                                 f"{self._path(nxt)}")
+                raise MissingSegmentError(
+                    f"commitlog segment {self._path(prev + self._sb)} is missing (the log has "
+                    f"{self._path(prev)} and then {self._path(nxt)}); restore it, or let the "
+                    f"broker rebuild this store from its master (rebuild_store_from_master)")
+        if bases:
+            self._check_first_segment(bases[0])
         checkpoint, clean = self._read_checkpoint()
         if not bases:
             self._flushed_offset = 0
