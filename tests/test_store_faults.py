@@ -7,6 +7,8 @@ aside and is rebuilt by replication, ending byte-identical to its master.
 """
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -68,3 +70,81 @@ def test_missing_first_segment_is_refused_then_rebuilt_from_the_master(cluster):
     finally:
         a.close()
         b.close()
+
+
+def _send_recorded(cluster: Cluster, addr: str, n: int) -> list[int]:
+    """Send n messages to queue 0; the commitlog offset of each, by queue offset."""
+    offsets = []
+    for i in range(n):
+        resp = cluster.request(addr, RequestCode.SEND_MESSAGE, {
+            "producerGroup": "pg", "topic": "rot", "defaultTopic": "TBW102",
+            "defaultTopicQueueNums": 1, "queueId": 0, "sysFlag": 0,
+            "bornTimestamp": int(time.time() * 1000), "flag": 0, "properties": "",
+            "reconsumeTimes": 0}, b"%06d" % i + b"r" * 4000)
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+        assert int(resp.ext_fields["queueOffset"]) == i
+        offsets.append(int(resp.ext_fields["commitLogOffset"]))
+    return offsets
+
+
+def _flip_body_byte(commitlog_dir, segment_bytes: int, record_offset: int) -> None:
+    """Flip one bit inside a record's body (the fixed header of an IPv4 record is 96 bytes)."""
+    path = commitlog_dir / f"{record_offset - record_offset % segment_bytes:020d}"
+    at = record_offset % segment_bytes + 96 + 10
+    with open(path, "r+b") as fh:
+        fh.seek(at)
+        byte = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([byte[0] ^ 0x10]))
+
+
+def _pull(cluster: Cluster, addr: str, queue_offset: int):
+    return cluster.request(addr, RequestCode.PULL_MESSAGE, {
+        "consumerGroup": "cg", "topic": "rot", "queueId": 0, "queueOffset": queue_offset,
+        "maxMsgNums": 32, "sysFlag": 0, "commitOffset": 0, "suspendTimeoutMillis": 0,
+        "subscription": "*", "subVersion": 0})
+
+
+def _scrub(store) -> tuple[int, str]:
+    proc = subprocess.run([sys.executable, "-m", "rmqha", "scrub", str(store), "--json"],
+                          capture_output=True, text=True, timeout=60)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_bytes_changed_at_rest_are_never_served_and_a_slave_is_repaired(cluster):
+    cluster.start_controllers(1)
+    master, slave = cluster.start_group("broker-a", 2, in_sync=True, all_ack_in_sync_state_set=True)
+    seg = int(master.config["segment_bytes"])
+    offsets = _send_recorded(cluster, master.address, 700)
+    cluster.wait_for(lambda: cluster.broker_status(slave)["maxOffset"] == cluster.broker_status(master)["maxOffset"],
+                     what="the slave caught up")
+
+    # Rot under the master's feet (its mapping shares the page cache with the file).
+    _flip_body_byte(master.commitlog_dir, seg, offsets[500])
+    resp = _pull(cluster, master.address, 490)
+    assert resp.code == ResponseCode.SUCCESS and int(resp.ext_fields["nextBeginOffset"]) == 500
+    resp = _pull(cluster, master.address, 500)
+    assert resp.code == ResponseCode.SYSTEM_ERROR and str(offsets[500]) in resp.remark, resp.remark
+    assert b"000500" not in resp.body
+    assert offsets[500] in cluster.broker_status(master)["corruptRecords"]
+    # The slave's copy is intact and served.
+    resp = _pull(cluster, slave.address, 500)
+    assert resp.code == ResponseCode.SUCCESS and b"000500" in resp.body
+
+    # Rot in the slave's store at rest: scrub finds it, a restart repairs it from the master.
+    slave.stop()
+    _flip_body_byte(slave.commitlog_dir, seg, offsets[650])
+    code, out = _scrub(slave.store_dir)
+    assert code == 1 and str(offsets[650]) in out and "BAD_CRC" in out, out
+    slave.start()
+    cluster.wait_role(slave, "slave", 30)
+    cluster.wait_for(lambda: cluster.broker_status(slave)["maxOffset"] == cluster.broker_status(master)["maxOffset"],
+                     30, what="the repaired slave to catch up")
+    assert "first record that failed its CRC check" in slave.log_text()
+    resp = _pull(cluster, slave.address, 650)
+    assert resp.code == ResponseCode.SUCCESS and b"000650" in resp.body
+    slave.stop()
+    code, out = _scrub(slave.store_dir)
+    assert code == 0, out
+    code, out = _scrub(master.store_dir)
+    assert code == 1 and str(offsets[500]) in out

@@ -240,7 +240,22 @@ class Broker:
             flush_interval_ms=cfg.flush_interval_ms,
             # STOREHOST of every record: consumers send failed messages back there.
             store_host=(cfg.advertised_host, cfg.listen_port),
+            verify_segments_on_open=cfg.verify_segments_on_open,
         )
+
+    def _cut_corrupt_tail(self) -> None:
+        """A slave repairs records that failed their CRC: it cuts its log at the first one
+        and the HA link fetches everything from there again from the master."""
+        bad = self.commitlog.first_corrupt_offset()
+        if bad is None:
+            return
+        before = int(self.commitlog.max_offset)
+        log.warning("cutting the log at %d, the first record that failed its CRC check (%d bytes "
+                    "dropped); the master sends them again", bad, before - bad)
+        self.commitlog.truncate(bad)
+        self.epoch_map.truncate_suffix(bad)
+        self.commitlog.flush()
+        self._on_truncate(bad)
 
     def _move_store_aside(self, why: str) -> Path:
         """Move the log, its epoch map and confirm offset (not the identity) aside."""
@@ -477,6 +492,7 @@ class Broker:
                 slave, self.ha_slave = self.ha_slave, None
                 await slave.stop()
             self._slave_of = None
+            self._cut_corrupt_tail()
             ha_addr = await self._master_ha_address(master_address)
             log.info("became slave of %d (%s, HA %s) at epoch %d", master_id, master_address, ha_addr, epoch)
             await self._start_ha_slave(ha_addr)
@@ -633,6 +649,7 @@ class Broker:
             "lastEpoch": self.epoch_map.last_epoch() if self.epoch_map is not None else -1,
             "maxOffset": int(self.commitlog.max_offset) if self.commitlog is not None else 0,
             "confirmOffset": self.replication.confirm_offset() if self.commitlog is not None else 0,
+            "corruptRecords": [b.offset for b in self.commitlog.corrupt] if self.commitlog is not None else [],
         }
         if self.ha_master is not None:
             status["ha"] = _jsonable(self.ha_master.status())

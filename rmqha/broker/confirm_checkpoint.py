@@ -65,7 +65,7 @@ class ConfirmCheckpoint:
     def cut(self, offset: int) -> None:
         """The log was truncated at ``offset``: nothing past it can be confirmed here."""
         if offset < self._offset:
-            log.warning("log cut at %d below the confirm offset %d (an unclean election?)",
+            log.warning("log cut at %d, below the confirm offset %d (a repair, or an unclean election)",
                         offset, self._offset)
             self._offset = offset
             self._write(time.monotonic())

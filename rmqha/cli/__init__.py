@@ -20,6 +20,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "rmqha.cli.admin",
     "rmqha.cli.client",
     "rmqha.cli.config_keys",
+    "rmqha.cli.scrub",
 )
 
 

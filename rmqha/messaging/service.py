@@ -699,7 +699,7 @@ class MessageService:
         if offset == hi or q is None:
             return None
         phys, sizes, tags = q.slice(offset, max_msgs)
-        parts: list[memoryview] = []
+        runs: list[tuple[int, int]] = []
         total = 0
         taken = 0
         run_start = run_end = -1
@@ -714,11 +714,24 @@ class MessageService:
                 run_end = p + s
             else:
                 if run_start >= 0:
-                    parts.append(self.log.read(run_start, run_end - run_start))
+                    runs.append((run_start, run_end))
                 run_start, run_end = p, p + s
             total += s
         if run_start >= 0:
-            parts.append(self.log.read(run_start, run_end - run_start))
+            runs.append((run_start, run_end))
+        bad = self._first_bad_record(runs)
+        if bad is not None:
+            # Never serve bytes that changed at rest: answer what precedes the bad record,
+            # or, when it comes first, an error naming it (the consumer retries; a slave
+            # is repaired from its master, a master needs an operator: `rmqha scrub`).
+            keep = sum(1 for i in range(taken) if phys[i] < bad)
+            if keep == 0:
+                return cmd.response(ResponseCode.SYSTEM_ERROR,
+                                    f"the record at commitlog offset {bad} on "
+                                    f"{self.broker_name}/{self.broker_id} failed its CRC check and "
+                                    f"is not served; run `rmqha scrub` on this store", {})
+            return self._try_pull(cmd, h, keep, hashes)
+        parts = [self.log.read(a, b - a) for a, b in runs]
         next_begin = offset + taken
         if not parts:
             return self._pull_response(cmd, ResponseCode.PULL_RETRY_IMMEDIATELY, next_begin, lo, hi)
@@ -728,6 +741,17 @@ class MessageService:
         if not _reads_lz4(cmd):
             body = _lz4_to_zlib(body)
         return self._pull_response(cmd, ResponseCode.SUCCESS, next_begin, lo, hi, body)
+
+    def _first_bad_record(self, runs: list[tuple[int, int]]) -> int | None:
+        """The commitlog offset of the first record in ``runs`` whose CRC fails, if any."""
+        verify = getattr(self.log, "verify", None)
+        if verify is None:
+            return None
+        for start, end in runs:
+            bad = verify(start, end - start)
+            if bad is not None:
+                return int(bad.offset)
+        return None
 
     async def _on_max_offset(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
         topic, qid = req_str(cmd.ext_fields, "topic"), req_int(cmd.ext_fields, "queueId")

@@ -42,6 +42,7 @@ from queue import SimpleQueue
 from types import ModuleType
 
 from rmqha import _core
+from rmqha.store.scrub import BadRecord, bad_records
 from rmqha.errors import (
     ConfigError,
     CorruptRecordError,
@@ -203,7 +204,8 @@ class CommitLog:
                  store_host: tuple[str, int] = ("127.0.0.1", 10911),
                  clock: Callable[[], int] | None = None, prefault: bool = True,
                  max_message_bytes: int | None = None,
-                 checkpoint_interval_ms: int = 1000) -> None:
+                 checkpoint_interval_ms: int = 1000,
+                 verify_segments_on_open: int = 2) -> None:
         if not isinstance(segment_bytes, int) or segment_bytes < 4096:
             raise ConfigError(f"segment_bytes must be an int >= 4096, got {segment_bytes!r}")
         try:
@@ -274,8 +276,11 @@ class CommitLog:
             os.close(self._ckpt_fd)
             raise StoreError(f"commitlog {self._dir} is already open (locked by another "
                              "CommitLog or process)") from None
+        #: Records found bad below the flushed offset (see :meth:`verify_tail`): never served.
+        self.corrupt: list[BadRecord] = []
         try:
             self._recover()
+            self.verify_tail(verify_segments_on_open)
         except BaseException:
             self._close_files()
             raise
@@ -1091,6 +1096,52 @@ class CommitLog:
             os.fdatasync(seg.fd)
         self._flushed_offset = end
         self._write_checkpoint()
+
+    # --- bytes changed at rest ------------------------------------------------------------
+
+    def verify_tail(self, segments: int) -> list[BadRecord]:
+        """Check every body CRC in the last ``segments`` segments, below the flushed offset
+        too (recovery checks only past it, where a crash can tear writes).  Bad records are
+        kept in :attr:`corrupt` and logged; nothing is cut here: on a slave the broker cuts
+        from the first bad record and replication fetches the rest again
+        (:meth:`first_corrupt_offset`), and nowhere is a bad record served."""
+        holding = [b for b in sorted(self._segments) if b < self._whole_offset]
+        bases = holding[-segments:] if segments > 0 else []
+        found: list[BadRecord] = []
+        for base in bases:
+            end = min(self._whole_offset, base + self._sb) - base
+            if end <= 0:
+                continue
+            bad, _ = bad_records(self._codec, self._segments[base].mm, 0, end, base)
+            found.extend(bad)
+        for b in found:
+            log.error("commitlog %s: record at offset %d failed its check (%s): it will not be "
+                      "served; a slave re-fetches it from its master", self._dir, b.offset, b.reason)
+        self.corrupt = sorted(set(self.corrupt) | set(found), key=lambda b: b.offset)
+        return found
+
+    def first_corrupt_offset(self) -> int | None:
+        live = [b.offset for b in self.corrupt if self.min_offset <= b.offset < self._max_offset]
+        return min(live) if live else None
+
+    def verify(self, offset: int, size: int) -> BadRecord | None:
+        """The first bad record in ``[offset, offset + size)`` (whole records in one
+        segment), or None: the check every range served to consumers goes through."""
+        base = self.segment_start(offset)
+        if size <= 0 or offset + size > base + self._sb or offset + size > self._whole_offset:
+            raise StoreError(f"verify of {size} bytes at {offset}: not whole records in one segment")
+        seg = self._segments.get(base)
+        if seg is None:
+            raise StoreError(f"verify at {offset}: no segment holds it")
+        bad, _ = bad_records(self._codec, seg.mm, offset - base, offset - base + size, base)
+        if bad:
+            b = bad[0]
+            if b not in self.corrupt:
+                self.corrupt.append(b)
+                log.error("commitlog %s: record at offset %d failed its check (%s) on read",
+                          self._dir, b.offset, b.reason)
+            return b
+        return None
 
     # --- truncation and retention --------------------------------------------------------
 
