@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 
 #: RocketMQ's default ``com.rocketmq.remoting.frameMaxLength``.
 DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
+#: A server drops a peer that sends part of a frame and then nothing for this long (a
+#: stalled or malicious client must not hold a connection and its buffer forever).
+DEFAULT_FRAME_READ_TIMEOUT_S = 30.0
 
 FLAG_RESPONSE = 0x1
 FLAG_ONEWAY = 0x2
@@ -335,8 +338,12 @@ class Connection:
         dispatcher: Dispatcher | None,
         max_frame_bytes: int,
         name: str = "",
+        frame_read_timeout: float | None = None,
     ) -> None:
         self._reader = reader
+        #: A peer that stops in the middle of a frame for this long is dropped (None: never).
+        #: Between frames a connection may idle as long as it likes.
+        self._frame_read_timeout = frame_read_timeout
         self._writer = writer
         self._dispatcher = dispatcher
         self._decoder = FrameDecoder(max_frame_bytes)
@@ -428,7 +435,17 @@ class Connection:
         reason = "peer closed"
         try:
             while True:
-                data = await self._reader.read(256 * 1024)
+                if self._decoder.buffered and self._frame_read_timeout is not None:
+                    try:
+                        data = await asyncio.wait_for(self._reader.read(256 * 1024),
+                                                      self._frame_read_timeout)
+                    except asyncio.TimeoutError:
+                        reason = (f"stalled inside a frame: {self._decoder.buffered} bytes of it "
+                                  f"received, nothing more for {self._frame_read_timeout:g}s")
+                        log.warning("closing connection %s: %s", self.name, reason)
+                        break
+                else:
+                    data = await self._reader.read(256 * 1024)
                 if not data:
                     break
                 for cmd in self._decoder.feed(data):
@@ -498,10 +515,12 @@ class RemotingServer:
         port: int = 0,
         handler: Handler | Mapping[int, Handler] | None = None,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        frame_read_timeout: float | None = DEFAULT_FRAME_READ_TIMEOUT_S,
     ) -> None:
         self.host = host
         self.port = port
         self.max_frame_bytes = max_frame_bytes
+        self.frame_read_timeout = frame_read_timeout
         self.dispatcher = Dispatcher(handler)
         self.connections: set[Connection] = set()
         self._server: asyncio.base_events.Server | None = None
@@ -539,7 +558,8 @@ class RemotingServer:
         await self.stop()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = Connection(reader, writer, self.dispatcher, self.max_frame_bytes)
+        conn = Connection(reader, writer, self.dispatcher, self.max_frame_bytes,
+                          frame_read_timeout=self.frame_read_timeout)
         self.connections.add(conn)
         conn.add_close_callback(self.connections.discard)
         for cb in self._connect_callbacks:

@@ -226,3 +226,27 @@ def test_blocking_client():
     finally:
         loop.run(server.stop(), 5)
         loop.stop()
+
+
+def test_a_peer_stalled_inside_a_frame_is_dropped_but_an_idle_one_is_not(caplog):
+    """A frame started and never finished holds a buffer: the server drops that peer after
+    ``frame_read_timeout``; a peer idle between frames keeps its connection."""
+    async def main() -> None:
+        async with RemotingServer("127.0.0.1", 0, {1: _echo}, frame_read_timeout=0.3) as server:
+            async with RemotingClient(server.address) as idle:
+                assert (await idle.request(RemotingCommand.request(1), 2)).code == 0
+                reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+                writer.write(struct.pack(">ii", 200, 20) + b'{"code":')  # 16 of 204 bytes
+                await writer.drain()
+                started = asyncio.get_running_loop().time()
+                assert await asyncio.wait_for(reader.read(), 10) == b""  # closed by the server
+                assert asyncio.get_running_loop().time() - started >= 0.25
+                writer.close()
+                # The idle connection saw far more than the timeout pass between frames.
+                assert idle.connected
+                assert (await idle.request(RemotingCommand.request(1, {"v": "z"}), 2)).ext_fields == {"got": "z"}
+
+    with caplog.at_level(logging.WARNING, logger="rmqha.remoting"):
+        asyncio.run(main())
+    assert any("stalled inside a frame: 16 bytes" in r.getMessage() for r in caplog.records), \
+        [r.getMessage() for r in caplog.records]
