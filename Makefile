@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rmqha-installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv build test test-pure demo bench bench-quick trends chaos wheel-check clean
+.PHONY: all venv build test test-pure demo bench bench-quick trends chaos soak wheel-check clean
 
 all: build
 
@@ -31,8 +31,14 @@ test: build
 test-pure: build
 	RMQHA_NO_EXTENSIONS=1 $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
+# Every chaos scenario and negative control on a real cluster, with the table at the end
+# (also written to reports/chaos.md); a reduced schedule runs in `make test`.
 chaos: build
-	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+	$(PY) -m pytest tests/chaos -p no:cacheprovider $(PYTEST_ARGS)
+
+# The other slow runs: the controller commit soak with leader kills, long failover cycles.
+soak: build
+	$(PY) -m pytest -m slow --ignore=tests/chaos $(PYTEST_ARGS)
 
 demo: build
 	$(PY) -m rmqha demo $(DEMO_ARGS)

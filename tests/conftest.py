@@ -5,8 +5,15 @@ import os
 import socket
 
 import pytest
+from hypothesis import settings
 
 from rmqha import _core
+
+# CI runs the property tests derandomised: the same examples every run, so a red CI is a
+# real regression and never a lucky draw; locally each run explores new inputs.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 def pytest_configure(config: pytest.Config) -> None:

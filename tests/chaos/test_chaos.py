@@ -1,0 +1,82 @@
+"""Faults on a real cluster under load, judged by the checkers in :mod:`harness`.
+
+The default suite runs a reduced schedule (the master killed, the master frozen past its
+heartbeat timeout, and the negative control that must show loss); ``make chaos`` runs every
+scenario, the seeded random mix and the second negative control (marked slow).
+"""
+from __future__ import annotations
+
+import pytest
+
+import harness as h
+
+SAFE = [
+    ("kill-master", h.kill_master),
+    ("pause-master", h.pause_master),
+]
+SLOW = [
+    ("kill-controller-leader", h.kill_controller_leader),
+    ("partition-master-from-controllers", h.partition_master_from_controllers),
+    ("cut-one-slave-link", h.cut_one_slave_link),
+    ("cut-all-links-then-kill", h.cut_all_links_then_kill),
+    ("restart-master-on-new-port", h.restart_master_on_new_port),
+    ("random-mix-seed-7", h.random_mix),
+]
+
+
+def _assert_clean(report: h.Report) -> None:
+    assert report.acked > 0, f"{report.scenario}: nothing was acknowledged"
+    assert report.lost == 0 and not report.problems, f"{report.scenario}: {report.problems}"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name,fault", SAFE, ids=[n for n, _ in SAFE])
+def test_safe_acks_lose_nothing(tmp_path, chaos_reports, name, fault):
+    report = h.run_scenario(tmp_path, name, fault)
+    chaos_reports.append(report)
+    _assert_clean(report)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name,fault", SLOW, ids=[n for n, _ in SLOW])
+def test_safe_acks_lose_nothing_under_every_fault(tmp_path, chaos_reports, name, fault):
+    report = h.run_scenario(tmp_path, name, fault, seed=7)
+    chaos_reports.append(report)
+    _assert_clean(report)
+
+
+@pytest.mark.timeout(180)
+def test_negative_control_acks_from_the_master_alone_are_reported_lost(tmp_path, chaos_reports):
+    """All-ack off, one copy enough: the master acknowledges what no slave has, dies, and a
+    slave is elected.  The checker must see the loss, or it sees nothing."""
+    acks = {"all_ack_in_sync_state_set": False, "in_sync_replicas": 1, "min_in_sync_replicas": 1}
+    report = h.run_scenario(tmp_path, "control: all-ack off", h.cut_all_links_then_kill, acks=acks)
+    chaos_reports.append(report)
+    assert report.lost > 0, "the checker did not see the loss the negative control causes"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_negative_control_unclean_election_is_reported_lost(tmp_path, chaos_reports):
+    """Links cut until the set shrinks to the master alone, which then acknowledges by
+    itself and dies; unclean election makes a stale slave master."""
+    acks = {"all_ack_in_sync_state_set": True, "min_in_sync_replicas": 1}
+
+    def fault(run: h.ChaosRun) -> None:
+        m = run.master()
+        run.mark_fault()
+        run.ha_proxies[m.name].cut("blackhole")
+        run.cluster.wait_for(lambda: run.cluster.replica_info(h.GROUP).sync_state_set == [m.broker_id()],
+                             30, what="the set shrunk to the master")
+        run.run_load_for(1.0)
+        m.kill()
+        run.ha_proxies[m.name].restore()
+        run.cluster.wait_for(lambda: (x := run.cluster.master_of(h.GROUP)) is not None and x is not m, 30,
+                             what="an unclean election")
+        run.run_load_for(1.0)
+
+    report = h.run_scenario(tmp_path, "control: unclean election", fault, acks=acks,
+                            controller={"enable_elect_unclean_master": True})
+    chaos_reports.append(report)
+    assert report.lost > 0, "the checker did not see the loss the negative control causes"
