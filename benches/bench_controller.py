@@ -3,8 +3,10 @@
 Three real controller processes (``rmqha.controller.launcher``).  Each timed write is an
 APPLY_BROKER_ID with a fresh id, i.e. one validated, Raft-committed and applied event,
 answered after apply, sent by a ControllerClient from this process.  Implementations:
-``rmqha-fast`` (rmqha's pysyncobj settings with the pipelining guard) and ``pysyncobj``
-(pysyncobj's default timing: 100 ms append batching), measured in the same run.
+``rmqha-fast`` (rmqha's pysyncobj settings with the pipelining guard, the log and vote
+fsynced before they are acted on), ``rmqha-fast-no-fsync`` (the same without fsync: the
+cost of durability) and ``pysyncobj`` (pysyncobj's default timing: 100 ms append
+batching), measured in the same run.
 
 Failover: SIGKILL the leader, then time until the first write commits on the new leader
 (the client finds it through GET_METADATA_INFO / NOT_LEADER answers).
@@ -26,7 +28,10 @@ from rmqha.controller.client import BlockingControllerClient, ControllerClient
 from rmqha.controller.launcher import ControllerGroup
 
 MODES = {
+    # The default: fast commits with the log and vote fsynced before they are acted on.
     "rmqha-fast": {"raft_fast": True},
+    # The same without fsync (pysyncobj's own behaviour): what durability costs.
+    "rmqha-fast-no-fsync": {"raft_fast": True, "raft_durable": False},
     "pysyncobj": {"raft_fast": False, "raft_min_timeout": 400, "raft_max_timeout": 1400},
 }
 

@@ -43,9 +43,15 @@ from typing import Any
 import pysyncobj
 from pysyncobj import SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj.config import FAIL_REASON
+from pysyncobj import syncobj as pysyncobj_syncobj
+from pysyncobj.journal import FileJournal
 from pysyncobj.transport import TCPTransport
 
 from rmqha.errors import ConfigError, ControllerError, NotLeaderError
+from rmqha.raft_journal import DurableJournal, SyncHook
+
+#: pysyncobj's constructor is patched for the journal factory one node at a time.
+_CONSTRUCTING = threading.Lock()
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +120,10 @@ class RaftSettings:
     leader_fallback_timeout: float = 1.5
     log_compaction_min_entries: int = 20000
     log_compaction_min_time: float = 600.0
+    #: fsync the log before any message and the term/vote before any vote (rmqha.raft_journal).
+    durable: bool = True
+    #: Called at every durable point ("log", "vote"): the crash tests' failpoint.
+    on_sync: SyncHook | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def check(self) -> None:
@@ -166,7 +176,17 @@ class RaftSettings:
         return SyncObjConf(**kwargs)
 
 
-class _GuardedTransport(TCPTransport):
+class _DurableTransport(TCPTransport):
+    """Makes the journal durable before any message leaves (see :mod:`rmqha.raft_journal`)."""
+
+    def send(self, node: Any, message: Any) -> bool:
+        journal = getattr(self._syncObj, "_SyncObj__raftLog", None)
+        if isinstance(journal, DurableJournal):
+            journal.sync()
+        return bool(super().send(node, message))
+
+
+class _GuardedTransport(_DurableTransport):
     """pysyncobj's TCP transport with the pipelining guard described in the module doc."""
 
     guard_enabled = True
@@ -270,6 +290,8 @@ class RaftNode:
         self._on_role_change = on_role_change
         self._consumer = _EventLog(apply, snapshot, restore)
         self._obj: SyncObj | None = None
+        #: The durable journal (None unless ``settings.durable``): its ``syncs`` count fsyncs.
+        self.journal: DurableJournal | None = None
         self._role = RaftRole.UNKNOWN
         self._lock = threading.Lock()
 
@@ -281,17 +303,33 @@ class RaftNode:
         self.settings.journal_file.parent.mkdir(parents=True, exist_ok=True)
         others = [p for p in self.settings.peers if p != self.settings.self_address]
         conf = self.settings.to_conf(self._state_changed)
-        transport_class = TCPTransport
+        transport_class: type[TCPTransport] = _DurableTransport if self.settings.durable else TCPTransport
         if self.settings.fast:
             if PYSYNCOBJ_VERSION not in _GUARDED_VERSIONS:
                 log.warning("pysyncobj %s is not a version the fast-commit guard was checked "
                             "against (%s)", PYSYNCOBJ_VERSION, ", ".join(_GUARDED_VERSIONS))
             transport_class = _GuardedTransport
         self._role = RaftRole.FOLLOWER
-        self._obj = SyncObj(
-            self.settings.self_address, others, conf,
-            consumers=[self._consumer], transportClass=transport_class,
-        )
+        with _CONSTRUCTING:
+            # pysyncobj opens its journal inside the constructor and may send right after:
+            # the durable wrapper must be in place from the first byte.
+            original = pysyncobj_syncobj.createJournal
+            if self.settings.durable:
+                pysyncobj_syncobj.createJournal = self._durable_journal
+            try:
+                self._obj = SyncObj(
+                    self.settings.self_address, others, conf,
+                    consumers=[self._consumer], transportClass=transport_class,
+                )
+            finally:
+                pysyncobj_syncobj.createJournal = original
+
+    def _durable_journal(self, journal_file: str | None) -> Any:
+        if journal_file is None:
+            raise ConfigError("a durable Raft log needs a journal file")
+        self.journal = DurableJournal(FileJournal(journal_file), Path(journal_file),
+                                      on_sync=self.settings.on_sync)
+        return self.journal
 
     def stop(self) -> None:
         obj, self._obj = self._obj, None

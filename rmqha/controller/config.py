@@ -20,7 +20,7 @@ UPDATE_BLACKLIST: frozenset[str] = frozenset({
     "controller_store_path", "config_store_path", "config_black_list", "controller_peers",
     "controller_self_id", "controller_group", "raft_peers", "raft_port_offset",
     "raft_password", "admin_token", "listen_host", "metrics_port", "metrics_host",
-    "raft_fast",
+    "raft_fast", "raft_durable",
 })
 
 #: Values never shown by GET_CONTROLLER_CONFIG.
@@ -72,6 +72,9 @@ class ControllerConfig:
     #: A new leader waits this long for fresh heartbeats before electing anyone (ms).
     new_leader_heartbeat_wait: int = 3000
     raft_fast: bool = True
+    #: fsync the Raft log before any message leaves and the term/vote before any vote
+    #: (group commit); off only to measure what durability costs.
+    raft_durable: bool = True
     raft_min_timeout: int = 400
     raft_max_timeout: int = 800
     raft_heartbeat_interval: int = 50

@@ -73,6 +73,7 @@ class ControllerServer:
                 journal_file=config.journal_file,
                 password=config.raft_password,
                 fast=config.raft_fast,
+                durable=config.raft_durable,
                 raft_min_timeout=config.raft_min_timeout / 1000,
                 raft_max_timeout=config.raft_max_timeout / 1000,
                 append_entries_period=config.raft_heartbeat_interval / 1000,

@@ -159,8 +159,12 @@ class _Segment:
     def __init__(self, path: str, base: int, size: int, *, create: bool) -> None:
         self.base = base
         self.path = path
+        new = create and not os.path.exists(path)
         fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
         try:
+            if new:
+                # The file's name must survive a power loss as surely as its bytes.
+                _fsync_dir(os.path.dirname(path) or ".")
             have = os.fstat(fd).st_size
             if have > size:
                 raise StoreError(
