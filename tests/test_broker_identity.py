@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from rmqha.broker.failpoints import ENV_VAR, FAILPOINT_EXIT_CODE, Failpoint
+from rmqha.failpoints import ENV_VAR, FAILPOINT_EXIT_CODE, Failpoint
 from rmqha.broker.identity import META_FILE, TEMP_META_FILE, IdentityStore, new_register_code
 from rmqha.errors import BrokerIdentityError, CheckpointError
 

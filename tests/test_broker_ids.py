@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from cluster import BrokerProc, Cluster, port_open
-from rmqha.broker.failpoints import FAILPOINT_EXIT_CODE, Failpoint
+from rmqha.failpoints import FAILPOINT_EXIT_CODE, Failpoint
 from rmqha.broker.identity import META_FILE, TEMP_META_FILE
 
 

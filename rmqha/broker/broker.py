@@ -30,7 +30,7 @@ from rmqha import log as rmqha_log
 from rmqha.broker.config import BrokerConfig
 from rmqha.broker.confirm_checkpoint import FILE_NAME as CONFIRM_FILE
 from rmqha.broker.confirm_checkpoint import ConfirmCheckpoint
-from rmqha.broker.failpoints import Failpoint, hit
+from rmqha.failpoints import Failpoint, hit
 from rmqha.broker.metrics import (
     FlushProbe, flush_latency_histogram, register_broker_metrics, served_bytes_counter,
 )

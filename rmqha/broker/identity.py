@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from rmqha.broker.failpoints import Failpoint, hit
+from rmqha.failpoints import Failpoint, hit
 from rmqha.codes import ResponseCode
 from rmqha.errors import (
     BrokerIdentityError,

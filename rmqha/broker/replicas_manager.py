@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from rmqha import log as rmqha_log
 from rmqha.broker.config import BrokerConfig
-from rmqha.broker.failpoints import Failpoint, hit
+from rmqha.failpoints import Failpoint, hit
 from rmqha.broker.identity import IdentityStore, negotiate_broker_id
 from rmqha.codes import ResponseCode
 from rmqha.errors import (

@@ -33,6 +33,7 @@ from enum import Enum
 from typing import Any
 
 from rmqha.errors import EpochError, ProtocolError, ReplicationError, StoreError
+from rmqha.failpoints import Failpoint, hit
 from rmqha.ha.config import HAConfig
 from rmqha.ha.dialects import Block, EpochList, FramedSlave, MasterHello, RefuseReason, SlaveCodec, fr, slave_codec
 from rmqha.ha.link import Link, LinkClosed, LinkTimeout, RecvBuffer, connect
@@ -334,6 +335,7 @@ class HASlave:
             log.warning("HA slave %d truncating at %d: dropping %d bytes the master %s does not have "
                         "(local max %d)", self.broker_id, point, local_max - point, self._master, local_max)
             cl.truncate(point)
+            hit(Failpoint.AFTER_TRUNCATE)
             em.truncate_suffix(point)
             cl.flush()
             self.bytes_dropped += local_max - point

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from rmqha.codes import RequestCode, ResponseCode
 from rmqha.errors import ConfigError, ProtocolError, RmqhaError, StoreError
+from rmqha.failpoints import Failpoint, hit
 from rmqha.messaging.clients import ClientRegistry, QueueLocks, mq_json, parse_mq_set
 from rmqha.messaging.consume_queue import ConsumeQueueIndex, ScannedRecord
 from rmqha.messaging.headers import (
@@ -481,9 +482,11 @@ class MessageService:
         ``flush_future`` for the batch's end, so one group commit covers the whole batch
         and every send that arrived meanwhile."""
         with self._append_lock:
-            return [self._append(topic, queue_id, body, props, flag, sys_flag,
-                                 born_timestamp, born_host, reconsume)
-                    for body, props, flag, reconsume in rows]
+            placed = [self._append(topic, queue_id, body, props, flag, sys_flag,
+                                   born_timestamp, born_host, reconsume)
+                      for body, props, flag, reconsume in rows]
+        hit(Failpoint.AFTER_APPEND)
+        return placed
 
     def _check_writable(self) -> None:
         if self.role != "master":

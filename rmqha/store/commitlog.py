@@ -42,6 +42,7 @@ from queue import SimpleQueue
 from types import ModuleType
 
 from rmqha import _core
+from rmqha.failpoints import Failpoint, hit
 from rmqha.store.scrub import BadRecord, bad_records
 from rmqha.errors import (
     ConfigError,
@@ -931,6 +932,7 @@ class CommitLog:
                 for seg in list(self._segments.values()):
                     if seg.base < target and seg.base + self._sb > start:
                         os.fdatasync(seg.fd)
+                hit(Failpoint.AFTER_FLUSH)  # only flushes that wrote something count
             with self._flush_lock:
                 if target > self._flushed_offset:
                     self._flushed_offset = target

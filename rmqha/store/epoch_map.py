@@ -28,6 +28,7 @@ from typing import Any, Callable, TypeVar
 
 from rmqha import _core
 from rmqha.errors import CheckpointError, EpochError
+from rmqha.failpoints import Failpoint, hit
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,7 @@ def write_checkpoint(path: str, pairs: Iterable[tuple[int, int]], *, keep_backup
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+    hit(Failpoint.DURING_EPOCH_MAP_WRITE)
     if keep_backup and os.path.exists(path):
         # A hard link keeps the previous version as .bak without a window in which the
         # main path is missing; copy where links are not supported.

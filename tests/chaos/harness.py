@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from cluster import BrokerProc, Cluster, free_port_pair
 from rmqha.client import BlockingConsumer, BlockingProducer, SendStatus
 from rmqha.errors import ClientError, RemotingError, RmqhaError
@@ -90,8 +92,11 @@ class ChaosRun:
     """One cluster, one workload, one fault; see the module docstring."""
 
     def __init__(self, base: Path, name: str, *, acks: dict[str, Any] | None = None,
-                 controller: dict[str, Any] | None = None, producers: int = 3, seed: int = 1) -> None:
+                 controller: dict[str, Any] | None = None, producers: int = 3, seed: int = 1,
+                 broker_env: dict[int, dict[str, str]] | None = None) -> None:
         self.name = name
+        #: Environment for the first start of broker i (failpoints armed from the start).
+        self.broker_env = broker_env or {}
         self.cluster = Cluster(base)
         self.acks = dict(SAFE_ACKS if acks is None else acks)
         self.controller_overrides = controller or {}
@@ -116,7 +121,7 @@ class ChaosRun:
         c = self.cluster
         c.start_controllers(3, **self.controller_overrides)
         c.start_namesrv()
-        for _ in range(3):
+        for i in range(3):
             listen = free_port_pair()
             ha = TcpProxy("127.0.0.1", listen + 1)
             ha.start()
@@ -127,7 +132,7 @@ class ChaosRun:
                              controller_addr=[f"127.0.0.1:{p.port}" for p in ctl], **self.acks)
             self.ha_proxies[b.name] = ha
             self.ctl_proxies[b.name] = ctl
-            b.start()
+            b.start(env=self.broker_env.get(i))
             c.wait_broker_up(b)
             self.brokers.append(b)
         c.wait_role(self.brokers[0], "master", 30)
@@ -444,8 +449,9 @@ def random_mix(run: ChaosRun) -> None:
 
 def run_scenario(base: Path, name: str, fault: Callable[[ChaosRun], None], *,
                  acks: dict[str, Any] | None = None, controller: dict[str, Any] | None = None,
-                 warmup_s: float = 1.5, seed: int = 1) -> Report:
-    run = ChaosRun(base, name, acks=acks, controller=controller, seed=seed)
+                 warmup_s: float = 1.5, seed: int = 1,
+                 broker_env: dict[int, dict[str, str]] | None = None) -> Report:
+    run = ChaosRun(base, name, acks=acks, controller=controller, seed=seed, broker_env=broker_env)
     try:
         run.start()
         run.start_load()
@@ -459,4 +465,26 @@ def run_scenario(base: Path, name: str, fault: Callable[[ChaosRun], None], *,
         run.close()
 
 
-__all__ = ["TABLE_HEAD", "ChaosRun", "Report", "run_scenario"]
+#: Every report of this pytest run, in order (both chaos modules add to it).
+ALL_REPORTS: list[Report] = []
+
+
+@pytest.fixture(scope="module")
+def chaos_reports(request: pytest.FixtureRequest):
+    """Each scenario's report; at the end of a module the table of every scenario run so
+    far is printed and written to reports/chaos.md (``make chaos`` shows it; README's
+    Reliability section quotes it)."""
+    yield ALL_REPORTS
+    if not ALL_REPORTS:
+        return
+    table = "\n".join([TABLE_HEAD, *(r.row() for r in ALL_REPORTS)])
+    out = Path(__file__).resolve().parents[2] / "reports" / "chaos.md"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(table + "\n", encoding="utf-8")
+    terminal = request.config.pluginmanager.get_plugin("terminalreporter")
+    if terminal is not None:
+        terminal.write_line("")
+        terminal.write_line(table)
+
+
+__all__ = ["ALL_REPORTS", "TABLE_HEAD", "ChaosRun", "Report", "chaos_reports", "run_scenario"]

@@ -6,29 +6,11 @@ scenario, the seeded random mix and the second negative control (marked slow).
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 import harness as h
+from harness import chaos_reports  # noqa: F401  (the fixture that prints the table)
 
-
-@pytest.fixture(scope="module")
-def chaos_reports(request: pytest.FixtureRequest):
-    """Each scenario's report; the table is printed and written to reports/chaos.md at the
-    end (``make chaos`` shows it; README's Reliability section quotes it)."""
-    reports: list[h.Report] = []
-    yield reports
-    if not reports:
-        return
-    table = "\n".join([h.TABLE_HEAD, *(r.row() for r in reports)])
-    out = Path(__file__).resolve().parents[2] / "reports" / "chaos.md"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(table + "\n", encoding="utf-8")
-    terminal = request.config.pluginmanager.get_plugin("terminalreporter")
-    if terminal is not None:
-        terminal.write_line("")
-        terminal.write_line(table)
 
 SAFE = [
     ("kill-master", h.kill_master),
