@@ -28,6 +28,7 @@ otherwise the checker is blind.
 from __future__ import annotations
 
 import random
+import subprocess
 import threading
 import time
 from collections import Counter, defaultdict
@@ -93,8 +94,12 @@ class ChaosRun:
 
     def __init__(self, base: Path, name: str, *, acks: dict[str, Any] | None = None,
                  controller: dict[str, Any] | None = None, producers: int = 3, seed: int = 1,
-                 broker_env: dict[int, dict[str, str]] | None = None) -> None:
+                 broker_env: dict[int, dict[str, str]] | None = None,
+                 tmpfs_store: tuple[int, int] | None = None) -> None:
         self.name = name
+        #: (broker index, bytes): that broker's store is a tmpfs of that size (disk full).
+        self.tmpfs_store = tmpfs_store
+        self.mounts: list[Path] = []
         #: Environment for the first start of broker i (failpoints armed from the start).
         self.broker_env = broker_env or {}
         self.cluster = Cluster(base)
@@ -132,6 +137,8 @@ class ChaosRun:
                              controller_addr=[f"127.0.0.1:{p.port}" for p in ctl], **self.acks)
             self.ha_proxies[b.name] = ha
             self.ctl_proxies[b.name] = ctl
+            if self.tmpfs_store is not None and self.tmpfs_store[0] == i:
+                self.mount_tmpfs(b.store_dir, self.tmpfs_store[1])
             b.start(env=self.broker_env.get(i))
             c.wait_broker_up(b)
             self.brokers.append(b)
@@ -141,6 +148,14 @@ class ChaosRun:
                    what="the whole group in sync")
         self.ids = {b.name: b.broker_id() for b in self.brokers}
 
+    def mount_tmpfs(self, path: Path, size: int) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+        self.mounts.append(path)
+
+    def grow_tmpfs(self, path: Path, size: int) -> None:
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(path)], check=True)
+
     def master(self) -> BrokerProc:
         return self.cluster.wait_for(lambda: self.cluster.master_of(GROUP), 30, what="a master")
 
@@ -149,6 +164,8 @@ class ChaosRun:
         for t in self._threads:
             t.join(30)
         self.cluster.close()
+        for path in self.mounts:
+            subprocess.run(["umount", "-l", str(path)], check=False)
         for p in [*self.ha_proxies.values(), *(x for ps in self.ctl_proxies.values() for x in ps)]:
             p.stop()
 
@@ -438,6 +455,22 @@ def restart_master_on_new_port(run: ChaosRun) -> None:
     run.run_load_for(1.5)
 
 
+def slave_disk_full(run: ChaosRun) -> None:
+    """Slave 2's store is a small tmpfs: it fills up under the load (its next segment
+    cannot be allocated), it falls out of the set, and the group keeps two copies with the
+    other slave; healed by growing the filesystem."""
+    slave = run.brokers[2]
+    sid = run.ids[slave.name]
+    run.mark_fault()
+    run.cluster.wait_for(lambda: not slave.alive or sid not in run.cluster.replica_info(GROUP).sync_state_set,
+                         90, what="the slave with a full disk to leave the SyncStateSet")
+    assert "No space left on device" in slave.log_text()
+    run.run_load_for(1.0)
+    run.grow_tmpfs(slave.store_dir, 256 << 20)
+    if not slave.alive:
+        slave.start()
+
+
 def random_mix(run: ChaosRun) -> None:
     faults = [kill_master, pause_master, cut_one_slave_link, partition_master_from_controllers]
     for _ in range(3):
@@ -450,8 +483,10 @@ def random_mix(run: ChaosRun) -> None:
 def run_scenario(base: Path, name: str, fault: Callable[[ChaosRun], None], *,
                  acks: dict[str, Any] | None = None, controller: dict[str, Any] | None = None,
                  warmup_s: float = 1.5, seed: int = 1,
-                 broker_env: dict[int, dict[str, str]] | None = None) -> Report:
-    run = ChaosRun(base, name, acks=acks, controller=controller, seed=seed, broker_env=broker_env)
+                 broker_env: dict[int, dict[str, str]] | None = None,
+                 tmpfs_store: tuple[int, int] | None = None) -> Report:
+    run = ChaosRun(base, name, acks=acks, controller=controller, seed=seed, broker_env=broker_env,
+                   tmpfs_store=tmpfs_store)
     try:
         run.start()
         run.start_load()

@@ -6,6 +6,8 @@ scenario, the seeded random mix and the second negative control (marked slow).
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import harness as h
@@ -44,6 +46,15 @@ def test_safe_acks_lose_nothing(tmp_path, chaos_reports, name, fault):
 @pytest.mark.parametrize("name,fault", SLOW, ids=[n for n, _ in SLOW])
 def test_safe_acks_lose_nothing_under_every_fault(tmp_path, chaos_reports, name, fault):
     report = h.run_scenario(tmp_path, name, fault, seed=7)
+    chaos_reports.append(report)
+    _assert_clean(report)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_slave_disk_full_loses_nothing(tmp_path, chaos_reports):
+    report = h.run_scenario(tmp_path, "slave-disk-full", h.slave_disk_full, tmpfs_store=(2, 1280 << 10))
     chaos_reports.append(report)
     _assert_clean(report)
 
