@@ -180,6 +180,9 @@ class Process:
         self.config_path = workdir / f"{kind}.toml"
         self.log_path = cluster.log_dir / f"{name}.log"
         self.env: dict[str, str] = {}
+        #: Words before the command, e.g. ``["ip", "netns", "exec", "ns1"]`` to run the
+        #: process on a test host of its own (a network namespace with its own address).
+        self.launcher: list[str] = []
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -206,7 +209,8 @@ class Process:
             log.write(f"\n===== start #{self.starts} of {self.name} at {time.time():.3f} "
                       f"env={dict(env or {})} =====\n".encode())
             self.proc = subprocess.Popen(
-                [self.cluster.python, "-m", "rmqha", self.kind, "--config", str(self.config_path)],
+                [*self.launcher, self.cluster.python, "-m", "rmqha", self.kind, "--config",
+                 str(self.config_path)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 cwd=self.workdir, env=full_env,
                 # Its own process group: a terminal's Ctrl-C goes to the owner only, which
@@ -328,10 +332,16 @@ class ControllerProc(Process):
                 *super().ports()]
 
 
+def _loopback_or_own(config: Mapping[str, Any]) -> str:
+    """The host a process listens on (127.0.0.1 unless its config names another)."""
+    host = str(config.get("listen_host") or "127.0.0.1")
+    return "127.0.0.1" if host == "0.0.0.0" else host
+
+
 class NamesrvProc(Process):
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.config['listen_port']}"
+        return f"{_loopback_or_own(self.config)}:{self.config['listen_port']}"
 
     def ports(self) -> list[int]:
         out = [int(self.config["listen_port"]), *super().ports()]
@@ -346,9 +356,8 @@ class NamesrvProc(Process):
 class BrokerProc(Process):
     @property
     def host(self) -> str:
-        """The loopback address it listens on (127.0.0.1 unless its config names another)."""
-        host = str(self.config.get("listen_host") or "127.0.0.1")
-        return "127.0.0.1" if host == "0.0.0.0" else host
+        """The address it listens on (127.0.0.1 unless its config names another)."""
+        return _loopback_or_own(self.config)
 
     @property
     def address(self) -> str:

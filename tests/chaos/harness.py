@@ -378,8 +378,8 @@ def _split(addr: str) -> tuple[str, int]:
 
 def kill_master(run: ChaosRun) -> None:
     m = run.master()
-    run.mark_fault()
     m.kill()
+    run.mark_fault()  # acks from here on can only come from a new master
     run.cluster.wait_for(lambda: (x := run.cluster.master_of(GROUP)) is not None and x is not m, 30,
                          what="a new master")
     run.run_load_for(1.0)
@@ -389,8 +389,8 @@ def pause_master(run: ChaosRun) -> None:
     """SIGSTOP past the controller's heartbeat timeout, then SIGCONT: the old master wakes
     up holding records no one else has, while consumers tail the group."""
     m = run.master()
-    run.mark_fault()
     m.pause()
+    run.mark_fault()
     run.cluster.wait_for(lambda: (x := run.cluster.master_of(GROUP)) is not None and x is not m, 30,
                          what="a new master while the old one is frozen")
     run.run_load_for(1.0)
@@ -415,9 +415,9 @@ def kill_controller_leader(run: ChaosRun) -> None:
 
 def partition_master_from_controllers(run: ChaosRun) -> None:
     m = run.master()
-    run.mark_fault()
     for p in run.ctl_proxies[m.name]:
         p.cut("blackhole")
+    run.mark_fault()
     run.cluster.wait_for(lambda: (x := run.cluster.master_of(GROUP)) is not None and x is not m, 30,
                          what="a new master elected behind the partition")
     run.run_load_for(1.5)
