@@ -413,6 +413,23 @@ def kill_controller_leader(run: ChaosRun) -> None:
     run.run_load_for(1.0)
 
 
+def pause_controller_leader(run: ChaosRun) -> None:
+    """SIGSTOP the controller leader (a frozen node keeps its sockets open), let another
+    lead, kill the master under the new leader, then SIGCONT the old leader."""
+    c = run.cluster
+    leader = c.controller_leader()
+    proc = next(x for x in c.controllers if x.address == leader)
+    proc.pause()
+    run.mark_fault()
+    c.wait_for(lambda: c.controller_leader() not in (None, leader), 30, what="a new controller leader")
+    m = run.master()
+    m.kill()
+    c.wait_for(lambda: (x := c.master_of(GROUP)) is not None and x is not m, 30, what="a new master")
+    run.run_load_for(1.0)
+    proc.resume()
+    run.run_load_for(1.0)
+
+
 def partition_master_from_controllers(run: ChaosRun) -> None:
     m = run.master()
     for p in run.ctl_proxies[m.name]:
@@ -423,7 +440,9 @@ def partition_master_from_controllers(run: ChaosRun) -> None:
     run.run_load_for(1.5)
 
 
-def cut_one_slave_link(run: ChaosRun) -> None:
+def cut_master_links(run: ChaosRun) -> None:
+    """Every slave's replication link to the master silently dropped (the proxy in front of
+    the master's HA port), then healed: the set shrinks, sends wait or are refused."""
     m = run.master()
     run.mark_fault()
     run.ha_proxies[m.name].cut("blackhole")
@@ -472,7 +491,7 @@ def slave_disk_full(run: ChaosRun) -> None:
 
 
 def random_mix(run: ChaosRun) -> None:
-    faults = [kill_master, pause_master, cut_one_slave_link, partition_master_from_controllers]
+    faults = [kill_master, pause_master, cut_master_links, partition_master_from_controllers]
     for _ in range(3):
         fault = run.rng.choice(faults)
         fault(run)
