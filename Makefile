@@ -34,7 +34,8 @@ test-pure: build
 # Every chaos scenario and negative control on a real cluster, with the table at the end
 # (also written to reports/chaos.md); a reduced schedule runs in `make test`.
 chaos: build
-	$(PY) -m pytest tests/chaos -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest tests/chaos -p no:cacheprovider $(PYTEST_ARGS); status=$$?; \
+		cat reports/chaos.md 2>/dev/null; exit $$status
 
 # The other slow runs: the controller commit soak with leader kills, long failover cycles.
 soak: build
