@@ -17,6 +17,7 @@ import asyncio
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Literal
 
@@ -35,6 +36,8 @@ class TcpProxy:
         self._server: asyncio.AbstractServer | None = None
         self._mode: CutMode | None = None
         self._links: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self._holed: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self._hole_if: Callable[[bytes], bool] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         #: Connections accepted so far (tests wait on reconnects with it).
         self.accepted = 0
@@ -60,9 +63,16 @@ class TcpProxy:
     def restore(self) -> None:
         self._call(self._restore())
 
+    def blackhole_clients(self, first_bytes: Callable[[bytes], bool]) -> None:
+        """Silently drop both directions of every link, now and later, whose client's first
+        bytes satisfy ``first_bytes`` (one client among several, told apart by what it
+        says first); the others flow.  Live links are reset so every client reconnects and
+        is judged.  :meth:`restore` ends it."""
+        self._call(self._blackhole_clients(first_bytes))
+
     @property
     def is_cut(self) -> bool:
-        return self._mode is not None
+        return self._mode is not None or bool(self._holed)
 
     def __enter__(self) -> TcpProxy:
         self.start()
@@ -99,6 +109,16 @@ class TcpProxy:
         if self._mode == "blackhole":
             self._reset_all()
         self._mode = None
+        self._hole_if = None
+        for a, b in list(self._holed):
+            _reset(a)
+            _reset(b)
+            self._links.discard((a, b))
+        self._holed.clear()
+
+    async def _blackhole_clients(self, first_bytes: Callable[[bytes], bool]) -> None:
+        self._hole_if = first_bytes
+        self._reset_all()
 
     def _reset_all(self) -> None:
         for a, b in list(self._links):
@@ -130,12 +150,17 @@ class TcpProxy:
         dst: asyncio.StreamWriter,
         link: tuple[asyncio.StreamWriter, asyncio.StreamWriter],
     ) -> None:
+        first = dst is link[1]  # the client's side: its first bytes may mark it
         try:
             while True:
                 data = await src.read(1 << 16)
                 if not data:
                     break
-                if self._mode == "blackhole":
+                if first:
+                    first = False
+                    if self._hole_if is not None and self._hole_if(data):
+                        self._holed.add(link)
+                if self._mode == "blackhole" or link in self._holed:
                     continue  # dropped on the floor, nobody is told
                 if link not in self._links:
                     break

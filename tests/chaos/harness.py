@@ -28,6 +28,7 @@ otherwise the checker is blind.
 from __future__ import annotations
 
 import random
+import struct
 import subprocess
 import threading
 import time
@@ -438,6 +439,23 @@ def partition_master_from_controllers(run: ChaosRun) -> None:
     run.cluster.wait_for(lambda: (x := run.cluster.master_of(GROUP)) is not None and x is not m, 30,
                          what="a new master elected behind the partition")
     run.run_load_for(1.5)
+
+
+def cut_one_slave_link(run: ChaosRun) -> None:
+    """One slave's replication link silently dropped (told apart by the broker id in its
+    framed handshake) while the other flows: the set shrinks to the master and one slave,
+    which still makes two copies; healed after it shrank."""
+    m = run.master()
+    victim = next(b for b in run.brokers if b is not m)
+    vid = struct.pack(">q", int(run.ids[victim.name] or 0))
+    # framed HANDSHAKE_SLAVE: length, type 1, timestamp, epoch, flags, then broker_id.
+    run.ha_proxies[m.name].blackhole_clients(
+        lambda data: data[4:8] == b"\x00\x00\x00\x01" and data[28:36] == vid)
+    run.mark_fault()
+    run.cluster.wait_for(lambda: run.ids[victim.name] not in run.cluster.replica_info(GROUP).sync_state_set,
+                         30, what=f"the set to drop {victim.name}, whose link is cut")
+    assert len(run.cluster.replica_info(GROUP).sync_state_set) == 2
+    run.run_load_for(1.0)
 
 
 def cut_master_links(run: ChaosRun) -> None:

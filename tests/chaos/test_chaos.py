@@ -22,6 +22,7 @@ SLOW = [
     ("kill-controller-leader", h.kill_controller_leader),
     ("pause-controller-leader", h.pause_controller_leader),
     ("partition-master-from-controllers", h.partition_master_from_controllers),
+    ("cut-one-slave-link", h.cut_one_slave_link),
     ("cut-master-links-and-heal", h.cut_master_links),
     ("cut-all-links-then-kill", h.cut_all_links_then_kill),
     ("restart-master-on-new-port", h.restart_master_on_new_port),
