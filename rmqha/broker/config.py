@@ -89,6 +89,8 @@ class BrokerConfig:
     ha_transfer_batch_bytes: int = field(default=32768, metadata=_alias("haTransferBatchSize"))
     ha_max_time_slave_not_catchup_ms: int = field(default=15000, metadata=_alias("haMaxTimeSlaveNotCatchup"))
     sync_from_last_file: bool = field(default=False, metadata=_alias("syncFromLastFile"))
+    #: A slave fsyncs what it received before acking it (RocketMQ's slaves do not: off).
+    ha_slave_flush_before_ack: bool = False
     async_learner: bool = field(default=False, metadata=_alias("asyncLearner"))
     #: A store that fails its start-up checks (a missing segment file) is moved aside to
     #: ``store_dir/aside-<time>/`` and the broker starts empty, to be rebuilt by replication
