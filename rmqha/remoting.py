@@ -80,13 +80,12 @@ _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
 _OPAQUE_MASK = 0x7FFFFFFF
 _opaque_counter = itertools.count(1)
-_opaque_lock = threading.Lock()
 
 
 def next_opaque() -> int:
-    """A process-wide request id in RocketMQ's range (a non-negative int32)."""
-    with _opaque_lock:
-        return next(_opaque_counter) & _OPAQUE_MASK
+    """A process-wide request id in RocketMQ's range (a non-negative int32).  No lock:
+    ``next()`` on an ``itertools.count`` is atomic under the GIL."""
+    return next(_opaque_counter) & _OPAQUE_MASK
 
 
 def ext_value(value: Any) -> str:
@@ -345,12 +344,22 @@ def decode_frame(frame: bytes | memoryview) -> RemotingCommand:
             break
     remark = header.get("remark")
     language = header.get("language", "")
+    code = header.get("code")
+    version = header.get("version", 0)
+    opaque = header.get("opaque", 0)
+    flag = header.get("flag", 0)
+    if not (type(code) is int and type(version) is int and type(opaque) is int
+            and type(flag) is int):
+        code = _int_field(header, "code")
+        version = _int_field(header, "version", 0)
+        opaque = _int_field(header, "opaque", 0)
+        flag = _int_field(header, "flag", 0)
     return RemotingCommand(
-        code=_int_field(header, "code"),
-        language=language if isinstance(language, str) else str(language),
-        version=_int_field(header, "version", 0),
-        opaque=_int_field(header, "opaque", 0),
-        flag=_int_field(header, "flag", 0),
+        code=code,
+        language=language if type(language) is str else str(language),
+        version=version,
+        opaque=opaque,
+        flag=flag,
         remark=None if remark is None else str(remark),
         ext_fields=ext,
         body=bytes(frame[4 + header_length :]),
@@ -473,6 +482,11 @@ class Connection:
         self._dispatcher = dispatcher
         self._decoder = FrameDecoder(max_frame_bytes)
         self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
+        #: opaque -> loop time its request times out (see request()).
+        self._deadlines: dict[int, float] = {}
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
         self._close_callbacks: list[Callable[[Connection], None]] = []
         self._closed = asyncio.get_running_loop().create_future()
@@ -518,13 +532,16 @@ class Connection:
         """Send a request and wait for the response with the same opaque."""
         if cmd.is_oneway or cmd.is_response:
             raise ValueError("request() needs a two-way request command")
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         fut: asyncio.Future[RemotingCommand] = loop.create_future()
         opaque = cmd.opaque
+        deadline = loop.time() + timeout
         self._pending[opaque] = fut
-        # A timer that fails the future, instead of asyncio.wait_for (which costs a second
-        # future and callbacks on every request).
-        timer = loop.call_later(timeout, _expire, fut)
+        self._deadlines[opaque] = deadline
+        # One timer per connection, at the earliest deadline (not one per request: with
+        # hundreds in flight their heap operations cost more than the requests).
+        if self._timer is None or deadline < self._timer_at:
+            self._arm_timer(deadline)
         try:
             await self.send(cmd)
             return await fut
@@ -533,8 +550,29 @@ class Connection:
                 f"no response from {self.name} to {cmd.describe()} within {timeout:.3f}s"
             ) from None
         finally:
-            timer.cancel()
             self._pending.pop(opaque, None)
+            self._deadlines.pop(opaque, None)
+
+    def _arm_timer(self, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = self._loop.call_at(at, self._expire_due)
+
+    def _expire_due(self) -> None:
+        """Fail every request past its deadline; re-arm for the next one."""
+        self._timer = None
+        now = self._loop.time()
+        earliest: float | None = None
+        for opaque, deadline in self._deadlines.items():
+            if deadline <= now:
+                fut = self._pending.get(opaque)
+                if fut is not None:
+                    _expire(fut)
+            elif earliest is None or deadline < earliest:
+                earliest = deadline
+        if earliest is not None:
+            self._arm_timer(earliest)
 
     async def oneway(self, cmd: RemotingCommand) -> None:
         cmd.flag |= FLAG_ONEWAY
@@ -558,6 +596,10 @@ class Connection:
             if not fut.done():
                 fut.set_exception(RemotingError(f"connection {self.name} closed: {reason}"))
         self._pending.clear()
+        self._deadlines.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         callbacks, self._close_callbacks = self._close_callbacks, []
         for cb in callbacks:
             try:
