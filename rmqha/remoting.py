@@ -802,7 +802,9 @@ class RemotingClient:
             return self._conn
 
     async def request(self, cmd: RemotingCommand, timeout: float = 3.0) -> RemotingCommand:
-        conn = await self.connection()
+        conn = self._conn
+        if conn is None or conn.closed:
+            conn = await self.connection()
         return await conn.request(cmd, timeout)
 
     async def oneway(self, cmd: RemotingCommand) -> None:

@@ -45,7 +45,7 @@ from rmqha.messaging.message import (
     new_uniq_key,
 )
 from rmqha.messaging.topics import DEFAULT_TOPIC
-from rmqha.remoting import EventLoopThread, RemotingCommand
+from rmqha.remoting import EventLoopThread, RemotingCommand, next_opaque
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +248,9 @@ class Producer:
                     break
                 await asyncio.sleep(delay)
             try:
-                route = await self._route(topic, refresh)
+                route = None if refresh else self.session.fresh_route(topic)
+                if route is None:
+                    route = await self._route(topic, refresh)
                 mq = self._pick(route, avoid, queue_id)
             except ClientError as exc:
                 last_error, last_status, refresh = str(exc), "NO_ROUTE", True
@@ -256,8 +258,9 @@ class Producer:
             addr = redirect or route.broker_datas[mq.broker_name].master
             redirect = None
             assert addr is not None
-            header["e"] = str(mq.queue_id)
-            req = RemotingCommand.request(code, header, body)
+            # A fresh header dict per attempt, handed over as is: every value is a str.
+            req = RemotingCommand(code=code, opaque=next_opaque(),
+                                  ext_fields={**header, "e": str(mq.queue_id)}, body=body)
             try:
                 resp = await self.session.request(addr, req, self.send_timeout_s)
             except RemotingError as exc:

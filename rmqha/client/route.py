@@ -157,6 +157,13 @@ class ClientSession:
             await client.close()
             raise
 
+    def fresh_route(self, topic: str) -> TopicRoute | None:
+        """The cached route of a topic if it is younger than ``route_ttl_s`` (no I/O)."""
+        cached = self._routes.get(topic)
+        if cached is not None and time.monotonic() - cached.fetched_at < self.route_ttl_s:
+            return cached
+        return None
+
     async def route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
         """The route of a topic; ClientError if no name server knows it."""
         cached = self._routes.get(topic)
