@@ -93,7 +93,7 @@ def table(results: dict[tuple[str, object], dict[str, Measurement]], failovers: 
     lines = [head, "|" + "---|" * (2 + 1 + 2 * len(peers))]
     for (workload, copies), by_sys in results.items():
         r = by_sys.get("rmqha")
-        cells = [workload, str(copies)]
+        cells = [workload, "3, flush = sync" if copies == "sync" else str(copies)]
         cells.append("n/a" if r is None else
                      f"{fmt(r.msg_per_s)} ({fmt(r.p50_ms, 2)}, {fmt(r.cpu_us_per_msg)})")
         for p in peers:

@@ -12,6 +12,7 @@ import pytest
 from cluster import Cluster
 from rmqha.client import BlockingConsumer, BlockingProducer, Producer
 from rmqha.codes import RequestCode
+from rmqha.errors import ClientError
 from rmqha.messaging.message import SysFlag
 
 
@@ -94,3 +95,5 @@ def test_blocking_producer_from_many_threads_and_inside_a_loop(one_broker: Clust
         ids.append(asyncio.run(inside_a_loop()))
         ids += [r.msg_id for r in p.send_batch("Threads", [b"x", b"y"])]
     assert len(set(ids)) == 103
+    with pytest.raises(ClientError, match="closed"):
+        p.send("Threads", b"after close")

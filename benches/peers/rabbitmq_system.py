@@ -16,7 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from peers.base import PeerSystem, free_port, wait_port
+from peers.base import PeerSystem, free_port, wait_port, wait_until
 
 BIN = Path("/usr/lib/rabbitmq/bin")
 QUEUES = {1: "bench1", 3: "bench3"}
@@ -89,7 +89,9 @@ class RabbitSystem(PeerSystem):
             self.nodes.append(node)
             self.amqp_ports.append(port)
         for node, port in zip(self.nodes, self.amqp_ports):
-            self._ctl(node, "await_startup", "--timeout", "120", timeout=150)
+            # await_startup fails at once while the node has not registered with epmd yet.
+            wait_until(lambda n=node: self._ctl(n, "await_startup", "--timeout", "120", timeout=150)
+                       is not None, 180, f"{node} started", interval=0.5)
             wait_port(port, 60, node)
             self.os_pids.append(int(self._ctl(node, "eval", "list_to_integer(os:getpid()).").strip()))
         for node in self.nodes[1:]:

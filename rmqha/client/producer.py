@@ -16,6 +16,7 @@ wire), unless ``compress_batches`` asks for the whole batch body to be compresse
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import re
 import threading
@@ -365,6 +366,10 @@ class _ThreadLoops:
 
     def run(self, coro: Awaitable[Any], timeout: float | None = None) -> Any:
         """Run ``coro`` (made from :attr:`producer`) to completion and return its result."""
+        if self._closed:
+            if inspect.iscoroutine(coro):
+                coro.close()  # never awaited: say so quietly, not with a RuntimeWarning
+            raise ClientError("producer is closed")
         if self._in_async_thread():
             return self._shared()[0].run(coro, timeout)
         loop, _, lock = self._own()
