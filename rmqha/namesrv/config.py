@@ -44,6 +44,7 @@ class NamesrvConfig:
     #: Read-only HTML status page (groups, masters, SyncStateSets, lag, elections) on this
     #: port; 0 = off.  On loopback unless status_host says otherwise: it has no login.
     status_port: int = field(default=0, metadata=_alias("statusPort"))
+    #: Address the status page binds (set 0.0.0.0 only behind something that authenticates).
     status_host: str = field(default="127.0.0.1", metadata=_alias("statusHost"))
     #: How often the page's data is refreshed from the brokers (and the page polls it).
     status_poll_ms: int = field(default=1000, metadata=_alias("statusPollMs"))
