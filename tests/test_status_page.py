@@ -8,7 +8,9 @@
   each broker's offsets and lag (the served HTML holds none of it: only the script can);
 - after SIGKILL of the master and the controller's election, a new page load shows the
   new master, the new epoch, and the election (old and new epoch, time) in "Recent
-  elections"; a screenshot is a valid PNG of the window's size.
+  elections"; a screenshot is a valid PNG of the window's size;
+- the view alone: one election per new master epoch (never for a lower one), brokers that
+  leave the routes listed as down for a while, then forgotten.
 """
 from __future__ import annotations
 
@@ -196,3 +198,58 @@ def test_page_in_chromium_follows_a_failover(live, tmp_path: Path) -> None:
     assert killed_at - 2 <= seen <= time.time() + 1
     assert _png_size(shot) == WINDOW
     assert shot.stat().st_size > 10_000  # a drawn page, not a blank one
+
+
+def test_view_records_each_new_master_epoch_once_and_keeps_departed_brokers_for_a_while() -> None:
+    import asyncio
+
+    from rmqha.namesrv.cluster_view import GONE_KEPT_MS, ClusterView
+    from rmqha.namesrv.route_table import BrokerRegistration, RouteTable
+
+    now = [1_000_000]
+    routes = RouteTable()
+    view = ClusterView(routes, poll_ms=500, request_timeout_s=0.5, clock=lambda: now[0])
+    dead = [f"127.0.0.1:{free_port()}" for _ in range(2)]  # nothing listens there
+
+    def reg(addr: str, broker_id: int, epoch: int) -> BrokerRegistration:
+        r = BrokerRegistration(cluster="c", broker_name="g", broker_addr=addr, broker_id=broker_id,
+                               master_epoch=epoch)
+        assert routes.register(r, 0).accepted
+        view.observe_registration(r)
+        return r
+
+    reg(dead[0], 0, 1)
+    reg(dead[1], 2, 1)
+    reg(dead[0], 0, 1)  # a renewal: no new election
+    now[0] += 1000
+    reg(dead[1], 0, 2)  # the other broker registers as master at epoch 2
+    # A lower epoch (the routes refuse it anyway) is never an election.
+    view.observe_registration(BrokerRegistration(cluster="c", broker_name="g", broker_addr=dead[0],
+                                                 broker_id=0, master_epoch=1))
+    assert [(e.epoch, e.previous_epoch, e.master_address, e.previous_master_address, e.observed_at_ms)
+            for e in view.elections] == [(2, 1, dead[1], dead[0], 1_001_000), (1, None, dead[0], None, 1_000_000)]
+
+    async def scenario() -> list[dict]:
+        shots = []
+        await view.refresh()
+        shots.append(view.snapshot("ns"))
+        routes.unregister("g", dead[1])
+        now[0] += 1000
+        await view.refresh()
+        shots.append(view.snapshot("ns"))
+        now[0] += GONE_KEPT_MS + 1
+        await view.refresh()
+        shots.append(view.snapshot("ns"))
+        await view.stop()
+        return shots
+
+    first, gone, forgotten = asyncio.run(scenario())
+    (g,) = first["groups"]
+    # Unreachable brokers are listed as down with the reason; the master as registered.
+    assert g["master_address"] == dead[1] and g["master_epoch"] == 2
+    assert {b["address"]: (b["reachable"], b["role"]) for b in g["brokers"]} == {dead[1]: (False, "unknown")}
+    assert "cannot connect" in g["brokers"][0]["error"]
+    (g,) = gone["groups"]  # the group's last broker left: still shown, as down, with when
+    assert [(b["address"], b["role"], b["gone_since_ms"]) for b in g["brokers"]] == [(dead[1], "down", 1_001_000)]
+    assert forgotten["groups"] == []
+    assert [e["epoch"] for e in forgotten["elections"]] == [2, 1]

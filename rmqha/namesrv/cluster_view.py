@@ -131,7 +131,8 @@ class ClusterView:
         while True:
             try:
                 await self.refresh()
-            except (RmqhaError, OSError, ValueError) as exc:  # one bad round must not end the page
+            except (RmqhaError, OSError, ValueError, TypeError, KeyError) as exc:
+                # One bad round (a broker answering something odd) must not end the page.
                 log.warning("status page refresh failed: %s", exc)
             await asyncio.sleep(self.poll_ms / 1000)
 
