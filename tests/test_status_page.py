@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import calendar
 import html
 import json
 import re
@@ -149,10 +150,15 @@ def test_page_in_chromium_follows_a_failover(live, tmp_path: Path) -> None:
     old_master = c.a if c.a.broker_id() == before.master_id else c.b
     new_master = c.b if old_master is c.a else c.a
     # Wait until the page's data has both brokers with their offsets.
-    c.wait_for(lambda: len((g := _snapshot(c)["groups"])[0]["brokers"]) == 2
-               and g[0]["sync_state_set"] == sorted([c.a.broker_id(), c.b.broker_id()])
-               and g[0]["max_offset"] > 0 and g[0]["brokers"][1]["lag_bytes"] == 0,
-               what="the status data to show both brokers in sync, messages stored")
+    def settled() -> bool:
+        groups = _snapshot(c)["groups"]
+        if len(groups) != 1 or len(groups[0]["brokers"]) != 2:
+            return False
+        g = groups[0]
+        return (g["sync_state_set"] == sorted([c.a.broker_id(), c.b.broker_id()]) and g["max_offset"] > 0
+                and g["confirm_offset"] == g["max_offset"] and g["brokers"][1]["lag_bytes"] == 0)
+
+    c.wait_for(settled, what="the status data to show both brokers in sync, every message confirmed")
     max_offset = _snapshot(c)["groups"][0]["max_offset"]
 
     shot_before = tmp_path / "before.png"
@@ -176,8 +182,8 @@ def test_page_in_chromium_follows_a_failover(live, tmp_path: Path) -> None:
     after = c.wait_for(lambda: (i := c.replica_info("broker-a")) is not None
                        and i.master_epoch > before.master_epoch and i.master_id == new_master.broker_id() and i,
                        timeout=30, what="the controller to elect the other broker")
-    c.wait_for(lambda: (s := _snapshot(c))["groups"][0]["master_epoch"] == after.master_epoch
-               and s["elections"][0]["epoch"] == after.master_epoch,
+    c.wait_for(lambda: (s := _snapshot(c))["groups"] and s["groups"][0]["master_epoch"] == after.master_epoch
+               and s["elections"] and s["elections"][0]["epoch"] == after.master_epoch,
                what="the status data to see the new master")
 
     shot = tmp_path / "status.png"
@@ -194,7 +200,7 @@ def test_page_in_chromium_follows_a_failover(live, tmp_path: Path) -> None:
     row = text[text.index(f"{before.master_epoch} \u2192 {after.master_epoch}"):]
     assert row.split()[3:6] == ["id", str(after.master_id), "@"] and new_master.address in row
     assert old_master.address in row.split("first seen")[0]
-    seen = time.mktime(time.strptime(m.group(2)[:19], "%Y-%m-%dT%H:%M:%S")) - time.timezone
+    seen = calendar.timegm(time.strptime(m.group(2)[:19], "%Y-%m-%dT%H:%M:%S"))
     assert killed_at - 2 <= seen <= time.time() + 1
     assert _png_size(shot) == WINDOW
     assert shot.stat().st_size > 10_000  # a drawn page, not a blank one
