@@ -19,6 +19,7 @@ from rich.console import Console
 
 from rmqha.cli.broker import _ha_lines
 from rmqha.cli.ha_watch import CatchUpTracker, ask_each, plain_round, render_round
+from rmqha.cli.output import write_blocks
 from rmqha.errors import RemotingError
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -60,7 +61,6 @@ def test_catch_up_has_fraction_rate_and_eta() -> None:
 def test_pipe_round_is_plain_lines() -> None:
     _, second = _rounds()
     buf = io.StringIO()
-    from rmqha.cli.output import write_blocks
     write_blocks(plain_round({MASTER: _master(8_000_000, 5_000_000), SLAVE2: "unreachable: refused"},
                              second, _ha_lines, "12:00:00", 2), Console(file=buf, width=40))
     out = buf.getvalue()

@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import asyncio
 import calendar
 import html
 import json
@@ -31,6 +32,8 @@ import pytest
 
 from cluster import Cluster, free_port
 from rmqha.cli import main as rmqha_cli
+from rmqha.namesrv.cluster_view import GONE_KEPT_MS, ClusterView
+from rmqha.namesrv.route_table import BrokerRegistration, RouteTable
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 WINDOW = (1280, 860)
@@ -207,11 +210,6 @@ def test_page_in_chromium_follows_a_failover(live, tmp_path: Path) -> None:
 
 
 def test_view_records_each_new_master_epoch_once_and_keeps_departed_brokers_for_a_while() -> None:
-    import asyncio
-
-    from rmqha.namesrv.cluster_view import GONE_KEPT_MS, ClusterView
-    from rmqha.namesrv.route_table import BrokerRegistration, RouteTable
-
     now = [1_000_000]
     routes = RouteTable()
     view = ClusterView(routes, poll_ms=500, request_timeout_s=0.5, clock=lambda: now[0])
