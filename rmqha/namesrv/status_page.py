@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import ipaddress
 import json
 import logging
 from collections.abc import Callable
@@ -215,6 +216,9 @@ class StatusPageServer:
                               f"{exc.strerror or exc}") from exc
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("status page on http://%s:%d/", self.host, self.port)
+        if not _is_loopback(self.host):
+            log.warning("status page bound to %s: reachable from other hosts, and it has no login "
+                        "(it is read-only; put it behind something that authenticates)", self.host)
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -283,6 +287,13 @@ class StatusPageServer:
         head = f"HTTP/1.1 {status.value} {status.phrase}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         writer.write(head.encode("latin-1") + b"\r\n" + body)
         await writer.drain()
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _text(status: HTTPStatus, message: str) -> tuple[HTTPStatus, bytes, str, dict[str, str]]:
