@@ -86,6 +86,12 @@ def test_blocking_producer_from_many_threads_and_inside_a_loop(one_broker: Clust
             t.join(60)
         assert not errors, errors
         assert len(set(ids)) == 100
+        # Those four threads ended: the next new thread frees their loops and connections.
+        t = threading.Thread(target=sender, args=(1,))
+        t.start()
+        t.join(60)
+        assert not errors, errors
+        assert len(p._loop._all) <= 2  # the new thread's (and the main thread's, if any)
 
         async def inside_a_loop() -> str:
             # A thread that runs a loop cannot block in it: the send goes through a
@@ -94,6 +100,6 @@ def test_blocking_producer_from_many_threads_and_inside_a_loop(one_broker: Clust
 
         ids.append(asyncio.run(inside_a_loop()))
         ids += [r.msg_id for r in p.send_batch("Threads", [b"x", b"y"])]
-    assert len(set(ids)) == 103
+    assert len(set(ids)) == 104
     with pytest.raises(ClientError, match="closed"):
         p.send("Threads", b"after close")

@@ -313,8 +313,9 @@ class _ThreadLoops:
     hop to another thread and back (two wake-ups, 0.1-0.2 ms on a busy machine).  Between
     calls the loop does not run; what arrives meanwhile (a closed connection, a late
     answer) is handled at the next call, and a dead connection fails over as any lost
-    connection does.  A thread that already runs an asyncio loop cannot block inside it:
-    its calls go through one shared loop thread instead.
+    connection does.  The loops of threads that ended are closed when a new thread starts
+    sending (and all of them by :meth:`close`).  A thread that already runs an asyncio
+    loop cannot block inside it: its calls go through one shared loop thread instead.
     """
 
     def __init__(self, make: Callable[[], Producer]) -> None:
@@ -322,6 +323,9 @@ class _ThreadLoops:
         self._local = threading.local()
         self._all: list[tuple[asyncio.AbstractEventLoop, Producer, threading.Lock]] = []
         self._all_lock = threading.Lock()
+        #: the thread each entry of _all belongs to (an ended thread's entry is closed)
+        self._owners: dict[threading.Thread, tuple[asyncio.AbstractEventLoop, Producer,
+                                                   threading.Lock]] = {}
         self._fallback: EventLoopThread | None = None
         self._fallback_producer: Producer | None = None
         self._closed = False
@@ -334,9 +338,25 @@ class _ThreadLoops:
             loop = asyncio.new_event_loop()
             mine = (loop, loop.run_until_complete(self._created()), threading.Lock())
             with self._all_lock:
+                gone = [e for t, e in self._owners.items() if not t.is_alive()]
+                for e in gone:
+                    self._all.remove(e)
+                self._owners = {t: e for t, e in self._owners.items() if t.is_alive()}
                 self._all.append(mine)
+                self._owners[threading.current_thread()] = mine
             self._local.mine = mine
+            for e in gone:  # threads that sent once and ended: free their connections
+                self._close_one(*e)
         return mine
+
+    @staticmethod
+    def _close_one(loop: asyncio.AbstractEventLoop, producer: Producer, lock: threading.Lock,
+                   timeout: float = 10.0) -> None:
+        with lock:
+            try:
+                loop.run_until_complete(asyncio.wait_for(producer.close(), timeout))
+            finally:
+                loop.close()
 
     async def _created(self) -> Producer:
         return self._make()
@@ -382,14 +402,11 @@ class _ThreadLoops:
         self._closed = True
         with self._all_lock:
             owned, self._all = self._all, []
+            self._owners.clear()
             fallback, self._fallback = self._fallback, None
             fallback_producer, self._fallback_producer = self._fallback_producer, None
         for loop, producer, lock in owned:
-            with lock:
-                try:
-                    loop.run_until_complete(asyncio.wait_for(producer.close(), timeout))
-                finally:
-                    loop.close()
+            self._close_one(loop, producer, lock, timeout)
         if fallback is not None:
             try:
                 if fallback_producer is not None:
