@@ -15,7 +15,7 @@ from typing import Any
 
 from peers.base import PeerSystem, wait_until
 
-from rmqha.client import BlockingProducer, Consumer, Message, Producer
+from rmqha.client import BlockingProducer, Consumer, Producer
 from rmqha.codes import RequestCode
 from rmqha.local_cluster import Cluster
 
