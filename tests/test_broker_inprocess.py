@@ -128,3 +128,24 @@ def test_failed_role_switch_is_rolled_back_and_retried(cluster, tmp_path, loop):
     finally:
         blocker.close()
         loop.run(broker.stop(), 30)
+
+
+def test_an_idle_broker_with_1_gib_segments_holds_little_disk(cluster, tmp_path, loop):
+    """Segments are sparse: an idle master (RocketMQ's 1 GiB segments) holds a window of
+    blocks, not its segments, and says so in ha-status and its metrics."""
+    cluster.start_controllers(1)
+    broker = Broker(make_config(cluster, tmp_path, segment_bytes=1 << 30, metrics_port=free_port()))
+    try:
+        loop.run(broker.start(), 30)
+        cluster.wait_for(lambda: broker.role == Role.MASTER, what="the in-process broker to be master")
+        assert broker.commitlog.wait_prefaulted(60)
+        disk = broker.ha_status()["storeDisk"]
+        assert disk["logicalBytes"] >= 1 << 30       # the active segment's full size ...
+        assert disk["allocatedBytes"] < 100 << 20    # ... sparse: only the window is on disk
+        text = urllib.request.urlopen(f"http://127.0.0.1:{broker.metrics_port}/metrics", timeout=5).read().decode()
+        series = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+                  if line.startswith("rmqha_broker_store_")}
+        assert series["rmqha_broker_store_logical_bytes"] >= 1 << 30
+        assert 0 < series["rmqha_broker_store_allocated_bytes"] < 100 << 20
+    finally:
+        loop.run(broker.stop(), 30)

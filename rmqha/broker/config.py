@@ -73,6 +73,9 @@ class BrokerConfig:
     flush: str = field(default="async", metadata=_alias("flushDiskType", "flush_mode"))
     flush_interval_ms: int = field(default=500, metadata=_alias("flushIntervalCommitLog"))
     file_reserved_hours: int = field(default=72, metadata=_alias("fileReservedTime"))
+    #: Segments are sparse: disk blocks are reserved (fallocate) and faulted in this far
+    #: ahead of the writer, so a full disk refuses a write cleanly instead of a SIGBUS.
+    prefault_window_bytes: int = field(default=32 << 20, metadata=_alias("prefaultWindowBytes"))
 
     # --- acks -----------------------------------------------------------------------------
     all_ack_in_sync_state_set: bool = field(default=False, metadata=_alias("allAckInSyncStateSet"))
@@ -158,6 +161,8 @@ class BrokerConfig:
             raise ConfigError("in_sync_replicas and min_in_sync_replicas must be at least 1")
         if self.segment_bytes < 4096:
             raise ConfigError(f"segment_bytes {self.segment_bytes} is below 4096")
+        if self.prefault_window_bytes < 8192:
+            raise ConfigError(f"prefault_window_bytes {self.prefault_window_bytes} is below 8192")
         # The HA knobs are checked together by the HA layer; fail at load, not at election.
         from rmqha.ha.config import HAConfig
 

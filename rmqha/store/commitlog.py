@@ -1,12 +1,19 @@
-"""The commitlog: RocketMQ-format records in preallocated, mmap-ed segment files.
+"""The commitlog: RocketMQ-format records in sparse, mmap-ed segment files.
 
 This module owns the store's files and their lifecycle: segment files named by the 20-digit
 offset of their first byte, the flushed-offset checkpoint, the queue-offset table per
 (topic, queue id), group-committed flushing, recovery of a torn or corrupt tail, and the
-segments' background warm-up (first touch of a page costs 8-16 us on this class of VM, so
-pages are faulted in before appends reach them: the active segment at once, the next one
-once the writer is half-way through the active one).  Record bytes are written by the
-selected twin of :mod:`rmqha._core.records`.
+background warm-up of a window ahead of the writer.
+
+Segments are sparse: a new one is only ``ftruncate``-d to its size, and disk blocks are
+reserved (``posix_fallocate``) a window ahead of the writer, never the whole file, so an
+idle log costs a few MiB of disk, not two segments.  Every byte the writer puts in through
+the mapping lies in reserved blocks: a write through a mapping into a hole of a full
+filesystem is a SIGBUS, while a failed ``fallocate`` is a clean ENOSPC, refused as
+:class:`~rmqha.errors.DiskFullError` before anything is written.  The warm-up thread
+reserves and faults in the window (first touch of a page costs 8-16 us on this class of
+VM) and moves it on as the writer crosses its middle; a writer that overtakes it reserves
+blocks itself.  Record bytes are written by the selected twin of :mod:`rmqha._core.records`.
 
 Replicated bytes (a slave) arrive either as ``append_data`` (validated in the caller's
 buffer, then one ``pwrite``) or straight into the mapping through ``receive_view`` /
@@ -20,6 +27,7 @@ locks; a flusher thread; a warm-up thread.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import heapq
 import itertools
@@ -43,10 +51,12 @@ from types import ModuleType
 
 from rmqha import _core
 from rmqha.failpoints import Failpoint, hit
+from rmqha.store.disk_usage import DiskUsage, directory_usage
 from rmqha.store.scrub import BadRecord, bad_records
 from rmqha.errors import (
     ConfigError,
     CorruptRecordError,
+    DiskFullError,
     InvalidMessageError,
     MessageTooLargeError,
     MissingSegmentError,
@@ -74,6 +84,9 @@ _INT32_MAX = 0x7FFFFFFF
 _FIXED = 91          # record bytes besides body, topic and properties
 _MIN_BLANK = 8       # a segment always keeps room for the blank record's header
 _NEVER = 1 << 62
+_PAGE = mmap.PAGESIZE
+#: Default bytes reserved and faulted in ahead of the writer.
+DEFAULT_PREFAULT_WINDOW = 32 << 20
 
 
 class FlushMode(str, Enum):
@@ -144,6 +157,22 @@ def _check_int(name: str, value: int, lo: int, hi: int) -> None:
         raise InvalidMessageError(f"{name} must be an int in [{lo}, {hi}], got {value!r}")
 
 
+def _page_up(n: int) -> int:
+    return -(-n // _PAGE) * _PAGE
+
+
+def _data_end(seg: _Segment, start: int, stop: int) -> int:
+    """Where the bytes of ``seg[start:stop]`` that may be non-zero end: at the first hole.
+    Past a blank record's header a segment is a hole (it reads as zeros), and zeroing it
+    through the mapping would take blocks, or fault on a full disk.  Filesystems without
+    SEEK_HOLE report none: then everything up to ``stop`` is zeroed."""
+    try:
+        hole = os.lseek(seg.fd, start, os.SEEK_HOLE)
+    except OSError:
+        return stop
+    return min(stop, max(start, hole))
+
+
 def _fsync_dir(directory: str) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -153,9 +182,15 @@ def _fsync_dir(directory: str) -> None:
 
 
 class _Segment:
-    """One preallocated segment file and its shared mapping."""
+    """One sparse segment file and its shared mapping.
 
-    __slots__ = ("base", "path", "fd", "mm", "view")
+    ``allocated``: every block of ``[0, allocated)`` is reserved on disk (fallocate), so
+    writes there through the mapping cannot fault for want of space.  It only grows, and
+    is only ever set to a bound some thread actually reserved (a racing update may leave
+    it lower than the truth, which costs a redundant fallocate, never a hole).
+    """
+
+    __slots__ = ("base", "path", "fd", "mm", "view", "size", "allocated")
 
     def __init__(self, path: str, base: int, size: int, *, create: bool) -> None:
         self.base = base
@@ -175,13 +210,26 @@ class _Segment:
                 if not create:
                     log.warning("segment %s is %d bytes, short of %d: extending with zeros",
                                 path, have, size)
-                os.posix_fallocate(fd, 0, size)
+                os.ftruncate(fd, size)  # sparse: blocks are reserved as the writer nears
             self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
             raise
         self.fd = fd
         self.view = memoryview(self.mm)
+        self.size = size
+        self.allocated = 0
+
+    def allocate(self, upto: int) -> None:
+        """Reserve the blocks of ``[allocated, upto)`` (page-rounded, within the file);
+        OSError (ENOSPC on a full filesystem) when they cannot be."""
+        have = self.allocated
+        upto = min(self.size, _page_up(upto))
+        if upto <= have:
+            return
+        os.posix_fallocate(self.fd, have, upto - have)
+        if upto > self.allocated:
+            self.allocated = upto
 
     def close(self) -> None:
         # Our own view first: mmap.close() raises BufferError while any view is exported.
@@ -192,6 +240,7 @@ class _Segment:
             # A reader still holds a zero-copy view; the mapping goes when that view does.
             log.debug("segment %s still has readers' views; unmapping deferred", self.path)
         os.close(self.fd)
+        self.fd = -1  # the warm-up checks this (under the io lock) before using the fd
 
 
 class CommitLog:
@@ -210,7 +259,8 @@ class CommitLog:
                  clock: Callable[[], int] | None = None, prefault: bool = True,
                  max_message_bytes: int | None = None,
                  checkpoint_interval_ms: int = 1000,
-                 verify_segments_on_open: int = 2) -> None:
+                 verify_segments_on_open: int = 2,
+                 prefault_window_bytes: int = DEFAULT_PREFAULT_WINDOW) -> None:
         if not isinstance(segment_bytes, int) or segment_bytes < 4096:
             raise ConfigError(f"segment_bytes must be an int >= 4096, got {segment_bytes!r}")
         try:
@@ -219,6 +269,9 @@ class CommitLog:
             raise ConfigError(f"flush must be 'async' or 'sync', got {flush!r}") from None
         if flush_interval_ms <= 0:
             raise ConfigError(f"flush_interval_ms must be > 0, got {flush_interval_ms}")
+        if not isinstance(prefault_window_bytes, int) or prefault_window_bytes < 2 * _PAGE:
+            raise ConfigError(f"prefault_window_bytes must be an int >= {2 * _PAGE}, "
+                              f"got {prefault_window_bytes!r}")
         self._codec: ModuleType = (_core.load("records") if implementation is None
                                    else _core.load_twin("records", implementation))
         self.implementation = "python" if self._codec.__name__.endswith("_py") else "cython"
@@ -230,6 +283,7 @@ class CommitLog:
         self._store_host = encode_host(*store_host)
         self._clock = clock or (lambda: time.time_ns() // 1_000_000)
         self._prefault = prefault
+        self._window = _page_up(prefault_window_bytes)
         self._flush_interval = flush_interval_ms / 1000.0
         self._checkpoint_interval = checkpoint_interval_ms / 1000.0
 
@@ -246,6 +300,9 @@ class CommitLog:
         self._listeners: list[Callable[[int], None]] = []
         self._segments: dict[int, _Segment] = {}
         self._active: _Segment | None = None    # segment holding max_offset (writer cache)
+        # A record of ``size`` bytes at the max offset fits the active segment without
+        # reserving blocks iff ``max_offset + size + _MIN_BLANK <= _limit`` (0: ask).
+        self._limit = 0
         self._topics: dict[str | bytes, bytes] = {}
         self._decoded: dict[bytes, object] = {}  # topic and host bytes -> decoded value
         self._warm_ready: dict[int, _Segment] = {}
@@ -254,16 +311,13 @@ class CommitLog:
         self._warm_idle = threading.Event()
         self._warm_idle.set()
         self._warm_pending = 0
-        # After open, truncate and reset the rest of the active segment and all of the
-        # next one are faulted in at once.  Later, the next segment's file is created as
-        # soon as the writer enters a segment, its pages faulted in once the writer is
-        # half-way through: early enough to finish first (a writer that overtakes the
-        # warm-up faults at a fraction of the speed), late enough not to fault in and
-        # zero a segment nobody writes for a long time.  (Keeping a shorter window just
-        # ahead of the writer was measured slower: the warm-up then fell behind a
-        # replica catching up at full speed.)
+        # The warm-up keeps [max offset, max offset + window) reserved and faulted in: when
+        # the writer crosses the window's middle the next half is requested.  A whole
+        # segment ahead (the former design) cost two segments of disk per idle broker;
+        # a writer faster than the warm-up reserves its blocks itself and takes the page
+        # faults (the slave's receive path then uses pwrite: see tail_is_warm).
         self._warm_upto = 0          # global offset up to which warm-up was requested
-        self._warm_next_at = _NEVER  # max offset at which the next segment is warmed
+        self._warm_next_at = _NEVER  # max offset at which the window moves on
         self._queue_offsets: dict[tuple[bytes, int], int] = {}
         self._base_table: dict[tuple[bytes, int], int] = {}
         self._closed = False
@@ -440,7 +494,7 @@ class CommitLog:
             if self._closing:
                 self._check_open()
             seg = self._active
-            if seg is None or self._max_offset + size + _MIN_BLANK > seg.base + self._sb:
+            if seg is None or self._max_offset + size + _MIN_BLANK > self._limit:
                 seg = self._room_for(size)
             offset = self._max_offset
             key = (tb, queue_id)
@@ -493,14 +547,22 @@ class CommitLog:
                 while done < n:
                     seg = self._active_segment()
                     pos = self._max_offset - seg.base
+                    # Records go only where blocks are reserved (the first call also
+                    # checks every body, before anything is written).
                     count, end = codec.write_batch(
-                        seg.mm, pos, limit, tb, items, done, pb, queue_id, flag, q0 + done,
-                        seg.base, sys_flag, born, bh, now, self._store_host, reconsume_times,
-                        prepared_transaction_offset, offsets, self._max_record)
+                        seg.mm, pos, max(pos, min(limit, seg.allocated)), tb, items, done, pb,
+                        queue_id, flag, q0 + done, seg.base, sys_flag, born, bh, now,
+                        self._store_host, reconsume_times, prepared_transaction_offset,
+                        offsets, self._max_record)
                     done += count
                     self._max_offset = self._whole_offset = seg.base + end
                     if done < n:
+                        need = end + overhead + len(items[done])
+                        if need <= limit:
+                            self._allocate(seg, need)  # the window ran out: reserve more
+                            continue
                         # The next record does not fit: pad this segment and roll.
+                        self._allocate(seg, end + codec.MIN_BLANK)
                         codec.write_blank(seg.mm, end, self._sb - end)
                         self._max_offset = self._whole_offset = seg.base + self._sb
             finally:
@@ -603,7 +665,11 @@ class CommitLog:
             raise StoreError(
                 f"a block of {n} bytes at {offset} crosses the segment end {seg_end}")
         seg = self._active_segment()
-        return seg, offset - seg.base
+        pos = offset - seg.base
+        # Reserved before a byte arrives: a receive_view write into a hole of a full disk
+        # would be a SIGBUS, and pwrite's ENOSPC would leave a block to undo.
+        self._allocate(seg, pos + n)
+        return seg, pos
 
     def _commit_block(self, seg: _Segment, pos: int, n: int,
                       data: bytes | bytearray | memoryview | None) -> int:
@@ -672,53 +738,84 @@ class CommitLog:
     # --- segments ------------------------------------------------------------------------
 
     def _room_for(self, size: int) -> _Segment:
-        """The segment the next ``size``-byte record goes to (padding and rolling)."""
+        """The segment the next ``size``-byte record goes to (padding and rolling), with
+        blocks reserved for it; refreshes the append fast path's ``_limit``."""
         seg = self._active_segment()
         pos = self._max_offset - seg.base
         if pos + size + self._codec.MIN_BLANK > self._sb:
+            self._allocate(seg, pos + self._codec.MIN_BLANK)
             self._codec.write_blank(seg.mm, pos, self._sb - pos)
             self._max_offset = self._whole_offset = seg.base + self._sb
             seg = self._active_segment()
+            pos = 0
+        self._allocate(seg, pos + size)
+        self._limit = seg.base + min(self._sb, seg.allocated + _MIN_BLANK)
         return seg
+
+    def _allocate(self, seg: _Segment, upto: int) -> None:
+        """Reserve ``seg``'s blocks up to position ``upto`` before the writer touches them
+        (with the writer's lock).  Normally the warm-up did; a writer that overtook it
+        reserves a window at once, or on a nearly full disk just what it needs.
+        DiskFullError when even that is refused: nothing has been written."""
+        if upto <= seg.allocated:
+            return
+        try:
+            seg.allocate(upto + self._window)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            try:
+                seg.allocate(upto)
+            except OSError as exc2:
+                if exc2.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                raise DiskFullError(
+                    f"commitlog {self._dir}: no disk space for offsets "
+                    f"{seg.base + seg.allocated}..{seg.base + upto} ({exc2.strerror}); the "
+                    f"write is refused and the log ends at {self._max_offset}") from None
 
     def _active_segment(self) -> _Segment:
         base = self.segment_start(self._max_offset)
         seg = self._segments.get(base)
         if seg is not None:
-            self._active = seg
+            if seg is not self._active:
+                self._active = seg
+                self._limit = 0
             return seg
-        if seg is None:
-            with self._warm_lock:
-                seg = self._warm_ready.pop(base, None)
-                if seg is None:
-                    seg = _Segment(self._path(base), base, self._sb, create=True)
-                self._segments[base] = seg
-            if self._warm_upto <= self._max_offset:
-                # The writer got here before its warm-up (a fast writer): fault in the rest.
-                self._request_warm(("range", self._max_offset, base + self._sb))
-                self._warm_upto = base + self._sb
-            # The next file now (cheap), its pages once the writer is half-way here.
-            self._request_warm(("create", base + self._sb))
-            self._warm_next_at = base + self._sb // 2
+        with self._warm_lock:
+            seg = self._warm_ready.pop(base, None)
+            if seg is None:
+                seg = _Segment(self._path(base), base, self._sb, create=True)
+            self._segments[base] = seg
+        if self._warm_upto <= self._max_offset:
+            self._warm_next()  # the writer got here before its warm-up
+        # The next file now (sparse: costs no blocks), so the window can run into it.
+        self._request_warm(("create", base + self._sb))
         self._active = seg
+        self._limit = 0
         return seg
 
+    def _forget_active(self) -> None:
+        self._active = None
+        self._limit = 0
+
     def _warm_all_ahead(self) -> None:
-        """Fault in the rest of the active segment and all of the next one (after open,
-        truncate and reset: the writer may go fast from here)."""
-        upto = self.segment_start(self._max_offset) + 2 * self._sb
-        self._request_warm(("range", self._max_offset, upto))
-        self._warm_upto = upto
-        self._warm_next_at = _NEVER
+        """Warm a fresh window from the max offset (after open, truncate and reset: the
+        writer may go fast from here, and zeroed pages were left write-protected)."""
+        self._warm_upto = self._max_offset
+        self._warm_next()
 
     def _warm_next(self) -> None:
-        """The writer is half-way through its segment: fault in the next one."""
-        self._warm_next_at = _NEVER
-        nxt = self.segment_start(self._max_offset) + self._sb
-        start = max(self._warm_upto, nxt)
-        if start < nxt + self._sb:
-            self._request_warm(("range", start, nxt + self._sb))
-            self._warm_upto = nxt + self._sb
+        """The writer crossed the window's middle: request the window from here on (within
+        the active segment and the next one)."""
+        mx = self._max_offset
+        upto = min(mx + self._window, self.segment_start(mx) + 2 * self._sb)
+        start = max(self._warm_upto, mx)
+        if start < upto:
+            self._request_warm(("range", start, upto))
+            self._warm_upto = upto
+        # Half a window on (less when the next segment's end caps the window).
+        self._warm_next_at = max(upto - self._window // 2, (mx + upto) // 2 + 1)
 
     def _request_warm(self, job: tuple) -> None:
         if not self._prefault:
@@ -744,6 +841,11 @@ class CommitLog:
                         if seg is None:
                             break
                         stop = min(end, base + self._sb)
+                        with self._io_lock:  # segments close (fd -1) under this lock
+                            if seg.fd < 0:
+                                break
+                            seg.allocate(stop - base)
+                        # Only reserved blocks are touched (no SIGBUS on a full disk).
                         self._codec.prefault(seg.mm, start - base, stop - base)
                         start = stop
             except (OSError, ValueError) as exc:
@@ -770,8 +872,20 @@ class CommitLog:
             return seg
 
     def wait_prefaulted(self, timeout: float | None = None) -> bool:
-        """Block until queued warm-up work (the active and next segment) is done."""
+        """Top the window ahead of the writer up to its full size and block until it is
+        reserved and faulted in (False when ``timeout`` ran out first)."""
+        with self._lock:
+            if not self._closing and not self._closed:
+                self._warm_next()
         return self._warm_idle.wait(timeout)
+
+    @property
+    def prefault_window_bytes(self) -> int:
+        return self._window
+
+    def disk_usage(self) -> DiskUsage:
+        """Blocks allocated and logical size of the log's files (segments are sparse)."""
+        return directory_usage(self._dir)
 
     # --- reads ---------------------------------------------------------------------------
 
@@ -1074,7 +1188,7 @@ class CommitLog:
                 fd = os.open(seg.path, os.O_RDWR)
                 try:
                     os.ftruncate(fd, pos)
-                    os.posix_fallocate(fd, 0, self._sb)
+                    os.ftruncate(fd, self._sb)  # a hole again: zeros, no blocks
                     os.fdatasync(fd)
                 finally:
                     os.close(fd)
@@ -1196,10 +1310,11 @@ class CommitLog:
                         else:
                             self._queue_offsets.pop(key, None)
                 if seg is not None:
-                    self._zero(seg, offset - base, min(self._sb, self._max_offset - base))
+                    start = offset - base
+                    self._zero(seg, start, _data_end(seg, start, min(self._sb, self._max_offset - base)))
                     os.fdatasync(seg.fd)
                 removed = False
-                self._active = None
+                self._forget_active()
                 for b in sorted(self._segments):
                     if b > base:
                         self._segments.pop(b).close()
@@ -1254,7 +1369,7 @@ class CommitLog:
                 self._base_table = {}
                 self._queue_offsets = {}
                 self._save_queue_base(offset)
-                self._active = None
+                self._forget_active()
                 victims = [self._segments.pop(b) for b in sorted(self._segments)]
                 # Under the warm-up lock: no job may create a segment of the old or the new
                 # geometry while the files change (a stray file would leave a gap).
@@ -1269,6 +1384,7 @@ class CommitLog:
                 os.fdatasync(seg.fd)
                 self._segments[offset] = seg
                 self._active = seg
+                self._limit = 0
                 _fsync_dir(self._dir)
                 with self._flush_lock:
                     self._flushed_offset = offset
@@ -1307,7 +1423,7 @@ class CommitLog:
             if not victims:
                 return 0
             with self._io_lock:
-                self._active = None
+                self._forget_active()
                 for b in victims:
                     seg = self._segments[b]
                     self._codec.scan(seg.mm, 0, self._sb, b, 1 << 62, self._base_table)
@@ -1350,7 +1466,7 @@ class CommitLog:
                     self._close_files()
 
     def _close_files(self) -> None:
-        self._active = None
+        self._forget_active()
         for seg in self._segments.values():
             seg.close()
         self._segments.clear()
