@@ -168,3 +168,51 @@ def test_a_full_disk_refuses_appends_cleanly_and_loses_nothing(twin, small_fs) -
         assert again.read_message(offset).body == b"after the disk grew"
     finally:
         again.close()
+
+
+def test_truncate_into_a_rolled_segment_leaves_its_blank_tail_a_hole(twin, tmp_path) -> None:
+    """Truncating into a segment padded by a blank record zeroes the dropped records but
+    not the hole past the blank's header: no blocks are taken there (nor, on a full disk,
+    faulted for), and the log written again matches one that never held the dropped tail."""
+    def open_log(name: str) -> CommitLog:
+        return CommitLog(tmp_path / name, segment_bytes=SEG, implementation=twin,
+                         clock=fixed_clock, prefault_window_bytes=WINDOW)
+
+    log, fresh = open_log("cut"), open_log("fresh")
+    try:
+        keep = [log.append("t", bytes([i]) * 5000)[0] for i in range(6)]  # ~30 KiB
+        fresh_keep = [fresh.append("t", bytes([i]) * 5000)[0] for i in range(6)]
+        assert keep == fresh_keep
+        log.append("t", b"x" * 40000)   # does not fit: the first segment gets a blank
+        assert log.max_offset > SEG
+        for i in range(20):
+            log.append("later", bytes([i]) * 3000)
+        log.wait_prefaulted(30)
+        first = log.segment_files()[0]
+        fd = os.open(first, os.O_RDONLY)
+        try:
+            assert os.lseek(fd, keep[-1], os.SEEK_HOLE) < SEG  # the blank's tail: a hole
+            blocks_before = os.fstat(fd).st_blocks
+            cut_at = keep[3]
+            log.truncate(cut_at)
+            assert os.fstat(fd).st_blocks <= blocks_before    # zeroing took no new blocks
+            assert os.lseek(fd, keep[-1], os.SEEK_HOLE) < SEG  # and left the hole alone
+            assert not any(os.pread(fd, SEG - cut_at, cut_at))  # the dropped records are gone
+        finally:
+            os.close(fd)
+        for name, target in (("cut", log), ("fresh", fresh)):
+            if name == "fresh":
+                fresh.truncate(cut_at)
+            for i in range(10):
+                target.append("again", bytes([i + 100]) * 4000)
+    finally:
+        log.close()
+        fresh.close()
+    end = open_log("cut")
+    try:
+        got = messages(end)
+        end_offset = end.max_offset
+    finally:
+        end.close()
+    assert store_bytes(tmp_path / "cut", end_offset) == store_bytes(tmp_path / "fresh", end_offset)
+    assert [m[2][:1] for m in got][-10:] == [bytes([i + 100]) for i in range(10)]
