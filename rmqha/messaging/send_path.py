@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from rmqha.codes import RequestCode, ResponseCode
-from rmqha.errors import ConfigError, ProtocolError, StoreError
+from rmqha.errors import ConfigError, DiskFullError, ProtocolError, StoreError
 from rmqha.messaging.context import (
     MAX_INFLATED_BATCH_BYTES,
     PUT_STATUS_FIELD,
@@ -119,6 +119,10 @@ class SendPath:
         try:
             placed = await self.writer.append_rows(h.topic, queue_id, rows, sys_flag, born_ts,
                                                    born_host)
+        except DiskFullError as exc:
+            # Not the message's fault: RocketMQ answers a full disk with SERVICE_NOT_AVAILABLE,
+            # which clients retry elsewhere.  Rows of a batch stored before it stay stored.
+            raise Refused(ResponseCode.SERVICE_NOT_AVAILABLE, str(exc)) from None
         except StoreError as exc:
             raise Refused(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
         first_offset, _ = placed[0]
