@@ -133,9 +133,20 @@ def small_fs(tmp_path) -> Iterator[Path]:
 
 def test_a_full_disk_refuses_appends_cleanly_and_loses_nothing(twin, small_fs) -> None:
     log = CommitLog(small_fs / "log", segment_bytes=SEG, implementation=twin, clock=fixed_clock,
-                    prefault_window_bytes=16 << 10)
+                    prefault_window_bytes=16 << 10, prefault=False)
     stored: list[tuple[int, bytes]] = []
+    announced: list[int] = []
+    log.add_append_listener(announced.append)
     try:
+        # A batch larger than the disk: what fits is stored and announced, then the error.
+        batch = [bytes([i % 251]) * 1500 for i in range(400)]  # ~600 KiB
+        with pytest.raises(DiskFullError, match="No space left on device"):
+            log.append_batch("t", batch)
+        stored = [(m.physical_offset, m.body) for m in log.iter_messages()]
+        assert 0 < len(stored) < len(batch)
+        assert [body for _, body in stored] == batch[:len(stored)]
+        assert announced[-1] == log.max_offset and log.queue_offset("t") == len(stored)
+        # Singles are refused too (at once, or after the few that still fit).
         with pytest.raises(DiskFullError, match="No space left on device"):
             for i in range(10_000):
                 body = bytes([i % 251]) * 1500
@@ -143,6 +154,7 @@ def test_a_full_disk_refuses_appends_cleanly_and_loses_nothing(twin, small_fs) -
                 stored.append((offset, body))
         assert len(stored) > 20
         end = log.max_offset
+        assert announced[-1] == end
         # Nothing half-written: the end stands, a batch and the slave's paths are refused too.
         with pytest.raises(DiskFullError):
             log.append_batch("t", [b"y" * 1500] * 40)

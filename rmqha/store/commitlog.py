@@ -308,7 +308,9 @@ class CommitLog(ReceivePath):
 
         ``wait_flush`` as for :meth:`append` (sync flush mode: one fsync covers the batch).
 
-        Every body is checked before anything is written; rolling segments as needed.
+        Every body is checked before anything is written; rolling segments as needed.  A
+        full disk part-way raises DiskFullError after the records that fit are stored (and
+        announced to the append listeners, like any other append).
         """
         tb = topic_bytes(self._codec, topic)
         pb = self._codec.encode_properties(properties)
@@ -328,6 +330,7 @@ class CommitLog(ReceivePath):
             now = self._clock()
             born = now if born_timestamp is None else born_timestamp
             done = 0
+            full: DiskFullError | None = None
             try:
                 while done < n:
                     seg = self._active_segment()
@@ -350,12 +353,19 @@ class CommitLog(ReceivePath):
                         self._allocate(seg, end + codec.MIN_BLANK)
                         codec.write_blank(seg.mm, end, self._sb - end)
                         self._max_offset = self._whole_offset = seg.base + self._sb
+            except DiskFullError as exc:
+                if not done:
+                    raise
+                full = exc  # the records before it are stored: announce them first
             finally:
                 if done:
                     self._queue_offsets[key] = q0 + done
             end_offset = self._max_offset
             if end_offset >= self._warm.next_at:
                 self._warm.advance()
+        if full is not None:
+            self._appended(end_offset, False)
+            raise full
         if n:
             self._appended(end_offset, wait_flush)
         return BatchAppendResult(offsets, q0, n, overhead, end_offset)
