@@ -55,6 +55,12 @@ INTERNAL_TOPICS = frozenset({STATE_TOPIC, SCHEDULE_TOPIC, TIMER_TOPIC, HALF_TOPI
                              CHECK_MAX_TOPIC})
 
 
+def _asks_for_delay(props: str | dict[str, str]) -> bool:
+    if isinstance(props, str):
+        return asks_for_delay(props)
+    return any(k == "DELAY" or k.startswith("TIMER_") for k in props)
+
+
 class SendPath:
     """Stores what producers send."""
 
@@ -131,8 +137,8 @@ class SendPath:
                 raise Refused(ResponseCode.MESSAGE_ILLEGAL, f"bad batch body: {exc}") from None
             if not items:
                 raise Refused(ResponseCode.MESSAGE_ILLEGAL, "empty batch")
-            if transaction_type(sys_flag) or any(
-                    asks_for_delay(str(item.properties)) for item in items):
+            if transaction_type(sys_flag) or any(_asks_for_delay(item.properties)
+                                                 for item in items):
                 # As RocketMQ: a batch is neither transactional nor delayed.
                 raise Refused(ResponseCode.MESSAGE_ILLEGAL,
                               "transactional or delayed messages cannot be sent as a batch")
