@@ -132,9 +132,11 @@ class TransactionSupport:
             raise ClientError("set a check listener (set_transaction_check_listener) before "
                               "sending transactional messages: the broker asks it when an "
                               "outcome is unknown")
-        self._topics.add(topic)
-        await self._heartbeat_all()
-        self._start_heartbeats()
+        if topic not in self._topics:
+            # Brokers of a new topic learn of us before a check-back could be needed.
+            self._topics.add(topic)
+            await self._heartbeat_all()
+            self._start_heartbeats()
         props = p._properties(message)
         props[Prop.TRANSACTION_PREPARED] = "true"
         props[Prop.PRODUCER_GROUP] = p.group
