@@ -340,6 +340,15 @@ class BlockingProducer:
                    queue_id: int | None = None) -> list[SendResult]:
         return self._loop.run(self._producer.send_batch(topic, messages, queue_id=queue_id))
 
+    def send_transaction(self, topic: str, message: Message | bytes | str,
+                         local_transaction: LocalTransaction, arg: Any = None, *,
+                         queue_id: int | None = None) -> TransactionSendResult:
+        return self._loop.run(self._producer.send_transaction(
+            topic, message, local_transaction, arg, queue_id=queue_id))
+
+    def set_transaction_check_listener(self, check: CheckListener) -> None:
+        self._producer.set_transaction_check_listener(check)
+
     def close(self) -> None:
         try:
             self._loop.run(self._producer.close(), timeout=10)
