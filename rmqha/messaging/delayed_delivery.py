@@ -288,6 +288,10 @@ class DelayedDelivery:
                 e = heapq.heappop(self._timers)
                 if timer.delivered(e.queue_offset) or e.queue_offset in done:
                     continue
+                if e.commit_offset < self.ctx.log.min_offset:
+                    log.error("timer message at %d was deleted by retention before it was "
+                              "due", e.commit_offset)
+                    continue
                 try:
                     await self._deliver(e.commit_offset, e.size)
                 except (RmqhaError, OSError):

@@ -327,6 +327,14 @@ class Transactions:
             if p.transaction_id in self._in_flight or self._by_txn.get(
                     p.transaction_id) != p.queue_offset:
                 continue
+            if p.commit_offset < self.ctx.log.min_offset:
+                # Retention deleted it (older than file_reserved_hours): RocketMQ skips
+                # such half messages too.
+                log.warning("half message %s of %s is below the log's start: forgotten",
+                            p.transaction_id, p.group)
+                del self.pending[p.queue_offset]
+                del self._by_txn[p.transaction_id]
+                continue
             immunity = p.immunity_ms if p.immunity_ms is not None else cfg.transaction_timeout_ms
             if now_ms - p.born_ms < immunity:
                 continue
