@@ -181,9 +181,11 @@ class Producer:
         return await self._transactions().send(topic, _as_message(message), local_transaction,
                                                arg, queue_id)
 
-    def set_transaction_check_listener(self, check: CheckListener) -> None:
-        """``check(message) -> LocalTransactionState`` answers the broker's check-backs."""
-        self._transactions().set_check_listener(check)
+    def set_transaction_check_listener(self, check: CheckListener, *,
+                                       topics: Sequence[str] = ()) -> None:
+        """``check(message) -> LocalTransactionState`` answers the broker's check-backs;
+        ``topics`` start heartbeats to their brokers now (call it from the event loop)."""
+        self._transactions().set_check_listener(check, topics)
 
     def _transactions(self) -> TransactionSupport:
         if self._txn is None:
@@ -346,8 +348,12 @@ class BlockingProducer:
         return self._loop.run(self._producer.send_transaction(
             topic, message, local_transaction, arg, queue_id=queue_id))
 
-    def set_transaction_check_listener(self, check: CheckListener) -> None:
-        self._producer.set_transaction_check_listener(check)
+    def set_transaction_check_listener(self, check: CheckListener, *,
+                                       topics: Sequence[str] = ()) -> None:
+        async def register() -> None:
+            self._producer.set_transaction_check_listener(check, topics=topics)
+
+        self._loop.run(register())
 
     def close(self) -> None:
         try:

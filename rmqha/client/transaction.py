@@ -16,7 +16,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Union
@@ -113,8 +113,17 @@ class TransactionSupport:
         self._task: asyncio.Task[None] | None = None
         producer.session.on_check_transaction = self._on_check
 
-    def set_check_listener(self, listener: CheckListener) -> None:
+    def set_check_listener(self, listener: CheckListener, topics: Iterable[str] = ()) -> None:
+        """Register the listener; with ``topics``, start heartbeating their brokers now (a
+        restarted producer answers check-backs of transactions it began before)."""
         self.check_listener = listener
+        new = set(topics) - self._topics
+        if new:
+            self._topics |= new
+            if self._task is not None:
+                self._task.cancel()
+                self._task = None
+            self._start_heartbeats()
 
     async def close(self) -> None:
         if self._task is not None:
@@ -136,7 +145,8 @@ class TransactionSupport:
             # Brokers of a new topic learn of us before a check-back could be needed.
             self._topics.add(topic)
             await self._heartbeat_all()
-            self._start_heartbeats()
+            if self._task is None:
+                self._start_heartbeats()
         props = p._properties(message)
         props[Prop.TRANSACTION_PREPARED] = "true"
         props[Prop.PRODUCER_GROUP] = p.group
@@ -227,8 +237,8 @@ class TransactionSupport:
 
     async def _heartbeat_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.heartbeat_interval_s)
             await self._heartbeat_all()
+            await asyncio.sleep(self.heartbeat_interval_s)
 
     async def _heartbeat_all(self) -> None:
         """Tell every broker of our topics (slaves too: one may be master tomorrow) that
