@@ -84,15 +84,17 @@ def test_delay_level_and_timer_are_delivered_when_due_not_before(tmp_path: Path)
                 assert m.properties[Prop.REAL_TOPIC] == "later"
             assert by_body[b"level-2"].tags == "L"
             assert by_body[b"level-2"].msg_id == lvl.msg_id
-            assert by_body[b"now"].store_timestamp < started + 400
 
     run(main())
 
 
 def test_nothing_is_lost_across_a_restart(tmp_path: Path) -> None:
+    # The last level and the timers fall due well after the restart, even on a busy machine.
+    cfg = {**SHORT, "message_delay_level": "300ms 600ms 3s"}
+
     async def main() -> None:
         async with Env(tmp_path) as env:
-            b = await env.broker(**SHORT)
+            b = await env.broker(**cfg)
             await create_topic(b.address, "durable", 1)
             async with Producer(env.namesrv) as p:
                 first = [await p.send("durable", b"early-%d" % i, delay_level=1)
@@ -100,13 +102,13 @@ def test_nothing_is_lost_across_a_restart(tmp_path: Path) -> None:
                 t0 = int(time.time() * 1000)
                 rest = [await p.send("durable", b"late-%d" % i, delay_level=3)
                         for i in range(5)]
-                rest += [await p.send("durable", b"timer-%d" % i, deliver_at=t0 + 1200 + i)
+                rest += [await p.send("durable", b"timer-%d" % i, deliver_at=t0 + 3000 + i)
                          for i in range(5)]
             # The early ones are delivered, the late ones not yet: stop the broker now.
             await wait_for(lambda: b.svc.delayed.delivered >= 5, 10, "the early deliveries")
             assert b.svc.delayed.delivered < 15
             await b.stop()
-            again = LocalBroker(tmp_path, "broker-a", env.namesrv, **SHORT)
+            again = LocalBroker(tmp_path, "broker-a", env.namesrv, **cfg)
             again.port, again.address, again.store = b.port, b.address, b.store
             env.brokers.append(again)
             await again.start()
@@ -117,7 +119,7 @@ def test_nothing_is_lost_across_a_restart(tmp_path: Path) -> None:
             assert want <= {m.msg_id for m in got}
             for m in got:
                 if m.body.startswith(b"timer"):
-                    assert m.store_timestamp >= t0 + 1200
+                    assert m.store_timestamp >= t0 + 3000
 
     run(main())
 

@@ -32,7 +32,7 @@ def cluster(tmp_path: Path):
 
 def test_commit_and_delays_survive_master_sigkill_and_new_master_checks_back(
         cluster: Cluster) -> None:
-    cfg = {**ALL_ACK, "transaction_timeout_ms": 4000, "transaction_check_interval_ms": 500,
+    cfg = {**ALL_ACK, "transaction_timeout_ms": 8000, "transaction_check_interval_ms": 500,
            "message_delay_level": "2s 3s", "timer_precision_ms": 100}
     cluster.start_controllers(1)
     cluster.start_namesrv()
