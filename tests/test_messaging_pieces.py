@@ -27,7 +27,7 @@ from rmqha.messaging.state import STATE_TOPIC, BrokerState, TimerProgress
 from rmqha.messaging.state_replication import StateReplication
 from rmqha.messaging.topic_admin import TopicAdmin
 from rmqha.messaging.topics import TopicTable
-from rmqha.messaging.transactions import HALF_TOPIC, OP_TOPIC, Outcome, Transactions
+from rmqha.messaging.transactions import COMMITTED_MARK, HALF_TOPIC, OP_TOPIC, Outcome, Transactions
 from rmqha.store import CommitLog
 
 
@@ -38,7 +38,8 @@ class Pieces:
         self.ctx = MessagingContext(
             log=self.log, config=MessagingConfig(**cfg), broker_name="b", broker_id=0,
             replication=None, dir=tmp, topics=topics, state=BrokerState(topics),
-            index=ConsumeQueueIndex([STATE_TOPIC, HALF_TOPIC, OP_TOPIC, TIMER_TOPIC]),
+            index=ConsumeQueueIndex([STATE_TOPIC, HALF_TOPIC, OP_TOPIC, TIMER_TOPIC],
+                                    COMMITTED_MARK.encode()),
             clients=ClientRegistry(), locks=QueueLocks(), role="master")
         self.state_log = StateReplication(self.ctx)
         self.writer = LogWriter(self.ctx, self.confirmed)
@@ -52,7 +53,8 @@ class Pieces:
                       OP_TOPIC: self.txn.on_op_record, TIMER_TOPIC: self.delayed.on_timer_record}
 
     def confirmed(self, offset: int) -> None:
-        self.ctx.index.advance(self.log, offset, lambda r: self.watch[r.topic](r))
+        self.ctx.index.advance(
+            self.log, offset, lambda r: self.watch.get(r.topic, self.txn.on_committed_record)(r))
 
 
 @pytest.fixture
@@ -155,5 +157,35 @@ def test_transactions_fold_half_and_op_records(pieces: Pieces) -> None:
         assert q is not None and q.max_offset == 1
         pieces.txn.reload()  # the same fold from the index alone
         assert not pieces.txn.pending and pieces.txn.outcome("U1") is Outcome.COMMIT
+
+    asyncio.run(main())
+
+
+def test_commit_without_its_op_record_still_closes_the_transaction(pieces: Pieces) -> None:
+    """A crash between the committed message and the op record: whoever folds the log
+    (a new master) sees the commit and never commits it a second time."""
+    async def main() -> None:
+        props = {Prop.UNIQ_KEY: "U2"}
+        topic, qid, flag = Transactions.transform_half("t", 0, props, 0x4, "PG")
+        placed = await pieces.writer.append_rows(topic, qid, [(b"h", props, 0, 0)], flag,
+                                                 0, ("1.2.3.4", 5))
+        await pieces.writer.await_durable(placed[0][0] + placed[0][1])
+        real_append = pieces.writer.append_rows
+
+        async def crash_before_op(topic: str, *args: Any) -> Any:
+            if topic == OP_TOPIC:
+                raise OSError("crashed before the op record")
+            return await real_append(topic, *args)
+
+        pieces.writer.append_rows = crash_before_op  # type: ignore[method-assign]
+        with pytest.raises(OSError):
+            await pieces.txn.end("PG", placed[0][0], Outcome.COMMIT)
+        pieces.writer.append_rows = real_append  # type: ignore[method-assign]
+        assert pieces.txn.pending  # the op record never came
+        pieces.confirmed(pieces.log.max_offset)
+        assert not pieces.txn.pending and pieces.txn.outcome("U2") is Outcome.COMMIT
+        code, _ = await pieces.txn.end("PG", placed[0][0], Outcome.COMMIT)
+        assert code == ResponseCode.SUCCESS
+        assert pieces.ctx.index.queue("t", 0).max_offset == 1  # committed once
 
     asyncio.run(main())

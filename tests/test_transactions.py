@@ -205,5 +205,12 @@ def test_bad_transactional_sends_are_refused(tmp_path: Path) -> None:
                         "commitOrRollback": 8, "fromTransactionCheck": "false"}))
                 assert resp.code == ResponseCode.SYSTEM_ERROR
                 assert "prepared transaction message" in resp.remark
+            # Only the broker marks a message as a committed transaction's.
+            async with Producer(env.namesrv) as p:
+                sent = await p.send("t", Message(b"m", properties={
+                    Prop.TRANSACTION_PREPARED_QUEUE_OFFSET: "0"}))
+            got = await consume(env.namesrv, "CG_MARK", "t", 1, timeout=10)
+            assert [m.msg_id for m in got] == [sent.msg_id]
+            assert Prop.TRANSACTION_PREPARED_QUEUE_OFFSET not in got[0].properties
 
     run(main())

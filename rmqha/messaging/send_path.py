@@ -42,6 +42,7 @@ from rmqha.messaging.topic_admin import TopicAdmin
 from rmqha.messaging.topics import PERM_WRITE, validate_topic_name
 from rmqha.messaging.transactions import (
     CHECK_MAX_TOPIC,
+    COMMITTED_MARK,
     HALF_TOPIC,
     OP_TOPIC,
     Transactions,
@@ -59,6 +60,17 @@ def _asks_for_delay(props: str | dict[str, str]) -> bool:
     if isinstance(props, str):
         return asks_for_delay(props)
     return any(k == "DELAY" or k.startswith("TIMER_") for k in props)
+
+
+def _without_mark(props: str | dict[str, str]) -> str | dict[str, str]:
+    """Properties without COMMITTED_MARK, which only the broker sets."""
+    if isinstance(props, str):
+        if COMMITTED_MARK not in props:
+            return props
+        props = decode_properties(props)
+    elif COMMITTED_MARK not in props:
+        return props
+    return {k: v for k, v in props.items() if k != COMMITTED_MARK}
 
 
 class SendPath:
@@ -143,12 +155,12 @@ class SendPath:
                 raise Refused(ResponseCode.MESSAGE_ILLEGAL,
                               "transactional or delayed messages cannot be sent as a batch")
             rows: list[tuple[bytes, str | dict[str, str], int, int]] = [
-                (item.body, item.properties, item.flag, 0) for item in items]
+                (item.body, _without_mark(item.properties), item.flag, 0) for item in items]
             topic = h.topic
         else:
             sys_flag = h.sys_flag
             topic, props = h.topic, h.properties
-            if transaction_type(sys_flag) or asks_for_delay(props):
+            if transaction_type(sys_flag) or asks_for_delay(props) or COMMITTED_MARK in props:
                 topic, queue_id, sys_flag, props = self._divert(h, queue_id)
             rows = [(cmd.body, props, h.flag, h.reconsume_times)]
         try:
@@ -179,6 +191,8 @@ class SendPath:
     def _divert(self, h: SendHeader, queue_id: int) -> tuple[str, int, int, str | dict[str, str]]:
         """Where a transactional or delayed send is stored instead of its topic."""
         props = decode_properties(h.properties)
+        # Only the broker marks a message as a committed transaction's.
+        props.pop(COMMITTED_MARK, None)
         kind = transaction_type(h.sys_flag)
         if kind == SysFlag.TRANSACTION_PREPARED:
             topic, qid, sys_flag = self.transactions.transform_half(

@@ -55,7 +55,7 @@ from rmqha.messaging.state import STATE_TOPIC, BrokerState
 from rmqha.messaging.state_replication import StateReplication
 from rmqha.messaging.topic_admin import TopicAdmin, seed_default_topic
 from rmqha.messaging.topics import TopicTable
-from rmqha.messaging.transactions import HALF_TOPIC, OP_TOPIC, Transactions
+from rmqha.messaging.transactions import COMMITTED_MARK, HALF_TOPIC, OP_TOPIC, Transactions
 
 __all__ = [
     "MASTER_ADDRESS_FIELD", "MAX_INFLATED_BATCH_BYTES", "MAX_RECONSUME_TIMES",
@@ -91,7 +91,8 @@ class MessageService:
             log=commitlog, config=cfg, broker_name=broker_name, broker_id=broker_id,
             replication=replication, dir=directory, topics=topics,
             state=BrokerState(topics),
-            index=ConsumeQueueIndex([STATE_TOPIC, HALF_TOPIC, OP_TOPIC, TIMER_TOPIC]),
+            index=ConsumeQueueIndex([STATE_TOPIC, HALF_TOPIC, OP_TOPIC, TIMER_TOPIC],
+                                    COMMITTED_MARK.encode()),
             clients=ClientRegistry(cfg.client_expire_s, self._group_changed),
             locks=QueueLocks(),
             metrics=MessagingMetrics(metrics) if metrics is not None else None,
@@ -233,13 +234,14 @@ class MessageService:
             task.cancel()
 
     def _on_watched(self, rec: ScannedRecord) -> None:
-        self._watchers[rec.topic](rec)
+        # Records of other topics are here for their COMMITTED_MARK property.
+        self._watchers.get(rec.topic, self.transactions.on_committed_record)(rec)
 
     def _on_watched_rebuild(self, rec: ScannedRecord) -> None:
         if rec.topic == STATE_TOPIC:
             self._state_log.on_record_rebuild(rec)
         else:
-            self._watchers[rec.topic](rec)
+            self._on_watched(rec)
 
     def _group_changed(self, group: str) -> None:
         # The registry is built before the piece that answers for it (heartbeats come later).

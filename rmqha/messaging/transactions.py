@@ -17,7 +17,8 @@ producer of its group (known from heartbeats), which answers with END_TRANSACTIO
 Everything is in the replicated log, and every replica folds the half and op records into
 the pending set as its index passes them (only confirmed records), so a new master knows
 every open transaction at once and a commit acknowledged before a failover is visible
-after it exactly once.
+after it exactly once.  A committed message carries ``TRAN_PREPARED_QUEUE_OFFSET`` and is
+folded too, so a commit whose op record was lost in a crash is not committed again.
 """
 from __future__ import annotations
 
@@ -51,6 +52,10 @@ CHECK_MAX_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
 REMOVE_TAG = "d"
 #: Op-record property naming how the transaction ended (rmqha's; RocketMQ keeps no outcome).
 END_PROPERTY = "RMQHA_TRAN_END"
+#: The property a committed message carries (the half's queue offset): the index hands
+#: such records to :meth:`Transactions.on_committed_record`, so a commit whose op record
+#: was lost in a crash still closes its transaction.
+COMMITTED_MARK = Prop.TRANSACTION_PREPARED_QUEUE_OFFSET
 #: Outcomes remembered per transaction id, so a repeated END_TRANSACTION is answered
 #: without writing twice.
 _RESOLVED_KEPT = 100_000
@@ -146,6 +151,32 @@ class Transactions:
             check_times, immunity_ms)
         self._by_txn[txn] = rec.queue_offset
 
+    def on_committed_record(self, rec: ScannedRecord) -> None:
+        """A committed message reached the index: its transaction is closed even if the op
+        record after it never made it (a crash between the two writes)."""
+        try:
+            msg, _ = decode_record(self.ctx.log.read(rec.commit_offset, rec.size), inflate=False)
+            half_offset = int(msg.properties.get(COMMITTED_MARK, ""))
+        except (ProtocolError, StoreError, ValueError):
+            return
+        if transaction_type(msg.sys_flag) != SysFlag.TRANSACTION_COMMIT:
+            return
+        p = self.pending.get(half_offset)
+        txn = msg.properties.get(Prop.TRANSACTION_ID) or msg.properties.get(Prop.UNIQ_KEY)
+        if p is None or p.transaction_id != txn:
+            return
+        self._close(half_offset, Outcome.COMMIT)
+
+    def _close(self, half_offset: int, outcome: Outcome) -> None:
+        p = self.pending.pop(half_offset, None)
+        if p is None:
+            return
+        if self._by_txn.get(p.transaction_id) == half_offset:
+            del self._by_txn[p.transaction_id]
+        self._resolved[p.transaction_id] = outcome
+        while len(self._resolved) > _RESOLVED_KEPT:
+            self._resolved.popitem(last=False)
+
     def on_op_record(self, rec: ScannedRecord) -> None:
         try:
             msg, _ = decode_record(self.ctx.log.read(rec.commit_offset, rec.size), inflate=False)
@@ -163,14 +194,7 @@ class Transactions:
                 half_offset = int(part)
             except ValueError:
                 continue
-            p = self.pending.pop(half_offset, None)
-            if p is None:
-                continue
-            if self._by_txn.get(p.transaction_id) == half_offset:
-                del self._by_txn[p.transaction_id]
-            self._resolved[p.transaction_id] = outcome
-            while len(self._resolved) > _RESOLVED_KEPT:
-                self._resolved.popitem(last=False)
+            self._close(half_offset, outcome)
 
     def reload(self) -> None:
         """Fold the half and op queues again (after a truncation)."""
