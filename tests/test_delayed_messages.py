@@ -66,6 +66,8 @@ def test_delay_level_and_timer_are_delivered_when_due_not_before(tmp_path: Path)
                 # A level above the last is the last level (RocketMQ clamps it).
                 top = await p.send("later", b"top", delay_level=99)
             assert all(r.ok for r in (lvl, at, ms, sec, now, top))
+            # The answer names the queue sent to (the topic has one), not the level's queue.
+            assert {r.queue.queue_id for r in (lvl, at, top)} == {0}
             assert b.svc.index.queue(SCHEDULE_TOPIC, 1).max_offset == 1
             assert b.svc.index.queue(SCHEDULE_TOPIC, 2).max_offset == 1
             assert b.svc.index.queue(TIMER_TOPIC, 0).max_offset == 3

@@ -131,6 +131,9 @@ class SendPath:
         if queue_id < 0:
             queue_id = random.randrange(cfg.write_queue_nums)
         queue_id %= cfg.write_queue_nums
+        # A diverted message (half, delayed) answers with the queue it was sent to and the
+        # offset it got where it is held, as RocketMQ (the transaction's state table offset).
+        reply_queue_id = queue_id
         born_host = ctx.born_host(conn)
         born_ts = h.born_timestamp or int(time.time() * 1000)
         if batch:
@@ -177,7 +180,7 @@ class SendPath:
         code, status = await self.writer.await_durable(last_offset + last_size)
         prefix = self._msg_id_prefix
         ids = ",".join(prefix + _QOFF.pack(off).hex().upper() for off, _ in placed)
-        ext = {"msgId": ids, "queueId": queue_id, "queueOffset": queue_offset,
+        ext = {"msgId": ids, "queueId": reply_queue_id, "queueOffset": queue_offset,
                PUT_STATUS_FIELD: status, "commitLogOffset": first_offset}
         if code == ResponseCode.SUCCESS:
             remark = None
