@@ -124,6 +124,11 @@ def test_unknown_outcome_is_checked_back_and_committed(tmp_path: Path) -> None:
             assert b.svc.transactions.outcome(no.msg_id) is Outcome.ROLLBACK
             got = await consume(env.namesrv, "CG_CHECK", "txc", 1, timeout=10)
             assert [m.body for m in got] == [b"later-yes"]
+            reg = b.metrics.registry
+            assert reg.get_sample_value("rmqha_messaging_transaction_checks_total") == 2
+            assert reg.get_sample_value("rmqha_messaging_transactions_ended_total",
+                                        {"outcome": "commit"}) == 1
+            assert reg.get_sample_value("rmqha_messaging_pending_half_messages") == 0
 
     run(main())
 

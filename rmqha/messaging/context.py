@@ -126,6 +126,17 @@ class MessagingMetrics:
         self.send_latency = registry.histogram(
             "rmqha_messaging_send_latency_seconds", "Send request to answer, by put status",
             ("status",))
+        self.transactions_ended = registry.counter(
+            "rmqha_messaging_transactions_ended", "Transactions closed, by outcome",
+            ("outcome",))
+        self.transaction_checks = registry.counter(
+            "rmqha_messaging_transaction_checks", "CHECK_TRANSACTION_STATE sent to producers")
+        self.pending_half_messages = registry.gauge(
+            "rmqha_messaging_pending_half_messages", "Open transactions (half messages)")
+        self.delayed_delivered = registry.counter(
+            "rmqha_messaging_delayed_delivered", "Delayed and timer messages delivered")
+        self.pending_timer_messages = registry.gauge(
+            "rmqha_messaging_pending_timer_messages", "Timer messages not yet delivered")
 
 
 @dataclass

@@ -337,6 +337,8 @@ class DelayedDelivery:
             msg.sys_flag, msg.born_timestamp, born_host)
         self._written_end = max(self._written_end, placed[-1][0] + placed[-1][1])
         self.delivered += 1
+        if ctx.metrics is not None:
+            ctx.metrics.delayed_delivered.inc()
 
 
 def _properties_of(raw: memoryview | bytes) -> bytes:

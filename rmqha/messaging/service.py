@@ -119,6 +119,9 @@ class MessageService:
             OP_TOPIC: self.transactions.on_op_record,
             TIMER_TOPIC: self.delayed.on_timer_record,
         }
+        if ctx.metrics is not None:
+            ctx.metrics.pending_half_messages.set_function(lambda: len(self.transactions.pending))
+            ctx.metrics.pending_timer_messages.set_function(self.delayed.pending_timers)
         self._state_log.rebuild(initial=True, on_watched=self._on_watched_rebuild)
 
     # --- what the broker and tests read ---------------------------------------------------

@@ -311,6 +311,8 @@ class Transactions:
             0, int(self.clock() * 1000), ("127.0.0.1", 0))
         end = max(end, placed[-1][0] + placed[-1][1])
         code, status = await self.writer.await_durable(end)
+        if ctx.metrics is not None:
+            ctx.metrics.transactions_ended.labels(outcome.value).inc()
         return code, None if code == ResponseCode.SUCCESS else status
 
     # --- the master's check-backs ------------------------------------------------------------
@@ -411,6 +413,8 @@ class Transactions:
         try:
             await conn.send(req)
             self.checks_sent += 1
+            if ctx.metrics is not None:
+                ctx.metrics.transaction_checks.inc()
         except RmqhaError as exc:
             log.info("check-back of %s to %s failed: %s", p.transaction_id,
                      getattr(conn, "name", "?"), exc)
