@@ -1,6 +1,7 @@
 """The producer's per-message path against a real broker: batches travel uncompressed by
 default (RocketMQ's clients never compress a batch), ``compress_batches`` still works, and
-BlockingProducer sends from several threads at once and from inside a running loop."""
+BlockingProducer sends from several threads at once and from inside a running loop, and
+answers transaction check-backs while its caller does nothing."""
 from __future__ import annotations
 
 import asyncio
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from cluster import Cluster
-from rmqha.client import BlockingConsumer, BlockingProducer, Producer
+from rmqha.client import BlockingConsumer, BlockingProducer, LocalTransactionState, Producer
 from rmqha.codes import RequestCode
 from rmqha.errors import ClientError
 from rmqha.messaging.message import SysFlag
@@ -21,7 +22,8 @@ def one_broker(tmp_path_factory: pytest.TempPathFactory):
     with Cluster(tmp_path_factory.mktemp("producer-paths")) as c:
         c.start_controllers(1)
         c.start_namesrv()
-        c.start_group("broker-a", 1)
+        # Quick transaction check-backs for the BlockingProducer transaction test.
+        c.start_group("broker-a", 1, transaction_timeout_ms=300, transaction_check_interval_ms=300)
         c.wait_for(lambda: c.route("TBW102") is not None, what="TBW102 route")
         yield c
 
@@ -103,3 +105,30 @@ def test_blocking_producer_from_many_threads_and_inside_a_loop(one_broker: Clust
     assert len(set(ids)) == 104
     with pytest.raises(ClientError, match="closed"):
         p.send("Threads", b"after close")
+
+
+def test_blocking_producer_answers_check_backs_between_calls(one_broker: Cluster) -> None:
+    """A transaction left UNKNOW is settled by the broker's check-back, which must be
+    answered while the application sends nothing (the per-thread loops do not run then:
+    transactions go through the producer's own loop thread)."""
+    checked: list[bytes] = []
+
+    def check(msg: Any) -> LocalTransactionState:
+        checked.append(msg.body)
+        return LocalTransactionState.COMMIT_MESSAGE
+
+    with BlockingProducer(one_broker.namesrv_addresses, "PG_BLOCKING_TXN") as p:
+        assert p.send("TxnBlocking", b"plain").ok  # a per-thread send first
+        p.set_transaction_check_listener(check)
+        r = p.send_transaction("TxnBlocking", b"decided later",
+                               lambda m, a: LocalTransactionState.UNKNOW)
+        assert r.state is LocalTransactionState.UNKNOW
+        one_broker.wait_for(lambda: checked, 30, what="the check-back")
+        assert p.send("TxnBlocking", b"after").ok
+    with BlockingConsumer(one_broker.namesrv_addresses, "txn-readers", "TxnBlocking") as c:
+        got: list[bytes] = []
+        deadline = 60
+        while len(got) < 3 and deadline > 0:
+            got += [m.body for m in c.poll(timeout=1.0)]
+            deadline -= 1
+    assert sorted(got) == [b"after", b"decided later", b"plain"]

@@ -26,6 +26,13 @@ from typing import Any
 
 from rmqha.client.model import Message, MessageQueue, SendResult, SendStatus
 from rmqha.client.route import ClientSession, QueueData, TopicRoute
+from rmqha.client.transaction import (
+    CheckListener,
+    LocalTransaction,
+    TransactionSendResult,
+    TransactionSupport,
+    delay_properties,
+)
 from rmqha.codes import RequestCode, ResponseCode
 from rmqha.errors import (
     ClientError,
@@ -113,11 +120,14 @@ class Producer:
         self._counter = 0
         #: topic -> (the TBW102 route it was derived from, the derived route)
         self._fallback_routes: dict[str, tuple[TopicRoute, TopicRoute]] = {}
+        self._txn: TransactionSupport | None = None
 
     async def start(self) -> Producer:
         return self
 
     async def close(self) -> None:
+        if self._txn is not None:
+            await self._txn.close()
         await self.session.close()
 
     async def __aenter__(self) -> Producer:
@@ -129,10 +139,16 @@ class Producer:
     # --- public API ---------------------------------------------------------------------
 
     async def send(self, topic: str, message: Message | bytes | str, *,
-                   queue_id: int | None = None) -> SendResult:
-        """Send one message; returns its result or raises SendError after the retries."""
+                   queue_id: int | None = None, delay_level: int | None = None,
+                   deliver_at: int | None = None) -> SendResult:
+        """Send one message; returns its result or raises SendError after the retries.
+
+        ``delay_level`` (1..N of the broker's ``message_delay_level``) or ``deliver_at``
+        (epoch ms) hold the message back until then."""
         msg = _as_message(message)
         props = self._properties(msg)
+        if delay_level is not None or deliver_at is not None:
+            delay_properties(props, delay_level, deliver_at)
         body, sys_flag = msg.body, 0
         if self.compress_over_bytes >= 0 and len(body) > self.compress_over_bytes:
             body, sys_flag = compress(body, self.compression)
@@ -167,6 +183,25 @@ class Producer:
         if chunk:
             results += await self._send_chunk(topic, chunk, queue_id)
         return results
+
+    async def send_transaction(self, topic: str, message: Message | bytes | str,
+                               local_transaction: LocalTransaction, arg: Any = None, *,
+                               queue_id: int | None = None) -> TransactionSendResult:
+        """Send a prepared message, run ``local_transaction(message, arg)`` and commit or
+        roll back by what it returns (see :mod:`rmqha.client.transaction`)."""
+        return await self._transactions().send(topic, _as_message(message), local_transaction,
+                                               arg, queue_id)
+
+    def set_transaction_check_listener(self, check: CheckListener, *,
+                                       topics: Sequence[str] = ()) -> None:
+        """``check(message) -> LocalTransactionState`` answers the broker's check-backs;
+        ``topics`` start heartbeats to their brokers now (call it from the event loop)."""
+        self._transactions().set_check_listener(check, topics)
+
+    def _transactions(self) -> TransactionSupport:
+        if self._txn is None:
+            self._txn = TransactionSupport(self)
+        return self._txn
 
     # --- internals ----------------------------------------------------------------------
 
@@ -315,7 +350,8 @@ class _ThreadLoops:
     answer) is handled at the next call, and a dead connection fails over as any lost
     connection does.  The loops of threads that ended are closed when a new thread starts
     sending (and all of them by :meth:`close`).  A thread that already runs an asyncio
-    loop cannot block inside it: its calls go through one shared loop thread instead.
+    loop cannot block inside it, and transactions need a loop that always runs: those
+    calls (all calls, once a transaction was used) go through one shared loop thread.
     """
 
     def __init__(self, make: Callable[[], Producer]) -> None:
@@ -328,6 +364,7 @@ class _ThreadLoops:
                                                    threading.Lock]] = {}
         self._fallback: EventLoopThread | None = None
         self._fallback_producer: Producer | None = None
+        self._pinned = False
         self._closed = False
 
     def _own(self) -> tuple[asyncio.AbstractEventLoop, Producer, threading.Lock]:
@@ -370,6 +407,8 @@ class _ThreadLoops:
         return True
 
     def _shared(self) -> tuple[EventLoopThread, Producer]:
+        if self._closed:
+            raise ClientError("producer is closed")
         with self._all_lock:
             if self._fallback is None:
                 self._fallback = EventLoopThread("rmqha-producer")
@@ -377,10 +416,17 @@ class _ThreadLoops:
         assert self._fallback_producer is not None
         return self._fallback, self._fallback_producer
 
+    def pin_shared(self) -> None:
+        """From now on every call goes through the shared loop thread: transactions need a
+        loop that always runs (heartbeats, the broker's check-backs between calls)."""
+        self._shared()
+        self._pinned = True
+
     @property
     def producer(self) -> Producer:
-        """This thread's Producer (the shared one in a thread that runs a loop)."""
-        if self._in_async_thread():
+        """This thread's Producer (the shared one in a thread that runs a loop, or once
+        pinned)."""
+        if self._pinned or self._in_async_thread():
             return self._shared()[1]
         return self._own()[1]
 
@@ -390,7 +436,7 @@ class _ThreadLoops:
             if inspect.iscoroutine(coro):
                 coro.close()  # never awaited: say so quietly, not with a RuntimeWarning
             raise ClientError("producer is closed")
-        if self._in_async_thread():
+        if self._pinned or self._in_async_thread():
             return self._shared()[0].run(coro, timeout)
         loop, _, lock = self._own()
         if timeout is not None:
@@ -434,12 +480,31 @@ class BlockingProducer:
         return self._loop.producer
 
     def send(self, topic: str, message: Message | bytes | str, *,
-             queue_id: int | None = None) -> SendResult:
-        return self._loop.run(self._producer.send(topic, message, queue_id=queue_id))
+             queue_id: int | None = None, delay_level: int | None = None,
+             deliver_at: int | None = None) -> SendResult:
+        return self._loop.run(self._producer.send(topic, message, queue_id=queue_id,
+                                                  delay_level=delay_level,
+                                                  deliver_at=deliver_at))
 
     def send_batch(self, topic: str, messages: Sequence[Message | bytes | str], *,
                    queue_id: int | None = None) -> list[SendResult]:
         return self._loop.run(self._producer.send_batch(topic, messages, queue_id=queue_id))
+
+    def send_transaction(self, topic: str, message: Message | bytes | str,
+                         local_transaction: LocalTransaction, arg: Any = None, *,
+                         queue_id: int | None = None) -> TransactionSendResult:
+        self._loop.pin_shared()
+        return self._loop.run(self._producer.send_transaction(
+            topic, message, local_transaction, arg, queue_id=queue_id))
+
+    def set_transaction_check_listener(self, check: CheckListener, *,
+                                       topics: Sequence[str] = ()) -> None:
+        self._loop.pin_shared()
+
+        async def register() -> None:
+            self._producer.set_transaction_check_listener(check, topics=topics)
+
+        self._loop.run(register())
 
     def close(self) -> None:
         self._loop.close()
