@@ -1,10 +1,13 @@
 """The commitlog's disk footprint, both twins: sparse segments, the reserved window ahead of
 the writer (appends, batches and replicated blocks across its boundary and across segments
-recover byte-identical), and a full filesystem refused cleanly with nothing stored lost."""
+recover byte-identical; with ``flush = sync`` written to disk ahead of the writer), and a
+full filesystem refused cleanly with nothing stored lost."""
 from __future__ import annotations
 
+import fcntl
 import os
 import random
+import struct
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +33,35 @@ def store_bytes(directory: Path, end: int) -> dict[str, bytes]:
 
 def messages(log: CommitLog) -> list[tuple[int, str, bytes, int]]:
     return [(m.physical_offset, m.topic, m.body, m.queue_offset) for m in log.iter_messages()]
+
+
+FS_IOC_FIEMAP = 0xC020660B
+FIEMAP_EXTENT_UNWRITTEN = 0x800
+_FIEMAP_HEAD = struct.Struct("=QQIIII")
+_FIEMAP_EXTENT = struct.Struct("=QQQ16xI12x")
+
+
+def unwritten_bytes(path: str, start: int, end: int) -> int | None:
+    """Bytes of ``[start, end)`` of a file in unwritten (fallocated, never written) extents,
+    by the FIEMAP ioctl; None where the filesystem does not answer it."""
+    count = 512
+    req = bytearray(_FIEMAP_HEAD.size + count * _FIEMAP_EXTENT.size)
+    _FIEMAP_HEAD.pack_into(req, 0, start, end - start, 0, 0, count, 0)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.ioctl(fd, FS_IOC_FIEMAP, req)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    mapped = _FIEMAP_HEAD.unpack_from(req, 0)[3]
+    total = 0
+    for i in range(mapped):
+        logical, _, length, flags = _FIEMAP_EXTENT.unpack_from(
+            req, _FIEMAP_HEAD.size + i * _FIEMAP_EXTENT.size)
+        if flags & FIEMAP_EXTENT_UNWRITTEN:
+            total += max(0, min(end, logical + length) - max(start, logical))
+    return total
 
 
 def feed(log: CommitLog, seed: int) -> None:
@@ -70,6 +102,7 @@ def test_writes_across_the_window_and_segments_recover_byte_identical(twin, tmp_
     bytes, before and after a reopen, and the blocks past the data stay unreserved."""
     kinds = {"warm": dict(prefault_window_bytes=WINDOW),
              "cold": dict(prefault_window_bytes=WINDOW, prefault=False),
+             "sync": dict(prefault_window_bytes=WINDOW, flush="sync"),  # synced ahead too
              "wide": dict(prefault_window_bytes=1 << 20)}
     logs = {k: CommitLog(tmp_path / k, segment_bytes=SEG, implementation=twin, clock=fixed_clock,
                          **kw) for k, kw in kinds.items()}
@@ -116,6 +149,35 @@ def test_writes_across_the_window_and_segments_recover_byte_identical(twin, tmp_
             again.close()
 
 
+def test_with_sync_flush_the_window_ahead_of_the_writer_is_written_not_just_reserved(
+        twin, tmp_path) -> None:
+    """The writer's fdatasync must not pay for converting unwritten extents (a journal
+    commit): with ``flush = sync`` the warm-up writes the window's blocks first."""
+    window = 2 << 20
+    found: dict[str, list[int]] = {}
+    for mode in ("async", "sync"):
+        log = CommitLog(tmp_path / mode, segment_bytes=8 << 20, implementation=twin,
+                        flush=mode, prefault_window_bytes=window)
+        try:
+            found[mode] = []
+            for _ in range(3):  # the window moves on as the writer crosses its middle
+                assert log.wait_prefaulted(60)
+                end = log.max_offset
+                seg = log.segment_files()[-1]
+                base = int(os.path.basename(seg))
+                gap = unwritten_bytes(seg, end - base, min(end - base + window, 8 << 20))
+                if gap is None:
+                    pytest.skip("the filesystem does not answer FIEMAP")
+                found[mode].append(gap)
+                log.append_batch("t", [b"m" * 1000] * (window // 2 // 1000 + 1))
+        finally:
+            log.close()
+    if not any(found["async"]):
+        pytest.skip("the filesystem has no unwritten extents (fallocate writes zeros)")
+    assert found["sync"] == [0, 0, 0], found
+    assert log.flush_mode == "sync" and log._warm.synced_chunks >= 3
+
+
 @pytest.fixture
 def small_fs(tmp_path) -> Iterator[Path]:
     """A 320 KiB tmpfs: fills after a few segments' worth of records."""
@@ -131,9 +193,12 @@ def small_fs(tmp_path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(path)], check=False, timeout=30)
 
 
-def test_a_full_disk_refuses_appends_cleanly_and_loses_nothing(twin, small_fs) -> None:
+@pytest.mark.parametrize("flush", ["async", "sync"])
+def test_a_full_disk_refuses_appends_cleanly_and_loses_nothing(twin, small_fs, flush) -> None:
+    # async: no warm-up, the writer reserves every block; sync: the warm-up reserves and
+    # writes the window ahead, and meets the full disk first.
     log = CommitLog(small_fs / "log", segment_bytes=SEG, implementation=twin, clock=fixed_clock,
-                    prefault_window_bytes=16 << 10, prefault=False)
+                    prefault_window_bytes=16 << 10, prefault=flush == "sync", flush=flush)
     stored: list[tuple[int, bytes]] = []
     announced: list[int] = []
     log.add_append_listener(announced.append)

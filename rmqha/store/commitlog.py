@@ -142,7 +142,8 @@ class CommitLog(ReceivePath):
         self._warm = PrefaultWindow(
             self._dir, segment_bytes, self._codec, self._segments, self._io_lock,
             lambda: self._max_offset, lambda: self._closing,
-            window=page_up(prefault_window_bytes), enabled=prefault)
+            window=page_up(prefault_window_bytes), enabled=prefault,
+            sync_ahead=self._mode is FlushMode.SYNC)
         self._checkpoint = Checkpoint(self._dir)
         self._flusher = Flusher(
             self._mode, flush_interval_s=flush_interval_ms / 1000.0,
