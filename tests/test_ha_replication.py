@@ -389,3 +389,50 @@ def test_slave_flush_before_ack_setting(tmp_path, flush_before_ack: bool) -> Non
             assert all(flushed >= ack for ack, flushed in seen), seen
         else:
             assert any(flushed < ack for ack, flushed in seen), seen
+
+
+@pytest.mark.parametrize("flush_before_ack", [False, True], ids=["rocketmq-default", "flush-first"])
+def test_sync_flush_slave_acks_before_its_fsync_unless_told_otherwise(
+        tmp_path, flush_before_ack: bool) -> None:
+    """A slave with ``flush = sync`` used to fsync every received block before acking it,
+    whatever ``ha_slave_flush_before_ack`` said.  Its fsyncs are held back here (a gate on
+    its flusher): with the default, every ack arrives with no fsync done, and the blocks
+    are still flushed once the gate opens; with the setting, none arrives before its fsync."""
+    cfg = dataclasses.replace(CFG, ha_slave_flush_before_ack=flush_before_ack)
+    with replica_stores(tmp_path, SEG, "m", "s", flush="sync", flush_interval_ms=60_000) \
+            as [(mcl, mem), (scl, sem)]:
+        mem.append(1, 0)
+        gate = threading.Event()
+        if flush_before_ack:
+            gate.set()
+        flusher = scl._flusher
+        real_flush = flusher.flush_now
+
+        def gated_flush(force_checkpoint: bool = False) -> None:
+            gate.wait(10)  # bounded: without the fix the loop thread blocks in here
+            real_flush(force_checkpoint)
+
+        flusher.flush_now = gated_flush  # type: ignore[method-assign]
+        seen: list[tuple[int, int, int]] = []
+
+        async def run() -> None:
+            m = _master(mcl, mem)
+            async with master_running(m) as port, slave_running(_slave(scl, sem, port, config=cfg)):
+                for i in range(10):
+                    # Small blocks (append_data) and one past the direct-receive size.
+                    mcl.append_batch("flushy", [b"f" * 500] * (8 if i % 5 else 400),
+                                     wait_flush=False)
+                    end = mcl.max_offset
+                    await wait_until_async(lambda: m.status()["slaves"] and
+                                           m.status()["slaves"][0]["ack_offset"] >= end, 20, "ack")
+                    seen.append((m.status()["slaves"][0]["ack_offset"], scl.flush_count,
+                                 scl.flushed_offset))
+                gate.set()
+                await wait_until_async(lambda: scl.flushed_offset == scl.max_offset == end, 20,
+                                       "the slave flushed what it acked")
+
+        asyncio.run(run())
+        if flush_before_ack:
+            assert all(flushed >= ack for ack, _, flushed in seen), seen
+        else:
+            assert [count for _, count, _ in seen] == [0] * len(seen), seen

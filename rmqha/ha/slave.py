@@ -513,7 +513,8 @@ class HASlave:
                 have += took
                 rb.end = n - took
             self._last_read = time.monotonic()
-            cl.commit_received(offset, size)
+            # Flushing before the ack is _ack's business (ha_slave_flush_before_ack).
+            cl.commit_received(offset, size, wait_flush=False)
             committed = True
         finally:
             if lowat != 1:
@@ -577,7 +578,7 @@ class HASlave:
                 # Data first: the commitlog validates the records and undoes a bad block, and
                 # an epoch entry missing after a crash only makes the next handshake cut
                 # back to the previous epoch's end (safe), never the reverse.
-                cl.append_data(b.offset, b.data)
+                cl.append_data(b.offset, b.data, wait_flush=False)
             self._block_done(b, size, new_epoch)
 
     def _apply_views(self, blocks: list[Block]) -> None:
@@ -706,9 +707,14 @@ class HASlave:
 
     async def _ack(self, link: Link, codec: SlaveCodec, offset: int) -> None:
         await self._settle_epochs()
-        if self.config.ha_slave_flush_before_ack and self.commitlog.flushed_offset < offset:
-            # fsync off the loop (the link keeps receiving); acks wait for it.
-            await asyncio.get_running_loop().run_in_executor(None, self.commitlog.flush)
+        cl = self.commitlog
+        if self.config.ha_slave_flush_before_ack and cl.flushed_offset < offset:
+            # fsync off the loop (the link keeps receiving); acks wait for it.  In sync
+            # mode the flusher was asked already (group commit); async: flush now.
+            if cl.flush_mode == "sync":
+                await asyncio.wrap_future(cl.flush_future(offset))
+            else:
+                await asyncio.get_running_loop().run_in_executor(None, cl.flush)
         await self._send(link, codec.ack(offset, self.epoch_map.last_epoch()))
 
     def _may_restart(self, b: Block, size: int) -> bool:

@@ -86,6 +86,14 @@ class Flusher:
             self._futures.clear()
             self._flushed_cond.notify_all()
 
+    def request(self, offset: int) -> None:
+        """Sync mode: have the flusher cover ``offset`` soon, without waiting for it (a
+        slave that acks from its page cache still flushes what it received promptly)."""
+        with self.lock:
+            if self.flushed_offset < offset and self._wanted < offset:
+                self._wanted = offset
+                self._flusher_cond.notify()
+
     def wait_flushed(self, offset: int) -> None:
         with self.lock:
             if self.flushed_offset >= offset:

@@ -47,8 +47,14 @@ class ReceivePath:
     segment_start: Callable[[int], int]
     segment_end: Callable[[int], int]
 
-    def append_data(self, offset: int, data: bytes | bytearray | memoryview) -> int:
+    def append_data(self, offset: int, data: bytes | bytearray | memoryview, *,
+                    wait_flush: bool = True) -> int:
         """Slave side: write raw log bytes at exactly ``max_offset``; returns the new max.
+
+        In sync flush mode this returns once an fsync covers the block, unless
+        ``wait_flush=False`` (as for :meth:`append`): then the flush is only asked for.  An
+        HA slave passes False and leaves the choice to ``ha_slave_flush_before_ack``
+        (RocketMQ's slave acks from its page cache).
 
         The block may end inside a record (the next block continues it) but never crosses a
         segment end.  Whole records in it are validated (magic, sizes, offsets, CRC) and fed
@@ -72,7 +78,7 @@ class ReceivePath:
                 self._zero(seg, pos, pos + n)  # no partial block may linger past the end
                 raise
             end_offset = self._commit_block(seg, pos, n, data)
-        self._appended(end_offset)
+        self._appended(end_offset, wait_flush)
         return end_offset
 
     def receive_view(self, offset: int, size: int) -> memoryview:
@@ -103,16 +109,17 @@ class ReceivePath:
         except ValueError:  # unmapped under us (truncate / close)
             return False
 
-    def commit_received(self, offset: int, size: int) -> int:
+    def commit_received(self, offset: int, size: int, *, wait_flush: bool = True) -> int:
         """Make ``size`` bytes received through :meth:`receive_view` at ``offset`` part of
         the log, exactly as :meth:`append_data` would (same validation; an invalid record
-        zeroes them and raises CorruptRecordError); returns the new max offset."""
+        zeroes them and raises CorruptRecordError; ``wait_flush`` the same); returns the
+        new max offset."""
         with self._lock:
             seg, pos = self._tail_block(offset, size)
             if size == 0:
                 return offset
             end_offset = self._commit_block(seg, pos, size, None)
-        self._appended(end_offset)
+        self._appended(end_offset, wait_flush)
         return end_offset
 
     def discard_received(self, offset: int, size: int) -> None:
