@@ -24,6 +24,7 @@ from rmqha.errors import (
     StoreClosedError,
     StoreError,
 )
+from rmqha.ha.testing import wait_until
 from rmqha.store import CommitLog, StoredMessage
 
 SEG = 16384
@@ -760,3 +761,22 @@ def test_missing_segments_are_refused_naming_the_file(twin, logs, tmp_path) -> N
     assert deleted and again.min_offset == int(names[2])
     again.close()
     logs(tmp_path, twin).close()
+
+
+def test_sync_flush_receive_without_waiting_still_reaches_the_disk(twin, logs, tmp_path) -> None:
+    # An HA slave that acks from its page cache appends replicated blocks without waiting
+    # for an fsync; in sync mode they are still flushed soon, with nobody asking again.
+    src = logs(tmp_path / "src", twin)
+    for i in range(20):
+        src.append("t", bytes([i]) * 500)
+    log = logs(tmp_path / "dst", twin, flush="sync")
+    half = src.max_offset // 2  # inside a record: the next block continues it
+    log.append_data(0, bytes(src.read(0, half)), wait_flush=False)
+    view = log.receive_view(half, src.max_offset - half)
+    view[:] = src.read(half, src.max_offset - half)
+    view.release()
+    end = log.commit_received(half, src.max_offset - half, wait_flush=False)
+    fut = log.flush_future(0)  # already done: the call asks for nothing
+    assert fut.done()
+    wait_until(lambda: log.flushed_offset >= end, 30, "received bytes flushed")
+    assert log.flush_count >= 1

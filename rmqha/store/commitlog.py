@@ -374,11 +374,8 @@ class CommitLog(ReceivePath):
     def _appended(self, end: int, wait_flush: bool = True) -> None:
         for cb in self._listeners:
             cb(end)
-        if self._mode is FlushMode.SYNC:
-            if wait_flush:
-                self._flusher.wait_flushed(end)
-            else:
-                self._flusher.request(end)  # the group commit starts now, nobody waits
+        if wait_flush and self._mode is FlushMode.SYNC:
+            self._flusher.wait_flushed(end)
 
     # --- segments ------------------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 
 One thread ``fdatasync``s the segments holding bytes past the flushed offset: in ``async``
 mode every ``flush_interval_ms``; in ``sync`` mode as soon as an append waits for it, so
-every append that arrived meanwhile shares one fsync (group commit).  Waiters block in
+every append that arrived meanwhile shares one fsync (group commit), and bytes appended
+with nobody waiting (an HA slave's) within ``LAZY_FLUSH_S``.  Waiters block in
 :meth:`Flusher.wait_flushed` or hold a future from :meth:`Flusher.future`.  The checkpoint
 file follows the flushed offset at most every ``checkpoint_interval_ms``.
 """
@@ -24,6 +25,10 @@ from rmqha.store.checkpoint import Checkpoint
 from rmqha.store.segments import Segment
 
 log = logging.getLogger(__name__)
+
+
+#: Sync mode: how long a flush asked for with no waiter may wait to gather more bytes.
+LAZY_FLUSH_S = 0.01
 
 
 class FlushMode(str, Enum):
@@ -55,7 +60,8 @@ class Flusher:
         self.lock = threading.Lock()
         self._flushed_cond = threading.Condition(self.lock)  # waiters on flushes
         self._flusher_cond = threading.Condition(self.lock)  # wakes the flusher
-        self._wanted = 0
+        self._wanted = 0     # offset a waiter needs flushed (sync mode: flush at once)
+        self._requested = 0  # offset asked for without a waiter (sync mode: flush lazily)
         self._futures: list[tuple[int, int, Future]] = []
         self._future_seq = itertools.count()
         self.count = 0                    # fdatasync rounds done (group-commit evidence)
@@ -87,12 +93,16 @@ class Flusher:
             self._flushed_cond.notify_all()
 
     def request(self, offset: int) -> None:
-        """Sync mode: have the flusher cover ``offset`` soon, without waiting for it (a
-        slave that acks from its page cache still flushes what it received promptly)."""
+        """Sync mode: have the flusher cover ``offset`` within ``LAZY_FLUSH_S``, nobody
+        waiting (a slave that acks from its page cache; RocketMQ's group commit service
+        likewise flushes every 10 ms when no request waits).  Requests gather: one fsync
+        per period, not per block, so the disk the master's waited-for fsyncs use is not
+        kept busy by its slaves'."""
         with self.lock:
-            if self.flushed_offset < offset and self._wanted < offset:
-                self._wanted = offset
-                self._flusher_cond.notify()
+            if self._requested < offset:
+                if self._requested <= self.flushed_offset < offset:
+                    self._flusher_cond.notify()  # it may be in the long idle wait
+                self._requested = offset
 
     def wait_flushed(self, offset: int) -> None:
         with self.lock:
@@ -126,8 +136,10 @@ class Flusher:
             with self.lock:
                 if self.mode is FlushMode.SYNC:
                     while not self._stopping and self._wanted <= self.flushed_offset:
-                        self._flusher_cond.wait(self._checkpoint_interval)
-                        if self.flushed_offset > self._checkpointed:
+                        lazy = self._requested > self.flushed_offset
+                        self._flusher_cond.wait(LAZY_FLUSH_S if lazy
+                                                else self._checkpoint_interval)
+                        if lazy or self.flushed_offset > self._checkpointed:
                             break
                 elif not self._stopping:
                     self._flusher_cond.wait(self._flush_interval)
@@ -178,12 +190,14 @@ class Flusher:
             if self.flushed_offset > offset:
                 self.flushed_offset = offset
             self._wanted = min(self._wanted, offset)
+            self._requested = min(self._requested, offset)
 
     def restart_at(self, offset: int) -> None:
         """The log was reset to start (empty) at ``offset``: all of it is flushed."""
         with self.lock:
             self.flushed_offset = offset
             self._wanted = min(self._wanted, offset)
+            self._requested = min(self._requested, offset)
             self._resolve_futures()
             self._flushed_cond.notify_all()
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 from rmqha.errors import CorruptRecordError, OffsetMismatchError, StoreError
+from rmqha.store.flusher import Flusher, FlushMode
 from rmqha.store.segments import PrefaultWindow, Segment
 
 _INT32 = struct.Struct(">i")
@@ -39,6 +40,8 @@ class ReceivePath:
     _segments: dict[int, Segment]
     _queue_offsets: dict[tuple[bytes, int], int]
     _warm: PrefaultWindow
+    _mode: FlushMode
+    _flusher: Flusher
     _check_open: Callable[[], None]
     _active_segment: Callable[[], Segment]
     _allocate: Callable[[Segment, int], None]
@@ -78,8 +81,14 @@ class ReceivePath:
                 self._zero(seg, pos, pos + n)  # no partial block may linger past the end
                 raise
             end_offset = self._commit_block(seg, pos, n, data)
-        self._appended(end_offset, wait_flush)
+        self._received(end_offset, wait_flush)
         return end_offset
+
+    def _received(self, end_offset: int, wait_flush: bool) -> None:
+        self._appended(end_offset, wait_flush)
+        if not wait_flush and self._mode is FlushMode.SYNC:
+            # Nobody waits, but sync mode still means "on disk soon" (lazily, grouped).
+            self._flusher.request(end_offset)
 
     def receive_view(self, offset: int, size: int) -> memoryview:
         """Slave side: a writable view of the ``size`` log bytes at ``offset`` (exactly
@@ -119,7 +128,7 @@ class ReceivePath:
             if size == 0:
                 return offset
             end_offset = self._commit_block(seg, pos, size, None)
-        self._appended(end_offset, wait_flush)
+        self._received(end_offset, wait_flush)
         return end_offset
 
     def discard_received(self, offset: int, size: int) -> None:
