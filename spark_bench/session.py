@@ -108,3 +108,27 @@ def _package_zip() -> str:
             if name.endswith(".py"):
                 zf.write(os.path.join(package_dir, name), f"spark_bench/{name}")
     return target
+
+
+def _peak_rss_mib(pid: int) -> float | None:
+    """Peak resident memory (VmHWM) of a process, from /proc (Linux)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
+def memory_report(spark: SparkSession) -> str:
+    """Peak memory of this Python driver and of the Spark driver JVM it started (executor
+    JVMs of a cluster are not counted; local mode runs the executors in the driver JVM)."""
+    python = _peak_rss_mib(os.getpid())
+    gateway = getattr(spark.sparkContext, "_gateway", None)
+    proc = getattr(gateway, "proc", None)
+    jvm = _peak_rss_mib(proc.pid) if proc is not None else None
+    parts = [f"python driver {python:.0f} MiB" if python is not None else "python driver ?"]
+    parts.append(f"driver JVM {jvm:.0f} MiB" if jvm is not None else "driver JVM not measured")
+    return "memory (peak RSS): " + ", ".join(parts)

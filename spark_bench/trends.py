@@ -1,6 +1,11 @@
 """Trends: per-series rolling baselines, change points and ratio series.
 
-A *series* is one benchmark on one machine with one implementation, ordered by run time.
+A *series* is one benchmark on one machine, branch and implementation, in commit order
+(``commit_info.time``; runs without it, or several runs of one commit, by run time). The
+machine is the ingest's default (``rmqha_machine`` or the host name) unless ``machine_key``
+names the machine_info fields that identify it, e.g. ``("cpu_brand", "python_version")`` for
+CI runners that get a new host name per job. Runs from dirty trees are left out unless
+``include_dirty``; ``branch`` keeps one branch only.
 Ratio series compare implementations measured side by side in the same run: the compiled
 twin against the pure one, and each rmqha twin against every peer (sqlite3-wal, lmdb, ...),
 matched by benchmark group (or test function) and parameters. A ratio is a speed-up: how
@@ -17,11 +22,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark_bench.changepoint import DetectorConfig, detect
+from spark_bench.schema import MACHINE_FIELDS
 from spark_bench.series import Direction, SeriesKind
 
 #: Implementations that are rmqha's own (the twins); everything else is a peer.
@@ -32,10 +38,12 @@ CASE_INFO_KEYS = ("message_bytes", "batch", "replicas")
 METRICS = ("median", "mean", "min", "ops")
 
 SERIES_COLUMNS = [
-    "kind", "series_id", "benchmark", "machine", "implementation", "mode", "case_key", "run_index",
-    "run_id", "run_time", "commit", "value", "higher_is_better", "baseline", "delta_pct",
-    "worse_pct",
+    "kind", "series_id", "benchmark", "machine", "branch", "implementation", "mode", "case_key",
+    "run_index", "run_id", "run_time", "order_time", "commit", "value", "higher_is_better",
+    "baseline", "delta_pct", "worse_pct",
 ]
+#: Branch name used when a run recorded none (pytest-benchmark's own placeholder).
+UNKNOWN_BRANCH = "(unknown)"
 
 CHANGE_SCHEMA = T.StructType([
     T.StructField("series_id", T.StringType()),
@@ -49,8 +57,13 @@ CHANGE_SCHEMA = T.StructType([
     T.StructField("change_pct", T.DoubleType()),
     T.StructField("worse_pct", T.DoubleType()),
     T.StructField("confidence", T.DoubleType()),
+    T.StructField("z", T.DoubleType()),
     T.StructField("direction", T.StringType()),
     T.StructField("open", T.BooleanType()),
+    # The series' level now (median since its last change point) and how much worse that
+    # is than `before`: what an open regression still costs.
+    T.StructField("current", T.DoubleType()),
+    T.StructField("open_worse_pct", T.DoubleType()),
 ])
 
 
@@ -59,6 +72,24 @@ class TrendConfig:
     metric: str = "median"
     baseline_window: int = 10
     detector: DetectorConfig = field(default_factory=DetectorConfig)
+    #: machine_info fields (schema.MACHINE_FIELDS) that name the machine; () = ingest's default.
+    machine_key: tuple[str, ...] = ()
+    #: Analyse this branch only; None = every branch, each in its own series.
+    branch: str | None = None
+    include_dirty: bool = False
+    #: A series not measured in the last this-many runs of its machine and branch is stale:
+    #: renamed or removed, so it is reported but never gated.
+    stale_after: int = 5
+
+    def __post_init__(self) -> None:
+        unknown = [f for f in self.machine_key if f not in MACHINE_FIELDS]
+        if unknown:
+            raise ValueError(f"unknown machine key field(s) {', '.join(unknown)}; "
+                             f"choose from {', '.join(MACHINE_FIELDS)}")
+        if self.metric not in METRICS:
+            raise ValueError(f"metric must be one of {METRICS}, not {self.metric!r}")
+        if self.stale_after < 1 or self.baseline_window < 1:
+            raise ValueError("stale_after and baseline_window must be at least 1")
 
 
 @dataclass
@@ -90,7 +121,21 @@ def _case_key(runs: DataFrame) -> Column:
     return F.when(detail != "", F.concat(base, F.lit("["), detail, F.lit("]"))).otherwise(base)
 
 
+def select_runs(runs: DataFrame, cfg: TrendConfig) -> DataFrame:
+    """The runs to analyse, with ``machine`` re-keyed, ``branch`` filled and ``order_time``."""
+    if not cfg.include_dirty:
+        runs = runs.filter(~F.coalesce(F.col("commit_dirty"), F.lit(False)))
+    runs = runs.withColumn("branch", F.coalesce(F.col("branch"), F.lit(UNKNOWN_BRANCH)))
+    if cfg.branch is not None:
+        runs = runs.filter(F.col("branch") == cfg.branch)
+    if cfg.machine_key:
+        key = F.concat_ws("/", *(F.col("machine_info")[f] for f in cfg.machine_key))
+        runs = runs.withColumn("machine", F.when(key != "", key).otherwise(F.col("machine")))
+    return runs.withColumn("order_time", F.coalesce(F.col("commit_time"), F.col("run_time")))
+
+
 def benchmark_points(runs: DataFrame, metric: str) -> DataFrame:
+    """One point per benchmark per run of ``select_runs`` output."""
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}, not {metric!r}")
     # Quick-mode runs (RMQHA_BENCH_QUICK=1, CI) measure smaller workloads; mixing them into
@@ -98,11 +143,11 @@ def benchmark_points(runs: DataFrame, metric: str) -> DataFrame:
     mode = F.when(F.lower(F.col("extra_info")["quick"]) == "true", "quick").otherwise("full")
     return runs.select(
         F.lit(SeriesKind.BENCHMARK.value).alias("kind"),
-        F.concat_ws(" | ", "benchmark", "machine", "implementation",
+        F.concat_ws(" | ", "benchmark", "machine", "implementation", "branch",
                     F.when(mode == "quick", F.lit("quick"))).alias("series_id"),
-        "benchmark", "machine", "implementation", mode.alias("mode"),
+        "benchmark", "machine", "branch", "implementation", mode.alias("mode"),
         _case_key(runs).alias("case_key"),
-        "run_id", "run_time", "commit",
+        "run_id", "run_time", "order_time", "commit",
         F.col(metric).cast("double").alias("value"),
         F.lit(metric == "ops").alias("higher_is_better"),
     ).filter(F.col("value").isNotNull())
@@ -111,10 +156,11 @@ def benchmark_points(runs: DataFrame, metric: str) -> DataFrame:
 def ratio_points(points: DataFrame, metric: str) -> DataFrame:
     """Side-by-side speed-ups within each run; a case measured twice by the same
     implementation in one run is ambiguous and left out."""
-    keys = ["run_id", "machine", "mode", "case_key", "implementation"]
+    keys = ["run_id", "machine", "branch", "mode", "case_key", "implementation"]
     one = (points.groupBy(*keys)
            .agg(F.count("*").alias("n"), F.first("value").alias("value"),
-                F.first("run_time").alias("run_time"), F.first("commit").alias("commit"))
+                F.first("run_time").alias("run_time"), F.first("order_time").alias("order_time"),
+                F.first("commit").alias("commit"))
            .filter("n = 1").drop("n"))
     a, b = one.alias("a"), one.alias("b")
     joined = a.join(
@@ -131,15 +177,21 @@ def ratio_points(points: DataFrame, metric: str) -> DataFrame:
     label = F.concat(F.col("a.implementation"), F.lit(" vs "), F.col("b.implementation"))
     return joined.select(
         F.lit(SeriesKind.RATIO.value).alias("kind"),
-        F.concat_ws(" | ", F.col("a.case_key"), F.col("a.machine"), label,
+        F.concat_ws(" | ", F.col("a.case_key"), F.col("a.machine"), label, F.col("a.branch"),
                     F.when(F.col("a.mode") == "quick", F.lit("quick"))).alias("series_id"),
         F.col("a.case_key").alias("benchmark"), F.col("a.machine").alias("machine"),
+        F.col("a.branch").alias("branch"),
         label.alias("implementation"), F.col("a.mode").alias("mode"),
         F.col("a.case_key").alias("case_key"),
         F.col("a.run_id").alias("run_id"), F.col("a.run_time").alias("run_time"),
+        F.col("a.order_time").alias("order_time"),
         F.col("a.commit").alias("commit"), ratio.alias("value"),
         F.lit(True).alias("higher_is_better"),
     ).filter(F.col("value").isNotNull() & ~F.isnan("value"))
+
+
+#: The order of runs in a series: commit order, then the order they ran in.
+RUN_ORDER = ("order_time", "run_time", "run_id")
 
 
 def _exact_median(values: Column) -> Column:
@@ -152,7 +204,7 @@ def _exact_median(values: Column) -> Column:
 
 
 def with_baseline(points: DataFrame, window: int) -> DataFrame:
-    order = Window.partitionBy("series_id").orderBy("run_time", "run_id")
+    order = Window.partitionBy("series_id").orderBy(*RUN_ORDER)
     previous = order.rowsBetween(-window, -1)
     baseline = _exact_median(F.collect_list("value").over(previous))
     delta = (F.col("value") / F.col("baseline") - 1.0) * 100.0
@@ -176,18 +228,19 @@ def _series_changes(cfg: DetectorConfig):  # noqa: ANN202 - returns the UDF body
         last_level = float(np.median(values[found[-1].index:])) if found else None
         for cp in found:
             worse = -cp.change if higher_better else cp.change
-            still_worse = (last_level is not None and cp.before != 0
-                           and ((cp.before - last_level) if higher_better
-                                else (last_level - cp.before)) / abs(cp.before) >= cfg.min_change)
+            open_worse = (((cp.before - last_level) if higher_better else (last_level - cp.before))
+                          / abs(cp.before)) if (last_level is not None and cp.before != 0) else 0.0
+            still_worse = open_worse >= cfg.min_change
             at = pdf.iloc[cp.index]
             rows.append({
                 "series_id": series_id, "kind": str(pdf["kind"].iloc[0]),
                 "run_index": int(at["run_index"]), "run_id": at["run_id"],
                 "run_time": at["run_time"], "commit": at["commit"],
                 "before": cp.before, "after": cp.after, "change_pct": cp.change * 100.0,
-                "worse_pct": worse * 100.0, "confidence": cp.confidence,
+                "worse_pct": worse * 100.0, "confidence": cp.confidence, "z": cp.z,
                 "direction": (Direction.REGRESSION if worse > 0 else Direction.IMPROVEMENT).value,
                 "open": bool(worse > 0 and still_worse),
+                "current": last_level, "open_worse_pct": open_worse * 100.0,
             })
         return pd.DataFrame(rows, columns=[f.name for f in CHANGE_SCHEMA.fields])
     return run
@@ -200,10 +253,18 @@ def change_points(series: DataFrame, cfg: DetectorConfig) -> DataFrame:
         _series_changes(cfg), schema=CHANGE_SCHEMA)
 
 
-def summarize(series: DataFrame, changes: DataFrame) -> DataFrame:
-    latest_first = Window.partitionBy("series_id").orderBy(F.desc("run_time"), F.desc("run_id"))
+def summarize(series: DataFrame, changes: DataFrame, stale_after: int = 5) -> DataFrame:
+    """One row per series: its latest point against the baseline, change counts, and
+    ``runs_since_seen``: how many later runs of its machine, branch and mode did not
+    measure it (``stale`` from ``stale_after`` on: renamed or removed)."""
+    latest_first = Window.partitionBy("series_id").orderBy(*(F.desc(c) for c in RUN_ORDER))
     latest = (series.withColumn("_rank", F.row_number().over(latest_first))
               .filter("_rank = 1").drop("_rank", "run_index"))
+    scope = ["machine", "branch", "mode"]
+    runs = series.select(*scope, *RUN_ORDER).distinct()
+    position = runs.withColumn("runs_since_seen", F.row_number().over(
+        Window.partitionBy(*scope).orderBy(*(F.desc(c) for c in RUN_ORDER))) - 1)
+    latest = latest.join(position, [*scope, *RUN_ORDER], "left")
     counts = series.groupBy("series_id").agg(
         F.count("*").alias("runs"), F.min("run_time").alias("first_run_time"))
     change_stats = changes.groupBy("series_id").agg(
@@ -213,8 +274,10 @@ def summarize(series: DataFrame, changes: DataFrame) -> DataFrame:
         .alias("last_change"))
     return (latest.join(counts, "series_id").join(change_stats, "series_id", "left")
             .select(
-                "kind", "series_id", "benchmark", "machine", "implementation", "mode", "case_key",
-                "runs", "first_run_time", F.col("run_time").alias("latest_run_time"),
+                "kind", "series_id", "benchmark", "machine", "branch", "implementation", "mode",
+                "case_key", "runs", "first_run_time", F.col("run_time").alias("latest_run_time"),
+                "runs_since_seen",
+                (F.col("runs_since_seen") >= F.lit(stale_after)).alias("stale"),
                 F.col("run_id").alias("latest_run_id"), F.col("commit").alias("latest_commit"),
                 F.col("value").alias("latest_value"), "baseline", "delta_pct", "worse_pct",
                 "higher_is_better",
@@ -239,10 +302,17 @@ def compute(runs: DataFrame, out: str, cfg: TrendConfig | None = None) -> TrendT
         df.write.mode("overwrite").parquet(path)
         return spark.read.parquet(path)
 
-    points = benchmark_points(runs, cfg.metric)
+    points = benchmark_points(select_runs(runs, cfg), cfg.metric)
     series = materialize(
         with_baseline(points.unionByName(ratio_points(points, cfg.metric)), cfg.baseline_window),
         "series")
     changes = materialize(change_points(series, cfg.detector), "changes")
-    summary = materialize(summarize(series, changes), "summary")
+    summary = materialize(summarize(series, changes, cfg.stale_after), "summary")
     return TrendTables(series=series, changes=changes, summary=summary)
+
+
+def load(spark: SparkSession, out: str) -> TrendTables:
+    """The trend tables a previous :func:`compute` wrote under ``out``."""
+    base = out.rstrip("/")
+    return TrendTables(*(spark.read.parquet(f"{base}/{name}.parquet")
+                         for name in ("series", "changes", "summary")))

@@ -34,7 +34,7 @@ def tables(spark, tmp_path_factory):  # noqa: ANN001, ANN201, F811
 
 def _bench_id(spec, index: int) -> str:  # noqa: ANN001
     ident = synthetic.benchmark_identity(spec, index)
-    return f"{ident['fullname']} | {spec.machine} | {ident['implementation']}"
+    return f"{ident['fullname']} | {spec.machine} | {ident['implementation']} | {spec.branch}"
 
 
 def test_10_and_25_percent_regressions_found_at_the_right_run(tables) -> None:  # noqa: ANN001
@@ -84,7 +84,8 @@ def test_ratio_series_match_implementations_by_group_and_params(tables) -> None:
     # The python twin's 25% slow-down at run 30 raises the compiled-over-pure speed-up, an
     # improvement of that ratio (higher is better).
     cp = tables["changes"]
-    vs_python = cp[cp["series_id"].str.endswith("| cython vs python") & cp["series_id"].str.startswith("op0[")]
+    vs_python = cp[cp["series_id"].str.endswith("| cython vs python | main")
+                   & cp["series_id"].str.startswith("op0[")]
     assert 30 in vs_python["run_index"].tolist()
     assert vs_python[vs_python["run_index"] == 30].iloc[0]["direction"] == "improvement"
 
