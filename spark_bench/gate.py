@@ -40,14 +40,16 @@ EXIT_NO_DATA = 2
 @dataclass(frozen=True)
 class GatePolicy:
     """A global threshold and per-benchmark overrides: ``(glob, pct)`` pairs matched in
-    order against the benchmark name and the series id (first match wins)."""
+    order against the benchmark name and the series id (first match wins). A pattern equal
+    to a name matches it even when the name has glob characters (``test_x[param]``)."""
 
     threshold_pct: float = DEFAULT_THRESHOLD_PCT
     overrides: tuple[tuple[str, float], ...] = field(default_factory=tuple)
 
     def threshold_for(self, benchmark: str, series_id: str) -> float:
         for pattern, pct in self.overrides:
-            if fnmatch.fnmatchcase(benchmark, pattern) or fnmatch.fnmatchcase(series_id, pattern):
+            if pattern in (benchmark, series_id) or fnmatch.fnmatchcase(benchmark, pattern) \
+                    or fnmatch.fnmatchcase(series_id, pattern):
                 return pct
         return self.threshold_pct
 
