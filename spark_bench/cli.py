@@ -210,15 +210,19 @@ def cmd_trends(args: argparse.Namespace, spark: SparkSession | None = None) -> i
                   f"(run `make bench` to record runs)", file=sys.stderr)
             return EXIT_NO_DATA
         started = time.perf_counter()
-        state = json.dumps({"table": storage.fingerprint(session, table), "config": repr(cfg)})
+        # Nothing new in the table and the same options: the tables (and, for the same gate
+        # options, the report) of the last run are still right.
+        state = {"table": storage.fingerprint(session, table), "config": repr(cfg)}
         state_path = storage.join(out, STATE_FILE)
-        reused = (storage.read_text(session, state_path) == state
+        saved_text = storage.read_text(session, state_path)
+        saved = json.loads(saved_text) if saved_text else {}
+        reused = (all(saved.get(k) == v for k, v in state.items())
                   and storage.exists(session, storage.join(out, "summary.parquet")))
         if reused:
             tables = trends.load(session, out)
         else:
             tables = trends.compute(read_table(session, table), out, cfg)
-            storage.write_text(session, state_path, state)
+        report_key = f"{policy!r} max_plots={args.max_plots}"
         summary = tables.summary.toPandas()
         changes = tables.changes.toPandas()
         print(f"trends: {len(summary)} series, {len(changes)} change points "
@@ -227,16 +231,23 @@ def cmd_trends(args: argparse.Namespace, spark: SparkSession | None = None) -> i
         if summary.empty:
             print("no benchmark series to analyse (every run filtered out?)", file=sys.stderr)
             return EXIT_NO_DATA
-        if args.no_report:
+        if args.no_report or (reused and saved.get("report") == report_key
+                              and storage.exists(session, storage.join(out, "report.html"))):
             from spark_bench import gate
+            storage.write_text(session, state_path, json.dumps(
+                {**state, "report": saved.get("report") if reused else None}))
+            if not args.no_report:
+                print(f"report: {out.rstrip('/')}/report.html is up to date")
             return _gate(args, gate.failing(summary, changes, policy))
         if ingest_log is None:
             text = storage.read_text(session, storage.join(out, INGEST_LOG))
             ingest_log = json.loads(text) if text else None
-        return _report(args, policy, summary, changes, ingest_log,
+        code = _report(args, policy, summary, changes, ingest_log,
                        lambda ids: tables.series.filter(tables.series["series_id"].isin(ids))
                        .select(*_point_columns()).toPandas(),
                        lambda name, text: storage.write_text(session, storage.join(out, name), text))
+        storage.write_text(session, state_path, json.dumps({**state, "report": report_key}))
+        return code
     finally:
         _stop(session, owned)
 

@@ -21,6 +21,11 @@ from typing import Any
 
 import pyarrow as pa
 
+try:  # 3x faster than the standard library on these documents; optional on executors
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover - exercised where orjson is not installed
+    _loads = json.loads
+
 STAT_FIELDS = ("min", "median", "mean", "max", "stddev", "iqr", "ops")
 COUNT_FIELDS = ("rounds", "iterations")
 
@@ -106,8 +111,9 @@ def _problem(doc: Any) -> str | None:
 
 def run_id_of(doc: dict[str, Any]) -> str:
     """The session id our benches stamp (``rmqha_run``), else a hash of the document's
-    content except its save time: autosave and ``--benchmark-json`` of one session, or a
-    copy of a file, are one run."""
+    content except its save time (machine, commit, every benchmark's name, median and
+    rounds): autosave and ``--benchmark-json`` of one session, or a copy of a file, are one
+    run."""
     if isinstance(doc.get("rmqha_run"), str):
         return hashlib.sha256(doc["rmqha_run"].encode()).hexdigest()[:20]
     digest = hashlib.sha256(b"content:")
@@ -117,8 +123,7 @@ def run_id_of(doc: dict[str, Any]) -> str:
     for b in doc["benchmarks"]:
         st = b.get("stats") if isinstance(b, dict) else None
         if isinstance(st, dict):
-            lines.append(f"{b.get('fullname')}|{st.get('min')!r}|{st.get('median')!r}|"
-                         f"{st.get('max')!r}|{st.get('rounds')!r}")
+            lines.append(f"{b.get('fullname')}|{st.get('median')!r}|{st.get('rounds')!r}")
     digest.update("\n".join(lines).encode())
     return digest.hexdigest()[:20]
 
@@ -136,7 +141,7 @@ def columns_of(path: str, data: bytes) -> dict[str, list[Any]]:
     if not data.strip():
         return _problem_columns(path, "empty file or no JSON document")
     try:
-        doc = json.loads(data)
+        doc = _loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         return _problem_columns(path, f"malformed JSON ({exc})")
     problem = _problem(doc)

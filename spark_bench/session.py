@@ -78,7 +78,8 @@ def build_session(opts: SessionOptions | None = None) -> SparkSession:
         .config("spark.log.structuredLogging.enabled", "false")
         .config("spark.sql.adaptive.enabled", "true")
     )
-    if opts.master.startswith("local"):
+    in_process = opts.master == "local" or opts.master.startswith("local[")
+    if opts.master.startswith("local"):  # local[...] and local-cluster[...]: loopback only
         builder = (builder.config("spark.driver.host", "127.0.0.1")
                    .config("spark.driver.bindAddress", "127.0.0.1"))
     java_options = [f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"]
@@ -93,8 +94,9 @@ def build_session(opts: SessionOptions | None = None) -> SparkSession:
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
-    if not opts.master.startswith("local"):
-        # Executors on other hosts cannot see this checkout: ship the package with the job.
+    if not in_process:
+        # Executors in other processes (other hosts, or local-cluster's JVMs) may not see
+        # this installation: ship the package with the job.
         session.sparkContext.addPyFile(_package_zip())
     return session
 

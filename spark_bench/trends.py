@@ -11,10 +11,10 @@ twin against the pure one, and each rmqha twin against every peer (sqlite3-wal, 
 matched by benchmark group (or test function) and parameters. A ratio is a speed-up: how
 many times faster the rmqha side is, so higher is better.
 
-The rolling baseline is an exact median of the previous ``baseline_window`` runs computed
-with Spark windows (``median().over(...)`` is refused by Spark 4, so the median is taken
-from the sorted window list). Change points come from :mod:`spark_bench.changepoint`, run
-once per series in a grouped pandas UDF (``applyInPandas``).
+Each series is analysed in one grouped pandas UDF (``applyInPandas``): ordering, the
+rolling baseline (the exact median of the previous ``baseline_window`` runs) and the change
+points of :mod:`spark_bench.changepoint`. Spark does the rest: selecting runs, building
+series and ratio series, the per-machine staleness and the summary.
 """
 from __future__ import annotations
 
@@ -193,73 +193,87 @@ def ratio_points(points: DataFrame, metric: str) -> DataFrame:
 #: The order of runs in a series: commit order, then the order they ran in.
 RUN_ORDER = ("order_time", "run_time", "run_id")
 
-
-def _exact_median(values: Column) -> Column:
-    """Median of an array column (null when empty)."""
-    s = F.array_sort(values)
-    n = F.size(s)
-    upper = F.element_at(s, (F.floor(n / 2) + 1).cast("int"))
-    lower = F.element_at(s, F.greatest((F.ceil(n / 2)).cast("int"), F.lit(1)))
-    return F.when(n > 0, (upper + lower) / 2.0)
-
-
-def with_baseline(points: DataFrame, window: int) -> DataFrame:
-    order = Window.partitionBy("series_id").orderBy(*RUN_ORDER)
-    previous = order.rowsBetween(-window, -1)
-    baseline = _exact_median(F.collect_list("value").over(previous))
-    delta = (F.col("value") / F.col("baseline") - 1.0) * 100.0
-    return (points
-            .withColumn("run_index", (F.row_number().over(order) - 1).cast("long"))
-            .withColumn("baseline", baseline)
-            .withColumn("delta_pct", F.when(F.col("baseline") != 0, delta))
-            .withColumn("worse_pct", F.when(F.col("higher_is_better"), -F.col("delta_pct"))
-                        .otherwise(F.col("delta_pct")))
-            .select(*SERIES_COLUMNS))
+#: Per-point change-point columns of the analysed series: set on the first point of each
+#: new level, null elsewhere (the ``changes`` table is those rows).
+CHANGE_COLUMNS = [
+    ("cp_before", T.DoubleType()), ("cp_after", T.DoubleType()),
+    ("cp_change_pct", T.DoubleType()), ("cp_worse_pct", T.DoubleType()),
+    ("cp_confidence", T.DoubleType()), ("cp_z", T.DoubleType()),
+    ("cp_direction", T.StringType()), ("cp_open", T.BooleanType()),
+    ("cp_current", T.DoubleType()), ("cp_open_worse_pct", T.DoubleType()),
+]
+_POINT_TYPES = {
+    "run_index": T.LongType(), "run_time": T.TimestampType(), "order_time": T.TimestampType(),
+    "value": T.DoubleType(), "higher_is_better": T.BooleanType(), "baseline": T.DoubleType(),
+    "delta_pct": T.DoubleType(), "worse_pct": T.DoubleType(),
+}
+ANALYSED_SCHEMA = T.StructType(
+    [T.StructField(c, _POINT_TYPES.get(c, T.StringType())) for c in SERIES_COLUMNS]
+    + [T.StructField("is_latest", T.BooleanType())]
+    + [T.StructField(c, t) for c, t in CHANGE_COLUMNS])
 
 
-def _series_changes(cfg: DetectorConfig):  # noqa: ANN202 - returns the UDF body
+def _analyse_series(cfg: TrendConfig):  # noqa: ANN202 - returns the UDF body
+    """Body of the grouped UDF: one series in, its points with run index, rolling baseline
+    and change-point columns out. One pass over each series does what window functions and
+    a second UDF did before (and costs one shuffle instead of three)."""
+    window = cfg.baseline_window
+    det = cfg.detector
+
     def run(pdf: pd.DataFrame) -> pd.DataFrame:
-        pdf = pdf.sort_values("run_index", kind="stable").reset_index(drop=True)
+        pdf = pdf.sort_values(list(RUN_ORDER), kind="stable").reset_index(drop=True)
+        n = len(pdf)
         series_id = str(pdf["series_id"].iloc[0])
         higher_better = bool(pdf["higher_is_better"].iloc[0])
         values = pdf["value"].to_numpy(dtype=np.float64)
-        found = detect(values, cfg, seed=series_id)
-        rows = []
+        pdf["run_index"] = np.arange(n, dtype=np.int64)
+        # Exact median of the previous `window` runs (NaN for the first run).
+        baseline = pd.Series(values).shift(1).rolling(window, min_periods=1).median().to_numpy()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            delta = np.where(baseline != 0, (values / baseline - 1.0) * 100.0, np.nan)
+        pdf["baseline"] = baseline
+        pdf["delta_pct"] = delta
+        pdf["worse_pct"] = -delta if higher_better else delta
+        pdf["is_latest"] = pdf["run_index"] == n - 1
+        cols: dict[str, list[object]] = {c: [None] * n for c, _ in CHANGE_COLUMNS}
+        found = detect(values, det, seed=series_id)
         last_level = float(np.median(values[found[-1].index:])) if found else None
         for cp in found:
             worse = -cp.change if higher_better else cp.change
             open_worse = (((cp.before - last_level) if higher_better else (last_level - cp.before))
                           / abs(cp.before)) if (last_level is not None and cp.before != 0) else 0.0
-            still_worse = open_worse >= cfg.min_change
-            at = pdf.iloc[cp.index]
-            rows.append({
-                "series_id": series_id, "kind": str(pdf["kind"].iloc[0]),
-                "run_index": int(at["run_index"]), "run_id": at["run_id"],
-                "run_time": at["run_time"], "commit": at["commit"],
-                "before": cp.before, "after": cp.after, "change_pct": cp.change * 100.0,
-                "worse_pct": worse * 100.0, "confidence": cp.confidence, "z": cp.z,
-                "direction": (Direction.REGRESSION if worse > 0 else Direction.IMPROVEMENT).value,
-                "open": bool(worse > 0 and still_worse),
-                "current": last_level, "open_worse_pct": open_worse * 100.0,
-            })
-        return pd.DataFrame(rows, columns=[f.name for f in CHANGE_SCHEMA.fields])
+            i = cp.index
+            cols["cp_before"][i], cols["cp_after"][i] = cp.before, cp.after
+            cols["cp_change_pct"][i] = cp.change * 100.0
+            cols["cp_worse_pct"][i] = worse * 100.0
+            cols["cp_confidence"][i], cols["cp_z"][i] = cp.confidence, cp.z
+            cols["cp_direction"][i] = (Direction.REGRESSION if worse > 0 else Direction.IMPROVEMENT).value
+            cols["cp_open"][i] = bool(worse > 0 and open_worse >= det.min_change)
+            cols["cp_current"][i] = last_level
+            cols["cp_open_worse_pct"][i] = open_worse * 100.0
+        for c, _ in CHANGE_COLUMNS:
+            pdf[c] = cols[c]
+        return pdf[ANALYSED_SCHEMA.names]
     return run
 
 
-def change_points(series: DataFrame, cfg: DetectorConfig) -> DataFrame:
-    cols = ["series_id", "kind", "run_index", "run_id", "run_time", "commit", "value",
-            "higher_is_better"]
-    return series.select(*cols).groupBy("series_id").applyInPandas(
-        _series_changes(cfg), schema=CHANGE_SCHEMA)
+def analyse(points: DataFrame, cfg: TrendConfig) -> DataFrame:
+    """Every series' points with baseline, run index and change-point columns."""
+    return points.groupBy("series_id").applyInPandas(_analyse_series(cfg), schema=ANALYSED_SCHEMA)
+
+
+def changes_of(analysed: DataFrame) -> DataFrame:
+    """The change points (:data:`CHANGE_SCHEMA`) of analysed series."""
+    return analysed.filter(F.col("cp_before").isNotNull()).select(*(
+        F.col(f"cp_{f.name}").alias(f.name) if f"cp_{f.name}" in analysed.columns else F.col(f.name)
+        for f in CHANGE_SCHEMA.fields))
 
 
 def summarize(series: DataFrame, changes: DataFrame, stale_after: int = 5) -> DataFrame:
     """One row per series: its latest point against the baseline, change counts, and
     ``runs_since_seen``: how many later runs of its machine, branch and mode did not
     measure it (``stale`` from ``stale_after`` on: renamed or removed)."""
-    latest_first = Window.partitionBy("series_id").orderBy(*(F.desc(c) for c in RUN_ORDER))
-    latest = (series.withColumn("_rank", F.row_number().over(latest_first))
-              .filter("_rank = 1").drop("_rank", "run_index"))
+    latest = series.filter("is_latest").drop("run_index")
     scope = ["machine", "branch", "mode"]
     runs = series.select(*scope, *RUN_ORDER).distinct()
     position = runs.withColumn("runs_since_seen", F.row_number().over(
@@ -292,7 +306,7 @@ def summarize(series: DataFrame, changes: DataFrame, stale_after: int = 5) -> Da
 def compute(runs: DataFrame, out: str, cfg: TrendConfig | None = None) -> TrendTables:
     """Build the trend tables from the ingested run table and write them as Parquet under
     ``out`` (``series``, ``changes``, ``summary``). Each step reads the previous one back
-    from Parquet, so the window functions and the change-point UDF run exactly once."""
+    from Parquet, so the grouped UDF runs exactly once."""
     cfg = cfg or TrendConfig()
     spark = runs.sparkSession
     base = out.rstrip("/")
@@ -303,10 +317,8 @@ def compute(runs: DataFrame, out: str, cfg: TrendConfig | None = None) -> TrendT
         return spark.read.parquet(path)
 
     points = benchmark_points(select_runs(runs, cfg), cfg.metric)
-    series = materialize(
-        with_baseline(points.unionByName(ratio_points(points, cfg.metric)), cfg.baseline_window),
-        "series")
-    changes = materialize(change_points(series, cfg.detector), "changes")
+    series = materialize(analyse(points.unionByName(ratio_points(points, cfg.metric)), cfg), "series")
+    changes = materialize(changes_of(series), "changes")
     summary = materialize(summarize(series, changes, cfg.stale_after), "summary")
     return TrendTables(series=series, changes=changes, summary=summary)
 

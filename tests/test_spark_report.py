@@ -99,7 +99,7 @@ def test_rerun_with_nothing_new_reads_no_file_and_reuses_the_tables(spark, pipel
     assert code == 1
     printed = capsys.readouterr().out
     assert f"{RUNS + 1} files seen, 0 new" in printed
-    assert "unchanged since the last run" in printed
+    assert "unchanged since the last run" in printed and "report.html is up to date" in printed
 
 
 def test_report_without_trend_tables_exits_2(tmp_path, capsys) -> None:  # noqa: ANN001
