@@ -139,8 +139,8 @@ def _session(args: argparse.Namespace, spark: SparkSession | None) -> tuple[Spar
 
 def _stop(session: SparkSession, owned: bool) -> None:
     if owned:
-        from spark_bench.session import memory_report
-        print(memory_report(session))
+        from spark_bench.session import resource_report
+        print(resource_report(session))
         session.stop()
 
 

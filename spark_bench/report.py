@@ -109,15 +109,39 @@ def _round(values: np.ndarray) -> list[float | None]:
     return out
 
 
+class _RunLabels:
+    """Hover labels (commit and run time) of every plotted run, stored once per page:
+    series of one machine share their runs, so each plot refers to labels by number
+    (``_r`` in a trace, expanded into ``text`` by the page script) instead of repeating
+    them, which was most of a plot's size."""
+
+    def __init__(self) -> None:
+        self.index: dict[str, int] = {}
+
+    def refs(self, points: pd.DataFrame) -> list[int]:
+        out = []
+        for commit, when in zip(points["commit"], points["run_time"], strict=True):
+            label = f"{str(commit)[:10]} {str(when)[:16]}"
+            out.append(self.index.setdefault(label, len(self.index)))
+        return out
+
+    def labels(self) -> list[str]:
+        return list(self.index)
+
+
 def _figure(points: pd.DataFrame, changes: pd.DataFrame, kind: str, higher_is_better: bool,
-            title: str) -> dict[str, object]:
+            title: str, labels: _RunLabels) -> dict[str, object]:
     """The plotly figure of one series, as the JSON-ready dict plotly.js takes."""
     values = points["value"].to_numpy(dtype=np.float64)
     factor, unit = _unit(values, kind, higher_is_better)
     y = values * factor
-    x = points["run_index"].to_numpy().tolist()
-    hover = [f"{str(c)[:10]} {str(t)[:16]}" for c, t in zip(points["commit"], points["run_time"],
-                                                             strict=True)]
+    run_index = points["run_index"].to_numpy()
+    x = run_index.tolist()
+    # A series' points are runs 0..n-1: "x0/dx" says so in a few bytes.
+    xs: dict[str, object] = ({"x0": int(run_index[0]), "dx": 1}
+                             if np.array_equal(run_index, np.arange(run_index[0], run_index[0] + len(x)))
+                             else {"x": x})
+    refs = labels.refs(points)
     levels = np.concatenate([changes["before"].to_numpy(dtype=np.float64),
                              changes["after"].to_numpy(dtype=np.float64)]) * factor
     finite = y[np.isfinite(y)]
@@ -128,12 +152,12 @@ def _figure(points: pd.DataFrame, changes: pd.DataFrame, kind: str, higher_is_be
     lo, hi = lo - pad, hi + pad
     inside = (y >= lo) & (y <= hi)
     traces: list[dict[str, object]] = [
-        {"type": "scatter", "mode": "lines+markers", "name": unit, "x": x,
-         "y": _round(np.where(inside, y, np.nan)), "text": hover,
+        {"type": "scatter", "mode": "lines+markers", "name": unit, **xs,
+         "y": _round(np.where(inside, y, np.nan)), "_r": refs,
          "line": {"width": 1, "color": "#4477aa"}, "marker": {"size": 3},
          "hovertemplate": "run %{x}: %{y} " + unit + "<br>%{text}<extra></extra>",
          "connectgaps": True},
-        {"type": "scatter", "mode": "lines", "name": "baseline", "x": x,
+        {"type": "scatter", "mode": "lines", "name": "baseline", **xs,
          "y": _round(points["baseline"].to_numpy(dtype=np.float64) * factor),
          "line": {"width": 1, "dash": "dash", "color": "#999999"}, "hoverinfo": "skip"},
     ]
@@ -143,7 +167,7 @@ def _figure(points: pd.DataFrame, changes: pd.DataFrame, kind: str, higher_is_be
         traces.append({
             "type": "scatter", "mode": "markers", "name": "outside the axis",
             "x": [x[i] for i in idx], "y": _round(np.clip(y[idx], lo, hi)),
-            "customdata": _round(y[idx]), "text": [hover[i] for i in idx],
+            "customdata": _round(y[idx]), "_r": [refs[i] for i in idx],
             "marker": {"symbol": ["triangle-up" if y[i] > hi else "triangle-down" for i in idx],
                        "size": 8, "color": "#ee7733"},
             "hovertemplate": "run %{x}: %{customdata} " + unit + " (off scale)<br>%{text}<extra></extra>",
@@ -259,13 +283,14 @@ def render(summary: pd.DataFrame, changes: pd.DataFrame, points: pd.DataFrame,
     cp_by_series = dict(tuple(changes.groupby("series_id"))) if len(changes) else {}
     empty = changes.iloc[0:0]
     scripts = []
+    labels = _RunLabels()
     plots = 0
     for series_id in plot_ids:
         pts = by_series.get(series_id)
         if pts is None or pts.empty:
             continue
         fig = _figure(pts, cp_by_series.get(series_id, empty), kinds.get(series_id, ""),
-                      hib.get(series_id, False), series_id)
+                      hib.get(series_id, False), series_id, labels)
         anchor = _anchor(series_id)
         parts.append(f"<div class='plot' id='{anchor}'></div>")
         scripts.append(f"P('{anchor}',{json.dumps(fig, separators=(',', ':'))});")
@@ -307,9 +332,11 @@ def render(summary: pd.DataFrame, changes: pd.DataFrame, points: pd.DataFrame,
 
     # Plots are drawn after the page is parsed, one per animation frame, so a long report
     # shows its tables at once.
-    parts.append("<script>const Q=[];function P(i,f){Q.push([i,f]);}" + "".join(scripts)
-                 + "function D(){const t=Q.shift();if(!t)return;Plotly.newPlot(t[0],t[1].data,"
-                 "t[1].layout,{responsive:true,displaylogo:false});requestAnimationFrame(D);}"
-                 "requestAnimationFrame(D);</script></body></html>")
+    parts.append("<script>const R=" + json.dumps(labels.labels(), separators=(",", ":"))
+                 + ";const Q=[];function P(i,f){Q.push([i,f]);}" + "".join(scripts)
+                 + "function D(){const t=Q.shift();if(!t)return;for(const d of t[1].data){"
+                 "if(d._r){d.text=d._r.map(k=>R[k]);delete d._r;}}"
+                 "Plotly.newPlot(t[0],t[1].data,t[1].layout,{responsive:true,displaylogo:false});"
+                 "requestAnimationFrame(D);}requestAnimationFrame(D);</script></body></html>")
     return ReportResult(html="".join(parts), plots=plots, failing=fails,
                         seconds=time.perf_counter() - started)

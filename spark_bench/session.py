@@ -124,13 +124,46 @@ def _peak_rss_mib(pid: int) -> float | None:
     return None
 
 
-def memory_report(spark: SparkSession) -> str:
-    """Peak memory of this Python driver and of the Spark driver JVM it started (executor
-    JVMs of a cluster are not counted; local mode runs the executors in the driver JVM)."""
+def _process_tree_cpu_seconds(root: int) -> float | None:
+    """User + system CPU of ``root`` and every live descendant (with their reaped
+    children): the driver JVM and its Python workers. On a shared machine this, not the
+    wall time, says what the job cost."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    ticks = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(entry)
+        parents[pid] = int(fields[1])
+        times[pid] = sum(int(f) for f in fields[11:15]) / ticks  # utime stime cutime cstime
+    if root not in times:
+        return None
+    total, frontier = 0.0, [root]
+    while frontier:
+        pid = frontier.pop()
+        total += times.get(pid, 0.0)
+        frontier.extend(child for child, parent in parents.items() if parent == pid)
+    return total
+
+
+def resource_report(spark: SparkSession) -> str:
+    """Peak memory of this Python driver and of the Spark driver JVM it started, and the CPU
+    time of that JVM with its Python workers (executors of a cluster are not counted; local
+    mode runs them inside the driver JVM)."""
     python = _peak_rss_mib(os.getpid())
     gateway = getattr(spark.sparkContext, "_gateway", None)
     proc = getattr(gateway, "proc", None)
     jvm = _peak_rss_mib(proc.pid) if proc is not None else None
-    parts = [f"python driver {python:.0f} MiB" if python is not None else "python driver ?"]
-    parts.append(f"driver JVM {jvm:.0f} MiB" if jvm is not None else "driver JVM not measured")
-    return "memory (peak RSS): " + ", ".join(parts)
+    cpu = _process_tree_cpu_seconds(proc.pid) if proc is not None else None
+    mem = [f"python driver {python:.0f} MiB" if python is not None else "python driver ?",
+           f"driver JVM {jvm:.0f} MiB" if jvm is not None else "driver JVM not measured"]
+    own = os.times()
+    cpu_text = (f"; CPU: driver JVM + Python workers {cpu:.1f} s, python driver "
+                f"{own.user + own.system:.1f} s" if cpu is not None else "")
+    return "resources: peak RSS " + ", ".join(mem) + cpu_text
