@@ -166,7 +166,7 @@ def ingest(spark: SparkSession, paths: list[str], table: str) -> IngestResult:
             known_runs = {r["run_id"] for r in
                           read_table(spark, table).select("run_id").distinct().collect()}
         manifest_rows = []
-        fresh_runs: set[str] = set()
+        fresh_runs: dict[str, str] = {}  # run id -> the one new file its rows are taken from
         for entry in new:
             path = entry["path"]
             summary = per_file.get(path)
@@ -181,21 +181,21 @@ def ingest(spark: SparkSession, paths: list[str], table: str) -> IngestResult:
                 result.files_ingested += 1
                 result.rows_read += usable_rows
                 result.entries_invalid += int(summary["invalid"] or 0)
-                if run_id not in known_runs:
-                    fresh_runs.add(run_id)
+                if run_id not in known_runs and path < fresh_runs.get(run_id, "\uffff"):
+                    fresh_runs[run_id] = path
             manifest_rows.append((path, entry["length"], entry["modified"], run_id, problem,
                                   usable_rows, None))
         result.skipped.sort(key=lambda s: s.path)
 
         if fresh_runs:
-            fresh = (staged.filter(usable & F.col("problem").isNull()
-                                   & F.col("run_id").isin(*sorted(fresh_runs)))
-                     # one copy of a run saved in several files (autosave + json, copies)
-                     .dropDuplicates(["run_id", "benchmark"]))
+            # One copy of a run saved in several files (autosave + json, copies): its rows
+            # come from one file, chosen here, so no shuffle is needed to drop the others.
+            sources = sorted(set(fresh_runs.values()))
+            fresh = staged.filter(usable & F.col("problem").isNull()
+                                  & F.col("source_file").isin(*sources))
             conform(fresh.withColumn("ingested_at", F.current_timestamp())
                     ).write.mode("append").parquet(table)
-            result.rows_new = spark.read.parquet(table).filter(
-                F.col("run_id").isin(*sorted(fresh_runs))).count()
+            result.rows_new = int(sum(int(per_file[p]["usable"] or 0) for p in sources))
         result.rows_duplicate = result.rows_read - result.rows_new
         (spark.createDataFrame(manifest_rows, FILE_MANIFEST)
          .withColumn("ingested_at", F.current_timestamp())
