@@ -335,3 +335,26 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
     except _UsageError as exc:
         print(f"rmqha-trends: error: {exc}", file=sys.stderr)
         return EXIT_NO_DATA
+    except Exception as exc:
+        # A path Spark cannot open (unknown URL scheme, missing credentials, unreachable
+        # name node) surfaces as a JVM exception: say which, without a py4j stack.
+        reason = _spark_failure(exc)
+        if reason is None:
+            raise
+        print(f"rmqha-trends: error: {reason}", file=sys.stderr)
+        return EXIT_NO_DATA
+
+
+def _spark_failure(exc: Exception) -> str | None:
+    """The first line of a Spark/JVM error, or None for any other exception."""
+    try:
+        from py4j.protocol import Py4JJavaError
+        from pyspark.errors import PySparkException
+    except ImportError:
+        return None
+    if isinstance(exc, Py4JJavaError):
+        java = exc.java_exception
+        return f"Spark failed: {java.getClass().getName()}: {java.getMessage()}"
+    if isinstance(exc, PySparkException):
+        return f"Spark failed: {str(exc).splitlines()[0]}"
+    return None

@@ -121,3 +121,12 @@ def test_module_runs_as_a_program() -> None:
                  "--threshold-for", "--machine-key", "--branch", "--include-dirty", "--stale-after"):
         assert flag in proc.stdout
     assert os.path.isdir(os.path.join(PROJECT_ROOT, "spark_bench"))
+
+
+def test_a_url_spark_cannot_open_is_a_clear_error(spark, tmp_path, capsys) -> None:  # noqa: ANN001, F811
+    code = main(["trends", "--history", "nosuchfs://bucket/history", "--out", str(tmp_path / "o")],
+                spark=spark)
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "rmqha-trends: error: Spark failed" in err and "nosuchfs" in err
+    assert "Traceback" not in err
