@@ -153,41 +153,71 @@ def benchmark_points(runs: DataFrame, metric: str) -> DataFrame:
     ).filter(F.col("value").isNotNull())
 
 
+POINT_SCHEMA = T.StructType([
+    T.StructField(c, {"run_time": T.TimestampType(), "order_time": T.TimestampType(),
+                      "value": T.DoubleType(), "higher_is_better": T.BooleanType()}
+                  .get(c, T.StringType()))
+    for c in ("kind", "series_id", "benchmark", "machine", "branch", "implementation", "mode",
+              "case_key", "run_id", "run_time", "order_time", "commit", "value",
+              "higher_is_better")])
+
+
+def _case_ratios(metric: str):  # noqa: ANN202 - returns the UDF body
+    """Body of the grouped UDF: all implementations of one case on one machine, branch and
+    mode in; their side-by-side ratios per run out."""
+    def run(pdf: pd.DataFrame) -> pd.DataFrame:
+        # A case measured twice by one implementation in one run is ambiguous: left out.
+        once = pdf.groupby(["run_id", "implementation"])["value"].transform("size") == 1
+        pdf = pdf[once]
+        if pdf.empty:
+            return pd.DataFrame(columns=POINT_SCHEMA.names)
+        wide = pdf.pivot(index="run_id", columns="implementation", values="value")
+        runs = pdf.drop_duplicates("run_id").set_index("run_id")[["run_time", "order_time", "commit"]]
+        first = pdf.iloc[0]
+        frames = []
+        for a in wide.columns:
+            if a not in RMQHA_IMPLEMENTATIONS:
+                continue
+            for b in wide.columns:
+                if b == a or (a == "python" and b == "cython"):  # cython vs python once
+                    continue
+                # Times: b/a is how many times faster a is. Rates (ops): a/b.
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    ratio = (wide[a] / wide[b]) if metric == "ops" else (wide[b] / wide[a])
+                ratio = ratio[np.isfinite(ratio)]
+                if ratio.empty:
+                    continue
+                label = f"{a} vs {b}"
+                parts = [first["case_key"], first["machine"], label, first["branch"]]
+                if first["mode"] == "quick":
+                    parts.append("quick")
+                frame = runs.loc[ratio.index].reset_index()
+                frame["value"] = ratio.to_numpy()
+                frame["implementation"] = label
+                frame["series_id"] = " | ".join(parts)
+                frames.append(frame)
+        if not frames:
+            return pd.DataFrame(columns=POINT_SCHEMA.names)
+        out = pd.concat(frames, ignore_index=True)
+        out["kind"] = SeriesKind.RATIO.value
+        out["benchmark"] = out["case_key"] = first["case_key"]
+        out["machine"], out["branch"], out["mode"] = first["machine"], first["branch"], first["mode"]
+        out["higher_is_better"] = True
+        # pandas 3 stores new text columns as chunked Arrow strings, which Spark's Arrow
+        # serializer refuses; plain objects convert.
+        text = [f.name for f in POINT_SCHEMA.fields if isinstance(f.dataType, T.StringType)]
+        return out[POINT_SCHEMA.names].astype({c: object for c in text})
+    return run
+
+
 def ratio_points(points: DataFrame, metric: str) -> DataFrame:
-    """Side-by-side speed-ups within each run; a case measured twice by the same
-    implementation in one run is ambiguous and left out."""
-    keys = ["run_id", "machine", "branch", "mode", "case_key", "implementation"]
-    one = (points.groupBy(*keys)
-           .agg(F.count("*").alias("n"), F.first("value").alias("value"),
-                F.first("run_time").alias("run_time"), F.first("order_time").alias("order_time"),
-                F.first("commit").alias("commit"))
-           .filter("n = 1").drop("n"))
-    a, b = one.alias("a"), one.alias("b")
-    joined = a.join(
-        b,
-        (F.col("a.run_id") == F.col("b.run_id")) & (F.col("a.machine") == F.col("b.machine"))
-        & (F.col("a.mode") == F.col("b.mode")) & (F.col("a.case_key") == F.col("b.case_key"))
-        & (F.col("a.implementation") != F.col("b.implementation"))
-        & F.col("a.implementation").isin(*RMQHA_IMPLEMENTATIONS)
-        # cython vs python once, not twice
-        & ~((F.col("a.implementation") == "python") & (F.col("b.implementation") == "cython")),
-    )
-    # Times: b/a is how many times faster a is. Rates (ops): a/b.
-    ratio = (F.col("a.value") / F.col("b.value")) if metric == "ops" else (F.col("b.value") / F.col("a.value"))
-    label = F.concat(F.col("a.implementation"), F.lit(" vs "), F.col("b.implementation"))
-    return joined.select(
-        F.lit(SeriesKind.RATIO.value).alias("kind"),
-        F.concat_ws(" | ", F.col("a.case_key"), F.col("a.machine"), label, F.col("a.branch"),
-                    F.when(F.col("a.mode") == "quick", F.lit("quick"))).alias("series_id"),
-        F.col("a.case_key").alias("benchmark"), F.col("a.machine").alias("machine"),
-        F.col("a.branch").alias("branch"),
-        label.alias("implementation"), F.col("a.mode").alias("mode"),
-        F.col("a.case_key").alias("case_key"),
-        F.col("a.run_id").alias("run_id"), F.col("a.run_time").alias("run_time"),
-        F.col("a.order_time").alias("order_time"),
-        F.col("a.commit").alias("commit"), ratio.alias("value"),
-        F.lit(True).alias("higher_is_better"),
-    ).filter(F.col("value").isNotNull() & ~F.isnan("value"))
+    """Side-by-side speed-ups within each run, one grouped pass per case (a self-join of
+    the points cost three times as much)."""
+    cols = ["machine", "branch", "mode", "case_key", "implementation", "run_id", "run_time",
+            "order_time", "commit", "value"]
+    return (points.select(*cols)
+            .groupBy("machine", "branch", "mode", "case_key")
+            .applyInPandas(_case_ratios(metric), schema=POINT_SCHEMA))
 
 
 #: The order of runs in a series: commit order, then the order they ran in.
