@@ -38,6 +38,7 @@ from rmqha.errors import (
     RemotingTimeoutError,
     RmqhaError,
 )
+from rmqha.mq_version import ADVERTISED
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +53,10 @@ FLAG_ONEWAY = 0x2
 
 SERIALIZE_JSON = 0
 LANGUAGE = "PYTHON"  # a member of RocketMQ's LanguageCode enum
-#: RocketMQ ``MQVersion.Version`` ordinal sent in ``version`` (V5_1_4 = 475); Java servers
-#: only use it to pick compatibility paths, none of which matter for the codes we send.
-VERSION = 475
+#: RocketMQ ``MQVersion.Version`` ordinal sent in ``version`` (V5_1_4, see
+#: :mod:`rmqha.mq_version`); Java servers only use it to pick compatibility paths, none of
+#: which matter for the codes we send.
+VERSION = int(ADVERTISED)
 
 _LEN = struct.Struct(">ii")
 _OPAQUE_MASK = 0x7FFFFFFF

@@ -76,6 +76,7 @@ from rmqha.messaging.topics import (
     TopicTable,
     validate_topic_name,
 )
+from rmqha.mq_version import java_reads_lz4
 from rmqha.remoting import RemotingCommand
 
 log = logging.getLogger(__name__)
@@ -153,16 +154,12 @@ _QOFF = struct.Struct(">q")
 _I32 = struct.Struct(">i")
 
 
-#: Java ``MQVersion`` ordinal of V5_0_0: Java clients from 5.0 on decompress lz4.
-_JAVA_V5_0_0 = 413
-
-
 def _reads_lz4(cmd: RemotingCommand) -> bool:
-    """Whether the client that sent ``cmd`` can inflate lz4 bodies (RocketMQ 5 clients and
-    rmqha's own); C++ 1.2.x aborts on anything but zlib."""
+    """Whether the client that sent ``cmd`` can inflate lz4 bodies (Java clients from 4.9.4
+    and rmqha's own); C++ 1.2.x aborts on anything but zlib."""
     if cmd.language == "PYTHON":
         return True
-    return cmd.language == "JAVA" and cmd.version >= _JAVA_V5_0_0
+    return cmd.language == "JAVA" and java_reads_lz4(cmd.version)
 
 
 def _lz4_to_zlib(body: bytes) -> bytes:
