@@ -4,6 +4,8 @@ service on loopback: the lz4 decision by client version, lite pull, offsets for 
 groups, and the other consumer requests."""
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -59,5 +61,135 @@ def test_pull_body_compression_follows_client_version(
             assert msg.sys_flag & SysFlag.COMPRESSED
             assert (msg.sys_flag >> 8) & 7 == int(want)
             assert msg.body == body  # decode_records inflates either kind
+
+    run(main())
+
+
+# --- a Java 5.x DefaultLitePullConsumer's life, request by request ---------------------------
+
+_LITE = 0x10 | 0x4 | 0x2  # PullSysFlag: lite pull, subscription, suspend (no commit flag)
+
+
+def _java(code: int, ext: dict, body: bytes = b"", *, oneway: bool = False) -> RemotingCommand:
+    req = RemotingCommand.request(code, ext, body, oneway=oneway)
+    req.language, req.version = "JAVA", int(MQVersion.V5_1_4)
+    return req
+
+
+def _heartbeat(client_id: str, group: str, topic: str) -> bytes:
+    return json.dumps({
+        "clientID": client_id, "producerDataSet": [],
+        "consumerDataSet": [{
+            "groupName": group, "consumeType": "CONSUME_ACTIVELY", "messageModel": "CLUSTERING",
+            "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET", "unitMode": False,
+            "subscriptionDataSet": [{"classFilterMode": False, "topic": topic, "subString": "*",
+                                     "tagsSet": [], "codeSet": [], "subVersion": 1,
+                                     "expressionType": "TAG"}]}],
+        "heartbeatFingerprint": 0}).encode()
+
+
+def _lite_pull(topic: str, qid: int, offset: int, hold_ms: int, group: str = "lite") -> RemotingCommand:
+    return _java(RequestCode.LITE_PULL_MESSAGE, {
+        "consumerGroup": group, "topic": topic, "queueId": qid, "queueOffset": offset,
+        "maxMsgNums": 32, "sysFlag": _LITE, "commitOffset": 0,
+        "suspendTimeoutMillis": hold_ms, "subscription": "*", "subVersion": 1,
+        "expressionType": "TAG", "maxMsgBytes": 2147483647})
+
+
+def test_lite_pull_consumer_life_over_the_wire(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with Env(tmp_path) as env:
+            b = await env.broker()
+            await create_topic(b.address, "lite", 2)
+            cid = "10.0.0.7@4242#lite"
+            async with RemotingClient(b.address) as c, Producer(env.namesrv) as p:
+                hb = await c.request(_java(RequestCode.HEART_BEAT, {}, _heartbeat(cid, "lite", "lite")))
+                assert hb.code == ResponseCode.SUCCESS, hb.remark
+                ids = await c.request(_java(RequestCode.GET_CONSUMER_LIST_BY_GROUP,
+                                            {"consumerGroup": "lite"}))
+                assert json.loads(ids.body)["consumerIdList"] == [cid]
+                # A new group on an empty queue: QUERY_NOT_FOUND, so the client applies
+                # CONSUME_FROM_LAST_OFFSET and asks for the max offset.
+                q = await c.request(_java(RequestCode.QUERY_CONSUMER_OFFSET, {
+                    "consumerGroup": "lite", "topic": "lite", "queueId": 0}))
+                assert q.code == ResponseCode.QUERY_NOT_FOUND
+                mx = await c.request(_java(RequestCode.GET_MAX_OFFSET, {"topic": "lite", "queueId": 0}))
+                assert (mx.code, mx.ext_fields["offset"]) == (ResponseCode.SUCCESS, "0")
+                # A held lite pull is answered when a message arrives.
+                pending = asyncio.ensure_future(c.request(_lite_pull("lite", 0, 0, 10_000), 20))
+                sent = await p.send("lite", Message(b"first", keys="k1"), queue_id=0)
+                resp = await pending
+                assert resp.code == ResponseCode.SUCCESS, resp.remark
+                assert [m.msg_id for m in decode_records(resp.body)] == [sent.msg_id]
+                assert resp.ext_fields["nextBeginOffset"] == "1"
+                more = [await p.send("lite", Message(b"m%d" % i), queue_id=0) for i in range(5)]
+                resp = await c.request(_lite_pull("lite", 0, 1, 0))
+                assert [m.msg_id for m in decode_records(resp.body)] == [r.msg_id for r in more]
+                end = await c.request(_lite_pull("lite", 0, 6, 0))
+                assert end.code == ResponseCode.PULL_NOT_FOUND
+                # The lite consumer commits with UPDATE_CONSUMER_OFFSET one-way (no commit
+                # flag in its pulls) and reads it back with QUERY_CONSUMER_OFFSET.
+                await c.oneway(_java(RequestCode.UPDATE_CONSUMER_OFFSET, {
+                    "consumerGroup": "lite", "topic": "lite", "queueId": 0, "commitOffset": 6},
+                    oneway=True))
+                for _ in range(200):
+                    q = await c.request(_java(RequestCode.QUERY_CONSUMER_OFFSET, {
+                        "consumerGroup": "lite", "topic": "lite", "queueId": 0}))
+                    if q.code == ResponseCode.SUCCESS:
+                        break
+                    await asyncio.sleep(0.01)
+                assert (q.code, q.ext_fields["offset"]) == (ResponseCode.SUCCESS, "6")
+                # seek / offsetForTimestamp
+                mn = await c.request(_java(RequestCode.GET_MIN_OFFSET, {"topic": "lite", "queueId": 0}))
+                assert mn.ext_fields["offset"] == "0"
+                ts = await c.request(_java(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, {
+                    "topic": "lite", "queueId": 0, "timestamp": 0}))
+                assert ts.ext_fields["offset"] == "0"
+                # Another new group on this young queue (first message at queue offset 0)
+                # gets 0, as RocketMQ answers; unless the client says setZeroIfNotFound=false.
+                q = await c.request(_java(RequestCode.QUERY_CONSUMER_OFFSET, {
+                    "consumerGroup": "other", "topic": "lite", "queueId": 0}))
+                assert (q.code, q.ext_fields["offset"]) == (ResponseCode.SUCCESS, "0")
+                q = await c.request(_java(RequestCode.QUERY_CONSUMER_OFFSET, {
+                    "consumerGroup": "other", "topic": "lite", "queueId": 0,
+                    "setZeroIfNotFound": "false"}))
+                assert q.code == ResponseCode.QUERY_NOT_FOUND
+                un = await c.request(_java(RequestCode.UNREGISTER_CLIENT, {
+                    "clientID": cid, "consumerGroup": "lite"}))
+                assert un.code == ResponseCode.SUCCESS
+                ids = await c.request(_java(RequestCode.GET_CONSUMER_LIST_BY_GROUP,
+                                            {"consumerGroup": "lite"}))
+                assert cid not in (json.loads(ids.body or b"{}").get("consumerIdList") or [])
+
+    run(main())
+
+
+def test_consumer_mode_requests_get_rocketmq_answers(tmp_path: Path) -> None:
+
+    async def main() -> None:
+        async with Env(tmp_path) as env:
+            b = await env.broker()
+            async with RemotingClient(b.address) as c:
+                def check(expr_type: str, sub: str) -> RemotingCommand:
+                    return _java(RequestCode.CHECK_CLIENT_CONFIG, {}, json.dumps({
+                        "clientId": "x", "group": "g", "subscriptionData": {
+                            "topic": "t", "subString": sub, "expressionType": expr_type}}).encode())
+                ok = await c.request(check("TAG", "a || b"))
+                assert ok.code == ResponseCode.SUCCESS
+                sql = await c.request(check("SQL92", "a > 1"))
+                assert sql.code == ResponseCode.SYSTEM_ERROR and "SQL92" in sql.remark
+                qa = await c.request(_java(RequestCode.QUERY_ASSIGNMENT, {}, json.dumps({
+                    "topic": "t", "consumerGroup": "g", "clientId": "x",
+                    "strategyName": "AVG", "messageModel": "CLUSTERING"}).encode()))
+                assert qa.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+                assert "clientRebalance" in qa.remark
+                pull_mode = await c.request(_java(RequestCode.SET_MESSAGE_REQUEST_MODE, {},
+                                                  json.dumps({"topic": "t", "consumerGroup": "g",
+                                                              "mode": "PULL"}).encode()))
+                assert pull_mode.code == ResponseCode.SUCCESS
+                pop = await c.request(_java(RequestCode.SET_MESSAGE_REQUEST_MODE, {},
+                                            json.dumps({"topic": "t", "consumerGroup": "g",
+                                                        "mode": "POP"}).encode()))
+                assert pop.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
 
     run(main())

@@ -94,7 +94,9 @@ class PullPath:
         self._waiters: dict[tuple[str, int], list[asyncio.Future[None]]] = {}
 
     def handlers(self) -> dict[int, Handler]:
-        return {RequestCode.PULL_MESSAGE: self.on_pull}
+        # A Java DefaultLitePullConsumer sends LITE_PULL_MESSAGE with the pull header (its
+        # sysFlag carries the lite bit, 0x10, and no commit flag): answered the same way.
+        return {RequestCode.PULL_MESSAGE: self.on_pull, RequestCode.LITE_PULL_MESSAGE: self.on_pull}
 
     def wake(self, keys: Iterable[tuple[str, int]]) -> None:
         """The index grew for these (topic, queue id): answer the pulls held on them."""

@@ -32,6 +32,7 @@ from rmqha.errors import StoreError
 from rmqha.messaging.client_requests import ClientRequests
 from rmqha.messaging.clients import ClientRegistry, QueueLocks
 from rmqha.messaging.consume_queue import ConsumeQueueIndex
+from rmqha.messaging.consumer_modes import ConsumerModes
 from rmqha.messaging.consumer_offsets import ConsumerOffsets
 from rmqha.messaging.context import (
     MASTER_ADDRESS_FIELD,
@@ -102,6 +103,7 @@ class MessageService:
         self._send = SendPath(ctx, self._writer, self._topic_admin)
         self._pulls = PullPath(ctx, self._offsets.commit)
         self._queries = QueueQueries(ctx)
+        self._consumer_modes = ConsumerModes()
         self._send_back = SendBack(ctx, self._writer, self._topic_admin)
         self._retention = Retention(ctx, self._state_log, self._writer, on_segments_deleted)
         self._state_log.rebuild(initial=True)
@@ -155,7 +157,7 @@ class MessageService:
         """Request code -> handler for every client-protocol code this service answers."""
         out: dict[int, Handler] = {}
         for piece in (self._send, self._pulls, self._offsets, self._queries, self._clients,
-                      self._send_back, self._topic_admin):
+                      self._send_back, self._topic_admin, self._consumer_modes):
             out.update(piece.handlers())
         return out
 
