@@ -9,7 +9,8 @@ MessagingContext` (store, settings, replication, tables) and the pieces that sha
   once the ack policy and, with ``flush = sync``, the fsync hold;
 - :mod:`~rmqha.messaging.pull_path` serves pulls from the consume-queue index (which never
   passes the confirm offset, so any replica can serve them) and holds empty pulls;
-- :mod:`~rmqha.messaging.queue_queries` answers offset and time lookups;
+- :mod:`~rmqha.messaging.queue_queries` answers offset and time lookups,
+  :mod:`~rmqha.messaging.lookup` queries by key and unique id (the message index);
 - :mod:`~rmqha.messaging.consumer_offsets`, :mod:`~rmqha.messaging.topic_admin` and
   :mod:`~rmqha.messaging.state_replication` keep consumer offsets and topic configs as
   records in the state topic (see :mod:`rmqha.messaging.state`), so they replicate with
@@ -46,6 +47,7 @@ from rmqha.messaging.context import (
     Replication,
 )
 from rmqha.messaging.log_writer import LogWriter
+from rmqha.messaging.lookup import MessageLookup
 from rmqha.messaging.pull_path import PullPath
 from rmqha.messaging.queue_queries import QueueQueries
 from rmqha.messaging.retention import Retention
@@ -107,6 +109,8 @@ class MessageService:
         self._send_back = SendBack(ctx, self._writer, self._topic_admin)
         self._retention = Retention(ctx, self._state_log, self._writer, on_segments_deleted)
         self._state_log.rebuild(initial=True)
+        # After the consume queue: the message index follows it (from its own checkpoint).
+        self._lookup = MessageLookup(ctx)
 
     # --- what the broker and tests read ---------------------------------------------------
 
@@ -157,7 +161,7 @@ class MessageService:
         """Request code -> handler for every client-protocol code this service answers."""
         out: dict[int, Handler] = {}
         for piece in (self._send, self._pulls, self._offsets, self._queries, self._clients,
-                      self._send_back, self._topic_admin, self._consumer_modes):
+                      self._send_back, self._topic_admin, self._consumer_modes, self._lookup):
             out.update(piece.handlers())
         return out
 
@@ -189,10 +193,12 @@ class MessageService:
             log.error("indexing up to %d failed: %s", offset, exc)
             return
         self._pulls.wake(grown)
+        self._lookup.catch_up()
 
     def on_truncate(self, offset: int) -> None:
         """The commitlog was cut at ``offset`` (a slave dropped a divergent tail)."""
         self.ctx.index.truncate(offset)
+        self._lookup.on_truncate(offset)
         self._state_log.on_truncate(offset)
 
     def topic_configs(self) -> dict[str, dict[str, Any]]:
@@ -208,6 +214,7 @@ class MessageService:
         self._offsets.close()
         self._retention.close()
         self._pulls.close()
+        self._lookup.close()
         for task in list(self.ctx.tasks):
             task.cancel()
 
