@@ -143,3 +143,47 @@ def test_lookup_by_key_and_id_over_the_wire_and_after_restart(tmp_path: Path) ->
             await check(again.address)
 
     run(main())
+
+
+def test_python_client_and_cli_lookups(tmp_path: Path, capsys) -> None:
+    import asyncio
+    import json
+
+    from rmqha.cli import main as cli_main
+    from rmqha.client import MessageQuery
+
+    async def main() -> None:
+        async with Env(tmp_path) as env:
+            a = await env.broker("broker-a")
+            b = await env.broker("broker-b")
+            for br in (a, b):
+                await create_topic(br.address, "pay", 2)
+            async with Producer(env.namesrv) as p:
+                sent = [await p.send("pay", Message(b"p%d" % i, keys=f"bill-{i % 2}"))
+                        for i in range(8)]
+            groups = {s.queue.broker_name for s in sent}
+            async with MessageQuery(env.namesrv) as q:
+                got = await q.by_key("pay", "bill-1")
+                assert sorted(m.msg_id for m in got) == sorted(s.msg_id for s in sent[1::2])
+                assert {m.store_host for m in got} <= {a.address, b.address}
+                assert len(groups) == 2 or got  # both groups asked when both hold some
+                uniq = await q.by_unique_key("pay", sent[3].msg_id)
+                assert [m.body for m in uniq] == [b"p3"]
+                by_offset = await q.by_id(sent[6].offset_msg_id)
+                assert [m.msg_id for m in by_offset] == [sent[6].msg_id]
+                assert [m.msg_id for m in await q.by_id(sent[2].msg_id, "pay")] == [sent[2].msg_id]
+                assert await q.by_key("pay", "nobody") == []
+            capsys.readouterr()
+            code = await asyncio.to_thread(cli_main, ["queryMsgByKey", "-n", env.namesrv, "-t", "pay",
+                                                      "-k", "bill-0", "--json"])
+            out = json.loads(capsys.readouterr().out)
+            assert code == 0 and sorted(m["msgId"] for m in out) == sorted(s.msg_id for s in sent[::2])
+            code = await asyncio.to_thread(cli_main, ["query-msg-by-id", "-n", env.namesrv, "-t", "pay",
+                                                      "-i", f"{sent[5].msg_id},{sent[4].offset_msg_id}"])
+            text = capsys.readouterr().out
+            assert code == 0 and "Message Body:        p5" in text and "Message Body:        p4" in text
+            code = await asyncio.to_thread(cli_main, ["queryMsgByUniqueKey", "-n", env.namesrv, "-t",
+                                                      "pay", "-i", "00" * 16])
+            assert code == 1 and "no message with id" in capsys.readouterr().out
+
+    run(main())
