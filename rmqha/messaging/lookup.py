@@ -24,8 +24,7 @@ from rmqha.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, StoreError
 from rmqha.messaging.context import Handler, MessagingContext
 from rmqha.messaging.headers import opt_bool, opt_int, req_str
-from rmqha.messaging.message import Prop, decode_record
-from rmqha.messaging.message_index import KEY_SEPARATOR, FoundMessage, MessageIndex
+from rmqha.messaging.message_index import FoundMessage, MessageIndex, record_matches
 from rmqha.messaging.state import STATE_TOPIC
 from rmqha.remoting import RemotingCommand
 
@@ -83,6 +82,7 @@ class MessageLookup:
         low, high = ctx.log.min_offset, ctx.index.indexed_offset
         out: list[FoundMessage] = []
         seen: set[int] = set()
+        topic_b, key_b = topic.encode(), key.encode()
         for n, offset in enumerate(self.index.candidates(topic, key, begin_ts=begin_ts,
                                                          end_ts=end_ts)):
             if len(out) >= max_num or n >= MAX_CANDIDATES:
@@ -92,19 +92,11 @@ class MessageLookup:
             seen.add(offset)
             try:
                 raw = ctx.read_record(offset)
-                msg, _ = decode_record(raw, inflate=False)
             except (StoreError, ProtocolError) as exc:
                 log.warning("message index points at %d, which is not readable: %s", offset, exc)
                 continue
-            if msg.topic != topic:
-                continue
-            props = msg.properties
-            if unique:
-                if props.get(Prop.UNIQ_KEY) != key:
-                    continue
-            elif key not in (props.get(Prop.KEYS) or "").split(KEY_SEPARATOR):
-                continue
-            out.append(FoundMessage(offset, raw))
+            if record_matches(raw, topic_b, key_b, unique=unique):
+                out.append(FoundMessage(offset, raw))
         return out
 
     async def on_query_message(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:

@@ -279,6 +279,29 @@ class IndexFile:
             steps += 1
 
 
+def record_matches(record: bytes | memoryview, topic: bytes, key: bytes, *, unique: bool) -> bool:
+    """Whether a raw V1 record is of ``topic`` and carries ``key`` (as its UNIQ_KEY when
+    ``unique``, else among its KEYS): the check a lookup makes on every candidate, read
+    straight from the record's bytes (no full decode)."""
+    n = len(record)
+    if n < REC_FIXED:
+        return False
+    (body_len,) = _BODY_LEN.unpack_from(record, 84)
+    t = 88 + body_len
+    if t + 3 > n:
+        return False
+    topic_len = record[t]
+    if bytes(record[t + 1 : t + 1 + topic_len]) != topic:
+        return False
+    (props_len,) = _PROPS_LEN.unpack_from(record, t + 1 + topic_len)
+    p = t + 3 + topic_len
+    props = bytes(record[p : p + props_len])
+    if unique:
+        return find_property(props, b"UNIQ_KEY") == key
+    keys = find_property(props, b"KEYS")
+    return keys is not None and key in keys.split(b" ")
+
+
 @dataclass
 class FoundMessage:
     """A record a lookup matched: its commit offset and raw bytes (RocketMQ's format)."""
