@@ -17,6 +17,7 @@ confirm offset) are answered.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,10 @@ MAX_QUERY_RESULTS = 32
 #: Candidates read per query at most (a hot key with many hash-colliding neighbours must
 #: not turn one request into a scan of the log).
 MAX_CANDIDATES = 4096
+#: The index follows the consume queue in batches: at least this often, or once this far
+#: behind (bytes of log), whichever comes first.
+CATCH_UP_EVERY_S = 0.5
+CATCH_UP_BYTES = 8 << 20
 
 
 class MessageLookup:
@@ -46,6 +51,7 @@ class MessageLookup:
         self.ctx = ctx
         self.index = MessageIndex(Path(ctx.dir) / "index", skip_topics=[STATE_TOPIC],
                                   **index_options)
+        self._last_catch_up = 0.0
         self.catch_up()
 
     def handlers(self) -> dict[int, Handler]:
@@ -53,11 +59,20 @@ class MessageLookup:
 
     # --- keeping up with the log ---------------------------------------------------------------
 
+    def on_confirm(self) -> None:
+        """The consume queue grew: index in batches (every CATCH_UP_EVERY_S or
+        CATCH_UP_BYTES behind), not per send; a lookup always catches up first."""
+        now = time.monotonic()
+        behind = self.ctx.index.indexed_offset - self.index.indexed_offset
+        if behind >= CATCH_UP_BYTES or now - self._last_catch_up >= CATCH_UP_EVERY_S:
+            self.catch_up()
+
     def catch_up(self) -> None:
         """Index up to where the consume queue is (after a restart: from the checkpoint)."""
         ctx = self.ctx
         if ctx.closed:
             return
+        self._last_catch_up = time.monotonic()
         try:
             self.index.advance(ctx.log, ctx.index.indexed_offset)
         except (StoreError, OSError, ValueError) as exc:

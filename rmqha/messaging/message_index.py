@@ -42,7 +42,7 @@ from typing import Any
 
 from rmqha.errors import StoreError
 from rmqha.messaging.consume_queue import BLANK_MAGIC, LogReader
-from rmqha.messaging.message import MAGIC_V1, REC_FIXED, find_property
+from rmqha.messaging.message import MAGIC_V1, REC_FIXED
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +52,10 @@ HEADER_SIZE = 128
 #: magic, version, slot_count, capacity, count, clean, durable_count, begin_phys,
 #: end_phys, durable_end_phys, min_ts, max_ts
 _HEADER = struct.Struct(">8sIIIIIIqqqqq")
-_COUNT_AT = 20
 _END_PHYS_AT = 40
 _ENTRY = struct.Struct(">qqIi")  # commit offset, store timestamp, key hash, previous entry
 ENTRY_SIZE = _ENTRY.size
 _SLOT = struct.Struct(">i")
-_COUNT = struct.Struct(">I")
 _Q = struct.Struct(">q")
 _HEAD = struct.Struct(">iI")
 _BODY_LEN = struct.Struct(">i")
@@ -208,13 +206,39 @@ class IndexFile:
                          store_ts, h, head)
         self.count += 1
         _SLOT.pack_into(mm, s, self.count)
-        _COUNT.pack_into(mm, _COUNT_AT, self.count)
         if self.count == 1 or store_ts < self.min_ts:
             self.min_ts = store_ts
         if store_ts > self.max_ts:
             self.max_ts = store_ts
         self._dirty = True
         return True
+
+    def add_record(self, hashes: list[int], commit_offset: int, store_ts: int) -> int:
+        """:meth:`add` for each key hash of one record (the scan's fast path); returns how
+        many fitted."""
+        mm = self._mm
+        slots = self.slot_count
+        count = self.count
+        room = self.capacity - count
+        at = self._entries_at + count * ENTRY_SIZE
+        unpack_slot, pack_slot, pack_entry = _SLOT.unpack_from, _SLOT.pack_into, _ENTRY.pack_into
+        done = 0
+        for h in hashes:
+            if done >= room:
+                break
+            s = HEADER_SIZE + 4 * (h % slots)
+            pack_entry(mm, at, commit_offset, store_ts, h, unpack_slot(mm, s)[0])
+            done += 1
+            pack_slot(mm, s, count + done)
+            at += ENTRY_SIZE
+        if done:
+            self.count = count + done
+            if count == 0 or store_ts < self.min_ts:
+                self.min_ts = store_ts
+            if store_ts > self.max_ts:
+                self.max_ts = store_ts
+            self._dirty = True
+        return done
 
     def set_end(self, end_phys: int) -> None:
         """Records below ``end_phys`` were scanned into this file."""
@@ -297,9 +321,21 @@ def record_matches(record: bytes | memoryview, topic: bytes, key: bytes, *, uniq
     p = t + 3 + topic_len
     props = bytes(record[p : p + props_len])
     if unique:
-        return find_property(props, b"UNIQ_KEY") == key
-    keys = find_property(props, b"KEYS")
+        return _prop(props, b"UNIQ_KEY\x01") == key
+    keys = _prop(props, b"KEYS\x01")
     return keys is not None and key in keys.split(b" ")
+
+
+def _prop(props: bytes, needle: bytes) -> bytes | None:
+    """The value of the property whose ``name\x01`` is ``needle``, from raw property bytes."""
+    at = props.find(needle)
+    while at > 0 and props[at - 1] != 0x02:
+        at = props.find(needle, at + 1)
+    if at < 0:
+        return None
+    start = at + len(needle)
+    end = props.find(b"\x02", start)
+    return props[start:] if end < 0 else props[start:end]
 
 
 @dataclass
@@ -426,15 +462,15 @@ class MessageIndex:
     @staticmethod
     def _keys(props: bytes) -> list[bytes]:
         out: list[bytes] = []
-        if b"UNIQ_KEY\x01" in props:
-            uniq = find_property(props, b"UNIQ_KEY")
-            if uniq:
-                out.append(uniq)
-        if b"KEYS\x01" in props:
-            keys = find_property(props, b"KEYS")
-            if keys:
-                out.extend(k for k in keys.split(b" ") if k)
-        return [k for k in dict.fromkeys(out) if len(k) <= MAX_KEY_BYTES]
+        uniq = _prop(props, b"UNIQ_KEY\x01")
+        if uniq:
+            out.append(uniq)
+        keys = _prop(props, b"KEYS\x01")
+        if keys:
+            out.extend(k for k in keys.split(b" ") if k)
+        if len(out) > 1:
+            out = list(dict.fromkeys(out))
+        return [k for k in out if len(k) <= MAX_KEY_BYTES]
 
     def _add(self, raw_topic: bytes, keys: list[bytes], commit_offset: int, store_ts: int) -> int:
         f = self.files[-1]
@@ -442,8 +478,8 @@ class MessageIndex:
             # A record's keys never span two files: this one ends before the record.
             f.set_end(commit_offset)
             f = self._rotate(commit_offset)
-        for k in keys:
-            f.add(zlib.crc32(raw_topic + b"#" + k), commit_offset, store_ts)
+        prefix = raw_topic + b"#"
+        f.add_record([zlib.crc32(prefix + k) for k in keys], commit_offset, store_ts)
         if store_ts > self.last_update_ts:
             self.last_update_ts = store_ts
         return len(keys)

@@ -193,7 +193,7 @@ class MessageService:
             log.error("indexing up to %d failed: %s", offset, exc)
             return
         self._pulls.wake(grown)
-        self._lookup.catch_up()
+        self._lookup.on_confirm()
 
     def on_truncate(self, offset: int) -> None:
         """The commitlog was cut at ``offset`` (a slave dropped a divergent tail)."""
