@@ -99,7 +99,7 @@ async def _query(c: RemotingClient, topic: str, key: str, unique: bool = False) 
     return await c.request(RemotingCommand.request(RequestCode.QUERY_MESSAGE, ext))
 
 
-def test_lookup_by_key_and_id_over_the_wire_and_after_restart(tmp_path: Path) -> None:
+def test_lookup_by_key_and_id_over_the_wire_and_after_restart(tmp_path: Path, caplog) -> None:
     async def main() -> None:
         async with Env(tmp_path) as env:
             b = await env.broker()
@@ -141,6 +141,21 @@ def test_lookup_by_key_and_id_over_the_wire_and_after_restart(tmp_path: Path) ->
             await again.start()
             assert again.svc is not None
             await check(again.address)
+            # A crash: the service is never closed, so its index files keep the unclean
+            # flag; the next start keeps what the checkpoint vouches for and rescans the rest.
+            assert again.server is not None and again.log is not None
+            await again.server.stop()
+            again.log.close()
+            crashed, again.svc = again.svc, None  # never closed: as after a SIGKILL
+            env.brokers.remove(again)
+            third = LocalBroker(tmp_path, "broker-a", env.namesrv)
+            third.store = store
+            env.brokers.append(third)
+            with caplog.at_level("WARNING", logger="rmqha.messaging.message_index"):
+                await third.start()
+            assert "was not closed cleanly" in caplog.text
+            await check(third.address)
+            assert crashed is not None and not crashed.ctx.closed
 
     run(main())
 
