@@ -104,3 +104,33 @@ def test_slave_refuses_a_later_epoch_label_that_does_not_end_the_epoch(tmp_path:
 
         asyncio.run(asyncio.wait_for(run(), 60))
     assert os.path.exists(tmp_path / "s")
+
+
+def test_slave_records_an_epoch_from_an_empty_rocketmq_chunk(tmp_path: Path) -> None:
+    """A batch ending exactly at an epoch's end: RocketMQ's master then sends an empty
+    chunk labelled with the next epoch at that offset, before the next epoch's data."""
+    with replica_stores(tmp_path, SEG, "m", "s") as [(mcl, mem), (scl, sem)]:
+        mem.append(1, 0)
+        fill(mcl, 50_000)
+        e2 = mcl.max_offset
+        mem.append(2, e2)
+        fill(mcl, 20_000, seed=1)
+
+        async def run() -> None:
+            # One batch covers epoch 1 exactly.
+            master = RocketMQStyleMaster(mcl, mem, batch_bytes=e2)
+            port = await master.start()
+            try:
+                slave = ha_slave(scl, sem, port, CFG)
+                async with slave_running(slave):
+                    await wait_until_async(lambda: scl.max_offset == mcl.max_offset
+                                           and sem.pairs() == mem.pairs(), 20, "slave caught up")
+                    assert slave.sessions == 1, slave.last_error
+                assert master.sent[0] == (0, e2, 1, 0)
+                assert master.sent[1] == (e2, 0, 2, e2)  # the empty chunk opening epoch 2
+            finally:
+                await master.stop()
+
+        asyncio.run(asyncio.wait_for(run(), 60))
+        assert_same_log(mcl, scl, "slave vs RocketMQ-style master")
+    assert _epoch_file(tmp_path, "s") == _epoch_file(tmp_path, "m")
