@@ -145,6 +145,17 @@ def test_lite_pull_consumer_life_over_the_wire(tmp_path: Path) -> None:
                 ts = await c.request(_java(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, {
                     "topic": "lite", "queueId": 0, "timestamp": 0}))
                 assert ts.ext_fields["offset"] == "0"
+                far = 2**62
+                for boundary, want in (("LOWER", "6"), ("UPPER", "5")):
+                    ts = await c.request(_java(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, {
+                        "topic": "lite", "queueId": 0, "timestamp": far, "boundaryType": boundary}))
+                    assert ts.ext_fields["offset"] == want, boundary
+                stored = b.svc.ctx.store_timestamp(b.svc.index.queue("lite", 0).phys[3])
+                ts = await c.request(_java(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, {
+                    "topic": "lite", "queueId": 0, "timestamp": stored, "boundaryType": "UPPER"}))
+                last_same = max(i for i in range(6) if b.svc.ctx.store_timestamp(
+                    b.svc.index.queue("lite", 0).phys[i]) == stored)
+                assert ts.ext_fields["offset"] == str(last_same)
                 # Another new group on this young queue (first message at queue offset 0)
                 # gets 0, as RocketMQ answers; unless the client says setZeroIfNotFound=false.
                 q = await c.request(_java(RequestCode.QUERY_CONSUMER_OFFSET, {
