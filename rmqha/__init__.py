@@ -21,6 +21,7 @@ _LAZY = {
     "SendResult": "rmqha.client.model",
     "SendStatus": "rmqha.client.model",
     "MessageQuery": "rmqha.client.message_query",
+    "BlockingMessageQuery": "rmqha.client.message_query",
 }
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from cluster import Cluster
-from rmqha.client import BlockingProducer, Message
+from rmqha.client import BlockingMessageQuery, BlockingProducer, Message
+from rmqha.errors import ClientError
 from rmqha.codes import RequestCode, ResponseCode
 from rmqha.messaging.message import decode_records
 from test_messaging_cluster import ALL_ACK, create_topic, start_group, wait_route
@@ -49,3 +50,12 @@ def test_lookup_on_slave_and_after_master_sigkill(cluster: Cluster) -> None:
     assert new_master is not master
     assert _by_key(cluster, new_master.address, "acct-1") == want
     assert _by_key(cluster, new_master.address, "ord-22") == {sent[22].msg_id}
+
+    # rmqha's blocking client finds them through the name server's (updated) route.
+    def client_lookup() -> bool:
+        try:
+            with BlockingMessageQuery(cluster.namesrv_addresses) as q:
+                return {m.msg_id for m in q.by_key("LK", "acct-1")} == want
+        except ClientError:
+            return False
+    cluster.wait_for(client_lookup, timeout=30, what="the client's lookup after the failover")

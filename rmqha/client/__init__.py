@@ -3,12 +3,13 @@ blocking wrappers, speaking RocketMQ's client protocol to name servers and broke
 from __future__ import annotations
 
 from rmqha.client.consumer import BlockingConsumer, Consumer, allocate_averagely
-from rmqha.client.message_query import MessageQuery
+from rmqha.client.message_query import BlockingMessageQuery, MessageQuery
 from rmqha.client.model import Message, MessageQueue, ReceivedMessage, SendResult, SendStatus
 from rmqha.client.producer import BlockingProducer, Producer
 
 __all__ = [
     "BlockingConsumer",
+    "BlockingMessageQuery",
     "BlockingProducer",
     "Consumer",
     "Message",

@@ -5,7 +5,7 @@ goes to one broker of every group in the topic's route (QUERY_MESSAGE, with
 ``_UNIQUE_KEY_QUERY=true`` for a unique id) and the answers are merged, keeping only
 records whose topic and key really match (the brokers' index is a hash table); an offset
 message id (store host + commitlog offset) is read from the broker it names
-(VIEW_MESSAGE_BY_ID).
+(VIEW_MESSAGE_BY_ID).  :class:`BlockingMessageQuery` is the same for synchronous code.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from rmqha.messaging.message import (
     decode_records,
     parse_offset_msg_id,
 )
-from rmqha.remoting import RemotingCommand
+from rmqha.remoting import EventLoopThread, RemotingCommand
 
 #: The most records a broker returns for one query (RocketMQ's defaultQueryMaxNum).
 MAX_RESULTS = 32
@@ -115,3 +115,39 @@ class MessageQuery:
         if resp.code != ResponseCode.SUCCESS:
             raise ClientError(f"query refused: {resp.code} {resp.remark}")
         return decode_records(resp.body, broker_name="")
+
+
+class BlockingMessageQuery:
+    """:class:`MessageQuery` for synchronous code (its asyncio loop runs on a private thread)."""
+
+    def __init__(self, namesrv: str | list[str], *, timeout_s: float = 5.0) -> None:
+        self._loop = EventLoopThread("rmqha-query")
+        self._query: MessageQuery = self._loop.run(self._make(namesrv, timeout_s))
+
+    @staticmethod
+    async def _make(namesrv: str | list[str], timeout_s: float) -> MessageQuery:
+        return MessageQuery(namesrv, timeout_s=timeout_s)
+
+    def by_key(self, topic: str, key: str, **options: int) -> list[ReceivedMessage]:
+        return self._loop.run(self._query.by_key(topic, key, **options))
+
+    def by_unique_key(self, topic: str, msg_id: str, **options: int) -> list[ReceivedMessage]:
+        return self._loop.run(self._query.by_unique_key(topic, msg_id, **options))
+
+    def by_offset_id(self, offset_msg_id: str) -> ReceivedMessage | None:
+        return self._loop.run(self._query.by_offset_id(offset_msg_id))
+
+    def by_id(self, msg_id: str, topic: str | None = None) -> list[ReceivedMessage]:
+        return self._loop.run(self._query.by_id(msg_id, topic))
+
+    def close(self) -> None:
+        try:
+            self._loop.run(self._query.close(), timeout=10)
+        finally:
+            self._loop.stop()
+
+    def __enter__(self) -> BlockingMessageQuery:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
