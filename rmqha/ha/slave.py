@@ -12,9 +12,11 @@ It walks the connection states of DESIGN.md:
   link; large blocks are received straight into the commitlog's mapping and validated
   before they count), record a new epoch entry when a block's epoch changes (written off
   the transfer path; acks wait for it), ack the max offset, keep the master's confirm
-  offset; SUSPEND once caught up (heartbeats only).  A first block beyond this log's end,
-  at a segment start, means retention on the master removed what followed it: the log is
-  dropped (bytes logged) and restarts there;
+  offset; SUSPEND once caught up (heartbeats only).  In the ``rocketmq`` dialect the chunk
+  that ends an epoch may come labelled with the next epoch (RocketMQ's master switches
+  before building the header): exactly that is accepted.  A first block beyond this log's
+  end, at a segment start, means retention on the master removed what followed it: the
+  log is dropped (bytes logged) and restarts there;
 * SHUTDOWN after :meth:`HASlave.stop`.
 
 Every bad frame closes the link with a logged reason, and nothing of it becomes part of
