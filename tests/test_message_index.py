@@ -6,6 +6,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+
+from rmqha._core import load_twin
 from rmqha.client import Message, Producer
 from rmqha.codes import RequestCode, ResponseCode
 from rmqha.messaging.message import decode_records, parse_offset_msg_id
@@ -30,6 +33,45 @@ def _fill(cl: CommitLog, n: int, start: int = 0) -> dict[str, list[int]]:
 
 def _found(idx: MessageIndex, topic: str, key: str) -> list[int]:
     return list(idx.candidates(topic, key))
+
+
+_ODD_PROPS = [
+    {"UNIQ_KEY": "U1", "KEYS": "a b  a U1 " + "x" * 2000},  # repeats, empty words, a long key
+    {"XKEYS": "not-a-key", "KEYS": "real"},                  # a name that ends in KEYS
+    {"TAGS": "t"},                                            # no keys at all
+    {"KEYS": " ".join(f"k{i}" for i in range(100))},          # more words than are indexed
+    {},                                                       # no properties
+]
+
+
+def test_twins_write_identical_index_bytes(tmp_path: Path, twin: str) -> None:
+    """Both twins of the scan hot path give the same results and the same file bytes, on
+    ordinary and odd records, a skipped topic, a file filling up and a partial record."""
+    ref = load_twin("message_index", "python")
+    mine = load_twin("message_index", twin)
+    cl = CommitLog(tmp_path / "log", segment_bytes=SEG, prefault=False)
+    try:
+        for i in range(60):
+            cl.append("T" if i % 5 else "SKIP", b"b%d" % i, 0, _ODD_PROPS[i % 5] if i % 3 == 0
+                      else {"UNIQ_KEY": f"u{i}", "KEYS": f"k{i % 4} all"})
+        view = bytes(cl.read(0, cl.max_offset))
+    finally:
+        cl.close()
+    size = 128 + 4 * 7 + 24 * 50
+    for end in (len(view), len(view) - 10):  # the second ends inside the last record
+        out = []
+        for impl in (ref, mine):
+            mm = bytearray(size)
+            res = impl.add_records(view, 0, end, 1000, mm, 7, 128 + 4 * 7, 50, 0, 0, 0,
+                                   (b"SKIP",), 1024)
+            out.append((res, bytes(mm)))
+        assert out[0] == out[1]
+        (pos, count, _, _, added, status), _ = out[0]
+        assert status == ref.FULL and count == added <= 50 and 0 < pos < end
+    assert mine.prop(b"a\x01b\x02KEYS\x01x y\x02", b"KEYS\x01") == b"x y"
+    assert mine.prop(b"XKEYS\x01no", b"KEYS\x01") is None
+    with pytest.raises(ValueError):
+        mine.add_records(view, 0, len(view), 0, bytearray(100), 7, 156, 50, 0, 0, 0, (), 1024)
 
 
 def test_index_finds_keys_across_files_and_segments(tmp_path: Path) -> None:

@@ -17,6 +17,9 @@ hash table, memory mapped (RocketMQ's IndexFile has the same shape):
 * ``capacity`` 24-byte entries in commit-offset order: commit offset, store timestamp,
   key hash (CRC32 of ``topic#key``), and the number of the previous entry of the slot.
 
+The scan that turns records into entries is a hot path with two twins
+(``rmqha._core.message_index``: compiled and pure, identical bytes).
+
 A lookup walks one chain per file (newest first) and reads each candidate record to check
 topic and key, so hash collisions cost a read, never a wrong answer.
 
@@ -40,11 +43,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rmqha import _core
 from rmqha.errors import StoreError
-from rmqha.messaging.consume_queue import BLANK_MAGIC, LogReader
-from rmqha.messaging.message import MAGIC_V1, REC_FIXED
+from rmqha.messaging.consume_queue import LogReader
+from rmqha.messaging.message import REC_FIXED
 
 log = logging.getLogger(__name__)
+
+_impl = _core.load("message_index")
 
 MAGIC = b"RMQHAIX1"
 VERSION = 1
@@ -57,7 +63,6 @@ _ENTRY = struct.Struct(">qqIi")  # commit offset, store timestamp, key hash, pre
 ENTRY_SIZE = _ENTRY.size
 _SLOT = struct.Struct(">i")
 _Q = struct.Struct(">q")
-_HEAD = struct.Struct(">iI")
 _BODY_LEN = struct.Struct(">i")
 _PROPS_LEN = struct.Struct(">H")
 
@@ -195,50 +200,17 @@ class IndexFile:
         self._sealed = True
         self.flush(force=True)
 
-    def add(self, h: int, commit_offset: int, store_ts: int) -> bool:
-        """One entry (False when the file is full)."""
-        if self.count >= self.capacity:
-            return False
-        mm = self._mm
-        s = HEADER_SIZE + 4 * (h % self.slot_count)
-        (head,) = _SLOT.unpack_from(mm, s)
-        _ENTRY.pack_into(mm, self._entries_at + self.count * ENTRY_SIZE, commit_offset,
-                         store_ts, h, head)
-        self.count += 1
-        _SLOT.pack_into(mm, s, self.count)
-        if self.count == 1 or store_ts < self.min_ts:
-            self.min_ts = store_ts
-        if store_ts > self.max_ts:
-            self.max_ts = store_ts
-        self._dirty = True
-        return True
+    @property
+    def mm(self) -> mmap.mmap:
+        return self._mm
 
-    def add_record(self, hashes: list[int], commit_offset: int, store_ts: int) -> int:
-        """:meth:`add` for each key hash of one record (the scan's fast path); returns how
-        many fitted."""
-        mm = self._mm
-        slots = self.slot_count
-        count = self.count
-        room = self.capacity - count
-        at = self._entries_at + count * ENTRY_SIZE
-        unpack_slot, pack_slot, pack_entry = _SLOT.unpack_from, _SLOT.pack_into, _ENTRY.pack_into
-        done = 0
-        for h in hashes:
-            if done >= room:
-                break
-            s = HEADER_SIZE + 4 * (h % slots)
-            pack_entry(mm, at, commit_offset, store_ts, h, unpack_slot(mm, s)[0])
-            done += 1
-            pack_slot(mm, s, count + done)
-            at += ENTRY_SIZE
-        if done:
-            self.count = count + done
-            if count == 0 or store_ts < self.min_ts:
-                self.min_ts = store_ts
-            if store_ts > self.max_ts:
-                self.max_ts = store_ts
-            self._dirty = True
-        return done
+    @property
+    def entries_at(self) -> int:
+        return self._entries_at
+
+    def touched(self) -> None:
+        """Entries were added through :attr:`mm` (the scan's hot path)."""
+        self._dirty = True
 
     def set_end(self, end_phys: int) -> None:
         """Records below ``end_phys`` were scanned into this file."""
@@ -321,21 +293,9 @@ def record_matches(record: bytes | memoryview, topic: bytes, key: bytes, *, uniq
     p = t + 3 + topic_len
     props = bytes(record[p : p + props_len])
     if unique:
-        return _prop(props, b"UNIQ_KEY\x01") == key
-    keys = _prop(props, b"KEYS\x01")
+        return _impl.prop(props, b"UNIQ_KEY\x01") == key
+    keys = _impl.prop(props, b"KEYS\x01")
     return keys is not None and key in keys.split(b" ")
-
-
-def _prop(props: bytes, needle: bytes) -> bytes | None:
-    """The value of the property whose ``name\x01`` is ``needle``, from raw property bytes."""
-    at = props.find(needle)
-    while at > 0 and props[at - 1] != 0x02:
-        at = props.find(needle, at + 1)
-    if at < 0:
-        return None
-    start = at + len(needle)
-    end = props.find(b"\x02", start)
-    return props[start:] if end < 0 else props[start:end]
 
 
 @dataclass
@@ -356,7 +316,7 @@ class MessageIndex:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.slots_per_file = slots_per_file
         self.entries_per_file = entries_per_file
-        self.skip_topics = frozenset(t.encode() for t in skip_topics)
+        self.skip_topics = tuple(t.encode() for t in skip_topics)
         self.flush_interval_s = flush_interval_s
         self._last_flush = time.monotonic()
         self.files: list[IndexFile] = []
@@ -428,61 +388,28 @@ class MessageIndex:
         return added
 
     def _scan(self, view: memoryview, base: int) -> tuple[int, int]:
-        n = len(view)
-        pos = 0
-        added = 0
-        skip = self.skip_topics
-        while n - pos >= 8:
-            total, magic = _HEAD.unpack_from(view, pos)
-            if magic == BLANK_MAGIC:
-                if total <= 0 or total > n - pos:
-                    return pos, added
-                pos += total
+        """Add the keys of the whole records in ``view`` (at commit offset ``base``);
+        returns (bytes consumed, entries added).  The loop is the hot path
+        (``rmqha._core.message_index``); this handles file rotation around it."""
+        pos, n, added = 0, len(view), 0
+        while True:
+            f = self.files[-1]
+            pos, f.count, f.min_ts, f.max_ts, got, status = _impl.add_records(
+                view, pos, n, base, f.mm, f.slot_count, f.entries_at, f.capacity, f.count,
+                f.min_ts, f.max_ts, self.skip_topics, MAX_KEY_BYTES)
+            if got:
+                f.touched()
+                added += got
+                if f.max_ts > self.last_update_ts:
+                    self.last_update_ts = f.max_ts
+            if status == _impl.FULL:
+                # A record's keys never span two files: this one ends before the record.
+                f.set_end(base + pos)
+                self._rotate(base + pos)
                 continue
-            if magic != MAGIC_V1 or total < REC_FIXED:
+            if status == _impl.NOT_A_RECORD:
                 log.error("message index scan: no record at commitlog offset %d", base + pos)
-                return pos, added
-            if total > n - pos:
-                break
-            (body_len,) = _BODY_LEN.unpack_from(view, pos + 84)
-            t = pos + 88 + body_len
-            topic_len = view[t]
-            raw_topic = bytes(view[t + 1 : t + 1 + topic_len])
-            (props_len,) = _PROPS_LEN.unpack_from(view, t + 1 + topic_len)
-            if props_len and raw_topic not in skip:
-                p = t + 3 + topic_len
-                props = bytes(view[p : p + props_len])
-                keys = self._keys(props)
-                if keys:
-                    (store_ts,) = _Q.unpack_from(view, pos + 56)
-                    added += self._add(raw_topic, keys, base + pos, store_ts)
-            pos += total
-        return pos, added
-
-    @staticmethod
-    def _keys(props: bytes) -> list[bytes]:
-        out: list[bytes] = []
-        uniq = _prop(props, b"UNIQ_KEY\x01")
-        if uniq:
-            out.append(uniq)
-        keys = _prop(props, b"KEYS\x01")
-        if keys:
-            out.extend(k for k in keys.split(b" ") if k)
-        if len(out) > 1:
-            out = list(dict.fromkeys(out))
-        return [k for k in out if len(k) <= MAX_KEY_BYTES]
-
-    def _add(self, raw_topic: bytes, keys: list[bytes], commit_offset: int, store_ts: int) -> int:
-        f = self.files[-1]
-        if f.count + len(keys) > f.capacity and f.count:
-            # A record's keys never span two files: this one ends before the record.
-            f.set_end(commit_offset)
-            f = self._rotate(commit_offset)
-        prefix = raw_topic + b"#"
-        f.add_record([zlib.crc32(prefix + k) for k in keys], commit_offset, store_ts)
-        if store_ts > self.last_update_ts:
-            self.last_update_ts = store_ts
-        return len(keys)
+            return pos, added
 
     # --- reads -----------------------------------------------------------------------------
 
