@@ -146,6 +146,9 @@ def add_records(object view, Py_ssize_t pos, Py_ssize_t end, int64_t base, objec
                     status = NOT_A_RECORD
                     break
                 topic_len = v[t]
+                if t + 3 + topic_len > pos + total:
+                    status = NOT_A_RECORD
+                    break
                 props_len = (<Py_ssize_t>v[t + 1 + topic_len] << 8) | v[t + 2 + topic_len]
                 p = t + 3 + topic_len
                 if props_len == 0 or p + props_len > pos + total:

@@ -91,6 +91,8 @@ def add_records(view: memoryview | bytes, pos: int, end: int, base: int, mm: obj
         if body_len < 0 or t + 3 > pos + total:
             return pos, count, min_ts, max_ts, added, NOT_A_RECORD
         topic_len = view[t]
+        if t + 3 + topic_len > pos + total:
+            return pos, count, min_ts, max_ts, added, NOT_A_RECORD
         topic = bytes(view[t + 1 : t + 1 + topic_len])
         (props_len,) = _U16.unpack_from(view, t + 1 + topic_len)
         p = t + 3 + topic_len
