@@ -22,6 +22,7 @@ _LAZY = {
     "SendStatus": "rmqha.client.model",
     "MessageQuery": "rmqha.client.message_query",
     "BlockingMessageQuery": "rmqha.client.message_query",
+    "LocalTransactionState": "rmqha.client.transaction",
 }
 
 

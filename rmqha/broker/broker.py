@@ -43,6 +43,7 @@ from rmqha.ha import HAConfig, HAMaster, HASlave
 from rmqha.messaging import MessageService
 from rmqha.metrics import MetricsRegistry
 from rmqha.remoting import Connection, RemotingClient, RemotingCommand, RemotingServer, split_address
+from rmqha.store.disk_usage import directory_usage
 
 log = logging.getLogger(__name__)
 
@@ -241,6 +242,7 @@ class Broker:
             # STOREHOST of every record: consumers send failed messages back there.
             store_host=(cfg.advertised_host, cfg.listen_port),
             verify_segments_on_open=cfg.verify_segments_on_open,
+            prefault_window_bytes=cfg.prefault_window_bytes,
         )
 
     def _cut_corrupt_tail(self) -> None:
@@ -650,6 +652,8 @@ class Broker:
             "maxOffset": int(self.commitlog.max_offset) if self.commitlog is not None else 0,
             "confirmOffset": self.replication.confirm_offset() if self.commitlog is not None else 0,
             "corruptRecords": [b.offset for b in self.commitlog.corrupt] if self.commitlog is not None else [],
+            # Blocks on disk vs logical size: segments are sparse, so the two differ.
+            "storeDisk": directory_usage(self.store_dir).as_dict(),
         }
         if self.ha_master is not None:
             status["ha"] = _jsonable(self.ha_master.status())

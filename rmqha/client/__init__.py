@@ -6,12 +6,14 @@ from rmqha.client.consumer import BlockingConsumer, Consumer, allocate_averagely
 from rmqha.client.message_query import BlockingMessageQuery, MessageQuery
 from rmqha.client.model import Message, MessageQueue, ReceivedMessage, SendResult, SendStatus
 from rmqha.client.producer import BlockingProducer, Producer
+from rmqha.client.transaction import LocalTransactionState, TransactionSendResult
 
 __all__ = [
     "BlockingConsumer",
     "BlockingMessageQuery",
     "BlockingProducer",
     "Consumer",
+    "LocalTransactionState",
     "Message",
     "MessageQuery",
     "MessageQueue",
@@ -19,5 +21,6 @@ __all__ = [
     "ReceivedMessage",
     "SendResult",
     "SendStatus",
+    "TransactionSendResult",
     "allocate_averagely",
 ]

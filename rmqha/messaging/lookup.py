@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +48,12 @@ CATCH_UP_BYTES = 8 << 20
 class MessageLookup:
     """Owns the message index of one store and answers QUERY_MESSAGE from it."""
 
-    def __init__(self, ctx: MessagingContext, **index_options: Any) -> None:
+    def __init__(self, ctx: MessagingContext, *, internal_topics: Iterable[str] = (STATE_TOPIC,),
+                 **index_options: Any) -> None:
+        """``internal_topics`` (state, half and op, timer logs) are not indexed: nobody looks
+        a message up there, and their real-topic copies are indexed when written."""
         self.ctx = ctx
-        self.index = MessageIndex(Path(ctx.dir) / "index", skip_topics=[STATE_TOPIC],
+        self.index = MessageIndex(Path(ctx.dir) / "index", skip_topics=internal_topics,
                                   **index_options)
         self._last_catch_up = 0.0
         self.catch_up()

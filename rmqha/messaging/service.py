@@ -32,7 +32,7 @@ from typing import Any
 from rmqha.errors import StoreError
 from rmqha.messaging.client_requests import ClientRequests
 from rmqha.messaging.clients import ClientRegistry, QueueLocks
-from rmqha.messaging.consume_queue import ConsumeQueueIndex
+from rmqha.messaging.consume_queue import ConsumeQueueIndex, ScannedRecord
 from rmqha.messaging.consumer_modes import ConsumerModes
 from rmqha.messaging.consumer_offsets import ConsumerOffsets
 from rmqha.messaging.context import (
@@ -46,6 +46,7 @@ from rmqha.messaging.context import (
     MessagingMetrics,
     Replication,
 )
+from rmqha.messaging.delayed_delivery import TIMER_TOPIC, DelayedDelivery
 from rmqha.messaging.log_writer import LogWriter
 from rmqha.messaging.lookup import MessageLookup
 from rmqha.messaging.pull_path import PullPath
@@ -57,6 +58,7 @@ from rmqha.messaging.state import STATE_TOPIC, BrokerState
 from rmqha.messaging.state_replication import StateReplication
 from rmqha.messaging.topic_admin import TopicAdmin, seed_default_topic
 from rmqha.messaging.topics import TopicTable
+from rmqha.messaging.transactions import COMMITTED_MARK, HALF_TOPIC, OP_TOPIC, Transactions
 
 __all__ = [
     "MASTER_ADDRESS_FIELD", "MAX_INFLATED_BATCH_BYTES", "MAX_RECONSUME_TIMES",
@@ -91,7 +93,9 @@ class MessageService:
         self.ctx = ctx = MessagingContext(
             log=commitlog, config=cfg, broker_name=broker_name, broker_id=broker_id,
             replication=replication, dir=directory, topics=topics,
-            state=BrokerState(topics), index=ConsumeQueueIndex([STATE_TOPIC]),
+            state=BrokerState(topics),
+            index=ConsumeQueueIndex([STATE_TOPIC, HALF_TOPIC, OP_TOPIC, TIMER_TOPIC],
+                                    COMMITTED_MARK.encode()),
             clients=ClientRegistry(cfg.client_expire_s, self._group_changed),
             locks=QueueLocks(),
             metrics=MessagingMetrics(metrics) if metrics is not None else None,
@@ -102,15 +106,30 @@ class MessageService:
         self._topic_admin = TopicAdmin(ctx, self._state_log, self._writer)
         self._clients = ClientRequests(ctx, self._topic_admin)
         self._offsets = ConsumerOffsets(ctx, self._state_log)
-        self._send = SendPath(ctx, self._writer, self._topic_admin)
+        self.delayed = DelayedDelivery(ctx, self._writer, self._topic_admin, self._state_log,
+                                       self._offsets)
+        self.transactions = Transactions(ctx, self._writer, self._topic_admin, self.delayed)
+        self._send = SendPath(ctx, self._writer, self._topic_admin, self.delayed,
+                              self.transactions)
         self._pulls = PullPath(ctx, self._offsets.commit)
         self._queries = QueueQueries(ctx)
         self._consumer_modes = ConsumerModes()
-        self._send_back = SendBack(ctx, self._writer, self._topic_admin)
+        self._send_back = SendBack(ctx, self._writer, self._topic_admin, self.delayed)
         self._retention = Retention(ctx, self._state_log, self._writer, on_segments_deleted)
-        self._state_log.rebuild(initial=True)
+        #: Index scans hand records of these topics to the piece that folds them.
+        self._watchers = {
+            STATE_TOPIC: self._state_log.on_record,
+            HALF_TOPIC: self.transactions.on_half_record,
+            OP_TOPIC: self.transactions.on_op_record,
+            TIMER_TOPIC: self.delayed.on_timer_record,
+        }
+        if ctx.metrics is not None:
+            ctx.metrics.pending_half_messages.set_function(lambda: len(self.transactions.pending))
+            ctx.metrics.pending_timer_messages.set_function(self.delayed.pending_timers)
+        self._state_log.rebuild(initial=True, on_watched=self._on_watched_rebuild)
         # After the consume queue: the message index follows it (from its own checkpoint).
-        self._lookup = MessageLookup(ctx)
+        self._lookup = MessageLookup(
+            ctx, internal_topics=(STATE_TOPIC, HALF_TOPIC, OP_TOPIC, TIMER_TOPIC))
 
     # --- what the broker and tests read ---------------------------------------------------
 
@@ -161,7 +180,8 @@ class MessageService:
         """Request code -> handler for every client-protocol code this service answers."""
         out: dict[int, Handler] = {}
         for piece in (self._send, self._pulls, self._offsets, self._queries, self._clients,
-                      self._send_back, self._topic_admin, self._consumer_modes, self._lookup):
+                      self._send_back, self._topic_admin, self.transactions,
+                      self._consumer_modes, self._lookup):
             out.update(piece.handlers())
         return out
 
@@ -178,6 +198,11 @@ class MessageService:
             seed_default_topic(ctx)
             self._state_log.on_master()
             self._offsets.on_master()
+            self.delayed.start()
+            self.transactions.start()
+        else:
+            self.delayed.stop()
+            self.transactions.stop()
         # Every replica deletes its own old segments (a slave waits for the master's
         # state checkpoint before deleting state records).
         self._retention.start()
@@ -188,7 +213,7 @@ class MessageService:
         if ctx.closed or offset <= ctx.index.indexed_offset:
             return
         try:
-            grown = ctx.index.advance(ctx.log, offset, self._state_log.on_record)
+            grown = ctx.index.advance(ctx.log, offset, self._on_watched)
         except (StoreError, ValueError) as exc:
             log.error("indexing up to %d failed: %s", offset, exc)
             return
@@ -200,6 +225,8 @@ class MessageService:
         self.ctx.index.truncate(offset)
         self._lookup.on_truncate(offset)
         self._state_log.on_truncate(offset)
+        self.transactions.reload()
+        self.delayed.reload()
 
     def topic_configs(self) -> dict[str, dict[str, Any]]:
         """Topic -> RocketMQ TopicConfig JSON, for name-server registration."""
@@ -215,8 +242,20 @@ class MessageService:
         self._retention.close()
         self._pulls.close()
         self._lookup.close()
+        self.delayed.stop()
+        self.transactions.stop()
         for task in list(self.ctx.tasks):
             task.cancel()
+
+    def _on_watched(self, rec: ScannedRecord) -> None:
+        # Records of other topics are here for their COMMITTED_MARK property.
+        self._watchers.get(rec.topic, self.transactions.on_committed_record)(rec)
+
+    def _on_watched_rebuild(self, rec: ScannedRecord) -> None:
+        if rec.topic == STATE_TOPIC:
+            self._state_log.on_record_rebuild(rec)
+        else:
+            self._on_watched(rec)
 
     def _group_changed(self, group: str) -> None:
         # The registry is built before the piece that answers for it (heartbeats come later).
