@@ -204,3 +204,31 @@ def test_consumer_mode_requests_get_rocketmq_answers(tmp_path: Path) -> None:
                 assert pop.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
 
     run(main())
+
+
+def test_new_group_on_a_trimmed_queue_gets_query_not_found(tmp_path: Path) -> None:
+    """Once retention removed a queue's first messages it is no longer "young": a new group
+    gets QUERY_NOT_FOUND (so CONSUME_FROM_LAST_OFFSET starts at the max), while rmqha's own
+    consumer (CONSUME_FROM_FIRST_OFFSET) still reads everything that is left."""
+    import time
+
+    from test_messaging import consume
+
+    async def main() -> None:
+        async with Env(tmp_path) as env:
+            b = await env.broker(file_reserved_hours=0.0)
+            await create_topic(b.address, "old", 1)
+            async with Producer(env.namesrv) as p:
+                for i in range(200):
+                    await p.send("old", Message(b"%04d" % i + b"x" * 1000), queue_id=0)
+            await b.svc.run_retention(now=time.time() + 60)
+            lo = b.svc.index.queue("old", 0).min_offset
+            assert lo > 0  # segments went
+            async with RemotingClient(b.address) as c:
+                q = await c.request(_java(RequestCode.QUERY_CONSUMER_OFFSET, {
+                    "consumerGroup": "late", "topic": "old", "queueId": 0}))
+                assert q.code == ResponseCode.QUERY_NOT_FOUND
+            got = await consume(env.namesrv, "late-python", "old", 200 - lo)
+            assert sorted(m.queue_offset for m in got) == list(range(lo, 200))
+
+    run(main())
