@@ -273,3 +273,47 @@ def test_python_client_and_cli_lookups(tmp_path: Path, capsys) -> None:
             assert code == 1 and "no message with id" in capsys.readouterr().out
 
     run(main())
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path):
+    """A 256 KiB tmpfs for the index (the log stays on the normal disk)."""
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    path = tmp_path / "fs"
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(path)], check=True,
+                   timeout=30)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False, timeout=30)
+
+
+def test_a_full_disk_stops_the_index_cleanly_and_it_catches_up(tmp_path: Path, small_fs: Path,
+                                                              caplog) -> None:
+    """Entry blocks are allocated before they are written: a full filesystem stops the
+    index where it is (logged, no SIGBUS), and it catches up once there is room."""
+    import subprocess
+
+    cl = CommitLog(tmp_path / "log", segment_bytes=SEG, prefault=False)
+    try:
+        where = _fill(cl, 8000)  # 24k entries = 576 KiB, over the filesystem's 256 KiB
+        idx = MessageIndex(small_fs / "idx", slots_per_file=1024, entries_per_file=40_000)
+        with caplog.at_level("ERROR", logger="rmqha.messaging.message_index"):
+            idx.advance(cl, cl.max_offset)
+        assert "message index stopped" in caplog.text
+        stuck = idx.indexed_offset
+        assert 0 < stuck < cl.max_offset
+        subprocess.run(["mount", "-o", "remount,size=4m", str(small_fs)], check=True, timeout=30)
+        idx.advance(cl, cl.max_offset)
+        assert idx.indexed_offset == cl.max_offset
+        for key in ("A#k3", "B#u7998", "A#u1"):
+            topic, k = key.split("#")
+            assert set(where[key]) <= set(_found(idx, topic, k)), key
+        idx.close()
+    finally:
+        cl.close()

@@ -51,6 +51,8 @@ from rmqha.messaging.message import REC_FIXED
 log = logging.getLogger(__name__)
 
 _impl = _core.load("message_index")
+#: The most entries one record adds (the twins' key limit).
+_MAX_KEYS_PER_RECORD = 64
 
 MAGIC = b"RMQHAIX1"
 VERSION = 1
@@ -69,6 +71,8 @@ _PROPS_LEN = struct.Struct(">H")
 #: Defaults: 1 Mi slots (4 MiB) and 4 Mi entries (96 MiB) per file, created sparse.
 DEFAULT_SLOTS = 1 << 20
 DEFAULT_ENTRIES = 4 << 20
+#: Entry blocks are allocated ahead of the writes this much at a time.
+RESERVE_BYTES = 1 << 20
 #: RocketMQ's key separator in the KEYS property.
 KEY_SEPARATOR = " "
 #: Keys longer than this are not indexed (RocketMQ bounds keys in the same spirit).
@@ -101,6 +105,8 @@ class IndexFile:
         self._entries_at = HEADER_SIZE + 4 * self.slot_count
         self._dirty = False
         self._sealed = False
+        #: Entries whose blocks are allocated (written ones are, the rest by reserve()).
+        self.reserved = self.count
 
     # --- create / open -------------------------------------------------------------------
 
@@ -112,7 +118,11 @@ class IndexFile:
         tmp = path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.ftruncate(fd, size)  # sparse: pages are allocated as entries arrive
+            os.ftruncate(fd, size)
+            # Header and slots get their blocks now; entries as they are needed (see
+            # reserve()): a write into the mapping where the filesystem has no block left
+            # would kill the process (SIGBUS) instead of failing cleanly.
+            os.posix_fallocate(fd, 0, HEADER_SIZE + 4 * slot_count)
             header = _HEADER.pack(MAGIC, VERSION, slot_count, capacity, 0, 1, 0, begin_phys,
                                   begin_phys, begin_phys, 0, 0)
             os.pwrite(fd, header, 0)
@@ -146,6 +156,7 @@ class IndexFile:
         f = cls(path, mm, fd)
         if not clean:
             f._recover(durable, dend)
+        f.reserved = f.count  # written entries have their blocks; reserve() adds the rest
         f._set_clean(False)
         return f
 
@@ -190,6 +201,22 @@ class IndexFile:
         self._mm.flush(0, mmap.PAGESIZE)
 
     # --- writes ----------------------------------------------------------------------------
+
+    def reserve(self, more: int) -> int:
+        """Make sure blocks are allocated for ``more`` entries past the written ones
+        (growing by at least RESERVE_BYTES, never past the capacity); returns how many
+        entries are reserved.  OSError (ENOSPC) when the filesystem is full."""
+        need = min(self.capacity, self.count + more)
+        if need > self.reserved:
+            want = min(self.capacity, max(need, self.reserved + RESERVE_BYTES // ENTRY_SIZE))
+            start = self._entries_at + self.reserved * ENTRY_SIZE
+            try:
+                os.posix_fallocate(self._fd, start, (want - self.reserved) * ENTRY_SIZE)
+            except OSError:
+                want = need  # a nearly full filesystem: just what is needed, or fail
+                os.posix_fallocate(self._fd, start, (want - self.reserved) * ENTRY_SIZE)
+            self.reserved = want
+        return self.reserved
 
     @property
     def full(self) -> bool:
@@ -319,6 +346,9 @@ class MessageIndex:
         self.skip_topics = tuple(t.encode() for t in skip_topics)
         self.flush_interval_s = flush_interval_s
         self._last_flush = time.monotonic()
+        #: Out of blocks: logged once until entries are added again; _blocked: this call.
+        self._space_error = False
+        self._blocked = False
         self.files: list[IndexFile] = []
         for tmp in self.dir.glob("*.tmp"):
             tmp.unlink()
@@ -364,9 +394,14 @@ class MessageIndex:
             self.files[-1].set_end(low)
         up_to = min(up_to, getattr(log_, "whole_offset", log_.max_offset))
         added = 0
+        self._blocked = False
         if pos >= up_to:
             return 0
-        active = self._active(pos)
+        try:
+            active = self._active(pos)
+        except OSError as exc:
+            self._out_of_space(exc, pos)
+            return 0
         while pos < up_to:
             seg_end = log_.segment_end(pos)
             stop = min(up_to, seg_end)
@@ -375,6 +410,8 @@ class MessageIndex:
             added += n
             pos += consumed
             if pos < stop:
+                if self._blocked:
+                    break  # out of blocks: stay at the first record not indexed
                 if stop == seg_end:
                     pos = seg_end  # a blank fills the rest of the segment
                     continue
@@ -390,26 +427,53 @@ class MessageIndex:
     def _scan(self, view: memoryview, base: int) -> tuple[int, int]:
         """Add the keys of the whole records in ``view`` (at commit offset ``base``);
         returns (bytes consumed, entries added).  The loop is the hot path
-        (``rmqha._core.message_index``); this handles file rotation around it."""
+        (``rmqha._core.message_index``); this handles file rotation and block allocation
+        around it (it writes only into entries reserved beforehand)."""
         pos, n, added = 0, len(view), 0
         while True:
             f = self.files[-1]
+            try:
+                room = f.reserve(1)
+            except OSError as exc:
+                self._out_of_space(exc, base + pos)
+                return pos, added
             pos, f.count, f.min_ts, f.max_ts, got, status = _impl.add_records(
-                view, pos, n, base, f.mm, f.slot_count, f.entries_at, f.capacity, f.count,
+                view, pos, n, base, f.mm, f.slot_count, f.entries_at, room, f.count,
                 f.min_ts, f.max_ts, self.skip_topics, MAX_KEY_BYTES)
             if got:
                 f.touched()
                 added += got
                 if f.max_ts > self.last_update_ts:
                     self.last_update_ts = f.max_ts
+                self._space_error = False
             if status == _impl.FULL:
+                if room < f.capacity:
+                    try:
+                        f.reserve(_MAX_KEYS_PER_RECORD)
+                    except OSError as exc:
+                        self._out_of_space(exc, base + pos)
+                        return pos, added
+                    continue
                 # A record's keys never span two files: this one ends before the record.
                 f.set_end(base + pos)
-                self._rotate(base + pos)
+                try:
+                    self._rotate(base + pos)
+                except OSError as exc:
+                    self._out_of_space(exc, base + pos)
+                    return pos, added
                 continue
             if status == _impl.NOT_A_RECORD:
                 log.error("message index scan: no record at commitlog offset %d", base + pos)
             return pos, added
+
+    def _out_of_space(self, exc: OSError, offset: int) -> None:
+        """No block for more entries: the index stays behind at ``offset`` and catches up
+        on a later call (lookups meanwhile miss what lies beyond)."""
+        self._blocked = True
+        if not self._space_error:
+            self._space_error = True
+            log.error("message index stopped at commit offset %d: %s (it catches up once "
+                      "there is room)", offset, exc)
 
     # --- reads -----------------------------------------------------------------------------
 
