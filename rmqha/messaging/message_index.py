@@ -17,6 +17,10 @@ hash table, memory mapped (RocketMQ's IndexFile has the same shape):
 * ``capacity`` 24-byte entries in commit-offset order: commit offset, store timestamp,
   key hash (CRC32 of ``topic#key``), and the number of the previous entry of the slot.
 
+Files are created sparse, header and slots allocated at once and entry blocks ahead of
+the writes (a write into a mapping with no block behind it on a full filesystem would
+kill the process): a full disk stops the index where it is until there is room.
+
 The scan that turns records into entries is a hot path with two twins
 (``rmqha._core.message_index``: compiled and pure, identical bytes).
 
