@@ -67,6 +67,10 @@ class RocketMQStyleMaster:
         if self._server is not None:
             await self._server.wait_closed()
 
+    @property
+    def open_connections(self) -> int:
+        return len(self._writers)
+
     def change_to_master(self, epoch: int) -> None:
         """RocketMQ's changeToMaster: close the connections, new epoch at the max offset."""
         self._drop_connections()

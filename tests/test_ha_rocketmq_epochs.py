@@ -55,7 +55,8 @@ def test_slave_follows_rocketmq_labels_across_two_epoch_changes(tmp_path: Path) 
                     # short epoch 3 (under one batch) and epoch 4.
                     fill(mcl, 20_000, seed=2)
                     await caught_up()
-                await wait_until_async(lambda: master.connections == 1, 5, "slave stopped")
+                await wait_until_async(lambda: master.open_connections == 0, 10,
+                                       "the first session to end on the master")
                 master.change_to_master(3)
                 e3 = mcl.max_offset
                 fill(mcl, 3_000, batch=2, seed=3)
