@@ -48,6 +48,7 @@ from rmqha.errors import (
     RemotingTimeoutError,
     RmqhaError,
 )
+from rmqha.mq_version import ADVERTISED
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +70,10 @@ LANGUAGE_CODES: dict[str, int] = {
     "OTHER": 7, "HTTP": 8, "GO": 9, "PHP": 10, "OMS": 11, "RUST": 12, "NODE_JS": 13,
 }
 _LANGUAGE_NAMES = {code: name for name, code in LANGUAGE_CODES.items()}
-#: RocketMQ ``MQVersion.Version`` ordinal sent in ``version`` (V5_1_4 = 475); Java servers
-#: only use it to pick compatibility paths, none of which matter for the codes we send.
-VERSION = 475
+#: RocketMQ ``MQVersion.Version`` ordinal sent in ``version`` (V5_1_4, see
+#: :mod:`rmqha.mq_version`); Java servers only use it to pick compatibility paths, none of
+#: which matter for the codes we send.
+VERSION = int(ADVERTISED)
 
 _LEN = struct.Struct(">ii")
 #: The fixed part of a binary header: code, language, version, opaque, flag.
