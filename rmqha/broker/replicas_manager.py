@@ -309,8 +309,8 @@ class ReplicasManager:
                 "master lease of epoch %d expired (lease %d ms, no renewal from the controller "
                 "leader): refusing writes and acknowledging none until it is renewed",
                 self.status.master_epoch, round(self.lease.lease_s * 1000))
-        else:
-            log.info("master lease of epoch %d renewed: accepting writes again", self.status.master_epoch)
+        elif self.status.role == Role.MASTER:
+            log.info("master lease of epoch %d held: accepting writes", self.status.master_epoch)
 
     # --- metadata poll --------------------------------------------------------------------
 
