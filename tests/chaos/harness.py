@@ -17,7 +17,8 @@ stores themselves:
 - a value is stored twice only if its send was retried or its outcome unknown;
 - the replicas are byte-prefix-consistent (each log a prefix of the longest);
 - one master per epoch, in the controllers' view and in what brokers claim, at every sample;
-- never two brokers acknowledging writes at once: each broker reports when (on the host's
+- never two brokers acknowledging writes at once (probes also send straight to every
+  broker, past the routes, so a master nobody routes to still shows): each broker reports when (on the host's
   CLOCK_MONOTONIC, shared by its processes) it gave its first and last acknowledgement as
   master of each epoch, and an older epoch's window must close before a newer epoch's
   opens on another broker; and no sample finds two brokers accepting writes (master
@@ -47,12 +48,15 @@ import pytest
 
 from cluster import BrokerProc, Cluster, free_port_pair
 from rmqha.client import BlockingConsumer, BlockingProducer, SendStatus
+from rmqha.codes import RequestCode
 from rmqha.errors import ClientError, RemotingError, RmqhaError
 from rmqha.store import CommitLog
 from tcp_proxy import TcpProxy
 
 GROUP = "broker-a"
 TOPIC = "chaos"
+#: Where the probes write (see ChaosRun._probe).
+PROBE_TOPIC = "chaos-probe"
 #: The settings that make the guarantee: every SyncStateSet member, and never fewer than two.
 SAFE_ACKS: dict[str, Any] = {"all_ack_in_sync_state_set": True, "min_in_sync_replicas": 2,
                              "slave_timeout_ms": 3000}
@@ -195,6 +199,8 @@ class ChaosRun:
             self._spawn(self._produce, ns, i)
         self._spawn(self._tail, ns)
         self._spawn(self._monitor)
+        for b in self.brokers:
+            self._spawn(self._probe, b)
 
     def _spawn(self, fn: Callable[..., None], *args: Any) -> None:
         t = threading.Thread(target=fn, args=args, daemon=True, name=fn.__name__)
@@ -219,6 +225,21 @@ class ChaosRun:
                     if (out.status == "acked" and self.fault_at is not None
                             and self.first_ack_after_fault is None):
                         self.first_ack_after_fault = time.monotonic()
+
+    def _probe(self, b: BrokerProc) -> None:
+        """Sends straight to one broker's address, bypassing routes, every 20 ms: whoever
+        acknowledges shows up in its acknowledgement windows, even a master no producer's
+        route points at any more.  A separate topic, outside the checked workload."""
+        ext = {"producerGroup": "chaos-probe", "topic": PROBE_TOPIC, "defaultTopic": "TBW102",
+               "defaultTopicQueueNums": 1, "queueId": 0, "sysFlag": 0, "bornTimestamp": "1", "flag": 0,
+               "properties": "", "reconsumeTimes": "0", "unitMode": "0", "batch": "0"}
+        while not self._stop.wait(0.02):
+            if not b.alive:
+                continue
+            try:
+                self.cluster.request(b.address, RequestCode.SEND_MESSAGE, ext, b"probe", timeout=1.0)
+            except (RmqhaError, OSError, TimeoutError):
+                pass  # frozen, dead or cut: nothing acknowledged
 
     def _tail(self, ns: list[str]) -> None:
         consumer: BlockingConsumer | None = None

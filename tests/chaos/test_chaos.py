@@ -93,6 +93,24 @@ def test_negative_control_without_the_lease_two_brokers_accept_writes(tmp_path, 
     assert report.two_writer_samples > 0, "the monitor did not see the two writers the control causes"
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("lease", [True, False], ids=["lease-on", "lease-off"])
+def test_acks_from_the_master_alone_only_the_lease_keeps_two_ackers_apart(tmp_path, chaos_reports, lease):
+    """All-ack off, one copy enough, the same partition: nothing but the lease stops the old
+    master acknowledging next to the new one (lease off: the control, overlap expected).
+    Loss is possible either way (acks from the master alone), so only the overlap is judged."""
+    acks = {**PARTITION_ACKS, "all_ack_in_sync_state_set": False, "in_sync_replicas": 1,
+            "min_in_sync_replicas": 1, "master_lease_enable": lease}
+    name = f"{'' if lease else 'control: '}lease {'on' if lease else 'off'}, all-ack off, master partitioned"
+    report = h.run_scenario(tmp_path, name, h.partition_master_from_controllers, acks=acks)
+    chaos_reports.append(report)
+    if lease:
+        assert report.ack_overlap_s == 0 and report.two_writer_samples == 0, report.problems
+    else:
+        assert report.ack_overlap_s > 0, "the checker did not see the two ackers the control causes"
+
+
 @pytest.mark.timeout(180)
 def test_negative_control_acks_from_the_master_alone_are_reported_lost(tmp_path, chaos_reports):
     """All-ack off, one copy enough: the master acknowledges what no slave has, dies, and a
