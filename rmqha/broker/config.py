@@ -61,7 +61,7 @@ class BrokerConfig:
     #: cut off from the controllers keeps writing after another was elected).
     master_lease_enable: bool = field(default=True, metadata=_alias("masterLeaseEnable"))
     #: Lease length counted from the send time of the renewing heartbeat; 0 = the longest
-    #: safe one, ``controller_heartbeat_timeout_ms - master_lease_margin_ms``.
+    #: safe one, controller_heartbeat_timeout_ms - master_lease_margin_ms.
     master_lease_ms: int = field(default=0, metadata=_alias("masterLeaseMillis"))
     #: How much shorter than the heartbeat timeout the lease is: covers a controller leader
     #: cut off from its quorum (1.5 s Raft fallback + a tick) and clock-rate differences.
