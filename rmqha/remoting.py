@@ -401,6 +401,10 @@ class Connection:
             ) from None
         finally:
             self._pending.pop(cmd.opaque, None)
+            if fut.done() and not fut.cancelled():
+                # A failed send closes the connection, which fails this future too; the
+                # send's own error is what was raised, so mark this one as seen.
+                fut.exception()
 
     async def oneway(self, cmd: RemotingCommand) -> None:
         cmd.flag |= FLAG_ONEWAY
