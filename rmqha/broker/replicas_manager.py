@@ -180,7 +180,7 @@ class ReplicasManager:
 
     async def stop(self) -> None:
         self._stopping.set()
-        tasks = self._tasks + list(self._side_tasks) + list(self._heartbeats_pending.values())
+        tasks = self._tasks + list(self._side_tasks) + [t for t in self._heartbeats_pending.values() if not t.done()]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -269,7 +269,8 @@ class ReplicasManager:
                 priority=self.config.broker_election_priority,
                 timeout=self.config.send_heartbeat_timeout_ms / 1000,
             )
-        except (RemotingError, RemoteCommandError, asyncio.TimeoutError) as exc:
+        except (RmqhaError, OSError, ValueError, asyncio.TimeoutError) as exc:
+            # That controller is down, slow or not the leader: the others still hear us.
             log.debug("heartbeat to controller %s failed: %s", addr, exc)
             return
         grant = LeaseGrant(answer.lease_granted, answer.master_broker_id, answer.master_epoch)
