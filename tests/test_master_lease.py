@@ -223,3 +223,27 @@ def test_without_a_leader_change_the_timeout_alone_judges():
     assert logic.groups_needing_election() == []
     clock.now += 0.2  # 3.1 s after the master's last heartbeat
     assert logic.groups_needing_election() == ["b"]
+
+
+def test_a_closed_connection_is_only_death_when_the_probe_says_gone():
+    clock, hb, _, logic = _controller(3.0)
+    hb.on_leader()
+    clock.now += 5.0  # past the guard and the grace
+    probed = []
+    hb.close_probe = probed.append
+    conn = FakeConn()
+    hb.on_heartbeat("c", "b", 1, "h:1", timeout_ms=3000, conn=conn)
+    hb.on_heartbeat("c", "b", 2, "h:2", timeout_ms=3000)
+    seen = hb.info("b", 1).last_update
+    conn.close()  # a reset link, or a death: not known yet
+    assert [i.broker_id for i in probed] == [1]
+    assert hb.is_alive("b", 1) and logic.groups_needing_election() == []
+    # It heartbeated again while the probe ran: the probe's verdict is stale.
+    clock.now += 0.1
+    hb.on_heartbeat("c", "b", 1, "h:1", timeout_ms=3000)
+    hb.confirm_gone(probed[0], seen)
+    assert hb.is_alive("b", 1)
+    # A verdict about the current heartbeat: gone, at once.
+    hb.confirm_gone(hb.info("b", 1), hb.info("b", 1).last_update)
+    assert not hb.is_alive("b", 1)
+    assert logic.groups_needing_election() == ["b"]

@@ -11,9 +11,13 @@ current master gets the benefit of the doubt.
 The master lease (:mod:`rmqha.broker.master_lease`) adds one more wait: a new leader does
 not know when the previous leader last renewed a master's lease, so for a heartbeat
 timeout after it became leader it treats every master as alive (the *lease guard*),
-unless it saw that master's heartbeat connection close while leading (the process died:
-a dead process acknowledges nothing, so that election need not wait).  A close seen
+unless it saw that master's heartbeat connection close while leading and the master is
+gone (a dead process acknowledges nothing, so that election need not wait).  A close seen
 before it led does not count: that link may have failed alone.
+
+A closed heartbeat connection alone proves nothing (a reset link, a restarted proxy): the
+controller server checks the broker's address (``close_probe``) and only a refused
+connection drops the broker before its timeout.
 """
 from __future__ import annotations
 
@@ -46,6 +50,9 @@ class BrokerLiveInfo:
 
 
 InactiveListener = Callable[[str, str, int], None]
+#: Asked whether a broker whose heartbeat connection closed is really gone; it answers
+#: later through :meth:`BrokerHeartbeatManager.confirm_gone`.
+CloseProbe = Callable[["BrokerLiveInfo"], None]
 
 
 class BrokerHeartbeatManager:
@@ -66,6 +73,9 @@ class BrokerHeartbeatManager:
         self._closed: set[tuple[str, int]] = set()
         #: The heartbeat timeout each broker last asked for (kept after its entry expires).
         self._timeouts: dict[tuple[str, int], float] = {}
+        #: When set, a closed connection only starts a check of the broker (the server
+        #: tries its address); without it a close is taken as the broker's death.
+        self.close_probe: CloseProbe | None = None
 
     def add_inactive_listener(self, fn: InactiveListener) -> None:
         """fn(cluster, broker_name, broker_id) when a broker times out or disconnects."""
@@ -160,9 +170,24 @@ class BrokerHeartbeatManager:
         for key in list(conn.attributes.get("heartbeat_keys", ())):
             info = self._table.get(key)
             if info is not None and info.conn is conn:
-                del self._table[key]
-                self._closed.add(key)
-                self._notify(info)
+                if self.close_probe is None:
+                    self._gone(info)
+                else:
+                    # A link can close under a live broker (a reset, a restarted proxy):
+                    # only a broker shown gone is dead before its timeout runs out.
+                    info.conn = None
+                    self.close_probe(info)
+
+    def confirm_gone(self, info: BrokerLiveInfo, last_update: float) -> None:
+        """The close probe found the broker gone: drop it now, unless it heartbeated since."""
+        key = (info.broker_name, info.broker_id)
+        if self._table.get(key) is info and info.last_update == last_update:
+            self._gone(info)
+
+    def _gone(self, info: BrokerLiveInfo) -> None:
+        del self._table[(info.broker_name, info.broker_id)]
+        self._closed.add((info.broker_name, info.broker_id))
+        self._notify(info)
 
     def _notify(self, info: BrokerLiveInfo) -> None:
         for fn in self._listeners:

@@ -35,7 +35,7 @@ from typing import Any
 from rmqha.codes import RequestCode, ResponseCode
 from rmqha.config import apply_values, check_port_free, resolve_key, to_dict
 from rmqha.controller.config import SECRET_KEYS, UPDATE_BLACKLIST, ControllerConfig, Peer
-from rmqha.controller.heartbeat import BrokerHeartbeatManager
+from rmqha.controller.heartbeat import BrokerHeartbeatManager, BrokerLiveInfo
 from rmqha.controller.logic import BadRequest, ControllerLogic, Decision
 from rmqha.controller.metrics import ControllerMetrics
 from rmqha.controller.state import ReplicasState
@@ -99,6 +99,7 @@ class ControllerServer:
         self._elections_in_flight: dict[str, int] = {}
         self._rechecks: dict[str, asyncio.TimerHandle] = {}
         self.heartbeats.add_inactive_listener(self._on_broker_inactive)
+        self.heartbeats.close_probe = self._probe_closed_broker
         self._register_handlers()
 
     # --- lifecycle -------------------------------------------------------------------
@@ -499,6 +500,45 @@ class ControllerServer:
             return
         log.info("master %s/%d of %s is inactive: electing", broker_name, broker_id, cluster)
         self._spawn(self.trigger_elect(broker_name))
+
+    def _probe_closed_broker(self, info: BrokerLiveInfo) -> None:
+        self._spawn(self._probe_address(info, info.last_update))
+
+    async def _probe_address(self, info: BrokerLiveInfo, last_update: float) -> None:
+        """A broker's heartbeat connection closed: is the process gone?
+
+        Its client port refusing a connection shows it is (a killed process's port is
+        closed by the kernel at once), and a dead process acknowledges nothing, so its
+        master role can go now.  Anything else (it accepts, or no answer in time) proves
+        nothing: the broker stays alive until its heartbeat timeout, as for a silent one."""
+        host, _, port = info.address.rpartition(":")
+        try:
+            for attempt in range(3):
+                try:
+                    _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 1.0)
+                    break
+                except ConnectionResetError:
+                    # Reset mid-handshake: a listener closing as the process dies.  Ask
+                    # again; a port that is gone then refuses.
+                    if attempt == 2:
+                        raise
+                    await asyncio.sleep(0.05)
+        except ConnectionRefusedError:
+            log.info("broker %s/%d at %s is gone (connection closed, port refused)",
+                     info.broker_name, info.broker_id, info.address)
+            self.heartbeats.confirm_gone(info, last_update)
+            return
+        except (OSError, ValueError, asyncio.TimeoutError) as exc:
+            log.info("broker %s/%d closed its heartbeat connection; %s does not answer (%s): "
+                     "judged by its heartbeat timeout", info.broker_name, info.broker_id, info.address, exc)
+            return
+        writer.close()
+        try:
+            await writer.wait_closed()
+        except OSError:
+            pass  # it was only a knock on the door
+        log.info("broker %s/%d closed its heartbeat connection but %s accepts connections: "
+                 "judged by its heartbeat timeout", info.broker_name, info.broker_id, info.address)
 
     def _recheck_later(self, cluster: str, broker_name: str, broker_id: int, wait: float) -> None:
         loop = self._loop

@@ -511,6 +511,20 @@ def partition_master_from_controllers(run: ChaosRun) -> None:
     run.run_load_for(1.5)
 
 
+def reset_master_controller_links(run: ChaosRun) -> None:
+    """The master's links to the controllers reset (and new ones refused) while it lives:
+    the controllers see its connection close, but a closed connection is not a death (the
+    controller finds its port still open), so the election waits for the heartbeat
+    timeout, which the master's lease does not outlast."""
+    m = run.master()
+    for p in run.ctl_proxies[m.name]:
+        p.cut("close")
+    run.mark_fault()
+    run.cluster.wait_for(lambda: (x := run.cluster.master_of(GROUP)) is not None and x is not m, 30,
+                         what="a new master elected after the links reset")
+    run.run_load_for(1.5)
+
+
 def cut_one_slave_link(run: ChaosRun) -> None:
     """One slave's replication link silently dropped (told apart by the broker id in its
     framed handshake) while the other flows: the set shrinks to the master and one slave,

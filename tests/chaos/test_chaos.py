@@ -22,6 +22,7 @@ SAFE = [
 SLOW = [
     ("kill-controller-leader", h.kill_controller_leader),
     ("pause-controller-leader", h.pause_controller_leader),
+    ("reset-master-controller-links", h.reset_master_controller_links),
     ("cut-one-slave-link", h.cut_one_slave_link),
     ("cut-master-links-and-heal", h.cut_master_links),
     ("cut-all-links-then-kill", h.cut_all_links_then_kill),
