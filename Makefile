@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rmqha-installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv build test test-pure demo bench bench-quick trends chaos soak wheel-check clean
+.PHONY: all venv build browser test test-pure demo bench bench-quick trends chaos soak wheel-check clean
 
 all: build
 
@@ -24,11 +24,21 @@ venv: $(STAMP)
 build: $(STAMP)
 	$(PY) setup.py --quiet build_ext --inplace
 
-test: build
+# The status page test drives a real headless browser: Debian's chromium, installed when
+# missing (non-interactive; CI runs as root, elsewhere sudo -n is tried).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+		echo "installing chromium (headless browser for tests/test_status_page.py)"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo "sudo -n" ); \
+		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q </dev/null && \
+		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+			chromium </dev/null; }
+
+test: build browser
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # The same suite with the pure-Python twins forced.
-test-pure: build
+test-pure: build browser
 	RMQHA_NO_EXTENSIONS=1 $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # Every chaos scenario and negative control on a real cluster, with the table at the end

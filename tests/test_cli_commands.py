@@ -149,6 +149,33 @@ def test_send_consume_and_ha_status(live, capsys):
     assert slave["in_sync"] is True and slave["lag_bytes"] == 0 and slave["ack_offset"] == status["maxOffset"]
 
 
+def test_ha_status_watch_through_a_pipe_and_as_json_lines(live, capsys):
+    argv = [sys.executable, "-m", "rmqha", "ha-status", "-b", "broker-a", "-n", ns(live),
+            "--watch", "--count", "3", "--interval", "0.1"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "\x1b" not in out and "\r" not in out  # a pipe: appended rounds, never redrawn
+    assert [line.split()[:2] for line in out.splitlines() if line.startswith("#Round")] == [
+        ["#Round", "1"], ["#Round", "2"], ["#Round", "3"]]
+    assert out.count(f"#BrokerAddr\t{live.a.address}") == 3 and out.count(f"#BrokerAddr\t{live.b.address}") == 3
+    rows = [line.split() for line in out.splitlines() if line.startswith("2 ")]
+    assert len(rows) == 3 and all(r[5] == "OK" for r in rows)  # the in-sync slave, each round
+    assert "#CatchUp" not in out  # nobody is catching up
+
+    proc = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    rounds = [json.loads(line) for line in proc.stdout.splitlines()]
+    code, out, _ = run(capsys, "ha-status", "-b", "broker-a", "-n", ns(live), "--json")
+    once = json.loads(out)
+    # Each JSON line is what one `ha-status --json` prints.
+    assert len(rounds) == 3 and all(set(r) == set(once) == {live.a.address, live.b.address} for r in rounds)
+    assert all(set(r[a]) == set(once[a]) for r in rounds for a in once)
+
+    code, _, err = run(capsys, "ha-status", "-b", live.a.address, "--count", "2")
+    assert code == 2 and "--watch" in err
+
+
 def test_cluster_list_and_topic_list(live, capsys):
     code, out, _ = run(capsys, "cluster-list", "-n", ns(live))
     assert code == 0

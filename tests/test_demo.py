@@ -7,12 +7,16 @@
   exactly the tail it alone had: from the new epoch's start to its own log end, a
   non-zero number of bytes, none of them acknowledged;
 - SIGINT while the brokers start or while messages flow makes it stop everything and
-  exit 130, again leaving nothing behind.
+  exit 130, again leaving nothing behind;
+- through a pipe the output has no escape codes and the progress bar is one final line
+  (no redraws); on a terminal the bar is drawn live by rich and cleared at the end.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,7 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from rmqha.demo.cluster import HA_ADVERTISED_KEY
+from rich.console import Console as RichConsole
+
+from rmqha.demo.cluster import HA_ADVERTISED_KEY, ProgressBar
 from rmqha.local_cluster import port_open
 
 SUMMARY_FIELDS = {
@@ -184,8 +190,38 @@ def test_sigint_stops_everything(tmp_path: Path, phase: str) -> None:
     out = "".join(lines)
     assert proc.returncode == 130, f"stdout:\n{out}\nstderr:\n{err}"
     assert "[5/5]" not in out and "interrupted" in out
+    # A pipe gets plain text: no colour, no cursor moves, no redrawn bar.
+    assert "\x1b" not in out and "\x1b" not in err and "\r" not in err, err
+    if phase == "[3/5]":
+        bars = [line for line in err.splitlines() if line.startswith("produce ")]
+        assert len(bars) == 1 and re.fullmatch(r"produce +\d+% [\d,]+/2,000,000( .*)?", bars[0]), err
     assert "ports still open: none" in out
     assert "Traceback" not in err and "Task was destroyed" not in err, err
     assert stopped_in < 20
     # Interrupted while brokers start: the controllers and the name server were up.
     _assert_nothing_left(work, min_ports=7 if "name server" in phase else 13)
+
+
+def test_progress_bar_in_a_pipe_writes_only_its_final_line() -> None:
+    buf = io.StringIO()
+    bar = ProgressBar("produce", 1000, console=RichConsole(file=buf))
+    assert not bar.live
+    for done in range(0, 1001, 50):
+        bar.update(done, f"{done} msg/s")
+    assert buf.getvalue() == ""
+    bar.finish()
+    assert buf.getvalue() == "produce    100% 1,000/1,000 1000 msg/s\n"
+
+
+def test_progress_bar_on_a_terminal_is_live_then_leaves_one_line() -> None:
+    buf = io.StringIO()
+    console = RichConsole(file=buf, force_terminal=True, width=60, color_system="standard")
+    bar = ProgressBar("consume", 200, console=console)
+    assert bar.live
+    bar.update(100, "5 msg/s")
+    bar.finish()
+    out = buf.getvalue()
+    assert "\x1b[" in out  # drawn (and cleared) with cursor controls
+    assert "100/200" in out and "━" in out  # the live bar showed the update
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out)
+    assert plain.rstrip("\n").splitlines()[-1] == "consume     50% 100/200 5 msg/s"

@@ -4,7 +4,9 @@
   (GET_BROKER_EPOCH_CACHE), printed like RocketMQ's ``mqadmin getBrokerEpoch``.
 - ``rmqha ha-status`` (alias ``haStatus``): a master's slaves (ack offset, lag in bytes
   and ms, in sync or not) or a slave's link to its master (GET_BROKER_HA_STATUS), laid
-  out like ``mqadmin haStatus``.
+  out like ``mqadmin haStatus``; ``--watch`` refreshes it (with the catch-up progress of
+  slaves outside the SyncStateSet) until Ctrl-C or ``--count`` rounds
+  (:mod:`rmqha.cli.ha_watch`).
 
 Both take ``-b`` as a broker address (``host:port``) or, with ``-n``, a broker group
 name (every live member is asked), or ``-c CLUSTER -n NAMESRV`` for every group of a
@@ -19,8 +21,9 @@ from typing import Any
 
 from rmqha.broker.broker import run_broker
 from rmqha.broker.config import BrokerConfig, load_broker_config
+from rmqha.cli.ha_watch import ask_each, watch
 from rmqha.cli.lookup import is_address, members
-from rmqha.cli.output import add_json_flag, emit, reports_errors, table
+from rmqha.cli.output import Block, add_json_flag, emit, reports_errors, table
 from rmqha.codes import RequestCode
 from rmqha.cli.serving import add_server_parser, serve_until_signalled
 from rmqha.config import check_port_free
@@ -47,6 +50,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="name server addresses, host:port;host:port")
         add_json_flag(q)
         q.add_argument("--timeout", type=float, default=3.0, help="per-request timeout in seconds")
+        if fn is _ha_status:
+            q.add_argument("--watch", action="store_true",
+                           help="refresh until Ctrl-C (live on a terminal, appended rounds in a pipe, "
+                                "JSON Lines with --json), with slaves' catch-up progress")
+            q.add_argument("--interval", type=float, default=1.0, help="seconds between --watch rounds")
+            q.add_argument("--count", type=int, default=0, help="stop --watch after this many rounds")
         q.set_defaults(func=fn)
 
 
@@ -99,7 +108,7 @@ def _targets(args: argparse.Namespace) -> list[str] | None:
     return [m.address for m in found]
 
 
-def _ask_each(args: argparse.Namespace, code: int, render: Callable[[str, dict[str, Any]], list[str]]) -> int:
+def _ask_each(args: argparse.Namespace, code: int, render: Callable[[str, dict[str, Any]], list[Block]]) -> int:
     """Ask every target broker ``code``; print the ``render``ed blocks (blank-line apart) or JSON.
 
     JSON is the one answer when ``-b`` named an address, else the answers keyed by address.
@@ -108,7 +117,7 @@ def _ask_each(args: argparse.Namespace, code: int, render: Callable[[str, dict[s
     if targets is None:
         return 2
     answers = {addr: _query(addr, code, args.timeout) for addr in targets}
-    lines: list[str] = []
+    lines: list[Block] = []
     for addr, data in answers.items():
         if lines:
             lines.append("")
@@ -117,8 +126,8 @@ def _ask_each(args: argparse.Namespace, code: int, render: Callable[[str, dict[s
     return 0
 
 
-def _epoch_lines(addr: str, data: dict[str, Any]) -> list[str]:
-    lines = [f"#clusterName\t{data['clusterName']}", f"#brokerName\t{data['brokerName']}",
+def _epoch_lines(addr: str, data: dict[str, Any]) -> list[Block]:
+    lines: list[Block] = [f"#clusterName\t{data['clusterName']}", f"#brokerName\t{data['brokerName']}",
              f"#brokerAddr\t{addr}", f"#brokerId\t{data['brokerId']}"]
     entries = data.get("epochList", [])
     for i, e in enumerate(entries):
@@ -133,9 +142,9 @@ def _get_broker_epoch(args: argparse.Namespace) -> int:
     return _ask_each(args, RequestCode.GET_BROKER_EPOCH_CACHE, _epoch_lines)
 
 
-def _ha_lines(addr: str, data: dict[str, Any]) -> list[str]:
+def _ha_lines(addr: str, data: dict[str, Any]) -> list[Block]:
     ha = data.get("ha") if isinstance(data.get("ha"), dict) else {}
-    lines = [f"#BrokerAddr\t{addr}", f"#BrokerName\t{data.get('brokerName')}",
+    lines: list[Block] = [f"#BrokerAddr\t{addr}", f"#BrokerName\t{data.get('brokerName')}",
              f"#Role\t{data.get('role')}", f"#MasterEpoch\t{data.get('masterEpoch')}"]
     if data.get("role") == "master":
         slaves = ha.get("slaves") or []
@@ -161,4 +170,21 @@ def _ha_lines(addr: str, data: dict[str, Any]) -> list[str]:
 
 @reports_errors("broker")
 def _ha_status(args: argparse.Namespace) -> int:
-    return _ask_each(args, RequestCode.GET_BROKER_HA_STATUS, _ha_lines)
+    if not args.watch:
+        if args.count:
+            print("rmqha ha-status: --count counts --watch rounds; add --watch", file=sys.stderr)
+            return 2
+        return _ask_each(args, RequestCode.GET_BROKER_HA_STATUS, _ha_lines)
+    if args.interval <= 0 or args.count < 0:
+        print("rmqha ha-status: --interval must be positive and --count not negative", file=sys.stderr)
+        return 2
+    first = _targets(args)  # checks the flags (and the name server) once, before any round
+    if first is None:
+        return 2
+    single = bool(args.broker and is_address(args.broker))
+
+    def targets() -> list[str]:
+        return first if single else (_targets(args) or [])
+
+    ask = ask_each(targets, lambda addr: _query(addr, RequestCode.GET_BROKER_HA_STATUS, args.timeout))
+    return watch(args, ask, _ha_lines, lambda answers: answers.get(first[0]) if single else answers)

@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from rmqha.cli.lookup import cluster_info, split_addresses
-from rmqha.cli.output import add_json_flag, emit, reports_errors, table
+from rmqha.cli.output import add_json_flag, emit, reports_errors, table, write_blocks
 from rmqha.client.admin import TopicAdmin, TopicChange
 from rmqha.codes import RequestCode, ResponseCode
 from rmqha.errors import RemotingError
@@ -191,7 +191,7 @@ def _consume(args: argparse.Namespace) -> int:
 
     seen = 0
     if not args.json:
-        print("\n".join(table(("#BrokerName", "#QueueId", "#QueueOffset", "#MsgId", "#Body"), [])))
+        write_blocks(table(("#BrokerName", "#QueueId", "#QueueOffset", "#MsgId", "#Body"), []))
     with BlockingConsumer(args.namesrv, args.group, args.topic, tags=args.tags) as c:
         idle = 0.0
         while (args.count <= 0 or seen < args.count) and idle < args.idle_s:

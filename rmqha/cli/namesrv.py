@@ -20,6 +20,8 @@ def preflight(config: NamesrvConfig) -> None:
     check_port_free(config.listen_host, config.listen_port, "listen_port (client port)")
     if config.metrics_port > 0:
         check_port_free(config.metrics_host, config.metrics_port, "metrics_port")
+    if config.status_port > 0:
+        check_port_free(config.status_host, config.status_port, "status_port")
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -44,7 +44,10 @@ from concurrent.futures import CancelledError
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, TextIO
+from typing import Any
+
+from rich.console import Console as RichConsole
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn
 
 from rmqha.client import Consumer, Message, Producer
 from rmqha.client.admin import TopicAdmin
@@ -241,55 +244,55 @@ class DemoSummary:
 
 
 class ProgressBar:
-    """A one-line progress bar on stderr.  On a terminal it is redrawn in place (at most
-    every 1% or 0.2 s); elsewhere (a pipe, a CI log) only the final line is written."""
+    """A one-line progress bar on stderr, drawn by rich.
 
-    def __init__(self, label: str, total: int, *, stream: TextIO | None = None,
-                 enabled: bool = True, width: int = 30) -> None:
-        self.label, self.total, self.width = label, max(total, 1), width
-        self.stream = stream if stream is not None else sys.stderr
+    On a terminal it is a live bar (redrawn a few times a second, the demo's other lines
+    scrolling above it); anywhere else (a pipe, a file, a CI log) nothing is redrawn: only
+    the final line is written, as plain text without escape codes.
+    """
+
+    def __init__(self, label: str, total: int, *, console: RichConsole | None = None,
+                 enabled: bool = True) -> None:
+        self.label, self.total = label, max(total, 1)
+        self.console = console if console is not None else RichConsole(
+            file=sys.stderr, highlight=False, emoji=False)
         self.enabled = enabled
-        self.live = enabled and self.stream.isatty()
+        self.live = enabled and self.console.is_terminal and not self.console.is_dumb_terminal
         self.done = 0
         self.suffix = ""
-        self._shown = (-1, "")
-        self._drawn_at = 0.0
-        self._visible = False
+        self._progress: Progress | None = None
+        if self.live:
+            # The demo's lines go to stdout: when that is the same terminal, rich prints
+            # them above the bar; when it is a pipe they must stay on stdout untouched.
+            stdout_tty = sys.stdout.isatty()
+            self._progress = Progress(
+                TextColumn("{task.description:<10}"), BarColumn(bar_width=30),
+                TaskProgressColumn(), MofNCompleteColumn(), TextColumn("{task.fields[suffix]}"),
+                console=self.console, transient=True, refresh_per_second=5,
+                redirect_stdout=stdout_tty, redirect_stderr=False)
+            self._task = self._progress.add_task(label, total=self.total, suffix="")
+            self._progress.start()
 
-    def _line(self) -> str:
+    def line(self) -> str:
+        """The bar as one plain line (what a pipe gets at the end)."""
         pct = min(100, self.done * 100 // self.total)
-        filled = min(self.width, self.done * self.width // self.total)
-        bar = "#" * filled + "." * (self.width - filled)
-        return f"{self.label:<10} [{bar}] {pct:3d}% {self.done:,}/{self.total:,} {self.suffix}".rstrip()
+        return f"{self.label:<10} {pct:3d}% {self.done:,}/{self.total:,} {self.suffix}".rstrip()
 
     def update(self, done: int, suffix: str = "") -> None:
         self.done, self.suffix = done, suffix
-        if not self.live:
-            return
-        pct = done * 100 // self.total
-        now = time.monotonic()
-        if (pct, suffix) == self._shown or (pct == self._shown[0] and now - self._drawn_at < 0.2):
-            return
-        self._shown, self._drawn_at = (pct, suffix), now
-        self.stream.write("\r\033[K" + self._line())
-        self.stream.flush()
-        self._visible = True
-
-    def clear(self) -> None:
-        """Take the bar off the screen (before other output); the next update redraws it."""
-        if self._visible:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
-            self._visible = False
-            self._shown = (-1, "")
+        if self._progress is not None:
+            self._progress.update(self._task, completed=min(done, self.total), suffix=suffix)
 
     def finish(self) -> None:
         if not self.enabled:
             return
-        if self.live:
-            self.clear()
-        self.stream.write(self._line() + "\n")
-        self.stream.flush()
+        if self._progress is not None:
+            self._progress.update(self._task, completed=min(self.done, self.total), suffix=self.suffix)
+            self._progress.stop()  # transient: the live bar leaves the screen ...
+            self._progress = None
+        # ... and one final line stays, on a terminal and in a log alike.
+        self.console.file.write(self.line() + "\n")
+        self.console.file.flush()
 
 
 class Console:
@@ -302,8 +305,8 @@ class Console:
     def say(self, text: str = "") -> None:
         if self.quiet:
             return
-        if self.bar is not None:
-            self.bar.clear()
+        # With a live bar on the same terminal, rich has taken over stdout and prints
+        # this above the bar.
         print(text, flush=True)
 
     def progress(self, label: str, total: int) -> ProgressBar:

@@ -1,9 +1,15 @@
 """The broker's messaging layer: RocketMQ's client protocol over the commitlog.
 
-:class:`MessageService` (in :mod:`rmqha.messaging.service`) is what the broker wires in;
-the other modules own one concept each: message codec (``message``), consume-queue
-index (``consume_queue``), topics (``topics``), replicated state (``state``), client
-heartbeats and locks (``clients``), request headers (``headers``).
+:class:`MessageService` (in :mod:`rmqha.messaging.service`) is what the broker wires in: a
+thin dispatcher over one piece per concern, all sharing one ``MessagingContext``
+(``context``): the send path (``send_path``, appending through ``log_writer``), the pull
+path (``pull_path``), queue lookups (``queue_queries``), consumer offsets
+(``consumer_offsets``), topic admin (``topic_admin``), the replicated state
+(``state_replication`` folding the records of ``state``), client requests
+(``client_requests`` over the tables of ``clients``), consumer retries (``send_back``) and
+retention (``retention``).  The rest own one concept each: message codec (``message``),
+consume-queue index (``consume_queue``), topics (``topics``), request headers
+(``headers``).
 """
 from __future__ import annotations
 

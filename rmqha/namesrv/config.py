@@ -41,6 +41,13 @@ class NamesrvConfig:
     #: Prometheus /metrics port; 0 = off (as the controller's metricsPromExporterPort).
     metrics_port: int = field(default=0, metadata=_alias("metricsPromExporterPort"))
     metrics_host: str = field(default="127.0.0.1", metadata=_alias("metricsPromExporterHost"))
+    #: Read-only HTML status page (groups, masters, SyncStateSets, lag, elections) on this
+    #: port; 0 = off.  On loopback unless status_host says otherwise: it has no login.
+    status_port: int = field(default=0, metadata=_alias("statusPort"))
+    #: Address the status page binds (set 0.0.0.0 only behind something that authenticates).
+    status_host: str = field(default="127.0.0.1", metadata=_alias("statusHost"))
+    #: How often the page's data is refreshed from the brokers (and the page polls it).
+    status_poll_ms: int = field(default=1000, metadata=_alias("statusPollMs"))
     log_level: str = "INFO"
     #: Append JSON-line logs to this file instead of stderr; empty = stderr.
     log_file: str = ""
@@ -51,6 +58,10 @@ class NamesrvConfig:
             raise ConfigError(f"listen_port {self.listen_port} is out of range")
         if not 0 <= self.metrics_port < 65536:
             raise ConfigError(f"metrics_port {self.metrics_port} is out of range (0 = off)")
+        if not 0 <= self.status_port < 65536:
+            raise ConfigError(f"status_port {self.status_port} is out of range (0 = off)")
+        if not 100 <= self.status_poll_ms <= 60_000:
+            raise ConfigError(f"status_poll_ms {self.status_poll_ms} must be between 100 and 60000")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ConfigError(f"log_level {self.log_level!r} is not DEBUG, INFO, WARNING, ERROR or CRITICAL")
         if self.broker_expire_ms <= 0 or self.scan_not_active_broker_interval_ms <= 0:

@@ -18,6 +18,8 @@ Answers (RocketMQ codes and shapes):
   again (needs ``adminToken`` when the name server has an ``admin_token``).
 
 Other codes get REQUEST_CODE_NOT_SUPPORTED and the connection stays open.  With
+``status_port`` set the process also serves a read-only status page
+(:mod:`rmqha.namesrv.status_page`, data from :mod:`rmqha.namesrv.cluster_view`).  With
 ``enable_controller_in_namesrv`` the process also runs a controller node (its own port,
 as RocketMQ's embedded DLedger controller listens on its own peer port).
 """
@@ -33,8 +35,10 @@ from typing import Any
 from rmqha.codes import RequestCode, ResponseCode, code_name
 from rmqha.errors import ConfigError
 from rmqha.metrics import MetricsRegistry
+from rmqha.namesrv.cluster_view import ClusterView
 from rmqha.namesrv.config import NamesrvConfig
 from rmqha.namesrv.route_table import BrokerRegistration, RouteTable, TopicConfig
+from rmqha.namesrv.status_page import StatusPageServer
 from rmqha.remoting import Connection, RemotingCommand, RemotingServer
 
 log = logging.getLogger(__name__)
@@ -81,6 +85,12 @@ class NameServer:
         self.metrics: MetricsRegistry | None = MetricsRegistry() if config.metrics_port > 0 else None
         self.metrics_port: int | None = None
         self._requests: Any = None
+        self.view: ClusterView | None = None
+        self.status_page: StatusPageServer | None = None
+        if config.status_port > 0:
+            self.view = ClusterView(self.routes, poll_ms=config.status_poll_ms)
+            self.status_page = StatusPageServer(config.status_host, config.status_port,
+                                                lambda: self.view.snapshot(self.address) if self.view else {})
         if self.metrics is not None:
             self._register_metrics(self.metrics)
         for code, handler in (
@@ -132,6 +142,9 @@ class NameServer:
         if self.metrics is not None:
             self.metrics_port = self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
             log.info("metrics on http://%s:%d/metrics", self.config.metrics_host, self.metrics_port)
+        if self.status_page is not None and self.view is not None:
+            await self.status_page.start()
+            self.view.start()
         self._scan_task = asyncio.get_running_loop().create_task(self._scan_loop())
         log.info("name server listening on %s", self.server.address)
 
@@ -143,6 +156,10 @@ class NameServer:
             except asyncio.CancelledError:
                 pass  # we cancelled it
             self._scan_task = None
+        if self.status_page is not None:
+            await self.status_page.stop()
+        if self.view is not None:
+            await self.view.stop()
         await self.server.stop()
         if self.controller is not None:
             await self.controller.stop()
@@ -203,6 +220,8 @@ class NameServer:
         if not result.accepted:
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"registration as master refused: {result.reason}",
                                 {"masterAddr": result.master_addr, "haServerAddr": result.ha_server_addr})
+        if self.view is not None:
+            self.view.observe_registration(reg)
         key = (name, addr)
         self._reg_conn[key] = conn
         keys: set[tuple[str, str]] = conn.attributes.setdefault(_CONN_KEY, set())

@@ -1,0 +1,96 @@
+"""Consumer group offsets: QUERY/UPDATE_CONSUMER_OFFSET and offsets committed by pulls.
+
+Offsets are written to the state log (:mod:`rmqha.messaging.state`) in batches: at once
+for an explicit update, every ``offset_flush_interval_s`` for offsets carried by pulls.
+Only a master writes; a slave keeps what it was told until it becomes master.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from rmqha.codes import RequestCode, ResponseCode
+from rmqha.errors import StoreError
+from rmqha.messaging.context import Handler, MessagingContext
+from rmqha.messaging.headers import req_int, req_str
+from rmqha.messaging.state import offsets_record
+from rmqha.messaging.state_replication import StateReplication
+from rmqha.remoting import RemotingCommand
+
+log = logging.getLogger(__name__)
+
+
+class ConsumerOffsets:
+    """Answers offset queries and batches committed offsets into state records."""
+
+    def __init__(self, ctx: MessagingContext, state_log: StateReplication) -> None:
+        self.ctx = ctx
+        self.state_log = state_log
+        self._dirty_offsets: dict[tuple[str, str, int], int] = {}
+        self._offset_flush: asyncio.TimerHandle | None = None
+
+    def handlers(self) -> dict[int, Handler]:
+        rc = RequestCode
+        return {
+            rc.QUERY_CONSUMER_OFFSET: self.on_query_offset,
+            rc.UPDATE_CONSUMER_OFFSET: self.on_update_offset,
+        }
+
+    def on_master(self) -> None:
+        """Became master: write what was committed meanwhile."""
+        if self._dirty_offsets:
+            self._schedule_offset_flush(0.0)
+
+    def close(self) -> None:
+        if self._offset_flush is not None:
+            self._offset_flush.cancel()
+
+    async def on_query_offset(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+        ext = cmd.ext_fields
+        group, topic = req_str(ext, "consumerGroup"), req_str(ext, "topic")
+        qid = req_int(ext, "queueId")
+        offset = self.ctx.state.offsets.get(group, topic, qid)
+        if offset is None:
+            # A new group starts at the oldest message (the C++ client skips the backlog
+            # on QUERY_NOT_FOUND), RocketMQ's reference note 11.
+            offset = self.ctx.queue_bounds(topic, qid)[0]
+        return cmd.response(ResponseCode.SUCCESS, None, {"offset": offset})
+
+    async def on_update_offset(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+        ext = cmd.ext_fields
+        group, topic = req_str(ext, "consumerGroup"), req_str(ext, "topic")
+        qid, offset = req_int(ext, "queueId"), req_int(ext, "commitOffset")
+        if offset >= 0:
+            self.commit(group, topic, qid, offset, immediate=True)
+        return cmd.response(ResponseCode.SUCCESS, None, {})
+
+    def commit(self, group: str, topic: str, queue_id: int, offset: int, *,
+               immediate: bool) -> None:
+        key = (group, topic, queue_id)
+        if self.ctx.state.offsets.set(group, topic, queue_id, offset) or \
+                key in self._dirty_offsets:
+            self._dirty_offsets[key] = offset
+            self._schedule_offset_flush(
+                0.0 if immediate else self.ctx.config.offset_flush_interval_s)
+
+    def _schedule_offset_flush(self, delay: float) -> None:
+        if self.ctx.closed or self.ctx.role != "master":
+            return  # a slave keeps them until it becomes master (set_role flushes)
+        if self._offset_flush is not None:
+            if delay > 0:
+                return
+            self._offset_flush.cancel()
+        loop = asyncio.get_running_loop()
+        self._offset_flush = loop.call_later(delay, self._flush_offsets)
+
+    def _flush_offsets(self) -> None:
+        self._offset_flush = None
+        if not self._dirty_offsets or self.ctx.role != "master" or self.ctx.closed:
+            return
+        entries = [(g, t, q, o) for (g, t, q), o in self._dirty_offsets.items()]
+        self._dirty_offsets.clear()
+        try:
+            self.state_log.write_state(offsets_record(entries))
+        except StoreError as exc:
+            log.error("could not write %d consumer offsets: %s", len(entries), exc)

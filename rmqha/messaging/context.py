@@ -1,0 +1,224 @@
+"""What every piece of the messaging service shares: the store, the settings, replication.
+
+:class:`MessagingContext` is the one small object the request handlers of
+:mod:`rmqha.messaging.service`'s pieces (send path, pull path, consumer offsets, topic
+admin, ...) are built from: the commitlog, the broker settings, the HA replication hooks,
+the topic table, the replicated state, the consume-queue index and the broker's current
+role.  It also owns the checks every writer makes (``check_writable``) and the reads every
+reader makes (``read_record``, ``queue_bounds``).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from rmqha.codes import ResponseCode
+from rmqha.errors import RmqhaError, StoreError
+from rmqha.messaging.clients import ClientRegistry, QueueLocks
+from rmqha.messaging.consume_queue import ConsumeQueueIndex
+from rmqha.messaging.message import MAGIC_V1
+from rmqha.messaging.state import BrokerState
+from rmqha.messaging.topics import TopicTable
+from rmqha.remoting import RemotingCommand
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[RemotingCommand, Any], Awaitable[RemotingCommand | None]]
+
+#: RocketMQ's default maxReconsumeTimes before a message goes to the group's DLQ.
+MAX_RECONSUME_TIMES = 16
+#: Largest batch body a compressed batch may inflate to (a bomb is refused, not allocated).
+MAX_INFLATED_BATCH_BYTES = 64 * 1024 * 1024
+#: Ext field carrying the master's address when a slave or fenced broker refuses a write.
+MASTER_ADDRESS_FIELD = "masterAddress"
+#: Ext field naming why a write was refused or what became of it (rmqha's client reads it).
+PUT_STATUS_FIELD = "putStatus"
+
+_QOFF = struct.Struct(">q")
+
+
+class Replication(Protocol):
+    """What the broker gives the service from its HA master (see the team contract)."""
+
+    def sync_state_set_size(self) -> int: ...
+
+    async def wait_for_replicas(self, end_offset: int, timeout_s: float) -> bool: ...
+
+    def confirm_offset(self) -> int: ...
+
+    def copies_of(self, offset: int) -> int: ...
+
+    def holds_master_lease(self) -> bool: ...
+
+
+@dataclass
+class MessagingConfig:
+    """The broker settings the service reads (names as in ``rmqha.broker.config``)."""
+
+    broker_address: str = "127.0.0.1:10911"
+    cluster: str = "DefaultCluster"
+    flush: str = "async"
+    min_in_sync_replicas: int = 1
+    slave_timeout_ms: int = 3000
+    file_reserved_hours: float = 72.0
+    auto_create_topic_enable: bool = True
+    default_topic_queue_nums: int = 4
+    long_polling_max_ms: int = 15000
+    admin_token: str = ""
+    #: How often retention looks for old segments.
+    retention_interval_s: float = 60.0
+    #: Upper bound of one pull response body.
+    max_pull_bytes: int = 4 * 1024 * 1024
+    #: Consumer offsets committed by pulls are written to the state log this often.
+    offset_flush_interval_s: float = 1.0
+    client_expire_s: float = 120.0
+
+    @classmethod
+    def from_broker_config(cls, cfg: Any) -> MessagingConfig:
+        if isinstance(cfg, MessagingConfig):
+            return cfg
+        out = cls()
+        if cfg is None:
+            return out
+        for name in cls.__dataclass_fields__:
+            if hasattr(cfg, name):
+                setattr(out, name, getattr(cfg, name))
+        return out
+
+
+class Refused(Exception):
+    """A handler's early answer (raised to unwind, turned into the response)."""
+
+    def __init__(self, code: int, remark: str, ext: dict[str, Any] | None = None) -> None:
+        super().__init__(remark)
+        self.code = code
+        self.remark = remark
+        self.ext = ext or {}
+
+
+class MessagingMetrics:
+    """The service's series in a MetricsRegistry (names rmqha_messaging_*)."""
+
+    def __init__(self, registry: Any) -> None:
+        self.messages_stored = registry.counter(
+            "rmqha_messaging_messages_stored", "Messages appended by sends (any outcome)")
+        self.bytes_stored = registry.counter(
+            "rmqha_messaging_stored_bytes", "Record bytes appended by sends")
+        self.messages_served = registry.counter(
+            "rmqha_messaging_messages_served", "Index entries answered by pulls")
+        self.held_pulls = registry.gauge(
+            "rmqha_messaging_held_pulls", "Pulls waiting for data (long polling)")
+        self.send_latency = registry.histogram(
+            "rmqha_messaging_send_latency_seconds", "Send request to answer, by put status",
+            ("status",))
+
+
+@dataclass
+class MessagingContext:
+    """The store, settings, replication and tables one broker's messaging pieces share."""
+
+    log: Any
+    config: MessagingConfig
+    broker_name: str
+    broker_id: int
+    replication: Replication | None
+    dir: Path
+    topics: TopicTable
+    state: BrokerState
+    index: ConsumeQueueIndex
+    clients: ClientRegistry
+    locks: QueueLocks
+    #: Prometheus series when the broker passes its rmqha.metrics.MetricsRegistry.
+    metrics: MessagingMetrics | None = None
+    #: Called after a topic was created or deleted (the broker re-registers its routes).
+    on_topics_changed: Callable[[], None] | None = None
+    role: str = "fenced"
+    master_address: str | None = None
+    closed: bool = False
+    #: Background tasks (notifications, ...) cancelled on close.
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    def check_writable(self) -> None:
+        """Refuse a write unless this broker is master with enough in-sync replicas."""
+        if self.role != "master":
+            master = self.master_address or ""
+            raise Refused(
+                ResponseCode.SERVICE_NOT_AVAILABLE,
+                f"broker {self.broker_name}/{self.broker_id} is {self.role}, not master;"
+                f" master is {master or 'unknown'}",
+                {MASTER_ADDRESS_FIELD: master, PUT_STATUS_FIELD: "NOT_MASTER"},
+            )
+        if self.replication is not None and not self.replication.holds_master_lease():
+            # Cut off from the controller: another master may be elected any moment now.
+            raise Refused(
+                ResponseCode.SERVICE_NOT_AVAILABLE,
+                f"broker {self.broker_name}/{self.broker_id} is master but its lease from the "
+                f"controller expired; retry on another broker",
+                {PUT_STATUS_FIELD: "MASTER_LEASE_EXPIRED"},
+            )
+        # A broker without replication is a SyncStateSet of one (itself).
+        size = 1 if self.replication is None else int(self.replication.sync_state_set_size())
+        need = int(self.config.min_in_sync_replicas)
+        if size < need:
+            raise Refused(
+                ResponseCode.SYSTEM_ERROR,
+                f"IN_SYNC_REPLICAS_NOT_ENOUGH: SyncStateSet has {size}, need {need}",
+                {PUT_STATUS_FIELD: "IN_SYNC_REPLICAS_NOT_ENOUGH"},
+            )
+
+    def replication_confirm(self) -> int:
+        if self.replication is None:
+            return self.whole_offset()  # a lone broker: everything written is confirmed
+        try:
+            return int(self.replication.confirm_offset())
+        except (RmqhaError, AttributeError) as exc:
+            log.debug("confirm offset not available yet: %s", exc)
+            return 0
+
+    def whole_offset(self) -> int:
+        return int(getattr(self.log, "whole_offset", self.log.max_offset))
+
+    def read_record(self, offset: int) -> bytes:
+        """The raw record at a commit offset (only confirmed, existing records)."""
+        if not self.log.min_offset <= offset < self.index.indexed_offset:
+            raise StoreError(f"offset {offset} outside [{self.log.min_offset}, "
+                             f"{self.index.indexed_offset})")
+        head = self.log.read(offset, 8)
+        total, magic = struct.unpack_from(">iI", head, 0)
+        if magic != MAGIC_V1 or total <= 0 or offset + total > self.log.segment_end(offset):
+            raise StoreError(f"no record starts at {offset}")
+        return bytes(self.log.read(offset, total))
+
+    def queue_bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
+        q = self.index.queue(topic, queue_id)
+        return (0, 0) if q is None else (q.min_offset, q.max_offset)
+
+    def queue_offset_at(self, commit_offset: int) -> int:
+        return _QOFF.unpack_from(self.log.read(commit_offset + 20, 8), 0)[0]
+
+    def store_timestamp(self, commit_offset: int) -> int:
+        return _QOFF.unpack_from(self.log.read(commit_offset + 56, 8), 0)[0]
+
+    def topics_changed(self) -> None:
+        if self.on_topics_changed is not None:
+            try:
+                self.on_topics_changed()
+            except Exception:  # a broken listener must not break the write path
+                log.exception("on_topics_changed listener failed")
+
+    def spawn(self, coro: Awaitable[Any]) -> None:
+        """Run ``coro`` in the background (cancelled on close); needs a running loop."""
+        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    @staticmethod
+    def born_host(conn: Any) -> tuple[str, int]:
+        host, _, port = (getattr(conn, "peer", "") or "").rpartition(":")
+        return (host, int(port)) if host and port.isdigit() and host.count(".") == 3 else (
+            "127.0.0.1", 0)

@@ -1,0 +1,83 @@
+"""Appending messages to the commitlog and waiting until they are durable.
+
+Every writer (sends, send-back, ...) appends through :class:`LogWriter` so rows of one
+request land back to back, and answers once the ack policy (``replication.
+wait_for_replicas``) and, with ``flush = sync``, the fsync hold for the end of what it
+wrote.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+
+from rmqha.codes import ResponseCode
+from rmqha.failpoints import Failpoint, hit
+from rmqha.messaging.context import MessagingContext
+from rmqha.messaging.message import decode_properties
+
+class LogWriter:
+    """Appends rows and awaits their durability; ``on_confirmed(offset)`` runs when the
+    confirm offset may have advanced (the service indexes and wakes held pulls)."""
+
+    def __init__(self, ctx: MessagingContext, on_confirmed: Callable[[int], None]) -> None:
+        self.ctx = ctx
+        self._on_confirmed = on_confirmed
+        self._append_lock = threading.Lock()
+
+    def _append(self, topic: str, queue_id: int, body: bytes,
+                properties: str | dict[str, str], flag: int,
+                sys_flag: int, born_timestamp: int, born_host: tuple[str, int],
+                reconsume_times: int) -> tuple[int, int]:
+        return self.ctx.log.append(
+            topic, body, queue_id,
+            properties if isinstance(properties, dict) else decode_properties(properties),
+            flag=flag, sys_flag=sys_flag, born_timestamp=born_timestamp, born_host=born_host,
+            reconsume_times=reconsume_times, wait_flush=False,
+        )
+
+    async def append_rows(self, topic: str, queue_id: int,
+                          rows: list[tuple[bytes, str | dict[str, str], int, int]],
+                          sys_flag: int,
+                          born_timestamp: int,
+                          born_host: tuple[str, int]) -> list[tuple[int, int]]:
+        """Append (body, properties, flag, reconsume_times) rows to one queue, in order and
+        back to back (a batch gets consecutive queue offsets).
+
+        Appends never wait for the fsync here: with flush=sync the caller awaits
+        ``flush_future`` for the batch's end, so one group commit covers the whole batch
+        and every send that arrived meanwhile."""
+        with self._append_lock:
+            placed = [self._append(topic, queue_id, body, props, flag, sys_flag,
+                                   born_timestamp, born_host, reconsume)
+                      for body, props, flag, reconsume in rows]
+        hit(Failpoint.AFTER_APPEND)
+        return placed
+
+    async def await_durable(self, end_offset: int) -> tuple[int, str]:
+        """Wait for the ack policy and the flush policy; (response code, put status)."""
+        ctx = self.ctx
+        timeout_s = ctx.config.slave_timeout_ms / 1000.0
+        ok = True
+        if ctx.replication is not None:
+            ok = await ctx.replication.wait_for_replicas(end_offset, timeout_s)
+            self._on_confirmed(ctx.replication_confirm())
+        else:
+            self._on_confirmed(end_offset)
+        if ctx.config.flush == "sync":
+            try:
+                await asyncio.wait_for(asyncio.wrap_future(ctx.log.flush_future(end_offset)),
+                                       timeout_s)
+            except asyncio.TimeoutError:
+                return ResponseCode.FLUSH_DISK_TIMEOUT, "FLUSH_DISK_TIMEOUT"
+        if not ok:
+            need = int(ctx.config.min_in_sync_replicas)
+            if need > 1 and ctx.replication is not None and \
+                    ctx.replication.sync_state_set_size() < need and \
+                    ctx.replication.copies_of(end_offset) < need:
+                # The set shrank below the floor while the send waited: RocketMQ's
+                # IN_SYNC_REPLICAS_NOT_ENOUGH (a failure clients retry), never SEND_OK, even
+                # though every member of what is left of the set holds it.
+                return ResponseCode.SYSTEM_ERROR, "IN_SYNC_REPLICAS_NOT_ENOUGH"
+            return ResponseCode.FLUSH_SLAVE_TIMEOUT, "FLUSH_SLAVE_TIMEOUT"
+        return ResponseCode.SUCCESS, "PUT_OK"

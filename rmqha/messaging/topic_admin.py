@@ -1,0 +1,126 @@
+"""Topic administration: creating topics (by request or on first use), deleting, listing.
+
+Every change is a state record (see :mod:`rmqha.messaging.state`), written by the master
+and applied at once, so topic configs replicate with the log.
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from rmqha.codes import RequestCode, ResponseCode
+from rmqha.errors import ConfigError, ProtocolError
+from rmqha.messaging.context import Handler, MessagingContext, Refused
+from rmqha.messaging.headers import opt_int, req_str
+from rmqha.messaging.state import STATE_TOPIC, topic_delete_record, topic_put_record
+from rmqha.messaging.topics import (
+    DEFAULT_TOPIC,
+    DLQ_GROUP_TOPIC_PREFIX,
+    PERM_INHERIT,
+    PERM_READ_WRITE,
+    RETRY_GROUP_TOPIC_PREFIX,
+    TopicConfig,
+)
+from rmqha.remoting import RemotingCommand
+
+if TYPE_CHECKING:
+    from rmqha.messaging.log_writer import LogWriter
+    from rmqha.messaging.state_replication import StateReplication
+
+
+def seed_default_topic(ctx: MessagingContext) -> None:
+    """TBW102 (the C++ client's fallback route) exists on every broker."""
+    if DEFAULT_TOPIC not in ctx.topics:
+        n = max(1, int(ctx.config.default_topic_queue_nums))
+        ctx.topics.put(TopicConfig(DEFAULT_TOPIC, n, n, PERM_READ_WRITE | PERM_INHERIT),
+                       persist=False)
+
+
+class TopicAdmin:
+    """UPDATE_AND_CREATE_TOPIC, DELETE_TOPIC_IN_BROKER, GET_ALL_TOPIC_CONFIG, auto-creation."""
+
+    def __init__(self, ctx: MessagingContext, state_log: StateReplication,
+                 writer: LogWriter) -> None:
+        self.ctx = ctx
+        self.state_log = state_log
+        self.writer = writer
+
+    def handlers(self) -> dict[int, Handler]:
+        rc = RequestCode
+        return {
+            rc.UPDATE_AND_CREATE_TOPIC: self.on_create_topic,
+            rc.DELETE_TOPIC_IN_BROKER: self.on_delete_topic,
+            rc.GET_ALL_TOPIC_CONFIG: self.on_all_topics,
+        }
+
+    def topic_configs(self) -> dict[str, dict[str, Any]]:
+        """Topic -> RocketMQ TopicConfig JSON, for name-server registration."""
+        return {name: cfg.to_rocketmq() for name, cfg in self.ctx.topics.items()
+                if name != STATE_TOPIC}
+
+    def ensure_topic(self, topic: str, queue_nums: int | None = None,
+                     perm: int = PERM_READ_WRITE) -> TopicConfig | None:
+        ctx = self.ctx
+        cfg = ctx.topics.get(topic)
+        if cfg is not None:
+            return cfg
+        retry = topic.startswith((RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX))
+        if not (retry or ctx.config.auto_create_topic_enable) or ctx.role != "master":
+            return None
+        n = 1 if retry else (queue_nums or max(1, int(ctx.config.default_topic_queue_nums)))
+        cfg = TopicConfig(topic, n, n, perm)
+        self.state_log.write_state(topic_put_record(cfg))
+        ctx.topics.put(cfg)
+        ctx.topics_changed()
+        return cfg
+
+    def _check_admin(self, cmd: RemotingCommand) -> None:
+        token = self.ctx.config.admin_token
+        if token and cmd.ext_fields.get("adminToken") != token:
+            raise Refused(ResponseCode.NO_PERMISSION, "admin token missing or wrong")
+
+    async def on_create_topic(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+        ext = cmd.ext_fields
+        try:
+            self._check_admin(cmd)
+            self.ctx.check_writable()
+            topic = req_str(ext, "topic")
+            if topic == STATE_TOPIC:
+                raise Refused(ResponseCode.NO_PERMISSION, f"topic {topic} is internal")
+            read_n = opt_int(ext, "readQueueNums", 8)
+            cfg = TopicConfig(topic, read_n, opt_int(ext, "writeQueueNums", read_n),
+                              opt_int(ext, "perm", PERM_READ_WRITE),
+                              opt_int(ext, "topicSysFlag", 0),
+                              ext.get("order", "false").lower() == "true")
+        except Refused as r:
+            return cmd.response(r.code, r.remark, r.ext)
+        except (ConfigError, ProtocolError) as exc:
+            return cmd.response(ResponseCode.INVALID_PARAMETER, str(exc))
+        offset, size = self.state_log.write_state(topic_put_record(cfg))
+        self.ctx.topics.put(cfg)
+        self.ctx.topics_changed()
+        code, status = await self.writer.await_durable(offset + size)
+        return cmd.response(code, None if code == ResponseCode.SUCCESS else status, {})
+
+    async def on_delete_topic(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+        ctx = self.ctx
+        try:
+            self._check_admin(cmd)
+            ctx.check_writable()
+            topic = req_str(cmd.ext_fields, "topic")
+        except Refused as r:
+            return cmd.response(r.code, r.remark, r.ext)
+        if topic == STATE_TOPIC:
+            return cmd.response(ResponseCode.NO_PERMISSION, f"topic {topic} is internal")
+        offset, size = self.state_log.write_state(topic_delete_record(topic))
+        ctx.topics.remove(topic)
+        ctx.state.offsets.drop_topic(topic)
+        ctx.index.drop_topic(topic)
+        ctx.topics_changed()
+        code, status = await self.writer.await_durable(offset + size)
+        return cmd.response(code, None if code == ResponseCode.SUCCESS else status, {})
+
+    async def on_all_topics(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+        return cmd.response(ResponseCode.SUCCESS, None, {},
+                            {"topicConfigTable": self.topic_configs(),
+                             "dataVersion": {"timestamp": int(time.time() * 1000), "counter": 0}})
