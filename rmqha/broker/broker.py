@@ -316,11 +316,15 @@ class Broker:
             await self._unregister_namesrv()
         for client in self._ns_clients.values():
             await client.close()
+        # Fenced, then the client port closed, then the controller links: a controller that
+        # sees the links close finds the port refusing and elects a successor at once.
+        if self.replicas is not None:
+            self.replicas.fence_for_shutdown()
+        if self.server is not None:
+            await self.server.stop()
         if self.replicas is not None:
             await self.replicas.stop()
         await self._stop_ha()
-        if self.server is not None:
-            await self.server.stop()
         if self.message_service is not None:
             self.message_service.close()
         if self.replication.checkpoint is not None:

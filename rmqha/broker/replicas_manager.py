@@ -143,8 +143,9 @@ class ReplicasManager:
 
     @property
     def accepts_writes(self) -> bool:
-        """Master, and holding the lease for the epoch it is master of."""
-        return self.status.role == Role.MASTER and self.lease.holds(self.status.master_epoch)
+        """Master, and holding the lease for the epoch it is master of (not stopping)."""
+        return (self.status.role == Role.MASTER and not self._stopping.is_set()
+                and self.lease.holds(self.status.master_epoch))
 
     @property
     def lease_fenced(self) -> bool:
@@ -178,8 +179,14 @@ class ReplicasManager:
                 task.add_done_callback(self._on_task_failed)
             self._tasks.append(task)
 
-    async def stop(self) -> None:
+    def fence_for_shutdown(self) -> None:
+        """A stopping broker acknowledges nothing more: its successor may be elected as
+        soon as the controllers see it go."""
         self._stopping.set()
+        self.lease.revoke()
+
+    async def stop(self) -> None:
+        self.fence_for_shutdown()
         tasks = self._tasks + list(self._side_tasks) + [t for t in self._heartbeats_pending.values() if not t.done()]
         for task in tasks:
             task.cancel()
