@@ -84,18 +84,6 @@ def test_master_partitioned_from_controllers_stops_acking_before_a_new_master_st
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_negative_control_without_the_lease_two_brokers_accept_writes(tmp_path, chaos_reports):
-    """The same partition with the lease off (RocketMQ's behaviour): the old master keeps
-    its role and takes sends after the new one is elected.  The monitor must see it."""
-    acks = {**PARTITION_ACKS, "master_lease_enable": False}
-    report = h.run_scenario(tmp_path, "control: lease off, master partitioned", h.partition_master_from_controllers,
-                            acks=acks)
-    chaos_reports.append(report)
-    assert report.two_writer_samples > 0, "the monitor did not see the two writers the control causes"
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(180)
 @pytest.mark.parametrize("lease", [True, False], ids=["lease-on", "lease-off"])
 def test_acks_from_the_master_alone_only_the_lease_keeps_two_ackers_apart(tmp_path, chaos_reports, lease):
     """All-ack off, one copy enough, the same partition: nothing but the lease stops the old
