@@ -15,7 +15,9 @@
   after every role change (as id 0 when master, with the master epoch as state version).
 
 Until the controller has told it its role the broker is fenced: every write code is
-refused with SERVICE_NOT_AVAILABLE, and it does not register with name servers.
+refused with SERVICE_NOT_AVAILABLE, and it does not register with name servers.  A master
+also needs its lease from the controller (:mod:`rmqha.broker.master_lease`) to take and
+acknowledge writes.
 """
 from __future__ import annotations
 

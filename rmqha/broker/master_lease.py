@@ -28,8 +28,9 @@ may accept and acknowledge writes only while it holds a lease from the controlle
   :func:`min_margin_ms` computes the smallest allowed margin; the broker's config check
   refuses anything shorter.
 
-A closed heartbeat connection lets the controller elect at once: that is how a killed
-master shows up, and a dead process acknowledges nothing.
+The one faster path: a controller leader that sees a master's heartbeat connection close
+and then finds its client port refusing connections elects at once (a killed process
+acknowledges nothing, and a stopping broker fences itself before closing its port).
 """
 from __future__ import annotations
 
