@@ -685,9 +685,7 @@ class Broker:
             "corruptRecords": [b.offset for b in self.commitlog.corrupt] if self.commitlog is not None else [],
             "acceptingWrites": self.replicas.accepts_writes if self.replicas is not None else False,
             "leaseFenced": self.replicas.lease_fenced if self.replicas is not None else False,
-            "masterLease": (dict(self.replicas.lease.status(self.replicas.master_epoch),
-                                 expiries=self.replicas.lease_expiries)
-                            if self.replicas is not None else {}),
+            "masterLease": self.replicas.lease_status() if self.replicas is not None else {},
             # CLOCK_MONOTONIC seconds: comparable between processes on one host only.
             "ackWindows": {str(e): w for e, w in self.replication.ack_windows.items()},
         }

@@ -303,6 +303,12 @@ class ReplicasManager:
             await asyncio.sleep(tick)
             self._watch_lease()
 
+    def lease_status(self) -> dict[str, Any]:
+        """The lease as ha-status shows it (fencing noticed now, not at the next tick)."""
+        self._watch_lease()
+        return dict(self.lease.status(self.status.master_epoch), expiries=self.lease_expiries,
+                    fenced=self.lease_fenced)
+
     def _watch_lease(self) -> None:
         fenced = self.lease_fenced
         if fenced == self._lease_fenced:
