@@ -20,6 +20,7 @@ _LAZY = {
     "Message": "rmqha.client.model",
     "SendResult": "rmqha.client.model",
     "SendStatus": "rmqha.client.model",
+    "LocalTransactionState": "rmqha.client.transaction",
 }
 
 

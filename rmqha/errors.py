@@ -45,6 +45,11 @@ class MissingSegmentError(StoreError):
     """A commitlog segment file that the store's own records say must exist is gone."""
 
 
+class DiskFullError(StoreError):
+    """The filesystem has no room for the next bytes of the log: the write is refused
+    before anything reaches the file (the message carries the OS's reason)."""
+
+
 class StoreClosedError(StoreError):
     """The store was used after close()."""
 

@@ -7,7 +7,9 @@ lone master; the broker's own stale-notice handling through its handler.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import subprocess
 import urllib.request
 
 import pytest
@@ -15,8 +17,9 @@ import pytest
 from cluster import FAST_BROKER, Cluster, free_port, free_port_pair
 from rmqha.broker import Broker, BrokerConfig
 from rmqha.broker.replicas_manager import GroupState, Role
+from rmqha.codes import RequestCode, ResponseCode
 from rmqha.config import apply_values
-from rmqha.remoting import EventLoopThread
+from rmqha.remoting import EventLoopThread, RemotingClient, RemotingCommand
 
 
 @pytest.fixture
@@ -128,3 +131,76 @@ def test_failed_role_switch_is_rolled_back_and_retried(cluster, tmp_path, loop):
     finally:
         blocker.close()
         loop.run(broker.stop(), 30)
+
+
+def test_an_idle_broker_with_1_gib_segments_holds_little_disk(cluster, tmp_path, loop):
+    """Segments are sparse: an idle master (RocketMQ's 1 GiB segments) holds a window of
+    blocks, not its segments, and says so in ha-status and its metrics."""
+    cluster.start_controllers(1)
+    broker = Broker(make_config(cluster, tmp_path, segment_bytes=1 << 30, metrics_port=free_port()))
+    try:
+        loop.run(broker.start(), 30)
+        cluster.wait_for(lambda: broker.role == Role.MASTER, what="the in-process broker to be master")
+        assert broker.commitlog.wait_prefaulted(60)
+        disk = broker.ha_status()["storeDisk"]
+        assert disk["logicalBytes"] >= 1 << 30       # the active segment's full size ...
+        assert disk["allocatedBytes"] < 100 << 20    # ... sparse: only the window is on disk
+        text = urllib.request.urlopen(f"http://127.0.0.1:{broker.metrics_port}/metrics", timeout=5).read().decode()
+        series = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+                  if line.startswith("rmqha_broker_store_")}
+        assert series["rmqha_broker_store_logical_bytes"] >= 1 << 30
+        assert 0 < series["rmqha_broker_store_allocated_bytes"] < 100 << 20
+    finally:
+        loop.run(broker.stop(), 30)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_a_full_disk_refuses_sends_cleanly_and_loses_nothing(cluster, tmp_path, loop):
+    """The master's store is a 3 MiB tmpfs: once it is full a send is refused with
+    SERVICE_NOT_AVAILABLE (RocketMQ's answer to a full disk, which clients retry), every
+    acknowledged message stays readable, and sends succeed again once there is room."""
+    cluster.start_controllers(1)
+    store = tmp_path / "store"
+    store.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(store)], check=True, timeout=30)
+    broker = Broker(make_config(cluster, tmp_path))
+    try:
+        loop.run(broker.start(), 30)
+        cluster.wait_for(lambda: broker.role == Role.MASTER, what="the in-process broker to be master")
+
+        async def send(client: RemotingClient, body: bytes) -> RemotingCommand:
+            return await client.request(RemotingCommand.request(RequestCode.SEND_MESSAGE, {
+                "producerGroup": "p", "topic": "TBW102", "queueId": 0, "sysFlag": 0,
+                "bornTimestamp": "0", "flag": 0, "properties": "", "reconsumeTimes": "0",
+                "unitMode": "0", "batch": "0"}, body))
+
+        async def fill() -> tuple[dict[int, bytes], RemotingCommand]:
+            acked: dict[int, bytes] = {}
+            async with RemotingClient(f"127.0.0.1:{broker.config.listen_port}") as c:
+                for i in range(400):  # 400 x 32 KiB: far more than the filesystem holds
+                    body = bytes([i % 251]) * (32 << 10)
+                    resp = await send(c, body)
+                    if resp.code != ResponseCode.SUCCESS:
+                        return acked, resp
+                    acked[int(resp.ext_fields["commitLogOffset"])] = body
+            raise AssertionError("the 3 MiB store never filled up")
+
+        acked, refused = loop.run(fill(), 60)
+        assert refused.code == ResponseCode.SERVICE_NOT_AVAILABLE, refused.remark
+        assert "No space left on device" in (refused.remark or "")
+        assert len(acked) > 10
+        assert all(broker.commitlog.read_message(off).body == body for off, body in acked.items())
+        assert broker.role == Role.MASTER
+
+        subprocess.run(["mount", "-o", "remount,size=16m", str(store)], check=True, timeout=30)
+
+        async def once_more() -> RemotingCommand:
+            async with RemotingClient(f"127.0.0.1:{broker.config.listen_port}") as c:
+                return await send(c, b"after the disk grew")
+
+        resp = loop.run(once_more(), 30)
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+        assert broker.commitlog.read_message(int(resp.ext_fields["commitLogOffset"])).body == b"after the disk grew"
+    finally:
+        loop.run(broker.stop(), 30)
+        subprocess.run(["umount", "-l", str(store)], check=False, timeout=30)

@@ -135,6 +135,8 @@ def test_send_consume_and_ha_status(live, capsys):
     code, out, _ = run(capsys, "ha-status", "-b", live.a.address)
     assert code == 0
     assert "#Role\tmaster" in out and "#SlaveNum\t1" in out and "#InSyncSlaveNum\t1" in out
+    allocated = next(line for line in out.splitlines() if line.startswith("#StoreDiskAllocated(bytes)"))
+    assert int(allocated.split("\t")[1]) > 0
     header = next(line for line in out.splitlines() if line.startswith("#SlaveId"))
     assert header.split() == ["#SlaveId", "#SlaveAddr", "#SlaveAckOffset", "#Diff(bytes)", "#Lag(ms)",
                               "#Status", "#State", "#TransferFromWhere"]

@@ -114,6 +114,8 @@ def test_rocketmq_dialect_slave_replicates_from_framed_master(tmp_path, sendfile
                 m.on_new_epoch(4, mcl.max_offset)
                 fill(mcl, 1 << 20, seed=9)
                 await wait_until_async(lambda: scl.max_offset == mcl.max_offset, 30, "live rocketmq data")
+                # The slave writes epoch entries off the transfer path: wait for epoch 4's.
+                await wait_until_async(lambda: len(sem.pairs()) >= 3, 5, "epoch 4 entry on disk")
                 assert (s.sessions, s.last_error) == (1, "")
 
         asyncio.run(run())

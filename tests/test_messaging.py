@@ -574,7 +574,9 @@ def test_garbage_frame_and_unknown_code_change_nothing(tmp_path: Path) -> None:
 def test_heartbeat_consumer_list_locks_and_send_back(tmp_path: Path) -> None:
     async def main() -> None:
         async with Env(tmp_path) as env:
-            b = await env.broker()
+            # Retries wait delay level 3 + reconsumeTimes: short levels keep the test quick.
+            b = await env.broker(message_delay_level="50ms 50ms 200ms 200ms",
+                                 timer_precision_ms=50)
             await create_topic(b.address, "sb", 1)
             async with Producer(env.namesrv) as p:
                 sent = await p.send("sb", Message(b"retry me", tags="T"))
@@ -600,9 +602,18 @@ def test_heartbeat_consumer_list_locks_and_send_back(tmp_path: Path) -> None:
                 r = await c.request(RemotingCommand.request(RequestCode.CONSUMER_SEND_MSG_BACK, {
                     "group": "CG", "delayLevel": 0, "offset": _commit_offset(sent.offset_msg_id)}))
                 assert r.code == ResponseCode.SUCCESS
+            scheduled = b.svc.index.queue("SCHEDULE_TOPIC_XXXX", 2)  # level 3
+            assert scheduled is not None and scheduled.max_offset == 1
+            assert b.svc.index.queue("%RETRY%CG", 0) is None  # not before its delay
+            deadline = time.monotonic() + 10
+            while (b.svc.index.queue("%RETRY%CG", 0) is None
+                   and time.monotonic() < deadline):
+                await asyncio.sleep(0.02)
             retry = b.svc.index.queue("%RETRY%CG", 0)
             assert retry is not None and retry.max_offset == 1
             msg = b.log.read_message(retry.get(0).commit_offset)
+            assert msg.store_timestamp >= b.log.read_message(
+                scheduled.get(0).commit_offset).store_timestamp + 200
             assert msg.body == b"retry me" and msg.reconsume_times == 1
             assert msg.properties[Prop.RETRY_TOPIC] == "sb"
             assert msg.properties[Prop.UNIQ_KEY] == sent.msg_id

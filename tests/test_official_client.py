@@ -59,6 +59,27 @@ def _driver_produce(namesrv: str, topic: str, count: int, out: str, start: int =
     return 0
 
 
+def _driver_produce_delayed(namesrv: str, topic: str, count: int, level: int, out: str) -> int:
+    """send_sync with Message.set_delay_time_level (the binding has no timer properties)."""
+    from rocketmq.client import Message, Producer
+
+    producer = Producer("PG_OFFICIAL_DELAY", timeout=3000)
+    producer.set_namesrv_addr(namesrv)
+    producer.start()
+    with open(out, "a", encoding="utf-8") as f:
+        for i in range(count):
+            msg = Message(topic)
+            msg.set_keys(f"d{i}")
+            msg.set_body(f"delayed{i}".encode())
+            msg.set_delay_time_level(level)
+            res = producer.send_sync(msg)
+            f.write(json.dumps({"i": i, "status": int(res.status), "msg_id": res.msg_id,
+                                "sent_ms": int(time.time() * 1000)}) + "\n")
+            f.flush()
+    producer.shutdown()
+    return 0
+
+
 def _driver_consume(namesrv: str, group: str, topic: str, want: int, out: str,
                     timeout_s: float, fail_first: bool = False, orderly: bool = False) -> int:
     from rocketmq.client import PushConsumer
@@ -125,6 +146,9 @@ if __name__ == "__main__":
         size = int(rest[5]) if len(rest) > 5 else 0
         interval = int(rest[6]) if len(rest) > 6 else 0
         sys.exit(_driver_produce(ns, topic, int(n), out, start, size, interval))
+    if cmd == "produce_delayed":
+        ns, topic, n, level, out = rest[:5]
+        sys.exit(_driver_produce_delayed(ns, topic, int(n), int(level), out))
     if cmd == "consume":
         ns, group, topic, n, out, t = rest[:6]
         mode = rest[6] if len(rest) > 6 else ""
@@ -215,7 +239,9 @@ def test_official_consumer_failure_is_sent_back_and_redelivered(env: Any, tmp_pa
     """A callback that fails makes the C++ client send the message back (36); the broker
     stores it in %RETRY%<group> and the client gets it again with reconsume_times 1."""
     e, loop = env
-    loop.run(e.broker("broker-a"), timeout=10)
+    # Retries wait delay level 3 + reconsumeTimes: short levels keep the test quick.
+    loop.run(e.broker("broker-a", message_delay_level="100ms 200ms 300ms 400ms",
+                      timer_precision_ms=50), timeout=10)
     loop.run(_create(e, "RetryTopic", 2), timeout=10)
     # The retry topic exists before the consumer starts, so its first route lookup finds it.
     loop.run(_create(e, "%RETRY%CG_RETRY", 1), timeout=10)
@@ -233,6 +259,34 @@ def test_official_consumer_failure_is_sent_back_and_redelivered(env: Any, tmp_pa
     # messages are only seen on redelivery; every one must come back exactly as a retry.
     assert firsts and firsts <= ids and retried == ids
     assert {g["topic"] for g in got} == {"RetryTopic"}  # the client renames retried ones back
+
+
+def test_official_delayed_send_is_delivered_after_its_level(env: Any, tmp_path: Path) -> None:
+    """Message.set_delay_time_level: held under SCHEDULE_TOPIC_XXXX, then delivered."""
+    from rmqha.messaging.delayed_delivery import SCHEDULE_TOPIC
+
+    e, loop = env
+    b = loop.run(e.broker("broker-a", message_delay_level="200ms 700ms",
+                          timer_precision_ms=50), timeout=10)
+    loop.run(_create(e, "DelayTopic", 2), timeout=10)
+    sent = tmp_path / "sent.jsonl"
+    r = run_driver("produce_delayed", e.namesrv, "DelayTopic", 5, 2, sent)
+    assert r.returncode == 0, r.stdout + r.stderr
+    acked = [x for x in read_lines(sent) if x.get("status") == 0]
+    assert len(acked) == 5
+    assert b.svc.index.queue(SCHEDULE_TOPIC, 1) is not None  # level 2 -> queue 1
+    got_path = tmp_path / "got.jsonl"
+    r = run_driver("consume", e.namesrv, "CG_DELAY", "DelayTopic", 5, got_path, 40)
+    got = read_lines(got_path)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    assert {x["msg_id"] for x in acked} <= {g["msg_id"] for g in got}
+    stored = {q: b.svc.index.queue("DelayTopic", q) for q in (0, 1)}
+    scheduled = b.svc.index.queue(SCHEDULE_TOPIC, 1)
+    first_scheduled = b.log.read_message(scheduled.get(0).commit_offset).store_timestamp
+    for q in stored.values():
+        for i in range(len(q) if q is not None else 0):
+            m = b.log.read_message(q.get(q.base + i).commit_offset)
+            assert m.store_timestamp >= first_scheduled + 700
 
 
 def test_official_orderly_consumer_locks_queues(env: Any, tmp_path: Path) -> None:

@@ -45,6 +45,7 @@ from rmqha.ha import HAConfig, HAMaster, HASlave
 from rmqha.messaging import MessageService
 from rmqha.metrics import MetricsRegistry
 from rmqha.remoting import Connection, RemotingClient, RemotingCommand, RemotingServer, split_address
+from rmqha.store.disk_usage import directory_usage
 
 log = logging.getLogger(__name__)
 
@@ -270,6 +271,7 @@ class Broker:
             # STOREHOST of every record: consumers send failed messages back there.
             store_host=(cfg.advertised_host, cfg.listen_port),
             verify_segments_on_open=cfg.verify_segments_on_open,
+            prefault_window_bytes=cfg.prefault_window_bytes,
         )
 
     def _cut_corrupt_tail(self) -> None:
@@ -688,6 +690,8 @@ class Broker:
             "masterLease": self.replicas.lease_status() if self.replicas is not None else {},
             # CLOCK_MONOTONIC seconds: comparable between processes on one host only.
             "ackWindows": {str(e): w for e, w in self.replication.ack_windows.items()},
+            # Blocks on disk vs logical size: segments are sparse, so the two differ.
+            "storeDisk": directory_usage(self.store_dir).as_dict(),
         }
         if self.ha_master is not None:
             status["ha"] = _jsonable(self.ha_master.status())

@@ -83,6 +83,9 @@ class BrokerConfig:
     flush: str = field(default="async", metadata=_alias("flushDiskType", "flush_mode"))
     flush_interval_ms: int = field(default=500, metadata=_alias("flushIntervalCommitLog"))
     file_reserved_hours: int = field(default=72, metadata=_alias("fileReservedTime"))
+    #: Segments are sparse: disk blocks are reserved (fallocate) and faulted in this far
+    #: ahead of the writer, so a full disk refuses a write cleanly instead of a SIGBUS.
+    prefault_window_bytes: int = field(default=32 << 20, metadata=_alias("prefaultWindowBytes"))
 
     # --- acks -----------------------------------------------------------------------------
     all_ack_in_sync_state_set: bool = field(default=False, metadata=_alias("allAckInSyncStateSet"))
@@ -121,6 +124,21 @@ class BrokerConfig:
     offset_flush_interval_s: float = 1.0
     #: A client (producer/consumer) without a heartbeat for this long is forgotten.
     client_expire_s: float = 120.0
+    #: Delay levels 1..N for DELAY and consumer retries: durations with s, m, h or d.
+    message_delay_level: str = field(
+        default="1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h",
+        metadata=_alias("messageDelayLevel"))
+    #: How often due timer messages (TIMER_DELIVER_MS / TIMER_DELAY_SEC / TIMER_DELAY_MS) are
+    #: delivered.
+    timer_precision_ms: int = field(default=1000, metadata=_alias("timerPrecisionMs"))
+    #: Longest timer delay accepted.
+    timer_max_delay_s: int = field(default=3 * 24 * 3600, metadata=_alias("timerMaxDelaySec"))
+    #: A transaction's half message is checked back with its producer once this old.
+    transaction_timeout_ms: int = field(default=6000, metadata=_alias("transactionTimeOut"))
+    #: How often pending half messages are looked at for check-backs.
+    transaction_check_interval_ms: int = field(default=30000, metadata=_alias("transactionCheckInterval"))
+    #: Check-backs before an unresolved half message is discarded.
+    transaction_check_max: int = field(default=15, metadata=_alias("transactionCheckMax"))
 
     # --- operations -----------------------------------------------------------------------
     #: Prometheus /metrics port; 0 = off (as the controller's metricsPromExporterPort).
@@ -157,6 +175,13 @@ class BrokerConfig:
         for key in ("retention_interval_s", "offset_flush_interval_s", "client_expire_s", "max_pull_bytes"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be positive, got {getattr(self, key)}")
+        for key in ("timer_precision_ms", "timer_max_delay_s", "transaction_timeout_ms",
+                    "transaction_check_interval_ms", "transaction_check_max"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"{key} must be positive, got {getattr(self, key)}")
+        from rmqha.messaging.delayed_delivery import parse_delay_levels
+
+        parse_delay_levels(self.message_delay_level)
         if not self.controller_addr:
             raise ConfigError("controller_addr is empty: a broker needs at least one controller address")
         for key in ("broker_heartbeat_interval_ms", "sync_broker_metadata_period_ms",
@@ -169,6 +194,8 @@ class BrokerConfig:
             raise ConfigError("in_sync_replicas and min_in_sync_replicas must be at least 1")
         if self.segment_bytes < 4096:
             raise ConfigError(f"segment_bytes {self.segment_bytes} is below 4096")
+        if self.prefault_window_bytes < 8192:
+            raise ConfigError(f"prefault_window_bytes {self.prefault_window_bytes} is below 8192")
         # The HA knobs are checked together by the HA layer; fail at load, not at election.
         from rmqha.ha.config import HAConfig
 

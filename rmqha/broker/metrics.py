@@ -5,7 +5,8 @@ Read at scrape time from the live broker (no bookkeeping on the hot path):
 - ``rmqha_broker_role`` (0 fenced, 1 slave, 2 master), ``rmqha_broker_master_epoch``,
   ``rmqha_broker_last_epoch``, ``rmqha_broker_max_offset_bytes``,
   ``rmqha_broker_confirm_offset_bytes``, ``rmqha_broker_flushed_offset_bytes``,
-  ``rmqha_broker_sync_state_set_size``;
+  ``rmqha_broker_sync_state_set_size``, ``rmqha_broker_store_allocated_bytes`` and
+  ``rmqha_broker_store_logical_bytes`` (the store directory's disk blocks and file sizes);
 - per slave, from the HA master's status (labels ``slave_id``, ``slave_address``):
   ``rmqha_ha_slave_ack_offset_bytes``, ``rmqha_ha_slave_ack_lag_bytes``,
   ``rmqha_ha_slave_ack_lag_seconds``, ``rmqha_ha_slave_in_sync`` (1/0);
@@ -29,6 +30,7 @@ from prometheus_client.registry import Collector
 
 from rmqha.broker.replicas_manager import Role
 from rmqha.metrics import MetricsRegistry
+from rmqha.store.disk_usage import directory_usage
 
 
 
@@ -43,6 +45,7 @@ class ObservedBroker(Protocol):
     commitlog: Any
     epoch_map: Any
     ha_master: Any
+    store_dir: Any
 
     @property
     def role(self) -> Role: ...
@@ -159,6 +162,11 @@ def register_broker_metrics(broker: ObservedBroker, registry: MetricsRegistry) -
                   if broker.replicas is not None else 0.0)),
         ("rmqha_broker_master_lease_expiries", "times the master found its lease expired",
          lambda: float(broker.replicas.lease_expiries) if broker.replicas is not None else 0.0),
+        # Segments are sparse: blocks held on disk and the files' logical sizes differ.
+        ("rmqha_broker_store_allocated_bytes", "disk blocks held by the store directory (st_blocks*512)",
+         lambda: float(directory_usage(broker.store_dir).allocated_bytes)),
+        ("rmqha_broker_store_logical_bytes", "logical size of the store directory's files",
+         lambda: float(directory_usage(broker.store_dir).logical_bytes)),
     )
     for name, doc, fn in gauges:
         registry.gauge(name, doc).set_function(fn)

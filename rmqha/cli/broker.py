@@ -146,6 +146,10 @@ def _ha_lines(addr: str, data: dict[str, Any]) -> list[Block]:
     ha = data.get("ha") if isinstance(data.get("ha"), dict) else {}
     lines: list[Block] = [f"#BrokerAddr\t{addr}", f"#BrokerName\t{data.get('brokerName')}",
              f"#Role\t{data.get('role')}", f"#MasterEpoch\t{data.get('masterEpoch')}"]
+    disk = data.get("storeDisk")
+    if isinstance(disk, dict):  # sparse segments: blocks on disk, then the files' sizes
+        lines += [f"#StoreDiskAllocated(bytes)\t{disk.get('allocatedBytes')}",
+                  f"#StoreDiskLogical(bytes)\t{disk.get('logicalBytes')}"]
     if data.get("role") == "master":
         slaves = ha.get("slaves") or []
         lines += [f"#MasterAddr\t{addr}", f"#MasterCommitLogMaxOffset\t{data.get('maxOffset')}",

@@ -5,16 +5,19 @@ from __future__ import annotations
 from rmqha.client.consumer import BlockingConsumer, Consumer, allocate_averagely
 from rmqha.client.model import Message, MessageQueue, ReceivedMessage, SendResult, SendStatus
 from rmqha.client.producer import BlockingProducer, Producer
+from rmqha.client.transaction import LocalTransactionState, TransactionSendResult
 
 __all__ = [
     "BlockingConsumer",
     "BlockingProducer",
     "Consumer",
+    "LocalTransactionState",
     "Message",
     "MessageQueue",
     "Producer",
     "ReceivedMessage",
     "SendResult",
     "SendStatus",
+    "TransactionSendResult",
     "allocate_averagely",
 ]

@@ -21,6 +21,13 @@ from typing import Any
 
 from rmqha.client.model import Message, MessageQueue, SendResult, SendStatus
 from rmqha.client.route import ClientSession, QueueData, TopicRoute
+from rmqha.client.transaction import (
+    CheckListener,
+    LocalTransaction,
+    TransactionSendResult,
+    TransactionSupport,
+    delay_properties,
+)
 from rmqha.codes import RequestCode, ResponseCode
 from rmqha.errors import (
     ClientError,
@@ -104,11 +111,14 @@ class Producer:
         self.compression = compression
         self.max_batch_bytes = max_batch_bytes
         self._counter = 0
+        self._txn: TransactionSupport | None = None
 
     async def start(self) -> Producer:
         return self
 
     async def close(self) -> None:
+        if self._txn is not None:
+            await self._txn.close()
         await self.session.close()
 
     async def __aenter__(self) -> Producer:
@@ -120,10 +130,16 @@ class Producer:
     # --- public API ---------------------------------------------------------------------
 
     async def send(self, topic: str, message: Message | bytes | str, *,
-                   queue_id: int | None = None) -> SendResult:
-        """Send one message; returns its result or raises SendError after the retries."""
+                   queue_id: int | None = None, delay_level: int | None = None,
+                   deliver_at: int | None = None) -> SendResult:
+        """Send one message; returns its result or raises SendError after the retries.
+
+        ``delay_level`` (1..N of the broker's ``message_delay_level``) or ``deliver_at``
+        (epoch ms) hold the message back until then."""
         msg = _as_message(message)
         props = self._properties(msg)
+        if delay_level is not None or deliver_at is not None:
+            delay_properties(props, delay_level, deliver_at)
         body, sys_flag = msg.body, 0
         if self.compress_over_bytes >= 0 and len(body) > self.compress_over_bytes:
             body, sys_flag = compress(body, self.compression)
@@ -156,6 +172,25 @@ class Producer:
         if chunk:
             results += await self._send_chunk(topic, chunk, queue_id)
         return results
+
+    async def send_transaction(self, topic: str, message: Message | bytes | str,
+                               local_transaction: LocalTransaction, arg: Any = None, *,
+                               queue_id: int | None = None) -> TransactionSendResult:
+        """Send a prepared message, run ``local_transaction(message, arg)`` and commit or
+        roll back by what it returns (see :mod:`rmqha.client.transaction`)."""
+        return await self._transactions().send(topic, _as_message(message), local_transaction,
+                                               arg, queue_id)
+
+    def set_transaction_check_listener(self, check: CheckListener, *,
+                                       topics: Sequence[str] = ()) -> None:
+        """``check(message) -> LocalTransactionState`` answers the broker's check-backs;
+        ``topics`` start heartbeats to their brokers now (call it from the event loop)."""
+        self._transactions().set_check_listener(check, topics)
+
+    def _transactions(self) -> TransactionSupport:
+        if self._txn is None:
+            self._txn = TransactionSupport(self)
+        return self._txn
 
     # --- internals ----------------------------------------------------------------------
 
@@ -297,12 +332,28 @@ class BlockingProducer:
         return Producer(namesrv, group, **options)
 
     def send(self, topic: str, message: Message | bytes | str, *,
-             queue_id: int | None = None) -> SendResult:
-        return self._loop.run(self._producer.send(topic, message, queue_id=queue_id))
+             queue_id: int | None = None, delay_level: int | None = None,
+             deliver_at: int | None = None) -> SendResult:
+        return self._loop.run(self._producer.send(topic, message, queue_id=queue_id,
+                                                  delay_level=delay_level,
+                                                  deliver_at=deliver_at))
 
     def send_batch(self, topic: str, messages: Sequence[Message | bytes | str], *,
                    queue_id: int | None = None) -> list[SendResult]:
         return self._loop.run(self._producer.send_batch(topic, messages, queue_id=queue_id))
+
+    def send_transaction(self, topic: str, message: Message | bytes | str,
+                         local_transaction: LocalTransaction, arg: Any = None, *,
+                         queue_id: int | None = None) -> TransactionSendResult:
+        return self._loop.run(self._producer.send_transaction(
+            topic, message, local_transaction, arg, queue_id=queue_id))
+
+    def set_transaction_check_listener(self, check: CheckListener, *,
+                                       topics: Sequence[str] = ()) -> None:
+        async def register() -> None:
+            self._producer.set_transaction_check_listener(check, topics=topics)
+
+        self._loop.run(register())
 
     def close(self) -> None:
         try:

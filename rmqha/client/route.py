@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,12 +123,15 @@ class ClientSession:
         self._ns_index = 0
         #: Called with the group name when a broker says a group's members changed.
         self.on_consumer_ids_changed: Callable[[str], None] | None = None
+        #: Answers CHECK_TRANSACTION_STATE (set by a transactional producer).
+        self.on_check_transaction: Callable[[RemotingCommand, Any], Awaitable[None]] | None = None
 
     def client(self, addr: str) -> RemotingClient:
         c = self._clients.get(addr)
         if c is None:
             c = self._clients[addr] = RemotingClient(
-                addr, handler={RequestCode.NOTIFY_CONSUMER_IDS_CHANGED: self._on_ids_changed},
+                addr, handler={RequestCode.NOTIFY_CONSUMER_IDS_CHANGED: self._on_ids_changed,
+                               RequestCode.CHECK_TRANSACTION_STATE: self._on_check_transaction},
                 connect_timeout=self.rpc_timeout_s)
         return c
 
@@ -136,6 +139,11 @@ class ClientSession:
         group = cmd.ext_fields.get("consumerGroup", "")
         if self.on_consumer_ids_changed is not None and group:
             self.on_consumer_ids_changed(group)
+        return None
+
+    async def _on_check_transaction(self, cmd: RemotingCommand, conn: Any) -> None:
+        if self.on_check_transaction is not None:
+            await self.on_check_transaction(cmd, conn)
         return None
 
     async def request(self, addr: str, cmd: RemotingCommand,

@@ -28,6 +28,7 @@ import logging
 import struct
 import time
 from collections.abc import Callable
+from concurrent.futures import CancelledError as JobCancelled
 from concurrent.futures import Future, ThreadPoolExecutor
 from enum import Enum
 from typing import Any
@@ -690,11 +691,17 @@ class HASlave:
     def _settle_epochs_now(self) -> None:
         """Blocking variant, for the end of a session (the next one reads the epoch map)."""
         jobs, self._epoch_jobs = self._epoch_jobs, []
-        for _, fut in jobs:
+        for entry, fut in jobs:
             try:
                 fut.result()
             except (EpochError, StoreError, OSError) as exc:
                 log.warning("HA slave %d could not record an epoch entry: %s", self.broker_id, exc)
+            except JobCancelled:
+                # The session stopped while the entry still waited for the worker (awaiting
+                # it was cancelled, and that cancels a job not yet started): never written,
+                # as after a failed write; the next session starts from the epoch map.
+                log.info("HA slave %d: epoch entry %s not written (session stopped)",
+                         self.broker_id, entry)
         self._epoch_failed = None
 
     async def _ack(self, link: Link, codec: SlaveCodec, offset: int) -> None:

@@ -115,6 +115,13 @@ class ClientRegistry:
         return sorted((i for i in self._clients.values() if group in i.consumer_groups),
                       key=lambda i: i.client_id)
 
+    def producers(self, group: str) -> list[ClientInfo]:
+        """Live producers of a group with an open connection (transaction check-backs)."""
+        self.expire()
+        return sorted((i for i in self._clients.values() if group in i.producer_groups
+                       and i.connection is not None and not getattr(i.connection, "closed", False)),
+                      key=lambda i: i.client_id)
+
     def consumer_groups(self) -> set[str]:
         return {g for i in self._clients.values() for g in i.consumer_groups}
 

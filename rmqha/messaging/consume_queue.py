@@ -156,8 +156,12 @@ class ScannedRecord:
 class ConsumeQueueIndex:
     """Every queue's index, advanced by scanning the commitlog up to a given offset."""
 
-    def __init__(self, watched_topics: Iterable[str] = ()) -> None:
+    def __init__(self, watched_topics: Iterable[str] = (),
+                 watched_property: bytes | None = None) -> None:
         self.queues: dict[tuple[str, int], QueueIndex] = {}
+        #: Records of any topic whose properties hold this key are handed to on_watched
+        #: too (committed transactional messages carry TRAN_PREPARED_QUEUE_OFFSET).
+        self.watched_property = None if watched_property is None else watched_property + b"\x01"
         #: Commitlog position up to which records were scanned (always a record boundary).
         self.indexed_offset = 0
         self.watched_topics = frozenset(watched_topics)
@@ -202,6 +206,7 @@ class ConsumeQueueIndex:
         pos = 0
         queues = self.queues
         watched = self.watched_topics
+        watched_prop = self.watched_property if on_watched is not None else None
         topic_names = self._topic_names
         while n - pos >= 8:
             total, magic = _HEAD.unpack_from(view, pos)
@@ -230,19 +235,21 @@ class ConsumeQueueIndex:
             (props_len,) = _PROPS_LEN.unpack_from(view, t + 1 + topic_len)
             p = t + 3 + topic_len
             tag = 0
+            prop_hit = False
             if props_len > 0:
                 props = bytes(view[p : p + props_len])
                 if b"TAGS\x01" in props:
                     raw = find_property(props, b"TAGS")
                     if raw:
                         tag = tag_hash(raw.decode("utf-8", errors="replace"))
+                prop_hit = watched_prop is not None and watched_prop in props
             key = (topic, queue_id)
             q = queues.get(key)
             if q is None:
                 q = queues[key] = QueueIndex(topic, queue_id, queue_offset)
             if q.add(queue_offset, base + pos, total, tag):
                 grown.add(key)
-                if on_watched is not None and topic in watched:
+                if on_watched is not None and (topic in watched or prop_hit):
                     on_watched(ScannedRecord(topic, queue_id, queue_offset, base + pos, total))
             pos += total
         return pos

@@ -77,6 +77,18 @@ class MessagingConfig:
     #: Consumer offsets committed by pulls are written to the state log this often.
     offset_flush_interval_s: float = 1.0
     client_expire_s: float = 120.0
+    #: Delay levels 1..N (RocketMQ ``messageDelayLevel``): durations with s, m, h or d.
+    message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+    #: How often the scheduler looks for due timer messages (RocketMQ ``timerPrecisionMs``).
+    timer_precision_ms: int = 1000
+    #: Longest TIMER_* delay accepted (RocketMQ ``timerMaxDelaySec``, 3 days).
+    timer_max_delay_s: int = 3 * 24 * 3600
+    #: A half message is checked back once this old (RocketMQ ``transactionTimeOut``).
+    transaction_timeout_ms: int = 6000
+    #: How often pending half messages are checked (RocketMQ ``transactionCheckInterval``).
+    transaction_check_interval_ms: int = 30000
+    #: Check-backs before a half message is discarded (RocketMQ ``transactionCheckMax``).
+    transaction_check_max: int = 15
 
     @classmethod
     def from_broker_config(cls, cfg: Any) -> MessagingConfig:
@@ -116,6 +128,17 @@ class MessagingMetrics:
         self.send_latency = registry.histogram(
             "rmqha_messaging_send_latency_seconds", "Send request to answer, by put status",
             ("status",))
+        self.transactions_ended = registry.counter(
+            "rmqha_messaging_transactions_ended", "Transactions closed, by outcome",
+            ("outcome",))
+        self.transaction_checks = registry.counter(
+            "rmqha_messaging_transaction_checks", "CHECK_TRANSACTION_STATE sent to producers")
+        self.pending_half_messages = registry.gauge(
+            "rmqha_messaging_pending_half_messages", "Open transactions (half messages)")
+        self.delayed_delivered = registry.counter(
+            "rmqha_messaging_delayed_delivered", "Delayed and timer messages delivered")
+        self.pending_timer_messages = registry.gauge(
+            "rmqha_messaging_pending_timer_messages", "Timer messages not yet delivered")
 
 
 @dataclass

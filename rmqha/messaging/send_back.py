@@ -7,6 +7,7 @@ from rmqha.codes import RequestCode, ResponseCode
 from rmqha.errors import StoreError
 from rmqha.messaging.context import MAX_RECONSUME_TIMES, Handler, MessagingContext, Refused
 from rmqha.messaging.headers import opt_int, req_int, req_str
+from rmqha.messaging.delayed_delivery import DelayedDelivery
 from rmqha.messaging.log_writer import LogWriter
 from rmqha.messaging.message import Prop, decode_record, offset_msg_id
 from rmqha.messaging.topic_admin import TopicAdmin
@@ -17,10 +18,12 @@ from rmqha.remoting import RemotingCommand
 class SendBack:
     """Re-stores a message a consumer failed on, for the group to consume again."""
 
-    def __init__(self, ctx: MessagingContext, writer: LogWriter, topic_admin: TopicAdmin) -> None:
+    def __init__(self, ctx: MessagingContext, writer: LogWriter, topic_admin: TopicAdmin,
+                 delayed: DelayedDelivery) -> None:
         self.ctx = ctx
         self.writer = writer
         self.topic_admin = topic_admin
+        self.delayed = delayed
 
     def handlers(self) -> dict[int, Handler]:
         return {RequestCode.CONSUMER_SEND_MSG_BACK: self.on_send_back}
@@ -54,7 +57,19 @@ class SendBack:
         cfg = self.topic_admin.ensure_topic(target)
         if cfg is None:
             return cmd.response(ResponseCode.TOPIC_NOT_EXIST, f"cannot create {target}")
-        placed = await self.writer.append_rows(target, 0, [(msg.body, props, msg.flag, times)],
+        topic, queue_id = target, 0
+        for key in (Prop.DELAY, Prop.TIMER_DELIVER_MS, Prop.TIMER_DELAY_SEC, Prop.TIMER_DELAY_MS,
+                    Prop.TIMER_OUT_MS, Prop.REAL_TOPIC, Prop.REAL_QID):
+            props.pop(key, None)
+        if target.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            # RocketMQ: the retry waits delay level 3 + reconsumeTimes (10s, 30s, 1m, ...)
+            # unless the consumer asked for a level.
+            props[Prop.DELAY] = str(delay_level if delay_level > 0 else 3 + msg.reconsume_times)
+            where = self.delayed.transform(target, 0, props)
+            if where is not None:
+                topic, queue_id = where
+        placed = await self.writer.append_rows(topic, queue_id,
+                                               [(msg.body, props, msg.flag, times)],
                                                msg.sys_flag, msg.born_timestamp,
                                                ctx.born_host(conn))
         code, status = await self.writer.await_durable(placed[0][0] + placed[0][1])

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from rmqha.codes import RequestCode, ResponseCode
-from rmqha.errors import ConfigError, ProtocolError, StoreError
+from rmqha.errors import ConfigError, DiskFullError, ProtocolError, StoreError
 from rmqha.messaging.context import (
     MAX_INFLATED_BATCH_BYTES,
     PUT_STATUS_FIELD,
@@ -20,12 +20,19 @@ from rmqha.messaging.context import (
     MessagingContext,
     Refused,
 )
+from rmqha.messaging.delayed_delivery import (
+    SCHEDULE_TOPIC,
+    TIMER_TOPIC,
+    DelayedDelivery,
+    asks_for_delay,
+)
 from rmqha.messaging.headers import SendHeader
 from rmqha.messaging.log_writer import LogWriter
 from rmqha.messaging.message import (
     DecompressError,
     SysFlag,
     decode_batch,
+    decode_properties,
     decompress,
     offset_msg_id,
     strip_compression,
@@ -33,18 +40,49 @@ from rmqha.messaging.message import (
 from rmqha.messaging.state import STATE_TOPIC
 from rmqha.messaging.topic_admin import TopicAdmin
 from rmqha.messaging.topics import PERM_WRITE, validate_topic_name
+from rmqha.messaging.transactions import (
+    CHECK_MAX_TOPIC,
+    COMMITTED_MARK,
+    HALF_TOPIC,
+    OP_TOPIC,
+    Transactions,
+    transaction_type,
+)
 from rmqha.remoting import RemotingCommand
 
 _QOFF = struct.Struct(">q")
+#: Topics only the broker writes (RocketMQ's NOT_ALLOWED_SEND_TOPIC_SET, and rmqha's state).
+INTERNAL_TOPICS = frozenset({STATE_TOPIC, SCHEDULE_TOPIC, TIMER_TOPIC, HALF_TOPIC, OP_TOPIC,
+                             CHECK_MAX_TOPIC})
+
+
+def _asks_for_delay(props: str | dict[str, str]) -> bool:
+    if isinstance(props, str):
+        return asks_for_delay(props)
+    return any(k == "DELAY" or k.startswith("TIMER_") for k in props)
+
+
+def _without_mark(props: str | dict[str, str]) -> str | dict[str, str]:
+    """Properties without COMMITTED_MARK, which only the broker sets."""
+    if isinstance(props, str):
+        if COMMITTED_MARK not in props:
+            return props
+        props = decode_properties(props)
+    elif COMMITTED_MARK not in props:
+        return props
+    return {k: v for k, v in props.items() if k != COMMITTED_MARK}
 
 
 class SendPath:
     """Stores what producers send."""
 
-    def __init__(self, ctx: MessagingContext, writer: LogWriter, topics: TopicAdmin) -> None:
+    def __init__(self, ctx: MessagingContext, writer: LogWriter, topics: TopicAdmin,
+                 delayed: DelayedDelivery, transactions: Transactions) -> None:
         self.ctx = ctx
         self.writer = writer
         self.topic_admin = topics
+        self.delayed = delayed
+        self.transactions = transactions
         # offsetMsgId = hex(store ip, port) + hex(commitlog offset): the host part once.
         self._msg_id_prefix = offset_msg_id(ctx.config.broker_address, 0)[:16]
 
@@ -81,7 +119,7 @@ class SendPath:
             validate_topic_name(h.topic)
         except ConfigError as exc:
             raise Refused(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
-        if h.topic == STATE_TOPIC:
+        if h.topic in INTERNAL_TOPICS:
             raise Refused(ResponseCode.NO_PERMISSION, f"topic {h.topic} is internal")
         cfg = self.topic_admin.ensure_topic(h.topic)
         if cfg is None:
@@ -93,6 +131,9 @@ class SendPath:
         if queue_id < 0:
             queue_id = random.randrange(cfg.write_queue_nums)
         queue_id %= cfg.write_queue_nums
+        # A diverted message (half, delayed) answers with the queue it was sent to and the
+        # offset it got where it is held, as RocketMQ (the transaction's state table offset).
+        reply_queue_id = queue_id
         born_host = ctx.born_host(conn)
         born_ts = h.born_timestamp or int(time.time() * 1000)
         if batch:
@@ -111,14 +152,27 @@ class SendPath:
                 raise Refused(ResponseCode.MESSAGE_ILLEGAL, f"bad batch body: {exc}") from None
             if not items:
                 raise Refused(ResponseCode.MESSAGE_ILLEGAL, "empty batch")
+            if transaction_type(sys_flag) or any(_asks_for_delay(item.properties)
+                                                 for item in items):
+                # As RocketMQ: a batch is neither transactional nor delayed.
+                raise Refused(ResponseCode.MESSAGE_ILLEGAL,
+                              "transactional or delayed messages cannot be sent as a batch")
             rows: list[tuple[bytes, str | dict[str, str], int, int]] = [
-                (item.body, item.properties, item.flag, 0) for item in items]
+                (item.body, _without_mark(item.properties), item.flag, 0) for item in items]
+            topic = h.topic
         else:
-            rows = [(cmd.body, h.properties, h.flag, h.reconsume_times)]
             sys_flag = h.sys_flag
+            topic, props = h.topic, h.properties
+            if transaction_type(sys_flag) or asks_for_delay(props) or COMMITTED_MARK in props:
+                topic, queue_id, sys_flag, props = self._divert(h, queue_id)
+            rows = [(cmd.body, props, h.flag, h.reconsume_times)]
         try:
-            placed = await self.writer.append_rows(h.topic, queue_id, rows, sys_flag, born_ts,
+            placed = await self.writer.append_rows(topic, queue_id, rows, sys_flag, born_ts,
                                                    born_host)
+        except DiskFullError as exc:
+            # Not the message's fault: RocketMQ answers a full disk with SERVICE_NOT_AVAILABLE,
+            # which clients retry elsewhere.  Rows of a batch stored before it stay stored.
+            raise Refused(ResponseCode.SERVICE_NOT_AVAILABLE, str(exc)) from None
         except StoreError as exc:
             raise Refused(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
         first_offset, _ = placed[0]
@@ -130,7 +184,7 @@ class SendPath:
         code, status = await self.writer.await_durable(last_offset + last_size)
         prefix = self._msg_id_prefix
         ids = ",".join(prefix + _QOFF.pack(off).hex().upper() for off, _ in placed)
-        ext = {"msgId": ids, "queueId": queue_id, "queueOffset": queue_offset,
+        ext = {"msgId": ids, "queueId": reply_queue_id, "queueOffset": queue_offset,
                PUT_STATUS_FIELD: status, "commitLogOffset": first_offset}
         if code == ResponseCode.SUCCESS:
             remark = None
@@ -140,3 +194,22 @@ class SendPath:
         else:
             remark = f"{status}: stored at {first_offset} but not confirmed in time"
         return cmd.response(code, remark, ext)
+
+    def _divert(self, h: SendHeader, queue_id: int) -> tuple[str, int, int, str | dict[str, str]]:
+        """Where a transactional or delayed send is stored instead of its topic."""
+        props = decode_properties(h.properties)
+        # Only the broker marks a message as a committed transaction's.
+        props.pop(COMMITTED_MARK, None)
+        kind = transaction_type(h.sys_flag)
+        if kind == SysFlag.TRANSACTION_PREPARED:
+            topic, qid, sys_flag = self.transactions.transform_half(
+                h.topic, queue_id, props, h.sys_flag, h.producer_group)
+            return topic, qid, sys_flag, props
+        if kind != 0 and kind != SysFlag.TRANSACTION_COMMIT:
+            raise Refused(ResponseCode.MESSAGE_ILLEGAL,
+                          f"sysFlag {h.sys_flag:#x}: only a prepared message may be sent; "
+                          f"commit or roll back with END_TRANSACTION")
+        where = self.delayed.transform(h.topic, queue_id, props)
+        if where is None:
+            return h.topic, queue_id, h.sys_flag, props
+        return where[0], where[1], h.sys_flag, props

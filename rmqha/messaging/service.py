@@ -31,7 +31,7 @@ from typing import Any
 from rmqha.errors import StoreError
 from rmqha.messaging.client_requests import ClientRequests
 from rmqha.messaging.clients import ClientRegistry, QueueLocks
-from rmqha.messaging.consume_queue import ConsumeQueueIndex
+from rmqha.messaging.consume_queue import ConsumeQueueIndex, ScannedRecord
 from rmqha.messaging.consumer_offsets import ConsumerOffsets
 from rmqha.messaging.context import (
     MASTER_ADDRESS_FIELD,
@@ -44,6 +44,7 @@ from rmqha.messaging.context import (
     MessagingMetrics,
     Replication,
 )
+from rmqha.messaging.delayed_delivery import TIMER_TOPIC, DelayedDelivery
 from rmqha.messaging.log_writer import LogWriter
 from rmqha.messaging.pull_path import PullPath
 from rmqha.messaging.queue_queries import QueueQueries
@@ -54,6 +55,7 @@ from rmqha.messaging.state import STATE_TOPIC, BrokerState
 from rmqha.messaging.state_replication import StateReplication
 from rmqha.messaging.topic_admin import TopicAdmin, seed_default_topic
 from rmqha.messaging.topics import TopicTable
+from rmqha.messaging.transactions import COMMITTED_MARK, HALF_TOPIC, OP_TOPIC, Transactions
 
 __all__ = [
     "MASTER_ADDRESS_FIELD", "MAX_INFLATED_BATCH_BYTES", "MAX_RECONSUME_TIMES",
@@ -88,7 +90,9 @@ class MessageService:
         self.ctx = ctx = MessagingContext(
             log=commitlog, config=cfg, broker_name=broker_name, broker_id=broker_id,
             replication=replication, dir=directory, topics=topics,
-            state=BrokerState(topics), index=ConsumeQueueIndex([STATE_TOPIC]),
+            state=BrokerState(topics),
+            index=ConsumeQueueIndex([STATE_TOPIC, HALF_TOPIC, OP_TOPIC, TIMER_TOPIC],
+                                    COMMITTED_MARK.encode()),
             clients=ClientRegistry(cfg.client_expire_s, self._group_changed),
             locks=QueueLocks(),
             metrics=MessagingMetrics(metrics) if metrics is not None else None,
@@ -99,12 +103,26 @@ class MessageService:
         self._topic_admin = TopicAdmin(ctx, self._state_log, self._writer)
         self._clients = ClientRequests(ctx, self._topic_admin)
         self._offsets = ConsumerOffsets(ctx, self._state_log)
-        self._send = SendPath(ctx, self._writer, self._topic_admin)
+        self.delayed = DelayedDelivery(ctx, self._writer, self._topic_admin, self._state_log,
+                                       self._offsets)
+        self.transactions = Transactions(ctx, self._writer, self._topic_admin, self.delayed)
+        self._send = SendPath(ctx, self._writer, self._topic_admin, self.delayed,
+                              self.transactions)
         self._pulls = PullPath(ctx, self._offsets.commit)
         self._queries = QueueQueries(ctx)
-        self._send_back = SendBack(ctx, self._writer, self._topic_admin)
+        self._send_back = SendBack(ctx, self._writer, self._topic_admin, self.delayed)
         self._retention = Retention(ctx, self._state_log, self._writer, on_segments_deleted)
-        self._state_log.rebuild(initial=True)
+        #: Index scans hand records of these topics to the piece that folds them.
+        self._watchers = {
+            STATE_TOPIC: self._state_log.on_record,
+            HALF_TOPIC: self.transactions.on_half_record,
+            OP_TOPIC: self.transactions.on_op_record,
+            TIMER_TOPIC: self.delayed.on_timer_record,
+        }
+        if ctx.metrics is not None:
+            ctx.metrics.pending_half_messages.set_function(lambda: len(self.transactions.pending))
+            ctx.metrics.pending_timer_messages.set_function(self.delayed.pending_timers)
+        self._state_log.rebuild(initial=True, on_watched=self._on_watched_rebuild)
 
     # --- what the broker and tests read ---------------------------------------------------
 
@@ -155,7 +173,7 @@ class MessageService:
         """Request code -> handler for every client-protocol code this service answers."""
         out: dict[int, Handler] = {}
         for piece in (self._send, self._pulls, self._offsets, self._queries, self._clients,
-                      self._send_back, self._topic_admin):
+                      self._send_back, self._topic_admin, self.transactions):
             out.update(piece.handlers())
         return out
 
@@ -172,6 +190,11 @@ class MessageService:
             seed_default_topic(ctx)
             self._state_log.on_master()
             self._offsets.on_master()
+            self.delayed.start()
+            self.transactions.start()
+        else:
+            self.delayed.stop()
+            self.transactions.stop()
         # Every replica deletes its own old segments (a slave waits for the master's
         # state checkpoint before deleting state records).
         self._retention.start()
@@ -182,7 +205,7 @@ class MessageService:
         if ctx.closed or offset <= ctx.index.indexed_offset:
             return
         try:
-            grown = ctx.index.advance(ctx.log, offset, self._state_log.on_record)
+            grown = ctx.index.advance(ctx.log, offset, self._on_watched)
         except (StoreError, ValueError) as exc:
             log.error("indexing up to %d failed: %s", offset, exc)
             return
@@ -192,6 +215,8 @@ class MessageService:
         """The commitlog was cut at ``offset`` (a slave dropped a divergent tail)."""
         self.ctx.index.truncate(offset)
         self._state_log.on_truncate(offset)
+        self.transactions.reload()
+        self.delayed.reload()
 
     def topic_configs(self) -> dict[str, dict[str, Any]]:
         """Topic -> RocketMQ TopicConfig JSON, for name-server registration."""
@@ -206,8 +231,20 @@ class MessageService:
         self._offsets.close()
         self._retention.close()
         self._pulls.close()
+        self.delayed.stop()
+        self.transactions.stop()
         for task in list(self.ctx.tasks):
             task.cancel()
+
+    def _on_watched(self, rec: ScannedRecord) -> None:
+        # Records of other topics are here for their COMMITTED_MARK property.
+        self._watchers.get(rec.topic, self.transactions.on_committed_record)(rec)
+
+    def _on_watched_rebuild(self, rec: ScannedRecord) -> None:
+        if rec.topic == STATE_TOPIC:
+            self._state_log.on_record_rebuild(rec)
+        else:
+            self._on_watched(rec)
 
     def _group_changed(self, group: str) -> None:
         # The registry is built before the piece that answers for it (heartbeats come later).

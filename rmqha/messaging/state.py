@@ -7,8 +7,11 @@ already knows every topic and committed offset.  Each record body is one JSON ob
 - ``{"op": "topic_put", "config": <RocketMQ TopicConfig>}``
 - ``{"op": "topic_delete", "topic": T}``
 - ``{"op": "offsets", "entries": [[group, topic, queue_id, offset], ...]}``
-- ``{"op": "checkpoint", "topics": [...], "offsets": [...]}`` — the whole state; written
-  before retention deletes segments, so the state never depends on deleted records.
+- ``{"op": "timer_done", "offsets": [q, ...]}`` — timer-queue offsets whose messages were
+  delivered (timer messages are due out of order, so progress is a set above a low mark);
+- ``{"op": "checkpoint", "topics": [...], "offsets": [...], "timer": {...}}`` — the whole
+  state; written before retention deletes segments, so the state never depends on deleted
+  records.
 
 The state is the fold of these records in log order (a checkpoint replaces everything);
 records are applied as the index passes them (up to the confirm offset), and a master
@@ -67,6 +70,38 @@ class OffsetTable:
         return len(self._offsets)
 
 
+class TimerProgress:
+    """Which timer-queue offsets were delivered: everything below ``low``, plus ``done``."""
+
+    def __init__(self) -> None:
+        self.low = 0
+        self.done: set[int] = set()
+
+    def delivered(self, queue_offset: int) -> bool:
+        return queue_offset < self.low or queue_offset in self.done
+
+    def mark(self, offsets: Iterable[int]) -> None:
+        self.done.update(int(o) for o in offsets if int(o) >= self.low)
+
+    def advance_low(self, low: int) -> None:
+        """Everything below ``low`` is delivered (or gone): forget the set below it."""
+        if low > self.low:
+            self.low = low
+            self.done = {o for o in self.done if o >= low}
+        while self.low in self.done:
+            self.done.discard(self.low)
+            self.low += 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {"low": self.low, "done": sorted(self.done)}
+
+    def load(self, data: dict[str, Any] | None) -> None:
+        self.low, self.done = 0, set()
+        if data:
+            self.low = int(data.get("low", 0))
+            self.mark(data.get("done", []))
+
+
 @dataclass
 class StateRecord:
     """One decoded state record."""
@@ -85,6 +120,10 @@ def topic_delete_record(topic: str) -> bytes:
 
 def offsets_record(entries: Iterable[tuple[str, str, int, int]]) -> bytes:
     return _dump({"op": "offsets", "entries": [list(e) for e in entries]})
+
+
+def timer_done_record(offsets: Iterable[int], low: int) -> bytes:
+    return _dump({"op": "timer_done", "offsets": sorted(offsets), "low": low})
 
 
 def _dump(obj: dict[str, Any]) -> bytes:
@@ -107,12 +146,14 @@ class BrokerState:
     def __init__(self, topics: TopicTable) -> None:
         self.topics = topics
         self.offsets = OffsetTable()
+        self.timer = TimerProgress()
 
     def checkpoint_record(self) -> bytes:
         return _dump({
             "op": "checkpoint",
             "topics": [c.to_rocketmq() for _, c in sorted(self.topics.items())],
             "offsets": self.offsets.entries(),
+            "timer": self.timer.to_json(),
         })
 
     def apply(self, body: bytes | memoryview, *, persist: bool = True) -> StateRecord | None:
@@ -141,5 +182,9 @@ class BrokerState:
             self.offsets.clear()
             for group, topic, queue_id, offset in d["offsets"]:
                 self.offsets.set(str(group), str(topic), int(queue_id), int(offset))
+            self.timer.load(d.get("timer"))
+        elif rec.op == "timer_done":
+            self.timer.mark(d["offsets"])
+            self.timer.advance_low(int(d.get("low", 0)))
         else:
             raise ProtocolError(f"unknown state op {rec.op!r}")

@@ -8,6 +8,7 @@ or a truncation.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from rmqha.errors import ProtocolError, StoreError
 from rmqha.messaging.consume_queue import ScannedRecord
@@ -31,12 +32,15 @@ class StateReplication:
         #: A master must log the table seeded from topics.json as a checkpoint.
         self.needs_checkpoint = False
 
-    def rebuild(self, *, initial: bool) -> None:
+    def rebuild(self, *, initial: bool,
+                on_watched: Callable[[ScannedRecord], None] | None = None) -> None:
+        """Index the log up to the confirm offset, folding the state records (and handing
+        the other watched records to ``on_watched``)."""
         ctx = self.ctx
         confirm = ctx.replication_confirm()
         if initial:
             seed_default_topic(ctx)
-        ctx.index.advance(ctx.log, confirm, self.on_record_rebuild)
+        ctx.index.advance(ctx.log, confirm, on_watched or self.on_record_rebuild)
         if initial and ctx.index.queue(STATE_TOPIC, 0) is None and ctx.topics.path.exists():
             # The log holds no state yet: topics.json (kept from an earlier store, or
             # written by an operator) seeds the table; a master logs it as a checkpoint.

@@ -1,8 +1,14 @@
-"""The storage layer: the commitlog and the epoch map, each in its own module.
+"""The storage layer: the commitlog and the epoch map.
 
-- :mod:`rmqha.store.commitlog`: :class:`CommitLog` (mmap-ed segments, group commit, crash
-  recovery, the slave's receive path) and its decoded :class:`StoredMessage`;
-- :mod:`rmqha.store.epoch_map`: :class:`EpochMap` and RocketMQ's ``epochFileCheckpoint``.
+- :mod:`rmqha.store.commitlog`: :class:`CommitLog`, the writer's side (appends, reads,
+  truncation, retention, reset), with its collaborators one module each:
+  :mod:`~rmqha.store.segments` (sparse segment files, the pre-fault window),
+  :mod:`~rmqha.store.flusher` (group commit), :mod:`~rmqha.store.checkpoint`,
+  :mod:`~rmqha.store.recovery` (open, verify, cut), :mod:`~rmqha.store.receive` (the
+  slave's receive path), :mod:`~rmqha.store.queue_offsets` and
+  :mod:`~rmqha.store.message` (:class:`StoredMessage`);
+- :mod:`rmqha.store.epoch_map`: :class:`EpochMap` and RocketMQ's ``epochFileCheckpoint``;
+- :mod:`rmqha.store.scrub` (record checks at rest), :mod:`rmqha.store.disk_usage`.
 
 The hot loops behind both are the twins in :mod:`rmqha._core`.
 """

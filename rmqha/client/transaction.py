@@ -1,0 +1,260 @@
+"""Transactional sends for rmqha's producer (RocketMQ's TransactionMQProducer protocol).
+
+:meth:`rmqha.client.Producer.send_transaction` sends a *prepared* message (invisible to
+consumers), runs the local transaction, then tells the broker to commit or roll back
+(END_TRANSACTION).  When the outcome is unknown, or the answer is lost, the broker asks a
+producer of the group later (CHECK_TRANSACTION_STATE); the listener registered with
+:meth:`~rmqha.client.Producer.set_transaction_check_listener` answers, one-way, as
+RocketMQ's clients do.  A producer with a listener heartbeats its group to every broker
+of the topics it sent to, so the brokers (a new master after a failover too) can reach it.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Union
+
+from rmqha.client.model import Message, SendResult
+from rmqha.codes import RequestCode, ResponseCode
+from rmqha.errors import ClientError, ProtocolError, RemotingError
+from rmqha.messaging.message import (
+    Prop,
+    ReceivedMessage,
+    SysFlag,
+    compress,
+    decode_record,
+    encode_properties,
+    parse_offset_msg_id,
+)
+from rmqha.remoting import RemotingCommand
+
+if TYPE_CHECKING:
+    from rmqha.client.producer import Producer
+
+log = logging.getLogger(__name__)
+
+
+class LocalTransactionState(Enum):
+    """What the local transaction decided (RocketMQ's names, UNKNOW included)."""
+
+    COMMIT_MESSAGE = "COMMIT_MESSAGE"
+    ROLLBACK_MESSAGE = "ROLLBACK_MESSAGE"
+    UNKNOW = "UNKNOW"
+
+
+_END_CODE = {
+    LocalTransactionState.COMMIT_MESSAGE: int(SysFlag.TRANSACTION_COMMIT),
+    LocalTransactionState.ROLLBACK_MESSAGE: int(SysFlag.TRANSACTION_ROLLBACK),
+    LocalTransactionState.UNKNOW: 0,
+}
+
+StateOrAwaitable = Union[LocalTransactionState, Awaitable[LocalTransactionState]]
+#: local_transaction(message, arg) -> state (may be async).
+LocalTransaction = Callable[[Message, Any], StateOrAwaitable]
+#: check(message) -> state (may be async); the message is the half message as stored.
+CheckListener = Callable[[ReceivedMessage], StateOrAwaitable]
+
+
+@dataclass
+class TransactionSendResult:
+    """The prepared send's result and what became of the transaction."""
+
+    send_result: SendResult
+    state: LocalTransactionState
+    #: False when END_TRANSACTION was not confirmed (the broker's check-back settles it).
+    end_confirmed: bool
+
+    @property
+    def msg_id(self) -> str:
+        return self.send_result.msg_id
+
+
+def delay_properties(props: dict[str, str], delay_level: int | None,
+                     deliver_at: int | None) -> None:
+    """Add DELAY (a level, 1..N) or TIMER_DELIVER_MS (epoch ms) to a message's properties."""
+    if delay_level is not None and deliver_at is not None:
+        raise ClientError("give delay_level or deliver_at, not both")
+    if delay_level is not None:
+        if delay_level < 1:
+            raise ClientError(f"delay_level must be at least 1, got {delay_level}")
+        props[Prop.DELAY] = str(int(delay_level))
+    elif deliver_at is not None:
+        if deliver_at <= 0:
+            raise ClientError(f"deliver_at must be an epoch time in ms, got {deliver_at}")
+        props[Prop.TIMER_DELIVER_MS] = str(int(deliver_at))
+
+
+async def _resolve(value: StateOrAwaitable) -> LocalTransactionState:
+    if inspect.isawaitable(value):
+        value = await value
+    if not isinstance(value, LocalTransactionState):
+        raise ClientError(f"a transaction callback returned {value!r}, "
+                          f"not a LocalTransactionState")
+    return value
+
+
+class TransactionSupport:
+    """A producer's transactional half: sends, END_TRANSACTION, check-backs, heartbeats."""
+
+    def __init__(self, producer: Producer, heartbeat_interval_s: float = 5.0) -> None:
+        self.producer = producer
+        self.heartbeat_interval_s = heartbeat_interval_s
+        host = socket.gethostbyname(socket.gethostname())
+        self.client_id = f"{host}@{os.getpid()}#txn#{time.monotonic_ns()}"
+        self.check_listener: CheckListener | None = None
+        self._topics: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+        producer.session.on_check_transaction = self._on_check
+
+    def set_check_listener(self, listener: CheckListener, topics: Iterable[str] = ()) -> None:
+        """Register the listener; with ``topics``, start heartbeating their brokers now (a
+        restarted producer answers check-backs of transactions it began before)."""
+        self.check_listener = listener
+        new = set(topics) - self._topics
+        if new:
+            self._topics |= new
+            if self._task is not None:
+                self._task.cancel()
+                self._task = None
+            self._start_heartbeats()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    async def send(self, topic: str, message: Message, local_transaction: LocalTransaction,
+                   arg: Any, queue_id: int | None) -> TransactionSendResult:
+        p = self.producer
+        if self.check_listener is None:
+            raise ClientError("set a check listener (set_transaction_check_listener) before "
+                              "sending transactional messages: the broker asks it when an "
+                              "outcome is unknown")
+        if topic not in self._topics:
+            # Brokers of a new topic learn of us before a check-back could be needed.
+            self._topics.add(topic)
+            await self._heartbeat_all()
+            if self._task is None:
+                self._start_heartbeats()
+        props = p._properties(message)
+        props[Prop.TRANSACTION_PREPARED] = "true"
+        props[Prop.PRODUCER_GROUP] = p.group
+        body, sys_flag = message.body, 0
+        if p.compress_over_bytes >= 0 and len(body) > p.compress_over_bytes:
+            body, sys_flag = compress(body, p.compression)
+        header = {
+            "a": p.group, "b": topic, "c": "TBW102", "d": 4,
+            "f": sys_flag | SysFlag.TRANSACTION_PREPARED,
+            "g": int(time.time() * 1000), "h": message.flag, "i": encode_properties(props),
+            "j": 0, "k": "false", "m": "false",
+        }
+        sent = (await p._send_with_retries(topic, RequestCode.SEND_MESSAGE_V2, header, body,
+                                           [props[Prop.UNIQ_KEY]], queue_id))[0]
+        if not sent.ok:
+            state = LocalTransactionState.ROLLBACK_MESSAGE  # RocketMQ: never run it
+        else:
+            try:
+                state = await _resolve(local_transaction(message, arg))
+            except Exception as exc:  # the user's code: its failure is an unknown outcome
+                log.warning("local transaction of %s raised %r: outcome unknown, the broker "
+                            "will check back", sent.msg_id, exc)
+                state = LocalTransactionState.UNKNOW
+        confirmed = await self._end(sent, state)
+        return TransactionSendResult(sent, state, confirmed)
+
+    async def _end(self, sent: SendResult, state: LocalTransactionState) -> bool:
+        if state is LocalTransactionState.UNKNOW:
+            return False
+        p = self.producer
+        route = await p.session.route(sent.queue.topic)
+        bd = route.broker_datas.get(sent.queue.broker_name)
+        addr = bd.master if bd is not None else None
+        if addr is None:
+            return False
+        _, commit_offset = parse_offset_msg_id(sent.offset_msg_id)
+        header = {
+            "producerGroup": p.group, "tranStateTableOffset": sent.queue_offset,
+            "commitLogOffset": commit_offset, "commitOrRollback": _END_CODE[state],
+            "fromTransactionCheck": "false", "msgId": sent.msg_id,
+            "transactionId": sent.msg_id,
+        }
+        try:
+            resp = await p.session.request(addr, RemotingCommand.request(
+                RequestCode.END_TRANSACTION, header), p.send_timeout_s)
+        except RemotingError as exc:
+            log.warning("END_TRANSACTION of %s not confirmed (%s): the broker will check back",
+                        sent.msg_id, exc)
+            return False
+        if resp.code != ResponseCode.SUCCESS:
+            log.warning("END_TRANSACTION of %s refused: %s %s", sent.msg_id, resp.code,
+                        resp.remark)
+            return False
+        return True
+
+    async def _on_check(self, cmd: RemotingCommand, conn: Any) -> None:
+        """CHECK_TRANSACTION_STATE from a broker: ask the listener, answer one-way."""
+        if self.check_listener is None:
+            return None
+        ext = cmd.ext_fields
+        try:
+            msg, _ = decode_record(cmd.body or b"")
+            state = await _resolve(self.check_listener(msg))
+        except (ProtocolError, ClientError) as exc:
+            log.warning("transaction check from %s not answered: %s",
+                        getattr(conn, "name", "?"), exc)
+            return None
+        except Exception as exc:  # the user's listener: unknown, asked again later
+            log.warning("transaction check listener raised %r", exc)
+            return None
+        header = {
+            "producerGroup": self.producer.group,
+            "tranStateTableOffset": ext.get("tranStateTableOffset", "0"),
+            "commitLogOffset": ext.get("commitLogOffset", "0"),
+            "commitOrRollback": _END_CODE[state], "fromTransactionCheck": "true",
+            "msgId": ext.get("msgId", ""), "transactionId": ext.get("transactionId", ""),
+        }
+        try:
+            await conn.send(RemotingCommand.request(RequestCode.END_TRANSACTION, header,
+                                                    oneway=True))
+        except RemotingError as exc:
+            log.info("answer to a transaction check was lost (%s); the broker asks again", exc)
+        return None
+
+    def _start_heartbeats(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._heartbeat_loop())
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await self._heartbeat_all()
+            await asyncio.sleep(self.heartbeat_interval_s)
+
+    async def _heartbeat_all(self) -> None:
+        """Tell every broker of our topics (slaves too: one may be master tomorrow) that
+        this client is a producer of the group, on the connection checks come back on."""
+        p = self.producer
+        body = {"clientID": self.client_id, "consumerDataSet": [],
+                "producerDataSet": [{"groupName": p.group}]}
+        addrs: set[str] = set()
+        for topic in self._topics:
+            try:
+                addrs.update((await p._route(topic, refresh=True)).addresses())
+            except ClientError as exc:
+                log.debug("no route for %s: %s", topic, exc)
+        for addr in sorted(addrs):
+            try:
+                await p.session.request(addr, RemotingCommand.request(
+                    RequestCode.HEART_BEAT, None, body), p.send_timeout_s)
+            except RemotingError as exc:
+                log.debug("producer heartbeat to %s failed: %s", addr, exc)
