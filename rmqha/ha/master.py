@@ -769,7 +769,11 @@ class HAMaster:
 
     async def _alter_loop(self) -> None:
         assert self._alter is not None
-        while not self._stopped:
+        # Expansions go one member at a time: a round may take a few proposals, but never
+        # more than one per member plus a shrink (the periodic check does the rest).
+        budget = len(self._links) + 2
+        while not self._stopped and budget > 0:
+            budget -= 1
             self._alter_again = False
             desired = self._desired_set()
             if desired == self._set.local:
