@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rmqha.broker.master_lease import lease_ms_for, min_margin_ms
 from rmqha.config import load_config
 from rmqha.errors import ConfigError
 
@@ -202,8 +203,6 @@ class BrokerConfig:
         HAConfig.from_object(self)
 
     def _check_master_lease(self) -> None:
-        from rmqha.broker.master_lease import min_margin_ms
-
         if not self.master_lease_enable:
             return
         timeout = self.controller_heartbeat_timeout_ms
@@ -232,8 +231,6 @@ class BrokerConfig:
     @property
     def master_lease_ms_in_force(self) -> int:
         """The lease length used: ``master_lease_ms`` or, when 0, timeout minus margin."""
-        from rmqha.broker.master_lease import lease_ms_for
-
         return lease_ms_for(self.controller_heartbeat_timeout_ms, self.master_lease_margin_ms,
                             self.master_lease_ms)
 
