@@ -706,6 +706,9 @@ class HASlave:
 
     async def _ack(self, link: Link, codec: SlaveCodec, offset: int) -> None:
         await self._settle_epochs()
+        if self.config.ha_slave_flush_before_ack and self.commitlog.flushed_offset < offset:
+            # fsync off the loop (the link keeps receiving); acks wait for it.
+            await asyncio.get_running_loop().run_in_executor(None, self.commitlog.flush)
         await self._send(link, codec.ack(offset, self.epoch_map.last_epoch()))
 
     def _may_restart(self, b: Block, size: int) -> bool:
