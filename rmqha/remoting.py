@@ -554,6 +554,10 @@ class Connection:
         finally:
             self._pending.pop(opaque, None)
             self._deadlines.pop(opaque, None)
+            if fut.done() and not fut.cancelled():
+                # A failed send closes the connection, which fails this future too; the
+                # send's own error is what was raised, so mark this one as seen.
+                fut.exception()
 
     def _arm_timer(self, at: float) -> None:
         if self._timer is not None:
