@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rmqha-installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv build browser test test-pure demo bench bench-quick trends chaos soak wheel-check clean
+.PHONY: all venv build browser test test-pure demo bench bench-quick bench-peers trends chaos soak wheel-check clean
 
 all: build
 
@@ -60,6 +60,20 @@ bench: build
 
 bench-quick: build
 	RMQHA_BENCH_QUICK=1 $(MAKE) bench
+
+# rmqha side by side with NATS JetStream, Redis and RabbitMQ, each a real 3-node group on
+# loopback (benches/bench_peers.py); installs the Debian packages and the Python clients
+# (the `peers` extra) when missing and writes the table into README.md.  Not part of test.
+PEER_PACKAGES := nats-server redis-server rabbitmq-server
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+bench-peers: build
+	@missing=""; for p in $(PEER_PACKAGES); do \
+		dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		$(SUDO) apt-get update && DEBIAN_FRONTEND=noninteractive \
+		$(SUDO) apt-get install -y --no-install-recommends $$missing; fi
+	$(PY) -m pip install --quiet -e '.[dev,spark,peers]'
+	$(PY) benches/bench_peers.py --readme README.md --flush-sync $(PEERS_ARGS)
 
 # Ingest new pytest-benchmark runs from .benchmarks, analyse, write reports/trends/report.html.
 # Gate a CI run with TRENDS_ARGS="--fail-on-regression" (exit codes: see README).

@@ -5,7 +5,8 @@ Groups, per body size (100 B, 1 KiB, 4 KiB):
 - ``commitlog-append_batch-<size>``: one call stores BATCH messages.  Our ``append_batch``
   (cython / python twin) against sqlite3 in WAL mode (``executemany`` in one transaction),
   py-lmdb (``putmulti(append=True)`` in one transaction), plain ``os.write`` appends of
-  length-prefixed records, and a memcpy of the very bytes our log writes into a warm
+  length-prefixed records (one syscall per record), the same records in one ``os.writev``
+  per batch (``os.writev``), and a memcpy of the very bytes our log writes into a warm
   buffer (the physical limit: no headers to build, no CRC).
 - ``commitlog-append-<size>``: BATCH calls of ``append`` (one Python call per message).
 
@@ -167,6 +168,31 @@ def test_peer_os_write(benchmark, tmp_path, size: int) -> None:
         def run() -> None:
             for rec in records:
                 write(fd, rec)
+
+        benchmark.pedantic(run, rounds=ROUNDS, iterations=1, warmup_rounds=1)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.benchmark(group="commitlog-append_batch")
+@pytest.mark.parametrize("size", SIZES)
+def test_peer_os_write_batched(benchmark, tmp_path, size: int) -> None:
+    """The same length-prefixed records, a batch in one ``os.writev`` (one syscall per
+    batch, as a user who batches would write them; ``os.write`` above is one per record)."""
+    benchmark.group = f"commitlog-append_batch-{size}"
+    _info(benchmark, "os.writev", size, "append_batch")
+    fd = os.open(tmp_path / "log.bin", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        bodies = _bodies(size)
+        heads = [_LEN.pack(len(b)) for b in bodies]
+        writev = os.writev
+        iov_max = os.sysconf("SC_IOV_MAX")
+
+        def run() -> None:
+            # Headers and bodies interleaved without joining them (no extra copy).
+            parts = [p for pair in zip(heads, bodies) for p in pair]
+            for i in range(0, len(parts), iov_max):
+                writev(fd, parts[i : i + iov_max])
 
         benchmark.pedantic(run, rounds=ROUNDS, iterations=1, warmup_rounds=1)
     finally:

@@ -4,7 +4,9 @@
   ``recv_into``s a reusable buffer: the ceiling for any Python replication on this machine.
 * ``catch-up``: an empty HASlave in this process replicates a pre-written log of 1 KiB
   records (1 GiB; 128 MiB with ``RMQHA_BENCH_QUICK=1``) from an HAMaster in its own
-  process (``python -m rmqha.ha.node``), default HAConfig, until byte-for-byte caught up.
+  process (``python -m rmqha.ha.node``), until byte-for-byte caught up, with the HA
+  settings a broker really runs (``HAConfig.from_object(BrokerConfig())``: its
+  ``ha_transfer_batch_bytes``) and, beside it, with 256 KiB blocks.
   ``extra_info["ratio_vs_tcp_raw"]`` compares it with the raw figure of the same run
   (target: at least 0.5).
 * ``lag``: the master process appends single 1 KiB messages at a steady rate, each body
@@ -17,6 +19,7 @@ benches/bench_replication.py --benchmark-only -s``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import bisect
 import shutil
 import socket
@@ -32,6 +35,7 @@ import pytest
 
 from benches.conftest import QUICK, describe
 from rmqha import core_implementation
+from rmqha.broker.config import BrokerConfig
 from rmqha.ha import HAConfig, HASlave
 from rmqha.ha.testing import NodeProcess, fill, open_store, wait_until_async
 
@@ -41,7 +45,10 @@ ROUNDS = 3
 LAG_RATE = 2000 if QUICK else 5000  # messages per second
 LAG_SECONDS = 2.0 if QUICK else 10.0
 MESSAGE_BYTES = 1024
-CFG = HAConfig()  # defaults: what a broker gets
+#: What a broker runs (its config's HA fields, not HAConfig's own defaults).
+CFG = HAConfig.from_object(BrokerConfig())
+#: Master block sizes the catch-up runs with: the broker's and 256 KiB.
+CATCHUP_BATCHES = sorted({CFG.ha_transfer_batch_bytes, 256 << 10})
 
 _results: dict[str, float] = {}
 
@@ -61,8 +68,9 @@ s.close()
 """
 
 
-@pytest.fixture(scope="module")
-def master_node(tmp_path_factory: pytest.TempPathFactory):
+@pytest.fixture(scope="module", params=CATCHUP_BATCHES, ids=lambda b: f"block-{b >> 10}KiB")
+def master_node(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest):
+    batch = request.param
     d = str(tmp_path_factory.mktemp("ha-bench-master"))
     cl, em = open_store(d, SEG)
     em.append(1, 0)
@@ -70,9 +78,9 @@ def master_node(tmp_path_factory: pytest.TempPathFactory):
     max_offset = cl.max_offset
     cl.close()
     node = NodeProcess(["--dir", d, "--role", "master", "--broker-id", "1", "--segment-bytes", str(SEG),
-                        "--known", "2"])
+                        "--known", "2", "--batch-bytes", str(batch)])
     try:
-        yield node, max_offset
+        yield node, max_offset, batch
     finally:
         node.stop()
         shutil.rmtree(d, ignore_errors=True)
@@ -123,7 +131,8 @@ def test_raw_loopback_tcp(benchmark: Any) -> None:
 
 @pytest.mark.benchmark(group="replication-catchup")
 def test_slave_catch_up(benchmark: Any, master_node: Any) -> None:
-    node, max_offset = master_node
+    node, max_offset, batch = master_node
+    cfg = dataclasses.replace(CFG, ha_transfer_batch_bytes=batch)
     dirs: list[str] = []
     stores: list[Any] = []
 
@@ -141,7 +150,7 @@ def test_slave_catch_up(benchmark: Any, master_node: Any) -> None:
 
     def catch_up(cl: Any, em: Any) -> int:
         async def run() -> None:
-            s = HASlave(cl, em, group="g", broker_id=2, master_ha_address=f"127.0.0.1:{node.port}", config=CFG)
+            s = HASlave(cl, em, group="g", broker_id=2, master_ha_address=f"127.0.0.1:{node.port}", config=cfg)
             await s.start()
             try:
                 await wait_until_async(lambda: cl.max_offset >= max_offset, 600, "catch-up", interval=0.002)
@@ -162,10 +171,11 @@ def test_slave_catch_up(benchmark: Any, master_node: Any) -> None:
     mbps = max_offset / benchmark.stats.stats.min / 1e6
     raw = _results.get("tcp_raw_mb_s")
     ratio = mbps / raw if raw else None
-    describe(benchmark, core_implementation(), message_bytes=MESSAGE_BYTES, batch=CFG.ha_transfer_batch_bytes,
+    describe(benchmark, core_implementation(), message_bytes=MESSAGE_BYTES, batch=batch,
              replicas=2, bytes=max_offset, mb_per_s=round(mbps, 1),
+             broker_default=batch == CFG.ha_transfer_batch_bytes,
              ratio_vs_tcp_raw=round(ratio, 3) if ratio else None)
-    print(f"\ncatch-up: {mbps:.0f} MB/s (best of {ROUNDS})"
+    print(f"\ncatch-up with {batch >> 10} KiB blocks: {mbps:.0f} MB/s (best of {ROUNDS})"
           + (f", {ratio:.0%} of raw loopback TCP ({raw:.0f} MB/s)" if ratio else ""))
 
 

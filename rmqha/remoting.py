@@ -3,9 +3,17 @@
 Wire format (all integers big-endian), byte-compatible with RocketMQ's ``RemotingCommand``::
 
     total_length:int32              = 4 + header_length + body_length
-    serialize_type << 24 | header_length:int32   (serialize type 0 = JSON, the only one here)
-    header JSON {"code","language","version","opaque","flag","remark","extFields"}
+    serialize_type << 24 | header_length:int32
+    header                          (serialize type 0: JSON, 1: RocketMQ's binary layout)
     body (opaque bytes; JSON in every protocol rmqha speaks)
+
+The JSON header is ``{"code","language","version","opaque","flag","remark","extFields"}``,
+encoded and decoded with orjson (compiled; the header codec is on every request's path,
+and the stdlib ``json`` cost 10-20 us a frame where orjson costs 1-2).  The binary header
+(``RocketMQSerializable``): code int16, language code int8, version int16, opaque int32,
+flag int32, remark (int32 length + UTF-8, 0 = none), extFields (int32 length, then per
+entry int16 key length + key, int32 value length + value).  A request is answered in the
+serialize type it came in.
 
 ``flag`` bit 0 marks a response, bit 1 a one-way request.  Responses echo the request's
 ``opaque``; that is the only thing that matches them, so replies may come out of order.
@@ -30,6 +38,8 @@ from concurrent.futures import Future as ConcurrentFuture
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+import orjson
+
 from rmqha.codes import ResponseCode, code_name
 from rmqha.errors import (
     ProtocolError,
@@ -38,6 +48,7 @@ from rmqha.errors import (
     RemotingTimeoutError,
     RmqhaError,
 )
+from rmqha.mq_version import ADVERTISED
 
 log = logging.getLogger(__name__)
 
@@ -51,21 +62,32 @@ FLAG_RESPONSE = 0x1
 FLAG_ONEWAY = 0x2
 
 SERIALIZE_JSON = 0
+SERIALIZE_ROCKETMQ = 1
 LANGUAGE = "PYTHON"  # a member of RocketMQ's LanguageCode enum
-#: RocketMQ ``MQVersion.Version`` ordinal sent in ``version`` (V5_1_4 = 475); Java servers
-#: only use it to pick compatibility paths, none of which matter for the codes we send.
-VERSION = 475
+#: RocketMQ's LanguageCode enum: name <-> the byte the binary header carries.
+LANGUAGE_CODES: dict[str, int] = {
+    "JAVA": 0, "CPP": 1, "DOTNET": 2, "PYTHON": 3, "DELPHI": 4, "ERLANG": 5, "RUBY": 6,
+    "OTHER": 7, "HTTP": 8, "GO": 9, "PHP": 10, "OMS": 11, "RUST": 12, "NODE_JS": 13,
+}
+_LANGUAGE_NAMES = {code: name for name, code in LANGUAGE_CODES.items()}
+#: RocketMQ ``MQVersion.Version`` ordinal sent in ``version`` (V5_1_4, see
+#: :mod:`rmqha.mq_version`); Java servers only use it to pick compatibility paths, none of
+#: which matter for the codes we send.
+VERSION = int(ADVERTISED)
 
 _LEN = struct.Struct(">ii")
+#: The fixed part of a binary header: code, language, version, opaque, flag.
+_BIN_FIXED = struct.Struct(">hbhii")
+_I32 = struct.Struct(">i")
+_I16 = struct.Struct(">h")
 _OPAQUE_MASK = 0x7FFFFFFF
 _opaque_counter = itertools.count(1)
-_opaque_lock = threading.Lock()
 
 
 def next_opaque() -> int:
-    """A process-wide request id in RocketMQ's range (a non-negative int32)."""
-    with _opaque_lock:
-        return next(_opaque_counter) & _OPAQUE_MASK
+    """A process-wide request id in RocketMQ's range (a non-negative int32).  No lock:
+    ``next()`` on an ``itertools.count`` is atomic under the GIL."""
+    return next(_opaque_counter) & _OPAQUE_MASK
 
 
 def ext_value(value: Any) -> str:
@@ -87,6 +109,8 @@ class RemotingCommand:
     remark: str | None = None
     ext_fields: dict[str, str] = field(default_factory=dict)
     body: bytes = b""
+    #: How the header travels: SERIALIZE_JSON or SERIALIZE_ROCKETMQ (binary).
+    serialize_type: int = SERIALIZE_JSON
 
     @classmethod
     def request(
@@ -114,7 +138,8 @@ class RemotingCommand:
         ext_fields: Mapping[str, Any] | None = None,
         body: bytes | str | Any = b"",
     ) -> RemotingCommand:
-        """The response to this request (same opaque, response flag set)."""
+        """The response to this request (same opaque, response flag set, same serialize
+        type)."""
         return RemotingCommand(
             code=int(code),
             opaque=self.opaque,
@@ -122,6 +147,7 @@ class RemotingCommand:
             remark=remark,
             ext_fields=_ext(ext_fields),
             body=_body(body),
+            serialize_type=self.serialize_type,
         )
 
     @property
@@ -155,7 +181,9 @@ class RemotingCommand:
 def _ext(fields: Mapping[str, Any] | None) -> dict[str, str]:
     if not fields:
         return {}
-    return {str(k): ext_value(v) for k, v in fields.items() if v is not None}
+    # Most callers pass strings already: convert only what is not one.
+    return {k if type(k) is str else str(k): v if type(v) is str else ext_value(v)
+            for k, v in fields.items() if v is not None}
 
 
 def _body(body: bytes | str | Any) -> bytes:
@@ -173,33 +201,109 @@ def _body(body: bytes | str | Any) -> bytes:
 
 def encode(cmd: RemotingCommand) -> bytes:
     """The full frame of a command, ready for the socket."""
-    header: dict[str, Any] = {
-        "code": int(cmd.code),
-        "language": cmd.language,
-        "version": int(cmd.version),
-        "opaque": int(cmd.opaque),
-        "flag": int(cmd.flag),
-        # RocketMQ's C++ client dereferences extFields in some replies: always an object.
-        "extFields": cmd.ext_fields,
-    }
-    if cmd.remark is not None:
-        header["remark"] = cmd.remark
-    header_bytes = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    if cmd.serialize_type == SERIALIZE_ROCKETMQ:
+        header_bytes = encode_binary_header(cmd)
+    else:
+        header: dict[str, Any] = {
+            "code": int(cmd.code),
+            "language": cmd.language,
+            "version": int(cmd.version),
+            "opaque": int(cmd.opaque),
+            "flag": int(cmd.flag),
+            # RocketMQ's C++ client dereferences extFields in some replies: always an object.
+            "extFields": cmd.ext_fields,
+        }
+        if cmd.remark is not None:
+            header["remark"] = cmd.remark
+        try:
+            header_bytes = orjson.dumps(header)
+        except TypeError as exc:  # a non-str in extFields, a lone surrogate in a remark
+            raise ProtocolError(f"cannot encode the header of {cmd.describe()}: {exc}") from exc
     body = cmd.body
     return b"".join(
-        (_LEN.pack(4 + len(header_bytes) + len(body), (SERIALIZE_JSON << 24) | len(header_bytes)),
+        (_LEN.pack(4 + len(header_bytes) + len(body),
+                   (cmd.serialize_type << 24) | len(header_bytes)),
          header_bytes, body)
     )
 
 
+def encode_binary_header(cmd: RemotingCommand) -> bytes:
+    """RocketMQ's binary header (serialize type 1) of a command."""
+    parts = [_BIN_FIXED.pack(int(cmd.code), LANGUAGE_CODES.get(cmd.language, LANGUAGE_CODES["OTHER"]),
+                             int(cmd.version), int(cmd.opaque), int(cmd.flag))]
+    if cmd.remark:
+        remark = cmd.remark.encode("utf-8")
+        parts += (_I32.pack(len(remark)), remark)
+    else:
+        parts.append(_I32.pack(0))
+    ext: list[bytes] = []
+    for k, v in cmd.ext_fields.items():
+        kb, vb = k.encode("utf-8"), v.encode("utf-8")
+        if len(kb) > 0x7FFF:
+            raise ProtocolError(f"extFields key of {len(kb)} bytes does not fit the binary header")
+        ext += (_I16.pack(len(kb)), kb, _I32.pack(len(vb)), vb)
+    ext_bytes = b"".join(ext)
+    parts += (_I32.pack(len(ext_bytes)), ext_bytes)
+    return b"".join(parts)
+
+
 def _decode_header(raw: bytes) -> dict[str, Any]:
     try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        header = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
         raise ProtocolError(f"header is not JSON: {exc}") from exc
     if not isinstance(header, dict):
         raise ProtocolError("header JSON is not an object")
     return header
+
+
+def _decode_binary_header(raw: bytes) -> RemotingCommand:
+    """A command (without body) from RocketMQ's binary header; ProtocolError naming what
+    does not fit."""
+    n = len(raw)
+    if n < _BIN_FIXED.size + 8:
+        raise ProtocolError(f"binary header of {n} bytes is shorter than its fixed part")
+    code, language, version, opaque, flag = _BIN_FIXED.unpack_from(raw, 0)
+    pos = _BIN_FIXED.size
+
+    def take(width: struct.Struct, what: str) -> str | None:
+        nonlocal pos
+        if pos + width.size > n:
+            raise ProtocolError(f"binary header ends inside the length of {what}")
+        (length,) = width.unpack_from(raw, pos)
+        pos += width.size
+        if length < 0 or pos + length > n:
+            raise ProtocolError(f"{what} of {length} bytes exceeds the binary header "
+                                f"({n - pos} bytes left)")
+        if length == 0:
+            return None  # Java reads an empty string back as null
+        try:
+            text = raw[pos : pos + length].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ProtocolError(f"{what} is not UTF-8: {exc}") from exc
+        pos += length
+        return text
+
+    remark = take(_I32, "remark")
+    if pos + 4 > n:
+        raise ProtocolError("binary header ends before the extFields length")
+    (ext_length,) = _I32.unpack_from(raw, pos)
+    pos += 4
+    if ext_length < 0 or ext_length > n - pos:
+        raise ProtocolError(f"extFields of {ext_length} bytes exceed the binary header "
+                            f"({n - pos} bytes left)")
+    end = pos + ext_length
+    ext: dict[str, str] = {}
+    while pos < end:
+        key = take(_I16, "an extFields key")
+        value = take(_I32, f"the extFields value of {key!r}")
+        if pos > end:
+            raise ProtocolError("an extFields entry runs past the extFields length")
+        if key is not None and value is not None:
+            ext[key] = value
+    return RemotingCommand(code=code, language=_LANGUAGE_NAMES.get(language, "OTHER"),
+                           version=version, opaque=opaque, flag=flag, remark=remark,
+                           ext_fields=ext, serialize_type=SERIALIZE_ROCKETMQ)
 
 
 def _int_field(header: Mapping[str, Any], name: str, default: int | None = None) -> int:
@@ -215,29 +319,49 @@ def decode_frame(frame: bytes | memoryview) -> RemotingCommand:
     """Decode one frame *without* its leading total_length field."""
     if len(frame) < 4:
         raise ProtocolError(f"frame of {len(frame)} bytes is shorter than its header length")
-    (ori,) = struct.unpack_from(">i", frame, 0)
+    (ori,) = _I32.unpack_from(frame, 0)
     serialize_type = (ori >> 24) & 0xFF
     header_length = ori & 0xFFFFFF
-    if serialize_type != SERIALIZE_JSON:
-        raise ProtocolError(f"serialize type {serialize_type} not supported (only JSON=0)")
     if header_length > len(frame) - 4:
         raise ProtocolError(
             f"header length {header_length} exceeds the frame ({len(frame) - 4} bytes left)"
         )
-    header = _decode_header(bytes(frame[4 : 4 + header_length]))
-    ext_raw = header.get("extFields") or {}
-    if not isinstance(ext_raw, dict):
+    raw = bytes(frame[4 : 4 + header_length])
+    if serialize_type == SERIALIZE_ROCKETMQ:
+        cmd = _decode_binary_header(raw)
+        cmd.body = bytes(frame[4 + header_length :])
+        return cmd
+    if serialize_type != SERIALIZE_JSON:
+        raise ProtocolError(
+            f"serialize type {serialize_type} not supported (JSON=0, ROCKETMQ=1)")
+    header = _decode_header(raw)
+    ext = header.get("extFields") or {}
+    if not isinstance(ext, dict):
         raise ProtocolError("header field 'extFields' must be an object")
-    # C++ clients send some header values as JSON numbers; keep them as strings like Java.
-    ext = {str(k): ext_value(v) for k, v in ext_raw.items() if v is not None}
+    for v in ext.values():
+        if type(v) is not str:
+            # C++ clients send some header values as JSON numbers; keep them as strings
+            # like Java.
+            ext = {str(k): ext_value(v) for k, v in ext.items() if v is not None}
+            break
     remark = header.get("remark")
     language = header.get("language", "")
+    code = header.get("code")
+    version = header.get("version", 0)
+    opaque = header.get("opaque", 0)
+    flag = header.get("flag", 0)
+    if not (type(code) is int and type(version) is int and type(opaque) is int
+            and type(flag) is int):
+        code = _int_field(header, "code")
+        version = _int_field(header, "version", 0)
+        opaque = _int_field(header, "opaque", 0)
+        flag = _int_field(header, "flag", 0)
     return RemotingCommand(
-        code=_int_field(header, "code"),
-        language=language if isinstance(language, str) else str(language),
-        version=_int_field(header, "version", 0),
-        opaque=_int_field(header, "opaque", 0),
-        flag=_int_field(header, "flag", 0),
+        code=code,
+        language=language if type(language) is str else str(language),
+        version=version,
+        opaque=opaque,
+        flag=flag,
         remark=None if remark is None else str(remark),
         ext_fields=ext,
         body=bytes(frame[4 + header_length :]),
@@ -292,6 +416,18 @@ class FrameDecoder:
 # --- connections -------------------------------------------------------------------------
 
 Handler = Callable[[RemotingCommand, "Connection"], Awaitable[Union[RemotingCommand, None]]]
+
+#: Bytes queued in a connection's transport above which a sender waits for the kernel.
+_WRITE_HIGH_WATER = 1 << 20
+
+
+class _Expired(Exception):
+    """A request's timer fired before its response came (becomes RemotingTimeoutError)."""
+
+
+def _expire(fut: asyncio.Future[Any]) -> None:
+    if not fut.done():
+        fut.set_exception(_Expired())
 
 
 def not_supported(cmd: RemotingCommand) -> RemotingCommand:
@@ -348,10 +484,15 @@ class Connection:
         self._dispatcher = dispatcher
         self._decoder = FrameDecoder(max_frame_bytes)
         self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
+        #: opaque -> loop time its request times out (see request()).
+        self._deadlines: dict[int, float] = {}
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
         self._close_callbacks: list[Callable[[Connection], None]] = []
         self._closed = asyncio.get_running_loop().create_future()
-        self._write_lock = asyncio.Lock()
+        self._transport = writer.transport
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.name = name or self.peer
@@ -378,29 +519,66 @@ class Connection:
         if self.closed:
             raise RemotingError(f"connection {self.name} is closed ({self.close_reason})")
         data = encode(cmd)
-        async with self._write_lock:
-            try:
-                self._writer.write(data)
+        # write() queues the whole frame at once, so frames never interleave without a
+        # lock; drain (wait for the kernel) only when the transport's buffer is past its
+        # high-water mark, not after every frame.
+        try:
+            self._writer.write(data)
+            if self._transport.get_write_buffer_size() > _WRITE_HIGH_WATER:
                 await self._writer.drain()
-            except (ConnectionError, OSError) as exc:
-                self._mark_closed(f"write failed: {exc}")
-                raise RemotingError(f"connection {self.name}: write failed: {exc}") from exc
+        except (ConnectionError, OSError) as exc:
+            self._mark_closed(f"write failed: {exc}")
+            raise RemotingError(f"connection {self.name}: write failed: {exc}") from exc
 
     async def request(self, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
         """Send a request and wait for the response with the same opaque."""
         if cmd.is_oneway or cmd.is_response:
             raise ValueError("request() needs a two-way request command")
-        fut: asyncio.Future[RemotingCommand] = asyncio.get_running_loop().create_future()
-        self._pending[cmd.opaque] = fut
+        loop = self._loop
+        fut: asyncio.Future[RemotingCommand] = loop.create_future()
+        opaque = cmd.opaque
+        deadline = loop.time() + timeout
+        self._pending[opaque] = fut
+        self._deadlines[opaque] = deadline
+        # One timer per connection, at the earliest deadline (not one per request: with
+        # hundreds in flight their heap operations cost more than the requests).
+        if self._timer is None or deadline < self._timer_at:
+            self._arm_timer(deadline)
         try:
             await self.send(cmd)
-            return await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
+            return await fut
+        except _Expired:
             raise RemotingTimeoutError(
                 f"no response from {self.name} to {cmd.describe()} within {timeout:.3f}s"
             ) from None
         finally:
-            self._pending.pop(cmd.opaque, None)
+            self._pending.pop(opaque, None)
+            self._deadlines.pop(opaque, None)
+            if fut.done() and not fut.cancelled():
+                # A failed send closes the connection, which fails this future too; the
+                # send's own error is what was raised, so mark this one as seen.
+                fut.exception()
+
+    def _arm_timer(self, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = self._loop.call_at(at, self._expire_due)
+
+    def _expire_due(self) -> None:
+        """Fail every request past its deadline; re-arm for the next one."""
+        self._timer = None
+        now = self._loop.time()
+        earliest: float | None = None
+        for opaque, deadline in self._deadlines.items():
+            if deadline <= now:
+                fut = self._pending.get(opaque)
+                if fut is not None:
+                    _expire(fut)
+            elif earliest is None or deadline < earliest:
+                earliest = deadline
+        if earliest is not None:
+            self._arm_timer(earliest)
 
     async def oneway(self, cmd: RemotingCommand) -> None:
         cmd.flag |= FLAG_ONEWAY
@@ -424,6 +602,10 @@ class Connection:
             if not fut.done():
                 fut.set_exception(RemotingError(f"connection {self.name} closed: {reason}"))
         self._pending.clear()
+        self._deadlines.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         callbacks, self._close_callbacks = self._close_callbacks, []
         for cb in callbacks:
             try:
@@ -491,6 +673,7 @@ class Connection:
             return
         response.opaque = cmd.opaque
         response.flag |= FLAG_RESPONSE
+        response.serialize_type = cmd.serialize_type  # answer in the type asked in
         try:
             await self.send(response)
         except RemotingError as exc:
@@ -625,7 +808,9 @@ class RemotingClient:
             return self._conn
 
     async def request(self, cmd: RemotingCommand, timeout: float = 3.0) -> RemotingCommand:
-        conn = await self.connection()
+        conn = self._conn
+        if conn is None or conn.closed:
+            conn = await self.connection()
         return await conn.request(cmd, timeout)
 
     async def oneway(self, cmd: RemotingCommand) -> None:

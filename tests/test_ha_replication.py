@@ -360,3 +360,32 @@ def test_config_rejects_bad_values() -> None:
         HAConfig(ha_send_heartbeat_interval_ms=1000, ha_housekeeping_interval_ms=500)
     cfg = HAConfig.from_object({"ha_transfer_batch_bytes": 65536, "unrelated": 1})
     assert cfg.ha_transfer_batch_bytes == 65536
+
+
+@pytest.mark.parametrize("flush_before_ack", [False, True], ids=["rocketmq-default", "flush-first"])
+def test_slave_flush_before_ack_setting(tmp_path, flush_before_ack: bool) -> None:
+    """RocketMQ's slave acks what is in its page cache (off, the default); with
+    ``ha_slave_flush_before_ack`` no ack the master sees is ever beyond what the slave
+    fsynced.  The slaves' commitlogs flush on a long timer, so only the setting can make
+    the flushed offset keep up."""
+    assert HAConfig().ha_slave_flush_before_ack is False
+    cfg = dataclasses.replace(CFG, ha_slave_flush_before_ack=flush_before_ack)
+    with replica_stores(tmp_path, SEG, "m", "s", flush_interval_ms=60_000) as [(mcl, mem), (scl, sem)]:
+        mem.append(1, 0)
+        seen: list[tuple[int, int]] = []
+
+        async def run() -> None:
+            m = _master(mcl, mem)
+            async with master_running(m) as port, slave_running(_slave(scl, sem, port, config=cfg)):
+                for _ in range(20):
+                    mcl.append_batch("flushy", [b"f" * 500] * 8)
+                    end = mcl.max_offset
+                    await wait_until_async(lambda: m.status()["slaves"] and
+                                           m.status()["slaves"][0]["ack_offset"] >= end, 10, "ack")
+                    seen.append((m.status()["slaves"][0]["ack_offset"], scl.flushed_offset))
+
+        asyncio.run(run())
+        if flush_before_ack:
+            assert all(flushed >= ack for ack, flushed in seen), seen
+        else:
+            assert any(flushed < ack for ack, flushed in seen), seen

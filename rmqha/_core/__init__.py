@@ -2,22 +2,29 @@
 
 Both twins of a feature expose one API and write identical bytes.  :func:`load` returns the
 compiled twin when it imports, unless ``RMQHA_NO_EXTENSIONS`` is set; :func:`load_twin`
-returns a named twin so tests and benchmarks can run one body against both.
+returns a named twin so tests and benchmarks can run one body against both.  When a compiled
+twin does not import and ``RMQHA_NO_EXTENSIONS`` is not set, one warning (per process) says
+so and how to build them: the pure twins are 10-20x slower, and a client running them
+silently can differ from its brokers.
 """
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 from types import ModuleType
 
 NO_EXTENSIONS: bool = os.environ.get("RMQHA_NO_EXTENSIONS", "") not in ("", "0")
 
 #: Every hot-path feature; each has ``rmqha/_core/<name>.pyx`` and ``<name>_py.py``.
-FEATURES: tuple[str, ...] = ("records", "epoch_map", "frames", "ha_offsets")
+FEATURES: tuple[str, ...] = ("records", "epoch_map", "frames", "ha_offsets", "message_index")
 
 TWINS: tuple[str, ...] = ("cython", "python")
 
 _loaded: dict[str, str] = {}
+_warned = False
+
+log = logging.getLogger(__name__)
 
 
 def load_twin(feature: str, twin: str) -> ModuleType:
@@ -36,8 +43,8 @@ def load(feature: str) -> ModuleType:
     if not NO_EXTENSIONS:
         try:
             mod = load_twin(feature, "cython")
-        except ImportError:
-            pass
+        except ImportError as exc:
+            _warn_pure(feature, exc)
         else:
             _loaded[feature] = "cython"
             return mod
@@ -51,3 +58,15 @@ def implementation() -> str:
         if feature not in _loaded:
             load(feature)
     return "cython" if all(v == "cython" for v in _loaded.values()) else "python"
+
+
+def _warn_pure(feature: str, exc: ImportError) -> None:
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    log.warning(
+        "rmqha: the compiled hot paths do not import (%s: %s); running the pure-Python "
+        "twins, 10-20x slower. Build them with `make build` (or `python setup.py build_ext "
+        "--inplace` in a source checkout, or `pip install .`); set RMQHA_NO_EXTENSIONS=1 to "
+        "choose the pure twins on purpose and silence this.", feature, exc)

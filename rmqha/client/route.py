@@ -61,6 +61,10 @@ class TopicRoute:
     queue_datas: list[QueueData]
     broker_datas: dict[str, BrokerData]
     fetched_at: float = field(default_factory=time.monotonic)
+    #: publish_queues() of this route, computed once (a route is never changed in place:
+    #: a refresh replaces it).
+    _publish: list[MessageQueue] | None = field(default=None, init=False, repr=False,
+                                                compare=False)
 
     @classmethod
     def from_json(cls, topic: str, data: dict[str, Any]) -> TopicRoute:
@@ -78,14 +82,18 @@ class TopicRoute:
         return cls(topic, qds, bds)
 
     def publish_queues(self) -> list[MessageQueue]:
-        """Writable queues on broker groups whose master is known (RocketMQ's rule)."""
-        out = []
+        """Writable queues on broker groups whose master is known (RocketMQ's rule).
+        Computed once per route; callers must not change the list."""
+        if self._publish is not None:
+            return self._publish
+        out: list[MessageQueue] = []
         for qd in sorted(self.queue_datas, key=lambda q: q.broker_name):
             bd = self.broker_datas.get(qd.broker_name)
             if not qd.perm & PERM_WRITE or bd is None or bd.master is None:
                 continue
             out.extend(MessageQueue(self.topic, qd.broker_name, i)
                        for i in range(qd.write_queue_nums))
+        self._publish = out
         return out
 
     def subscribe_queues(self) -> list[MessageQueue]:
@@ -156,6 +164,13 @@ class ClientSession:
         except RemotingTimeoutError:
             await client.close()
             raise
+
+    def fresh_route(self, topic: str) -> TopicRoute | None:
+        """The cached route of a topic if it is younger than ``route_ttl_s`` (no I/O)."""
+        cached = self._routes.get(topic)
+        if cached is not None and time.monotonic() - cached.fetched_at < self.route_ttl_s:
+            return cached
+        return None
 
     async def route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
         """The route of a topic; ClientError if no name server knows it."""

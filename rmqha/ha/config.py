@@ -45,6 +45,12 @@ class HAConfig:
     all_ack_in_sync_state_set: bool = False
     in_sync_replicas: int = 1
     min_in_sync_replicas: int = 1
+    #: A slave fsyncs what it received before acknowledging it.  Off by default, as in
+    #: RocketMQ (AutoSwitchHAClient appends to its commitlog's page cache and reports its
+    #: max offset at once; its own flush service flushes later): an ack then means "in
+    #: the slave's memory", and surviving the loss of every machine at once is what
+    #: ``flush = sync`` on the master is for.
+    ha_slave_flush_before_ack: bool = False
     #: An empty slave starts at the start of the master's last segment, not its min offset.
     sync_from_last_file: bool = False
     #: The dialect a slave speaks: "framed" (default) or "rocketmq" (RocketMQ 5 AutoSwitch HA).

@@ -1,0 +1,191 @@
+"""rmqha side by side with NATS JetStream, Redis and RabbitMQ, each a real 3-node group here.
+
+``make bench-peers`` installs what is missing and runs this; by hand::
+
+    .venv/bin/python benches/bench_peers.py [--systems rmqha,nats,redis,rabbitmq]
+        [--scale 1.0] [--readme README.md] [--flush-sync]
+
+Every workload runs on every system before the next workload starts (round robin), so
+machine noise hits all of them alike.  1 KiB bodies; "copies" is how many servers hold a
+message when it is acked (3: the replicated destination, 1: a single-copy one).  The
+table goes to stdout and, with ``--readme``, between the ``peers-table`` markers of the
+README.  Every server this starts is stopped at the end, also on errors and Ctrl-C.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from peers.base import MESSAGE_BYTES, Measurement, PeerSystem, run_workload  # noqa: E402
+
+BEGIN, END = "<!-- peers-table:begin -->", "<!-- peers-table:end -->"
+
+
+def make_system(name: str, flush_sync: bool) -> PeerSystem:
+    if name == "rmqha":
+        from peers.rmqha_system import RmqhaSystem
+        return RmqhaSystem(flush_sync=flush_sync)
+    if name == "nats":
+        from peers.nats_system import NatsSystem
+        return NatsSystem()
+    if name == "redis":
+        from peers.redis_system import RedisSystem
+        return RedisSystem()
+    if name == "rabbitmq":
+        from peers.rabbitmq_system import RabbitSystem
+        return RabbitSystem()
+    raise SystemExit(f"unknown system {name!r}")
+
+
+def workloads(scale: float, flush_sync: bool) -> list[tuple[str, object, int, int]]:
+    """(name, copies, messages, parameter)."""
+    def n(x: int) -> int:
+        return max(32, int(x * scale))
+    out: list[tuple[str, object, int, int]] = []
+    for copies in (3, 1):
+        out += [("one at a time", copies, n(3000), 1),
+                ("batch of 32", copies, n(32 * 300), 32),
+                ("window of 256", copies, n(40_000), 256)]
+    if flush_sync:
+        out.append(("one at a time", "sync", n(3000), 1))
+    out.append(("read back", 3, n(20_000), 0))
+    return out
+
+
+def run_one(system: PeerSystem, name: str, copies: object, messages: int, param: int,
+            body: bytes) -> Measurement:
+    if name == "one at a time":
+        return run_workload(system, name, copies, messages,  # type: ignore[arg-type]
+                            lambda: system.one_at_a_time(copies, messages, body))  # type: ignore[arg-type]
+    if name == "batch of 32":
+        return run_workload(system, name, copies, messages,  # type: ignore[arg-type]
+                            lambda: system.batches(copies, messages // param, param, body))  # type: ignore[arg-type]
+    if name == "window of 256":
+        return run_workload(system, name, copies, messages,  # type: ignore[arg-type]
+                            lambda: system.window(copies, messages, param, body))  # type: ignore[arg-type]
+    if name == "read back":
+        got: dict[str, int] = {}
+
+        def read() -> None:
+            got["n"] = system.read_back(copies, messages)  # type: ignore[arg-type]
+        m = run_workload(system, name, copies, messages, read)  # type: ignore[arg-type]
+        m.messages = got["n"]
+        return m
+    raise ValueError(name)
+
+
+def fmt(x: float, digits: int = 0) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:,.{digits}f}"
+
+
+def table(results: dict[tuple[str, object], dict[str, Measurement]], failovers: dict[str, float | None],
+          systems: list[str]) -> str:
+    peers = [s for s in systems if s != "rmqha"]
+    head = "| workload | copies | rmqha msg/s (p50 ms, client µs/msg) | " + " | ".join(
+        f"{p} msg/s (p50 ms) | rmqha ÷ {p}" for p in peers) + " |"
+    lines = [head, "|" + "---|" * (2 + 1 + 2 * len(peers))]
+    for (workload, copies), by_sys in results.items():
+        r = by_sys.get("rmqha")
+        cells = [workload, "3, flush = sync" if copies == "sync" else str(copies)]
+        cells.append("n/a" if r is None else
+                     f"{fmt(r.msg_per_s)} ({fmt(r.p50_ms, 2)}, {fmt(r.cpu_us_per_msg)})")
+        for p in peers:
+            m = by_sys.get(p)
+            if m is None:
+                cells += [m.note if m else "n/a", "n/a"]
+                continue
+            if m.note:
+                cells += [m.note, "n/a"]
+                continue
+            cells.append(f"{fmt(m.msg_per_s)} ({fmt(m.p50_ms, 2)})")
+            cells.append(f"{r.msg_per_s / m.msg_per_s:.2f}x" if r and m.msg_per_s else "n/a")
+        lines.append("| " + " | ".join(cells) + " |")
+    f_cells = ["failover (s, SIGKILL of the leader to the next acked send)", "3"]
+    fr = failovers.get("rmqha")
+    f_cells.append(fmt(fr, 2) if fr is not None else "n/a")
+    for p in peers:
+        fp = failovers.get(p)
+        f_cells += [fmt(fp, 2) if fp is not None else "no automatic failover", "n/a"]
+    lines.append("| " + " | ".join(f_cells) + " |")
+    return "\n".join(lines)
+
+
+def semantics(instances: dict[str, PeerSystem]) -> str:
+    return "\n".join(f"- **{s.name}**: ack: {s.ack_semantics}; fsync: {s.fsync_semantics}"
+                     for s in instances.values())
+
+
+def write_readme(path: Path, text: str) -> None:
+    readme = path.read_text()
+    if BEGIN not in readme or END not in readme:
+        raise SystemExit(f"{path} has no {BEGIN} ... {END} markers")
+    before, rest = readme.split(BEGIN, 1)
+    _, after = rest.split(END, 1)
+    path.write_text(f"{before}{BEGIN}\n{text}\n{END}{after}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--systems", default="rmqha,nats,redis,rabbitmq")
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply message counts")
+    ap.add_argument("--readme", type=Path, help="write the table into this README")
+    ap.add_argument("--flush-sync", action="store_true",
+                    help="also measure rmqha with flush = sync (one at a time)")
+    ap.add_argument("--no-failover", action="store_true")
+    args = ap.parse_args(argv)
+    names = [s.strip() for s in args.systems.split(",") if s.strip()]
+    body = os.urandom(MESSAGE_BYTES // 2).hex().encode()
+    instances: dict[str, PeerSystem] = {}
+    results: dict[tuple[str, object], dict[str, Measurement]] = {}
+    failovers: dict[str, float | None] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
+        try:
+            for name in names:
+                system = make_system(name, args.flush_sync)
+                instances[name] = system
+                print(f"starting {name} ...", flush=True)
+                system.start(Path(tmp) / name)
+            for workload, copies, messages, param in workloads(args.scale, args.flush_sync):
+                for name, system in instances.items():
+                    if copies == "sync" and name != "rmqha":
+                        continue
+                    try:
+                        m = run_one(system, workload, copies, messages, param, body)
+                    except Exception as exc:  # noqa: BLE001 - one peer failing keeps the table
+                        traceback.print_exc()
+                        m = Measurement(name, workload, copies, 0, 0.0, 0.0,  # type: ignore[arg-type]
+                                        note=f"failed: {type(exc).__name__}")
+                    results.setdefault((workload, copies), {})[name] = m
+                    print(f"{workload:>14} copies={copies} {name:>9}: {fmt(m.msg_per_s):>9} msg/s "
+                          f"p50 {fmt(m.p50_ms, 3)} ms p99 {fmt(m.p99_ms, 3)} ms "
+                          f"client {fmt(m.cpu_us_per_msg, 1)} µs/msg {m.note}", flush=True)
+            if not args.no_failover:
+                for name, system in instances.items():
+                    try:
+                        failovers[name] = system.failover(body)
+                    except Exception:  # noqa: BLE001
+                        traceback.print_exc()
+                        failovers[name] = None
+                    print(f"failover {name}: {failovers[name]}", flush=True)
+        finally:
+            for system in instances.values():
+                try:
+                    system.stop()
+                except Exception:  # noqa: BLE001 - stop the others anyway
+                    traceback.print_exc()
+    text = table(results, failovers, names) + "\n\n" + semantics(instances)
+    print(text)
+    if args.readme:
+        write_readme(args.readme, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

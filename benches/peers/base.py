@@ -1,0 +1,127 @@
+"""What every system in the peer comparison offers, and the workloads run against each.
+
+A :class:`PeerSystem` starts a real group of three servers on loopback (free ports), keeps
+a one-copy and a three-copy destination, and answers each workload with its own client in
+the way that client is meant to be used.  :func:`run_workload` measures wall time and this
+process's CPU time around a workload, so "client CPU per message" is the client's own
+cost (the servers are other processes).
+"""
+from __future__ import annotations
+
+import socket
+import statistics
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MESSAGE_BYTES = 1024
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, timeout: float = 60.0, what: str = "server") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"{what} did not open port {port} within {timeout:g}s")
+
+
+def wait_until(condition, timeout: float, what: str, interval: float = 0.05):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            value = condition()
+        except Exception as exc:  # a server still starting answers errors
+            last = exc
+            value = None
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"{what} not reached within {timeout:g}s (last: {last!r})")
+
+
+@dataclass
+class Measurement:
+    system: str
+    workload: str
+    copies: int
+    messages: int
+    elapsed_s: float
+    client_cpu_s: float
+    latencies_s: list[float] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def msg_per_s(self) -> float:
+        return self.messages / self.elapsed_s if self.elapsed_s else 0.0
+
+    @property
+    def p50_ms(self) -> float:
+        return statistics.median(self.latencies_s) * 1000 if self.latencies_s else float("nan")
+
+    @property
+    def p99_ms(self) -> float:
+        if not self.latencies_s:
+            return float("nan")
+        s = sorted(self.latencies_s)
+        return s[min(len(s) - 1, int(0.99 * len(s)))] * 1000
+
+    @property
+    def cpu_us_per_msg(self) -> float:
+        return self.client_cpu_s / self.messages * 1e6 if self.messages else float("nan")
+
+
+class PeerSystem(ABC):
+    """A replicated log or queue server group and its Python client."""
+
+    name: str = "?"
+    #: One line each, shown beside the table.
+    ack_semantics: str = ""
+    fsync_semantics: str = ""
+
+    @abstractmethod
+    def start(self, workdir: Path) -> None: ...
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Stop every process this system started (idempotent)."""
+
+    @abstractmethod
+    def one_at_a_time(self, copies: int, n: int, body: bytes) -> list[float]:
+        """Send ``n`` messages, each acked before the next; per-message latencies."""
+
+    @abstractmethod
+    def batches(self, copies: int, n_batches: int, size: int, body: bytes) -> list[float]:
+        """Send ``n_batches`` batches (or pipelines) of ``size``, one in flight; latencies."""
+
+    @abstractmethod
+    def window(self, copies: int, n: int, window: int, body: bytes) -> None:
+        """Send ``n`` single messages with up to ``window`` unacknowledged at a time."""
+
+    @abstractmethod
+    def read_back(self, copies: int, n: int) -> int:
+        """Read at least ``n`` stored messages from the start; how many were read."""
+
+    def failover(self, body: bytes) -> float | None:
+        """Kill (SIGKILL) the leader under one-at-a-time sends; seconds from the kill to the
+        next acked send, or None when the system has no automatic failover."""
+        return None
+
+
+def run_workload(system: PeerSystem, workload: str, copies: int, messages: int,
+                 fn) -> Measurement:  # type: ignore[no-untyped-def]
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    out = fn()
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    latencies = out if isinstance(out, list) else []
+    return Measurement(system.name, workload, copies, messages, elapsed, cpu, latencies)

@@ -1,0 +1,141 @@
+"""rmqha in the peer comparison: one cluster with a three-broker group and a one-broker group.
+
+Controllers (1), a name server and the brokers are real processes (rmqha.local_cluster).
+Topic ``Bench3`` lives on ``broker-a`` (master + 2 slaves, ``all_ack_in_sync_state_set``:
+a send is answered once all three hold it), ``Bench1`` on ``broker-b`` (one broker).  With
+``flush_sync`` a third group ``broker-c`` (3 brokers, ``flush = "sync"``) serves
+``BenchSync``, for the sync-flush vs async-flush latency ratio.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from peers.base import PeerSystem, wait_until
+
+from rmqha.client import BlockingProducer, Consumer, Producer
+from rmqha.codes import RequestCode
+from rmqha.local_cluster import Cluster
+
+TOPICS = {1: "Bench1", 3: "Bench3", "sync": "BenchSync"}
+
+
+class RmqhaSystem(PeerSystem):
+    name = "rmqha"
+    ack_semantics = ("answered when every broker of the SyncStateSet holds the message "
+                     "(all_ack_in_sync_state_set; 1 copy: the master's page cache)")
+    fsync_semantics = ("flush = async (RocketMQ's default): page cache, flushed every 500 ms; "
+                       "flush = sync: the master's fsync overlaps the replication round trip")
+
+    def __init__(self, flush_sync: bool = False) -> None:
+        self.flush_sync = flush_sync
+        self.cluster: Cluster | None = None
+        self.loop = asyncio.new_event_loop()
+        self.producer: Producer | None = None
+        self.blocking: BlockingProducer | None = None
+
+    def start(self, workdir: Path) -> None:
+        c = self.cluster = Cluster(workdir / "rmqha", cluster_name="rmqha-bench")
+        c.start_controllers(1)
+        c.start_namesrv()
+        cfg: dict[str, Any] = {"all_ack_in_sync_state_set": True, "log_level": "WARNING"}
+        groups = [("broker-a", 3, cfg, TOPICS[3]), ("broker-b", 1, cfg, TOPICS[1])]
+        if self.flush_sync:
+            groups.append(("broker-c", 3, {**cfg, "flush": "sync"}, TOPICS["sync"]))
+        for group, n, conf, topic in groups:
+            brokers = c.start_group(group, n, in_sync=True, timeout=60, **conf)
+            resp = c.request(brokers[0].address, RequestCode.UPDATE_AND_CREATE_TOPIC,
+                             {"topic": topic, "readQueueNums": 8, "writeQueueNums": 8})
+            assert resp.code == 0, resp.remark
+            c.wait_for(lambda t=topic: c.route(t) is not None, what=f"route of {topic}")
+        self.producer = self.loop.run_until_complete(self._make_producer())
+        self.blocking = BlockingProducer(c.namesrv_addresses, "bench_blocking",
+                                         send_timeout_s=10.0)
+        for topic in TOPICS.values():
+            if topic != TOPICS["sync"] or self.flush_sync:
+                self.blocking.send(topic, b"warm-up")
+                self.loop.run_until_complete(self.producer.send(topic, b"warm-up"))
+
+    async def _make_producer(self) -> Producer:
+        assert self.cluster is not None
+        return Producer(self.cluster.namesrv_addresses, "bench_async", send_timeout_s=10.0)
+
+    def stop(self) -> None:
+        if self.blocking is not None:
+            self.blocking.close()
+            self.blocking = None
+        if self.producer is not None:
+            self.loop.run_until_complete(self.producer.close())
+            self.producer = None
+        if self.cluster is not None:
+            self.cluster.close()
+            self.cluster = None
+
+    def one_at_a_time(self, copies: int | str, n: int, body: bytes) -> list[float]:
+        assert self.blocking is not None
+        topic, send, lat = TOPICS[copies], self.blocking.send, []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            r = send(topic, body)
+            lat.append(time.perf_counter() - t0)
+            assert r.ok, r.status
+        return lat
+
+    def batches(self, copies: int, n_batches: int, size: int, body: bytes) -> list[float]:
+        assert self.blocking is not None
+        topic, lat = TOPICS[copies], []
+        msgs = [body] * size
+        for _ in range(n_batches):
+            t0 = time.perf_counter()
+            results = self.blocking.send_batch(topic, msgs)
+            lat.append(time.perf_counter() - t0)
+            assert results[-1].ok, results[-1].status
+        return lat
+
+    def window(self, copies: int, n: int, window: int, body: bytes) -> None:
+        self.loop.run_until_complete(self._window(TOPICS[copies], n, window, body))
+
+    async def _window(self, topic: str, n: int, window: int, body: bytes) -> None:
+        assert self.producer is not None
+        send = self.producer.send
+        todo = iter(range(n))
+
+        async def worker() -> None:
+            for _ in todo:
+                r = await send(topic, body)
+                assert r.ok, r.status
+
+        await asyncio.gather(*(worker() for _ in range(window)))
+
+    def read_back(self, copies: int, n: int) -> int:
+        return self.loop.run_until_complete(self._read_back(TOPICS[copies], n))
+
+    async def _read_back(self, topic: str, n: int) -> int:
+        assert self.cluster is not None
+        got = 0
+        async with Consumer(self.cluster.namesrv_addresses, f"readback_{time.monotonic_ns()}",
+                            topic, pull_batch=256) as consumer:
+            deadline = time.monotonic() + 120
+            while got < n and time.monotonic() < deadline:
+                got += len(await consumer.poll(timeout=2.0, max_messages=4096))
+        return got
+
+    def failover(self, body: bytes) -> float | None:
+        assert self.cluster is not None and self.blocking is not None
+        c = self.cluster
+        master = wait_until(lambda: c.master_of("broker-a"), 30, "the master of broker-a")
+        self.blocking.send(TOPICS[3], body)
+        master.kill()
+        killed = time.perf_counter()
+        # all_ack needs the whole (shrunk) SyncStateSet: the first send acked after the kill.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                r = self.blocking.send(TOPICS[3], body)
+            except Exception:  # noqa: BLE001 - the producer retried until its own deadline
+                continue
+            if r.ok:
+                return time.perf_counter() - killed
+        raise TimeoutError("no send acked within 60 s of the master kill")

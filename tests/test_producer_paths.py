@@ -1,0 +1,134 @@
+"""The producer's per-message path against a real broker: batches travel uncompressed by
+default (RocketMQ's clients never compress a batch), ``compress_batches`` still works, and
+BlockingProducer sends from several threads at once and from inside a running loop, and
+answers transaction check-backs while its caller does nothing."""
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from cluster import Cluster
+from rmqha.client import BlockingConsumer, BlockingProducer, LocalTransactionState, Producer
+from rmqha.codes import RequestCode
+from rmqha.errors import ClientError
+from rmqha.messaging.message import SysFlag
+
+
+@pytest.fixture(scope="module")
+def one_broker(tmp_path_factory: pytest.TempPathFactory):
+    with Cluster(tmp_path_factory.mktemp("producer-paths")) as c:
+        c.start_controllers(1)
+        c.start_namesrv()
+        # Quick transaction check-backs for the BlockingProducer transaction test.
+        c.start_group("broker-a", 1, transaction_timeout_ms=300, transaction_check_interval_ms=300)
+        c.wait_for(lambda: c.route("TBW102") is not None, what="TBW102 route")
+        yield c
+
+
+def _sent_sys_flags(producer: Producer) -> list[int]:
+    """Wrap the session so every SEND_BATCH_MESSAGE's sysFlag is recorded on its way out
+    (the request still goes to the real broker)."""
+    flags: list[int] = []
+    real = producer.session.request
+
+    async def spy(addr: str, cmd: Any, timeout: float | None = None) -> Any:
+        if cmd.code == RequestCode.SEND_BATCH_MESSAGE:
+            flags.append(int(cmd.ext_fields["f"]))
+        return await real(addr, cmd, timeout)
+
+    producer.session.request = spy  # type: ignore[method-assign]
+    return flags
+
+
+def test_batches_are_not_compressed_unless_asked(one_broker: Cluster) -> None:
+    bodies = [bytes([65 + i % 26]) * 1024 for i in range(32)]  # 32 KiB, very compressible
+
+    async def main() -> tuple[list[int], list[int]]:
+        async with Producer(one_broker.namesrv_addresses) as plain, \
+                Producer(one_broker.namesrv_addresses, compress_batches=True) as packed:
+            plain_flags, packed_flags = _sent_sys_flags(plain), _sent_sys_flags(packed)
+            a = await plain.send_batch("Batches", bodies)
+            b = await packed.send_batch("Batches", bodies)
+            assert all(r.ok for r in a + b)
+            return plain_flags, packed_flags
+
+    plain_flags, packed_flags = asyncio.run(main())
+    assert plain_flags and not any(f & SysFlag.COMPRESSED for f in plain_flags)
+    assert packed_flags and all(f & SysFlag.COMPRESSED for f in packed_flags)
+    # Both batches read back whole (the compressed one was inflated by the broker).
+    with BlockingConsumer(one_broker.namesrv_addresses, "batch-readers", "Batches") as c:
+        got: list[bytes] = []
+        deadline = 60
+        while len(got) < 64 and deadline > 0:
+            got += [m.body for m in c.poll(timeout=1.0)]
+            deadline -= 1
+    assert sorted(got) == sorted(bodies * 2)
+
+
+def test_blocking_producer_from_many_threads_and_inside_a_loop(one_broker: Cluster) -> None:
+    ids: list[str] = []
+    errors: list[BaseException] = []
+    with BlockingProducer(one_broker.namesrv_addresses) as p:
+        def sender(n: int) -> None:
+            try:
+                for i in range(n):
+                    r = p.send("Threads", b"t%d" % i)
+                    assert r.ok, r.status
+                    ids.append(r.msg_id)
+            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=sender, args=(25,)) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        assert len(set(ids)) == 100
+        # Those four threads ended: the next new thread frees their loops and connections.
+        t = threading.Thread(target=sender, args=(1,))
+        t.start()
+        t.join(60)
+        assert not errors, errors
+        assert len(p._loop._all) <= 2  # the new thread's (and the main thread's, if any)
+
+        async def inside_a_loop() -> str:
+            # A thread that runs a loop cannot block in it: the send goes through a
+            # shared loop thread instead of failing.
+            return p.send("Threads", b"from a coroutine").msg_id
+
+        ids.append(asyncio.run(inside_a_loop()))
+        ids += [r.msg_id for r in p.send_batch("Threads", [b"x", b"y"])]
+    assert len(set(ids)) == 104
+    with pytest.raises(ClientError, match="closed"):
+        p.send("Threads", b"after close")
+
+
+def test_blocking_producer_answers_check_backs_between_calls(one_broker: Cluster) -> None:
+    """A transaction left UNKNOW is settled by the broker's check-back, which must be
+    answered while the application sends nothing (the per-thread loops do not run then:
+    transactions go through the producer's own loop thread)."""
+    checked: list[bytes] = []
+
+    def check(msg: Any) -> LocalTransactionState:
+        checked.append(msg.body)
+        return LocalTransactionState.COMMIT_MESSAGE
+
+    with BlockingProducer(one_broker.namesrv_addresses, "PG_BLOCKING_TXN") as p:
+        assert p.send("TxnBlocking", b"plain").ok  # a per-thread send first
+        p.set_transaction_check_listener(check)
+        r = p.send_transaction("TxnBlocking", b"decided later",
+                               lambda m, a: LocalTransactionState.UNKNOW)
+        assert r.state is LocalTransactionState.UNKNOW
+        one_broker.wait_for(lambda: checked, 30, what="the check-back")
+        assert p.send("TxnBlocking", b"after").ok
+    with BlockingConsumer(one_broker.namesrv_addresses, "txn-readers", "TxnBlocking") as c:
+        got: list[bytes] = []
+        deadline = 60
+        while len(got) < 3 and deadline > 0:
+            got += [m.body for m in c.poll(timeout=1.0)]
+            deadline -= 1
+    assert sorted(got) == [b"after", b"decided later", b"plain"]
