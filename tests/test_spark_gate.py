@@ -132,3 +132,15 @@ def test_threshold_overrides_per_benchmark(verdicts) -> None:  # noqa: ANN001
     for bad in ("nopct", "x=", "=5", "x=-1"):
         with pytest.raises(ValueError, match="threshold override"):
             gate.GatePolicy.parse_override(bad)
+
+
+def test_for_rates_fewer_per_second_is_the_worse_direction(spark, tmp_path) -> None:  # noqa: ANN001, F811
+    """With --metric ops (higher is better) the same slow-down is a drop in rate and still
+    fails; the speed-up is a rise and does not."""
+    runs = spark.createDataFrame(synthetic.history_frame(SCENARIOS["steps"]), RUN_TABLE)
+    t = trends.compute(runs, str(tmp_path), trends.TrendConfig(metric="ops"))
+    # A 12% longer time is a 10.7% lower rate: borderline at 10%, so gate at 8%.
+    rows = gate.failing(t.summary.toPandas(), t.changes.toPandas(), gate.GatePolicy(threshold_pct=8.0))
+    assert rows["benchmark"].tolist() == [_name("steps", 0), _name("steps", 1)]
+    assert rows.iloc[0]["open_worse_pct"] == pytest.approx(100 * (1 - 1 / 1.2), abs=3.0)
+    assert "throughput down" in gate.describe_row(next(rows.itertuples(index=False)))
