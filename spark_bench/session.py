@@ -77,6 +77,11 @@ def build_session(opts: SessionOptions | None = None) -> SparkSession:
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.log.structuredLogging.enabled", "false")
         .config("spark.sql.adaptive.enabled", "true")
+        # collect() and toPandas() hand results over on a one-shot loopback socket the JVM
+        # closes if Python has not connected within this time (15 s by default): on a
+        # starved machine the Python side can be late, and the action then fails with
+        # CANNOT_OPEN_SOCKET (seen in CI-like runs under load).
+        .config("spark.python.authenticate.socketTimeout", "120s")
     )
     in_process = opts.master == "local" or opts.master.startswith("local[")
     if opts.master.startswith("local"):  # local[...] and local-cluster[...]: loopback only
