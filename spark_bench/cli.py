@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from spark_bench.changepoint import DetectorConfig
 from spark_bench.gate import DEFAULT_THRESHOLD_PCT, EXIT_NO_DATA, EXIT_PASSED, EXIT_REGRESSED, GatePolicy
+from spark_bench.progress import stage
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -201,7 +202,8 @@ def cmd_trends(args: argparse.Namespace, spark: SparkSession | None = None) -> i
     try:
         ingest_log = None
         if args.history:
-            result = ingest(session, args.history, table)
+            with stage("ingest: parsing new benchmark files"):
+                result = ingest(session, args.history, table)
             _print_ingest(result)
             ingest_log = result.as_dict()
             storage.write_text(session, storage.join(out, INGEST_LOG), json.dumps(ingest_log, indent=2))
@@ -218,13 +220,14 @@ def cmd_trends(args: argparse.Namespace, spark: SparkSession | None = None) -> i
         saved = json.loads(saved_text) if saved_text else {}
         reused = (all(saved.get(k) == v for k, v in state.items())
                   and storage.exists(session, storage.join(out, "summary.parquet")))
-        if reused:
-            tables = trends.load(session, out)
-        else:
-            tables = trends.compute(read_table(session, table), out, cfg)
+        with stage("trends: series, baselines and change points"):
+            if reused:
+                tables = trends.load(session, out)
+            else:
+                tables = trends.compute(read_table(session, table), out, cfg)
+            summary = tables.summary.toPandas()
+            changes = tables.changes.toPandas()
         report_key = f"{policy!r} max_plots={args.max_plots}"
-        summary = tables.summary.toPandas()
-        changes = tables.changes.toPandas()
         print(f"trends: {len(summary)} series, {len(changes)} change points "
               f"({time.perf_counter() - started:.1f} s{', unchanged since the last run' if reused else ''}); "
               f"tables in {out}")
@@ -242,10 +245,12 @@ def cmd_trends(args: argparse.Namespace, spark: SparkSession | None = None) -> i
         if ingest_log is None:
             text = storage.read_text(session, storage.join(out, INGEST_LOG))
             ingest_log = json.loads(text) if text else None
-        code = _report(args, policy, summary, changes, ingest_log,
-                       lambda ids: tables.series.filter(tables.series["series_id"].isin(ids))
-                       .select(*_point_columns()).toPandas(),
-                       lambda name, text: storage.write_text(session, storage.join(out, name), text))
+        with stage("report: plotting the series with change points"):
+            code = _report(args, policy, summary, changes, ingest_log,
+                           lambda ids: tables.series.filter(tables.series["series_id"].isin(ids))
+                           .select(*_point_columns()).toPandas(),
+                           lambda name, text: storage.write_text(session, storage.join(out, name),
+                                                                 text))
         storage.write_text(session, state_path, json.dumps({**state, "report": report_key}))
         return code
     finally:
