@@ -20,6 +20,8 @@ _LAZY = {
     "Message": "rmqha.client.model",
     "SendResult": "rmqha.client.model",
     "SendStatus": "rmqha.client.model",
+    "MessageQuery": "rmqha.client.message_query",
+    "BlockingMessageQuery": "rmqha.client.message_query",
     "LocalTransactionState": "rmqha.client.transaction",
 }
 

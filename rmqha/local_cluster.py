@@ -60,6 +60,8 @@ T = TypeVar("T")
 QUICK_BROKER: dict[str, Any] = {
     "broker_heartbeat_interval_ms": 200,
     "controller_heartbeat_timeout_ms": 3000,
+    # Near the safe minimum (1556 ms for 3 s): a 1.4 s master lease, 7 heartbeat rounds.
+    "master_lease_margin_ms": 1600,
     "sync_broker_metadata_period_ms": 300,
     "check_sync_state_set_period_ms": 300,
     "register_name_server_period_ms": 500,

@@ -76,6 +76,13 @@ _FAIL_TEXT = {
 }
 
 
+#: A leader without a majority's answers for this long steps down (pysyncobj
+#: ``leaderFallbackTimeout``); the master lease's margin covers it (rmqha.broker.master_lease).
+LEADER_FALLBACK_TIMEOUT_S = 1.5
+#: pysyncobj's tick (``autoTickPeriod``): the fallback is checked once a tick.
+RAFT_TICK_S = 0.05
+
+
 class RaftRole(enum.IntEnum):
     """Raft role; values match RocketMQ's controller ``role`` metric (UNKNOWN=0 ...)."""
 
@@ -114,10 +121,10 @@ class RaftSettings:
     append_entries_period: float = 0.05
     raft_min_timeout: float = 0.4
     raft_max_timeout: float = 0.8
-    auto_tick_period: float = 0.05
+    auto_tick_period: float = RAFT_TICK_S
     connection_retry_time: float = 0.3
     connection_timeout: float = 1.5
-    leader_fallback_timeout: float = 1.5
+    leader_fallback_timeout: float = LEADER_FALLBACK_TIMEOUT_S
     log_compaction_min_entries: int = 20000
     log_compaction_min_time: float = 600.0
     #: fsync the log before any message and the term/vote before any vote (rmqha.raft_journal).
@@ -157,6 +164,9 @@ class RaftSettings:
             onStateChanged=on_state_changed,
             logCompactionMinEntries=self.log_compaction_min_entries,
             logCompactionMinTime=self.log_compaction_min_time,
+            # In every mode (pysyncobj's own default is 30 s): how long a leader cut off
+            # from its quorum keeps answering as leader bounds the master lease's margin.
+            leaderFallbackTimeout=self.leader_fallback_timeout,
         )
         if self.fast:
             alone = not [p for p in self.peers if p != self.self_address]
@@ -170,7 +180,6 @@ class RaftSettings:
                 autoTickPeriod=min(self.auto_tick_period, 0.002) if alone else self.auto_tick_period,
                 connectionRetryTime=self.connection_retry_time,
                 connectionTimeout=self.connection_timeout,
-                leaderFallbackTimeout=self.leader_fallback_timeout,
             )
         kwargs.update(self.extra)
         return SyncObjConf(**kwargs)

@@ -48,6 +48,7 @@ from rmqha.errors import (
     RemotingTimeoutError,
     RmqhaError,
 )
+from rmqha.mq_version import ADVERTISED
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +70,10 @@ LANGUAGE_CODES: dict[str, int] = {
     "OTHER": 7, "HTTP": 8, "GO": 9, "PHP": 10, "OMS": 11, "RUST": 12, "NODE_JS": 13,
 }
 _LANGUAGE_NAMES = {code: name for name, code in LANGUAGE_CODES.items()}
-#: RocketMQ ``MQVersion.Version`` ordinal sent in ``version`` (V5_1_4 = 475); Java servers
-#: only use it to pick compatibility paths, none of which matter for the codes we send.
-VERSION = 475
+#: RocketMQ ``MQVersion.Version`` ordinal sent in ``version`` (V5_1_4, see
+#: :mod:`rmqha.mq_version`); Java servers only use it to pick compatibility paths, none of
+#: which matter for the codes we send.
+VERSION = int(ADVERTISED)
 
 _LEN = struct.Struct(">ii")
 #: The fixed part of a binary header: code, language, version, opaque, flag.
@@ -552,6 +554,10 @@ class Connection:
         finally:
             self._pending.pop(opaque, None)
             self._deadlines.pop(opaque, None)
+            if fut.done() and not fut.cancelled():
+                # A failed send closes the connection, which fails this future too; the
+                # send's own error is what was raised, so mark this one as seen.
+                fut.exception()
 
     def _arm_timer(self, at: float) -> None:
         if self._timer is not None:

@@ -3,7 +3,8 @@
 The broker side of RocketMQ's ReplicasManager: a slave becomes master with epoch + 1 when
 the master is killed and its epoch map records it; the name server lists the new master as
 id 0; a notice older than the held epoch changes nothing; a broker whose role is not
-confirmed (fenced) or that is a slave refuses writes with SERVICE_NOT_AVAILABLE.
+confirmed (fenced) or that is a slave refuses writes with SERVICE_NOT_AVAILABLE, and so
+does a master whose lease from the controller ran out, until it is renewed.
 """
 from __future__ import annotations
 
@@ -252,3 +253,41 @@ def test_controller_leader_change_keeps_roles_and_still_fails_over(cluster):
     cluster.wait_for(lambda: cluster.master_of("broker-a") is b, what="b elected by the new leader")
     assert cluster.replica_info("broker-a").master_epoch == epoch + 1
     cluster.wait_for(lambda: role(cluster, b) == "master", what="b to take the role")
+
+
+def test_master_cut_off_from_the_controller_fences_itself_and_unfences_at_the_same_epoch(cluster):
+    """Issue 13.1: the master's heartbeats dropped (a blackholing proxy in front of the
+    controller) for longer than its lease but shorter than the heartbeat timeout: it refuses
+    writes (MASTER_LEASE_EXPIRED, a code clients retry elsewhere on) and says so in
+    ha-status; once its heartbeats pass again it is renewed and writes at the same epoch."""
+    from tcp_proxy import TcpProxy
+
+    cluster.start_controllers(1)
+    host, _, port = cluster.controller_addresses[0].rpartition(":")
+    proxy = TcpProxy(host, int(port))
+    proxy.start()
+    try:
+        # A 1 s lease against a 6 s heartbeat timeout: 5 s in which no election can happen.
+        (a,) = cluster.start_group("broker-a", 1, controller_addr=[f"127.0.0.1:{proxy.port}"],
+                                   controller_heartbeat_timeout_ms=6000, master_lease_ms=1000)
+        cluster.wait_for(lambda: cluster.broker_status(a)["acceptingWrites"], what="the master's first lease")
+        epoch = cluster.broker_status(a)["masterEpoch"]
+        assert send(cluster, a).code == ResponseCode.SUCCESS
+
+        proxy.cut("blackhole")
+        cluster.wait_for(lambda: cluster.broker_status(a)["leaseFenced"], what="the lease to run out")
+        resp = send(cluster, a)
+        assert resp.code == ResponseCode.SERVICE_NOT_AVAILABLE
+        assert resp.ext_fields.get("putStatus") == "MASTER_LEASE_EXPIRED", resp.remark
+        st = cluster.broker_status(a)
+        assert st["role"] == "master" and not st["acceptingWrites"]
+        assert st["masterLease"]["expiries"] >= 1 and st["masterLease"]["remainingMs"] == 0
+
+        proxy.restore()
+        cluster.wait_for(lambda: cluster.broker_status(a)["acceptingWrites"], what="the lease renewed")
+        st = cluster.broker_status(a)
+        assert (st["role"], st["masterEpoch"]) == ("master", epoch)  # no election happened
+        assert send(cluster, a).code == ResponseCode.SUCCESS
+        assert cluster.replica_info("broker-a").master_epoch == epoch
+    finally:
+        proxy.stop()

@@ -39,6 +39,7 @@ class FakeBroker:
         self.server = RemotingServer("127.0.0.1", 0, {RequestCode.NOTIFY_BROKER_ROLE_CHANGED: self._notify})
         self.client: ControllerClient | None = None
         self._beat: asyncio.Task | None = None
+        self._serving = False
 
     async def _notify(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
         self.notices.append(cmd)
@@ -50,6 +51,7 @@ class FakeBroker:
 
     async def start(self) -> FakeBroker:
         await self.server.start()
+        self._serving = True
         self.client = ControllerClient(self.addresses, request_timeout=2)
         return self
 
@@ -76,6 +78,9 @@ class FakeBroker:
                                     priority=self.priority)
 
     async def start_heartbeats(self) -> None:
+        if not self._serving:  # back from the dead, on the same port
+            await self.server.start()
+            self._serving = True
         await self.beat_once()
 
         async def loop() -> None:
@@ -85,18 +90,22 @@ class FakeBroker:
         self._beat = asyncio.ensure_future(loop())
 
     async def die(self) -> None:
-        """Stop heartbeating and close every connection to the controllers."""
+        """Stop heartbeating, close every connection to the controllers and the port (as a
+        killed process: the controller checks the address of a broker whose connection
+        closed, and only a refused connection shows it gone)."""
         if self._beat is not None:
             self._beat.cancel()
             self._beat = None
         if self.client is not None:
             await self.client.close()
+        if self._serving:
+            await self.server.stop()
+            self._serving = False
         self.client = ControllerClient(self.addresses, request_timeout=2)
 
     async def stop(self) -> None:
         await self.die()
         await self.client.close()
-        await self.server.stop()
 
 
 async def wait_until(pred, timeout: float, what: str):

@@ -309,3 +309,44 @@ def test_official_orderly_consumer_locks_queues(env: Any, tmp_path: Path) -> Non
     while locks.holders() and time.monotonic() < deadline:  # released when the client left
         time.sleep(0.05)
     assert not locks.holders()
+
+
+def test_official_consumer_of_a_new_group_starts_at_the_end_of_a_trimmed_queue(
+        env: Any, tmp_path: Path) -> None:
+    """CONSUME_FROM_LAST_OFFSET (the C++ push consumer's default) for a new group: the
+    broker answers QUERY_NOT_FOUND once the queue lost its first messages to retention, so
+    the client starts at the max offset and gets only what is sent after it started."""
+    import time as _time
+
+    from rmqha.client import Message, Producer
+
+    e, loop = env
+    b = loop.run(e.broker("broker-a", file_reserved_hours=0.0), timeout=10)
+    loop.run(_create(e, "TrimTopic", 1), timeout=10)
+
+    async def produce(start: int, n: int) -> None:
+        async with Producer(e.namesrv) as p:
+            for i in range(start, start + n):
+                await p.send("TrimTopic", Message(b"%04d" % i + b"x" * 1000), queue_id=0)
+
+    loop.run(produce(0, 200), timeout=60)
+    loop.run(b.svc.run_retention(now=_time.time() + 60), timeout=30)
+    assert b.svc.index.queue("TrimTopic", 0).min_offset > 0
+    got_path = tmp_path / "late.jsonl"
+    consumer = start_driver("consume", e.namesrv, "CG_LATE", "TrimTopic", 5, got_path, 40,
+                            log=tmp_path / "late.log")
+    try:
+        # Ready once its long-polling pull is held on the broker.
+        deadline = _time.monotonic() + 30
+        while not b.metrics.registry.get_sample_value("rmqha_messaging_held_pulls"):
+            assert _time.monotonic() < deadline, (tmp_path / "late.log").read_text()[-2000:]
+            assert consumer.poll() is None, (tmp_path / "late.log").read_text()[-2000:]
+            _time.sleep(0.05)
+        loop.run(produce(200, 5), timeout=30)
+        assert consumer.wait(60) == 0, (tmp_path / "late.log").read_text()[-2000:]
+    finally:
+        if consumer.poll() is None:
+            consumer.kill()
+            consumer.wait(10)
+    offsets = sorted({g["offset"] for g in read_lines(got_path)})
+    assert offsets == [200, 201, 202, 203, 204]

@@ -15,7 +15,9 @@
   after every role change (as id 0 when master, with the master epoch as state version).
 
 Until the controller has told it its role the broker is fenced: every write code is
-refused with SERVICE_NOT_AVAILABLE, and it does not register with name servers.
+refused with SERVICE_NOT_AVAILABLE, and it does not register with name servers.  A master
+also needs its lease from the controller (:mod:`rmqha.broker.master_lease`) to take and
+acknowledge writes.
 """
 from __future__ import annotations
 
@@ -71,6 +73,14 @@ class Replication:
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
         self.checkpoint: ConfirmCheckpoint | None = None
+        #: master epoch -> [first, last] ``time.monotonic()`` of an acknowledgement this
+        #: broker gave as master (the newest few epochs): when it acknowledged writes.
+        self.ack_windows: dict[int, list[float]] = {}
+
+    def holds_master_lease(self) -> bool:
+        """Master with a live lease from the controller (rmqha.broker.master_lease)."""
+        replicas = self._broker.replicas
+        return replicas is not None and replicas.accepts_writes
 
     def sync_state_set_size(self) -> int:
         master = self._broker.ha_master
@@ -85,7 +95,26 @@ class Replication:
             return False
         # all_ack_in_sync_state_set / in_sync_replicas / min_in_sync_replicas are applied
         # by the HA master.
-        return bool(await master.wait_for_replicas(end_offset, timeout_s))
+        if not await master.wait_for_replicas(end_offset, timeout_s):
+            return False
+        # The copies are there, but an acknowledgement is a master's promise: a master whose
+        # lease ran out while the send waited may already have a successor.
+        if not self.holds_master_lease():
+            return False
+        self._note_ack()
+        return True
+
+    def _note_ack(self) -> None:
+        replicas = self._broker.replicas
+        epoch = replicas.master_epoch if replicas is not None else 0
+        now = time.monotonic()
+        window = self.ack_windows.get(epoch)
+        if window is None:
+            self.ack_windows[epoch] = [now, now]
+            for old in sorted(self.ack_windows)[:-4]:
+                del self.ack_windows[old]
+        else:
+            window[1] = now
 
     def copies_of(self, offset: int) -> int:
         """SyncStateSet members holding ``offset`` (0 unless this broker is master)."""
@@ -291,11 +320,15 @@ class Broker:
             await self._unregister_namesrv()
         for client in self._ns_clients.values():
             await client.close()
+        # Fenced, then the client port closed, then the controller links: a controller that
+        # sees the links close finds the port refusing and elects a successor at once.
+        if self.replicas is not None:
+            self.replicas.fence_for_shutdown()
+        if self.server is not None:
+            await self.server.stop()
         if self.replicas is not None:
             await self.replicas.stop()
         await self._stop_ha()
-        if self.server is not None:
-            await self.server.stop()
         if self.message_service is not None:
             self.message_service.close()
         if self.replication.checkpoint is not None:
@@ -652,6 +685,11 @@ class Broker:
             "maxOffset": int(self.commitlog.max_offset) if self.commitlog is not None else 0,
             "confirmOffset": self.replication.confirm_offset() if self.commitlog is not None else 0,
             "corruptRecords": [b.offset for b in self.commitlog.corrupt] if self.commitlog is not None else [],
+            "acceptingWrites": self.replicas.accepts_writes if self.replicas is not None else False,
+            "leaseFenced": self.replicas.lease_fenced if self.replicas is not None else False,
+            "masterLease": self.replicas.lease_status() if self.replicas is not None else {},
+            # CLOCK_MONOTONIC seconds: comparable between processes on one host only.
+            "ackWindows": {str(e): w for e, w in self.replication.ack_windows.items()},
             # Blocks on disk vs logical size: segments are sparse, so the two differ.
             "storeDisk": directory_usage(self.store_dir).as_dict(),
         }

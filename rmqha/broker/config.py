@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rmqha.broker.master_lease import lease_ms_for, min_margin_ms
 from rmqha.config import load_config
 from rmqha.errors import ConfigError
 
@@ -56,6 +57,16 @@ class BrokerConfig:
     broker_heartbeat_interval_ms: int = field(default=1000, metadata=_alias("brokerHeartbeatInterval"))
     controller_heartbeat_timeout_ms: int = field(default=10000, metadata=_alias("controllerHeartBeatTimeoutMills"))
     send_heartbeat_timeout_ms: int = field(default=1000, metadata=_alias("sendHeartbeatTimeoutMillis"))
+    #: The master accepts and acknowledges writes only while it holds a lease from the
+    #: controller leader (rmqha.broker.master_lease); off = RocketMQ's behaviour (a master
+    #: cut off from the controllers keeps writing after another was elected).
+    master_lease_enable: bool = field(default=True, metadata=_alias("masterLeaseEnable"))
+    #: Lease length counted from the send time of the renewing heartbeat; 0 = the longest
+    #: safe one, controller_heartbeat_timeout_ms - master_lease_margin_ms.
+    master_lease_ms: int = field(default=0, metadata=_alias("masterLeaseMillis"))
+    #: How much shorter than the heartbeat timeout the lease is: covers a controller leader
+    #: cut off from its quorum (1.5 s Raft fallback + a tick) and clock-rate differences.
+    master_lease_margin_ms: int = field(default=2000, metadata=_alias("masterLeaseMarginMillis"))
     sync_broker_metadata_period_ms: int = field(default=5000, metadata=_alias("syncBrokerMetadataPeriod"))
     check_sync_state_set_period_ms: int = field(default=5000, metadata=_alias("checkSyncStateSetPeriod"))
     #: Accepted for RocketMQ confs; unused: the controller client follows NOT_LEADER
@@ -183,6 +194,7 @@ class BrokerConfig:
                     "controller_heartbeat_timeout_ms", "rpc_timeout_ms", "slave_timeout_ms"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be positive, got {getattr(self, key)}")
+        self._check_master_lease()
         if self.in_sync_replicas < 1 or self.min_in_sync_replicas < 1:
             raise ConfigError("in_sync_replicas and min_in_sync_replicas must be at least 1")
         if self.segment_bytes < 4096:
@@ -194,7 +206,37 @@ class BrokerConfig:
 
         HAConfig.from_object(self)
 
+    def _check_master_lease(self) -> None:
+        if not self.master_lease_enable:
+            return
+        timeout = self.controller_heartbeat_timeout_ms
+        floor = min_margin_ms(timeout)
+        if self.master_lease_margin_ms < floor:
+            raise ConfigError(
+                f"master_lease_margin_ms {self.master_lease_margin_ms} is below the safe minimum "
+                f"{floor} for controller_heartbeat_timeout_ms {timeout} (Raft leader fallback + "
+                f"a tick + 0.2% of the timeout for clock rates)")
+        if self.master_lease_ms < 0:
+            raise ConfigError(f"master_lease_ms must be 0 (derived) or positive, got {self.master_lease_ms}")
+        limit = timeout - self.master_lease_margin_ms
+        if self.master_lease_ms > limit:
+            raise ConfigError(
+                f"master_lease_ms {self.master_lease_ms} must be at most controller_heartbeat_timeout_ms "
+                f"{timeout} - master_lease_margin_ms {self.master_lease_margin_ms} = {limit}: a longer "
+                f"lease outlives the controller's view of this master")
+        if self.master_lease_ms_in_force <= self.broker_heartbeat_interval_ms:
+            raise ConfigError(
+                f"the master lease ({self.master_lease_ms_in_force} ms) must be longer than "
+                f"broker_heartbeat_interval_ms {self.broker_heartbeat_interval_ms}, or every "
+                f"heartbeat round would find it expired; raise controller_heartbeat_timeout_ms")
+
     # --- derived --------------------------------------------------------------------------
+
+    @property
+    def master_lease_ms_in_force(self) -> int:
+        """The lease length used: ``master_lease_ms`` or, when 0, timeout minus margin."""
+        return lease_ms_for(self.controller_heartbeat_timeout_ms, self.master_lease_margin_ms,
+                            self.master_lease_ms)
 
     @property
     def advertised_host(self) -> str:

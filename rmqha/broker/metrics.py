@@ -153,6 +153,15 @@ def register_broker_metrics(broker: ObservedBroker, registry: MetricsRegistry) -
          lambda: float(broker.replication.confirm_offset()) if broker.commitlog is not None else 0.0),
         ("rmqha_broker_sync_state_set_size", "SyncStateSet size as the master counts it",
          lambda: float(broker.replication.sync_state_set_size())),
+        ("rmqha_broker_accepting_writes", "1 if master with a live lease from the controller",
+         lambda: 1.0 if broker.replicas is not None and broker.replicas.accepts_writes else 0.0),
+        ("rmqha_broker_master_lease_fenced", "1 if master by role but its lease expired (refusing writes)",
+         lambda: 1.0 if broker.replicas is not None and broker.replicas.lease_fenced else 0.0),
+        ("rmqha_broker_master_lease_remaining_seconds", "master lease time left at the epoch held",
+         lambda: (broker.replicas.lease.remaining_s(broker.replicas.master_epoch)
+                  if broker.replicas is not None else 0.0)),
+        ("rmqha_broker_master_lease_expiries", "times the master found its lease expired",
+         lambda: float(broker.replicas.lease_expiries) if broker.replicas is not None else 0.0),
         # Segments are sparse: blocks held on disk and the files' logical sizes differ.
         ("rmqha_broker_store_allocated_bytes", "disk blocks held by the store directory (st_blocks*512)",
          lambda: float(directory_usage(broker.store_dir).allocated_bytes)),

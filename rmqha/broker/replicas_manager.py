@@ -13,6 +13,10 @@ asyncio loop; role changes are serialised by one lock.
 - Heartbeats go to *every* controller every ``broker_heartbeat_interval_ms`` (RocketMQ
   #5712: liveness is per controller node, so a new leader must already know us), carrying
   the last epoch, max offset, confirm offset and election priority.
+- The controller leader's answers to those heartbeats renew the master lease
+  (:mod:`rmqha.broker.master_lease`); a master without one is *lease-fenced*: it keeps its
+  role and epoch but takes and acknowledges no writes (:attr:`ReplicasManager.accepts_writes`)
+  until a renewal names it master of the same epoch again.
 - Replica info is polled every ``sync_broker_metadata_period_ms``; NOTIFY_BROKER_ROLE_CHANGED
   pushes are taken at once.  Either way only a master epoch *newer* than the one held
   changes anything; stale notices are logged and ignored.
@@ -26,6 +30,7 @@ import asyncio
 import dataclasses
 import enum
 import logging
+import time
 from dataclasses import dataclass, field
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -34,6 +39,7 @@ from rmqha import log as rmqha_log
 from rmqha.broker.config import BrokerConfig
 from rmqha.failpoints import Failpoint, hit
 from rmqha.broker.identity import IdentityStore, negotiate_broker_id
+from rmqha.broker.master_lease import LeaseGrant, MasterLease
 from rmqha.codes import ResponseCode
 from rmqha.errors import (
     BrokerError, BrokerIdentityError, ControllerError, RemoteCommandError, RemotingError, RmqhaError,
@@ -111,6 +117,13 @@ class ReplicasManager:
         self._stopping = asyncio.Event()
         #: Called when a background loop dies of an unexpected error (the broker exits).
         self._on_task_failed = on_task_failed
+        self.lease = MasterLease(config.master_lease_ms_in_force / 1000, enabled=config.master_lease_enable)
+        #: Times this broker, as master, found its lease expired and fenced itself.
+        self.lease_expiries = 0
+        self._lease_fenced = False
+        #: The heartbeat in flight to each controller: a controller that does not answer
+        #: gets no new one until it does (the others are not held up by it).
+        self._heartbeats_pending: dict[str, asyncio.Task[None]] = {}
 
     # --- properties -----------------------------------------------------------------------
 
@@ -127,6 +140,17 @@ class ReplicasManager:
     @property
     def master_epoch(self) -> int:
         return self.status.master_epoch
+
+    @property
+    def accepts_writes(self) -> bool:
+        """Master, and holding the lease for the epoch it is master of (not stopping)."""
+        return (self.status.role == Role.MASTER and not self._stopping.is_set()
+                and self.lease.holds(self.status.master_epoch))
+
+    @property
+    def lease_fenced(self) -> bool:
+        """Master by role, but its lease expired: it refuses writes and acknowledges none."""
+        return self.status.role == Role.MASTER and not self.lease.holds(self.status.master_epoch)
 
     # --- start / stop ---------------------------------------------------------------------
 
@@ -146,17 +170,24 @@ class ReplicasManager:
         """
         await self._register_until_done()
         loop = asyncio.get_running_loop()
-        await self._send_heartbeats()
+        await self._send_heartbeats_and_wait()
         for coro, name in ((self._heartbeat_loop(), "controller-heartbeat"),
-                           (self._sync_metadata_loop(), "sync-broker-metadata")):
+                           (self._sync_metadata_loop(), "sync-broker-metadata"),
+                           (self._lease_watch_loop(), "master-lease-watch")):
             task = loop.create_task(coro, name=name)
             if self._on_task_failed is not None:
                 task.add_done_callback(self._on_task_failed)
             self._tasks.append(task)
 
-    async def stop(self) -> None:
+    def fence_for_shutdown(self) -> None:
+        """A stopping broker acknowledges nothing more: its successor may be elected as
+        soon as the controllers see it go."""
         self._stopping.set()
-        tasks = self._tasks + list(self._side_tasks)
+        self.lease.revoke()
+
+    async def stop(self) -> None:
+        self.fence_for_shutdown()
+        tasks = self._tasks + list(self._side_tasks) + [t for t in self._heartbeats_pending.values() if not t.done()]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -211,21 +242,89 @@ class ReplicasManager:
         period = self.config.broker_heartbeat_interval_ms / 1000
         while True:
             await asyncio.sleep(period)
-            await self._send_heartbeats()
+            self._send_heartbeats()
 
-    async def _send_heartbeats(self) -> None:
-        """One-way BROKER_HEARTBEAT to every controller (the client ignores dead ones)."""
+    def _send_heartbeats(self) -> list[asyncio.Task[None]]:
+        """BROKER_HEARTBEAT to every controller, each on a task of its own; returns them.
+
+        Answered, not one-way: the leader's answer renews the master lease from this
+        round's send time.  A controller that has not answered the previous round is
+        skipped, so a stuck one neither piles up requests nor delays the others."""
         epoch, max_offset, confirm_offset = self.listener.heartbeat_status()
+        # Taken before anything is sent: the lease must end before the controller's view of
+        # this heartbeat does, and the controller cannot have received it any earlier.
+        sent_at = time.monotonic()
+        loop = asyncio.get_running_loop()
+        started = []
+        for addr in self.controller.addresses:
+            pending = self._heartbeats_pending.get(addr)
+            if pending is not None and not pending.done():
+                continue
+            task = loop.create_task(self._heartbeat_one(addr, sent_at, epoch, max_offset, confirm_offset),
+                                    name=f"heartbeat-{addr}")
+            self._heartbeats_pending[addr] = task
+            started.append(task)
+        return started
+
+    async def _heartbeat_one(self, addr: str, sent_at: float, epoch: int, max_offset: int,
+                             confirm_offset: int) -> None:
         try:
-            # Bounded, so one stuck controller cannot delay the next round to the others.
-            await asyncio.wait_for(self.controller.heartbeat(
-                self.config.cluster, self.config.broker_name, self.broker_id, self.config.broker_address,
+            answer = await self.controller.heartbeat_to(
+                addr, self.config.cluster, self.config.broker_name, self.broker_id, self.config.broker_address,
                 epoch=epoch, max_offset=max_offset, confirm_offset=confirm_offset,
                 timeout_ms=self.config.controller_heartbeat_timeout_ms,
                 priority=self.config.broker_election_priority,
-            ), self.config.send_heartbeat_timeout_ms / 1000)
-        except asyncio.TimeoutError:
-            log.debug("a heartbeat round took over %d ms", self.config.send_heartbeat_timeout_ms)
+                timeout=self.config.send_heartbeat_timeout_ms / 1000,
+            )
+        except (RmqhaError, OSError, ValueError, asyncio.TimeoutError) as exc:
+            # That controller is down, slow or not the leader: the others still hear us.
+            log.debug("heartbeat to controller %s failed: %s", addr, exc)
+            return
+        grant = LeaseGrant(answer.lease_granted, answer.master_broker_id, answer.master_epoch)
+        held = self.lease.holds(self.status.master_epoch)
+        self.lease.on_answer(grant, sent_at, self.broker_id)
+        if held and not self.lease.holds(self.status.master_epoch) and self.status.role == Role.MASTER:
+            log.warning("controller %s names master %s at epoch %d: master lease of epoch %d revoked",
+                        addr, grant.master_id, grant.master_epoch, self.status.master_epoch)
+        self._watch_lease()
+
+    async def _send_heartbeats_and_wait(self) -> None:
+        tasks = self._send_heartbeats()
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.config.send_heartbeat_timeout_ms / 1000)
+
+    # --- master lease ---------------------------------------------------------------------
+
+    async def _lease_watch_loop(self) -> None:
+        """Logs and counts lease fencing as it happens.  Writes never wait for this loop:
+        :attr:`accepts_writes` reads the lease clock itself."""
+        tick = min(0.05, self.lease.lease_s / 10) if self.lease.enabled else 1.0
+        while True:
+            await asyncio.sleep(tick)
+            self._watch_lease()
+
+    def lease_status(self) -> dict[str, Any]:
+        """The lease as ha-status shows it (fencing noticed now, not at the next tick)."""
+        self._watch_lease()
+        return dict(self.lease.status(self.status.master_epoch), expiries=self.lease_expiries,
+                    fenced=self.lease_fenced)
+
+    def _watch_lease(self) -> None:
+        fenced = self.lease_fenced
+        if fenced == self._lease_fenced:
+            return
+        self._lease_fenced = fenced
+        if fenced and self.lease.granted_epoch != self.status.master_epoch:
+            log.info("master of epoch %d: no lease for it yet; writes wait for the controller "
+                     "leader's answer", self.status.master_epoch)
+        elif fenced:
+            self.lease_expiries += 1
+            log.warning(
+                "master lease of epoch %d expired (lease %d ms, no renewal from the controller "
+                "leader): refusing writes and acknowledging none until it is renewed",
+                self.status.master_epoch, round(self.lease.lease_s * 1000))
+        elif self.status.role == Role.MASTER:
+            log.info("master lease of epoch %d held: accepting writes", self.status.master_epoch)
 
     # --- metadata poll --------------------------------------------------------------------
 
@@ -352,6 +451,10 @@ class ReplicasManager:
                     else:
                         await self.listener.become_master(state.master_epoch, ss, state.sync_state_set_epoch)
                     self.status.role = Role.MASTER
+                    if not self.lease.holds(state.master_epoch):
+                        # The lease for the new epoch comes with the next answered heartbeat:
+                        # ask now rather than wait out the heartbeat period.
+                        self._send_heartbeats()
                 else:
                     self.status.master_address = state.master_address
                     await self.listener.become_slave(state.master_id, state.master_address, state.master_epoch)

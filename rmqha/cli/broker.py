@@ -157,6 +157,12 @@ def _ha_lines(addr: str, data: dict[str, Any]) -> list[Block]:
                   f"#SyncStateSet\t{data.get('syncStateSet')} (epoch {data.get('syncStateSetEpoch')})",
                   f"#SlaveNum\t{ha.get('slave_num', len(slaves))}",
                   f"#InSyncSlaveNum\t{ha.get('in_sync_slave_num', 0)}"]
+        lease = data.get("masterLease") if isinstance(data.get("masterLease"), dict) else {}
+        if lease:
+            state = ("off" if not lease.get("enabled") else
+                     f"held ({lease.get('remainingMs')} ms left)" if lease.get("held") else
+                     "EXPIRED: refusing writes")
+            lines.append(f"#MasterLease\t{state}")
         rows = [(s.get("broker_id"), s.get("address"), s.get("ack_offset"), s.get("lag_bytes"),
                  s.get("lag_ms"), "OK" if s.get("in_sync") else "Fall Behind", s.get("state"),
                  s.get("transfer_from")) for s in slaves]

@@ -3,16 +3,19 @@ blocking wrappers, speaking RocketMQ's client protocol to name servers and broke
 from __future__ import annotations
 
 from rmqha.client.consumer import BlockingConsumer, Consumer, allocate_averagely
+from rmqha.client.message_query import BlockingMessageQuery, MessageQuery
 from rmqha.client.model import Message, MessageQueue, ReceivedMessage, SendResult, SendStatus
 from rmqha.client.producer import BlockingProducer, Producer
 from rmqha.client.transaction import LocalTransactionState, TransactionSendResult
 
 __all__ = [
     "BlockingConsumer",
+    "BlockingMessageQuery",
     "BlockingProducer",
     "Consumer",
     "LocalTransactionState",
     "Message",
+    "MessageQuery",
     "MessageQueue",
     "Producer",
     "ReceivedMessage",

@@ -3,8 +3,9 @@
 It keeps one connection per controller, finds the leader with GET_METADATA_INFO (any
 controller answers it) and follows CONTROLLER_NOT_LEADER answers, which name the leader.
 Leader-only calls are retried on another controller until ``timeout`` when the leader
-is unknown, has moved, or does not answer.  Heartbeats go one-way to every controller
-(RocketMQ #5712), so a new leader already knows who is alive.
+is unknown, has moved, or does not answer.  Heartbeats go to every controller (RocketMQ
+#5712), so a new leader already knows who is alive; brokers send them answered
+(:meth:`ControllerClient.heartbeat_to`): the leader's answer renews the master lease.
 
 Methods return dataclasses; a refusal raises :class:`rmqha.errors.RemoteCommandError`
 carrying RocketMQ's response code (``exc.code``) and remark, except where a method says
@@ -46,6 +47,16 @@ class ReplicaInfo:
     master_epoch: int
     sync_state_set: list[int]
     sync_state_set_epoch: int
+
+
+@dataclass
+class HeartbeatAnswer:
+    """A controller's answer to BROKER_HEARTBEAT (only the leader's grants the lease)."""
+
+    address: str
+    lease_granted: bool
+    master_broker_id: int | None
+    master_epoch: int
 
 
 @dataclass
@@ -264,6 +275,27 @@ class ControllerClient:
                 pass  # that controller is down; the others still hear us
 
         await asyncio.gather(*(one(a) for a in self.addresses))
+
+    async def heartbeat_to(self, addr: str, cluster: str, broker_name: str, broker_id: int,
+                           broker_address: str, *, epoch: int = -1, max_offset: int = -1,
+                           confirm_offset: int = -1, timeout_ms: int = 10000,
+                           priority: int | None = None,
+                           timeout: float | None = None) -> HeartbeatAnswer:
+        """BROKER_HEARTBEAT to one controller, answered: the leader's answer grants the
+        master lease (``leaseGranted``) with its record of the group's master."""
+        ext = {"clusterName": cluster, "brokerName": broker_name, "brokerId": broker_id,
+               "brokerAddr": broker_address, "epoch": epoch, "maxOffset": max_offset,
+               "confirmOffset": confirm_offset, "heartbeatTimeoutMills": timeout_ms,
+               "electionPriority": priority}
+        resp = await self.request_to(addr, RequestCode.BROKER_HEARTBEAT, ext, timeout=timeout)
+        resp.check_success(RequestCode.BROKER_HEARTBEAT)
+        out = resp.ext_fields
+        return HeartbeatAnswer(
+            address=addr,
+            lease_granted=str(out.get("leaseGranted", "false")).lower() == "true",
+            master_broker_id=_opt_int(out.get("masterBrokerId")),
+            master_epoch=int(out.get("masterEpoch", 0) or 0),
+        )
 
     async def get_replica_info(self, broker_name: str) -> ReplicaInfo:
         resp = await self.call_leader(RequestCode.CONTROLLER_GET_REPLICA_INFO,

@@ -74,8 +74,9 @@ class ControllerLogic:
     def _master_alive(self, g: BrokerGroup) -> bool:
         if g.master_id is None:
             return False
-        # A new leader has not heard every broker yet: the master keeps its role meanwhile.
-        return self._alive(g.broker_name, g.master_id) or self.heartbeats.in_grace
+        # A new leader has not heard every broker yet, and the master may hold a lease the
+        # previous leader granted: it keeps its role meanwhile.
+        return self.heartbeats.master_presumed_alive(g.broker_name, g.master_id)
 
     # --- reads -----------------------------------------------------------------------
 
@@ -346,7 +347,7 @@ class ControllerLogic:
         for name, g in groups.items():
             if g.master_epoch == 0:
                 continue  # never elected: the brokers start the first election
-            if g.master_id is not None and self._alive(name, g.master_id):
+            if g.master_id is not None and self._master_alive(g):
                 continue
             pool = g.brokers if self.enable_elect_unclean_master else g.sync_state_set
             if any(self._alive(name, b) for b in pool if b in g.brokers):

@@ -12,6 +12,10 @@ Request handling (RocketMQ's controller codes, see :mod:`rmqha.codes`):
   (group commit).  A new leader first commits a barrier so it has applied everything before it
   validates anything, and waits ``new_leader_heartbeat_wait`` for fresh heartbeats before
   it elects anyone.
+* The leader's answer to BROKER_HEARTBEAT grants the master lease
+  (:mod:`rmqha.broker.master_lease`): ``leaseGranted`` with its record of the group's
+  master and epoch.  A new leader judges no master dead by silence until a heartbeat
+  timeout after it took over (the lease guard, :mod:`rmqha.controller.heartbeat`).
 * After a successful election the leader pushes NOTIFY_BROKER_ROLE_CHANGED (one-way) to the
   live brokers of the group at their registered addresses.
 * Admin writes (designated elections, clean, config updates) need ``adminToken`` in the
@@ -31,7 +35,7 @@ from typing import Any
 from rmqha.codes import RequestCode, ResponseCode
 from rmqha.config import apply_values, check_port_free, resolve_key, to_dict
 from rmqha.controller.config import SECRET_KEYS, UPDATE_BLACKLIST, ControllerConfig, Peer
-from rmqha.controller.heartbeat import BrokerHeartbeatManager
+from rmqha.controller.heartbeat import BrokerHeartbeatManager, BrokerLiveInfo
 from rmqha.controller.logic import BadRequest, ControllerLogic, Decision
 from rmqha.controller.metrics import ControllerMetrics
 from rmqha.controller.state import ReplicasState
@@ -61,7 +65,8 @@ class ControllerServer:
         self.peers: list[Peer] = config.peers()
         self.self_peer = config.self_peer()
         self.state = ReplicasState()
-        self.heartbeats = BrokerHeartbeatManager(config.new_leader_heartbeat_wait / 1000)
+        self.heartbeats = BrokerHeartbeatManager(config.new_leader_heartbeat_wait / 1000,
+                                                 default_timeout_s=config.broker_heartbeat_timeout / 1000)
         self.logic = ControllerLogic(self.state, self.heartbeats, config.enable_elect_unclean_master)
         self.metrics = ControllerMetrics(config.controller_group, self.self_peer.id, metrics_registry)
         host, _, port = self.self_peer.rpc_address.rpartition(":")
@@ -89,7 +94,12 @@ class ControllerServer:
         self._notify_clients: dict[str, RemotingClient] = {}
         self._notify_tasks: dict[str, asyncio.Task[None]] = {}
         self._electing: set[str] = set()
+        #: Groups with an election decided but not yet applied: no master lease is granted
+        #: for them (the answer would name the master being replaced).
+        self._elections_in_flight: dict[str, int] = {}
+        self._rechecks: dict[str, asyncio.TimerHandle] = {}
         self.heartbeats.add_inactive_listener(self._on_broker_inactive)
+        self.heartbeats.close_probe = self._probe_closed_broker
         self._register_handlers()
 
     # --- lifecycle -------------------------------------------------------------------
@@ -117,6 +127,8 @@ class ControllerServer:
                  self.self_peer.raft_address, self.config.controller_group)
 
     async def stop(self) -> None:
+        for handle in self._rechecks.values():
+            handle.cancel()
         for task in list(self._tasks) + list(self._notify_tasks.values()):
             task.cancel()
         for task in list(self._tasks):
@@ -147,8 +159,17 @@ class ControllerServer:
         self.metrics.raft(int(role), term)
         if role == RaftRole.LEADER:
             self.heartbeats.on_leader()
+            # Master leases are granted only once this leader has applied every earlier
+            # entry (its record of each group's master is current): barrier now.
+            self._spawn(self._become_ready())
         else:
             self.heartbeats.on_not_leader()
+
+    async def _become_ready(self) -> None:
+        try:
+            await self._run_decision(lambda logic: Decision())
+        except (_NotLeader, ControllerError) as exc:
+            log.info("new leader's barrier not done: %s", exc or "not leader")
 
     def leader_peer(self) -> Peer | None:
         if self.raft.is_leader:
@@ -290,7 +311,16 @@ class ControllerServer:
         if events:
             payload = events[0] if len(events) == 1 else {"type": "batch", "events": events}
             started = time.perf_counter()
-            result = await self.raft.apply(payload, self.config.commit_timeout / 1000)
+            electing = [str(e.get("broker_name")) for e in events if e.get("type") == "elect"]
+            for name in electing:
+                self._elections_in_flight[name] = self._elections_in_flight.get(name, 0) + 1
+            try:
+                result = await self.raft.apply(payload, self.config.commit_timeout / 1000)
+            finally:
+                for name in electing:
+                    left = self._elections_in_flight.pop(name, 1) - 1
+                    if left > 0:
+                        self._elections_in_flight[name] = left
             self.metrics.commit(time.perf_counter() - started)
             results = [result] if len(events) == 1 else list(result.get("results", []))
         for fut, decision, slot in decided:
@@ -368,7 +398,21 @@ class ControllerServer:
             priority=num("electionPriority"), conn=conn,
             default_timeout_ms=self.config.broker_heartbeat_timeout,
         )
-        return cmd.response(remark="Heart beat success")
+        return cmd.response(remark="Heart beat success", ext_fields=self._lease_answer(name))
+
+    def _lease_answer(self, broker_name: str) -> dict[str, Any]:
+        """The master lease part of a heartbeat answer (rmqha.broker.master_lease).
+
+        Granted only by a leader that has applied everything before its term, with no
+        election of the group between decision and apply; it names the master on record,
+        and the broker renews only if that is itself at the epoch it holds."""
+        g = self.state.group(broker_name)
+        granted = (self.raft.is_leader and self._ready_term == self.raft.term and g is not None
+                   and broker_name not in self._elections_in_flight)
+        if not granted or g is None:
+            return {"leaseGranted": "false"}
+        return {"leaseGranted": "true", "masterEpoch": g.master_epoch,
+                "masterBrokerId": "" if g.master_id is None else g.master_id}
 
     def _config_view(self) -> dict[str, Any]:
         view = to_dict(self.config)
@@ -423,6 +467,7 @@ class ControllerServer:
         apply_values(self.config, values, "UPDATE_CONTROLLER_CONFIG")
         self.logic.enable_elect_unclean_master = self.config.enable_elect_unclean_master
         self.heartbeats.new_leader_wait_s = self.config.new_leader_heartbeat_wait / 1000
+        self.heartbeats.default_timeout_s = self.config.broker_heartbeat_timeout / 1000
         log.info("controller config updated: %s", ", ".join(values))
         return cmd.response()
 
@@ -440,12 +485,72 @@ class ControllerServer:
             self.heartbeats.remove_group(decision.event["broker_name"], ids)
 
     def _on_broker_inactive(self, cluster: str, broker_name: str, broker_id: int) -> None:
-        if not self.raft.is_leader or self.heartbeats.in_grace:
+        if not self.raft.is_leader:
             return
         g = self.state.group(broker_name)
-        if g is not None and g.master_id == broker_id:
-            log.info("master %s/%d of %s is inactive: electing", broker_name, broker_id, cluster)
-            self._spawn(self.trigger_elect(broker_name))
+        if g is None or g.master_id != broker_id:
+            return
+        wait = self.heartbeats.judge_wait(broker_name, broker_id)
+        if wait > 0:
+            # A new leader: fresh heartbeats, or a lease the previous leader granted, may
+            # still be on their way.  Look again when the wait is over.
+            log.info("master %s/%d of %s is inactive; this leader judges it in %.2fs",
+                     broker_name, broker_id, cluster, wait)
+            self._recheck_later(cluster, broker_name, broker_id, wait)
+            return
+        log.info("master %s/%d of %s is inactive: electing", broker_name, broker_id, cluster)
+        self._spawn(self.trigger_elect(broker_name))
+
+    def _probe_closed_broker(self, info: BrokerLiveInfo) -> None:
+        self._spawn(self._probe_address(info, info.last_update))
+
+    async def _probe_address(self, info: BrokerLiveInfo, last_update: float) -> None:
+        """A broker's heartbeat connection closed: is the process gone?
+
+        Its client port refusing a connection shows it is (a killed process's port is
+        closed by the kernel at once), and a dead process acknowledges nothing, so its
+        master role can go now.  Anything else (it accepts, or no answer in time) proves
+        nothing: the broker stays alive until its heartbeat timeout, as for a silent one."""
+        host, _, port = info.address.rpartition(":")
+        try:
+            for attempt in range(3):
+                try:
+                    _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 1.0)
+                    break
+                except ConnectionResetError:
+                    # Reset mid-handshake: a listener closing as the process dies.  Ask
+                    # again; a port that is gone then refuses.
+                    if attempt == 2:
+                        raise
+                    await asyncio.sleep(0.05)
+        except ConnectionRefusedError:
+            log.info("broker %s/%d at %s is gone (connection closed, port refused)",
+                     info.broker_name, info.broker_id, info.address)
+            self.heartbeats.confirm_gone(info, last_update)
+            return
+        except (OSError, ValueError, asyncio.TimeoutError) as exc:
+            log.info("broker %s/%d closed its heartbeat connection; %s does not answer (%s): "
+                     "judged by its heartbeat timeout", info.broker_name, info.broker_id, info.address, exc)
+            return
+        writer.close()
+        try:
+            await writer.wait_closed()
+        except OSError:
+            pass  # it was only a knock on the door
+        log.info("broker %s/%d closed its heartbeat connection but %s accepts connections: "
+                 "judged by its heartbeat timeout", info.broker_name, info.broker_id, info.address)
+
+    def _recheck_later(self, cluster: str, broker_name: str, broker_id: int, wait: float) -> None:
+        loop = self._loop
+        if loop is None or broker_name in self._rechecks:
+            return
+
+        def recheck() -> None:
+            self._rechecks.pop(broker_name, None)
+            if not self.heartbeats.is_alive(broker_name, broker_id):
+                self._on_broker_inactive(cluster, broker_name, broker_id)
+
+        self._rechecks[broker_name] = loop.call_later(wait + 0.01, recheck)
 
     async def trigger_elect(self, broker_name: str) -> int:
         """A controller-triggered election (retried); returns the last response code."""

@@ -20,7 +20,10 @@ acks on behalf of producers, and proposes SyncStateSet changes through the broke
 ``alter_sync_state_set(new_ids) -> (ids, epoch)`` callback: expand when a slave's ack
 reaches the confirm offset and the current epoch's start, shrink when a member has not been
 caught up for ``ha_max_time_slave_not_catchup_ms``.  While a proposal is in flight the
-union of the old and the new set counts (#5663).  Async learners never join.
+union of the old and the new set counts (#5663).  Async learners never join.  Expansions
+add one member per proposal, the one refused longest ago first: the controller refuses a
+whole proposal if one new member is not alive in its view (an old master cut off from the
+controllers that rejoined as a slave), and that one must not keep the others out.
 
 Labels are computed from the live epoch map for every block, so a new epoch appended while
 slaves are connected is picked up at once (RocketMQ #9689 kept a stale epoch per link).
@@ -155,6 +158,8 @@ class HAMaster:
         self._alter_again = False
         self._stopped = False
         self.address = ""
+        #: member -> when (ms) the controller last refused adding it.
+        self._refused_at: dict[int, int] = {}
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -745,11 +750,12 @@ class HAMaster:
         for member in self._set.lagging_members(now, self.config.ha_max_time_slave_not_catchup_ms,
                                                 hao.should_shrink):
             desired.discard(member)
-        for sl in self._links.values():
+        for sl in sorted(self._links.values(), key=lambda x: (self._refused_at.get(x.broker_id, -1), x.broker_id)):
             if sl.learner or sl.broker_id in desired or sl.ack < 0:
                 continue
             if self._should_expand(sl.ack):
                 desired.add(sl.broker_id)
+                break  # one new member per proposal (see the module docstring)
         desired.add(self.broker_id)
         return frozenset(desired)
 
@@ -763,7 +769,11 @@ class HAMaster:
 
     async def _alter_loop(self) -> None:
         assert self._alter is not None
-        while not self._stopped:
+        # Expansions go one member at a time: a round may take a few proposals, but never
+        # more than one per member plus a shrink (the periodic check does the rest).
+        budget = len(self._links) + 2
+        while not self._stopped and budget > 0:
+            budget -= 1
             self._alter_again = False
             desired = self._desired_set()
             if desired == self._set.local:
@@ -784,8 +794,10 @@ class HAMaster:
                 self._recompute_confirm()
                 self._check_waiters()
                 return  # the periodic check proposes again
+            for member in desired - old - set(ids):
+                self._refused_at[member] = _now_ms()
             self.set_sync_state_set(ids, epoch)
-            if not self._alter_again:
+            if not self._alter_again and self._desired_set() in (desired, self._set.local):
                 return
 
     async def check_sync_state_set(self) -> None:

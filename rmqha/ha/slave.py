@@ -12,9 +12,11 @@ It walks the connection states of DESIGN.md:
   link; large blocks are received straight into the commitlog's mapping and validated
   before they count), record a new epoch entry when a block's epoch changes (written off
   the transfer path; acks wait for it), ack the max offset, keep the master's confirm
-  offset; SUSPEND once caught up (heartbeats only).  A first block beyond this log's end,
-  at a segment start, means retention on the master removed what followed it: the log is
-  dropped (bytes logged) and restarts there;
+  offset; SUSPEND once caught up (heartbeats only).  In the ``rocketmq`` dialect the chunk
+  that ends an epoch may come labelled with the next epoch (RocketMQ's master switches
+  before building the header): exactly that is accepted.  A first block beyond this log's
+  end, at a segment start, means retention on the master removed what followed it: the
+  log is dropped (bytes logged) and restarts there;
 * SHUTDOWN after :meth:`HASlave.stop`.
 
 Every bad frame closes the link with a logged reason, and nothing of it becomes part of
@@ -130,6 +132,8 @@ class HASlave:
         self._epoch_jobs: list[tuple[tuple[int, int], Future[None]]] = []
         self._epoch_writer: ThreadPoolExecutor | None = None
         self._epoch_failed: BaseException | None = None
+        #: The master's (epoch, start) entries from this session's handshake.
+        self._master_pairs: list[tuple[int, int]] = []
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -289,6 +293,7 @@ class HASlave:
                 for i, (e, s) in enumerate(pairs)
             ]
         _check_entries(entries, hello.max_offset)
+        self._master_pairs = [(e, s) for e, s, _ in entries]
         offset = self._truncate(entries)
         await self._send(link, codec.confirm(offset, em.last_epoch()))
         self._state = SlaveState.TRANSFER
@@ -612,10 +617,10 @@ class HASlave:
                     )
             if b.epoch < last_epoch:
                 raise ProtocolError(f"block epoch {b.epoch} is older than this slave's epoch {last_epoch}")
-            if b.epoch_start > b.offset:
+            if b.epoch_start > b.offset and not self._ends_epoch_early_label(b, size, last_epoch):
                 raise ProtocolError(f"block at {b.offset} claims its epoch {b.epoch} starts later, at {b.epoch_start}")
         if not size:
-            return False
+            return self._announces_epoch(b, mx, last_epoch)
         end = b.offset + size
         seg_end = b.offset - b.offset % seg_bytes + seg_bytes
         if end > seg_end:
@@ -641,15 +646,57 @@ class HASlave:
         if size:
             self._first_block = False
             if new_epoch:
+                if b.epoch_start > b.offset:
+                    self._persist_unlabelled_epoch(b)
                 self._persist_epoch(b.epoch, b.epoch_start)
             self._state = SlaveState.TRANSFER
-        elif b.offset == cl.max_offset:
-            self._state = SlaveState.SUSPEND
+        else:
+            if new_epoch:
+                self._persist_epoch(b.epoch, b.epoch_start)
+            if b.offset == cl.max_offset:
+                self._state = SlaveState.SUSPEND
         confirm = min(b.confirm, cl.max_offset)
         if confirm > self._confirm:
             self._confirm = confirm
             if self._on_confirm is not None:
                 self._on_confirm(confirm)
+
+    # --- RocketMQ's early epoch label ----------------------------------------------------------
+    # RocketMQ's master (AutoSwitchHAConnection.transferToSlave) cuts a batch at the end of
+    # the epoch it is sending, switches to the next epoch, and only then builds the header:
+    # the last chunk of epoch N arrives labelled with epoch N+1 and N+1's start offset (where
+    # the chunk ends), and a batch that ended exactly at N's end is followed by an empty
+    # chunk labelled N+1.  RocketMQ's slave records an entry whenever the label changes.
+
+    def _ends_epoch_early_label(self, b: Block, size: int, last_epoch: int) -> bool:
+        """The chunk ending epoch N, labelled N+1: rocketmq dialect, data that end exactly
+        where the labelled (newer) epoch starts.  Nothing looser."""
+        return (self.protocol == "rocketmq" and size > 0 and b.offset + size == b.epoch_start
+                and b.epoch > last_epoch)
+
+    def _announces_epoch(self, b: Block, max_offset: int, last_epoch: int) -> bool:
+        """An empty rocketmq chunk opening a newer epoch exactly at this log's end (True:
+        record it now, as RocketMQ's slave does; the chunks that follow carry its data)."""
+        if self.protocol != "rocketmq" or b.epoch <= last_epoch:
+            return False
+        last = self._last_entry()
+        return b.offset == b.epoch_start == max_offset and (last is None or last[1] <= max_offset)
+
+    def _persist_unlabelled_epoch(self, b: Block) -> None:
+        """The early-labelled chunk carries data of an epoch this slave may never have seen a
+        label of (a session that starts at that epoch's start, and the whole epoch fits in
+        one chunk): take it from the master's handshake, the epoch just before the labelled
+        one, when it is newer than this log's last and starts within what this log holds."""
+        pairs = self._master_pairs
+        for i in range(1, len(pairs)):
+            epoch, start = pairs[i - 1]
+            if pairs[i] == (b.epoch, b.epoch_start):
+                last = self._last_entry()
+                if epoch > self._last_epoch() and start <= b.offset and (last is None or start >= last[1]):
+                    log.info("HA slave %d: epoch %d (from %d) learnt from the master's handshake",
+                             self.broker_id, epoch, start)
+                    self._persist_epoch(epoch, start)
+                return
 
     # --- epoch entries learnt from blocks ------------------------------------------------------
 

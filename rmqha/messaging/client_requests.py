@@ -74,6 +74,9 @@ class ClientRequests:
     async def on_consumer_list(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
         group = req_str(cmd.ext_fields, "consumerGroup")
         ids = [c.client_id for c in self.ctx.clients.consumers(group)]
+        if not ids:
+            # RocketMQ's ConsumerManageProcessor answers an unknown or empty group so.
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {group}")
         return cmd.response(ResponseCode.SUCCESS, None, {}, {"consumerIdList": ids})
 
     def group_changed(self, group: str) -> None:

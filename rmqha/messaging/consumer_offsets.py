@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any
 
 from rmqha.codes import RequestCode, ResponseCode
@@ -19,6 +20,17 @@ from rmqha.messaging.state_replication import StateReplication
 from rmqha.remoting import RemotingCommand
 
 log = logging.getLogger(__name__)
+
+
+def _physical_memory() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError):
+        return 8 << 30
+
+
+#: RocketMQ's accessMessageInMemoryMaxRatio (40) of this machine's memory.
+_IN_MEMORY_BYTES = _physical_memory() * 40 // 100
 
 
 class ConsumerOffsets:
@@ -51,11 +63,27 @@ class ConsumerOffsets:
         group, topic = req_str(ext, "consumerGroup"), req_str(ext, "topic")
         qid = req_int(ext, "queueId")
         offset = self.ctx.state.offsets.get(group, topic, qid)
-        if offset is None:
-            # A new group starts at the oldest message (the C++ client skips the backlog
-            # on QUERY_NOT_FOUND), RocketMQ's reference note 11.
-            offset = self.ctx.queue_bounds(topic, qid)[0]
-        return cmd.response(ResponseCode.SUCCESS, None, {"offset": offset})
+        if offset is not None:
+            return cmd.response(ResponseCode.SUCCESS, None, {"offset": offset})
+        # No stored offset: RocketMQ's ConsumerManageProcessor.  QUERY_NOT_FOUND lets the
+        # client apply its consumeFromWhere (CONSUME_FROM_LAST_OFFSET: start at the max);
+        # a queue whose first message is still at queue offset 0 and "in memory" (a young
+        # queue) answers 0 so a new group on a new topic misses nothing.
+        if ext.get("setZeroIfNotFound", "").lower() != "false" and self._young_queue(topic, qid):
+            return cmd.response(ResponseCode.SUCCESS, None, {"offset": 0})
+        return cmd.response(ResponseCode.QUERY_NOT_FOUND,
+                            "Not found, maybe this group consumer boot first", {})
+
+    def _young_queue(self, topic: str, queue_id: int) -> bool:
+        """RocketMQ's ``minOffset <= 0 && checkInMemByConsumeOffset(topic, queue, 0, 1)``:
+        the queue still starts at 0 and its first record lies within the part of the log
+        RocketMQ counts as in memory (accessMessageInMemoryMaxRatio, 40% of RAM, from the
+        log's end)."""
+        q = self.ctx.index.queue(topic, queue_id)
+        if q is None or not len(q) or q.min_offset > 0:
+            return False
+        behind = self.ctx.log.max_offset - q.phys[0]
+        return behind <= _IN_MEMORY_BYTES
 
     async def on_update_offset(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
         ext = cmd.ext_fields

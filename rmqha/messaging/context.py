@@ -53,6 +53,8 @@ class Replication(Protocol):
 
     def copies_of(self, offset: int) -> int: ...
 
+    def holds_master_lease(self) -> bool: ...
+
 
 @dataclass
 class MessagingConfig:
@@ -173,6 +175,14 @@ class MessagingContext:
                 f"broker {self.broker_name}/{self.broker_id} is {self.role}, not master;"
                 f" master is {master or 'unknown'}",
                 {MASTER_ADDRESS_FIELD: master, PUT_STATUS_FIELD: "NOT_MASTER"},
+            )
+        if self.replication is not None and not self.replication.holds_master_lease():
+            # Cut off from the controller: another master may be elected any moment now.
+            raise Refused(
+                ResponseCode.SERVICE_NOT_AVAILABLE,
+                f"broker {self.broker_name}/{self.broker_id} is master but its lease from the "
+                f"controller expired; retry on another broker",
+                {PUT_STATUS_FIELD: "MASTER_LEASE_EXPIRED"},
             )
         # A broker without replication is a SyncStateSet of one (itself).
         size = 1 if self.replication is None else int(self.replication.sync_state_set_size())

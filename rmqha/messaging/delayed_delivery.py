@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from rmqha.codes import ResponseCode
 from rmqha.errors import ConfigError, ProtocolError, RmqhaError, StoreError
+from rmqha.messaging.background import BackgroundJob
 from rmqha.messaging.consume_queue import ScannedRecord
 from rmqha.messaging.context import MessagingContext, Refused
 from rmqha.messaging.log_writer import LogWriter
@@ -106,7 +107,7 @@ class DelayedDelivery:
         self._timers: list[_TimerEntry] = []
         #: End of the last record this scheduler wrote (awaited once per round).
         self._written_end = 0
-        self._task: asyncio.Task[None] | None = None
+        self._job = BackgroundJob(self._loop, lambda: not ctx.closed)
         self._wake: asyncio.Event | None = None
         #: Messages delivered by this broker (metrics, tests, benches).
         self.delivered = 0
@@ -209,19 +210,13 @@ class DelayedDelivery:
     # --- the master's scheduler ------------------------------------------------------------
 
     def start(self) -> None:
-        if self._task is not None or self.ctx.closed:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        self._wake = asyncio.Event()
-        self._task = loop.create_task(self._loop())
+        if not self._job.running:
+            # A fresh event per run: a cancelled run may have left the old one set.
+            self._wake = asyncio.Event()
+            self._job.start()
 
     def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
+        self._job.stop()
 
     async def _loop(self) -> None:
         tick = self.ctx.config.timer_precision_ms / 1000.0
@@ -236,7 +231,6 @@ class DelayedDelivery:
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()
-        self._task = None
 
     async def run_once(self) -> int:
         """Deliver every message due now; returns how many were delivered."""

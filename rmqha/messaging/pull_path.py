@@ -37,25 +37,23 @@ from rmqha.messaging.message import (
     strip_compression,
     tag_hash,
 )
+from rmqha.mq_version import java_reads_lz4
 from rmqha.remoting import RemotingCommand
 
 log = logging.getLogger(__name__)
 
 _I32 = struct.Struct(">i")
 
-#: Java ``MQVersion`` ordinal of V5_0_0: Java clients from 5.0 on decompress lz4.
-_JAVA_V5_0_0 = 413
-
 #: commit(group, topic, queue_id, offset, immediate=...) for offsets a pull carries.
 OffsetCommitter = Callable[..., None]
 
 
 def _reads_lz4(cmd: RemotingCommand) -> bool:
-    """Whether the client that sent ``cmd`` can inflate lz4 bodies (RocketMQ 5 clients and
-    rmqha's own); C++ 1.2.x aborts on anything but zlib."""
+    """Whether the client that sent ``cmd`` can inflate lz4 bodies (Java clients from 4.9.4
+    and rmqha's own); C++ 1.2.x aborts on anything but zlib."""
     if cmd.language == "PYTHON":
         return True
-    return cmd.language == "JAVA" and cmd.version >= _JAVA_V5_0_0
+    return cmd.language == "JAVA" and java_reads_lz4(cmd.version)
 
 
 def _lz4_to_zlib(body: bytes) -> bytes:
@@ -96,7 +94,9 @@ class PullPath:
         self._waiters: dict[tuple[str, int], list[asyncio.Future[None]]] = {}
 
     def handlers(self) -> dict[int, Handler]:
-        return {RequestCode.PULL_MESSAGE: self.on_pull}
+        # A Java DefaultLitePullConsumer sends LITE_PULL_MESSAGE with the pull header (its
+        # sysFlag carries the lite bit, 0x10, and no commit flag): answered the same way.
+        return {RequestCode.PULL_MESSAGE: self.on_pull, RequestCode.LITE_PULL_MESSAGE: self.on_pull}
 
     def wake(self, keys: Iterable[tuple[str, int]]) -> None:
         """The index grew for these (topic, queue id): answer the pulls held on them."""

@@ -46,13 +46,19 @@ class QueueQueries:
         if q is None or not len(q):
             return cmd.response(ResponseCode.SUCCESS, None,
                                 {"offset": ctx.queue_bounds(topic, qid)[1]})
+        # RocketMQ 5's boundaryType: LOWER (the default) = the first entry stored at or
+        # after ts; UPPER = the last entry stored at or before it.
+        upper = (ext.get("boundaryType") or "LOWER").upper() == "UPPER"
         lo, hi = 0, len(q)
-        while lo < hi:  # first entry stored at or after ts
+        while lo < hi:  # LOWER: first entry stored at or after ts; UPPER: first after ts
             mid = (lo + hi) // 2
-            if ctx.store_timestamp(q.phys[mid]) < ts:
+            stored = ctx.store_timestamp(q.phys[mid])
+            if stored < ts or (upper and stored == ts):
                 lo = mid + 1
             else:
                 hi = mid
+        if upper:
+            lo = max(lo - 1, 0)
         return cmd.response(ResponseCode.SUCCESS, None, {"offset": q.base + lo})
 
     async def on_earliest_time(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:

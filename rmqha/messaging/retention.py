@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rmqha.codes import ResponseCode
 from rmqha.errors import RmqhaError
+from rmqha.messaging.background import BackgroundJob
 from rmqha.messaging.context import MessagingContext
 from rmqha.messaging.log_writer import LogWriter
 from rmqha.messaging.state import STATE_TOPIC
@@ -33,20 +34,13 @@ class Retention:
         self.writer = writer
         #: Called with the new min offset after segments were deleted (epoch map trim).
         self.on_segments_deleted = on_segments_deleted
-        self._task: asyncio.Task[None] | None = None
+        self._job = BackgroundJob(self._loop, lambda: not ctx.closed)
 
     def start(self) -> None:
-        if self._task is not None or self.ctx.closed:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        self._task = loop.create_task(self._loop())
+        self._job.start()
 
     def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        self._job.stop()
 
     async def _loop(self) -> None:
         while not self.ctx.closed:

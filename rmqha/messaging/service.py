@@ -9,7 +9,8 @@ MessagingContext` (store, settings, replication, tables) and the pieces that sha
   once the ack policy and, with ``flush = sync``, the fsync hold;
 - :mod:`~rmqha.messaging.pull_path` serves pulls from the consume-queue index (which never
   passes the confirm offset, so any replica can serve them) and holds empty pulls;
-- :mod:`~rmqha.messaging.queue_queries` answers offset and time lookups;
+- :mod:`~rmqha.messaging.queue_queries` answers offset and time lookups,
+  :mod:`~rmqha.messaging.lookup` queries by key and unique id (the message index);
 - :mod:`~rmqha.messaging.consumer_offsets`, :mod:`~rmqha.messaging.topic_admin` and
   :mod:`~rmqha.messaging.state_replication` keep consumer offsets and topic configs as
   records in the state topic (see :mod:`rmqha.messaging.state`), so they replicate with
@@ -32,6 +33,7 @@ from rmqha.errors import StoreError
 from rmqha.messaging.client_requests import ClientRequests
 from rmqha.messaging.clients import ClientRegistry, QueueLocks
 from rmqha.messaging.consume_queue import ConsumeQueueIndex, ScannedRecord
+from rmqha.messaging.consumer_modes import ConsumerModes
 from rmqha.messaging.consumer_offsets import ConsumerOffsets
 from rmqha.messaging.context import (
     MASTER_ADDRESS_FIELD,
@@ -46,6 +48,7 @@ from rmqha.messaging.context import (
 )
 from rmqha.messaging.delayed_delivery import TIMER_TOPIC, DelayedDelivery
 from rmqha.messaging.log_writer import LogWriter
+from rmqha.messaging.lookup import MessageLookup
 from rmqha.messaging.pull_path import PullPath
 from rmqha.messaging.queue_queries import QueueQueries
 from rmqha.messaging.retention import Retention
@@ -110,6 +113,7 @@ class MessageService:
                               self.transactions)
         self._pulls = PullPath(ctx, self._offsets.commit)
         self._queries = QueueQueries(ctx)
+        self._consumer_modes = ConsumerModes()
         self._send_back = SendBack(ctx, self._writer, self._topic_admin, self.delayed)
         self._retention = Retention(ctx, self._state_log, self._writer, on_segments_deleted)
         #: Index scans hand records of these topics to the piece that folds them.
@@ -123,6 +127,9 @@ class MessageService:
             ctx.metrics.pending_half_messages.set_function(lambda: len(self.transactions.pending))
             ctx.metrics.pending_timer_messages.set_function(self.delayed.pending_timers)
         self._state_log.rebuild(initial=True, on_watched=self._on_watched_rebuild)
+        # After the consume queue: the message index follows it (from its own checkpoint).
+        self._lookup = MessageLookup(
+            ctx, internal_topics=(STATE_TOPIC, HALF_TOPIC, OP_TOPIC, TIMER_TOPIC))
 
     # --- what the broker and tests read ---------------------------------------------------
 
@@ -173,7 +180,8 @@ class MessageService:
         """Request code -> handler for every client-protocol code this service answers."""
         out: dict[int, Handler] = {}
         for piece in (self._send, self._pulls, self._offsets, self._queries, self._clients,
-                      self._send_back, self._topic_admin, self.transactions):
+                      self._send_back, self._topic_admin, self.transactions,
+                      self._consumer_modes, self._lookup):
             out.update(piece.handlers())
         return out
 
@@ -210,10 +218,12 @@ class MessageService:
             log.error("indexing up to %d failed: %s", offset, exc)
             return
         self._pulls.wake(grown)
+        self._lookup.on_confirm()
 
     def on_truncate(self, offset: int) -> None:
         """The commitlog was cut at ``offset`` (a slave dropped a divergent tail)."""
         self.ctx.index.truncate(offset)
+        self._lookup.on_truncate(offset)
         self._state_log.on_truncate(offset)
         self.transactions.reload()
         self.delayed.reload()
@@ -231,6 +241,7 @@ class MessageService:
         self._offsets.close()
         self._retention.close()
         self._pulls.close()
+        self._lookup.close()
         self.delayed.stop()
         self.transactions.stop()
         for task in list(self.ctx.tasks):

@@ -34,6 +34,7 @@ from typing import Any
 
 from rmqha.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, RmqhaError, StoreError
+from rmqha.messaging.background import BackgroundJob
 from rmqha.messaging.consume_queue import ScannedRecord
 from rmqha.messaging.context import Handler, MessagingContext, Refused
 from rmqha.messaging.delayed_delivery import DelayedDelivery
@@ -102,7 +103,7 @@ class Transactions:
         self._by_txn: dict[str, int] = {}
         self._resolved: OrderedDict[str, Outcome] = OrderedDict()
         self._in_flight: set[str] = set()
-        self._task: asyncio.Task[None] | None = None
+        self._job = BackgroundJob(self._loop, lambda: not ctx.closed)
         #: Check-backs sent by this broker (metrics, tests).
         self.checks_sent = 0
 
@@ -318,18 +319,10 @@ class Transactions:
     # --- the master's check-backs ------------------------------------------------------------
 
     def start(self) -> None:
-        if self._task is not None or self.ctx.closed:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        self._task = loop.create_task(self._loop())
+        self._job.start()
 
     def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
+        self._job.stop()
 
     async def _loop(self) -> None:
         cfg = self.ctx.config
@@ -340,7 +333,6 @@ class Transactions:
             except (RmqhaError, OSError) as exc:
                 log.error("transaction check failed (retried): %s", exc)
             await asyncio.sleep(max(0.05, period / 2))
-        self._task = None
 
     async def check_once(self) -> int:
         """Check back (or discard) every half message due for it; returns how many."""

@@ -17,6 +17,12 @@ stores themselves:
 - a value is stored twice only if its send was retried or its outcome unknown;
 - the replicas are byte-prefix-consistent (each log a prefix of the longest);
 - one master per epoch, in the controllers' view and in what brokers claim, at every sample;
+- never two brokers acknowledging writes at once (probes also send straight to every
+  broker, past the routes, so a master nobody routes to still shows): each broker reports when (on the host's
+  CLOCK_MONOTONIC, shared by its processes) it gave its first and last acknowledgement as
+  master of each epoch, and an older epoch's window must close before a newer epoch's
+  opens on another broker; and no sample finds two brokers accepting writes (master
+  with a live lease, ``acceptingWrites``);
 - every acknowledged value is held by at least ``min_in_sync_replicas`` final stores;
 - the tailing group never read a record the final log does not hold at that queue offset
   (a record later truncated) and never skipped one it does hold;
@@ -42,12 +48,15 @@ import pytest
 
 from cluster import BrokerProc, Cluster, free_port_pair
 from rmqha.client import BlockingConsumer, BlockingProducer, SendStatus
+from rmqha.codes import RequestCode
 from rmqha.errors import ClientError, RemotingError, RmqhaError
 from rmqha.store import CommitLog
 from tcp_proxy import TcpProxy
 
 GROUP = "broker-a"
 TOPIC = "chaos"
+#: Where the probes write (see ChaosRun._probe).
+PROBE_TOPIC = "chaos-probe"
 #: The settings that make the guarantee: every SyncStateSet member, and never fewer than two.
 SAFE_ACKS: dict[str, Any] = {"all_ack_in_sync_state_set": True, "min_in_sync_replicas": 2,
                              "slave_timeout_ms": 3000}
@@ -78,16 +87,25 @@ class Report:
     bad_duplicates: int = 0
     phantoms: int = 0
     failover_s: float | None = None
+    #: From the fault to the first acknowledgement by a master of a newer epoch.
+    new_master_ack_s: float | None = None
+    #: Longest time two brokers both acknowledged writes (0 = never at once).
+    ack_overlap_s: float = 0.0
+    #: Monitor samples in which two brokers were accepting writes.
+    two_writer_samples: int = 0
     problems: list[str] = field(default_factory=list)
 
     def row(self) -> str:
         fo = "-" if self.failover_s is None else f"{self.failover_s:.2f}"
+        nm = "-" if self.new_master_ack_s is None else f"{self.new_master_ack_s:.2f}"
         return (f"| {self.scenario} | {self.sent} | {self.acked} | {self.unknown} | {self.lost} | "
-                f"{self.duplicates} | {fo} | {'ok' if not self.problems else '; '.join(self.problems)} |")
+                f"{self.duplicates} | {fo} | {nm} | {self.ack_overlap_s:.3f} / {self.two_writer_samples} | "
+                f"{'ok' if not self.problems else '; '.join(self.problems)} |")
 
 
-TABLE_HEAD = ("| scenario | sent | acked | unknown | lost | duplicates | failover s | checks |\n"
-              "|---|---|---|---|---|---|---|---|")
+TABLE_HEAD = ("| scenario | sent | acked | unknown | lost | duplicates | failover s | new master ack s "
+              "| two ackers s / samples | checks |\n"
+              "|---|---|---|---|---|---|---|---|---|---|")
 
 
 class ChaosRun:
@@ -113,7 +131,10 @@ class ChaosRun:
         self.ctl_proxies: dict[str, list[TcpProxy]] = {}
         self.outcomes: list[Outcome] = []
         self.reads: list[Read] = []
-        self.samples: list[tuple[float, dict[str, tuple[str, int]], tuple[int | None, int] | None]] = []
+        #: (time, broker -> (role, master epoch, accepting writes), controller's (master, epoch)).
+        self.samples: list[tuple[float, dict[str, tuple[str, int, bool]], tuple[int | None, int] | None]] = []
+        #: broker -> {master epoch: [first, last] acknowledgement}, read before the stop.
+        self.ack_windows: dict[str, dict[int, list[float]]] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -178,6 +199,8 @@ class ChaosRun:
             self._spawn(self._produce, ns, i)
         self._spawn(self._tail, ns)
         self._spawn(self._monitor)
+        for b in self.brokers:
+            self._spawn(self._probe, b)
 
     def _spawn(self, fn: Callable[..., None], *args: Any) -> None:
         t = threading.Thread(target=fn, args=args, daemon=True, name=fn.__name__)
@@ -203,6 +226,21 @@ class ChaosRun:
                             and self.first_ack_after_fault is None):
                         self.first_ack_after_fault = time.monotonic()
 
+    def _probe(self, b: BrokerProc) -> None:
+        """Sends straight to one broker's address, bypassing routes, every 20 ms: whoever
+        acknowledges shows up in its acknowledgement windows, even a master no producer's
+        route points at any more.  A separate topic, outside the checked workload."""
+        ext = {"producerGroup": "chaos-probe", "topic": PROBE_TOPIC, "defaultTopic": "TBW102",
+               "defaultTopicQueueNums": 1, "queueId": 0, "sysFlag": 0, "bornTimestamp": "1", "flag": 0,
+               "properties": "", "reconsumeTimes": "0", "unitMode": "0", "batch": "0"}
+        while not self._stop.wait(0.02):
+            if not b.alive:
+                continue
+            try:
+                self.cluster.request(b.address, RequestCode.SEND_MESSAGE, ext, b"probe", timeout=1.0)
+            except (RmqhaError, OSError, TimeoutError):
+                pass  # frozen, dead or cut: nothing acknowledged
+
     def _tail(self, ns: list[str]) -> None:
         consumer: BlockingConsumer | None = None
         try:
@@ -221,7 +259,7 @@ class ChaosRun:
     def _monitor(self) -> None:
         c = self.cluster
         while not self._stop.is_set():
-            claims: dict[str, tuple[str, int]] = {}
+            claims: dict[str, tuple[str, int, bool]] = {}
             for b in self.brokers:
                 if not b.alive:
                     continue
@@ -229,7 +267,8 @@ class ChaosRun:
                     st = c.broker_status(b)
                 except (RmqhaError, OSError, KeyError, ValueError):
                     continue
-                claims[b.name] = (str(st.get("role")), int(st.get("masterEpoch") or 0))
+                claims[b.name] = (str(st.get("role")), int(st.get("masterEpoch") or 0),
+                                  bool(st.get("acceptingWrites")))
             view = None
             try:
                 info = c.replica_info(GROUP)
@@ -285,6 +324,9 @@ class ChaosRun:
         c.wait_for(lambda: all(int(c.broker_status(b)["maxOffset"]) >= target for b in self.brokers), 60,
                    what="every replica at the master's end")
         seg = int(self.brokers[0].config["segment_bytes"])
+        for b in self.brokers:
+            windows = c.broker_status(b).get("ackWindows") or {}
+            self.ack_windows[b.name] = {int(e): [float(t) for t in w] for e, w in windows.items()}
         for b in self.brokers:
             b.stop(10)
         logs: dict[str, list[tuple[str, int, int]]] = {}
@@ -349,9 +391,11 @@ class ChaosRun:
         claimed: dict[int, set[str]] = defaultdict(set)
         viewed: dict[int, set[int | None]] = defaultdict(set)
         for _, claims, view in self.samples:
-            for name, (role, epoch) in claims.items():
+            for name, (role, epoch, _) in claims.items():
                 if role == "master":
                     claimed[epoch].add(name)
+            if sum(1 for _, _, accepting in claims.values() if accepting) > 1:
+                r.two_writer_samples += 1
             if view is not None:
                 viewed[view[1]].add(view[0])
         for epoch, names in claimed.items():
@@ -362,11 +406,37 @@ class ChaosRun:
                 r.problems.append(f"controller named masters {sorted(map(str, masters))} at epoch {epoch}")
         if final_ids != self.ids:
             r.problems.append(f"broker ids changed: {self.ids} -> {final_ids}")
+        if r.two_writer_samples:
+            r.problems.append(f"{r.two_writer_samples} samples found two brokers accepting writes")
+        self._judge_ack_windows(r)
         if self.fault_at is not None and self.first_ack_after_fault is not None:
             r.failover_s = self.first_ack_after_fault - self.fault_at
         if r.lost:
             r.problems.insert(0, f"{r.lost} acknowledged values lost")
         return r
+
+
+    def _judge_ack_windows(self, r: Report) -> None:
+        """Two brokers never acknowledging at once, and the first ack on a new master.
+
+        A restarted broker forgot its windows (a killed process acknowledged nothing after
+        it died, so nothing is missed that could overlap)."""
+        windows = [(epoch, name, w[0], w[1]) for name, per in self.ack_windows.items()
+                   for epoch, w in per.items()]
+        for e1, b1, _, last1 in windows:
+            for e2, b2, first2, _ in windows:
+                if b1 != b2 and e1 < e2 and last1 > first2:
+                    r.ack_overlap_s = max(r.ack_overlap_s, last1 - first2)
+        if r.ack_overlap_s > 0:
+            r.problems.append(f"two brokers acknowledged writes at once for {r.ack_overlap_s:.3f}s")
+        if self.fault_at is None:
+            return
+        before = [e for e, _, first, _ in windows if first <= self.fault_at]
+        if not before:
+            return
+        later = [first for e, _, first, _ in windows if e > max(before)]
+        if later:
+            r.new_master_ack_s = min(later) - self.fault_at
 
 
 def _split(addr: str) -> tuple[str, int]:
@@ -438,6 +508,20 @@ def partition_master_from_controllers(run: ChaosRun) -> None:
     run.mark_fault()
     run.cluster.wait_for(lambda: (x := run.cluster.master_of(GROUP)) is not None and x is not m, 30,
                          what="a new master elected behind the partition")
+    run.run_load_for(1.5)
+
+
+def reset_master_controller_links(run: ChaosRun) -> None:
+    """The master's links to the controllers reset (and new ones refused) while it lives:
+    the controllers see its connection close, but a closed connection is not a death (the
+    controller finds its port still open), so the election waits for the heartbeat
+    timeout, which the master's lease does not outlast."""
+    m = run.master()
+    for p in run.ctl_proxies[m.name]:
+        p.cut("close")
+    run.mark_fault()
+    run.cluster.wait_for(lambda: (x := run.cluster.master_of(GROUP)) is not None and x is not m, 30,
+                         what="a new master elected after the links reset")
     run.run_load_for(1.5)
 
 
