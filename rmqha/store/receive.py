@@ -55,7 +55,8 @@ class ReceivePath:
         """Slave side: write raw log bytes at exactly ``max_offset``; returns the new max.
 
         In sync flush mode this returns once an fsync covers the block, unless
-        ``wait_flush=False`` (as for :meth:`append`): then the flush is only asked for.  An
+        ``wait_flush=False`` (as for :meth:`append`): then the flush is only asked for (it
+        runs within ``LAZY_FLUSH_S``, grouped with the blocks that follow).  An
         HA slave passes False and leaves the choice to ``ha_slave_flush_before_ack``
         (RocketMQ's slave acks from its page cache).
 

@@ -15,8 +15,8 @@ itself (see ``CommitLog._allocate``).
 With ``flush = sync`` the warm-up also writes the window's (zero) pages to disk ahead of the
 writer, as RocketMQ's ``warmMappedFile`` does: fallocated blocks are *unwritten* extents,
 and the first ``fdatasync`` after a write into one must commit the extent's conversion
-through the filesystem journal (shared with every other file: about 4 ms on a busy ext4
-here, against 0.1 ms into blocks written before).  The warm-up pays that, off the hot path.
+through the filesystem journal (shared with every other file: up to ~4 ms on this VM's
+ext4 when other work keeps the journal busy, against ~0.1 ms into blocks written before).  The warm-up pays that, off the hot path.
 """
 from __future__ import annotations
 
