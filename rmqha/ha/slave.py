@@ -389,7 +389,6 @@ class HASlave:
         the bulk catch-up case: one copy, kernel to page cache."""
         cfg = self.config
         cl = self.commitlog
-        em = self.epoch_map
         heartbeat = cfg.ha_send_heartbeat_interval_ms / 1000
         housekeeping = cfg.ha_housekeeping_interval_ms / 1000
         max_frame = cfg.max_frame_bytes
@@ -536,7 +535,6 @@ class HASlave:
             return
         cfg = self.config
         cl = self.commitlog
-        em = self.epoch_map
         heartbeat = cfg.ha_send_heartbeat_interval_ms / 1000
         housekeeping = cfg.ha_housekeeping_interval_ms / 1000
         acked = cl.max_offset
