@@ -89,17 +89,53 @@ def _assert_nothing_left(directory: Path, min_ports: int = 6) -> None:
     assert [p for p in ports if port_open(f"127.0.0.1:{p}")] == []
 
 
-def _json_run(work: Path, *extra: str) -> dict:
+def _kill_leftovers(directory: Path) -> list[str]:
+    """SIGKILL every process still running with ``directory`` on its command line (the
+    demo's children, each in a process group of its own, outlive a killed demo); their
+    command lines, for the failure message."""
+    needle = str(directory).encode()
+    killed = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().split(") ", 1)[1][:1]
+            if needle in cmdline and state != "Z":
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
+        except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
+            continue
+    return killed
+
+
+def _json_run(work: Path, *extra: str, timeout: float = 120) -> dict:
+    """One ``--json`` demo run; whatever happens, nothing it started outlives the test.
+
+    Past ``timeout`` the demo gets SIGINT (it stops its processes and says where it was),
+    then SIGKILL; what is still running under ``work`` is killed either way."""
     proc = _demo(["--messages", "3000", "--json", "--dir", str(work), *extra])
     try:
-        out, err = proc.communicate(timeout=120)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)
+            try:
+                out, err = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            pytest.fail(f"the demo was still running after {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
     finally:
         proc.kill()
+        proc.wait()
+        leftovers = _kill_leftovers(work)
     assert proc.returncode == 0, f"stdout:\n{out}\nstderr:\n{err}"
+    assert leftovers == [], f"the demo left processes {leftovers} under {work}"
     return json.loads(out)  # nothing else on stdout
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(180)
 def test_demo_json_run_loses_nothing_and_leaves_nothing(tmp_path: Path) -> None:
     work = tmp_path / "demo"
     summary = _json_run(work, "--no-stall")
@@ -125,7 +161,7 @@ def test_demo_json_run_loses_nothing_and_leaves_nothing(tmp_path: Path) -> None:
     _assert_nothing_left(work)
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(180)
 def test_stalled_links_make_the_old_master_cut_exactly_its_unacknowledged_tail(tmp_path: Path) -> None:
     work = tmp_path / "demo"
     summary = _json_run(work)
@@ -187,6 +223,7 @@ def test_sigint_stops_everything(tmp_path: Path, phase: str) -> None:
     finally:
         proc.kill()
         proc.wait()
+        leftovers = _kill_leftovers(work)
     out = "".join(lines)
     assert proc.returncode == 130, f"stdout:\n{out}\nstderr:\n{err}"
     assert "[5/5]" not in out and "interrupted" in out
@@ -198,6 +235,7 @@ def test_sigint_stops_everything(tmp_path: Path, phase: str) -> None:
     assert "ports still open: none" in out
     assert "Traceback" not in err and "Task was destroyed" not in err, err
     assert stopped_in < 20
+    assert leftovers == [], f"the demo left processes {leftovers} under {work}"
     # Interrupted while brokers start: the controllers and the name server were up.
     _assert_nothing_left(work, min_ports=7 if "name server" in phase else 13)
 
