@@ -446,6 +446,26 @@ class ProduceLoad:
                         self.first_ack_after_kill = now
 
 
+class _AckProgress:
+    """Fails a produce phase in which no send is acknowledged for ``timeout_s``: every send
+    ends within the producer's retry deadline, but a cluster that refuses them all would
+    keep the demo going batch after batch, saying nothing."""
+
+    def __init__(self, load: ProduceLoad, timeout_s: float) -> None:
+        self.load = load
+        self.timeout_s = timeout_s
+        self._acked = len(load.acked)
+        self._since = time.monotonic()
+
+    def check(self, cluster: Cluster) -> None:
+        acked, now = len(self.load.acked), time.monotonic()
+        if acked != self._acked:
+            self._acked, self._since = acked, now
+        elif now - self._since > self.timeout_s:
+            raise RmqhaError(f"no send acknowledged for {self.timeout_s:.0f} s (last send error: "
+                             f"{self.load.last_error or 'none'})\n{cluster.describe()}")
+
+
 # --- the replication links -----------------------------------------------------------------
 
 
@@ -717,8 +737,10 @@ class Demo:
         if master is None:
             raise RmqhaError(f"no running broker has the master's id {before.master_id}")
         load.start()
+        progress = _AckProgress(load, self.opts.step_timeout_s)
         while not load.done and len(load.acked) < kill_after:
             self._tick(bar, load)
+            progress.check(self._c)
         f = s.failover
         f.killed, f.killed_pid, f.acked_at_kill = master.name, master.pid or 0, len(load.acked)
         f.old_master_id, f.old_master_address = before.master_id, before.master_address
@@ -731,9 +753,11 @@ class Demo:
         out.say(f"  >>> SIGKILL {master.name} (pid {f.killed_pid}): the master, id {f.old_master_id}, "
                 f"master epoch {f.old_epoch}, after {f.acked_at_kill:,} acknowledged messages")
         self._watch_election(bar, load, before)
+        progress = _AckProgress(load, self.opts.step_timeout_s)
         while not load.done:
             self._tick(bar, load)
             self._watch_sync_state_set(load)
+            progress.check(self._c)
         self._tick(bar, load)
         out.end_progress()
         load.result()
