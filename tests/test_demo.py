@@ -30,7 +30,6 @@ import pytest
 from rich.console import Console as RichConsole
 
 from rmqha.demo.cluster import HA_ADVERTISED_KEY, ProgressBar
-from rmqha.local_cluster import port_open
 
 SUMMARY_FIELDS = {
     "sent", "acked", "not_acked", "send_errors", "consumed", "duplicates", "lost",
@@ -82,11 +81,61 @@ def _configured_ports(directory: Path) -> list[int]:
     return sorted(ports)
 
 
+def _listeners(ports: list[int]) -> dict[int, list[int]]:
+    """Port -> pids of the processes holding a listening socket on it (Linux /proc)."""
+    inodes: dict[str, int] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except FileNotFoundError:
+            continue
+        for row in rows:
+            cols = row.split()
+            port = int(cols[1].rpartition(":")[2], 16)
+            if cols[3] == "0A" and port in ports:  # 0A: LISTEN
+                inodes[f"socket:[{cols[9]}]"] = port
+    found: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fds = list((entry / "fd").iterdir())
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(fd)
+            except (FileNotFoundError, ProcessLookupError, PermissionError):
+                continue  # closed meanwhile
+            if link in inodes:
+                found.setdefault(inodes[link], []).append(int(entry.name))
+    return found
+
+
+def _ours(pid: int, directory: Path) -> bool:
+    """A process the test started: the demo's (naming ``directory``) or below this one."""
+    try:
+        if str(directory).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return True
+        while pid > 1:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].split()[1])
+            if pid == os.getpid():
+                return True
+    except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError, ValueError):
+        pass
+    return False
+
+
 def _assert_nothing_left(directory: Path, min_ports: int = 6) -> None:
     ports = _configured_ports(directory)
     assert len(ports) >= min_ports, f"expected the demo's configs under {directory}, found {ports}"
     assert _processes_under(directory) == []
-    assert [p for p in ports if port_open(f"127.0.0.1:{p}")] == []
+    # The ports were free when the demo took them and are free for anyone once it is gone:
+    # on a busy machine another test may already listen on one.  Only our own listeners
+    # count as left behind.
+    still = {port: pids for port, pids in _listeners(ports).items()
+             if any(_ours(pid, directory) for pid in pids)}
+    assert still == {}, f"ports still open by processes the demo started: {still}"
 
 
 def _kill_leftovers(directory: Path) -> list[str]:
