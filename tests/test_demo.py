@@ -221,6 +221,9 @@ def test_stalled_links_make_the_old_master_cut_exactly_its_unacknowledged_tail(t
     # Nothing crossed the stalled links: no slave has more than the master had when they
     # stalled, and the master wrote beyond what the slaves have (sends never acknowledged).
     assert max(f["slave_max_at_kill"]) <= f["master_max_at_stall"] <= f["master_max_at_kill"]
+    # Each slave had stored exactly the whole blocks that crossed its link (the kill waited
+    # for that): what it holds when the master dies is what it will ever get from it.
+    assert f["slave_max_at_kill"] == f["crossed_at_stall"]
     assert f["tail_bytes"] == f["master_max_at_kill"] - max(f["slave_max_at_kill"]) > 0
     # The new master's epoch starts at its own log end, which is what it had at the kill
     # (the links to the dead master carried nothing more).
