@@ -75,8 +75,10 @@ bench-peers: build
 	$(PY) -m pip install --quiet -e '.[dev,spark,peers]'
 	$(PY) benches/bench_peers.py --readme README.md --flush-sync $(PEERS_ARGS)
 
+# Ingest new pytest-benchmark runs from .benchmarks, analyse, write reports/trends/report.html.
+# Gate a CI run with TRENDS_ARGS="--fail-on-regression" (exit codes: see README).
 trends: build
-	$(PY) -m spark_bench trends --history .benchmarks --out reports/trends
+	$(PY) -m spark_bench trends --history .benchmarks --out reports/trends $(TRENDS_ARGS)
 
 # Build a wheel and prove it installs and imports in a fresh venv.
 wheel-check: $(PY)
@@ -88,7 +90,10 @@ wheel-check: $(PY)
 		impl = rmqha.core_implementation(); print('wheel imports, core:', impl); \
 		assert impl == 'cython', impl; \
 		names = zipfile.ZipFile(glob.glob('rmqha-*.whl')[0]).namelist(); \
-		assert not [n for n in names if n.endswith('.c')], 'generated C in wheel'"
+		assert not [n for n in names if n.endswith('.c')], 'generated C in wheel'; \
+		assert 'spark_bench/cli.py' in names and 'spark_bench/log4j2.properties' in names, \
+		'spark_bench missing from the wheel'"
+	cd dist/wheelcheck && venv/bin/rmqha-trends --help > /dev/null && echo "rmqha-trends --help runs"
 
 clean:
 	rm -rf build dist *.egg-info rmqha/_core/*.c rmqha/_core/*.so rmqha/_core/*.html

@@ -1,7 +1,8 @@
 """Benchmark history analytics on PySpark: ingest pytest-benchmark JSON, detect trends and
 change points per series, render a self-contained HTML report, and gate CI on regressions.
 
-Run as ``python -m spark_bench <ingest|trends|report>``; see :mod:`spark_bench.cli`.
+Run as ``rmqha-trends <ingest|trends|report>`` (or ``python -m spark_bench``); see
+:mod:`spark_bench.cli`.
 """
 from __future__ import annotations
 

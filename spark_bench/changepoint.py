@@ -63,6 +63,9 @@ class ChangePoint:
     after: float
     change: float  # (after - before) / before
     p_value: float
+    #: Shift of the medians in robust standard errors: how clearly the levels differ (the
+    #: p-value bottoms out at 1 / (permutations + 1) for every clear change).
+    z: float = 0.0
 
     @property
     def confidence(self) -> float:
@@ -191,14 +194,13 @@ def detect(values: np.ndarray | list[float], cfg: DetectorConfig | None = None,
         for i, s in enumerate(splits):
             before = _level(x[bounds[i]:s])
             after = _level(x[s:bounds[i + 2]])
-            sizes.append((abs(_relative(before, after)), i, before, after))
-        small = [item for item in sizes if item[0] < cfg.min_change
-                 or _z_score(x[bounds[item[1]]:splits[item[1]]],
-                             x[splits[item[1]]:bounds[item[1] + 2]]) < cfg.min_z]
+            z = _z_score(x[bounds[i]:s], x[s:bounds[i + 2]])
+            sizes.append((abs(_relative(before, after)), i, before, after, z))
+        small = [item for item in sizes if item[0] < cfg.min_change or item[4] < cfg.min_z]
         if not small:
             break
         splits.pop(min(small)[1])
 
     return [ChangePoint(index=offset + s, before=before, after=after,
-                        change=_relative(before, after), p_value=accepted[s])
-            for (_, _, before, after), s in zip(sizes, splits, strict=True)]
+                        change=_relative(before, after), p_value=accepted[s], z=float(z))
+            for (_, _, before, after, z), s in zip(sizes, splits, strict=True)]

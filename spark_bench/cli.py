@@ -1,35 +1,46 @@
-"""Command line: ``python -m spark_bench {ingest,trends,report}``.
+"""Command line: ``rmqha-trends {ingest,trends,report}`` (also ``python -m spark_bench``).
 
-* ``ingest --history PATH... --table DIR``: add pytest-benchmark runs to the Parquet table.
-* ``trends --out DIR [--history PATH...]``: with ``--history``, ingest first (into
-  ``DIR/runs.parquet`` unless ``--table`` says otherwise); then baselines, change points
-  and ratio series; then the report. This is what ``make trends`` runs.
-* ``report --out DIR``: re-render the HTML and CSV from the trend tables (no JVM).
+* ``ingest --history PATH... --table URL``: add new pytest-benchmark files to the Parquet
+  run table (only files not seen before are read).
+* ``trends --out URL [--history PATH...]``: ingest first (into ``OUT/runs.parquet`` unless
+  ``--table`` says otherwise), then baselines, change points and ratios, then the report.
+  When nothing was ingested and the table and options are those of the last run, the
+  trend tables are reused. This is what ``make trends`` runs.
+* ``report --out URL``: re-render the HTML and CSV from the trend tables.
 
-``--fail-on-regression [--threshold PCT]`` on trends/report exits 1 when the latest run of
-any benchmark series is worse than its baseline by more than the threshold. Exit 2 means
-there was nothing to analyse.
+Paths may be local or any Hadoop file system URL (``file://``, ``hdfs://``, ``s3a://``).
+
+Gate (``--fail-on-regression``): fail on an open regression at or above ``--threshold``
+percent (``--threshold-for GLOB=PCT`` per benchmark), one line per failing series on stderr.
+Exit codes: 0 passed (or no gate asked for), 1 the gate failed, 2 nothing to analyse or
+bad arguments.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from spark_bench.changepoint import DetectorConfig
-from spark_bench.gate import DEFAULT_THRESHOLD_PCT
+from spark_bench.gate import DEFAULT_THRESHOLD_PCT, EXIT_NO_DATA, EXIT_PASSED, EXIT_REGRESSED, GatePolicy
+from spark_bench.progress import stage
 
 if TYPE_CHECKING:
+    import pandas as pd
     from pyspark.sql import SparkSession
 
     from spark_bench.ingest import IngestResult
-    from spark_bench.report import ReportResult
 
 RUN_TABLE_DIR = "runs.parquet"
+INGEST_LOG = "ingest.json"
+STATE_FILE = "trends-state.json"
+#: machine_info fields a machine key may use (schema.MACHINE_FIELDS; kept here so --help
+#: needs no pyspark import).
+MACHINE_FIELDS = ("node", "machine", "system", "release", "python_implementation",
+                  "python_version", "cpu_brand", "cpu_arch", "cpu_count", "rmqha_machine")
 
 
 def _add_spark_args(p: argparse.ArgumentParser) -> None:
@@ -38,32 +49,39 @@ def _add_spark_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_report_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--points-csv", action="store_true",
-                   help="also write every series point as series.csv (large; Parquet has it)")
+    p.add_argument("--max-plots", type=int, default=150, metavar="N",
+                   help="plot at most N series with change points (default %(default)s)")
 
 
 def _add_gate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fail-on-regression", action="store_true",
-                   help="exit 1 if the latest run of any benchmark series regressed")
+                   help="exit 1 if any live benchmark series has an open regression at or "
+                        "above its threshold")
     p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD_PCT, metavar="PCT",
-                   help=f"regression threshold in percent (default {DEFAULT_THRESHOLD_PCT:g})")
+                   help=f"gate threshold in percent (default {DEFAULT_THRESHOLD_PCT:g})")
+    p.add_argument("--threshold-for", action="append", default=[], metavar="GLOB=PCT",
+                   help="threshold for benchmarks or series ids matching GLOB (repeatable, "
+                        "first match wins), e.g. '*test_produce*=20'")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m spark_bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="rmqha-trends", description=__doc__.split("\n\n")[0],
+        epilog="exit codes: 0 passed, 1 the regression gate failed, 2 nothing to analyse or "
+               "bad arguments")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("ingest", help="pytest-benchmark JSON files -> Parquet run table")
+    p = sub.add_parser("ingest", help="new pytest-benchmark JSON files -> Parquet run table")
     p.add_argument("--history", nargs="+", required=True, metavar="PATH",
-                   help="files, directories (searched recursively) or globs; any Spark-readable path")
-    p.add_argument("--table", required=True, help="Parquet table directory (created if missing)")
+                   help="files, directories (searched recursively) or globs; paths or URLs")
+    p.add_argument("--table", required=True, help="Parquet run table (path or URL; created if missing)")
     _add_spark_args(p)
     p.set_defaults(func=cmd_ingest)
 
     p = sub.add_parser("trends", help="baselines, change points, ratios, then the report")
-    p.add_argument("--history", nargs="+", metavar="PATH", help="ingest these first")
+    p.add_argument("--history", nargs="+", metavar="PATH", help="ingest these first (paths or URLs)")
     p.add_argument("--table", help=f"run table (default OUT/{RUN_TABLE_DIR})")
-    p.add_argument("--out", required=True, help="output directory for tables and report")
+    p.add_argument("--out", required=True, help="output directory (path or URL) for tables and report")
     p.add_argument("--metric", default="median", choices=("median", "mean", "min", "ops"))
     p.add_argument("--baseline-window", type=int, default=10, metavar="RUNS",
                    help="previous runs in the rolling-median baseline (default 10)")
@@ -71,6 +89,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="permutation-test significance level (default %(default)s)")
     p.add_argument("--min-change", type=float, default=DetectorConfig.min_change * 100, metavar="PCT",
                    help="smallest change worth reporting, percent (default %(default)s)")
+    p.add_argument("--machine-key", metavar="FIELDS",
+                   help="comma-separated machine_info fields that identify a machine, e.g. "
+                        f"cpu_brand,python_version for CI runners with a new host name per "
+                        f"job (choose from {', '.join(MACHINE_FIELDS)}; default: "
+                        "rmqha_machine, else node)")
+    p.add_argument("--branch", help="analyse this branch only (default: every branch, each "
+                                    "in its own series)")
+    p.add_argument("--include-dirty", action="store_true",
+                   help="also analyse runs from dirty work trees (left out by default)")
+    p.add_argument("--stale-after", type=int, default=5, metavar="RUNS",
+                   help="a series not measured in its machine's last RUNS runs is stale "
+                        "(renamed or removed): reported, never gated (default %(default)s)")
     p.add_argument("--no-report", action="store_true", help="skip the HTML/CSV report")
     _add_report_args(p)
     _add_spark_args(p)
@@ -80,9 +110,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="render report.html and CSV from the trend tables")
     p.add_argument("--out", required=True, help="directory written by `trends`")
     _add_report_args(p)
+    _add_spark_args(p)
     _add_gate_args(p)
     p.set_defaults(func=cmd_report)
     return parser
+
+
+def _policy(args: argparse.Namespace) -> GatePolicy:
+    try:
+        overrides = tuple(GatePolicy.parse_override(t) for t in args.threshold_for)
+    except ValueError as exc:
+        raise _UsageError(str(exc)) from None
+    return GatePolicy(threshold_pct=args.threshold, overrides=overrides)
+
+
+class _UsageError(Exception):
+    """Bad arguments found after parsing; exit 2 with the message."""
 
 
 def _session(args: argparse.Namespace, spark: SparkSession | None) -> tuple[SparkSession, bool]:
@@ -91,8 +134,15 @@ def _session(args: argparse.Namespace, spark: SparkSession | None) -> tuple[Spar
         return spark, False
     from spark_bench.session import SessionOptions, build_session, java_available
     if not java_available():
-        raise SystemExit("spark_bench: Java 17+ is needed for Spark (set JAVA_HOME or put java on PATH)")
+        raise _UsageError("Java 17+ is needed for Spark (set JAVA_HOME or put java on PATH)")
     return build_session(SessionOptions(master=args.master)), True
+
+
+def _stop(session: SparkSession, owned: bool) -> None:
+    if owned:
+        from spark_bench.session import resource_report
+        print(resource_report(session))
+        session.stop()
 
 
 def _print_ingest(result: IngestResult) -> None:
@@ -101,10 +151,9 @@ def _print_ingest(result: IngestResult) -> None:
     if result.entries_invalid:
         print(f"skipped {result.entries_invalid} benchmark entries without a name or median",
               file=sys.stderr)
-    print(f"ingest: {result.files_seen} files seen, {result.files_ingested} used, "
-          f"{len(result.skipped)} skipped; {result.rows_new} new rows, "
-          f"{result.rows_duplicate} already present; table {result.table} "
-          f"({result.seconds:.1f} s)")
+    print(f"ingest: {result.files_seen} files seen, {result.files_new} new, "
+          f"{result.files_ingested} used, {len(result.skipped)} skipped; {result.rows_new} new "
+          f"rows, {result.rows_duplicate} duplicate; table {result.table} ({result.seconds:.1f} s)")
 
 
 def cmd_ingest(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
@@ -113,79 +162,204 @@ def cmd_ingest(args: argparse.Namespace, spark: SparkSession | None = None) -> i
     try:
         result = ingest(session, args.history, args.table)
     finally:
-        if owned:
-            session.stop()
+        _stop(session, owned)
     _print_ingest(result)
-    return 0 if result.files_seen else 2
+    return EXIT_PASSED if result.files_seen else EXIT_NO_DATA
 
 
-def _gate(out: str, args: argparse.Namespace, report_result: ReportResult | None = None) -> int:
-    import pandas as pd
-
+def _gate(args: argparse.Namespace, failing: pd.DataFrame) -> int:
     from spark_bench import gate
-    if report_result is not None:
-        rows = report_result.failing
-    else:
-        rows = gate.failing(pd.read_parquet(os.path.join(out, "summary.parquet")), args.threshold)
-    if len(rows):
-        print(gate.describe(rows, args.threshold), file=sys.stderr)
-        return 1 if args.fail_on_regression else 0
+    if len(failing):
+        print(gate.describe(failing), file=sys.stderr)
+        return EXIT_REGRESSED if args.fail_on_regression else EXIT_PASSED
     if args.fail_on_regression:
-        print(f"gate: no series regressed by more than {args.threshold:g}% at its latest run")
-    return 0
+        print(f"gate: passed (no open regression at or above {args.threshold:g}%"
+              f"{' or its override' if args.threshold_for else ''})")
+    return EXIT_PASSED
+
+
+def _trend_config(args: argparse.Namespace):  # noqa: ANN202 - pyspark-free signature
+    from spark_bench import trends
+    machine_key = tuple(f.strip() for f in (args.machine_key or "").split(",") if f.strip())
+    try:
+        return trends.TrendConfig(
+            metric=args.metric, baseline_window=args.baseline_window,
+            detector=DetectorConfig(alpha=args.alpha, min_change=args.min_change / 100.0),
+            machine_key=machine_key, branch=args.branch, include_dirty=args.include_dirty,
+            stale_after=args.stale_after)
+    except ValueError as exc:
+        raise _UsageError(str(exc)) from None
 
 
 def cmd_trends(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
-    from spark_bench import trends
+    from spark_bench import storage, trends
     from spark_bench.ingest import ingest, read_table, table_exists
+    policy = _policy(args)
+    cfg = _trend_config(args)
     out = args.out
-    table = args.table or os.path.join(out, RUN_TABLE_DIR)
-    os.makedirs(out, exist_ok=True)
+    table = args.table or storage.join(out, RUN_TABLE_DIR)
     session, owned = _session(args, spark)
     try:
+        ingest_log = None
         if args.history:
-            result = ingest(session, args.history, table)
+            with stage("ingest: parsing new benchmark files"):
+                result = ingest(session, args.history, table)
             _print_ingest(result)
-            with open(os.path.join(out, "ingest.json"), "w", encoding="utf-8") as fh:
-                json.dump(result.as_dict(), fh, indent=2)
+            ingest_log = result.as_dict()
+            storage.write_text(session, storage.join(out, INGEST_LOG), json.dumps(ingest_log, indent=2))
         if not table_exists(session, table):
             print(f"no benchmark history: {table} does not exist and nothing was ingested "
                   f"(run `make bench` to record runs)", file=sys.stderr)
-            return 2
+            return EXIT_NO_DATA
         started = time.perf_counter()
-        cfg = trends.TrendConfig(
-            metric=args.metric, baseline_window=args.baseline_window,
-            detector=DetectorConfig(alpha=args.alpha, min_change=args.min_change / 100.0))
-        tables = trends.compute(read_table(session, table), out, cfg)
-        n_series = tables.summary.count()
-        n_changes = tables.changes.count()
-        print(f"trends: {n_series} series, {n_changes} change points "
-              f"({time.perf_counter() - started:.1f} s); tables in {os.path.abspath(out)}")
+        # Nothing new in the table and the same options: the tables (and, for the same gate
+        # options, the report) of the last run are still right.
+        state = {"table": storage.fingerprint(session, table), "config": repr(cfg)}
+        state_path = storage.join(out, STATE_FILE)
+        saved_text = storage.read_text(session, state_path)
+        saved = json.loads(saved_text) if saved_text else {}
+        reused = (all(saved.get(k) == v for k, v in state.items())
+                  and storage.exists(session, storage.join(out, "summary.parquet")))
+        with stage("trends: series, baselines and change points"):
+            if reused:
+                tables = trends.load(session, out)
+            else:
+                tables = trends.compute(read_table(session, table), out, cfg)
+            summary = tables.summary.toPandas()
+            changes = tables.changes.toPandas()
+        report_key = f"{policy!r} max_plots={args.max_plots}"
+        print(f"trends: {len(summary)} series, {len(changes)} change points "
+              f"({time.perf_counter() - started:.1f} s{', unchanged since the last run' if reused else ''}); "
+              f"tables in {out}")
+        if summary.empty:
+            print("no benchmark series to analyse (every run filtered out?)", file=sys.stderr)
+            return EXIT_NO_DATA
+        if args.no_report or (reused and saved.get("report") == report_key
+                              and storage.exists(session, storage.join(out, "report.html"))):
+            from spark_bench import gate
+            storage.write_text(session, state_path, json.dumps(
+                {**state, "report": saved.get("report") if reused else None}))
+            if not args.no_report:
+                print(f"report: {out.rstrip('/')}/report.html is up to date")
+            return _gate(args, gate.failing(summary, changes, policy))
+        if ingest_log is None:
+            text = storage.read_text(session, storage.join(out, INGEST_LOG))
+            ingest_log = json.loads(text) if text else None
+        with stage("report: plotting the series with change points"):
+            code = _report(args, policy, summary, changes, ingest_log,
+                           lambda ids: tables.series.filter(tables.series["series_id"].isin(ids))
+                           .select(*_point_columns()).toPandas(),
+                           lambda name, text: storage.write_text(session, storage.join(out, name),
+                                                                 text))
+        storage.write_text(session, state_path, json.dumps({**state, "report": report_key}))
+        return code
     finally:
-        if owned:
-            session.stop()
-    if args.no_report:
-        return _gate(out, args)
-    return _report(out, args)
+        _stop(session, owned)
 
 
-def _report(out: str, args: argparse.Namespace) -> int:
-    from spark_bench.report import render
-    result = render(out, args.threshold, points_csv=args.points_csv)
-    print(f"report: {result.html_path} ({result.plots} plots, {result.seconds:.1f} s); "
-          f"CSV: {', '.join(result.csv_paths)}")
-    return _gate(out, args, result)
+def _point_columns() -> list[str]:
+    from spark_bench.report import POINT_COLUMNS
+    return POINT_COLUMNS
+
+
+def _report(args: argparse.Namespace, policy: GatePolicy, summary: pd.DataFrame,
+            changes: pd.DataFrame, ingest_log: dict[str, object] | None, load_points, write) -> int:  # noqa: ANN001
+    from spark_bench import gate, report
+    started = time.perf_counter()
+    failing = gate.failing(summary, changes, policy)
+    ids = report.plotted_series(summary, changes, failing, args.max_plots)
+    points = load_points(ids) if ids else None
+    import pandas as pd
+    result = report.render(summary, changes, points if points is not None else pd.DataFrame(
+        columns=report.POINT_COLUMNS), policy, ingest_log, args.max_plots)
+    write(report.REPORT_FILE, result.html)
+    write("summary.csv", summary.to_csv(index=False))
+    write("changes.csv", changes.to_csv(index=False))
+    print(f"report: {args.out.rstrip('/')}/{report.REPORT_FILE} ({result.plots} plots, "
+          f"{len(result.html.encode()) / 1e6:.1f} MB, {time.perf_counter() - started:.1f} s); "
+          f"summary.csv, changes.csv")
+    return _gate(args, result.failing)
+
+
+def _is_local(path: str) -> bool:
+    return "://" not in path or path.startswith("file:")
 
 
 def cmd_report(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
-    del spark  # the report reads Parquet with pyarrow; no JVM needed
-    if not os.path.exists(os.path.join(args.out, "summary.parquet")):
-        print(f"no trend tables in {args.out}: run `python -m spark_bench trends` first", file=sys.stderr)
-        return 2
-    return _report(args.out, args)
+    policy = _policy(args)
+    if _is_local(args.out) and spark is None:
+        # Local tables: pandas/pyarrow read them, no JVM needed.
+        import os
+
+        import pandas as pd
+        out = args.out[len("file://"):] if args.out.startswith("file://") else args.out
+        out = out[len("file:"):] if out.startswith("file:") else out
+        if not os.path.exists(os.path.join(out, "summary.parquet")):
+            print(f"no trend tables in {args.out}: run `rmqha-trends trends` first", file=sys.stderr)
+            return EXIT_NO_DATA
+        summary = pd.read_parquet(os.path.join(out, "summary.parquet"))
+        changes = pd.read_parquet(os.path.join(out, "changes.parquet"))
+        log_path = os.path.join(out, INGEST_LOG)
+        ingest_log = None
+        if os.path.exists(log_path):
+            with open(log_path, encoding="utf-8") as fh:
+                ingest_log = json.load(fh)
+
+        def write(name: str, text: str) -> None:
+            with open(os.path.join(out, name), "w", encoding="utf-8") as fh:
+                fh.write(text)
+
+        return _report(args, policy, summary, changes, ingest_log,
+                       lambda ids: pd.read_parquet(os.path.join(out, "series.parquet"),
+                                                   columns=_point_columns(),
+                                                   filters=[("series_id", "in", ids)]),
+                       write)
+    from spark_bench import storage, trends
+    session, owned = _session(args, spark)
+    try:
+        if not storage.exists(session, storage.join(args.out, "summary.parquet")):
+            print(f"no trend tables in {args.out}: run `rmqha-trends trends` first", file=sys.stderr)
+            return EXIT_NO_DATA
+        tables = trends.load(session, args.out)
+        text = storage.read_text(session, storage.join(args.out, INGEST_LOG))
+        return _report(args, policy, tables.summary.toPandas(), tables.changes.toPandas(),
+                       json.loads(text) if text else None,
+                       lambda ids: tables.series.filter(tables.series["series_id"].isin(ids))
+                       .select(*_point_columns()).toPandas(),
+                       lambda name, t: storage.write_text(session, storage.join(args.out, name), t))
+    finally:
+        _stop(session, owned)
 
 
 def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -> int:
     """Entry point; ``spark`` lets tests pass their shared session (it is not stopped)."""
-    args = build_parser().parse_args(argv)
-    return int(args.func(args, spark))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args, spark))
+    except _UsageError as exc:
+        print(f"rmqha-trends: error: {exc}", file=sys.stderr)
+        return EXIT_NO_DATA
+    except Exception as exc:
+        # A path Spark cannot open (unknown URL scheme, missing credentials, unreachable
+        # name node) surfaces as a JVM exception: say which, without a py4j stack.
+        reason = _spark_failure(exc)
+        if reason is None:
+            raise
+        print(f"rmqha-trends: error: {reason}", file=sys.stderr)
+        return EXIT_NO_DATA
+
+
+def _spark_failure(exc: Exception) -> str | None:
+    """The first line of a Spark/JVM error, or None for any other exception."""
+    try:
+        from py4j.protocol import Py4JJavaError
+        from pyspark.errors import PySparkException
+    except ImportError:
+        return None
+    if isinstance(exc, Py4JJavaError):
+        java = exc.java_exception
+        return f"Spark failed: {java.getClass().getName()}: {java.getMessage()}"
+    if isinstance(exc, PySparkException):
+        return f"Spark failed: {str(exc).splitlines()[0]}"
+    return None

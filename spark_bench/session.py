@@ -77,8 +77,14 @@ def build_session(opts: SessionOptions | None = None) -> SparkSession:
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.log.structuredLogging.enabled", "false")
         .config("spark.sql.adaptive.enabled", "true")
+        # collect() and toPandas() hand results over on a one-shot loopback socket the JVM
+        # closes if Python has not connected within this time (15 s by default): on a
+        # starved machine the Python side can be late, and the action then fails with
+        # CANNOT_OPEN_SOCKET (seen in CI-like runs under load).
+        .config("spark.python.authenticate.socketTimeout", "120s")
     )
-    if opts.master.startswith("local"):
+    in_process = opts.master == "local" or opts.master.startswith("local[")
+    if opts.master.startswith("local"):  # local[...] and local-cluster[...]: loopback only
         builder = (builder.config("spark.driver.host", "127.0.0.1")
                    .config("spark.driver.bindAddress", "127.0.0.1"))
     java_options = [f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"]
@@ -93,8 +99,9 @@ def build_session(opts: SessionOptions | None = None) -> SparkSession:
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
-    if not opts.master.startswith("local"):
-        # Executors on other hosts cannot see this checkout: ship the package with the job.
+    if not in_process:
+        # Executors in other processes (other hosts, or local-cluster's JVMs) may not see
+        # this installation: ship the package with the job.
         session.sparkContext.addPyFile(_package_zip())
     return session
 
@@ -108,3 +115,60 @@ def _package_zip() -> str:
             if name.endswith(".py"):
                 zf.write(os.path.join(package_dir, name), f"spark_bench/{name}")
     return target
+
+
+def _peak_rss_mib(pid: int) -> float | None:
+    """Peak resident memory (VmHWM) of a process, from /proc (Linux)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
+def _process_tree_cpu_seconds(root: int) -> float | None:
+    """User + system CPU of ``root`` and every live descendant (with their reaped
+    children): the driver JVM and its Python workers. On a shared machine this, not the
+    wall time, says what the job cost."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    ticks = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(entry)
+        parents[pid] = int(fields[1])
+        times[pid] = sum(int(f) for f in fields[11:15]) / ticks  # utime stime cutime cstime
+    if root not in times:
+        return None
+    total, frontier = 0.0, [root]
+    while frontier:
+        pid = frontier.pop()
+        total += times.get(pid, 0.0)
+        frontier.extend(child for child, parent in parents.items() if parent == pid)
+    return total
+
+
+def resource_report(spark: SparkSession) -> str:
+    """Peak memory of this Python driver and of the Spark driver JVM it started, and the CPU
+    time of that JVM with its Python workers (executors of a cluster are not counted; local
+    mode runs them inside the driver JVM)."""
+    python = _peak_rss_mib(os.getpid())
+    gateway = getattr(spark.sparkContext, "_gateway", None)
+    proc = getattr(gateway, "proc", None)
+    jvm = _peak_rss_mib(proc.pid) if proc is not None else None
+    cpu = _process_tree_cpu_seconds(proc.pid) if proc is not None else None
+    mem = [f"python driver {python:.0f} MiB" if python is not None else "python driver ?",
+           f"driver JVM {jvm:.0f} MiB" if jvm is not None else "driver JVM not measured"]
+    own = os.times()
+    cpu_text = (f"; CPU: driver JVM + Python workers {cpu:.1f} s, python driver "
+                f"{own.user + own.system:.1f} s" if cpu is not None else "")
+    return "resources: peak RSS " + ", ".join(mem) + cpu_text

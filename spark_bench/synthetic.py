@@ -34,14 +34,32 @@ class HistorySpec:
     machine: str = "synthetic-host"
     seed: int = 1
     start: datetime = datetime(2026, 1, 1, tzinfo=UTC)
+    #: CI runners that get a new host name per job: node is ``<machine>-job<run>``.
+    host_per_run: bool = False
+    branch: str = "main"
+    #: Runs made from a work tree with uncommitted changes.
+    dirty_runs: frozenset[int] = frozenset()
+    #: Runs measured out of commit order: run ``r`` is *measured* at slot ``run_order[r]``
+    #: (its ``datetime``), while its commit time stays ``r`` hours after ``start``.
+    run_order: tuple[int, ...] = ()
+    #: benchmark index -> first run without it (renamed or removed from then on).
+    removed_from: dict[int, int] = field(default_factory=dict)
+    #: Prefix of the synthetic commit ids (histories of two branches need different ones).
+    commit_salt: str = ""
 
 
-def commit_of(run: int) -> str:
-    return hashlib.sha1(f"run-{run}".encode()).hexdigest()
+def commit_of(run: int, salt: str = "") -> str:
+    return hashlib.sha1(f"{salt}run-{run}".encode()).hexdigest()
+
+
+def commit_time_of(spec: HistorySpec, run: int) -> datetime:
+    return spec.start + timedelta(hours=run)
 
 
 def run_time_of(spec: HistorySpec, run: int) -> datetime:
-    return spec.start + timedelta(hours=run)
+    """When run ``run`` was measured (commit order unless ``run_order`` says otherwise)."""
+    slot = spec.run_order[run] if spec.run_order else run
+    return spec.start + timedelta(hours=slot, minutes=30)
 
 
 def benchmark_identity(spec: HistorySpec, index: int) -> dict[str, object]:
@@ -92,6 +110,8 @@ def _stats(median: float, noise: float) -> dict[str, float | int]:
 def run_document(spec: HistorySpec, run: int, row: np.ndarray) -> dict[str, object]:
     benches = []
     for i, median in enumerate(row):
+        if run >= spec.removed_from.get(i, spec.runs + 1):
+            continue
         ident = benchmark_identity(spec, i)
         benches.append({
             "group": ident["group"], "name": ident["name"], "fullname": ident["fullname"],
@@ -102,13 +122,16 @@ def run_document(spec: HistorySpec, run: int, row: np.ndarray) -> dict[str, obje
         })
     return {
         "machine_info": {
-            "node": spec.machine, "processor": "", "machine": "x86_64",
+            "node": f"{spec.machine}-job{run}" if spec.host_per_run else spec.machine,
+            "processor": "", "machine": "x86_64",
             "python_implementation": "CPython", "python_version": "3.11.7",
             "release": "6.18", "system": "Linux",
             "cpu": {"brand_raw": "Synthetic CPU", "arch": "X86_64", "count": 2},
         },
-        "commit_info": {"id": commit_of(run), "time": run_time_of(spec, run).isoformat(),
-                        "dirty": False, "project": "rmqha", "branch": "main"},
+        "commit_info": {"id": commit_of(run, spec.commit_salt),
+                        "time": commit_time_of(spec, run).isoformat(),
+                        "dirty": run in spec.dirty_runs, "project": "rmqha",
+                        "branch": spec.branch},
         "benchmarks": benches,
         "datetime": run_time_of(spec, run).isoformat(),
         "version": "5.3.1",
@@ -122,7 +145,7 @@ def write_history(spec: HistorySpec, directory: str) -> list[str]:
     paths = []
     for run in range(spec.runs):
         stamp = run_time_of(spec, run).strftime("%Y%m%d_%H%M%S")
-        path = os.path.join(directory, f"{run + 1:04d}_{commit_of(run)}_{stamp}.json")
+        path = os.path.join(directory, f"{run + 1:04d}_{commit_of(run, spec.commit_salt)[:12]}_{stamp}.json")
         with open(path, "w", encoding="utf-8") as fh:
             json.dump(run_document(spec, run, values[run]), fh, indent=4)
         paths.append(path)
@@ -137,12 +160,15 @@ def history_frame(spec: HistorySpec) -> pd.DataFrame:
     rows = []
     for run in range(spec.runs):
         when = run_time_of(spec, run).replace(tzinfo=None)
-        run_id = hashlib.sha1(f"{spec.machine}-{run}".encode()).hexdigest()[:20]
+        node = f"{spec.machine}-job{run}" if spec.host_per_run else spec.machine
+        run_id = hashlib.sha1(f"{node}-{spec.commit_salt}-{run}".encode()).hexdigest()[:20]
         for i, ident in enumerate(idents):
+            if run >= spec.removed_from.get(i, spec.runs + 1):
+                continue
             st = _stats(float(values[run, i]), spec.noise)
             rows.append({
-                "run_id": run_id, "run_time": when, "commit": commit_of(run),
-                "commit_dirty": False, "branch": "main", "machine": spec.machine,
+                "run_id": run_id, "run_time": when, "commit": commit_of(run, spec.commit_salt),
+                "commit_dirty": run in spec.dirty_runs, "branch": spec.branch, "machine": node,
                 "python": "CPython 3.11.7", "cpu": "Synthetic CPU",
                 "benchmark": ident["fullname"], "name": ident["name"], "group": ident["group"],
                 "params": {k: str(v) for k, v in ident["params"].items()},
@@ -152,5 +178,8 @@ def history_frame(spec: HistorySpec) -> pd.DataFrame:
                 "rounds": st["rounds"], "iterations": st["iterations"],
                 "extra_info": {k: str(v) for k, v in ident["extra_info"].items()},
                 "source_file": None, "ingested_at": when,
+                "commit_time": commit_time_of(spec, run).replace(tzinfo=None),
+                "machine_info": {"node": node, "machine": "x86_64", "system": "Linux",
+                                 "python_version": "3.11.7", "cpu_brand": "Synthetic CPU"},
             })
     return pd.DataFrame(rows)

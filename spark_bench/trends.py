@@ -1,15 +1,20 @@
 """Trends: per-series rolling baselines, change points and ratio series.
 
-A *series* is one benchmark on one machine with one implementation, ordered by run time.
+A *series* is one benchmark on one machine, branch and implementation, in commit order
+(``commit_info.time``; runs without it, or several runs of one commit, by run time). The
+machine is the ingest's default (``rmqha_machine`` or the host name) unless ``machine_key``
+names the machine_info fields that identify it, e.g. ``("cpu_brand", "python_version")`` for
+CI runners that get a new host name per job. Runs from dirty trees are left out unless
+``include_dirty``; ``branch`` keeps one branch only.
 Ratio series compare implementations measured side by side in the same run: the compiled
 twin against the pure one, and each rmqha twin against every peer (sqlite3-wal, lmdb, ...),
 matched by benchmark group (or test function) and parameters. A ratio is a speed-up: how
 many times faster the rmqha side is, so higher is better.
 
-The rolling baseline is an exact median of the previous ``baseline_window`` runs computed
-with Spark windows (``median().over(...)`` is refused by Spark 4, so the median is taken
-from the sorted window list). Change points come from :mod:`spark_bench.changepoint`, run
-once per series in a grouped pandas UDF (``applyInPandas``).
+Each series is analysed in one grouped pandas UDF (``applyInPandas``): ordering, the
+rolling baseline (the exact median of the previous ``baseline_window`` runs) and the change
+points of :mod:`spark_bench.changepoint`. Spark does the rest: selecting runs, building
+series and ratio series, the per-machine staleness and the summary.
 """
 from __future__ import annotations
 
@@ -17,11 +22,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark_bench.changepoint import DetectorConfig, detect
+from spark_bench.schema import MACHINE_FIELDS
 from spark_bench.series import Direction, SeriesKind
 
 #: Implementations that are rmqha's own (the twins); everything else is a peer.
@@ -32,10 +38,12 @@ CASE_INFO_KEYS = ("message_bytes", "batch", "replicas")
 METRICS = ("median", "mean", "min", "ops")
 
 SERIES_COLUMNS = [
-    "kind", "series_id", "benchmark", "machine", "implementation", "mode", "case_key", "run_index",
-    "run_id", "run_time", "commit", "value", "higher_is_better", "baseline", "delta_pct",
-    "worse_pct",
+    "kind", "series_id", "benchmark", "machine", "branch", "implementation", "mode", "case_key",
+    "run_index", "run_id", "run_time", "order_time", "commit", "value", "higher_is_better",
+    "baseline", "delta_pct", "worse_pct",
 ]
+#: Branch name used when a run recorded none (pytest-benchmark's own placeholder).
+UNKNOWN_BRANCH = "(unknown)"
 
 CHANGE_SCHEMA = T.StructType([
     T.StructField("series_id", T.StringType()),
@@ -49,8 +57,13 @@ CHANGE_SCHEMA = T.StructType([
     T.StructField("change_pct", T.DoubleType()),
     T.StructField("worse_pct", T.DoubleType()),
     T.StructField("confidence", T.DoubleType()),
+    T.StructField("z", T.DoubleType()),
     T.StructField("direction", T.StringType()),
     T.StructField("open", T.BooleanType()),
+    # The series' level now (median since its last change point) and how much worse that
+    # is than `before`: what an open regression still costs.
+    T.StructField("current", T.DoubleType()),
+    T.StructField("open_worse_pct", T.DoubleType()),
 ])
 
 
@@ -59,6 +72,24 @@ class TrendConfig:
     metric: str = "median"
     baseline_window: int = 10
     detector: DetectorConfig = field(default_factory=DetectorConfig)
+    #: machine_info fields (schema.MACHINE_FIELDS) that name the machine; () = ingest's default.
+    machine_key: tuple[str, ...] = ()
+    #: Analyse this branch only; None = every branch, each in its own series.
+    branch: str | None = None
+    include_dirty: bool = False
+    #: A series not measured in the last this-many runs of its machine and branch is stale:
+    #: renamed or removed, so it is reported but never gated.
+    stale_after: int = 5
+
+    def __post_init__(self) -> None:
+        unknown = [f for f in self.machine_key if f not in MACHINE_FIELDS]
+        if unknown:
+            raise ValueError(f"unknown machine key field(s) {', '.join(unknown)}; "
+                             f"choose from {', '.join(MACHINE_FIELDS)}")
+        if self.metric not in METRICS:
+            raise ValueError(f"metric must be one of {METRICS}, not {self.metric!r}")
+        if self.stale_after < 1 or self.baseline_window < 1:
+            raise ValueError("stale_after and baseline_window must be at least 1")
 
 
 @dataclass
@@ -90,7 +121,21 @@ def _case_key(runs: DataFrame) -> Column:
     return F.when(detail != "", F.concat(base, F.lit("["), detail, F.lit("]"))).otherwise(base)
 
 
+def select_runs(runs: DataFrame, cfg: TrendConfig) -> DataFrame:
+    """The runs to analyse, with ``machine`` re-keyed, ``branch`` filled and ``order_time``."""
+    if not cfg.include_dirty:
+        runs = runs.filter(~F.coalesce(F.col("commit_dirty"), F.lit(False)))
+    runs = runs.withColumn("branch", F.coalesce(F.col("branch"), F.lit(UNKNOWN_BRANCH)))
+    if cfg.branch is not None:
+        runs = runs.filter(F.col("branch") == cfg.branch)
+    if cfg.machine_key:
+        key = F.concat_ws("/", *(F.col("machine_info")[f] for f in cfg.machine_key))
+        runs = runs.withColumn("machine", F.when(key != "", key).otherwise(F.col("machine")))
+    return runs.withColumn("order_time", F.coalesce(F.col("commit_time"), F.col("run_time")))
+
+
 def benchmark_points(runs: DataFrame, metric: str) -> DataFrame:
+    """One point per benchmark per run of ``select_runs`` output."""
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}, not {metric!r}")
     # Quick-mode runs (RMQHA_BENCH_QUICK=1, CI) measure smaller workloads; mixing them into
@@ -98,112 +143,172 @@ def benchmark_points(runs: DataFrame, metric: str) -> DataFrame:
     mode = F.when(F.lower(F.col("extra_info")["quick"]) == "true", "quick").otherwise("full")
     return runs.select(
         F.lit(SeriesKind.BENCHMARK.value).alias("kind"),
-        F.concat_ws(" | ", "benchmark", "machine", "implementation",
+        F.concat_ws(" | ", "benchmark", "machine", "implementation", "branch",
                     F.when(mode == "quick", F.lit("quick"))).alias("series_id"),
-        "benchmark", "machine", "implementation", mode.alias("mode"),
+        "benchmark", "machine", "branch", "implementation", mode.alias("mode"),
         _case_key(runs).alias("case_key"),
-        "run_id", "run_time", "commit",
+        "run_id", "run_time", "order_time", "commit",
         F.col(metric).cast("double").alias("value"),
         F.lit(metric == "ops").alias("higher_is_better"),
     ).filter(F.col("value").isNotNull())
 
 
-def ratio_points(points: DataFrame, metric: str) -> DataFrame:
-    """Side-by-side speed-ups within each run; a case measured twice by the same
-    implementation in one run is ambiguous and left out."""
-    keys = ["run_id", "machine", "mode", "case_key", "implementation"]
-    one = (points.groupBy(*keys)
-           .agg(F.count("*").alias("n"), F.first("value").alias("value"),
-                F.first("run_time").alias("run_time"), F.first("commit").alias("commit"))
-           .filter("n = 1").drop("n"))
-    a, b = one.alias("a"), one.alias("b")
-    joined = a.join(
-        b,
-        (F.col("a.run_id") == F.col("b.run_id")) & (F.col("a.machine") == F.col("b.machine"))
-        & (F.col("a.mode") == F.col("b.mode")) & (F.col("a.case_key") == F.col("b.case_key"))
-        & (F.col("a.implementation") != F.col("b.implementation"))
-        & F.col("a.implementation").isin(*RMQHA_IMPLEMENTATIONS)
-        # cython vs python once, not twice
-        & ~((F.col("a.implementation") == "python") & (F.col("b.implementation") == "cython")),
-    )
-    # Times: b/a is how many times faster a is. Rates (ops): a/b.
-    ratio = (F.col("a.value") / F.col("b.value")) if metric == "ops" else (F.col("b.value") / F.col("a.value"))
-    label = F.concat(F.col("a.implementation"), F.lit(" vs "), F.col("b.implementation"))
-    return joined.select(
-        F.lit(SeriesKind.RATIO.value).alias("kind"),
-        F.concat_ws(" | ", F.col("a.case_key"), F.col("a.machine"), label,
-                    F.when(F.col("a.mode") == "quick", F.lit("quick"))).alias("series_id"),
-        F.col("a.case_key").alias("benchmark"), F.col("a.machine").alias("machine"),
-        label.alias("implementation"), F.col("a.mode").alias("mode"),
-        F.col("a.case_key").alias("case_key"),
-        F.col("a.run_id").alias("run_id"), F.col("a.run_time").alias("run_time"),
-        F.col("a.commit").alias("commit"), ratio.alias("value"),
-        F.lit(True).alias("higher_is_better"),
-    ).filter(F.col("value").isNotNull() & ~F.isnan("value"))
+POINT_SCHEMA = T.StructType([
+    T.StructField(c, {"run_time": T.TimestampType(), "order_time": T.TimestampType(),
+                      "value": T.DoubleType(), "higher_is_better": T.BooleanType()}
+                  .get(c, T.StringType()))
+    for c in ("kind", "series_id", "benchmark", "machine", "branch", "implementation", "mode",
+              "case_key", "run_id", "run_time", "order_time", "commit", "value",
+              "higher_is_better")])
 
 
-def _exact_median(values: Column) -> Column:
-    """Median of an array column (null when empty)."""
-    s = F.array_sort(values)
-    n = F.size(s)
-    upper = F.element_at(s, (F.floor(n / 2) + 1).cast("int"))
-    lower = F.element_at(s, F.greatest((F.ceil(n / 2)).cast("int"), F.lit(1)))
-    return F.when(n > 0, (upper + lower) / 2.0)
-
-
-def with_baseline(points: DataFrame, window: int) -> DataFrame:
-    order = Window.partitionBy("series_id").orderBy("run_time", "run_id")
-    previous = order.rowsBetween(-window, -1)
-    baseline = _exact_median(F.collect_list("value").over(previous))
-    delta = (F.col("value") / F.col("baseline") - 1.0) * 100.0
-    return (points
-            .withColumn("run_index", (F.row_number().over(order) - 1).cast("long"))
-            .withColumn("baseline", baseline)
-            .withColumn("delta_pct", F.when(F.col("baseline") != 0, delta))
-            .withColumn("worse_pct", F.when(F.col("higher_is_better"), -F.col("delta_pct"))
-                        .otherwise(F.col("delta_pct")))
-            .select(*SERIES_COLUMNS))
-
-
-def _series_changes(cfg: DetectorConfig):  # noqa: ANN202 - returns the UDF body
+def _case_ratios(metric: str):  # noqa: ANN202 - returns the UDF body
+    """Body of the grouped UDF: all implementations of one case on one machine, branch and
+    mode in; their side-by-side ratios per run out."""
     def run(pdf: pd.DataFrame) -> pd.DataFrame:
-        pdf = pdf.sort_values("run_index", kind="stable").reset_index(drop=True)
-        series_id = str(pdf["series_id"].iloc[0])
-        higher_better = bool(pdf["higher_is_better"].iloc[0])
-        values = pdf["value"].to_numpy(dtype=np.float64)
-        found = detect(values, cfg, seed=series_id)
-        rows = []
-        last_level = float(np.median(values[found[-1].index:])) if found else None
-        for cp in found:
-            worse = -cp.change if higher_better else cp.change
-            still_worse = (last_level is not None and cp.before != 0
-                           and ((cp.before - last_level) if higher_better
-                                else (last_level - cp.before)) / abs(cp.before) >= cfg.min_change)
-            at = pdf.iloc[cp.index]
-            rows.append({
-                "series_id": series_id, "kind": str(pdf["kind"].iloc[0]),
-                "run_index": int(at["run_index"]), "run_id": at["run_id"],
-                "run_time": at["run_time"], "commit": at["commit"],
-                "before": cp.before, "after": cp.after, "change_pct": cp.change * 100.0,
-                "worse_pct": worse * 100.0, "confidence": cp.confidence,
-                "direction": (Direction.REGRESSION if worse > 0 else Direction.IMPROVEMENT).value,
-                "open": bool(worse > 0 and still_worse),
-            })
-        return pd.DataFrame(rows, columns=[f.name for f in CHANGE_SCHEMA.fields])
+        # A case measured twice by one implementation in one run is ambiguous: left out.
+        once = pdf.groupby(["run_id", "implementation"])["value"].transform("size") == 1
+        pdf = pdf[once]
+        if pdf.empty:
+            return pd.DataFrame(columns=POINT_SCHEMA.names)
+        wide = pdf.pivot(index="run_id", columns="implementation", values="value")
+        runs = pdf.drop_duplicates("run_id").set_index("run_id")[["run_time", "order_time", "commit"]]
+        first = pdf.iloc[0]
+        frames = []
+        for a in wide.columns:
+            if a not in RMQHA_IMPLEMENTATIONS:
+                continue
+            for b in wide.columns:
+                if b == a or (a == "python" and b == "cython"):  # cython vs python once
+                    continue
+                # Times: b/a is how many times faster a is. Rates (ops): a/b.
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    ratio = (wide[a] / wide[b]) if metric == "ops" else (wide[b] / wide[a])
+                ratio = ratio[np.isfinite(ratio)]
+                if ratio.empty:
+                    continue
+                label = f"{a} vs {b}"
+                parts = [first["case_key"], first["machine"], label, first["branch"]]
+                if first["mode"] == "quick":
+                    parts.append("quick")
+                frame = runs.loc[ratio.index].reset_index()
+                frame["value"] = ratio.to_numpy()
+                frame["implementation"] = label
+                frame["series_id"] = " | ".join(parts)
+                frames.append(frame)
+        if not frames:
+            return pd.DataFrame(columns=POINT_SCHEMA.names)
+        out = pd.concat(frames, ignore_index=True)
+        out["kind"] = SeriesKind.RATIO.value
+        out["benchmark"] = out["case_key"] = first["case_key"]
+        out["machine"], out["branch"], out["mode"] = first["machine"], first["branch"], first["mode"]
+        out["higher_is_better"] = True
+        # pandas 3 stores new text columns as chunked Arrow strings, which Spark's Arrow
+        # serializer refuses; plain objects convert.
+        text = [f.name for f in POINT_SCHEMA.fields if isinstance(f.dataType, T.StringType)]
+        return out[POINT_SCHEMA.names].astype({c: object for c in text})
     return run
 
 
-def change_points(series: DataFrame, cfg: DetectorConfig) -> DataFrame:
-    cols = ["series_id", "kind", "run_index", "run_id", "run_time", "commit", "value",
-            "higher_is_better"]
-    return series.select(*cols).groupBy("series_id").applyInPandas(
-        _series_changes(cfg), schema=CHANGE_SCHEMA)
+def ratio_points(points: DataFrame, metric: str) -> DataFrame:
+    """Side-by-side speed-ups within each run, one grouped pass per case (a self-join of
+    the points cost three times as much)."""
+    cols = ["machine", "branch", "mode", "case_key", "implementation", "run_id", "run_time",
+            "order_time", "commit", "value"]
+    return (points.select(*cols)
+            .groupBy("machine", "branch", "mode", "case_key")
+            .applyInPandas(_case_ratios(metric), schema=POINT_SCHEMA))
 
 
-def summarize(series: DataFrame, changes: DataFrame) -> DataFrame:
-    latest_first = Window.partitionBy("series_id").orderBy(F.desc("run_time"), F.desc("run_id"))
-    latest = (series.withColumn("_rank", F.row_number().over(latest_first))
-              .filter("_rank = 1").drop("_rank", "run_index"))
+#: The order of runs in a series: commit order, then the order they ran in.
+RUN_ORDER = ("order_time", "run_time", "run_id")
+
+#: Per-point change-point columns of the analysed series: set on the first point of each
+#: new level, null elsewhere (the ``changes`` table is those rows).
+CHANGE_COLUMNS = [
+    ("cp_before", T.DoubleType()), ("cp_after", T.DoubleType()),
+    ("cp_change_pct", T.DoubleType()), ("cp_worse_pct", T.DoubleType()),
+    ("cp_confidence", T.DoubleType()), ("cp_z", T.DoubleType()),
+    ("cp_direction", T.StringType()), ("cp_open", T.BooleanType()),
+    ("cp_current", T.DoubleType()), ("cp_open_worse_pct", T.DoubleType()),
+]
+_POINT_TYPES = {
+    "run_index": T.LongType(), "run_time": T.TimestampType(), "order_time": T.TimestampType(),
+    "value": T.DoubleType(), "higher_is_better": T.BooleanType(), "baseline": T.DoubleType(),
+    "delta_pct": T.DoubleType(), "worse_pct": T.DoubleType(),
+}
+ANALYSED_SCHEMA = T.StructType(
+    [T.StructField(c, _POINT_TYPES.get(c, T.StringType())) for c in SERIES_COLUMNS]
+    + [T.StructField("is_latest", T.BooleanType())]
+    + [T.StructField(c, t) for c, t in CHANGE_COLUMNS])
+
+
+def _analyse_series(cfg: TrendConfig):  # noqa: ANN202 - returns the UDF body
+    """Body of the grouped UDF: one series in, its points with run index, rolling baseline
+    and change-point columns out. One pass over each series does what window functions and
+    a second UDF did before (and costs one shuffle instead of three)."""
+    window = cfg.baseline_window
+    det = cfg.detector
+
+    def run(pdf: pd.DataFrame) -> pd.DataFrame:
+        pdf = pdf.sort_values(list(RUN_ORDER), kind="stable").reset_index(drop=True)
+        n = len(pdf)
+        series_id = str(pdf["series_id"].iloc[0])
+        higher_better = bool(pdf["higher_is_better"].iloc[0])
+        values = pdf["value"].to_numpy(dtype=np.float64)
+        pdf["run_index"] = np.arange(n, dtype=np.int64)
+        # Exact median of the previous `window` runs (NaN for the first run).
+        baseline = pd.Series(values).shift(1).rolling(window, min_periods=1).median().to_numpy()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            delta = np.where(baseline != 0, (values / baseline - 1.0) * 100.0, np.nan)
+        pdf["baseline"] = baseline
+        pdf["delta_pct"] = delta
+        pdf["worse_pct"] = -delta if higher_better else delta
+        pdf["is_latest"] = pdf["run_index"] == n - 1
+        cols: dict[str, list[object]] = {c: [None] * n for c, _ in CHANGE_COLUMNS}
+        found = detect(values, det, seed=series_id)
+        last_level = float(np.median(values[found[-1].index:])) if found else None
+        for cp in found:
+            worse = -cp.change if higher_better else cp.change
+            open_worse = (((cp.before - last_level) if higher_better else (last_level - cp.before))
+                          / abs(cp.before)) if (last_level is not None and cp.before != 0) else 0.0
+            i = cp.index
+            cols["cp_before"][i], cols["cp_after"][i] = cp.before, cp.after
+            cols["cp_change_pct"][i] = cp.change * 100.0
+            cols["cp_worse_pct"][i] = worse * 100.0
+            cols["cp_confidence"][i], cols["cp_z"][i] = cp.confidence, cp.z
+            cols["cp_direction"][i] = (Direction.REGRESSION if worse > 0 else Direction.IMPROVEMENT).value
+            cols["cp_open"][i] = bool(worse > 0 and open_worse >= det.min_change)
+            cols["cp_current"][i] = last_level
+            cols["cp_open_worse_pct"][i] = open_worse * 100.0
+        for c, _ in CHANGE_COLUMNS:
+            pdf[c] = cols[c]
+        return pdf[ANALYSED_SCHEMA.names]
+    return run
+
+
+def analyse(points: DataFrame, cfg: TrendConfig) -> DataFrame:
+    """Every series' points with baseline, run index and change-point columns."""
+    return points.groupBy("series_id").applyInPandas(_analyse_series(cfg), schema=ANALYSED_SCHEMA)
+
+
+def changes_of(analysed: DataFrame) -> DataFrame:
+    """The change points (:data:`CHANGE_SCHEMA`) of analysed series."""
+    return analysed.filter(F.col("cp_before").isNotNull()).select(*(
+        F.col(f"cp_{f.name}").alias(f.name) if f"cp_{f.name}" in analysed.columns else F.col(f.name)
+        for f in CHANGE_SCHEMA.fields))
+
+
+def summarize(series: DataFrame, changes: DataFrame, stale_after: int = 5) -> DataFrame:
+    """One row per series: its latest point against the baseline, change counts, and
+    ``runs_since_seen``: how many later runs of its machine, branch and mode did not
+    measure it (``stale`` from ``stale_after`` on: renamed or removed)."""
+    latest = series.filter("is_latest").drop("run_index")
+    scope = ["machine", "branch", "mode"]
+    runs = series.select(*scope, *RUN_ORDER).distinct()
+    position = runs.withColumn("runs_since_seen", F.row_number().over(
+        Window.partitionBy(*scope).orderBy(*(F.desc(c) for c in RUN_ORDER))) - 1)
+    latest = latest.join(position, [*scope, *RUN_ORDER], "left")
     counts = series.groupBy("series_id").agg(
         F.count("*").alias("runs"), F.min("run_time").alias("first_run_time"))
     change_stats = changes.groupBy("series_id").agg(
@@ -213,8 +318,10 @@ def summarize(series: DataFrame, changes: DataFrame) -> DataFrame:
         .alias("last_change"))
     return (latest.join(counts, "series_id").join(change_stats, "series_id", "left")
             .select(
-                "kind", "series_id", "benchmark", "machine", "implementation", "mode", "case_key",
-                "runs", "first_run_time", F.col("run_time").alias("latest_run_time"),
+                "kind", "series_id", "benchmark", "machine", "branch", "implementation", "mode",
+                "case_key", "runs", "first_run_time", F.col("run_time").alias("latest_run_time"),
+                "runs_since_seen",
+                (F.col("runs_since_seen") >= F.lit(stale_after)).alias("stale"),
                 F.col("run_id").alias("latest_run_id"), F.col("commit").alias("latest_commit"),
                 F.col("value").alias("latest_value"), "baseline", "delta_pct", "worse_pct",
                 "higher_is_better",
@@ -229,7 +336,7 @@ def summarize(series: DataFrame, changes: DataFrame) -> DataFrame:
 def compute(runs: DataFrame, out: str, cfg: TrendConfig | None = None) -> TrendTables:
     """Build the trend tables from the ingested run table and write them as Parquet under
     ``out`` (``series``, ``changes``, ``summary``). Each step reads the previous one back
-    from Parquet, so the window functions and the change-point UDF run exactly once."""
+    from Parquet, so the grouped UDF runs exactly once."""
     cfg = cfg or TrendConfig()
     spark = runs.sparkSession
     base = out.rstrip("/")
@@ -239,10 +346,15 @@ def compute(runs: DataFrame, out: str, cfg: TrendConfig | None = None) -> TrendT
         df.write.mode("overwrite").parquet(path)
         return spark.read.parquet(path)
 
-    points = benchmark_points(runs, cfg.metric)
-    series = materialize(
-        with_baseline(points.unionByName(ratio_points(points, cfg.metric)), cfg.baseline_window),
-        "series")
-    changes = materialize(change_points(series, cfg.detector), "changes")
-    summary = materialize(summarize(series, changes), "summary")
+    points = benchmark_points(select_runs(runs, cfg), cfg.metric)
+    series = materialize(analyse(points.unionByName(ratio_points(points, cfg.metric)), cfg), "series")
+    changes = materialize(changes_of(series), "changes")
+    summary = materialize(summarize(series, changes, cfg.stale_after), "summary")
     return TrendTables(series=series, changes=changes, summary=summary)
+
+
+def load(spark: SparkSession, out: str) -> TrendTables:
+    """The trend tables a previous :func:`compute` wrote under ``out``."""
+    base = out.rstrip("/")
+    return TrendTables(*(spark.read.parquet(f"{base}/{name}.parquet")
+                         for name in ("series", "changes", "summary")))

@@ -26,7 +26,7 @@ if PROJECT_ROOT not in sys.path:
 def _missing() -> str | None:
     if importlib.util.find_spec("pyspark") is None:
         return "pyspark is not installed (pip install -e '.[spark]')"
-    for mod in ("pandas", "pyarrow", "matplotlib"):
+    for mod in ("pandas", "pyarrow", "plotly"):
         if importlib.util.find_spec(mod) is None:
             return f"{mod} is not installed (pip install -e '.[spark]')"
     home = os.environ.get("JAVA_HOME")

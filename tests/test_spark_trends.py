@@ -5,6 +5,9 @@ import pytest
 from spark_support import SPARK_OK, requires_spark, spark  # noqa: F401 - fixture
 
 if SPARK_OK:
+    import pandas as pd
+    from pyspark.sql import functions as F
+
     from spark_bench import synthetic, trends
     from spark_bench.schema import RUN_TABLE
 
@@ -34,7 +37,7 @@ def tables(spark, tmp_path_factory):  # noqa: ANN001, ANN201, F811
 
 def _bench_id(spec, index: int) -> str:  # noqa: ANN001
     ident = synthetic.benchmark_identity(spec, index)
-    return f"{ident['fullname']} | {spec.machine} | {ident['implementation']}"
+    return f"{ident['fullname']} | {spec.machine} | {ident['implementation']} | {spec.branch}"
 
 
 def test_10_and_25_percent_regressions_found_at_the_right_run(tables) -> None:  # noqa: ANN001
@@ -84,7 +87,8 @@ def test_ratio_series_match_implementations_by_group_and_params(tables) -> None:
     # The python twin's 25% slow-down at run 30 raises the compiled-over-pure speed-up, an
     # improvement of that ratio (higher is better).
     cp = tables["changes"]
-    vs_python = cp[cp["series_id"].str.endswith("| cython vs python") & cp["series_id"].str.startswith("op0[")]
+    vs_python = cp[cp["series_id"].str.endswith("| cython vs python | main")
+                   & cp["series_id"].str.startswith("op0[")]
     assert 30 in vs_python["run_index"].tolist()
     assert vs_python[vs_python["run_index"] == 30].iloc[0]["direction"] == "improvement"
 
@@ -130,3 +134,82 @@ def test_quick_mode_runs_form_their_own_series(spark, tmp_path) -> None:  # noqa
     assert (summary["runs"] == 20).all()
     assert summary[summary["mode"] == "quick"]["series_id"].str.endswith("| quick").all()
     assert t.changes.count() == 0
+
+
+# --- History mistakes the issue reported, each reproduced on a generated history ---------
+
+HISTORY_RUNS = 40
+
+
+@pytest.fixture(scope="module")
+def history(spark, tmp_path_factory):  # noqa: ANN001, ANN201, F811
+    """One history, a machine per mistake: runs measured out of commit order, two branches,
+    dirty runs that look like a 50% regression, and CI jobs with a new host name each."""
+    specs = [
+        synthetic.HistorySpec(runs=HISTORY_RUNS, benchmarks=2, noise=0.02, seed=21, machine="order",
+                              steps={0: [(20, 1.30)]},
+                              run_order=tuple((r * 7) % HISTORY_RUNS for r in range(HISTORY_RUNS))),
+        synthetic.HistorySpec(runs=HISTORY_RUNS, benchmarks=2, noise=0.02, seed=22, machine="branches"),
+        synthetic.HistorySpec(runs=HISTORY_RUNS, benchmarks=2, noise=0.02, seed=23, machine="branches",
+                              branch="feature", commit_salt="f", steps={0: [(15, 1.30)]}),
+        synthetic.HistorySpec(runs=HISTORY_RUNS, benchmarks=2, noise=0.02, seed=24, machine="dirty",
+                              steps={0: [(30, 1.5)]}, dirty_runs=frozenset(range(30, 40))),
+        synthetic.HistorySpec(runs=HISTORY_RUNS, benchmarks=2, noise=0.02, seed=25, machine="ci",
+                              host_per_run=True, steps={0: [(25, 1.30)]}),
+    ]
+    frame = pd.concat([synthetic.history_frame(s) for s in specs], ignore_index=True)
+    runs = spark.createDataFrame(frame, RUN_TABLE)
+    t = trends.compute(runs, str(tmp_path_factory.mktemp("history")))
+    return {"runs": runs, "summary": t.summary.toPandas(), "changes": t.changes.toPandas(),
+            "series": t.series.toPandas(), "specs": specs}
+
+
+def _bench(summary, machine: str, index: int = 0, branch: str = "main"):  # noqa: ANN001, ANN202
+    name = synthetic.benchmark_identity(synthetic.HistorySpec(runs=1, benchmarks=2), index)["fullname"]
+    return summary[(summary["kind"] == "benchmark") & (summary["benchmark"] == name)
+                   & summary["machine"].str.startswith(machine) & (summary["branch"] == branch)]
+
+
+def test_runs_are_in_commit_order_not_the_order_they_ran(history) -> None:  # noqa: ANN001
+    """Regression: runs were ordered by the time they ran, so re-measuring old commits
+    scrambled the series and hid the step at commit 20."""
+    [series_id] = _bench(history["summary"], "order")["series_id"]
+    points = history["series"][history["series"]["series_id"] == series_id].sort_values("run_index")
+    assert points["commit"].tolist() == [synthetic.commit_of(r) for r in range(HISTORY_RUNS)]
+    changes = history["changes"][history["changes"]["series_id"] == series_id]
+    assert changes["commit"].tolist() == [synthetic.commit_of(20)]
+
+
+def test_branches_are_separate_series(history, spark) -> None:  # noqa: ANN001, F811
+    """Regression: every branch was mixed into one series."""
+    summary, changes = history["summary"], history["changes"]
+    [main_id] = _bench(summary, "branches")["series_id"]
+    [feature_id] = _bench(summary, "branches", branch="feature")["series_id"]
+    assert changes[changes["series_id"] == main_id].empty
+    assert changes[changes["series_id"] == feature_id]["commit"].tolist() == [synthetic.commit_of(15, "f")]
+    only_main = trends.select_runs(history["runs"], trends.TrendConfig(branch="main"))
+    assert {r["branch"] for r in only_main.select("branch").distinct().collect()} == {"main"}
+
+
+def test_dirty_runs_are_left_out_unless_asked_for(history) -> None:  # noqa: ANN001
+    """Regression: runs from dirty work trees were analysed like clean ones."""
+    dirty = _bench(history["summary"], "dirty")
+    assert dirty["runs"].tolist() == [30]
+    assert history["changes"][history["changes"]["series_id"].isin(dirty["series_id"])].empty
+    with_dirty = trends.select_runs(history["runs"].filter("machine = 'dirty'"),
+                                    trends.TrendConfig(include_dirty=True))
+    assert with_dirty.select("run_id").distinct().count() == HISTORY_RUNS
+
+
+def test_machine_key_joins_ci_jobs_with_new_host_names_into_one_series(history, tmp_path) -> None:  # noqa: ANN001
+    """Regression: a new host name per CI job gave one-point series and no detection."""
+    assert len(_bench(history["summary"], "ci-job")) == HISTORY_RUNS  # one series per job
+    ci = history["runs"].filter(F.col("machine").startswith("ci-job"))
+    t = trends.compute(ci, str(tmp_path), trends.TrendConfig(machine_key=("cpu_brand", "python_version")))
+    summary = t.summary.toPandas()
+    [row] = _bench(summary, "Synthetic CPU/3.11.7").itertuples(index=False)
+    assert row.runs == HISTORY_RUNS
+    changes = t.changes.toPandas()
+    assert changes[changes["series_id"] == row.series_id]["commit"].tolist() == [synthetic.commit_of(25)]
+    with pytest.raises(ValueError, match="unknown machine key field"):
+        trends.TrendConfig(machine_key=("hostname",))

@@ -1,0 +1,82 @@
+"""Small files on any Hadoop file system, through the session's JVM.
+
+The trend tables are Parquet written by Spark; the few other outputs (the report, its CSV
+copies, the ingest log, the trends state) are text written here with Hadoop's
+``FileSystem`` API, so ``--out`` may be ``file://``, ``hdfs://`` or ``s3a://`` like the tables.
+A plain path (no scheme) is the driver's local file system, as it is for Spark.
+"""
+from __future__ import annotations
+
+from pyspark.sql import SparkSession
+
+
+def _fs(spark: SparkSession, path: str):  # noqa: ANN202 - py4j objects are untyped
+    jvm = spark.sparkContext._jvm  # classic (non-Connect) session: the JVM is local
+    hpath = jvm.org.apache.hadoop.fs.Path(path)
+    return hpath, hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+
+
+def join(base: str, name: str) -> str:
+    return f"{base.rstrip('/')}/{name}"
+
+
+def exists(spark: SparkSession, path: str) -> bool:
+    hpath, fs = _fs(spark, path)
+    return bool(fs.exists(hpath))
+
+
+def glob_matches(spark: SparkSession, path: str) -> bool:
+    """Whether ``path`` (globs allowed) names anything."""
+    hpath, fs = _fs(spark, path)
+    statuses = fs.globStatus(hpath)
+    return statuses is not None and len(statuses) > 0
+
+
+def delete(spark: SparkSession, path: str) -> None:
+    hpath, fs = _fs(spark, path)
+    fs.delete(hpath, True)
+
+
+def make_dirs(spark: SparkSession, path: str) -> None:
+    hpath, fs = _fs(spark, path)
+    fs.mkdirs(hpath)
+
+
+def write_bytes(spark: SparkSession, path: str, data: bytes) -> None:
+    """Create or replace ``path`` with ``data``."""
+    hpath, fs = _fs(spark, path)
+    stream = fs.create(hpath, True)
+    try:
+        chunk = 8 << 20  # py4j copies each call's byte[]; keep the copies bounded
+        for start in range(0, len(data), chunk):
+            stream.write(bytearray(data[start:start + chunk]))
+    finally:
+        stream.close()
+
+
+def write_text(spark: SparkSession, path: str, text: str) -> None:
+    write_bytes(spark, path, text.encode("utf-8"))
+
+
+def read_text(spark: SparkSession, path: str) -> str | None:
+    """The file's text, or None when it does not exist."""
+    hpath, fs = _fs(spark, path)
+    if not fs.exists(hpath):
+        return None
+    jvm = spark.sparkContext._jvm
+    stream = fs.open(hpath)
+    try:
+        data = jvm.org.apache.commons.io.IOUtils.toByteArray(stream)
+    finally:
+        stream.close()
+    return bytes(data).decode("utf-8")
+
+
+def fingerprint(spark: SparkSession, path: str) -> str:
+    """Total size and file count under ``path``: changes whenever a Parquet table is
+    appended to (one call, whatever the number of files)."""
+    hpath, fs = _fs(spark, path)
+    if not fs.exists(hpath):
+        return ""
+    summary = fs.getContentSummary(hpath)
+    return f"{summary.getLength()}:{summary.getFileCount()}:{summary.getDirectoryCount()}"

@@ -1,0 +1,118 @@
+"""The trends pipeline, unchanged, against a real standalone Spark cluster.
+
+A master and a worker are started from pyspark's own jars (``spark-class``) on 127.0.0.1
+with free ports; ``rmqha-trends trends --master spark://...`` then runs as a separate
+driver process (one SparkContext per process: the test session is local), with the history
+and the output given as ``file://`` URLs. The executor (a JVM the worker launches, with its
+own Python workers) reads and parses the files; the driver only lists them. Everything
+started is stopped, process group by process group.
+
+It costs a master, a worker, an executor and a driver JVM (about 70 s on two busy cores),
+so it is ``slow``: ``make soak`` runs it, ``make test`` does not. Reruns reading nothing new
+are tested in local mode (test_spark_report.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from conftest import free_port
+from spark_support import SPARK_OK, requires_spark
+
+pytestmark = [requires_spark, pytest.mark.spark, pytest.mark.slow]
+
+if SPARK_OK:
+    from spark_bench import synthetic
+
+
+def _spark_home() -> str:
+    import pyspark
+    return os.path.dirname(os.path.abspath(pyspark.__file__))
+
+
+def _wait(predicate, deadline_s: float, what: str, procs: list[subprocess.Popen]) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        for p in procs:
+            if p.poll() is not None:
+                raise AssertionError(f"{what}: a cluster process exited with {p.returncode}")
+        if predicate():
+            return
+        time.sleep(0.2)  # polling interval of a deadline wait, not a fixed sleep
+    raise AssertionError(f"timed out after {deadline_s:.0f} s waiting for {what}")
+
+
+def _master_state(ui_port: int) -> dict[str, object] | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=2) as resp:
+            return json.load(resp)
+    except OSError:
+        return None
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory) -> Iterator[str]:  # noqa: ANN001
+    """A standalone master and one worker (1 core, 1 GiB); yields the master URL."""
+    home = _spark_home()
+    work = tmp_path_factory.mktemp("spark-standalone")
+    env = dict(os.environ, SPARK_HOME=home, SPARK_LOCAL_IP="127.0.0.1",
+               SPARK_LOG_DIR=str(work / "logs"), SPARK_WORKER_DIR=str(work / "worker"),
+               PYSPARK_PYTHON=sys.executable)
+    spark_class = os.path.join(home, "bin", "spark-class")
+    port, ui = free_port(), free_port()
+    procs: list[subprocess.Popen] = []
+    logs = []
+    try:
+        log = open(work / "master.log", "w")  # noqa: SIM115 - closed in finally
+        logs.append(log)
+        procs.append(subprocess.Popen(
+            [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+             "--port", str(port), "--webui-port", str(ui)],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        _wait(lambda: _master_state(ui) is not None, 90, "the master's web UI", procs)
+        log = open(work / "worker.log", "w")  # noqa: SIM115
+        logs.append(log)
+        procs.append(subprocess.Popen(
+            [spark_class, "org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}",
+             "--host", "127.0.0.1", "--port", str(free_port()), "--webui-port", str(free_port()),
+             "--cores", "1", "--memory", "1g", "--work-dir", str(work / "worker")],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        _wait(lambda: (_master_state(ui) or {}).get("aliveworkers") == 1, 90,
+              "the worker to register", procs)
+        yield f"spark://127.0.0.1:{port}"
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in reversed(procs):
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=10)
+        for log in logs:
+            log.close()
+
+
+def test_trends_on_a_standalone_master_and_worker_with_url_paths(standalone, tmp_path) -> None:  # noqa: ANN001
+    spec = synthetic.HistorySpec(runs=24, benchmarks=4, noise=0.02, steps={0: [(12, 1.3)]}, seed=5)
+    synthetic.write_history(spec, str(tmp_path / "history"))
+    history, out = f"file://{tmp_path / 'history'}", f"file://{tmp_path / 'out'}"
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
+    cmd = [sys.executable, "-m", "spark_bench", "trends", "--master", standalone,
+           "--history", history, "--out", out, "--fail-on-regression"]
+    # The driver's working directory is elsewhere: nothing is found through a relative path.
+    proc = subprocess.run(cmd, cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # the 30% step fails the gate
+    assert "24 files seen, 24 new, 24 used, 0 skipped; 96 new rows" in proc.stdout, proc.stdout
+    assert "skipped" not in proc.stderr.replace("0 skipped", "")
+    assert f"since commit {synthetic.commit_of(12)[:12]}" in proc.stderr
+    assert (tmp_path / "out" / "report.html").stat().st_size > 0
+    assert (tmp_path / "out" / "runs.parquet" / "_files").is_dir()

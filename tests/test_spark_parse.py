@@ -1,0 +1,78 @@
+"""The file parser the ingest job runs in Spark's Python workers (spark_bench.parse), without
+a JVM: rows of a pytest-benchmark document, run identity, problems named."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pa = pytest.importorskip("pyarrow")
+synthetic = pytest.importorskip("spark_bench.synthetic")
+parse = pytest.importorskip("spark_bench.parse")
+
+
+def _doc(**changes: object) -> dict[str, object]:
+    spec = synthetic.HistorySpec(runs=3, benchmarks=4, **changes)
+    return synthetic.run_document(spec, 1, synthetic.timings(spec)[1])
+
+
+def test_one_row_per_benchmark_with_run_context() -> None:
+    doc = _doc()
+    cols = parse.columns_of("file:/h/a.json", json.dumps(doc, indent=4).encode())
+    assert len(cols["benchmark"]) == 4
+    assert cols["problem"] == [None] * 4
+    assert cols["implementation"] == ["cython", "python", "struct", "lmdb"]
+    assert cols["commit"][0] == synthetic.commit_of(1)
+    assert cols["branch"][0] == "main" and cols["commit_dirty"][0] is False
+    assert cols["commit_time"][0].isoformat() == "2026-01-01T01:00:00+00:00"
+    assert dict(cols["machine_info"][0])["cpu_brand"] == "Synthetic CPU"
+    assert dict(cols["params"][0]) == {"implementation": "cython", "size": "64"}
+    assert cols["median"][0] == doc["benchmarks"][0]["stats"]["median"]
+
+
+def test_the_same_run_saved_twice_with_different_save_times_has_one_run_id() -> None:
+    """Regression: --benchmark-autosave and --benchmark-json of one session (no rmqha_run
+    stamp) were two runs, so every benchmark was counted twice."""
+    doc = _doc()
+    json_copy = dict(doc, datetime="2026-01-01T01:00:09.5+00:00")
+    for bench in json_copy["benchmarks"]:
+        bench["stats"] = dict(bench["stats"], data=[1.0, 2.0])  # --benchmark-json adds samples
+    assert parse.run_id_of(doc) == parse.run_id_of(json_copy)
+    other_run = _doc(seed=2)
+    assert parse.run_id_of(other_run) != parse.run_id_of(doc)
+    assert parse.run_id_of(dict(doc, rmqha_run="abc")) == parse.run_id_of(dict(other_run, rmqha_run="abc"))
+
+
+@pytest.mark.parametrize(("data", "reason"), [
+    (b"   ", "empty file"),
+    (b'{"machine_info": {"node": "x"}, "benchm', "malformed JSON"),
+    (b"[1, 2, 3]", "not a JSON object"),
+    (json.dumps({"name": "package.json"}).encode(), "no 'datetime'"),
+    (json.dumps({"datetime": "yesterday"}).encode(), "not a timestamp"),
+    (json.dumps({"datetime": "2026-01-01T00:00:00", "benchmarks": "none"}).encode(), "no 'benchmarks' list"),
+    (json.dumps({"datetime": "2026-01-01T00:00:00", "benchmarks": []}).encode(), "no 'machine_info'"),
+])
+def test_unusable_documents_give_one_row_naming_the_problem(data: bytes, reason: str) -> None:
+    cols = parse.columns_of("file:/h/bad.json", data)
+    assert cols["source_file"] == ["file:/h/bad.json"]
+    assert reason in cols["problem"][0]
+    assert cols["benchmark"] == [None]
+
+
+def test_entries_without_stats_are_kept_for_counting_with_null_median() -> None:
+    doc = _doc()
+    doc["benchmarks"][1] = {"name": "broken"}
+    doc["benchmarks"][2]["stats"]["median"] = "fast"
+    cols = parse.columns_of("p", json.dumps(doc).encode())
+    assert cols["median"][1] is None and cols["median"][2] is None
+    assert cols["median"][0] is not None
+
+
+def test_batches_match_the_arrow_schema() -> None:
+    good = json.dumps(_doc()).encode()
+    batch = pa.RecordBatch.from_arrays([pa.array(["a", "b"]), pa.array([good, b"{"], pa.binary())],
+                                       names=["path", "content"])
+    [out] = list(parse.parse_batches(iter([batch])))
+    assert out.schema == parse.ARROW_SCHEMA
+    assert out.num_rows == 5
+    assert out.column("problem").null_count == 4
