@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -90,26 +91,53 @@ DEFAULT_TIMEOUT = 20.0
 _NOT_YET = (RemotingError, OSError, KeyError, ValueError)
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
+#: Ports handed out by this process: a port is chosen before its process binds it, so
+#: two choices in a row must not return the same one.
+_handed_out: set[int] = set()
+
+
+def _below_ephemeral_range() -> range:
+    """Ports under the kernel's ephemeral range (Linux ip_local_port_range; else the
+    IANA default 49152): the kernel never gives those to an outgoing connection or a
+    bind to port 0, so nothing takes a chosen port between its choice and its bind."""
+    low = 49152
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    return range(max(1024, low - 16384), max(1025, low))
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(count: int = 1) -> int:
+    """A TCP port p free on 127.0.0.1 right now (with ``count``, p .. p+count-1 all free),
+    never handed out before by this process.
+
+    Chosen below the ephemeral range: a port the kernel picks for ``bind(0)`` (the usual
+    trick) is one it may give any outgoing connection a moment later, before the process
+    that was to listen on it has started, and on a busy machine that happens."""
+    ports = _below_ephemeral_range()
+    for _ in range(500):
+        p = random.randrange(ports.start, ports.stop - count + 1)
+        block = range(p, p + count)
+        if any(q in _handed_out for q in block) or not all(_bindable(q) for q in block):
+            continue
+        _handed_out.update(block)
+        return p
+    raise LocalClusterError(f"no {count} consecutive free ports found in {ports}")
 
 
 def free_port_pair() -> int:
     """A port p with p and p+1 both free (a broker's client and default HA port)."""
-    for _ in range(200):
-        p = free_port()
-        if p >= 65535:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", p + 1))
-            except OSError:
-                continue
-        return p
-    raise LocalClusterError("no two consecutive free ports found")
+    return free_port(2)
 
 
 def port_open(addr: str, timeout: float = 0.2) -> bool:

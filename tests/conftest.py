@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 from hypothesis import settings
 
 from rmqha import _core
+from rmqha.local_cluster import free_port  # noqa: F401  (tests import it from here)
 
 # CI runs the property tests derandomised: the same examples every run, so a red CI is a
 # real regression and never a lucky draw; locally each run explores new inputs.
@@ -41,13 +41,6 @@ def _twins() -> list[str]:
 def twin(request: pytest.FixtureRequest) -> str:
     """The name of a twin ("cython" or "python"); every test using it runs on both."""
     return request.param
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

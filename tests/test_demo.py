@@ -30,7 +30,6 @@ import pytest
 from rich.console import Console as RichConsole
 
 from rmqha.demo.cluster import HA_ADVERTISED_KEY, ProgressBar
-from rmqha.local_cluster import port_open
 
 SUMMARY_FIELDS = {
     "sent", "acked", "not_acked", "send_errors", "consumed", "duplicates", "lost",
@@ -82,24 +81,110 @@ def _configured_ports(directory: Path) -> list[int]:
     return sorted(ports)
 
 
+def _listeners(ports: list[int]) -> dict[int, list[int]]:
+    """Port -> pids of the processes holding a listening socket on it (Linux /proc)."""
+    inodes: dict[str, int] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except FileNotFoundError:
+            continue
+        for row in rows:
+            cols = row.split()
+            port = int(cols[1].rpartition(":")[2], 16)
+            if cols[3] == "0A" and port in ports:  # 0A: LISTEN
+                inodes[f"socket:[{cols[9]}]"] = port
+    found: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fds = list((entry / "fd").iterdir())
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(fd)
+            except (FileNotFoundError, ProcessLookupError, PermissionError):
+                continue  # closed meanwhile
+            if link in inodes:
+                found.setdefault(inodes[link], []).append(int(entry.name))
+    return found
+
+
+def _ours(pid: int, directory: Path) -> bool:
+    """A process the test started: the demo's (naming ``directory``) or below this one."""
+    try:
+        if str(directory).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return True
+        while pid > 1:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].split()[1])
+            if pid == os.getpid():
+                return True
+    except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError, ValueError):
+        pass
+    return False
+
+
 def _assert_nothing_left(directory: Path, min_ports: int = 6) -> None:
     ports = _configured_ports(directory)
     assert len(ports) >= min_ports, f"expected the demo's configs under {directory}, found {ports}"
     assert _processes_under(directory) == []
-    assert [p for p in ports if port_open(f"127.0.0.1:{p}")] == []
+    # The ports were free when the demo took them and are free for anyone once it is gone:
+    # on a busy machine another test may already listen on one.  Only our own listeners
+    # count as left behind.
+    still = {port: pids for port, pids in _listeners(ports).items()
+             if any(_ours(pid, directory) for pid in pids)}
+    assert still == {}, f"ports still open by processes the demo started: {still}"
 
 
-def _json_run(work: Path, *extra: str) -> dict:
+def _kill_leftovers(directory: Path) -> list[str]:
+    """SIGKILL every process still running with ``directory`` on its command line (the
+    demo's children, each in a process group of its own, outlive a killed demo); their
+    command lines, for the failure message."""
+    needle = str(directory).encode()
+    killed = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().split(") ", 1)[1][:1]
+            if needle in cmdline and state != "Z":
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
+        except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
+            continue
+    return killed
+
+
+def _json_run(work: Path, *extra: str, timeout: float = 120) -> dict:
+    """One ``--json`` demo run; whatever happens, nothing it started outlives the test.
+
+    Past ``timeout`` the demo gets SIGINT (it stops its processes and says where it was),
+    then SIGKILL; what is still running under ``work`` is killed either way."""
     proc = _demo(["--messages", "3000", "--json", "--dir", str(work), *extra])
     try:
-        out, err = proc.communicate(timeout=120)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)
+            try:
+                out, err = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            pytest.fail(f"the demo was still running after {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
     finally:
         proc.kill()
+        proc.wait()
+        leftovers = _kill_leftovers(work)
     assert proc.returncode == 0, f"stdout:\n{out}\nstderr:\n{err}"
+    assert leftovers == [], f"the demo left processes {leftovers} under {work}"
     return json.loads(out)  # nothing else on stdout
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(180)
 def test_demo_json_run_loses_nothing_and_leaves_nothing(tmp_path: Path) -> None:
     work = tmp_path / "demo"
     summary = _json_run(work, "--no-stall")
@@ -125,7 +210,7 @@ def test_demo_json_run_loses_nothing_and_leaves_nothing(tmp_path: Path) -> None:
     _assert_nothing_left(work)
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(180)
 def test_stalled_links_make_the_old_master_cut_exactly_its_unacknowledged_tail(tmp_path: Path) -> None:
     work = tmp_path / "demo"
     summary = _json_run(work)
@@ -136,6 +221,9 @@ def test_stalled_links_make_the_old_master_cut_exactly_its_unacknowledged_tail(t
     # Nothing crossed the stalled links: no slave has more than the master had when they
     # stalled, and the master wrote beyond what the slaves have (sends never acknowledged).
     assert max(f["slave_max_at_kill"]) <= f["master_max_at_stall"] <= f["master_max_at_kill"]
+    # Each slave had stored exactly the whole blocks that crossed its link (the kill waited
+    # for that): what it holds when the master dies is what it will ever get from it.
+    assert f["slave_max_at_kill"] == f["crossed_at_stall"]
     assert f["tail_bytes"] == f["master_max_at_kill"] - max(f["slave_max_at_kill"]) > 0
     # The new master's epoch starts at its own log end, which is what it had at the kill
     # (the links to the dead master carried nothing more).
@@ -187,6 +275,7 @@ def test_sigint_stops_everything(tmp_path: Path, phase: str) -> None:
     finally:
         proc.kill()
         proc.wait()
+        leftovers = _kill_leftovers(work)
     out = "".join(lines)
     assert proc.returncode == 130, f"stdout:\n{out}\nstderr:\n{err}"
     assert "[5/5]" not in out and "interrupted" in out
@@ -198,6 +287,7 @@ def test_sigint_stops_everything(tmp_path: Path, phase: str) -> None:
     assert "ports still open: none" in out
     assert "Traceback" not in err and "Task was destroyed" not in err, err
     assert stopped_in < 20
+    assert leftovers == [], f"the demo left processes {leftovers} under {work}"
     # Interrupted while brokers start: the controllers and the name server were up.
     _assert_nothing_left(work, min_ports=7 if "name server" in phase else 13)
 

@@ -5,15 +5,18 @@ partitioned from the controllers) is the chaos scenario ``partition-master-from-
 """
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
 
 from rmqha.broker.config import BrokerConfig
+from rmqha.broker.replicas_manager import ReplicasManager, Role
 from rmqha.broker.master_lease import (
     MAX_CLOCK_RATE_ERROR, STALE_LEADER_WINDOW_MS, LeaseGrant, MasterLease, lease_ms_for,
     min_margin_ms,
 )
+from rmqha.controller.client import HeartbeatAnswer
 from rmqha.controller.heartbeat import BrokerHeartbeatManager
 from rmqha.controller.logic import ControllerLogic
 from rmqha.controller.state import ReplicasState
@@ -247,3 +250,65 @@ def test_a_closed_connection_is_only_death_when_the_probe_says_gone():
     hb.confirm_gone(hb.info("b", 1), hb.info("b", 1).last_update)
     assert not hb.is_alive("b", 1)
     assert logic.groups_needing_election() == ["b"]
+
+
+# --- a new master's first lease: writes wait for it, a lapsed lease is not waited for --------
+
+
+class SlowLeader:
+    """A controller client whose leader answers a heartbeat only when the test says so."""
+
+    def __init__(self) -> None:
+        self.addresses = ["127.0.0.1:1"]
+        self.answers: asyncio.Queue[HeartbeatAnswer] = asyncio.Queue()
+
+    async def heartbeat_to(self, addr: str, *args: object, **kwargs: object) -> HeartbeatAnswer:
+        return await self.answers.get()
+
+
+class Listener:
+    def heartbeat_status(self) -> tuple[int, int, int]:
+        return 2, 0, 0
+
+
+def _new_master(tmp_path, epoch: int) -> tuple[ReplicasManager, SlowLeader]:  # noqa: ANN001
+    controller = SlowLeader()
+    cfg = BrokerConfig(controller_addr=controller.addresses, store_dir=str(tmp_path))
+    rm = ReplicasManager(cfg, controller, Listener())  # type: ignore[arg-type]
+    rm.status.broker_id, rm.status.role, rm.status.master_epoch = 1, Role.MASTER, epoch
+    return rm, controller
+
+
+def test_a_write_waits_for_the_new_masters_first_lease_then_is_taken(tmp_path):
+    async def scenario() -> None:
+        rm, leader = _new_master(tmp_path, epoch=2)
+        assert rm.awaiting_first_lease and not rm.accepts_writes
+        held = asyncio.ensure_future(rm.wait_for_first_lease(5.0))
+        rm._send_heartbeats()  # what taking the role does
+        for _ in range(10):  # let the heartbeat go out and the write reach its wait
+            await asyncio.sleep(0)
+        assert not held.done()  # no answer yet: the write is held, not refused
+        await leader.answers.put(HeartbeatAnswer("127.0.0.1:1", True, 1, 2))
+        await asyncio.wait_for(held, 1.0)
+        assert rm.accepts_writes and not rm.awaiting_first_lease
+    asyncio.run(scenario())
+
+
+def test_no_first_lease_within_the_bound_and_a_lapsed_lease_are_refused_not_waited_for(tmp_path):
+    async def scenario() -> None:
+        rm, leader = _new_master(tmp_path, epoch=2)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await rm.wait_for_first_lease(0.2)  # the leader never answers
+        assert loop.time() - started >= 0.2 and not rm.accepts_writes
+        # Granted, then lapsed at the same epoch: not a new master any more, no wait.
+        clock = Clock()
+        rm.lease = MasterLease(1.0, clock=clock)
+        rm.lease.on_answer(LeaseGrant(True, 1, 2), clock(), 1)
+        assert rm.accepts_writes
+        clock.now += 1.5
+        assert rm.lease_fenced and not rm.awaiting_first_lease
+        started = loop.time()
+        await rm.wait_for_first_lease(5.0)
+        assert loop.time() - started < 0.5
+    asyncio.run(scenario())

@@ -215,7 +215,7 @@ def run_cluster(tmp: Path, ports: list[int], commits: int, kills: int, mode: str
 
 
 def test_fast_commits_across_leader_kills_agree(tmp_path, port_factory):
-    run_cluster(tmp_path, [port_factory() for _ in range(3)], commits=3000, kills=2)
+    run_cluster(tmp_path, [port_factory() for _ in range(3)], commits=1500, kills=2)
 
 
 @pytest.mark.slow

@@ -82,6 +82,16 @@ class Replication:
         replicas = self._broker.replicas
         return replicas is not None and replicas.accepts_writes
 
+    def awaiting_first_lease(self) -> bool:
+        replicas = self._broker.replicas
+        return replicas is not None and replicas.awaiting_first_lease
+
+    async def wait_for_first_lease(self) -> None:
+        """Bounded by one heartbeat answer's timeout: the first lease comes with it or not soon."""
+        replicas = self._broker.replicas
+        if replicas is not None:
+            await replicas.wait_for_first_lease(self._broker.config.send_heartbeat_timeout_ms / 1000)
+
     def sync_state_set_size(self) -> int:
         master = self._broker.ha_master
         if master is None:

@@ -121,6 +121,8 @@ class ReplicasManager:
         #: Times this broker, as master, found its lease expired and fenced itself.
         self.lease_expiries = 0
         self._lease_fenced = False
+        #: Set (and replaced by a fresh one) at every renewal: what a held write waits on.
+        self._lease_renewed = asyncio.Event()
         #: The heartbeat in flight to each controller: a controller that does not answer
         #: gets no new one until it does (the others are not held up by it).
         self._heartbeats_pending: dict[str, asyncio.Task[None]] = {}
@@ -146,6 +148,29 @@ class ReplicasManager:
         """Master, and holding the lease for the epoch it is master of (not stopping)."""
         return (self.status.role == Role.MASTER and not self._stopping.is_set()
                 and self.lease.holds(self.status.master_epoch))
+
+    @property
+    def awaiting_first_lease(self) -> bool:
+        """Master of an epoch it has never held a lease for: it took the role and asked the
+        controller leader at once, and the answer is on its way."""
+        return (self.status.role == Role.MASTER and self.lease.enabled
+                and self.lease.granted_epoch < self.status.master_epoch and not self._stopping.is_set())
+
+    async def wait_for_first_lease(self, timeout_s: float) -> None:
+        """Hold a write that reaches a new master before its first lease (at most
+        ``timeout_s``) instead of refusing it: the grant is one heartbeat answer away.  A
+        lease that expired at this epoch is not waited for (its master may be cut off, and
+        clients should try elsewhere at once); nothing here accepts a write without one."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.awaiting_first_lease:
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            try:
+                await asyncio.wait_for(self._lease_renewed.wait(), left)
+            except asyncio.TimeoutError:
+                return
 
     @property
     def lease_fenced(self) -> bool:
@@ -282,7 +307,9 @@ class ReplicasManager:
             return
         grant = LeaseGrant(answer.lease_granted, answer.master_broker_id, answer.master_epoch)
         held = self.lease.holds(self.status.master_epoch)
-        self.lease.on_answer(grant, sent_at, self.broker_id)
+        if self.lease.on_answer(grant, sent_at, self.broker_id):
+            self._lease_renewed.set()
+            self._lease_renewed = asyncio.Event()
         if held and not self.lease.holds(self.status.master_epoch) and self.status.role == Role.MASTER:
             log.warning("controller %s names master %s at epoch %d: master lease of epoch %d revoked",
                         addr, grant.master_id, grant.master_epoch, self.status.master_epoch)

@@ -49,6 +49,7 @@ from typing import Any
 from rich.console import Console as RichConsole
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn
 
+from rmqha import frames
 from rmqha.client import Consumer, Message, Producer
 from rmqha.client.admin import TopicAdmin
 from rmqha.errors import LocalClusterError, ProtocolError, RemotingError, RmqhaError, SendError
@@ -174,6 +175,9 @@ class Failover:
     master_max_at_kill: int | None = None
     slave_acks_at_kill: list[int] = field(default_factory=list)
     slave_max_at_kill: list[int] = field(default_factory=list)
+    #: Where the last whole block that crossed each slave's link before the stall ends, in
+    #: the order of slave_max_at_kill (None: the relay could not follow that stream).
+    crossed_at_stall: list[int | None] = field(default_factory=list)
     #: master_max_at_kill - max(slave_max_at_kill): on no slave, never acknowledged.
     tail_bytes: int | None = None
     #: Bytes the stalled links held when the master died, dropped with it.
@@ -446,18 +450,73 @@ class ProduceLoad:
                         self.first_ack_after_kill = now
 
 
+class _AckProgress:
+    """Fails a produce phase in which no send is acknowledged for ``timeout_s``: every send
+    ends within the producer's retry deadline, but a cluster that refuses them all would
+    keep the demo going batch after batch, saying nothing."""
+
+    def __init__(self, load: ProduceLoad, timeout_s: float) -> None:
+        self.load = load
+        self.timeout_s = timeout_s
+        self._acked = len(load.acked)
+        self._since = time.monotonic()
+
+    def check(self, cluster: Cluster) -> None:
+        acked, now = len(self.load.acked), time.monotonic()
+        if acked != self._acked:
+            self._acked, self._since = acked, now
+        elif now - self._since > self.timeout_s:
+            raise RmqhaError(f"no send acknowledged for {self.timeout_s:.0f} s (last send error: "
+                             f"{self.load.last_error or 'none'})\n{cluster.describe()}")
+
+
 # --- the replication links -----------------------------------------------------------------
 
 
 class _Link:
     """One relayed HA connection (slave <-> master); what the master sends once the link
-    is stalled is counted, never forwarded (a stalled link is not resumed: its master dies)."""
+    is stalled is counted, never forwarded (a stalled link is not resumed: its master dies).
+
+    The relay reads the frames it forwards (framed dialect): the slave's broker id from its
+    handshake, and the log end of the last whole block that went to it, which is what the
+    slave will have stored once it has read everything it was sent."""
 
     def __init__(self, slave_writer: asyncio.StreamWriter, master_writer: asyncio.StreamWriter) -> None:
         self.slave_writer = slave_writer
         self.master_writer = master_writer
         self.stalled = False
         self.held_bytes = 0
+        self.slave_id: int | None = None
+        #: Log end of the last whole TRANSFER_DATA block forwarded (None: not known, e.g.
+        #: the slave speaks the rocketmq dialect).
+        self.forwarded_end: int | None = 0
+        # Any block a broker may send (its own limit is configurable): the relay only counts.
+        self._to_slave_frames = frames.framed.decoder(frames.Direction.MASTER_TO_SLAVE, max_frame_bytes=1 << 30)
+        self._to_master_frames: Any = frames.framed.decoder(frames.Direction.SLAVE_TO_MASTER)
+
+    def saw_from_slave(self, data: bytes) -> None:
+        if self._to_master_frames is None:
+            return
+        try:
+            for frame in self._to_master_frames.feed(data):
+                if isinstance(frame, frames.HandshakeSlave):
+                    self.slave_id = frame.broker_id
+                    self._to_master_frames = None  # all it was read for
+                    return
+        except ProtocolError:
+            self._to_master_frames = None
+            self.forwarded_end = None
+
+    def forwarded_to_slave(self, data: bytes) -> None:
+        if self.forwarded_end is None:
+            return
+        try:
+            for frame in self._to_slave_frames.feed(data):
+                if type(frame) is frames.TransferData and len(frame.data):
+                    self.forwarded_end = max(self.forwarded_end,
+                                             frame.block_start_offset + len(frame.data))
+        except ProtocolError:
+            self.forwarded_end = None
 
 
 class ReplicationLinks:
@@ -499,6 +558,14 @@ class ReplicationLinks:
             return len(self._links)
         return int(self._loop.run(stall(), 5))
 
+    def forwarded_ends(self) -> dict[int, int | None]:
+        """Slave broker id -> log end of the last whole block its stalled link forwarded
+        (None when the relay could not follow the stream)."""
+        async def ends() -> dict[int, int | None]:
+            return {link.slave_id: link.forwarded_end for link in self._links
+                    if link.stalled and link.slave_id is not None}
+        return dict(self._loop.run(ends(), 5))
+
     def close(self) -> None:
         async def close() -> None:
             for server in self._servers:
@@ -539,6 +606,7 @@ class ReplicationLinks:
     async def _to_master(self, link: _Link, reader: asyncio.StreamReader) -> None:
         try:
             while data := await reader.read(1 << 20):
+                link.saw_from_slave(data)
                 link.master_writer.write(data)
                 await link.master_writer.drain()
         except (OSError, ConnectionError):
@@ -551,6 +619,7 @@ class ReplicationLinks:
                 if link.stalled:
                     link.held_bytes += len(data)
                     continue
+                link.forwarded_to_slave(data)
                 link.slave_writer.write(data)
                 await link.slave_writer.drain()
         except (OSError, ConnectionError):
@@ -717,8 +786,10 @@ class Demo:
         if master is None:
             raise RmqhaError(f"no running broker has the master's id {before.master_id}")
         load.start()
+        progress = _AckProgress(load, self.opts.step_timeout_s)
         while not load.done and len(load.acked) < kill_after:
             self._tick(bar, load)
+            progress.check(self._c)
         f = s.failover
         f.killed, f.killed_pid, f.acked_at_kill = master.name, master.pid or 0, len(load.acked)
         f.old_master_id, f.old_master_address = before.master_id, before.master_address
@@ -731,9 +802,11 @@ class Demo:
         out.say(f"  >>> SIGKILL {master.name} (pid {f.killed_pid}): the master, id {f.old_master_id}, "
                 f"master epoch {f.old_epoch}, after {f.acked_at_kill:,} acknowledged messages")
         self._watch_election(bar, load, before)
+        progress = _AckProgress(load, self.opts.step_timeout_s)
         while not load.done:
             self._tick(bar, load)
             self._watch_sync_state_set(load)
+            progress.check(self._c)
         self._tick(bar, load)
         out.end_progress()
         load.result()
@@ -756,17 +829,20 @@ class Demo:
         # Read after the stall began: every byte a slave can still get was written before.
         f.master_max_at_stall = int(c.broker_status(master)["maxOffset"])
         f.stalled = stalled > 0
-        # At least stall_s, so the slaves have stored and acked whatever crossed before the
-        # stall; then on until the master holds writes no slave has (a starved producer on
-        # a busy machine may send nothing for a while), but never so long that a timer
-        # trips (stall_cap_s).
+        # At least stall_s, and on until every slave has stored the blocks that crossed
+        # before the stall (a slave starved of CPU may not have read them yet) and the
+        # master holds writes no slave has (a starved producer may send nothing for a
+        # while), but never so long that a timer trips (stall_cap_s).
+        crossed = links.forwarded_ends()
         shortest, longest = t0 + self.opts.stall_s, t0 + self._stall_cap
         while not load.done and time.monotonic() < longest:
-            if time.monotonic() >= shortest and self._master_ahead(master, slaves):
+            if (time.monotonic() >= shortest and self._slaves_stored(slaves, crossed)
+                    and self._master_ahead(master, slaves)):
                 break
             self._tick(bar, load, 0.01)
         ha = c.broker_status(master).get("ha") or {}
         f.slave_max_at_kill = [int(c.broker_status(b)["maxOffset"]) for b in slaves]
+        f.crossed_at_stall = [crossed.get(b.broker_id() or 0) for b in slaves]
         f.stall_s = time.monotonic() - t0
         f.master_max_at_kill = int(ha.get("max_offset", f.master_max_at_stall))
         f.slave_acks_at_kill = [int(sl.get("ack_offset", -1)) for sl in ha.get("slaves", [])]
@@ -779,6 +855,15 @@ class Demo:
         else:
             out.say(f"  >>> the slaves' links stalled for {f.stall_s:.1f} s, but the slaves already "
                     f"have all the master wrote ({f.master_max_at_kill:,}): nothing for the kill to take")
+
+    def _slaves_stored(self, slaves: list[BrokerProc], crossed: dict[int, int | None]) -> bool:
+        """Every slave's log reaches the end of what its link forwarded before the stall."""
+        c = self._c
+        for b in slaves:
+            end = crossed.get(b.broker_id() or 0)
+            if end is not None and int(c.broker_status(b)["maxOffset"]) < end:
+                return False
+        return True
 
     def _master_ahead(self, master: BrokerProc, slaves: list[BrokerProc]) -> bool:
         c = self._c

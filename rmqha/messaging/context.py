@@ -55,6 +55,10 @@ class Replication(Protocol):
 
     def holds_master_lease(self) -> bool: ...
 
+    def awaiting_first_lease(self) -> bool: ...
+
+    async def wait_for_first_lease(self) -> None: ...
+
 
 @dataclass
 class MessagingConfig:

@@ -114,6 +114,9 @@ class SendPath:
         except ProtocolError as exc:
             raise Refused(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
         batch = h.batch or cmd.code == RequestCode.SEND_BATCH_MESSAGE
+        if ctx.replication is not None and ctx.replication.awaiting_first_lease():
+            # Just elected: its first lease is one heartbeat answer away (not a refusal).
+            await ctx.replication.wait_for_first_lease()
         ctx.check_writable()
         try:
             validate_topic_name(h.topic)

@@ -285,6 +285,25 @@ class ChaosRun:
         for a condition; every wait for a state goes through ``Cluster.wait_for``."""
         self._stop.wait(seconds)
 
+    def acked_count(self) -> int:
+        with self._lock:
+            return sum(1 for o in self.outcomes if o.status == "acked")
+
+    def wait_for_unique_tail(self, master: BrokerProc, *, acked: bool = False) -> None:
+        """After every link of ``master`` is cut: wait until it holds writes no slave can
+        have (it appended past its end at the cut), and with ``acked`` until one of them was
+        acknowledged: a send begun after the cut, which needs more acknowledgements than
+        the producers had in flight at the cut.  A fixed pause is not enough on a busy
+        machine, where the producers may not get to send at all for a while."""
+        c = self.cluster
+        acked_at_cut = self.acked_count()
+        at_cut = int(c.broker_status(master)["maxOffset"])
+        c.wait_for(lambda: int(c.broker_status(master)["maxOffset"]) > at_cut, 30,
+                   what=f"{master.name} to append past what its slaves can have")
+        if acked:
+            c.wait_for(lambda: self.acked_count() > acked_at_cut + self.producers, 30,
+                       what=f"{master.name} to acknowledge a send begun after its links were cut")
+
     def mark_fault(self) -> None:
         with self._lock:
             self.fault_at = time.monotonic()
@@ -551,12 +570,14 @@ def cut_master_links(run: ChaosRun) -> None:
     run.run_load_for(2.0)
 
 
-def cut_all_links_then_kill(run: ChaosRun) -> None:
+def cut_all_links_then_kill(run: ChaosRun, *, acked_alone: bool = False) -> None:
     """The master keeps taking sends while no slave hears it, then dies: whatever it held
-    alone must not have been acknowledged."""
+    alone must not have been acknowledged (``acked_alone``: the negative control, whose
+    master acknowledges by itself, waits until it has done so)."""
     m = run.master()
     run.mark_fault()
     run.ha_proxies[m.name].cut("blackhole")
+    run.wait_for_unique_tail(m, acked=acked_alone)
     run.run_load_for(1.0)
     m.kill()
     run.ha_proxies[m.name].restore()

@@ -60,7 +60,8 @@ def _slave_dies_in_epoch_write(run: h.ChaosRun) -> None:
 def _old_master_dies_after_truncate(run: h.ChaosRun) -> None:
     m = run.master()
     run.ha_proxies[m.name].cut("blackhole")
-    run.run_load_for(1.0)
+    # A tail only it has, which it must cut when it rejoins (the failpoint is on that cut).
+    run.wait_for_unique_tail(m)
     m.kill()
     run.ha_proxies[m.name].restore()
     run.cluster.wait_for(lambda: (x := run.cluster.master_of(h.GROUP)) is not None and x is not m, 30,
