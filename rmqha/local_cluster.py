@@ -94,6 +94,9 @@ _NOT_YET = (RemotingError, OSError, KeyError, ValueError)
 #: Ports handed out by this process: a port is chosen before its process binds it, so
 #: two choices in a row must not return the same one.
 _handed_out: set[int] = set()
+#: Our own generator, seeded from the OS: a test that seeds the global one (Hypothesis does)
+#: must not make two concurrent runs choose the same ports in the same order.
+_port_rng = random.Random()
 
 
 def _below_ephemeral_range() -> range:
@@ -126,7 +129,7 @@ def free_port(count: int = 1) -> int:
     that was to listen on it has started, and on a busy machine that happens."""
     ports = _below_ephemeral_range()
     for _ in range(500):
-        p = random.randrange(ports.start, ports.stop - count + 1)
+        p = _port_rng.randrange(ports.start, ports.stop - count + 1)
         block = range(p, p + count)
         if any(q in _handed_out for q in block) or not all(_bindable(q) for q in block):
             continue
