@@ -8,7 +8,6 @@ import fcntl
 import os
 import random
 import struct
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 
 from rmqha.errors import DiskFullError
 from rmqha.store import CommitLog
+from tmpfs import grow, tmpfs
 
 SEG = 64 << 10
 WINDOW = 8 << 10  # two pages: every few records cross the window's edge
@@ -181,16 +181,8 @@ def test_with_sync_flush_the_window_ahead_of_the_writer_is_written_not_just_rese
 @pytest.fixture
 def small_fs(tmp_path) -> Iterator[Path]:
     """A 320 KiB tmpfs: fills after a few segments' worth of records."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    path = tmp_path / "fs"
-    path.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=320k", "tmpfs", str(path)], check=True,
-                   timeout=30)
-    try:
+    with tmpfs(tmp_path / "fs", "320k") as path:
         yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False, timeout=30)
 
 
 @pytest.mark.parametrize("flush", ["async", "sync"])
@@ -239,7 +231,7 @@ def test_a_full_disk_refuses_appends_cleanly_and_loses_nothing(twin, small_fs, f
         assert again.max_offset == end
         assert [(m.physical_offset, m.body) for m in again.iter_messages()] == stored
         # Room again (the filesystem grown): the log goes on where it stopped.
-        subprocess.run(["mount", "-o", "remount,size=4m", str(small_fs)], check=True, timeout=30)
+        grow(small_fs, "4m")
         offset, _ = again.append("t", b"after the disk grew")
         assert offset == end
         assert again.read_message(offset).body == b"after the disk grew"

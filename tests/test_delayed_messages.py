@@ -6,7 +6,6 @@ real processes is in ``test_transactions_cluster.py``.
 """
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -19,21 +18,12 @@ from rmqha.broker.config import BrokerConfig
 from rmqha.client import Consumer, Message, Producer
 from rmqha.codes import RequestCode, ResponseCode
 from rmqha.errors import ClientError, ConfigError, SendError
+from rmqha.ha.testing import wait_until_async
 from rmqha.messaging.delayed_delivery import SCHEDULE_TOPIC, TIMER_TOPIC, parse_delay_levels
 from rmqha.messaging.message import Prop, encode_properties
 from rmqha.remoting import RemotingClient, RemotingCommand
 
 SHORT = {"message_delay_level": "300ms 600ms 1s", "timer_precision_ms": 50}
-
-
-async def wait_for(pred: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_delay_levels_parse_and_bad_levels_are_named() -> None:
@@ -107,7 +97,7 @@ def test_nothing_is_lost_across_a_restart(tmp_path: Path) -> None:
                 rest += [await p.send("durable", b"timer-%d" % i, deliver_at=t0 + 3000 + i)
                          for i in range(5)]
             # The early ones are delivered, the late ones not yet: stop the broker now.
-            await wait_for(lambda: b.svc.delayed.delivered >= 5, 10, "the early deliveries")
+            await wait_until_async(lambda: b.svc.delayed.delivered >= 5, 10, "the early deliveries")
             assert b.svc.delayed.delivered < 15
             await b.stop()
             again = LocalBroker(tmp_path, "broker-a", env.namesrv, **cfg)

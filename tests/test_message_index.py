@@ -16,6 +16,7 @@ from rmqha.messaging.message_index import MessageIndex
 from rmqha.remoting import RemotingClient, RemotingCommand
 from rmqha.store import CommitLog
 from test_messaging import Env, LocalBroker, create_topic, run
+from tmpfs import grow, tmpfs
 
 SEG = 64 * 1024
 
@@ -278,27 +279,14 @@ def test_python_client_and_cli_lookups(tmp_path: Path, capsys) -> None:
 @pytest.fixture
 def small_fs(tmp_path: Path):
     """A 256 KiB tmpfs for the index (the log stays on the normal disk)."""
-    import os
-    import subprocess
-
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    path = tmp_path / "fs"
-    path.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(path)], check=True,
-                   timeout=30)
-    try:
+    with tmpfs(tmp_path / "fs", "256k") as path:
         yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False, timeout=30)
 
 
 def test_a_full_disk_stops_the_index_cleanly_and_it_catches_up(tmp_path: Path, small_fs: Path,
                                                               caplog) -> None:
     """Entry blocks are allocated before they are written: a full filesystem stops the
     index where it is (logged, no SIGBUS), and it catches up once there is room."""
-    import subprocess
-
     cl = CommitLog(tmp_path / "log", segment_bytes=SEG, prefault=False)
     try:
         where = _fill(cl, 8000)  # 24k entries = 576 KiB, over the filesystem's 256 KiB
@@ -308,7 +296,7 @@ def test_a_full_disk_stops_the_index_cleanly_and_it_catches_up(tmp_path: Path, s
         assert "message index stopped" in caplog.text
         stuck = idx.indexed_offset
         assert 0 < stuck < cl.max_offset
-        subprocess.run(["mount", "-o", "remount,size=4m", str(small_fs)], check=True, timeout=30)
+        grow(small_fs, "4m")
         idx.advance(cl, cl.max_offset)
         assert idx.indexed_offset == cl.max_offset
         for key in ("A#k3", "B#u7998", "A#u1"):

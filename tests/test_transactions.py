@@ -7,8 +7,6 @@ from the log on restart.  The failover across real processes is in
 """
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +14,7 @@ from test_messaging import Env, LocalBroker, consume, create_topic, run
 
 from rmqha.client import LocalTransactionState, Message, Producer
 from rmqha.codes import RequestCode, ResponseCode
+from rmqha.ha.testing import wait_until_async
 from rmqha.messaging.message import Prop, SysFlag, parse_offset_msg_id
 from rmqha.messaging.transactions import CHECK_MAX_TOPIC, HALF_TOPIC, OP_TOPIC, Outcome
 from rmqha.remoting import RemotingClient, RemotingCommand
@@ -25,16 +24,6 @@ ROLLBACK = LocalTransactionState.ROLLBACK_MESSAGE
 UNKNOW = LocalTransactionState.UNKNOW
 #: Check-backs within a second, so a test takes a few.
 QUICK_CHECKS = {"transaction_timeout_ms": 300, "transaction_check_interval_ms": 300}
-
-
-async def wait_for(pred: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def never_checked(msg: Any) -> LocalTransactionState:
@@ -116,7 +105,7 @@ def test_unknown_outcome_is_checked_back_and_committed(tmp_path: Path) -> None:
                                                   RuntimeError("local transaction failed")))
                 assert (yes.state, no.state) == (UNKNOW, UNKNOW)
                 assert not yes.end_confirmed
-                await wait_for(lambda: not b.svc.transactions.pending, 15,
+                await wait_until_async(lambda: not b.svc.transactions.pending, 15,
                                "both transactions to be settled by check-backs")
             assert {m.body for m in checked} == {b"later-yes", b"later-no"}
             assert all(int(m.properties[Prop.TRANSACTION_CHECK_TIMES]) == 1 for m in checked)
@@ -148,7 +137,7 @@ def test_unresolved_half_is_discarded_after_check_max(tmp_path: Path) -> None:
             async with Producer(env.namesrv, "PG_DISCARD") as p:
                 p.set_transaction_check_listener(check)
                 sent = await p.send_transaction("txd", b"limbo", lambda m, a: UNKNOW)
-                await wait_for(lambda: b.svc.transactions.outcome(sent.msg_id), 15,
+                await wait_until_async(lambda: b.svc.transactions.outcome(sent.msg_id), 15,
                                "the half message to be discarded")
             assert b.svc.transactions.outcome(sent.msg_id) is Outcome.DISCARD
             assert checks == [1, 2]
@@ -181,7 +170,7 @@ def test_pending_halves_are_rebuilt_from_the_log_on_restart(tmp_path: Path) -> N
             # group, and the check comes back on that connection.
             async with Producer(env.namesrv, "PG_R") as p:
                 p.set_transaction_check_listener(lambda m: COMMIT, topics=["txr"])
-                await wait_for(lambda: not again.svc.transactions.pending, 15,
+                await wait_until_async(lambda: not again.svc.transactions.pending, 15,
                                "the open transaction to be committed by a check-back")
             got = await consume(env.namesrv, "CG_R", "txr", 2, timeout=10)
             assert sorted(m.body for m in got) == [b"done", b"open"]
