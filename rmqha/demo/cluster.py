@@ -367,6 +367,11 @@ class ProduceLoad:
         self.kill_time: float | None = None
         self.killed_address: str | None = None
         self.first_ack_after_kill: float | None = None
+        #: Senders start no batch at or past this sequence number until :meth:`release`:
+        #: a fast producer could otherwise finish between two looks of the main thread,
+        #: and the master would be killed after the load instead of in the middle of it.
+        self.hold_at: int | None = None
+        self._released = asyncio.Event()
         self._next = 0
         self._future: Any = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -377,6 +382,15 @@ class ProduceLoad:
     @property
     def done(self) -> bool:
         return self._future is not None and self._future.done()
+
+    @property
+    def settled(self) -> int:
+        """Messages whose send has an outcome (acknowledged, refused or failed)."""
+        return len(self.acked) + self.not_acked + self.send_errors
+
+    def release(self) -> None:
+        """Let the senders past :attr:`hold_at` (from the main thread)."""
+        self.loop.loop.call_soon_threadsafe(self._released.set)
 
     def start(self) -> None:
         self.started_at = time.monotonic()
@@ -424,6 +438,10 @@ class ProduceLoad:
         assert self._producer is not None
         opts = self.opts
         while self._next < opts.messages and not self._stopping:
+            if self.hold_at is not None and self._next >= self.hold_at \
+                    and not self._released.is_set():
+                await self._released.wait()
+                continue
             first = self._next
             seqs = range(first, min(first + opts.batch, opts.messages))
             self._next = seqs.stop
@@ -780,6 +798,7 @@ class Demo:
         else:
             out.say(f"      The master gets SIGKILL after {kill_after:,} acknowledged messages.")
         load = self.load = ProduceLoad(self._l, c.namesrv_addresses, opts)
+        load.hold_at = kill_after
         bar = out.progress("produce", opts.messages)
         before = self._replica_info()
         master = c.broker_by_id(GROUP, before.master_id or 0)
@@ -787,13 +806,14 @@ class Demo:
             raise RmqhaError(f"no running broker has the master's id {before.master_id}")
         load.start()
         progress = _AckProgress(load, self.opts.step_timeout_s)
-        while not load.done and len(load.acked) < kill_after:
+        while not load.done and load.settled < kill_after:
             self._tick(bar, load)
             progress.check(self._c)
         f = s.failover
         f.killed, f.killed_pid, f.acked_at_kill = master.name, master.pid or 0, len(load.acked)
         f.old_master_id, f.old_master_address = before.master_id, before.master_address
         f.old_epoch, f.old_sync_state_set = before.master_epoch, before.sync_state_set
+        load.release()  # the kill lands in the middle of the load, with sends in flight
         if self.links is not None:
             self._stall_links(master, load, bar)
         f.acked_at_kill = len(load.acked)
