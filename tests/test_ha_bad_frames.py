@@ -19,7 +19,7 @@ from rmqha import frames
 from rmqha.frames import Direction
 from rmqha.ha import HAConfig
 from rmqha.ha.testing import (assert_same_log, fast_config, fill, ha_master, ha_slave, master_running,
-                              replica_stores, scripted_master, slave_running, wait_until_async)
+                              read_frames, replica_stores, scripted_master, slave_running, wait_until_async)
 
 SEG = 1 << 20
 CFG = fast_config(ha_housekeeping_interval_ms=2000, ha_reconnect_min_ms=50, max_frame_bytes=1 << 20)
@@ -180,14 +180,11 @@ def test_slave_closes_on_bad_master_frames_and_writes_nothing(tmp_path, case: st
                 dec = frames.FramedDecoder(Direction.SLAVE_TO_MASTER, 1 << 20)
                 got: list = []
                 try:
-                    while not got:
-                        got += dec.feed(await reader.read(1 << 16))
+                    await read_frames(reader, dec, got, 1)
                     writer.write(frames.framed.encode(frames.HandshakeMaster(0, mx + 8192, 1)))
-                    while len(got) < 2:
-                        got += dec.feed(await reader.read(1 << 16))
+                    await read_frames(reader, dec, got, 2)
                     writer.write(frames.framed.encode(frames.ReturnEpoch(((1, 0, mx + 8192),))))
-                    while len(got) < 3:
-                        got += dec.feed(await reader.read(1 << 16))
+                    await read_frames(reader, dec, got, 3)
                     assert isinstance(got[2], frames.ConfirmTruncate) and got[2].offset == mx
                     out = make(mx, reference)
                     for part in out if isinstance(out, tuple) else (out,):

@@ -166,6 +166,19 @@ async def scripted_master(
         await server.wait_closed()
 
 
+async def read_frames(reader: asyncio.StreamReader, decoder: Any, got: list[Any], count: int) -> None:
+    """Feed ``decoder`` from ``reader`` until ``got`` holds ``count`` frames.
+
+    A slave that closes first raises ConnectionResetError: a read at end of stream returns
+    at once, so looping on it would spin without ever yielding to the event loop (a slave
+    that reconnects and is stopped before its handshake hung a test that way)."""
+    while len(got) < count:
+        data = await reader.read(1 << 16)
+        if not data:
+            raise ConnectionResetError("the slave closed the connection")
+        got += decoder.feed(data)
+
+
 # --- the controller's SyncStateSet rules, in memory ----------------------------------------------
 
 
