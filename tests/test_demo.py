@@ -44,9 +44,9 @@ def _demo(args: list[str], **kw: object) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, **kw)
 
 
-def _processes_under(directory: Path) -> list[str]:
-    """Command lines of running processes that name ``directory`` (the demo's children
-    get ``--config <directory>/...``)."""
+def _running_under(directory: Path) -> list[tuple[int, str]]:
+    """(pid, command line) of live processes that name ``directory`` (the demo's children
+    get ``--config <directory>/...``), this process and zombies left out."""
     needle = str(directory).encode()
     found = []
     for entry in Path("/proc").iterdir():
@@ -58,8 +58,13 @@ def _processes_under(directory: Path) -> list[str]:
         except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
             continue
         if needle in cmdline and state != "Z":
-            found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
+            found.append((int(entry.name), cmdline.replace(b"\0", b" ").decode(errors="replace")))
     return found
+
+
+def _processes_under(directory: Path) -> list[str]:
+    """Command lines of running processes that name ``directory``."""
+    return [cmdline for _, cmdline in _running_under(directory)]
 
 
 def _configured_ports(directory: Path) -> list[int]:
@@ -142,19 +147,13 @@ def _kill_leftovers(directory: Path) -> list[str]:
     """SIGKILL every process still running with ``directory`` on its command line (the
     demo's children, each in a process group of its own, outlive a killed demo); their
     command lines, for the failure message."""
-    needle = str(directory).encode()
     killed = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
+    for pid, cmdline in _running_under(directory):
         try:
-            cmdline = (entry / "cmdline").read_bytes()
-            state = (entry / "stat").read_text().split(") ", 1)[1][:1]
-            if needle in cmdline and state != "Z":
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
-        except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
             continue
+        killed.append(cmdline)
     return killed
 
 
