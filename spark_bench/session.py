@@ -6,8 +6,10 @@ the driver binds to loopback, and times are UTC so run times never shift with th
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import zipfile
@@ -34,6 +36,53 @@ class SessionOptions:
     shuffle_partitions: int | None = None
     fast_start: bool = False
     extra_conf: dict[str, str] = field(default_factory=dict)
+    #: Keep the driver JVM's loaded classes in a class-data-sharing archive (see
+    #: :func:`class_data_archive`) so later JVMs start with them mapped, not parsed.
+    class_data_sharing: bool = False
+
+
+#: Where the class-data archive lives (``$RMQHA_TRENDS_CACHE``, else the user's cache dir).
+def _cache_dir() -> str:
+    explicit = os.environ.get("RMQHA_TRENDS_CACHE")
+    if explicit:
+        return explicit
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "rmqha-trends")
+
+
+def class_data_archive() -> str:
+    """The archive for this JVM and this PySpark's jars: a JVM only accepts an archive
+    made with the same runtime and class path, so both are in the name."""
+    import pyspark
+    java = shutil.which("java") or ""
+    home = os.environ.get("JAVA_HOME")
+    if home and os.path.exists(os.path.join(home, "bin", "java")):
+        java = os.path.join(home, "bin", "java")
+    jars = os.path.join(os.path.dirname(os.path.abspath(pyspark.__file__)), "jars")
+    key = "\n".join([os.path.realpath(java), jars, pyspark.__version__,
+                     str(sorted(os.listdir(jars)) if os.path.isdir(jars) else [])])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return os.path.join(_cache_dir(), f"spark-driver-{pyspark.__version__}-{digest}.jsa")
+
+
+#: The archive this process's JVM is writing at its exit (tmp name, final name).
+_ARCHIVE_IN_PROGRESS: list[tuple[str, str]] = []
+
+
+def _class_data_options() -> list[str]:
+    """JVM options that use the archive, or create it (under a temporary name, renamed
+    once the JVM has exited, so a concurrent run never maps a half-written file)."""
+    archive = class_data_archive()
+    quiet = "-Xlog:cds=off,cds+dynamic=off"
+    if os.path.exists(archive):
+        return [f"-XX:SharedArchiveFile={archive}", quiet]
+    try:
+        os.makedirs(os.path.dirname(archive), exist_ok=True)
+    except OSError:
+        return []  # no writable cache: start without the archive
+    pending = f"{archive}.{os.getpid()}.tmp"
+    _ARCHIVE_IN_PROGRESS.append((pending, archive))
+    return [f"-XX:ArchiveClassesAtExit={pending}", quiet]
 
 
 def java_available() -> bool:
@@ -88,6 +137,8 @@ def build_session(opts: SessionOptions | None = None) -> SparkSession:
         builder = (builder.config("spark.driver.host", "127.0.0.1")
                    .config("spark.driver.bindAddress", "127.0.0.1"))
     java_options = [f"-Dlog4j2.configurationFile=file:{LOG4J_CONFIG}"]
+    if opts.class_data_sharing:
+        java_options.extend(_class_data_options())
     if opts.fast_start:
         java_options.append(FAST_JVM_OPTIONS)
         builder = builder.config("spark.sql.codegen.wholeStage", "false")
@@ -104,6 +155,28 @@ def build_session(opts: SessionOptions | None = None) -> SparkSession:
         # this installation: ship the package with the job.
         session.sparkContext.addPyFile(_package_zip())
     return session
+
+
+def stop_session(spark: SparkSession, timeout: float = 60.0) -> None:
+    """Stop the session; when its JVM is writing the class-data archive, wait (bounded)
+    for the JVM to exit and publish the archive under its final name."""
+    gateway = getattr(spark.sparkContext, "_gateway", None)
+    proc = getattr(gateway, "proc", None)
+    spark.stop()
+    if not _ARCHIVE_IN_PROGRESS or proc is None:
+        return
+    pending, archive = _ARCHIVE_IN_PROGRESS.pop()
+    try:
+        # The gateway JVM exits when its stdin closes; it dumps the archive on the way out.
+        if proc.stdin is not None:
+            proc.stdin.close()
+        proc.wait(timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    if os.path.exists(pending) and os.path.getsize(pending) > 0 and proc.poll() == 0:
+        os.replace(pending, archive)
+    elif os.path.exists(pending):
+        os.remove(pending)
 
 
 def _package_zip() -> str:
