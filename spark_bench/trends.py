@@ -164,51 +164,77 @@ POINT_SCHEMA = T.StructType([
               "higher_is_better")])
 
 
+#: POINT_SCHEMA in Arrow types (an empty result still needs its columns).
+POINT_ARROW_SCHEMA = pa.schema([
+    (f.name, {T.TimestampType: pa.timestamp("us", tz="UTC"), T.DoubleType: pa.float64(),
+              T.BooleanType: pa.bool_()}.get(type(f.dataType), pa.string()))
+    for f in POINT_SCHEMA.fields])
+
+
 def _case_ratios(metric: str):  # noqa: ANN202 - returns the UDF body
-    """Body of the grouped UDF: all implementations of one case on one machine, branch and
-    mode in; their side-by-side ratios per run out."""
-    def run(pdf: pd.DataFrame) -> pd.DataFrame:
+    """Body of the grouped Arrow UDF: all implementations of one case on one machine,
+    branch and mode in; their side-by-side ratios per run out. Runs and implementations
+    are dictionary-encoded in Arrow and the ratios taken on a runs x implementations
+    matrix, so no text cell becomes a Python string."""
+    def run(table: pa.Table) -> pa.Table:
+        if table.num_rows == 0:
+            return POINT_ARROW_SCHEMA.empty_table()
+        runs = pc.dictionary_encode(table.column("run_id")).combine_chunks()
+        impls = pc.dictionary_encode(table.column("implementation")).combine_chunks()
+        run_idx = runs.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        impl_idx = impls.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        values = table.column("value").to_numpy(zero_copy_only=False).astype(np.float64)
+        n_runs, n_impls = len(runs.dictionary), len(impls.dictionary)
         # A case measured twice by one implementation in one run is ambiguous: left out.
-        once = pdf.groupby(["run_id", "implementation"])["value"].transform("size") == 1
-        pdf = pdf[once]
-        if pdf.empty:
-            return pd.DataFrame(columns=POINT_SCHEMA.names)
-        wide = pdf.pivot(index="run_id", columns="implementation", values="value")
-        runs = pdf.drop_duplicates("run_id").set_index("run_id")[["run_time", "order_time", "commit"]]
-        first = pdf.iloc[0]
-        frames = []
-        for a in wide.columns:
+        cell = run_idx * n_impls + impl_idx
+        once = np.bincount(cell, minlength=n_runs * n_impls)[cell] == 1
+        wide = np.full((n_runs, n_impls), np.nan)
+        wide[run_idx[once], impl_idx[once]] = values[once]
+        # The row each run's time and commit are taken from: its first unambiguous one.
+        first_row = np.full(n_runs, table.num_rows)
+        np.minimum.at(first_row, run_idx[once], np.flatnonzero(once))
+        names = impls.dictionary.to_pylist()
+        column = {name: i for i, name in enumerate(names)}
+        head = {c: table.column(c)[0].as_py() for c in ("machine", "branch", "mode", "case_key")}
+        pieces: list[tuple[str, np.ndarray, np.ndarray]] = []
+        for a in sorted(names):
             if a not in RMQHA_IMPLEMENTATIONS:
                 continue
-            for b in wide.columns:
+            for b in sorted(names):
                 if b == a or (a == "python" and b == "cython"):  # cython vs python once
                     continue
+                wa, wb = wide[:, column[a]], wide[:, column[b]]
                 # Times: b/a is how many times faster a is. Rates (ops): a/b.
                 with np.errstate(divide="ignore", invalid="ignore"):
-                    ratio = (wide[a] / wide[b]) if metric == "ops" else (wide[b] / wide[a])
-                ratio = ratio[np.isfinite(ratio)]
-                if ratio.empty:
-                    continue
-                label = f"{a} vs {b}"
-                parts = [first["case_key"], first["machine"], label, first["branch"]]
-                if first["mode"] == "quick":
-                    parts.append("quick")
-                frame = runs.loc[ratio.index].reset_index()
-                frame["value"] = ratio.to_numpy()
-                frame["implementation"] = label
-                frame["series_id"] = " | ".join(parts)
-                frames.append(frame)
-        if not frames:
-            return pd.DataFrame(columns=POINT_SCHEMA.names)
-        out = pd.concat(frames, ignore_index=True)
-        out["kind"] = SeriesKind.RATIO.value
-        out["benchmark"] = out["case_key"] = first["case_key"]
-        out["machine"], out["branch"], out["mode"] = first["machine"], first["branch"], first["mode"]
-        out["higher_is_better"] = True
-        # pandas 3 stores new text columns as chunked Arrow strings, which Spark's Arrow
-        # serializer refuses; plain objects convert.
-        text = [f.name for f in POINT_SCHEMA.fields if isinstance(f.dataType, T.StringType)]
-        return out[POINT_SCHEMA.names].astype({c: object for c in text})
+                    ratio = (wa / wb) if metric == "ops" else (wb / wa)
+                keep = np.isfinite(ratio)
+                if keep.any():
+                    pieces.append((f"{a} vs {b}", first_row[keep], ratio[keep]))
+        if not pieces:
+            return POINT_ARROW_SCHEMA.empty_table()
+        rows = np.concatenate([p[1] for p in pieces])
+        picked = table.select(["run_id", "run_time", "order_time", "commit"]).take(rows)
+        labels = [label for label, r, _ in pieces for _ in range(r.size)]
+        series = [" | ".join([head["case_key"], head["machine"], label, head["branch"],
+                              *(["quick"] if head["mode"] == "quick" else [])])
+                  for label, _, _ in pieces]
+        series_ids = [sid for sid, (_, r, _) in zip(series, pieces, strict=True)
+                      for _ in range(r.size)]
+        n = rows.size
+        columns = {
+            "kind": pa.array([SeriesKind.RATIO.value] * n, pa.string()),
+            "series_id": pa.array(series_ids, pa.string()),
+            "benchmark": pa.array([head["case_key"]] * n, pa.string()),
+            "machine": pa.array([head["machine"]] * n, pa.string()),
+            "branch": pa.array([head["branch"]] * n, pa.string()),
+            "implementation": pa.array(labels, pa.string()),
+            "mode": pa.array([head["mode"]] * n, pa.string()),
+            "case_key": pa.array([head["case_key"]] * n, pa.string()),
+            "value": pa.array(np.concatenate([p[2] for p in pieces])),
+            "higher_is_better": pa.array(np.ones(n, dtype=bool)),
+        }
+        return pa.table({name: columns[name] if name in columns else picked.column(name)
+                         for name in POINT_SCHEMA.names})
     return run
 
 
@@ -219,7 +245,7 @@ def ratio_points(points: DataFrame, metric: str) -> DataFrame:
             "order_time", "commit", "value"]
     return (points.select(*cols)
             .groupBy("machine", "branch", "mode", "case_key")
-            .applyInPandas(_case_ratios(metric), schema=POINT_SCHEMA))
+            .applyInArrow(_case_ratios(metric), schema=POINT_SCHEMA))
 
 
 #: The order of runs in a series: commit order, then the order they ran in.
