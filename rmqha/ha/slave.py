@@ -467,8 +467,9 @@ class HASlave:
             mx = cl.max_offset
             # A read that left room drained the socket: live traffic, whose ack is what a
             # waiting send needs, so it goes now rather than after another loop turn.
-            if mx != acked and (got and not rb.filled or mx - acked >= _ACK_EVERY_BYTES
-                                or now - self._last_write >= heartbeat):
+            # The heartbeat interval bounds the silence either way (the master's housekeeping).
+            if (mx != acked and (got and not rb.filled or mx - acked >= _ACK_EVERY_BYTES)
+                    or now - self._last_write >= heartbeat):
                 await self._ack(link, codec, mx)
                 acked = mx
             # recv and send do not suspend while data flows: let other tasks run.
