@@ -40,6 +40,7 @@ from typing import Any, Union
 
 import orjson
 
+from rmqha import event_loop
 from rmqha.codes import ResponseCode, code_name
 from rmqha.errors import (
     ProtocolError,
@@ -894,7 +895,7 @@ class EventLoopThread:
     """A private asyncio loop on a daemon thread, for blocking callers (CLI, tests)."""
 
     def __init__(self, name: str = "rmqha-loop") -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = event_loop.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._thread.start()
 
