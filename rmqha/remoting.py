@@ -500,6 +500,8 @@ class Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._write_paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
+        #: Frames gathered for one write at the end of the loop turn (see send()).
+        self._cork: list[bytes] | None = None
         self._on_made = on_made
         self._given_name = name
         self.peer = "?"
@@ -597,21 +599,43 @@ class Connection(asyncio.Protocol):
         if self.closed:
             raise RemotingError(f"connection {self.name} is closed ({self.close_reason})")
         data = encode(cmd)
-        # write() queues the whole frame at once, so frames never interleave without a
-        # lock; wait for the kernel only while the transport is paused (its buffer is past
-        # our high-water mark), not after every frame.
-        assert self._transport is not None
-        try:
-            self._transport.write(data)
-        except (ConnectionError, OSError, RuntimeError) as exc:
-            self._mark_closed(f"write failed: {exc}")
-            raise RemotingError(f"connection {self.name}: write failed: {exc}") from exc
+        # A frame is queued whole, so frames never interleave without a lock; wait for the
+        # kernel only while the transport is paused (its buffer is past our high-water
+        # mark), not after every frame.
+        if self._cork is not None:
+            self._cork.append(data)
+        elif len(self._tasks) > 1 or len(self._pending) > 1:
+            # Other requests are in flight on this connection, and their frames most likely
+            # go out in this same loop turn: gather them into one write at its end (one
+            # syscall, one wake-up of the peer, instead of one per frame).
+            self._cork = [data]
+            self._loop.call_soon(self._uncork)
+        else:
+            self._write(data)
         if self._write_paused:
             fut: asyncio.Future[None] = self._loop.create_future()
             self._drain_waiters.append(fut)
             await fut
             if self.closed:
                 raise RemotingError(f"connection {self.name} closed while sending ({self.close_reason})")
+
+    def _write(self, data: bytes) -> None:
+        assert self._transport is not None
+        try:
+            self._transport.write(data)
+        except (ConnectionError, OSError, RuntimeError) as exc:
+            self._mark_closed(f"write failed: {exc}")
+            raise RemotingError(f"connection {self.name}: write failed: {exc}") from exc
+
+    def _uncork(self) -> None:
+        chunks, self._cork = self._cork, None
+        if not chunks or self.closed:
+            return
+        try:
+            self._write(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        except RemotingError as exc:
+            # The senders returned already; the close fails what still waits on this link.
+            log.debug("%s", exc)
 
     async def request(self, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
         """Send a request and wait for the response with the same opaque."""
@@ -668,6 +692,7 @@ class Connection(asyncio.Protocol):
         await self.send(cmd)
 
     async def close(self, reason: str = "closed locally") -> None:
+        self._uncork()  # what was sent goes out before the close
         self._mark_closed(reason)
         await asyncio.shield(self._lost)
 
