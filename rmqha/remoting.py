@@ -585,6 +585,11 @@ class Connection(asyncio.Protocol):
     def closed(self) -> bool:
         return self._closed.done()
 
+    @property
+    def in_flight(self) -> int:
+        """Requests from the peer being handled now (this one included, in a handler)."""
+        return len(self._tasks)
+
     async def wait_closed(self) -> None:
         await asyncio.shield(self._closed)
 
