@@ -46,3 +46,13 @@ def test_asking_for_a_missing_uvloop_says_how_to_get_it(monkeypatch):
     monkeypatch.setattr(event_loop, "_uvloop", None)
     with pytest.raises(ConfigError, match="pip install uvloop"):
         event_loop.chosen()
+
+
+def test_a_loop_run_call_by_call_is_the_stdlib_one(monkeypatch):
+    monkeypatch.setenv(event_loop.ENV, "uvloop")
+    loop = event_loop.new_call_loop()
+    try:
+        assert type(loop).__module__.startswith("asyncio")
+        assert loop.run_until_complete(asyncio.sleep(0, "done")) == "done"
+    finally:
+        loop.close()

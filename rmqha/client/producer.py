@@ -373,7 +373,7 @@ class _ThreadLoops:
         if mine is None:
             if self._closed:
                 raise ClientError("producer is closed")
-            loop = event_loop.new_event_loop()
+            loop = event_loop.new_call_loop()
             mine = (loop, loop.run_until_complete(self._created()), threading.Lock())
             with self._all_lock:
                 gone = [e for t, e in self._owners.items() if not t.is_alive()]
