@@ -19,7 +19,7 @@ serialize type it came in.
 ``opaque``; that is the only thing that matches them, so replies may come out of order.
 
 This module owns the codec (:func:`encode`, :class:`FrameDecoder`), the per-connection
-machinery (:class:`Connection`: read loop, dispatch, request/response matching in both
+machinery (:class:`Connection`: frames decoded as they arrive, dispatch, request/response matching in both
 directions), :class:`RemotingServer`, :class:`RemotingClient` and
 :class:`BlockingRemotingClient`.  Every length from the network is checked against the
 connection's ``max_frame_bytes`` before anything is allocated; a malformed frame closes
@@ -40,6 +40,7 @@ from typing import Any, Union
 
 import orjson
 
+from rmqha import event_loop
 from rmqha.codes import ResponseCode, code_name
 from rmqha.errors import (
     ProtocolError,
@@ -459,28 +460,30 @@ class Dispatcher:
         return await handler(cmd, conn)
 
 
-class Connection:
+class Connection(asyncio.Protocol):
     """One TCP connection speaking remoting frames, in either direction.
 
-    Runs the read loop; incoming requests go to the dispatcher (each as its own task, so
+    It is the transport's protocol: frames are decoded in the loop turn that reads them
+    (a reader task would cost one more turn per read, and a one-at-a-time send pays every
+    turn on both sides).  Incoming requests go to the dispatcher, each as its own task, so
     a slow handler never blocks replies to other requests on the same connection, as
-    RocketMQ's clients require); incoming responses complete the matching pending request.
+    RocketMQ's clients require; incoming responses complete the matching pending request
+    right there.
     """
 
     def __init__(
         self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
         dispatcher: Dispatcher | None,
         max_frame_bytes: int,
         name: str = "",
         frame_read_timeout: float | None = None,
+        on_made: Callable[[Connection], None] | None = None,
     ) -> None:
-        self._reader = reader
         #: A peer that stops in the middle of a frame for this long is dropped (None: never).
         #: Between frames a connection may idle as long as it likes.
         self._frame_read_timeout = frame_read_timeout
-        self._writer = writer
+        self._stall_timer: asyncio.TimerHandle | None = None
+        self._last_data = 0.0
         self._dispatcher = dispatcher
         self._decoder = FrameDecoder(max_frame_bytes)
         self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
@@ -491,19 +494,101 @@ class Connection:
         self._timer_at = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
         self._close_callbacks: list[Callable[[Connection], None]] = []
-        self._closed = asyncio.get_running_loop().create_future()
-        self._transport = writer.transport
-        peer = writer.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self._closed = self._loop.create_future()
+        #: Set when the transport is gone (connection_lost), for close() to wait on.
+        self._lost = self._loop.create_future()
+        self._transport: asyncio.Transport | None = None
+        self._write_paused = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        #: Frames gathered for one write at the end of the loop turn (see send()).
+        self._cork: list[bytes] | None = None
+        self._on_made = on_made
+        self._given_name = name
+        self.peer = "?"
         self.name = name or self.peer
         self.close_reason: str | None = None
         #: Free-form per-connection state for handlers (e.g. which broker this is).
         self.attributes: dict[str, Any] = {}
-        self._read_task = asyncio.get_running_loop().create_task(self._read_loop())
+
+    # --- asyncio.Protocol ----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self._transport is transport:
+            return  # attached already (see RemotingClient.connection)
+        self._transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio.Transport
+        # Pause (and make senders wait) only past our own high-water mark.
+        transport.set_write_buffer_limits(high=_WRITE_HIGH_WATER)
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.name = self._given_name or self.peer
+        if self._on_made is not None:
+            self._on_made(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self._closed.done():
+            return
+        try:
+            commands = self._decoder.feed(data)
+        except ProtocolError as exc:
+            reason = f"malformed frame: {exc}"
+            log.warning("closing connection %s: %s", self.name, reason)
+            self._mark_closed(reason)
+            return
+        for cmd in commands:
+            self._on_command(cmd)
+        if self._frame_read_timeout is not None and self._decoder.buffered:
+            self._last_data = self._loop.time()
+            if self._stall_timer is None:
+                self._stall_timer = self._loop.call_at(
+                    self._last_data + self._frame_read_timeout, self._check_stall)
+
+    def eof_received(self) -> bool:
+        self._mark_closed("peer closed")
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._mark_closed("peer closed" if exc is None else f"read failed: {exc}")
+        if not self._lost.done():
+            self._lost.set_result(None)
+        self._wake_drain_waiters()
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._wake_drain_waiters()
+
+    def _wake_drain_waiters(self) -> None:
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    def _check_stall(self) -> None:
+        """Drop a peer stalled inside a frame; one timer per stall, moved on by new data."""
+        self._stall_timer = None
+        if self._closed.done() or not self._decoder.buffered or self._frame_read_timeout is None:
+            return
+        due = self._last_data + self._frame_read_timeout
+        if self._loop.time() < due:
+            self._stall_timer = self._loop.call_at(due, self._check_stall)
+            return
+        reason = (f"stalled inside a frame: {self._decoder.buffered} bytes of it "
+                  f"received, nothing more for {self._frame_read_timeout:g}s")
+        log.warning("closing connection %s: %s", self.name, reason)
+        self._mark_closed(reason)
+
+    # --- the connection ------------------------------------------------------------------------
 
     @property
     def closed(self) -> bool:
         return self._closed.done()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests from the peer being handled now (this one included, in a handler)."""
+        return len(self._tasks)
 
     async def wait_closed(self) -> None:
         await asyncio.shield(self._closed)
@@ -519,16 +604,43 @@ class Connection:
         if self.closed:
             raise RemotingError(f"connection {self.name} is closed ({self.close_reason})")
         data = encode(cmd)
-        # write() queues the whole frame at once, so frames never interleave without a
-        # lock; drain (wait for the kernel) only when the transport's buffer is past its
-        # high-water mark, not after every frame.
+        # A frame is queued whole, so frames never interleave without a lock; wait for the
+        # kernel only while the transport is paused (its buffer is past our high-water
+        # mark), not after every frame.
+        if self._cork is not None:
+            self._cork.append(data)
+        elif len(self._tasks) > 1 or len(self._pending) > 1:
+            # Other requests are in flight on this connection, and their frames most likely
+            # go out in this same loop turn: gather them into one write at its end (one
+            # syscall, one wake-up of the peer, instead of one per frame).
+            self._cork = [data]
+            self._loop.call_soon(self._uncork)
+        else:
+            self._write(data)
+        if self._write_paused:
+            fut: asyncio.Future[None] = self._loop.create_future()
+            self._drain_waiters.append(fut)
+            await fut
+            if self.closed:
+                raise RemotingError(f"connection {self.name} closed while sending ({self.close_reason})")
+
+    def _write(self, data: bytes) -> None:
+        assert self._transport is not None
         try:
-            self._writer.write(data)
-            if self._transport.get_write_buffer_size() > _WRITE_HIGH_WATER:
-                await self._writer.drain()
-        except (ConnectionError, OSError) as exc:
+            self._transport.write(data)
+        except (ConnectionError, OSError, RuntimeError) as exc:
             self._mark_closed(f"write failed: {exc}")
             raise RemotingError(f"connection {self.name}: write failed: {exc}") from exc
+
+    def _uncork(self) -> None:
+        chunks, self._cork = self._cork, None
+        if not chunks or self.closed:
+            return
+        try:
+            self._write(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        except RemotingError as exc:
+            # The senders returned already; the close fails what still waits on this link.
+            log.debug("%s", exc)
 
     async def request(self, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
         """Send a request and wait for the response with the same opaque."""
@@ -585,19 +697,19 @@ class Connection:
         await self.send(cmd)
 
     async def close(self, reason: str = "closed locally") -> None:
+        self._uncork()  # what was sent goes out before the close
         self._mark_closed(reason)
-        self._read_task.cancel()
-        try:
-            await self._writer.wait_closed()
-        except (ConnectionError, OSError):
-            pass  # the peer may already have reset it; closing is all we wanted
+        await asyncio.shield(self._lost)
 
     def _mark_closed(self, reason: str) -> None:
         if self._closed.done():
             return
         self.close_reason = reason
         self._closed.set_result(None)
-        self._writer.close()
+        if self._transport is not None:
+            self._transport.close()
+        elif not self._lost.done():
+            self._lost.set_result(None)
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(RemotingError(f"connection {self.name} closed: {reason}"))
@@ -606,41 +718,15 @@ class Connection:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
         callbacks, self._close_callbacks = self._close_callbacks, []
         for cb in callbacks:
             try:
                 cb(self)
             except Exception:  # a broken callback must not stop the others
                 log.exception("close callback of %s failed", self.name)
-
-    async def _read_loop(self) -> None:
-        reason = "peer closed"
-        try:
-            while True:
-                if self._decoder.buffered and self._frame_read_timeout is not None:
-                    try:
-                        data = await asyncio.wait_for(self._reader.read(256 * 1024),
-                                                      self._frame_read_timeout)
-                    except asyncio.TimeoutError:
-                        reason = (f"stalled inside a frame: {self._decoder.buffered} bytes of it "
-                                  f"received, nothing more for {self._frame_read_timeout:g}s")
-                        log.warning("closing connection %s: %s", self.name, reason)
-                        break
-                else:
-                    data = await self._reader.read(256 * 1024)
-                if not data:
-                    break
-                for cmd in self._decoder.feed(data):
-                    self._on_command(cmd)
-        except ProtocolError as exc:
-            reason = f"malformed frame: {exc}"
-            log.warning("closing connection %s: %s", self.name, reason)
-        except (ConnectionError, OSError) as exc:
-            reason = f"read failed: {exc}"
-        except asyncio.CancelledError:
-            reason = self.close_reason or "cancelled"
-        finally:
-            self._mark_closed(reason)
 
     def _on_command(self, cmd: RemotingCommand) -> None:
         if cmd.is_response:
@@ -650,7 +736,7 @@ class Connection:
             else:
                 log.debug("%s: dropping response with unknown opaque %d", self.name, cmd.opaque)
             return
-        task = asyncio.get_running_loop().create_task(self._handle(cmd))
+        task = self._loop.create_task(self._handle(cmd))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -720,7 +806,10 @@ class RemotingServer:
         return f"{self.host}:{self.port}"
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._accept, self.host, self.port)
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: Connection(self.dispatcher, self.max_frame_bytes,
+                               frame_read_timeout=self.frame_read_timeout, on_made=self._accept),
+            self.host, self.port)
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
 
@@ -740,9 +829,7 @@ class RemotingServer:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = Connection(reader, writer, self.dispatcher, self.max_frame_bytes,
-                          frame_read_timeout=self.frame_read_timeout)
+    def _accept(self, conn: Connection) -> None:
         self.connections.add(conn)
         conn.add_close_callback(self.connections.discard)
         for cb in self._connect_callbacks:
@@ -794,18 +881,23 @@ class RemotingClient:
         async with self._connect_lock:
             if self._conn is not None and not self._conn.closed:
                 return self._conn
+            loop = asyncio.get_running_loop()
             try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(self.host, self.port), self.connect_timeout
+                transport, conn = await asyncio.wait_for(
+                    loop.create_connection(
+                        lambda: Connection(self._dispatcher, self.max_frame_bytes, name=self.addr),
+                        self.host, self.port),
+                    self.connect_timeout,
                 )
             except asyncio.TimeoutError:
                 raise RemotingTimeoutError(f"connect to {self.addr} timed out") from None
             except OSError as exc:
                 raise RemotingError(f"cannot connect to {self.addr}: {exc}") from exc
-            self._conn = Connection(
-                reader, writer, self._dispatcher, self.max_frame_bytes, name=self.addr
-            )
-            return self._conn
+            # Some loops (uvloop) call connection_made a turn after create_connection
+            # returns; the connection must be usable now.
+            conn.connection_made(transport)
+            self._conn = conn
+            return conn
 
     async def request(self, cmd: RemotingCommand, timeout: float = 3.0) -> RemotingCommand:
         conn = self._conn
@@ -833,7 +925,7 @@ class EventLoopThread:
     """A private asyncio loop on a daemon thread, for blocking callers (CLI, tests)."""
 
     def __init__(self, name: str = "rmqha-loop") -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = event_loop.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._thread.start()
 

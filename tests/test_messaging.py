@@ -756,6 +756,12 @@ def test_flush_sync_answers_after_the_fsync(tmp_path: Path) -> None:
                     assert b.log.flushed_offset > end
                 # Group commit: a batch shares its fsync (48 messages, at most one per batch).
                 assert b.log.flush_count - flushes_before <= 6
+                # Single sends in flight together share the fsync of their loop turn.
+                flushes_before = b.log.flush_count
+                singles = await asyncio.gather(*(p.send("durable", b"s" * 100) for _ in range(64)))
+                assert all(r.ok for r in singles)
+                assert b.log.flushed_offset > max(_commit_offset(r.offset_msg_id) for r in singles)
+                assert b.log.flush_count - flushes_before < 64
 
     run(main())
 

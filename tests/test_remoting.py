@@ -1,4 +1,7 @@
-"""RocketMQ remoting frames: codec, incremental decoding, server/client behaviour."""
+"""RocketMQ remoting frames: codec, incremental decoding, server/client behaviour.
+
+Every test runs on both event loops rmqha can run on (rmqha.event_loop): the connection
+is a transport protocol, and uvloop's transports call it back in their own order."""
 from __future__ import annotations
 
 import asyncio
@@ -8,6 +11,7 @@ import struct
 
 import pytest
 
+from rmqha import event_loop
 from rmqha.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, RemoteCommandError, RemotingError, RemotingTimeoutError
 from rmqha.remoting import (
@@ -22,6 +26,14 @@ from rmqha.remoting import (
     decode,
     encode,
 )
+
+
+@pytest.fixture(autouse=True, params=[k.value for k in event_loop.LoopKind])
+def loop_kind(request, monkeypatch):  # noqa: ANN001, ANN201
+    if request.param == "uvloop" and event_loop._uvloop is None:
+        pytest.skip("uvloop is not installed")
+    monkeypatch.setenv(event_loop.ENV, request.param)
+    return request.param
 
 
 def test_encode_layout_matches_rocketmq():
@@ -141,7 +153,7 @@ def test_server_client_roundtrip_unknown_code_and_oneway():
                 with pytest.raises(RemotingTimeoutError):
                     await client.request(RemotingCommand.request(2), 0.05)
 
-    asyncio.run(main())
+    event_loop.run(main())
 
 
 def test_handler_errors_become_responses():
@@ -159,7 +171,7 @@ def test_handler_errors_become_responses():
                 r2 = await client.request(RemotingCommand.request(2), 2)
                 assert (r2.code, r2.remark) == (16, "token needed")
 
-    asyncio.run(main())
+    event_loop.run(main())
 
 
 def test_malformed_frame_closes_only_that_connection(caplog):
@@ -178,7 +190,7 @@ def test_malformed_frame_closes_only_that_connection(caplog):
                 assert (await good.request(RemotingCommand.request(1, {"v": "y"}), 2)).ext_fields == {"got": "y"}
 
     with caplog.at_level(logging.WARNING, logger="rmqha.remoting"):
-        asyncio.run(main())
+        event_loop.run(main())
     reasons = [r.getMessage() for r in caplog.records if "malformed frame" in r.getMessage()]
     assert any("outside" in m for m in reasons) and any("not JSON" in m for m in reasons)
 
@@ -210,7 +222,7 @@ def test_server_initiated_request_and_close_callback():
             assert (await client.request(RemotingCommand.request(1), 2)).code == 0
             await client.close()
 
-    asyncio.run(main())
+    event_loop.run(main())
 
 
 def test_client_errors_when_nothing_listens(port_factory):
@@ -219,7 +231,7 @@ def test_client_errors_when_nothing_listens(port_factory):
         with pytest.raises(RemotingError, match="cannot connect"):
             await client.request(RemotingCommand.request(1), 1)
 
-    asyncio.run(main())
+    event_loop.run(main())
 
 
 def test_blocking_client():
@@ -257,7 +269,7 @@ def test_a_peer_stalled_inside_a_frame_is_dropped_but_an_idle_one_is_not(caplog)
                 assert (await idle.request(RemotingCommand.request(1, {"v": "z"}), 2)).ext_fields == {"got": "z"}
 
     with caplog.at_level(logging.WARNING, logger="rmqha.remoting"):
-        asyncio.run(main())
+        event_loop.run(main())
     assert any("stalled inside a frame: 16 bytes" in r.getMessage() for r in caplog.records), \
         [r.getMessage() for r in caplog.records]
 

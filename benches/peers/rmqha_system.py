@@ -15,6 +15,7 @@ from typing import Any
 
 from peers.base import PeerSystem, wait_until
 
+from rmqha import event_loop
 from rmqha.client import BlockingProducer, Consumer, Producer
 from rmqha.codes import RequestCode
 from rmqha.local_cluster import Cluster
@@ -32,7 +33,7 @@ class RmqhaSystem(PeerSystem):
     def __init__(self, flush_sync: bool = False) -> None:
         self.flush_sync = flush_sync
         self.cluster: Cluster | None = None
-        self.loop = asyncio.new_event_loop()
+        self.loop = event_loop.new_event_loop()
         self.producer: Producer | None = None
         self.blocking: BlockingProducer | None = None
 

@@ -92,6 +92,11 @@ class Replication:
         if replicas is not None:
             await replicas.wait_for_first_lease(self._broker.config.send_heartbeat_timeout_ms / 1000)
 
+    def push_now(self) -> None:
+        master = self._broker.ha_master
+        if master is not None:
+            master.push_now()
+
     def sync_state_set_size(self) -> int:
         master = self._broker.ha_master
         if master is None:

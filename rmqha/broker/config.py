@@ -80,7 +80,8 @@ class BrokerConfig:
 
     # --- store ----------------------------------------------------------------------------
     segment_bytes: int = field(default=1 << 30, metadata=_alias("mappedFileSizeCommitLog"))
-    #: ``async`` or ``sync`` (RocketMQ ASYNC_FLUSH / SYNC_FLUSH accepted).
+    #: ``async`` or ``sync`` (RocketMQ ASYNC_FLUSH / SYNC_FLUSH accepted). With ``sync`` a
+    #: master fsyncs on its event loop once per loop turn, while the slaves copy.
     flush: str = field(default="async", metadata=_alias("flushDiskType", "flush_mode"))
     flush_interval_ms: int = field(default=500, metadata=_alias("flushIntervalCommitLog"))
     file_reserved_hours: int = field(default=72, metadata=_alias("fileReservedTime"))

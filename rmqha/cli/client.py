@@ -11,11 +11,11 @@ every group; the admin token (when brokers have one) comes from ``--admin-token`
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from typing import Any
 
+from rmqha import event_loop
 from rmqha.cli.lookup import cluster_info, split_addresses
 from rmqha.cli.output import add_json_flag, emit, reports_errors, table, write_blocks
 from rmqha.client.admin import TopicAdmin, TopicChange
@@ -51,7 +51,7 @@ def _update_topic(args: argparse.Namespace) -> int:
                                             args.write_queue_nums, perm=args.perm,
                                             groups=_groups(args.broker_names),
                                             cluster=args.cluster)
-    return _changes(args, asyncio.run(run()))
+    return _changes(args, event_loop.run(run()))
 
 
 @reports_errors("namesrv")
@@ -60,7 +60,7 @@ def _delete_topic(args: argparse.Namespace) -> int:
         async with TopicAdmin(args.namesrv, admin_token=args.admin_token, timeout_s=args.timeout) as admin:
             return await admin.delete_topic(args.topic, groups=_groups(args.broker_names),
                                             cluster=args.cluster)
-    changes = asyncio.run(run())
+    changes = event_loop.run(run())
     # Like mqadmin deleteTopic: drop the topic from the name servers' routes as well.
     ext: dict[str, Any] = {"topic": args.topic}
     if args.admin_token:
@@ -147,7 +147,7 @@ def _topic_route(args: argparse.Namespace) -> int:
             await session.close()
         return route
 
-    route = asyncio.run(run())
+    route = event_loop.run(run())
     data = {
         "queueDatas": [vars(q) for q in route.queue_datas],
         "brokerDatas": [{"brokerName": b.broker_name, "cluster": b.cluster,

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 
+from rmqha import event_loop
 from rmqha.config import check_port_free, load_config
 from rmqha.controller.config import ControllerConfig
 from rmqha.errors import RmqhaError
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     preflight(config)
     from rmqha.controller.server import serve
 
-    asyncio.run(serve(config))
+    event_loop.run(serve(config))
     return 0
 
 

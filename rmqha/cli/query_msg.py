@@ -10,11 +10,11 @@ exit 1 when nothing was found.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime
 import os
 from typing import Any
 
+from rmqha import event_loop
 from rmqha.cli.output import add_json_flag, emit, reports_errors, table
 from rmqha.client.message_query import MAX_RESULTS, MessageQuery
 from rmqha.messaging.message import ReceivedMessage
@@ -55,7 +55,7 @@ def _by_key(args: argparse.Namespace) -> int:
         async with MessageQuery(args.namesrv, timeout_s=args.timeout) as q:
             return await q.by_key(args.topic, args.key, max_num=args.max_num,
                                   begin_ms=args.begin, end_ms=args.end)
-    msgs = asyncio.run(run())
+    msgs = event_loop.run(run())
     emit(args, [_as_json(m) for m in msgs],
          _rows(msgs) if msgs else [f"no message of topic {args.topic} with key {args.key}"])
     return 0 if msgs else 1
@@ -68,7 +68,7 @@ def _by_id(args: argparse.Namespace) -> int:
     async def run() -> dict[str, list[ReceivedMessage]]:
         async with MessageQuery(args.namesrv, timeout_s=args.timeout) as q:
             return {i: await q.by_id(i, args.topic) for i in ids}
-    found = asyncio.run(run())
+    found = event_loop.run(run())
     lines: list[str] = []
     for msg_id, msgs in found.items():
         if not msgs:

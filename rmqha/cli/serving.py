@@ -12,6 +12,8 @@ import asyncio
 import signal
 from collections.abc import Awaitable, Callable
 
+from rmqha import event_loop
+
 
 def add_server_parser(subparsers: argparse._SubParsersAction, name: str, help_text: str, title: str, *,
                       store_dir: bool = False) -> argparse.ArgumentParser:
@@ -41,5 +43,5 @@ def serve_until_signalled(serve: Callable[[asyncio.Event], Awaitable[None]]) -> 
             loop.add_signal_handler(sig, stop.set)
         await serve(stop)
 
-    asyncio.run(main())
+    event_loop.run(main())
     return 0

@@ -24,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from rmqha import event_loop
 from rmqha.client.model import Message, MessageQueue, SendResult, SendStatus
 from rmqha.client.route import ClientSession, QueueData, TopicRoute
 from rmqha.client.transaction import (
@@ -372,7 +373,7 @@ class _ThreadLoops:
         if mine is None:
             if self._closed:
                 raise ClientError("producer is closed")
-            loop = asyncio.new_event_loop()
+            loop = event_loop.new_call_loop()
             mine = (loop, loop.run_until_complete(self._created()), threading.Lock())
             with self._all_lock:
                 gone = [e for t, e in self._owners.items() if not t.is_alive()]

@@ -8,6 +8,12 @@ kernel then attaches the page-cache pages to the socket without copying them at 
 Receives go into one growable buffer with ``recv_into``; frames are parsed in place and
 only the unparsed tail of a read is moved to the front.  Both directions take timeouts
 built from loop callbacks, not extra tasks, because the link's loops wake very often.
+
+Live traffic is one small block and one ack at a time, where the cost of a message is the
+number of event-loop turns and syscalls it takes, not its bytes.  So the socket stays
+registered for reading between waits (no epoll_ctl pair per wait), a caller can send
+without a task (:meth:`Link.try_send`), and a reader can take data in the loop turn that
+finds it (:meth:`Link.watch`) instead of waking a task, which costs a turn of its own.
 """
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ import asyncio
 import errno
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 #: sendmsg takes at most IOV_MAX (1024 on Linux) buffers per call.
@@ -69,6 +75,10 @@ class Link:
         self.closed = False
         #: The future a task is parked on (at most one reader and one writer at a time).
         self._waits: set[asyncio.Future[bool]] = set()
+        #: The socket's read registration: None, "wait" (resolves _read_fut) or "watch".
+        self._reader: str | None = None
+        self._read_fut: asyncio.Future[bool] | None = None
+        self._watch_end: asyncio.Future[None] | None = None
         self.bytes_in = 0
         self.bytes_out = 0
         try:
@@ -96,6 +106,41 @@ class Link:
                 raise LinkClosed(f"peer {self.peer} closed the link")
             self.bytes_in += len(data)
             return data
+
+    def try_recv(self) -> bytes:
+        """What is queued (at most ``recv_bytes``) without waiting: ``b""`` when nothing is;
+        LinkClosed on EOF."""
+        if self.closed:
+            raise LinkClosed("link closed")
+        try:
+            data = self.sock.recv(self.recv_bytes)
+        except (BlockingIOError, InterruptedError):
+            return b""
+        if not data:
+            raise LinkClosed(f"peer {self.peer} closed the link")
+        self.bytes_in += len(data)
+        return data
+
+    def watch(self, on_readable: Callable[[], None]) -> asyncio.Future[None]:
+        """Call ``on_readable`` in every loop turn that finds data queued, until the link
+        closes; the returned future then fails with LinkClosed (the owner awaits it to learn
+        the link ended).  No task wakes per read: acks are handled in the turn that sees them.
+        Not to be mixed with the waiting receives on the same link."""
+        if self._reader is not None:
+            self._unregister_reader()
+        fut: asyncio.Future[None] = self.loop.create_future()
+        self._watch_end = fut
+        if self.closed:
+            fut.set_exception(LinkClosed("link closed"))
+            return fut
+        self.loop.add_reader(self.fd, on_readable)
+        self._reader = "watch"
+        return fut
+
+    def unwatch(self) -> None:
+        """Stop calling the :meth:`watch` callback."""
+        if self._reader == "watch":
+            self._unregister_reader()
 
     def try_recv_into(self, view: memoryview) -> int:
         """Read what is queued into ``view`` without waiting: 0 when nothing is (the
@@ -160,6 +205,28 @@ class Link:
     async def send(self, buffers: Sequence[Any], timeout: float | None = None) -> int:
         """Send every buffer in order without copying; returns the bytes sent."""
         return await self._send_buffers(buffers, timeout, 0)
+
+    def try_send(self, buffers: Sequence[Any]) -> list[memoryview]:
+        """Send what the socket takes now, without waiting; returns views of what is left
+        (empty: all sent), for :meth:`send` to finish.  LinkClosed when closed."""
+        if self.closed:
+            raise LinkClosed("link closed")
+        pending = [b if isinstance(b, memoryview) else memoryview(b) for b in buffers]
+        try:
+            n = self.sock.sendmsg(pending[:_IOV_BATCH])
+        except (BlockingIOError, InterruptedError):
+            return pending
+        self.bytes_out += n
+        i = 0
+        while n > 0:
+            size = pending[i].nbytes
+            if n >= size:
+                n -= size
+                i += 1
+            else:
+                pending[i] = pending[i][n:]
+                n = 0
+        return pending[i:]
 
     async def send_parts(self, parts: Sequence[Any], timeout: float | None = None) -> int:
         """Send buffers and :class:`FileRange` parts in order; returns the bytes sent.
@@ -230,19 +297,45 @@ class Link:
 
     # --- waiting -------------------------------------------------------------------------------
 
+    def _on_readable(self) -> None:
+        fut = self._read_fut
+        if fut is None:
+            # Nobody waits: stop watching, or level-triggered epoll calls this every turn.
+            self._unregister_reader()
+            return
+        self._read_fut = None
+        if not fut.done():
+            fut.set_result(True)
+
+    def _unregister_reader(self) -> None:
+        if self._reader is not None and not self.closed:
+            self.loop.remove_reader(self.fd)
+        self._reader = None
+
     async def _wait(self, *, readable: bool, timeout: float | None) -> None:
         fut: asyncio.Future[bool] = self.loop.create_future()
-        add = self.loop.add_reader if readable else self.loop.add_writer
-        remove = self.loop.remove_reader if readable else self.loop.remove_writer
-        add(self.fd, _set_result, fut, True)
+        if readable:
+            if self._reader == "watch":
+                raise RuntimeError("a watched link is read by its callback, not by waiting")
+            # The registration outlives this wait (the next one reuses it): a link that is
+            # read again and again pays no epoll_ctl pair per wait.
+            if self._reader is None:
+                self.loop.add_reader(self.fd, self._on_readable)
+                self._reader = "wait"
+            self._read_fut = fut
+        else:
+            self.loop.add_writer(self.fd, _set_result, fut, True)
         timer = self.loop.call_later(timeout, _set_result, fut, False) if timeout is not None else None
         self._waits.add(fut)
         try:
             ready = await fut
         finally:
             self._waits.discard(fut)
-            if not self.closed:
-                remove(self.fd)
+            if readable:
+                if self._read_fut is fut:
+                    self._read_fut = None
+            elif not self.closed:
+                self.loop.remove_writer(self.fd)
             if timer is not None:
                 timer.cancel()
         if self.closed:
@@ -262,6 +355,11 @@ class Link:
         # Wake tasks parked on this socket so they see the close now, not at their timeout.
         for fut in list(self._waits):
             _set_result(fut, False)
+        self._reader = None
+        self._read_fut = None
+        end = self._watch_end
+        if end is not None and not end.done():
+            end.set_exception(LinkClosed("link closed"))
         try:
             self.sock.close()
         except OSError:
@@ -323,13 +421,15 @@ class RecvBuffer:
     buffer (callers bound frame sizes first).
     """
 
-    __slots__ = ("buf", "view", "start", "end")
+    __slots__ = ("buf", "view", "start", "end", "filled")
 
     def __init__(self, capacity: int) -> None:
         self.buf = bytearray(capacity)
         self.view = memoryview(self.buf)
         self.start = 0
         self.end = 0
+        #: Whether the last read took all the room it was given (more is probably queued).
+        self.filled = False
 
     @property
     def pending(self) -> int:
@@ -365,6 +465,7 @@ class RecvBuffer:
         stop = len(self.buf) if limit is None else min(len(self.buf), self.end + limit)
         n = link.try_recv_into(self.view[self.end : stop])
         self.end += n
+        self.filled = n == stop - (self.end - n)
         return n
 
     async def fill(self, link: Link, timeout: float | None) -> bool:
@@ -375,4 +476,5 @@ class RecvBuffer:
         room = len(self.buf) - self.end
         n = await link.recv_into(self.view[self.end :], timeout)
         self.end += n
+        self.filled = n == room
         return n == room

@@ -39,7 +39,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from enum import Enum
 from typing import Any
 
@@ -66,6 +66,9 @@ _CHECKPOINTS = 256
 #: Blocks at least this large are sent with sendfile: below it, the copy a sendmsg makes
 #: costs less than a second syscall per block.
 _SENDFILE_MIN_BYTES = 64 << 10
+#: Live traffic up to this size goes out from the append's loop turn (_push); more is
+#: catch-up, which the writer task sends in windows.
+_PUSH_MAX_BYTES = 256 << 10
 
 
 def _now_ms() -> int:
@@ -103,6 +106,11 @@ class _SlaveLink:
         self.checkpoints: deque[tuple[int, int]] = deque(maxlen=_CHECKPOINTS)
         self.waker: Waker | None = None
         self.writer: asyncio.Task[None] | None = None
+        #: Whether the writer waits for new data (then _push may send for it).
+        self.parked = False
+        #: What _push left for the writer to send (the socket took only part).
+        self.unsent: list[memoryview] = []
+        self.last_send = time.monotonic()
         self.close_reason = ""
 
 
@@ -344,11 +352,22 @@ class HAMaster:
         except RuntimeError:  # loop closed under a late append
             self._wake_pending = False
 
+    def push_now(self) -> None:
+        """Send what was appended in this loop turn now rather than at the start of the
+        next one: a send that is alone on its connection saves a turn of its round trip
+        (concurrent sends leave it to the turn's end, so they share one push)."""
+        if self._wake_pending:
+            self._wake_all()
+
     def _wake_all(self) -> None:
         self._wake_pending = False
-        for sl in self._links.values():
-            if sl.waker is not None:
-                sl.waker.wake()
+        max_offset = self.commitlog.max_offset
+        for sl in list(self._links.values()):
+            if sl.waker is None or (sl.sent >= max_offset and not sl.unsent):
+                continue  # nothing new: a busy writer looks again after its send anyway
+            if sl.parked and not sl.unsent and self._push(sl, max_offset):
+                continue
+            sl.waker.wake()
         if len(self._set.members()) == 1:
             self._recompute_confirm()
             self._check_waiters()
@@ -522,21 +541,69 @@ class HAMaster:
 
     # --- transfer ----------------------------------------------------------------------------
 
+    def _blocks(self, nxt: int, max_offset: int, budget: int) -> Iterator[tuple[int, int, int, int]]:
+        """(epoch, epoch start, offset, size) of the blocks that carry ``nxt``..``max_offset``,
+        at most ``budget`` bytes (at least one block); a block never crosses an epoch
+        boundary or a segment end."""
+        cl = self.commitlog
+        em = self.epoch_map
+        em.set_max_offset(max_offset)
+        limit = hao.limit_batch
+        batch = self.config.ha_transfer_batch_bytes
+        total = 0
+        while nxt < max_offset and total < budget:
+            epoch, epoch_start, size = limit(em, nxt, max_offset - nxt, cl.segment_end(nxt), batch)
+            if size <= 0:
+                raise ReplicationError(f"no block can start at {nxt} (max offset {max_offset})")
+            yield epoch, epoch_start, nxt, size
+            nxt += size
+            total += size
+
+    def _mark_sent(self, sl: _SlaveLink, max_offset: int, nxt: int) -> None:
+        sl.checkpoints.append((max_offset, _now_ms()))
+        sl.state = LinkState.TRANSFER
+        # Acks may arrive before the bytes have left: count the blocks as sent now.
+        sl.sent = nxt
+        sl.last_send = time.monotonic()
+
+    def _push(self, sl: _SlaveLink, max_offset: int) -> bool:
+        """Send new live traffic to a parked writer's slave right here, in the loop turn
+        of the append, as mmap views in one sendmsg: waking the writer task instead costs
+        two more loop turns per message, which is most of a one-at-a-time send's latency.
+        False when the writer must take over (much to send, or the socket took only part)."""
+        nxt = sl.sent
+        if max_offset - nxt > _PUSH_MAX_BYTES:
+            return False
+        cl = self.commitlog
+        codec = sl.codec
+        confirm = self._confirm
+        parts: list[Any] = []
+        end = nxt
+        for epoch, epoch_start, offset, size in self._blocks(nxt, max_offset, _PUSH_MAX_BYTES):
+            parts.append(codec.block_header(epoch, epoch_start, offset, confirm, size))
+            parts.append(cl.read(offset, size))
+            end = offset + size
+        self._mark_sent(sl, max_offset, end)
+        try:
+            sl.unsent = sl.link.try_send(parts)
+        except (LinkClosed, OSError) as exc:
+            # The link's reader sees the close and drops the slave.
+            sl.close_reason = sl.close_reason or f"send failed: {exc}"
+            sl.link.close()
+            return True
+        return not sl.unsent and end == max_offset
+
     async def _write_loop(self, sl: _SlaveLink) -> None:
         cfg = self.config
         cl = self.commitlog
-        em = self.epoch_map
         link = sl.link
         codec = sl.codec
         waker = sl.waker
         assert waker is not None
-        batch = cfg.ha_transfer_batch_bytes
         window = cfg.ha_send_window_bytes
         heartbeat = cfg.ha_send_heartbeat_interval_ms / 1000
         send_timeout = cfg.ha_housekeeping_interval_ms / 1000
-        limit = hao.limit_batch
-        nxt = sl.sent
-        last_send = time.monotonic()
+        sl.last_send = time.monotonic()
         # With ha_transfer_sendfile, large blocks go out with sendfile (no copy on this
         # side at all); otherwise, and for small blocks (live traffic) always, as mmap
         # views in one sendmsg.
@@ -547,40 +614,38 @@ class HAMaster:
         stale_fds: list[int] = []
         try:
             while not link.closed:
+                if sl.unsent:
+                    # What _push handed the socket only in part.
+                    unsent, sl.unsent = sl.unsent, []
+                    await link.send(unsent, send_timeout)
+                # _push moves sl.sent while this task is parked.
+                nxt = sl.sent
                 max_offset = cl.max_offset
                 if nxt < max_offset:
-                    em.set_max_offset(max_offset)
                     confirm = self._confirm
                     parts: list[Any] = []
-                    total = 0
-                    while nxt < max_offset and total < window:
-                        epoch, epoch_start, size = limit(em, nxt, max_offset - nxt, cl.segment_end(nxt), batch)
-                        if size <= 0:
-                            raise ReplicationError(f"no block can start at {nxt} (max offset {max_offset})")
-                        parts.append(codec.block_header(epoch, epoch_start, nxt, confirm, size))
+                    end = nxt
+                    for epoch, epoch_start, offset, size in self._blocks(nxt, max_offset, window):
+                        parts.append(codec.block_header(epoch, epoch_start, offset, confirm, size))
                         if segment_fd is not None and size >= _SENDFILE_MIN_BYTES:
-                            base = nxt - nxt % seg_bytes
+                            base = offset - offset % seg_bytes
                             if base != src_base:
                                 if src_fd >= 0:
                                     # Closed once this window is sent: its ranges use it.
                                     stale_fds.append(src_fd)
                                     src_fd = -1
-                                src_fd = segment_fd(nxt)
+                                src_fd = segment_fd(offset)
                                 src_base = base
-                            parts.append(FileRange(src_fd, nxt - base, size))
+                            parts.append(FileRange(src_fd, offset - base, size))
                         else:
-                            parts.append(cl.read(nxt, size))
-                        nxt += size
-                        total += size
-                    sl.checkpoints.append((max_offset, _now_ms()))
-                    sl.state = LinkState.TRANSFER
-                    # Acks may arrive before send() returns: count the blocks as sent now.
-                    sl.sent = nxt
+                            parts.append(cl.read(offset, size))
+                        end = offset + size
+                    self._mark_sent(sl, max_offset, end)
                     await link.send_parts(parts, send_timeout)
                     parts.clear()  # release the mmap views
                     while stale_fds:
                         os.close(stale_fds.pop())
-                    last_send = time.monotonic()
+                    sl.last_send = time.monotonic()
                     # A socket that keeps taking data never suspends send(): let others run.
                     await asyncio.sleep(0)
                     continue
@@ -588,12 +653,16 @@ class HAMaster:
                     raise ReplicationError(f"master log shrank below the transfer offset {nxt} (max {max_offset})")
                 if sl.ack >= max_offset:
                     sl.state = LinkState.SUSPEND
-                idle = time.monotonic() - last_send
+                idle = time.monotonic() - sl.last_send
                 if idle >= heartbeat:
                     await link.send([self._heartbeat(sl, nxt)], send_timeout)
-                    last_send = time.monotonic()
+                    sl.last_send = time.monotonic()
                     continue
-                await waker.wait(heartbeat - idle)
+                sl.parked = True
+                try:
+                    await waker.wait(heartbeat - idle)
+                finally:
+                    sl.parked = False
         finally:
             if src_fd >= 0:
                 stale_fds.append(src_fd)
@@ -626,15 +695,41 @@ class HAMaster:
     # --- acks ----------------------------------------------------------------------------------
 
     async def _read_loop(self, sl: _SlaveLink) -> None:
+        """Until the link fails; raises why.  Acks are handled by a reader callback in the
+        loop turn that receives them (waking a task per ack costs a turn each, and an ack is
+        what a waiting send needs next); this coroutine only watches for silence: a slave
+        reports at least every heartbeat interval."""
         timeout = self.config.ha_housekeeping_interval_ms / 1000
         link = sl.link
         codec = sl.codec
-        while True:
-            chunk = await link.recv(timeout)
-            sl.last_read_ms = _now_ms()
-            msgs = codec.feed(chunk)
-            if msgs:
-                self._handle_acks(sl, msgs)
+
+        def on_readable() -> None:
+            try:
+                chunk = link.try_recv()
+                if chunk:
+                    sl.last_read_ms = _now_ms()
+                    msgs = codec.feed(chunk)
+                    if msgs:
+                        self._handle_acks(sl, msgs)
+            except Exception as exc:  # noqa: BLE001 - any failure ends the link, as it did when a task read it
+                link.unwatch()
+                if not ended.done():
+                    ended.set_exception(exc)
+
+        ended = link.watch(on_readable)
+        try:
+            while True:
+                idle = (_now_ms() - sl.last_read_ms) / 1000
+                if idle >= timeout:
+                    raise LinkTimeout(f"no data from {link.peer} in {timeout:.3f}s")
+                done, _ = await asyncio.wait((ended,), timeout=timeout - idle)
+                if done:
+                    ended.result()
+                    raise LinkClosed("link closed")
+        finally:
+            link.unwatch()
+            if ended.done() and not ended.cancelled():
+                ended.exception()  # retrieved: the caller reports why the link ended
 
     def _handle_acks(self, sl: _SlaveLink, msgs: list[Any]) -> None:
         ack = sl.ack

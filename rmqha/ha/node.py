@@ -27,6 +27,7 @@ import sys
 import time
 from typing import Any
 
+from rmqha import event_loop
 from rmqha.ha.config import HAConfig
 from rmqha.ha.master import HAMaster
 from rmqha.ha.slave import HASlave
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
-    return asyncio.run(run(args))
+    return event_loop.run(run(args))
 
 
 if __name__ == "__main__":

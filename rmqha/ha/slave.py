@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 
 #: During bulk catch-up the slave acks at least this often (in bytes received).
 _ACK_EVERY_BYTES = 8 << 20
+#: Reads in a row without a suspension before the receive loop lets other tasks run.
+_TURNS_BEFORE_YIELD = 16
 #: Receive buffer of the framed transfer path (grows for a frame larger than this).
 _RECV_BUFFER_BYTES = 4 << 20
 #: A block at least this large that is not wholly buffered yet is received straight into
@@ -401,6 +403,7 @@ class HASlave:
             pending.clear()
         last_read = time.monotonic()
         limit: int | None = None
+        turns = 0
         while True:
             # What is queued already, without waiting: during bulk catch-up the socket
             # always has more, and acks wait (every _ACK_EVERY_BYTES) so that neither side
@@ -421,6 +424,7 @@ class HASlave:
                     try:
                         await rb.fill(link, wait)
                         got = True
+                        turns = 0
                     except LinkTimeout:
                         pass
                 now = time.monotonic()
@@ -443,6 +447,7 @@ class HASlave:
                             self._apply_views(blocks)
                             blocks = []
                             await self._receive_direct(link, rb, housekeeping)
+                            rb.filled = True  # bulk catch-up: acks wait (_ACK_EVERY_BYTES)
                             limit = _DIRECT_OVERFLOW_BYTES
                             break  # acks and other tasks get their turn between blocks
                         # A large block needs only its header buffered (see above).
@@ -460,11 +465,18 @@ class HASlave:
             elif now - last_read >= housekeeping:
                 raise LinkTimeout(f"master {self._master} silent for {housekeeping:.1f}s")
             mx = cl.max_offset
-            if mx - acked >= _ACK_EVERY_BYTES or now - self._last_write >= heartbeat:
+            # A read that left room drained the socket: live traffic, whose ack is what a
+            # waiting send needs, so it goes now rather than after another loop turn.
+            # The heartbeat interval bounds the silence either way (the master's housekeeping).
+            if (mx != acked and (got and not rb.filled or mx - acked >= _ACK_EVERY_BYTES)
+                    or now - self._last_write >= heartbeat):
                 await self._ack(link, codec, mx)
                 acked = mx
             # recv and send do not suspend while data flows: let other tasks run.
-            await asyncio.sleep(0)
+            turns += 1
+            if rb.filled or turns >= _TURNS_BEFORE_YIELD:
+                turns = 0
+                await asyncio.sleep(0)
 
     def _warm_target(self, rb: RecvBuffer, size: int) -> bool:
         """Whether the block whose header is at the front of ``rb`` lands on log pages that

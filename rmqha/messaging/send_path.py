@@ -178,6 +178,8 @@ class SendPath:
             raise Refused(ResponseCode.SERVICE_NOT_AVAILABLE, str(exc)) from None
         except StoreError as exc:
             raise Refused(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
+        if ctx.replication is not None and getattr(conn, "in_flight", 0) <= 1:
+            ctx.replication.push_now()  # alone on its connection: no turn to share
         first_offset, _ = placed[0]
         last_offset, last_size = placed[-1]
         queue_offset = ctx.queue_offset_at(first_offset)

@@ -532,6 +532,13 @@ class CommitLog(ReceivePath):
         """
         return self._flusher.future(offset)
 
+    def sync_now(self) -> int:
+        """fsync everything appended so far on the calling thread (one group commit, no hop
+        to the flusher thread); returns the flushed offset.  The checkpoint follows at its
+        usual interval."""
+        self._flusher.flush_now()
+        return self._flusher.flushed_offset
+
     def flush(self) -> int:
         """fsync everything appended so far and record the checkpoint; returns the offset."""
         self._flusher.flush_now(force_checkpoint=True)
