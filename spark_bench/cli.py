@@ -48,7 +48,7 @@ def _add_spark_args(p: argparse.ArgumentParser) -> None:
                    help="Spark master URL (default local[*]; e.g. spark://host:7077)")
     p.add_argument("--no-class-data-cache", action="store_true",
                    help="do not keep the driver JVM's classes in a class-data-sharing archive "
-                        "(~110 MB under $RMQHA_TRENDS_CACHE or ~/.cache/rmqha-trends; it "
+                        "(~190 MB under $RMQHA_TRENDS_CACHE or ~/.cache/rmqha-trends; it "
                         "saves 2-3 s of every later start)")
 
 

@@ -77,6 +77,21 @@ def class_data_archive() -> str:
 _ARCHIVE_IN_PROGRESS: list[tuple[str, str]] = []
 
 
+def _remove_abandoned_archives(archive: str) -> None:
+    """Delete half-written archives (``<archive>.<pid>.tmp``) of runs that no longer exist:
+    a run killed before its JVM exited leaves one behind."""
+    if not os.path.isdir("/proc"):
+        return  # no cheap way to tell a live run from a dead one
+    directory, prefix = os.path.dirname(archive), os.path.basename(archive) + "."
+    for name in os.listdir(directory):
+        pid = name[len(prefix):-len(".tmp")] if name.startswith(prefix) and name.endswith(".tmp") else ""
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            try:
+                os.remove(os.path.join(directory, name))
+            except OSError:
+                pass  # another run removed it first
+
+
 def _class_data_options() -> list[str]:
     """JVM options that use the archive, or create it (under a temporary name, renamed
     once the JVM has exited, so a concurrent run never maps a half-written file)."""
@@ -88,6 +103,7 @@ def _class_data_options() -> list[str]:
         os.makedirs(os.path.dirname(archive), exist_ok=True)
     except OSError:
         return []  # no writable cache: start without the archive
+    _remove_abandoned_archives(archive)
     pending = f"{archive}.{os.getpid()}.tmp"
     _ARCHIVE_IN_PROGRESS.append((pending, archive))
     return [f"-XX:ArchiveClassesAtExit={pending}", quiet]

@@ -61,3 +61,15 @@ def test_the_archive_is_published_only_after_a_clean_exit(cache, exit_code, publ
     assert fake.stopped and proc.returncode == exit_code
     assert os.path.exists(final) is published
     assert not os.path.exists(pending)
+
+
+def test_archives_of_dead_runs_are_removed(cache) -> None:  # noqa: ANN001
+    final = session.class_data_archive()
+    os.makedirs(cache)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    abandoned, alive = f"{final}.{dead}.tmp", f"{final}.{os.getppid()}.tmp"
+    for path in (abandoned, alive):
+        open(path, "wb").close()
+    session._class_data_options()
+    assert not os.path.exists(abandoned) and os.path.exists(alive)
