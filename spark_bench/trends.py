@@ -11,7 +11,7 @@ twin against the pure one, and each rmqha twin against every peer (sqlite3-wal, 
 matched by benchmark group (or test function) and parameters. A ratio is a speed-up: how
 many times faster the rmqha side is, so higher is better.
 
-Each series is analysed in one grouped pandas UDF (``applyInPandas``): ordering, the
+Each series is analysed in one grouped Arrow UDF (``applyInArrow``): ordering, the
 rolling baseline (the exact median of the previous ``baseline_window`` runs) and the change
 points of :mod:`spark_bench.changepoint`. Spark does the rest: selecting runs, building
 series and ratio series, the per-machine staleness and the summary.
@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -162,51 +164,77 @@ POINT_SCHEMA = T.StructType([
               "higher_is_better")])
 
 
+#: POINT_SCHEMA in Arrow types (an empty result still needs its columns).
+POINT_ARROW_SCHEMA = pa.schema([
+    (f.name, {T.TimestampType: pa.timestamp("us", tz="UTC"), T.DoubleType: pa.float64(),
+              T.BooleanType: pa.bool_()}.get(type(f.dataType), pa.string()))
+    for f in POINT_SCHEMA.fields])
+
+
 def _case_ratios(metric: str):  # noqa: ANN202 - returns the UDF body
-    """Body of the grouped UDF: all implementations of one case on one machine, branch and
-    mode in; their side-by-side ratios per run out."""
-    def run(pdf: pd.DataFrame) -> pd.DataFrame:
+    """Body of the grouped Arrow UDF: all implementations of one case on one machine,
+    branch and mode in; their side-by-side ratios per run out. Runs and implementations
+    are dictionary-encoded in Arrow and the ratios taken on a runs x implementations
+    matrix, so no text cell becomes a Python string."""
+    def run(table: pa.Table) -> pa.Table:
+        if table.num_rows == 0:
+            return POINT_ARROW_SCHEMA.empty_table()
+        runs = pc.dictionary_encode(table.column("run_id")).combine_chunks()
+        impls = pc.dictionary_encode(table.column("implementation")).combine_chunks()
+        run_idx = runs.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        impl_idx = impls.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        values = table.column("value").to_numpy(zero_copy_only=False).astype(np.float64)
+        n_runs, n_impls = len(runs.dictionary), len(impls.dictionary)
         # A case measured twice by one implementation in one run is ambiguous: left out.
-        once = pdf.groupby(["run_id", "implementation"])["value"].transform("size") == 1
-        pdf = pdf[once]
-        if pdf.empty:
-            return pd.DataFrame(columns=POINT_SCHEMA.names)
-        wide = pdf.pivot(index="run_id", columns="implementation", values="value")
-        runs = pdf.drop_duplicates("run_id").set_index("run_id")[["run_time", "order_time", "commit"]]
-        first = pdf.iloc[0]
-        frames = []
-        for a in wide.columns:
+        cell = run_idx * n_impls + impl_idx
+        once = np.bincount(cell, minlength=n_runs * n_impls)[cell] == 1
+        wide = np.full((n_runs, n_impls), np.nan)
+        wide[run_idx[once], impl_idx[once]] = values[once]
+        # The row each run's time and commit are taken from: its first unambiguous one.
+        first_row = np.full(n_runs, table.num_rows)
+        np.minimum.at(first_row, run_idx[once], np.flatnonzero(once))
+        names = impls.dictionary.to_pylist()
+        column = {name: i for i, name in enumerate(names)}
+        head = {c: table.column(c)[0].as_py() for c in ("machine", "branch", "mode", "case_key")}
+        pieces: list[tuple[str, np.ndarray, np.ndarray]] = []
+        for a in sorted(names):
             if a not in RMQHA_IMPLEMENTATIONS:
                 continue
-            for b in wide.columns:
+            for b in sorted(names):
                 if b == a or (a == "python" and b == "cython"):  # cython vs python once
                     continue
+                wa, wb = wide[:, column[a]], wide[:, column[b]]
                 # Times: b/a is how many times faster a is. Rates (ops): a/b.
                 with np.errstate(divide="ignore", invalid="ignore"):
-                    ratio = (wide[a] / wide[b]) if metric == "ops" else (wide[b] / wide[a])
-                ratio = ratio[np.isfinite(ratio)]
-                if ratio.empty:
-                    continue
-                label = f"{a} vs {b}"
-                parts = [first["case_key"], first["machine"], label, first["branch"]]
-                if first["mode"] == "quick":
-                    parts.append("quick")
-                frame = runs.loc[ratio.index].reset_index()
-                frame["value"] = ratio.to_numpy()
-                frame["implementation"] = label
-                frame["series_id"] = " | ".join(parts)
-                frames.append(frame)
-        if not frames:
-            return pd.DataFrame(columns=POINT_SCHEMA.names)
-        out = pd.concat(frames, ignore_index=True)
-        out["kind"] = SeriesKind.RATIO.value
-        out["benchmark"] = out["case_key"] = first["case_key"]
-        out["machine"], out["branch"], out["mode"] = first["machine"], first["branch"], first["mode"]
-        out["higher_is_better"] = True
-        # pandas 3 stores new text columns as chunked Arrow strings, which Spark's Arrow
-        # serializer refuses; plain objects convert.
-        text = [f.name for f in POINT_SCHEMA.fields if isinstance(f.dataType, T.StringType)]
-        return out[POINT_SCHEMA.names].astype({c: object for c in text})
+                    ratio = (wa / wb) if metric == "ops" else (wb / wa)
+                keep = np.isfinite(ratio)
+                if keep.any():
+                    pieces.append((f"{a} vs {b}", first_row[keep], ratio[keep]))
+        if not pieces:
+            return POINT_ARROW_SCHEMA.empty_table()
+        rows = np.concatenate([p[1] for p in pieces])
+        picked = table.select(["run_id", "run_time", "order_time", "commit"]).take(rows)
+        labels = [label for label, r, _ in pieces for _ in range(r.size)]
+        series = [" | ".join([head["case_key"], head["machine"], label, head["branch"],
+                              *(["quick"] if head["mode"] == "quick" else [])])
+                  for label, _, _ in pieces]
+        series_ids = [sid for sid, (_, r, _) in zip(series, pieces, strict=True)
+                      for _ in range(r.size)]
+        n = rows.size
+        columns = {
+            "kind": pa.array([SeriesKind.RATIO.value] * n, pa.string()),
+            "series_id": pa.array(series_ids, pa.string()),
+            "benchmark": pa.array([head["case_key"]] * n, pa.string()),
+            "machine": pa.array([head["machine"]] * n, pa.string()),
+            "branch": pa.array([head["branch"]] * n, pa.string()),
+            "implementation": pa.array(labels, pa.string()),
+            "mode": pa.array([head["mode"]] * n, pa.string()),
+            "case_key": pa.array([head["case_key"]] * n, pa.string()),
+            "value": pa.array(np.concatenate([p[2] for p in pieces])),
+            "higher_is_better": pa.array(np.ones(n, dtype=bool)),
+        }
+        return pa.table({name: columns[name] if name in columns else picked.column(name)
+                         for name in POINT_SCHEMA.names})
     return run
 
 
@@ -217,7 +245,7 @@ def ratio_points(points: DataFrame, metric: str) -> DataFrame:
             "order_time", "commit", "value"]
     return (points.select(*cols)
             .groupBy("machine", "branch", "mode", "case_key")
-            .applyInPandas(_case_ratios(metric), schema=POINT_SCHEMA))
+            .applyInArrow(_case_ratios(metric), schema=POINT_SCHEMA))
 
 
 #: The order of runs in a series: commit order, then the order they ran in.
@@ -246,25 +274,36 @@ ANALYSED_SCHEMA = T.StructType(
 def _analyse_series(cfg: TrendConfig):  # noqa: ANN202 - returns the UDF body
     """Body of the grouped UDF: one series in, its points with run index, rolling baseline
     and change-point columns out. One pass over each series does what window functions and
-    a second UDF did before (and costs one shuffle instead of three)."""
+    a second UDF did before (and costs one shuffle instead of three).
+
+    It works on the Arrow table Spark hands over (``applyInArrow``): the text columns pass
+    through as Arrow buffers, where a pandas frame made a Python string of every cell of
+    900,000 points (a third of the workers' time at 2,000 runs)."""
     window = cfg.baseline_window
     det = cfg.detector
+    passed = [f.name for f in ANALYSED_SCHEMA.fields
+              if f.name in POINT_SCHEMA.names]
+    change_types = {c: _ARROW_TYPES[type(t)] for c, t in CHANGE_COLUMNS}
 
-    def run(pdf: pd.DataFrame) -> pd.DataFrame:
-        pdf = pdf.sort_values(list(RUN_ORDER), kind="stable").reset_index(drop=True)
-        n = len(pdf)
-        series_id = str(pdf["series_id"].iloc[0])
-        higher_better = bool(pdf["higher_is_better"].iloc[0])
-        values = pdf["value"].to_numpy(dtype=np.float64)
-        pdf["run_index"] = np.arange(n, dtype=np.int64)
+    def run(table: pa.Table) -> pa.Table:
+        order = pc.sort_indices(table, sort_keys=[(c, "ascending") for c in RUN_ORDER])
+        table = table.take(order)
+        n = table.num_rows
+        series_id = table.column("series_id")[0].as_py()
+        higher_better = bool(table.column("higher_is_better")[0].as_py())
+        values = table.column("value").to_numpy(zero_copy_only=False).astype(np.float64)
         # Exact median of the previous `window` runs (NaN for the first run).
         baseline = pd.Series(values).shift(1).rolling(window, min_periods=1).median().to_numpy()
         with np.errstate(divide="ignore", invalid="ignore"):
             delta = np.where(baseline != 0, (values / baseline - 1.0) * 100.0, np.nan)
-        pdf["baseline"] = baseline
-        pdf["delta_pct"] = delta
-        pdf["worse_pct"] = -delta if higher_better else delta
-        pdf["is_latest"] = pdf["run_index"] == n - 1
+        run_index = np.arange(n, dtype=np.int64)
+        computed = {
+            "run_index": pa.array(run_index),
+            "baseline": pa.array(baseline, from_pandas=True),
+            "delta_pct": pa.array(delta, from_pandas=True),
+            "worse_pct": pa.array(-delta if higher_better else delta, from_pandas=True),
+            "is_latest": pa.array(run_index == n - 1),
+        }
         cols: dict[str, list[object]] = {c: [None] * n for c, _ in CHANGE_COLUMNS}
         found = detect(values, det, seed=series_id)
         last_level = float(np.median(values[found[-1].index:])) if found else None
@@ -282,14 +321,19 @@ def _analyse_series(cfg: TrendConfig):  # noqa: ANN202 - returns the UDF body
             cols["cp_current"][i] = last_level
             cols["cp_open_worse_pct"][i] = open_worse * 100.0
         for c, _ in CHANGE_COLUMNS:
-            pdf[c] = cols[c]
-        return pdf[ANALYSED_SCHEMA.names]
+            computed[c] = pa.array(cols[c], type=change_types[c])
+        return pa.table({name: (table.column(name) if name in passed else computed[name])
+                         for name in ANALYSED_SCHEMA.names})
     return run
+
+
+#: Arrow types of the change-point columns' Spark types.
+_ARROW_TYPES = {T.DoubleType: pa.float64(), T.StringType: pa.string(), T.BooleanType: pa.bool_()}
 
 
 def analyse(points: DataFrame, cfg: TrendConfig) -> DataFrame:
     """Every series' points with baseline, run index and change-point columns."""
-    return points.groupBy("series_id").applyInPandas(_analyse_series(cfg), schema=ANALYSED_SCHEMA)
+    return points.groupBy("series_id").applyInArrow(_analyse_series(cfg), schema=ANALYSED_SCHEMA)
 
 
 def changes_of(analysed: DataFrame) -> DataFrame:

@@ -81,3 +81,44 @@ def test_only_the_most_recent_points_are_analysed() -> None:
     x[250:] *= 1.5
     [cp] = detect(x, DetectorConfig(max_points=100))
     assert cp.index == 250
+
+
+def _energy_statistic_quadratic(x: np.ndarray, min_size: int) -> np.ndarray:
+    """The statistic from its definition, with the full distance matrix: the reference the
+    O(n log^2 n) computation must match."""
+    x = np.atleast_2d(x)
+    rows, n = x.shape
+    out = np.full((rows, n + 1), -np.inf)
+    dist = np.abs(x[:, :, None] - x[:, None, :])
+    for t in range(min_size, n - min_size + 1):
+        m, k = t, n - t
+        cross = dist[:, :t, t:].sum(axis=(1, 2)) / (m * k)
+        left = dist[:, :t, :t].sum(axis=(1, 2)) / (m * (m - 1))
+        right = dist[:, t:, t:].sum(axis=(1, 2)) / (k * (k - 1))
+        out[:, t] = m * k / n * (2 * cross - left - right)
+    return out
+
+
+@pytest.mark.parametrize("n", [9, 10, 11, 33, 64, 65, 130])
+@pytest.mark.parametrize("kind", ["continuous", "ties", "step"])
+def test_fast_energy_statistic_equals_the_distance_matrix(n: int, kind: str) -> None:
+    rng = np.random.default_rng(n)
+    x = rng.lognormal(0.0, 0.05, size=(7, n))
+    if kind == "ties":  # a coarse timer: many equal values
+        x = np.round(x * 20) / 20
+    elif kind == "step":
+        x[:, n // 3:] *= 1.2
+    fast = energy_statistic(x, min_size=3)
+    slow = _energy_statistic_quadratic(x, min_size=3)
+    assert np.array_equal(np.isfinite(fast), np.isfinite(slow))
+    finite = np.isfinite(slow)
+    if finite.any():
+        scale = np.abs(slow[finite]).max()
+        assert np.allclose(fast[finite], slow[finite], rtol=1e-9, atol=1e-12 * scale)
+        assert np.array_equal(fast.argmax(axis=1), slow.argmax(axis=1))
+
+
+def test_constant_series_statistic_is_exactly_zero() -> None:
+    # The permutation test counts ties against a change: rounding noise must not appear.
+    q = energy_statistic(np.full((3, 50), 1.7e-3), min_size=5)
+    assert (q[np.isfinite(q)] == 0.0).all()

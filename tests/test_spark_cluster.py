@@ -107,7 +107,7 @@ def test_trends_on_a_standalone_master_and_worker_with_url_paths(standalone, tmp
     history, out = f"file://{tmp_path / 'history'}", f"file://{tmp_path / 'out'}"
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
     cmd = [sys.executable, "-m", "spark_bench", "trends", "--master", standalone,
-           "--history", history, "--out", out, "--fail-on-regression"]
+           "--history", history, "--out", out, "--fail-on-regression", "--no-class-data-cache"]
     # The driver's working directory is elsewhere: nothing is found through a relative path.
     proc = subprocess.run(cmd, cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # the 30% step fails the gate

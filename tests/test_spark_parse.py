@@ -76,3 +76,26 @@ def test_batches_match_the_arrow_schema() -> None:
     assert out.schema == parse.ARROW_SCHEMA
     assert out.num_rows == 5
     assert out.column("problem").null_count == 4
+
+
+def test_local_files_are_read_by_the_worker_and_unreadable_ones_named(tmp_path) -> None:  # noqa: ANN001
+    good = tmp_path / "a run [1].json"
+    good.write_text(json.dumps(_doc()))
+    missing = tmp_path / "gone.json"
+    paths = [f"file:{good}", f"file://{missing}"]
+    batch = pa.RecordBatch.from_arrays([pa.array(paths)], names=["path"])
+    [out] = list(parse.read_and_parse_batches(iter([batch])))
+    assert out.schema == parse.ARROW_SCHEMA
+    rows = out.to_pylist()
+    assert [r["source_file"] for r in rows] == [paths[0]] * 4 + [paths[1]]
+    assert rows[-1]["problem"].startswith("cannot read the file")
+    assert all(r["problem"] is None for r in rows[:4])
+
+
+def test_output_batches_are_bounded_by_file_count(monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setattr(parse, "FILES_PER_BATCH", 2)
+    good = json.dumps(_doc()).encode()
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array(list("abcde")), pa.array([good] * 5, pa.binary())], names=["path", "content"])
+    out = list(parse.parse_batches(iter([batch])))
+    assert [b.num_rows for b in out] == [8, 8, 4]
