@@ -696,10 +696,16 @@ class Connection(asyncio.Protocol):
         cmd.flag |= FLAG_ONEWAY
         await self.send(cmd)
 
-    async def close(self, reason: str = "closed locally") -> None:
+    async def close(self, reason: str = "closed locally", timeout: float = 5.0) -> None:
         self._uncork()  # what was sent goes out before the close
         self._mark_closed(reason)
-        await asyncio.shield(self._lost)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._lost), timeout)
+        except asyncio.TimeoutError:
+            # A graceful close waits for queued bytes to leave, and a peer that reads
+            # nothing would hold the caller (a producer closing a timed-out link) forever.
+            if self._transport is not None:
+                self._transport.abort()
 
     def _mark_closed(self, reason: str) -> None:
         if self._closed.done():
