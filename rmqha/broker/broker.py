@@ -25,6 +25,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,11 +111,21 @@ class Replication:
             return False
         # all_ack_in_sync_state_set / in_sync_replicas / min_in_sync_replicas are applied
         # by the HA master.
-        if not await master.wait_for_replicas(end_offset, timeout_s):
-            return False
-        # The copies are there, but an acknowledgement is a master's promise: a master whose
-        # lease ran out while the send waited may already have a successor.
-        if not self.holds_master_lease():
+        return self._acknowledged(await master.wait_for_replicas(end_offset, timeout_s))
+
+    def when_replicated(self, end_offset: int, timeout_s: float,
+                        done: Callable[[bool], None]) -> None:
+        """:meth:`wait_for_replicas` for a caller without a task: ``done(ok)`` runs once."""
+        master = self._broker.ha_master
+        if master is None:
+            done(False)
+            return
+        master.when_replicas(end_offset, timeout_s, lambda ok: done(self._acknowledged(ok)))
+
+    def _acknowledged(self, replicated: bool) -> bool:
+        """The copies are there, but an acknowledgement is a master's promise: a master
+        whose lease ran out while the send waited may already have a successor."""
+        if not replicated or not self.holds_master_lease():
             return False
         self._note_ack()
         return True
@@ -255,6 +266,8 @@ class Broker:
             handlers[int(RequestCode.PULL_MESSAGE)] = self._count_served(handlers[int(RequestCode.PULL_MESSAGE)])
         for code, handler in handlers.items():
             self.server.register(code, self._guard(code, handler))
+        for code, now in self.message_service.immediate_handlers().items():
+            self.server.register_immediate(code, self._guard_now(now))
         self.server.register(RequestCode.NOTIFY_BROKER_ROLE_CHANGED, self.replicas.handle_notify)
         self.server.register(RequestCode.GET_BROKER_EPOCH_CACHE, self._handle_epoch_cache)
         self.server.register(RequestCode.GET_BROKER_HA_STATUS, self._handle_ha_status)
@@ -399,6 +412,15 @@ class Broker:
             return guarded
         return handler
 
+    def _guard_now(self, handler: Any) -> Any:
+        """The role guard of :meth:`_guard` for an immediate handler: only a master takes
+        the request now; anything else goes to the guarded task, which refuses it."""
+
+        def guarded_now(cmd: RemotingCommand, conn: Connection) -> bool:
+            return self.role == Role.MASTER and handler(cmd, conn)
+
+        return guarded_now
+
     def _ha_config(self) -> HAConfig:
         return HAConfig.from_object(self.config)
 
@@ -438,7 +460,8 @@ class Broker:
     def _on_confirm(self, offset: int) -> None:
         self.replication.learned(offset)
         if self.message_service is not None:
-            self.message_service.on_confirm_offset(offset)
+            # At the end of the turn: the ack that moved it may release a send's answer.
+            self.message_service.confirm_soon(offset)
 
     def _on_truncate(self, offset: int) -> None:
         if self.replication.checkpoint is not None:

@@ -114,6 +114,32 @@ class _SlaveLink:
         self.close_reason = ""
 
 
+class _AckCallback:
+    """A waiter of :meth:`HAMaster.when_acks`: it sits in the waiter heaps beside the
+    futures of :meth:`HAMaster.wait_for_acks` and answers to the same two calls."""
+
+    __slots__ = ("_done", "_fired", "timer")
+
+    def __init__(self, done: Callable[[bool], None]) -> None:
+        self._done = done
+        self._fired = False
+        self.timer: asyncio.TimerHandle | None = None
+
+    def done(self) -> bool:
+        return self._fired
+
+    def set_result(self, ok: bool) -> None:
+        if self._fired:
+            return
+        self._fired = True
+        if self.timer is not None:
+            self.timer.cancel()
+        try:
+            self._done(ok)
+        except Exception:  # one send's answer must not stop the other waiters
+            log.exception("an acknowledgement callback failed")
+
+
 class HAMaster:
     """Serves the commitlog to slaves on the HA port and keeps the confirm offset.
 
@@ -154,7 +180,7 @@ class HAMaster:
         self._links: dict[int, _SlaveLink] = {}  # by broker id, live (handshake passed)
         self._all: set[_SlaveLink] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._waiters: dict[int | None, list[tuple[int, int, asyncio.Future[bool]]]] = {}
+        self._waiters: dict[int | None, list[tuple[int, int, asyncio.Future[bool] | _AckCallback]]] = {}
         self._waiter_seq = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
@@ -286,16 +312,44 @@ class HAMaster:
         finally:
             timer.cancel()
 
-    async def wait_for_replicas(self, offset: int, timeout: float) -> bool:
-        """The broker's ack policy: every member with ``all_ack_in_sync_state_set``, else
-        ``in_sync_replicas`` copies (the master counts as one; 0 or 1 needs no wait); in
-        both cases at least ``min_in_sync_replicas`` copies."""
+    def when_acks(self, offset: int, need: int | None, done: Callable[[bool], None],
+                  timeout: float) -> None:
+        """:meth:`wait_for_acks` for a caller without a task: ``done(ok)`` runs once, in the
+        loop turn that handles the deciding ack (or at once, or after ``timeout``)."""
+        if self._acks_reached(offset, need):
+            done(True)
+            return
+        if self._stopped:
+            done(False)
+            return
+        assert self._loop is not None
+        waiter = _AckCallback(done)
+        self._waiter_seq += 1
+        heapq.heappush(self._waiters.setdefault(need, []), (offset, self._waiter_seq, waiter))
+        waiter.timer = self._loop.call_later(timeout, waiter.set_result, False)
+
+    def _copies_needed(self) -> int | None:
+        """The broker's ack policy: every member (None) with ``all_ack_in_sync_state_set``,
+        else ``in_sync_replicas`` copies (the master counts as one; 0 or 1 needs no wait);
+        in both cases at least ``min_in_sync_replicas`` copies (see :meth:`_acks_reached`)."""
         if self.config.all_ack_in_sync_state_set:
-            return await self.wait_for_acks(offset, None, timeout)
-        need = max(self.config.in_sync_replicas, self.config.min_in_sync_replicas)
-        if need <= 1:
+            return None
+        return max(self.config.in_sync_replicas, self.config.min_in_sync_replicas)
+
+    async def wait_for_replicas(self, offset: int, timeout: float) -> bool:
+        """True once the ack policy (:meth:`_copies_needed`) holds for ``offset``."""
+        need = self._copies_needed()
+        if need is not None and need <= 1:
             return True
         return await self.wait_for_acks(offset, need, timeout)
+
+    def when_replicas(self, offset: int, timeout: float, done: Callable[[bool], None]) -> None:
+        """:meth:`wait_for_replicas` with a callback (see :meth:`when_acks`)."""
+        need = self._copies_needed()
+        if need is not None and need <= 1:
+            done(True)
+            return
+        self.when_acks(offset, need, done, timeout)
 
     def status(self) -> dict[str, Any]:
         """Everything ``ha-status`` shows for a master."""
@@ -748,9 +802,11 @@ class HAMaster:
             self._note_caught_up(sl, ack)
             if sl.broker_id not in self._set.local and self._should_expand(ack):
                 self._schedule_alter()
+        # Waiters first: their sends answer in the next step of the loop, before the
+        # indexing the confirm offset's advance queues.
+        self._check_waiters()
         if sl.broker_id in self._set.members():
             self._recompute_confirm()
-        self._check_waiters()
 
     def _note_caught_up(self, sl: _SlaveLink, ack: int) -> None:
         now = _now_ms()
@@ -828,7 +884,7 @@ class HAMaster:
                 if not self._acks_reached(offset, need):
                     break
                 heapq.heappop(heap)
-                fut.set_result(True)
+                fut.set_result(True)  # an _AckCallback answers its send right here
 
     # --- SyncStateSet changes ------------------------------------------------------------------
 

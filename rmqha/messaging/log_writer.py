@@ -20,11 +20,15 @@ from rmqha.messaging.message import decode_properties
 
 class LogWriter:
     """Appends rows and awaits their durability; ``on_confirmed(offset)`` runs when the
-    confirm offset may have advanced (the service indexes and wakes held pulls)."""
+    confirm offset may have advanced (the service indexes and wakes held pulls), or
+    ``confirmed_soon(offset)`` (the same, at the end of the loop turn) for a caller that
+    only answers a client and reads nothing the indexing derives."""
 
-    def __init__(self, ctx: MessagingContext, on_confirmed: Callable[[int], None]) -> None:
+    def __init__(self, ctx: MessagingContext, on_confirmed: Callable[[int], None],
+                 confirmed_soon: Callable[[int], None] | None = None) -> None:
         self.ctx = ctx
         self._on_confirmed = on_confirmed
+        self._confirmed_soon = confirmed_soon or on_confirmed
         self._append_lock = threading.Lock()
         #: The group commit of this loop turn's appends (sync flush), once asked for.
         self._commit: asyncio.Future[int] | None = None
@@ -45,6 +49,14 @@ class LogWriter:
                           sys_flag: int,
                           born_timestamp: int,
                           born_host: tuple[str, int]) -> list[tuple[int, int]]:
+        """:meth:`append_rows_now` for coroutines."""
+        return self.append_rows_now(topic, queue_id, rows, sys_flag, born_timestamp, born_host)
+
+    def append_rows_now(self, topic: str, queue_id: int,
+                        rows: list[tuple[bytes, str | dict[str, str], int, int]],
+                        sys_flag: int,
+                        born_timestamp: int,
+                        born_host: tuple[str, int]) -> list[tuple[int, int]]:
         """Append (body, properties, flag, reconsume_times) rows to one queue, in order and
         back to back (a batch gets consecutive queue offsets).
 
@@ -83,13 +95,17 @@ class LogWriter:
         except (OSError, StoreError) as exc:
             fut.set_exception(exc)
 
-    async def await_durable(self, end_offset: int) -> tuple[int, str]:
+    async def await_durable(self, end_offset: int, *, index_now: bool = True) -> tuple[int, str]:
         """Wait for the ack policy and the flush policy; (response code, put status).
 
         With flush = sync the master's fsync (the group commit of this loop turn) runs
         while the slaves copy the bytes: the answer waits for the longer of the two, not
-        for their sum."""
+        for their sum.  ``index_now=False``: the indexing up to the new confirm offset
+        runs at the end of the turn, after the caller's answer left (the send path);
+        callers that read state the index folds (topic configs, transactions) keep it
+        inline."""
         ctx = self.ctx
+        on_confirmed = self._on_confirmed if index_now else self._confirmed_soon
         timeout_s = ctx.config.slave_timeout_ms / 1000.0
         flushed: asyncio.Future[int] | None = None
         if ctx.config.flush == "sync":
@@ -99,9 +115,9 @@ class LogWriter:
         try:
             if ctx.replication is not None:
                 ok = await ctx.replication.wait_for_replicas(end_offset, timeout_s)
-                self._on_confirmed(ctx.replication_confirm())
+                on_confirmed(ctx.replication_confirm())
             else:
-                self._on_confirmed(end_offset)
+                on_confirmed(end_offset)
             if flushed is not None:
                 if flushed.done():
                     flushed.result()  # usually by now: it ran during the round trip
@@ -115,6 +131,34 @@ class LogWriter:
         finally:
             if flushed is not None and flushed.done() and not flushed.cancelled():
                 flushed.exception()  # seen: a failed fsync is answered by whoever awaited it
+        return self._verdict(ok, end_offset)
+
+    def answers_later(self) -> bool:
+        """Whether :meth:`when_durable` can serve this broker: with flush = async (with
+        flush = sync the answer also waits for the group commit: :meth:`await_durable`)."""
+        return self.ctx.config.flush != "sync"
+
+    def when_durable(self, end_offset: int, done: Callable[[int, str], None]) -> None:
+        """:meth:`await_durable` (``index_now=False``) for a caller without a task and a
+        broker that :meth:`answers_later`: ``done(code, put status)`` runs once, in the
+        loop turn of the deciding ack.  Reads nothing the indexing derives."""
+        ctx = self.ctx
+        replication = ctx.replication
+        if replication is None:
+            self._confirmed_soon(end_offset)
+            done(ResponseCode.SUCCESS, "PUT_OK")
+            return
+
+        def replicated(ok: bool) -> None:
+            self._confirmed_soon(ctx.replication_confirm())
+            done(*self._verdict(ok, end_offset))
+
+        replication.when_replicated(end_offset, ctx.config.slave_timeout_ms / 1000.0,
+                                    replicated)
+
+    def _verdict(self, ok: bool, end_offset: int) -> tuple[int, str]:
+        """(response code, put status) of a send whose wait for the ack policy ended."""
+        ctx = self.ctx
         if not ok:
             need = int(ctx.config.min_in_sync_replicas)
             if need > 1 and ctx.replication is not None and \

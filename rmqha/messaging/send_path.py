@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import struct
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from rmqha.codes import RequestCode, ResponseCode
@@ -73,6 +74,20 @@ def _without_mark(props: str | dict[str, str]) -> str | dict[str, str]:
     return {k: v for k, v in props.items() if k != COMMITTED_MARK}
 
 
+@dataclass(slots=True)
+class _Send:
+    """A checked send: what to append where, and the queue its answer names."""
+
+    topic: str
+    queue_id: int
+    #: A diverted message (half, delayed) answers with the queue it was sent to.
+    reply_queue_id: int
+    rows: list[tuple[bytes, str | dict[str, str], int, int]]
+    sys_flag: int
+    born_timestamp: int
+    born_host: tuple[str, int]
+
+
 class SendPath:
     """Stores what producers send."""
 
@@ -94,19 +109,68 @@ class SendPath:
             rc.SEND_BATCH_MESSAGE: self.on_send,
         }
 
+    def immediate_handlers(self) -> dict[int, Any]:
+        """The same codes without a task (see :meth:`on_send_now`)."""
+        return {code: self.on_send_now for code in self.handlers()}
+
     async def on_send(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
         started = time.perf_counter()
         try:
             resp = await self._send(cmd, conn)
         except Refused as r:
             resp = cmd.response(r.code, r.remark, r.ext)
+        self._observe(resp, started)
+        return resp
+
+    def on_send_now(self, cmd: RemotingCommand, conn: Any) -> bool:
+        """The send without a task (the remoting connection's immediate handler): checks,
+        append and push in the turn that decoded the request, and the answer from the ack
+        callback that completes it, with no coroutine and no task step in between.  False
+        leaves the request to :meth:`on_send`: a master still waiting for its first lease,
+        or flush = sync (whose answer also waits for the group commit)."""
+        replication = self.ctx.replication
+        if not self.writer.answers_later() or (
+                replication is not None and replication.awaiting_first_lease()):
+            return False
+        started = time.perf_counter()
+        try:
+            send = self._prepare(cmd, conn)
+            placed = self._store(send, conn)
+        except Refused as r:
+            resp = cmd.response(r.code, r.remark, r.ext)
+            self._observe(resp, started)
+            conn.answer(cmd, resp)
+            return True
+        last_offset, last_size = placed[-1]
+
+        def durable(code: int, status: str) -> None:
+            resp = self._answer(cmd, send, placed, code, status)
+            self._observe(resp, started)
+            conn.answer(cmd, resp)
+
+        self.writer.when_durable(last_offset + last_size, durable)
+        return True
+
+    def _observe(self, resp: RemotingCommand, started: float) -> None:
         m = self.ctx.metrics
         if m is not None:
             status = resp.ext_fields.get(PUT_STATUS_FIELD) or str(resp.code)
             m.send_latency.labels(status).observe(time.perf_counter() - started)
-        return resp
 
     async def _send(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+        ctx = self.ctx
+        if ctx.replication is not None and ctx.replication.awaiting_first_lease():
+            # Just elected: its first lease is one heartbeat answer away (not a refusal).
+            await ctx.replication.wait_for_first_lease()
+        send = self._prepare(cmd, conn)
+        placed = self._store(send, conn)
+        last_offset, last_size = placed[-1]
+        code, status = await self.writer.await_durable(last_offset + last_size,
+                                                       index_now=False)
+        return self._answer(cmd, send, placed, code, status)
+
+    def _prepare(self, cmd: RemotingCommand, conn: Any) -> _Send:
+        """Check a send and decide what to store where; Refused says why not."""
         ctx = self.ctx
         v2 = cmd.code in (RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE)
         try:
@@ -114,9 +178,6 @@ class SendPath:
         except ProtocolError as exc:
             raise Refused(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
         batch = h.batch or cmd.code == RequestCode.SEND_BATCH_MESSAGE
-        if ctx.replication is not None and ctx.replication.awaiting_first_lease():
-            # Just elected: its first lease is one heartbeat answer away (not a refusal).
-            await ctx.replication.wait_for_first_lease()
         ctx.check_writable()
         try:
             validate_topic_name(h.topic)
@@ -169,9 +230,15 @@ class SendPath:
             if transaction_type(sys_flag) or asks_for_delay(props) or COMMITTED_MARK in props:
                 topic, queue_id, sys_flag, props = self._divert(h, queue_id)
             rows = [(cmd.body, props, h.flag, h.reconsume_times)]
+        return _Send(topic, queue_id, reply_queue_id, rows, sys_flag, born_ts, born_host)
+
+    def _store(self, send: _Send, conn: Any) -> list[tuple[int, int]]:
+        """Append the send's rows and start them towards the slaves."""
+        ctx = self.ctx
         try:
-            placed = await self.writer.append_rows(topic, queue_id, rows, sys_flag, born_ts,
-                                                   born_host)
+            placed = self.writer.append_rows_now(send.topic, send.queue_id, send.rows,
+                                                 send.sys_flag, send.born_timestamp,
+                                                 send.born_host)
         except DiskFullError as exc:
             # Not the message's fault: RocketMQ answers a full disk with SERVICE_NOT_AVAILABLE,
             # which clients retry elsewhere.  Rows of a batch stored before it stay stored.
@@ -180,16 +247,19 @@ class SendPath:
             raise Refused(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
         if ctx.replication is not None and getattr(conn, "in_flight", 0) <= 1:
             ctx.replication.push_now()  # alone on its connection: no turn to share
-        first_offset, _ = placed[0]
-        last_offset, last_size = placed[-1]
-        queue_offset = ctx.queue_offset_at(first_offset)
         if ctx.metrics is not None:
             ctx.metrics.messages_stored.inc(len(placed))
             ctx.metrics.bytes_stored.inc(sum(size for _, size in placed))
-        code, status = await self.writer.await_durable(last_offset + last_size)
+        return placed
+
+    def _answer(self, cmd: RemotingCommand, send: _Send, placed: list[tuple[int, int]],
+                code: int, status: str) -> RemotingCommand:
+        ctx = self.ctx
+        first_offset, _ = placed[0]
+        queue_offset = ctx.queue_offset_at(first_offset)
         prefix = self._msg_id_prefix
         ids = ",".join(prefix + _QOFF.pack(off).hex().upper() for off, _ in placed)
-        ext = {"msgId": ids, "queueId": reply_queue_id, "queueOffset": queue_offset,
+        ext = {"msgId": ids, "queueId": send.reply_queue_id, "queueOffset": queue_offset,
                PUT_STATUS_FIELD: status, "commitLogOffset": first_offset}
         if code == ResponseCode.SUCCESS:
             remark = None

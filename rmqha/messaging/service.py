@@ -24,6 +24,7 @@ advancing (index, then wake held pulls) and truncation.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -102,7 +103,11 @@ class MessageService:
             on_topics_changed=on_topics_changed,
         )
         self._state_log = StateReplication(ctx)
-        self._writer = LogWriter(ctx, self.on_confirm_offset)
+        #: The newest confirm offset :meth:`confirm_soon` was told of, and whether the
+        #: indexing up to it is queued on the loop.
+        self._confirm_target = 0
+        self._confirm_scheduled = False
+        self._writer = LogWriter(ctx, self.on_confirm_offset, self.confirm_soon)
         self._topic_admin = TopicAdmin(ctx, self._state_log, self._writer)
         self._clients = ClientRequests(ctx, self._topic_admin)
         self._offsets = ConsumerOffsets(ctx, self._state_log)
@@ -185,6 +190,11 @@ class MessageService:
             out.update(piece.handlers())
         return out
 
+    def immediate_handlers(self) -> dict[int, Callable[[Any, Any], bool]]:
+        """Request code -> handler run in the loop turn that decoded the request (see
+        :class:`rmqha.remoting.Dispatcher`): the send path."""
+        return self._send.immediate_handlers()
+
     def set_role(self, role: str, master_address: str | None = None) -> None:
         if role not in ("master", "slave", "fenced"):
             raise ValueError(f"unknown role {role!r}")
@@ -206,6 +216,27 @@ class MessageService:
         # Every replica deletes its own old segments (a slave waits for the master's
         # state checkpoint before deleting state records).
         self._retention.start()
+
+    def confirm_soon(self, offset: int) -> None:
+        """:meth:`on_confirm_offset` at the end of this loop turn, once for all the advances
+        of the turn: the acks that move the confirm offset are also what a waiting send
+        needs, and its answer should leave before the indexing (a pull or lookup comes in
+        a later turn and finds the index caught up).  Called off the loop: at once."""
+        if offset > self._confirm_target:
+            self._confirm_target = offset
+        if self._confirm_scheduled:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.on_confirm_offset(offset)
+            return
+        self._confirm_scheduled = True
+        loop.call_soon(self._confirm_scheduled_now)
+
+    def _confirm_scheduled_now(self) -> None:
+        self._confirm_scheduled = False
+        self.on_confirm_offset(self._confirm_target)
 
     def on_confirm_offset(self, offset: int) -> None:
         """The confirm offset advanced: index up to it and wake held pulls."""
