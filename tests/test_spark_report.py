@@ -118,7 +118,8 @@ def test_module_runs_as_a_program() -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     for flag in ("--history", "--out", "--master", "--fail-on-regression", "--threshold",
-                 "--threshold-for", "--machine-key", "--branch", "--include-dirty", "--stale-after"):
+                 "--threshold-for", "--machine-key", "--branch", "--include-dirty", "--stale-after",
+                 "--conf"):
         assert flag in proc.stdout
     assert os.path.isdir(os.path.join(PROJECT_ROOT, "spark_bench"))
 
