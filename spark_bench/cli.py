@@ -179,7 +179,9 @@ def _print_ingest(result: IngestResult) -> None:
     if result.entries_invalid:
         print(f"skipped {result.entries_invalid} benchmark entries without a name or median",
               file=sys.stderr)
-    print(f"ingest: {result.files_seen} files seen, {result.files_new} new, "
+    same = (f" ({result.files_known_content} with content already stored)"
+            if result.files_known_content else "")
+    print(f"ingest: {result.files_seen} files seen, {result.files_new} new{same}, "
           f"{result.files_ingested} used, {len(result.skipped)} skipped; {result.rows_new} new "
           f"rows, {result.rows_duplicate} duplicate; table {result.table} ({result.seconds:.1f} s)")
 
@@ -221,7 +223,7 @@ def _trend_config(args: argparse.Namespace):  # noqa: ANN202 - pyspark-free sign
 
 def cmd_trends(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
     from spark_bench import storage, trends
-    from spark_bench.ingest import ingest, read_table, table_exists
+    from spark_bench.ingest import MANIFEST_DIR, ingest, read_table, table_exists
     policy = _policy(args)
     cfg = _trend_config(args)
     out = args.out
@@ -241,8 +243,10 @@ def cmd_trends(args: argparse.Namespace, spark: SparkSession | None = None) -> i
             return EXIT_NO_DATA
         started = time.perf_counter()
         # Nothing new in the table and the same options: the tables (and, for the same gate
-        # options, the report) of the last run are still right.
-        state = {"table": storage.fingerprint(session, table), "config": repr(cfg)}
+        # options, the report) of the last run are still right. The manifest is left out:
+        # files that added no run (known content, foreign files) change nothing.
+        state = {"table": storage.fingerprint(session, table, excluding=MANIFEST_DIR),
+                 "config": repr(cfg)}
         state_path = storage.join(out, STATE_FILE)
         saved_text = storage.read_text(session, state_path)
         saved = json.loads(saved_text) if saved_text else {}
