@@ -8,7 +8,10 @@
   trend tables are reused. This is what ``make trends`` runs.
 * ``report --out URL``: re-render the HTML and CSV from the trend tables.
 
-Paths may be local or any Hadoop file system URL (``file://``, ``hdfs://``, ``s3a://``).
+Paths may be local or any Hadoop file system URL (``file://``, ``hdfs://``, ``s3a://``,
+``viewfs://``); ``--conf spark.hadoop.KEY=VALUE`` (repeatable) gives Hadoop the settings such
+a file system needs (name node, endpoint, credentials provider, mount table), on the driver
+and on the executors alike.
 
 Gate (``--fail-on-regression``): fail on an open regression at or above ``--threshold``
 percent (``--threshold-for GLOB=PCT`` per benchmark), one line per failing series on stderr.
@@ -50,6 +53,11 @@ def _add_spark_args(p: argparse.ArgumentParser) -> None:
                    help="do not keep the driver JVM's classes in a class-data-sharing archive "
                         "(~190 MB under $RMQHA_TRENDS_CACHE or ~/.cache/rmqha-trends; it "
                         "saves 2-3 s of every later start)")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting for the session (repeatable); spark.hadoop.* keys "
+                        "configure Hadoop's file systems on the driver and the executors, "
+                        "e.g. spark.hadoop.fs.s3a.endpoint=http://127.0.0.1:9000 or a viewfs "
+                        "mount table")
 
 
 def _add_report_args(p: argparse.ArgumentParser) -> None:
@@ -132,14 +140,29 @@ class _UsageError(Exception):
     """Bad arguments found after parsing; exit 2 with the message."""
 
 
+def parse_conf(items: Sequence[str]) -> dict[str, str]:
+    """``--conf KEY=VALUE`` items as a dict (a later key wins, as with spark-submit)."""
+    conf: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise _UsageError(f"--conf {item!r} is not KEY=VALUE")
+        conf[key] = value
+    return conf
+
+
 def _session(args: argparse.Namespace, spark: SparkSession | None) -> tuple[SparkSession, bool]:
     """The given session (tests share one) or a new one we must stop."""
+    conf = parse_conf(args.conf)
     if spark is not None:
+        from spark_bench.session import apply_runtime_conf
+        apply_runtime_conf(spark, conf)
         return spark, False
     from spark_bench.session import SessionOptions, build_session, java_available
     if not java_available():
         raise _UsageError("Java 17+ is needed for Spark (set JAVA_HOME or put java on PATH)")
-    return build_session(SessionOptions(master=args.master,
+    return build_session(SessionOptions(master=args.master, extra_conf=conf,
                                         class_data_sharing=not args.no_class_data_cache)), True
 
 
@@ -156,7 +179,9 @@ def _print_ingest(result: IngestResult) -> None:
     if result.entries_invalid:
         print(f"skipped {result.entries_invalid} benchmark entries without a name or median",
               file=sys.stderr)
-    print(f"ingest: {result.files_seen} files seen, {result.files_new} new, "
+    same = (f" ({result.files_known_content} with content already stored)"
+            if result.files_known_content else "")
+    print(f"ingest: {result.files_seen} files seen, {result.files_new} new{same}, "
           f"{result.files_ingested} used, {len(result.skipped)} skipped; {result.rows_new} new "
           f"rows, {result.rows_duplicate} duplicate; table {result.table} ({result.seconds:.1f} s)")
 
@@ -198,7 +223,7 @@ def _trend_config(args: argparse.Namespace):  # noqa: ANN202 - pyspark-free sign
 
 def cmd_trends(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
     from spark_bench import storage, trends
-    from spark_bench.ingest import ingest, read_table, table_exists
+    from spark_bench.ingest import MANIFEST_DIR, ingest, read_table, table_exists
     policy = _policy(args)
     cfg = _trend_config(args)
     out = args.out
@@ -218,8 +243,10 @@ def cmd_trends(args: argparse.Namespace, spark: SparkSession | None = None) -> i
             return EXIT_NO_DATA
         started = time.perf_counter()
         # Nothing new in the table and the same options: the tables (and, for the same gate
-        # options, the report) of the last run are still right.
-        state = {"table": storage.fingerprint(session, table), "config": repr(cfg)}
+        # options, the report) of the last run are still right. The manifest is left out:
+        # files that added no run (known content, foreign files) change nothing.
+        state = {"table": storage.fingerprint(session, table, excluding=MANIFEST_DIR),
+                 "config": repr(cfg)}
         state_path = storage.join(out, STATE_FILE)
         saved_text = storage.read_text(session, state_path)
         saved = json.loads(saved_text) if saved_text else {}
@@ -341,6 +368,7 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        parse_conf(args.conf)  # a malformed setting is refused before any work starts
         return int(args.func(args, spark))
     except _UsageError as exc:
         print(f"rmqha-trends: error: {exc}", file=sys.stderr)

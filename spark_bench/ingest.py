@@ -7,9 +7,11 @@ themselves; the driver only sees file names and small per-file summaries.
 * **Listing** is Spark's ``binaryFile`` source with the content column pruned (so it reads
   no bytes): path, size and modification time of every ``*.json`` under ``paths``.
 * **Incremental**: beside the table, ``<table>/_files`` (a Parquet manifest; Spark skips
-  ``_`` names when it reads the table) records every file already looked at. A file listed
-  again with the same path, size and modification time is not read again, so a rerun with
-  nothing new costs one listing and one small Parquet read.
+  ``_`` names when it reads the table) records every file already looked at, with a digest
+  of its content. A file listed again with the same path, size and modification time is
+  not read again, so a rerun with nothing new costs one listing and one small Parquet
+  read. A file under a new path or time (a fresh checkout, a restored cache, a copy) is
+  read and hashed, and parsed only if its digest is not in the manifest.
 * **Parsing**: executors read each new file whole with ``binaryFile`` and parse it in
   their Python workers (:mod:`spark_bench.parse`, through ``mapInArrow``): 7x faster than
   Spark's JSON reader on these documents, and a file that is not a benchmark run becomes a
@@ -26,19 +28,20 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
+from functools import partial
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
-
 from pyspark.sql import types as T
 
 from spark_bench import parse, storage
 from spark_bench.schema import FILE_MANIFEST, RUN_TABLE
 
-#: What the parser gives: the run table's columns (all nullable) and ``problem``.
+#: What the parser gives: the run table's columns (all nullable), ``problem`` and
+#: ``content_digest``.
 PARSED_ROWS = T.StructType([
-    T.StructField(f.name, f.dataType if f.name == "problem" else RUN_TABLE[f.name].dataType)
-    for f in (T.StructField(n, T.StringType()) for n in parse.ARROW_SCHEMA.names)])
+    T.StructField(n, RUN_TABLE[n].dataType if n in RUN_TABLE.names else T.StringType())
+    for n in parse.ARROW_SCHEMA.names])
 #: Manifest directory inside the table directory.
 MANIFEST_DIR = "_files"
 #: Characters Hadoop treats as glob syntax in a path given to a reader.
@@ -59,6 +62,8 @@ class IngestResult:
     files_seen: int = 0
     files_new: int = 0
     files_ingested: int = 0
+    #: New by path, size or time, but with content the manifest holds: hashed, not parsed.
+    files_known_content: int = 0
     rows_read: int = 0
     rows_new: int = 0
     rows_duplicate: int = 0
@@ -69,7 +74,8 @@ class IngestResult:
     def as_dict(self) -> dict[str, object]:
         return {
             "table": self.table, "files_seen": self.files_seen, "files_new": self.files_new,
-            "files_ingested": self.files_ingested, "rows_read": self.rows_read,
+            "files_ingested": self.files_ingested,
+            "files_known_content": self.files_known_content, "rows_read": self.rows_read,
             "rows_new": self.rows_new, "rows_duplicate": self.rows_duplicate,
             "entries_invalid": self.entries_invalid, "seconds": round(self.seconds, 3),
             "skipped": [{"path": s.path, "reason": s.reason} for s in self.skipped],
@@ -109,18 +115,33 @@ def executors_share_driver_files(spark: SparkSession) -> bool:
     return master == "local" or master.startswith("local[")
 
 
-def parse_files(spark: SparkSession, files: list[str]) -> DataFrame:
+def parse_files(spark: SparkSession, files: list[str],
+                known: frozenset[str] = frozenset()) -> DataFrame:
     """Rows (:data:`PARSED_ROWS`) of ``files``, parsed by :mod:`spark_bench.parse` in the
     executors' Python workers: from the bytes ``binaryFile`` read, or, for ``file:`` paths
     in local mode, read by the workers themselves (the file contents then never pass
-    through the JVM)."""
+    through the JVM). Files whose content digest is in ``known`` are hashed, not parsed."""
     if executors_share_driver_files(spark) and all(f.startswith("file:") for f in files):
         # Round-robin, so every core gets about as many files (and no lone last task).
         slices = max(1, min(len(files), 2 * spark.sparkContext.defaultParallelism))
         names = spark.createDataFrame([(f,) for f in files], "path string").repartition(slices)
-        return names.mapInArrow(parse.read_and_parse_batches, PARSED_ROWS)
+        return names.mapInArrow(partial(parse.read_and_parse_batches, known=known), PARSED_ROWS)
     raw = spark.read.format("binaryFile").load([_escape_glob(f) for f in files])
-    return raw.select("path", "content").mapInArrow(parse.parse_batches, PARSED_ROWS)
+    return raw.select("path", "content").mapInArrow(partial(parse.parse_batches, known=known),
+                                                    PARSED_ROWS)
+
+
+def known_contents(manifest: DataFrame | None, lengths: set[int]) -> dict[str, Row]:
+    """Digest -> (run_id, problem, rows) of the contents the manifest holds that are
+    ``lengths`` bytes long (no other can be one of the new files': a new file of a
+    100,000-file history does not ship 100,000 digests to the executors)."""
+    if manifest is None or not lengths:
+        return {}
+    rows = (manifest.filter(F.col("content_digest").isNotNull()
+                            & F.col("length").isin(*sorted(lengths)))
+            .select("content_digest", "run_id", "problem", "rows")
+            .dropDuplicates(["content_digest"]).collect())
+    return {r["content_digest"]: r for r in rows}
 
 
 def conform(df: DataFrame) -> DataFrame:
@@ -163,14 +184,16 @@ def ingest(spark: SparkSession, paths: list[str], table: str) -> IngestResult:
         result.seconds = time.perf_counter() - started
         return result
 
+    known = known_contents(manifest, {r["length"] for r in new})
     staging = f"{table.rstrip('/')}/_staging-{uuid.uuid4().hex}"
     try:
-        parse_files(spark, [r["path"] for r in new]).write.parquet(staging)
+        parse_files(spark, [r["path"] for r in new], frozenset(known)).write.parquet(staging)
         staged = spark.read.parquet(staging)
         usable = F.col("benchmark").isNotNull() & F.col("median").isNotNull()
         per_file = {r["source_file"]: r for r in (
             staged.groupBy("source_file")
             .agg(F.first("problem", ignorenulls=True).alias("problem"),
+                 F.first("content_digest", ignorenulls=True).alias("content_digest"),
                  F.first("run_id", ignorenulls=True).alias("run_id"),
                  F.sum(usable.cast("int")).alias("usable"),
                  F.sum((~usable & F.col("problem").isNull()).cast("int")).alias("invalid"))
@@ -185,6 +208,14 @@ def ingest(spark: SparkSession, paths: list[str], table: str) -> IngestResult:
         for entry in new:
             path = entry["path"]
             summary = per_file.get(path)
+            digest = None if summary is None else summary["content_digest"]
+            if digest in known:
+                # Stored already under another name or time: record this one, use nothing.
+                before = known[digest]
+                result.files_known_content += 1
+                manifest_rows.append((path, entry["length"], entry["modified"], before["run_id"],
+                                      before["problem"], before["rows"], None, digest))
+                continue
             problem = "empty file or no JSON document" if summary is None else summary["problem"]
             run_id = None if summary is None else summary["run_id"]
             usable_rows = 0 if summary is None else int(summary["usable"] or 0)
@@ -199,7 +230,7 @@ def ingest(spark: SparkSession, paths: list[str], table: str) -> IngestResult:
                 if run_id not in known_runs and path < fresh_runs.get(run_id, "\uffff"):
                     fresh_runs[run_id] = path
             manifest_rows.append((path, entry["length"], entry["modified"], run_id, problem,
-                                  usable_rows, None))
+                                  usable_rows, None, digest))
         result.skipped.sort(key=lambda s: s.path)
 
         if fresh_runs:

@@ -49,7 +49,8 @@ MACHINE_FIELDS = ("node", "machine", "system", "release", "python_implementation
                   "python_version", "cpu_brand", "cpu_arch", "cpu_count", "rmqha_machine")
 
 #: One row per file ever looked at by ingest, stored beside the run table: a file listed
-#: again with the same path, size and modification time is not read again.
+#: again with the same path, size and modification time is not read again, and one listed
+#: under another name or time whose content digest is here is read but not parsed.
 FILE_MANIFEST = T.StructType([
     T.StructField("path", T.StringType(), False),
     T.StructField("length", T.LongType(), False),
@@ -58,4 +59,7 @@ FILE_MANIFEST = T.StructType([
     T.StructField("problem", T.StringType()),
     T.StructField("rows", T.LongType()),
     T.StructField("ingested_at", T.TimestampType()),
+    # SHA-256 of the file's bytes (parse.content_digest); null in manifests written before
+    # it was kept, whose files are then parsed once more if they turn up under a new key.
+    T.StructField("content_digest", T.StringType()),
 ])

@@ -181,6 +181,24 @@ def build_session(opts: SessionOptions | None = None) -> SparkSession:
     return session
 
 
+#: Settings with this prefix are Hadoop's (Spark copies them, without it, into every Hadoop
+#: configuration it makes, on the driver and in the executors).
+HADOOP_PREFIX = "spark.hadoop."
+
+
+def apply_runtime_conf(spark: SparkSession, conf: dict[str, str]) -> None:
+    """Give a session that is already running the settings a new one would get from
+    ``extra_conf``: Hadoop keys go into its Hadoop configuration (which file-source jobs
+    ship to their tasks, and :mod:`spark_bench.storage` uses), the others into its runtime
+    SQL settings (Spark refuses static ones with an error naming them)."""
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    for key, value in conf.items():
+        if key.startswith(HADOOP_PREFIX):
+            hadoop.set(key[len(HADOOP_PREFIX):], value)
+        else:
+            spark.conf.set(key, value)
+
+
 def stop_session(spark: SparkSession, timeout: float = 60.0) -> None:
     """Stop the session; when its JVM is writing the class-data archive, wait (bounded)
     for the JVM to exit and publish the archive under its final name."""

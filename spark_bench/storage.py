@@ -72,11 +72,19 @@ def read_text(spark: SparkSession, path: str) -> str | None:
     return bytes(data).decode("utf-8")
 
 
-def fingerprint(spark: SparkSession, path: str) -> str:
-    """Total size and file count under ``path``: changes whenever a Parquet table is
-    appended to (one call, whatever the number of files)."""
+def fingerprint(spark: SparkSession, path: str, excluding: str | None = None) -> str:
+    """Total size and file count under ``path``, less those under its child ``excluding``:
+    changes whenever a Parquet table is appended to (one call per directory, whatever the
+    number of files)."""
     hpath, fs = _fs(spark, path)
     if not fs.exists(hpath):
         return ""
     summary = fs.getContentSummary(hpath)
-    return f"{summary.getLength()}:{summary.getFileCount()}:{summary.getDirectoryCount()}"
+    counts = [summary.getLength(), summary.getFileCount(), summary.getDirectoryCount()]
+    if excluding is not None:
+        child = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(hpath, excluding)
+        if fs.exists(child):
+            inner = fs.getContentSummary(child)
+            counts = [counts[0] - inner.getLength(), counts[1] - inner.getFileCount(),
+                      counts[2] - inner.getDirectoryCount()]
+    return ":".join(str(c) for c in counts)

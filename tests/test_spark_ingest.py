@@ -154,6 +154,36 @@ def test_same_file_under_two_names_is_one_run(spark, tmp_path) -> None:  # noqa:
     del b
 
 
+def test_files_with_new_times_or_names_but_stored_content_are_not_parsed_again(spark, tmp_path) -> None:  # noqa: ANN001, F811
+    """A fresh checkout (every file a new modification time) or a copied history (new
+    paths) is keyed by content: hashed, recorded, not parsed, nothing added or skipped."""
+    history = tmp_path / "h"
+    files = synthetic.write_history(synthetic.HistorySpec(runs=4, benchmarks=3), str(history))
+    (history / "foreign.json").write_text(json.dumps({"name": "package.json"}))
+    table = str(tmp_path / "runs")
+    first = ingest(spark, [str(history)], table)
+    assert (first.files_ingested, first.rows_new, len(first.skipped)) == (4, 12, 1)
+    later = os.stat(files[0]).st_mtime + 3600
+    for name in os.listdir(history):
+        os.utime(history / name, (later, later))
+    shutil.copytree(history, tmp_path / "copy")
+    # One file changed in place: new content, parsed as a new run.
+    doc = json.loads(open(files[0]).read())
+    doc["benchmarks"][0]["stats"]["median"] *= 2
+    with open(files[0], "w") as fh:
+        json.dump(doc, fh)
+
+    again = ingest(spark, [str(history), str(tmp_path / "copy")], table)
+    assert (again.files_seen, again.files_new, again.files_known_content) == (10, 10, 9)
+    assert (again.files_ingested, again.rows_read, again.rows_new, again.skipped) == (1, 3, 3, [])
+    assert read_table(spark, table).count() == 15
+    manifest = spark.read.parquet(os.path.join(table, "_files")).toPandas()
+    assert manifest["content_digest"].notna().all() and len(manifest) == 15
+    # The new keys are in the manifest: the next look reads nothing.
+    third = ingest(spark, [str(history), str(tmp_path / "copy")], table)
+    assert (third.files_seen, third.files_new) == (10, 0)
+
+
 def test_missing_history_path_reports_nothing_seen(spark, tmp_path) -> None:  # noqa: ANN001, F811
     result = ingest(spark, [str(tmp_path / "does-not-exist")], str(tmp_path / "runs"))
     assert (result.files_seen, result.rows_new) == (0, 0)

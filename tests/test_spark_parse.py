@@ -99,3 +99,24 @@ def test_output_batches_are_bounded_by_file_count(monkeypatch) -> None:  # noqa:
         [pa.array(list("abcde")), pa.array([good] * 5, pa.binary())], names=["path", "content"])
     out = list(parse.parse_batches(iter([batch])))
     assert [b.num_rows for b in out] == [8, 8, 4]
+
+
+def test_a_file_whose_content_is_known_is_hashed_not_parsed() -> None:
+    """Every row carries its file's content digest; a file whose digest the manifest holds
+    (the same bytes under a new name or time) gives one row with its path and digest."""
+    good, other = json.dumps(_doc()).encode(), json.dumps(_doc(seed=2)).encode()
+    digest = parse.content_digest(good)
+    assert digest == parse.content_digest(bytes(good)) != parse.content_digest(other)
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array(["new-name", "other", "broken"]), pa.array([good, other, b"{"], pa.binary())],
+        names=["path", "content"])
+    [out] = list(parse.parse_batches(iter([batch]), known=frozenset({digest})))
+    rows = out.to_pylist()
+    assert [r["source_file"] for r in rows] == ["new-name"] + ["other"] * 4 + ["broken"]
+    known_row = rows[0]
+    assert known_row["content_digest"] == digest
+    assert known_row["benchmark"] is None and known_row["problem"] is None
+    assert {r["content_digest"] for r in rows[1:5]} == {parse.content_digest(other)}
+    assert rows[1]["benchmark"] is not None
+    assert rows[-1]["problem"].startswith("malformed JSON")
+    assert rows[-1]["content_digest"] == parse.content_digest(b"{")

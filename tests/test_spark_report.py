@@ -102,6 +102,23 @@ def test_rerun_with_nothing_new_reads_no_file_and_reuses_the_tables(spark, pipel
     assert "unchanged since the last run" in printed and "report.html is up to date" in printed
 
 
+def test_a_fresh_checkout_of_the_history_is_not_parsed_and_reuses_the_tables(spark, tmp_path, capsys) -> None:  # noqa: ANN001, F811
+    """New modification times (a checkout, a restored cache) on the same files: hashed,
+    not parsed, and the trend tables and report of the last run still serve."""
+    spec = synthetic.HistorySpec(runs=12, benchmarks=2, noise=0.02, seed=4)
+    files = synthetic.write_history(spec, str(tmp_path / "history"))
+    argv = ["trends", "--history", str(tmp_path / "history"), "--out", str(tmp_path / "out")]
+    assert main(argv, spark=spark) == 0
+    capsys.readouterr()
+    for path in files:
+        later = os.stat(path).st_mtime + 60
+        os.utime(path, (later, later))
+    assert main(argv, spark=spark) == 0
+    printed = capsys.readouterr().out
+    assert "12 files seen, 12 new (12 with content already stored), 0 used" in printed
+    assert "unchanged since the last run" in printed and "report.html is up to date" in printed
+
+
 def test_report_without_trend_tables_exits_2(tmp_path, capsys) -> None:  # noqa: ANN001
     assert main(["report", "--out", str(tmp_path)]) == 2
     assert "run `rmqha-trends trends` first" in capsys.readouterr().err
@@ -118,7 +135,8 @@ def test_module_runs_as_a_program() -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     for flag in ("--history", "--out", "--master", "--fail-on-regression", "--threshold",
-                 "--threshold-for", "--machine-key", "--branch", "--include-dirty", "--stale-after"):
+                 "--threshold-for", "--machine-key", "--branch", "--include-dirty", "--stale-after",
+                 "--conf"):
         assert flag in proc.stdout
     assert os.path.isdir(os.path.join(PROJECT_ROOT, "spark_bench"))
 

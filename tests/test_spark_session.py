@@ -1,5 +1,6 @@
 """The driver JVM's class-data-sharing archive (spark_bench.session), without a JVM: which
-options a start gets, and how an archive written at the JVM's exit is published."""
+options a start gets, and how an archive written at the JVM's exit is published; and the
+resources line (peak memory, CPU) the session reports."""
 from __future__ import annotations
 
 import os
@@ -7,7 +8,8 @@ import subprocess
 import sys
 
 import pytest
-import spark_support  # noqa: F401 - puts the repository root on sys.path
+import spark_support
+from spark_support import spark  # noqa: F401 - fixture (also puts the repository root on sys.path)
 
 session = pytest.importorskip("spark_bench.session")
 pytest.importorskip("pyspark")
@@ -73,3 +75,18 @@ def test_archives_of_dead_runs_are_removed(cache) -> None:  # noqa: ANN001
         open(path, "wb").close()
     session._class_data_options()
     assert not os.path.exists(abandoned) and os.path.exists(alive)
+
+
+@spark_support.requires_spark
+@pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas")
+def test_resource_report_names_peak_memory_and_cpu_of_the_driver_processes(spark) -> None:  # noqa: ANN001
+    """The line every rmqha-trends run prints as it stops its session (the cluster test
+    checks it in the command's output)."""
+    import re
+    text = session.resource_report(spark)
+    found = re.fullmatch(r"resources: peak RSS python driver (\d+) MiB, driver JVM (\d+) MiB; "
+                         r"CPU: driver JVM \+ Python workers (\d+\.\d) s, python driver (\d+\.\d) s", text)
+    assert found, text
+    python_mib, jvm_mib = int(found.group(1)), int(found.group(2))
+    assert 20 < python_mib < 8192 and 50 < jvm_mib < 16384
+    assert float(found.group(3)) > 0
