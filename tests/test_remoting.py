@@ -156,6 +156,56 @@ def test_server_client_roundtrip_unknown_code_and_oneway():
     event_loop.run(main())
 
 
+def test_immediate_handlers_answer_now_later_or_leave_it_to_the_task():
+    """A code's immediate handler runs in the turn that decoded the request: it answers at
+    once, from a later callback (answers of one turn leave in one write), or declines and
+    the ordinary handler's task answers; a failing one answers SYSTEM_ERROR."""
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        later: list[tuple[Connection, RemotingCommand]] = []
+        tasks_seen: list[int] = []
+
+        def now(cmd: RemotingCommand, conn: Connection) -> bool:
+            mode = cmd.ext_fields.get("mode")
+            if mode == "now":
+                assert conn.in_flight == 1
+                conn.answer(cmd, cmd.response(remark="now"))
+                return True
+            if mode == "later":
+                later.append((conn, cmd))
+                if len(later) == 3:  # all three answered from one callback
+                    def answer_all() -> None:
+                        for c, r in later:
+                            c.answer(r, r.response(remark="later " + r.ext_fields["i"]))
+                    loop.call_soon(answer_all)
+                return True
+            if mode == "boom":
+                raise ValueError("bad handler")
+            return False
+
+        async def task_handler(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+            tasks_seen.append(cmd.opaque)
+            return cmd.response(remark="task")
+
+        server = RemotingServer("127.0.0.1", 0, {7: task_handler})
+        server.register_immediate(7, now)
+        async with server:
+            async with RemotingClient(server.address) as client:
+                resp = await client.request(RemotingCommand.request(7, {"mode": "now"}), 2)
+                assert (resp.code, resp.remark) == (0, "now") and not tasks_seen
+                resps = await asyncio.gather(*(
+                    client.request(RemotingCommand.request(7, {"mode": "later", "i": str(i)}), 2)
+                    for i in range(3)))
+                assert [r.remark for r in resps] == ["later 0", "later 1", "later 2"]
+                resp = await client.request(RemotingCommand.request(7, {"mode": "task"}), 2)
+                assert resp.remark == "task" and len(tasks_seen) == 1
+                resp = await client.request(RemotingCommand.request(7, {"mode": "boom"}), 2)
+                assert resp.code == ResponseCode.SYSTEM_ERROR and "bad handler" in resp.remark
+                # The connection counts nothing in flight once all are answered.
+                assert [c.in_flight for c in server.connections] == [0]
+    event_loop.run(main())
+
+
 def test_handler_errors_become_responses():
     async def boom(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
         raise RuntimeError("kaboom")
