@@ -53,6 +53,16 @@ def opt_bool(ext: Ext, name: str, default: bool = False) -> bool:
     return value.strip().lower() in ("1", "true")
 
 
+#: SendHeader field -> its name in SEND_MESSAGE_V2 / SEND_BATCH_MESSAGE and in SEND_MESSAGE.
+_SEND_V2_NAMES = dict(producer_group="a", topic="b", queue_id="e", sys_flag="f",
+                      born_timestamp="g", flag="h", properties="i", reconsume_times="j",
+                      batch="m", max_reconsume_times="l")
+_SEND_V1_NAMES = dict(producer_group="producerGroup", topic="topic", queue_id="queueId",
+                      sys_flag="sysFlag", born_timestamp="bornTimestamp", flag="flag",
+                      properties="properties", reconsume_times="reconsumeTimes",
+                      batch="batch", max_reconsume_times="maxReconsumeTimes")
+
+
 @dataclass
 class SendHeader:
     """SEND_MESSAGE (V1 names), SEND_MESSAGE_V2 / SEND_BATCH_MESSAGE (letters a..n)."""
@@ -70,15 +80,7 @@ class SendHeader:
 
     @classmethod
     def from_ext(cls, ext: Ext, *, v2: bool) -> SendHeader:
-        if v2:
-            names = dict(producer_group="a", topic="b", queue_id="e", sys_flag="f",
-                         born_timestamp="g", flag="h", properties="i", reconsume_times="j",
-                         batch="m", max_reconsume_times="l")
-        else:
-            names = dict(producer_group="producerGroup", topic="topic", queue_id="queueId",
-                         sys_flag="sysFlag", born_timestamp="bornTimestamp", flag="flag",
-                         properties="properties", reconsume_times="reconsumeTimes",
-                         batch="batch", max_reconsume_times="maxReconsumeTimes")
+        names = _SEND_V2_NAMES if v2 else _SEND_V1_NAMES
         max_rt = ext.get(names["max_reconsume_times"]) or ""
         return cls(
             producer_group=ext.get(names["producer_group"], ""),

@@ -80,6 +80,7 @@ _SIZE_MAGIC = struct.Struct(">iI")
 _ZEROS = bytes(1 << 20)
 _FIXED = 91          # record bytes besides body, topic and properties
 _MIN_BLANK = 8       # a segment always keeps room for the blank record's header
+_INT64_MAX = (1 << 63) - 1
 
 
 class CommitLog(ReceivePath):
@@ -120,6 +121,7 @@ class CommitLog(ReceivePath):
         limit = segment_bytes - self._codec.MIN_BLANK
         self._max_record = limit if max_message_bytes is None else min(limit, max_message_bytes)
         self._store_host = encode_host(*store_host)
+        self._hosts: dict[tuple[str, int], bytes] = {}
         self._clock = clock or (lambda: time.time_ns() // 1_000_000)
 
         self._lock = threading.RLock()          # the writer side
@@ -238,6 +240,17 @@ class CommitLog(ReceivePath):
     def remove_append_listener(self, cb: Callable[[int], None]) -> None:
         self._listeners.remove(cb)
 
+    def _host_bytes(self, host: tuple[str, int]) -> bytes:
+        """``encode_host`` of a born host, remembered: a producer's address repeats on
+        every message it sends."""
+        hb = self._hosts.get(host)
+        if hb is None:
+            hb = encode_host(*host)
+            if len(self._hosts) >= 4096:
+                self._hosts.clear()
+            self._hosts[host] = hb
+        return hb
+
     def _check_open(self) -> None:
         if self._closed or self._closing:
             raise StoreClosedError(f"commitlog {self._dir} is closed")
@@ -267,10 +280,11 @@ class CommitLog(ReceivePath):
         pb = self._codec.encode_properties(properties) if properties else b""
         if (type(queue_id) is not int or not 0 <= queue_id <= INT32_MAX or flag or sys_flag
                 or reconsume_times or prepared_transaction_offset
-                or born_timestamp is not None):
+                or (born_timestamp is not None and (type(born_timestamp) is not int
+                                                or not 0 <= born_timestamp <= _INT64_MAX))):
             check_fields(queue_id, flag, sys_flag, reconsume_times,
                          prepared_transaction_offset, born_timestamp)
-        bh = self._store_host if born_host is None else encode_host(*born_host)
+        bh = self._store_host if born_host is None else self._host_bytes(born_host)
         size = _FIXED + len(tb) + len(pb) + len(body)
         if size > self._max_record:
             raise MessageTooLargeError(
@@ -317,7 +331,7 @@ class CommitLog(ReceivePath):
         pb = self._codec.encode_properties(properties)
         check_fields(queue_id, flag, sys_flag, reconsume_times,
                      prepared_transaction_offset, born_timestamp)
-        bh = self._store_host if born_host is None else encode_host(*born_host)
+        bh = self._store_host if born_host is None else self._host_bytes(born_host)
         items = bodies if isinstance(bodies, list) else list(bodies)
         n = len(items)
         offsets = array("q", bytes(8 * n))
