@@ -24,7 +24,7 @@ import pytest
 from cluster import BrokerProc, Cluster
 from rmqha.client import BlockingConsumer, BlockingProducer, Message, SendStatus
 from rmqha.codes import RequestCode, ResponseCode
-from rmqha.errors import SendError
+from rmqha.errors import LocalClusterError, SendError
 from rmqha.messaging.message import decode_records
 
 ALL_ACK = {"all_ack_in_sync_state_set": True, "slave_timeout_ms": 3000}
@@ -94,12 +94,15 @@ def test_all_ack_produce_survives_master_sigkill(cluster: Cluster) -> None:
     killed = threading.Event()
     stop = threading.Event()
 
+    sends: list[str] = []  # what the producer is doing now (for a failure message)
+
     def produce() -> None:
         with BlockingProducer(cluster.namesrv_addresses, retry_deadline_s=30.0, max_attempts=30,
                               max_backoff_s=0.5) as p:
             i = 0
             while not stop.is_set() and (len(acked) < 400 or not killed.is_set()):
                 try:
+                    sends.append(f"send {i} at {time.monotonic():.3f}")
                     if i % 5 == 4:
                         rs = p.send_batch("HA", [Message(b"b%d-%d" % (i, j)) for j in range(8)])
                     else:
@@ -135,8 +138,15 @@ def test_all_ack_produce_survives_master_sigkill(cluster: Cluster) -> None:
         new_master = cluster.wait_for(lambda: cluster.master_of("broker-a"), timeout=30,
                                       what="a new master")
         assert new_master is not master
-        cluster.wait_for(lambda: len(acked) >= 400 and len(after_kill) >= 100, timeout=60,
-                         what="400 acked messages, 100 of them after the kill")
+        try:
+            cluster.wait_for(lambda: len(acked) >= 400 and len(after_kill) >= 100, timeout=60,
+                             what="400 acked messages, 100 of them after the kill")
+        except LocalClusterError as exc:
+            # What the producer saw says which side stalled (route, refusal, timeout).
+            raise AssertionError(
+                f"acked {len(acked)} ({len(after_kill)} after the kill), not confirmed "
+                f"{len(not_ok)}, {len(errors)} failed sends, the last: {errors[-3:]}; "
+                f"sends in flight: {sends[-1:]}\n{exc}") from None
     finally:
         stop.set()
         t.join(60)
