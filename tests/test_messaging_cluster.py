@@ -80,6 +80,30 @@ def consume_all(namesrv: list[str], group: str, topic: str, want: set[str],
     return got
 
 
+def _stacks(thread: threading.Thread, producers: list[BlockingProducer]) -> str:
+    """Where a stuck producer thread is, and the coroutines its event loops hold."""
+    import asyncio
+    import traceback
+    out: list[str] = []
+    frame = sys._current_frames().get(thread.ident or -1)
+    if frame is not None:
+        out.append("producer thread:\n" + "".join(traceback.format_stack(frame)))
+    for p in producers:
+        for loop, _, _ in list(p._loop._all):
+            for task in list(asyncio.all_tasks(loop)):
+                out.append(f"task {task!r} awaits:")
+                c: Any = task.get_coro()
+                while c is not None:
+                    frame = getattr(c, "cr_frame", None) or getattr(c, "gi_frame", None)
+                    if frame is None:
+                        out.append(f"  {c!r}")
+                        break
+                    out.append(f"  {frame.f_code.co_filename}:{frame.f_lineno} "
+                               f"{frame.f_code.co_name}")
+                    c = getattr(c, "cr_await", None) or getattr(c, "gi_yieldfrom", None)
+    return "\n".join(out)
+
+
 def test_all_ack_produce_survives_master_sigkill(cluster: Cluster) -> None:
     cluster.start_controllers(1)
     cluster.start_namesrv()
@@ -96,9 +120,12 @@ def test_all_ack_produce_survives_master_sigkill(cluster: Cluster) -> None:
 
     sends: list[str] = []  # what the producer is doing now (for a failure message)
 
+    producers: list[BlockingProducer] = []
+
     def produce() -> None:
         with BlockingProducer(cluster.namesrv_addresses, retry_deadline_s=30.0, max_attempts=30,
                               max_backoff_s=0.5) as p:
+            producers.append(p)
             i = 0
             while not stop.is_set() and (len(acked) < 400 or not killed.is_set()):
                 try:
@@ -146,7 +173,7 @@ def test_all_ack_produce_survives_master_sigkill(cluster: Cluster) -> None:
             raise AssertionError(
                 f"acked {len(acked)} ({len(after_kill)} after the kill), not confirmed "
                 f"{len(not_ok)}, {len(errors)} failed sends, the last: {errors[-3:]}; "
-                f"sends in flight: {sends[-1:]}\n{exc}") from None
+                f"sends in flight: {sends[-1:]}\n{_stacks(t, producers)}\n{exc}") from None
     finally:
         stop.set()
         t.join(60)
