@@ -21,7 +21,8 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rmqha import event_loop
@@ -89,6 +90,73 @@ def _as_message(m: Message | bytes | str) -> Message:
     return Message(bytes(m))
 
 
+@dataclass
+class _SendRequest:
+    """One send request as every attempt sends it: the header (UNIQ_KEYs and born
+    timestamp included) and body are built once, so a retry carries the same ids."""
+
+    topic: str
+    code: int
+    #: SendMessageRequestHeaderV2 by its short names, every value the string it travels
+    #: as; the queue id ("e") is added per attempt.
+    header: dict[str, str]
+    body: bytes
+    uniq_keys: list[str]
+    queue_id: int | None
+
+
+@dataclass
+class _Attempts:
+    """What the attempts of one send learned so far: how many were made, where the next
+    one goes (a master a slave named, away from a broker that failed) and the last
+    failure, which a SendError reports."""
+
+    deadline: float
+    #: Attempts counted so far (the retry loop counts one that found no route too).
+    made: int = 0
+    #: A broker group not to pick again if another one can take the message.
+    avoid: str | None = None
+    #: The address the next attempt goes to (a master a refusal named).
+    redirect: str | None = None
+    #: Ask the name server for the route again before the next attempt.
+    refresh: bool = False
+    #: A refusal that no other attempt can change: stop.
+    final: bool = False
+    last_code: int | None = None
+    last_status: str = ""
+    last_error: str = ""
+
+    def no_route(self, exc: ClientError) -> None:
+        self.last_error, self.last_status, self.refresh = str(exc), "NO_ROUTE", True
+
+    def lost(self, exc: RemotingError | ProtocolError, broker_name: str) -> None:
+        """No answer (timeout, lost connection, malformed frame).  A timed-out send may
+        have been stored: the retry keeps the UNIQ_KEYs, so readers can drop the duplicate."""
+        timed_out = isinstance(exc, RemotingTimeoutError)
+        self.last_error, self.last_status = str(exc), "TIMEOUT" if timed_out else "CONNECTION"
+        self.refresh, self.avoid = True, broker_name
+
+    def refused(self, resp: RemotingCommand, addr: str, broker_name: str) -> None:
+        """An answer that is not a send status (see ``_STATUS``)."""
+        self.last_code, self.last_error = resp.code, resp.remark or ""
+        self.last_status = resp.ext_fields.get("putStatus", "")
+        if resp.code not in _RETRYABLE:
+            self.final = True
+            return
+        self.refresh = True
+        master = resp.ext_fields.get("masterAddress", "") or _master_in_remark(resp.remark or "")
+        if master and master != addr:
+            self.redirect = master  # a slave named its master: go there directly
+        else:
+            self.avoid = broker_name
+
+    def error(self, topic: str) -> SendError:
+        return SendError(
+            f"send to {topic} failed after {self.made} attempt(s): "
+            f"{self.last_status or self.last_code} {self.last_error}".strip(),
+            self.last_code, self.last_status)
+
+
 class Producer:
     """Asyncio producer.  Use ``async with Producer(...) as p`` or ``start()``/``close()``."""
 
@@ -146,43 +214,15 @@ class Producer:
 
         ``delay_level`` (1..N of the broker's ``message_delay_level``) or ``deliver_at``
         (epoch ms) hold the message back until then."""
-        msg = _as_message(message)
-        props = self._properties(msg)
-        if delay_level is not None or deliver_at is not None:
-            delay_properties(props, delay_level, deliver_at)
-        body, sys_flag = msg.body, 0
-        if self.compress_over_bytes >= 0 and len(body) > self.compress_over_bytes:
-            body, sys_flag = compress(body, self.compression)
-        # Header values as the strings they travel as (SendMessageRequestHeaderV2's short
-        # names), so encoding converts nothing.
-        header = {
-            "a": self.group, "b": topic, "c": "TBW102", "d": "4", "f": str(sys_flag),
-            "g": str(time.time_ns() // 1_000_000), "h": str(msg.flag),
-            "i": encode_properties(props), "j": "0", "k": "false", "m": "false",
-        }
-        results = await self._send_with_retries(topic, RequestCode.SEND_MESSAGE_V2, header,
-                                                body, [props[Prop.UNIQ_KEY]], queue_id)
-        return results[0]
+        req = self._single_request(topic, message, queue_id, delay_level, deliver_at)
+        return (await self._send_with_retries(req))[0]
 
     async def send_batch(self, topic: str, messages: Sequence[Message | bytes | str], *,
                          queue_id: int | None = None) -> list[SendResult]:
         """Send messages as batches (one queue per batch); one result per message, in order."""
-        msgs = [_as_message(m) for m in messages]
         results: list[SendResult] = []
-        chunk: list[tuple[BatchItem, str]] = []
-        size = 0
-        for m in msgs:
-            props = self._properties(m)
-            item = BatchItem(m.body, props, m.flag)
-            # Upper bound of the encoded size (header, body, k\x01v\x02 pairs).
-            item_size = 22 + len(m.body) + sum(len(k) + len(v) + 2 for k, v in props.items()) * 4
-            if chunk and size + item_size > self.max_batch_bytes:
-                results += await self._send_chunk(topic, chunk, queue_id)
-                chunk, size = [], 0
-            chunk.append((item, props[Prop.UNIQ_KEY]))
-            size += item_size
-        if chunk:
-            results += await self._send_chunk(topic, chunk, queue_id)
+        for req in self._batch_requests(topic, messages, queue_id):
+            results += await self._send_with_retries(req)
         return results
 
     async def send_transaction(self, topic: str, message: Message | bytes | str,
@@ -216,21 +256,70 @@ class Producer:
         props[Prop.WAIT] = "true"
         return props
 
-    async def _send_chunk(self, topic: str, chunk: list[tuple[BatchItem, str]],
-                          queue_id: int | None) -> list[SendResult]:
+    def _header(self, topic: str, sys_flag: int, flag: int, properties: str,
+                batch: bool) -> dict[str, str]:
+        """SendMessageRequestHeaderV2 (short names) as the strings it travels as, so
+        encoding converts nothing; the queue id ("e") is set per attempt."""
+        return {
+            "a": self.group, "b": topic, "c": "TBW102", "d": "4", "f": str(sys_flag),
+            "g": str(time.time_ns() // 1_000_000), "h": str(flag), "i": properties,
+            "j": "0", "k": "false", "m": "true" if batch else "false",
+        }
+
+    def _single_request(self, topic: str, message: Message | bytes | str,
+                        queue_id: int | None, delay_level: int | None = None,
+                        deliver_at: int | None = None) -> _SendRequest:
+        """The request of :meth:`send` (BlockingProducer builds it the same way)."""
+        msg = _as_message(message)
+        props = self._properties(msg)
+        if delay_level is not None or deliver_at is not None:
+            delay_properties(props, delay_level, deliver_at)
+        return self._message_request(topic, msg, props, queue_id)
+
+    def _message_request(self, topic: str, msg: Message, props: dict[str, str],
+                         queue_id: int | None, sys_flag: int = 0) -> _SendRequest:
+        """SEND_MESSAGE_V2 of one message with these properties (a transaction's prepared
+        message adds its own properties and ``sys_flag``); the body is compressed when
+        over ``compress_over_bytes``."""
+        body = msg.body
+        if self.compress_over_bytes >= 0 and len(body) > self.compress_over_bytes:
+            body, compressed = compress(body, self.compression)
+            sys_flag |= compressed
+        header = self._header(topic, sys_flag, msg.flag, encode_properties(props), False)
+        return _SendRequest(topic, RequestCode.SEND_MESSAGE_V2, header, body,
+                            [props[Prop.UNIQ_KEY]], queue_id)
+
+    def _batch_requests(self, topic: str, messages: Sequence[Message | bytes | str],
+                        queue_id: int | None) -> Iterator[_SendRequest]:
+        """The SEND_BATCH_MESSAGE requests of :meth:`send_batch`: one per chunk of at most
+        ``max_batch_bytes``, each built when the one before it was sent."""
+        msgs = [_as_message(m) for m in messages]
+        chunk: list[tuple[BatchItem, str]] = []
+        size = 0
+        for m in msgs:
+            props = self._properties(m)
+            item = BatchItem(m.body, props, m.flag)
+            # Upper bound of the encoded size (header, body, k\x01v\x02 pairs).
+            item_size = 22 + len(m.body) + sum(len(k) + len(v) + 2 for k, v in props.items()) * 4
+            if chunk and size + item_size > self.max_batch_bytes:
+                yield self._chunk_request(topic, chunk, queue_id)
+                chunk, size = [], 0
+            chunk.append((item, props[Prop.UNIQ_KEY]))
+            size += item_size
+        if chunk:
+            yield self._chunk_request(topic, chunk, queue_id)
+
+    def _chunk_request(self, topic: str, chunk: list[tuple[BatchItem, str]],
+                       queue_id: int | None) -> _SendRequest:
         body = encode_batch(item for item, _ in chunk)
         sys_flag = 0
         if (self.compress_batches and self.compress_over_bytes >= 0
                 and len(body) > self.compress_over_bytes):
             # The whole batch travels compressed; the broker inflates it before storing.
             body, sys_flag = compress(body, self.compression)
-        header = {
-            "a": self.group, "b": topic, "c": "TBW102", "d": "4", "f": str(sys_flag),
-            "g": str(time.time_ns() // 1_000_000), "h": "0",
-            "i": encode_properties({Prop.WAIT: "true"}), "j": "0", "k": "false", "m": "true",
-        }
-        return await self._send_with_retries(topic, RequestCode.SEND_BATCH_MESSAGE, header,
-                                             body, [uid for _, uid in chunk], queue_id)
+        header = self._header(topic, sys_flag, 0, encode_properties({Prop.WAIT: "true"}), True)
+        return _SendRequest(topic, RequestCode.SEND_BATCH_MESSAGE, header, body,
+                            [uid for _, uid in chunk], queue_id)
 
     async def _route(self, topic: str, refresh: bool) -> TopicRoute:
         """The topic's route; for a topic nobody has yet, TBW102's brokers (as RocketMQ
@@ -268,62 +357,70 @@ class Producer:
                 return q
         return queues[self._counter % len(queues)]
 
-    async def _send_with_retries(self, topic: str, code: int, header: dict[str, str],
-                                 body: bytes, uniq_keys: list[str],
-                                 queue_id: int | None) -> list[SendResult]:
-        deadline = time.monotonic() + self.retry_deadline_s
-        avoid: str | None = None
-        redirect: str | None = None
-        refresh = False
-        last_code: int | None = None
-        last_status = ""
-        last_error = ""
-        for attempt in range(1, self.max_attempts + 1):
+    def _attempts(self) -> _Attempts:
+        """The state of a new send: its retry deadline starts now."""
+        return _Attempts(time.monotonic() + self.retry_deadline_s)
+
+    def _target(self, route: TopicRoute, req: _SendRequest,
+                tried: _Attempts) -> tuple[str, MessageQueue]:
+        """Where the next attempt goes: a queue of the route, at its master or at the
+        address the last refusal named.  ClientError if the route has no writable queue."""
+        mq = self._pick(route, tried.avoid, req.queue_id)
+        addr = tried.redirect or route.broker_datas[mq.broker_name].master
+        tried.redirect = None
+        assert addr is not None  # publish_queues() holds only groups with a master
+        return addr, mq
+
+    @staticmethod
+    def _command(req: _SendRequest, mq: MessageQueue) -> RemotingCommand:
+        # A fresh header dict per attempt, handed over as is: every value is a str.
+        return RemotingCommand(code=req.code, opaque=next_opaque(),
+                               ext_fields={**req.header, "e": str(mq.queue_id)}, body=req.body)
+
+    def _answer(self, resp: RemotingCommand, addr: str, mq: MessageQueue, req: _SendRequest,
+                tried: _Attempts) -> list[SendResult] | None:
+        """The results if ``resp`` is a send status; else None, with the refusal noted in
+        ``tried`` (``tried.final`` when no retry can help)."""
+        status = _STATUS.get(resp.code)
+        if status is not None:
+            return self._results(resp, status, mq, req.uniq_keys, tried.made)
+        tried.refused(resp, addr, mq.broker_name)
+        return None
+
+    async def _send_with_retries(self, req: _SendRequest,
+                                 tried: _Attempts | None = None) -> list[SendResult]:
+        """Attempts until one is answered with a send status; SendError after a refusal
+        no retry can change, ``max_attempts`` or ``retry_deadline_s``.  ``tried`` carries
+        on from attempts made elsewhere."""
+        if tried is None:
+            tried = self._attempts()
+        for attempt in range(tried.made + 1, self.max_attempts + 1):
+            tried.made = attempt
             if attempt > 1:
                 delay = min(self.max_backoff_s, self.backoff_s * (2 ** (attempt - 2)))
-                if time.monotonic() + delay > deadline:
+                if time.monotonic() + delay > tried.deadline:
                     break
                 await asyncio.sleep(delay)
             try:
-                route = None if refresh else self.session.fresh_route(topic)
+                route = None if tried.refresh else self.session.fresh_route(req.topic)
                 if route is None:
-                    route = await self._route(topic, refresh)
-                mq = self._pick(route, avoid, queue_id)
+                    route = await self._route(req.topic, tried.refresh)
+                addr, mq = self._target(route, req, tried)
             except ClientError as exc:
-                last_error, last_status, refresh = str(exc), "NO_ROUTE", True
+                tried.no_route(exc)
                 continue
-            addr = redirect or route.broker_datas[mq.broker_name].master
-            redirect = None
-            assert addr is not None
-            # A fresh header dict per attempt, handed over as is: every value is a str.
-            req = RemotingCommand(code=code, opaque=next_opaque(),
-                                  ext_fields={**header, "e": str(mq.queue_id)}, body=body)
             try:
-                resp = await self.session.request(addr, req, self.send_timeout_s)
+                resp = await self.session.request(addr, self._command(req, mq),
+                                                  self.send_timeout_s)
             except RemotingError as exc:
-                # A timed-out send may have been stored: the retry keeps the UNIQ_KEYs, so
-                # readers can drop the duplicate.
-                timed_out = isinstance(exc, RemotingTimeoutError)
-                last_error, last_status = str(exc), "TIMEOUT" if timed_out else "CONNECTION"
-                refresh, avoid = True, mq.broker_name
+                tried.lost(exc, mq.broker_name)
                 continue
-            status = _STATUS.get(resp.code)
-            if status is not None:
-                return self._results(resp, status, mq, uniq_keys, attempt)
-            last_code, last_error = resp.code, resp.remark or ""
-            last_status = resp.ext_fields.get("putStatus", "")
-            if resp.code not in _RETRYABLE:
+            results = self._answer(resp, addr, mq, req, tried)
+            if results is not None:
+                return results
+            if tried.final:
                 break
-            refresh = True
-            master = resp.ext_fields.get("masterAddress", "") or _master_in_remark(
-                resp.remark or "")
-            if master and master != addr:
-                redirect = master  # a slave named its master: go there directly
-            else:
-                avoid = mq.broker_name
-        raise SendError(
-            f"send to {topic} failed after {attempt} attempt(s): "
-            f"{last_status or last_code} {last_error}".strip(), last_code, last_status)
+        raise tried.error(req.topic)
 
     def _results(self, resp: RemotingCommand, status: SendStatus, mq: MessageQueue,
                  uniq_keys: list[str], attempts: int) -> list[SendResult]:
@@ -334,7 +431,9 @@ class Producer:
         except (KeyError, ValueError) as exc:
             raise ProtocolError(f"send response without queueOffset: {ext}") from exc
         ids = ext.get("msgId", "").split(",")
-        queue = MessageQueue(mq.topic, mq.broker_name, queue_id)
+        # The picked queue itself unless the broker stored elsewhere (a frozen dataclass
+        # costs a microsecond to make, on every send).
+        queue = mq if queue_id == mq.queue_id else MessageQueue(mq.topic, mq.broker_name, queue_id)
         return [
             SendResult(status, uid, ids[i] if i < len(ids) else "", queue, first + i, attempts)
             for i, uid in enumerate(uniq_keys)
