@@ -110,7 +110,7 @@ def test_silent_peer_times_out_within_the_deadline_and_the_link_reconnects() -> 
         with pytest.raises(RemotingTimeoutError, match="within 0.300s"):
             link.request(request(), 0.3)
         took = time.monotonic() - started
-        assert 0.25 <= took < 2.0, took
+        assert 0.25 <= took < 5.0, took
         assert not link.connected  # a late answer must not meet the next request
         assert link.request(request(b"again"), 5.0).body == b"again"
         assert server.connections == 2

@@ -3,8 +3,8 @@
 :class:`~rmqha.client.producer.BlockingProducer` makes a message's first attempt over a
 :class:`BlockingLink` from a thread that runs no event loop.  Driving an asyncio loop with
 ``run_until_complete`` for that costs a task, an epoll wait and the transport's callbacks
-on every call (~175 us of client CPU per send on the project's 2-core VM); a blocking
-``sendall`` and ``recv`` cost a few system calls.
+on every call (about 200 us of client CPU a send, one at a time, on the project's 2-core
+VM); a blocking ``send`` and ``recv`` are two system calls.
 
 Frames go through rmqha's own codec (:func:`rmqha.remoting.encode`,
 :class:`rmqha.remoting.FrameDecoder`), so a length read from the socket is checked against

@@ -18,7 +18,7 @@ own Producer (connections, route cache) and asyncio loop, and in a thread that r
 loop makes a send's first attempt over a blocking socket
 (:class:`~rmqha.client.blocking_link.BlockingLink`) when the topic's route is cached:
 no loop runs for a message answered with a send status, which is nearly all of them
-(driving a loop with ``run_until_complete`` cost ~175 us of client CPU a send).  Any
+(driving a loop with ``run_until_complete`` cost ~200 us of client CPU a send).  Any
 other outcome (no cached route, a refusal, a timeout, a lost connection) hands the same
 request, UNIQ_KEYs included, and what the attempt learned to the retry loop on the
 thread's loop; a refusal no retry can help raises SendError at once, as it does there.
