@@ -28,9 +28,7 @@ from rmqha.messaging.message import (
     Prop,
     ReceivedMessage,
     SysFlag,
-    compress,
     decode_record,
-    encode_properties,
     parse_offset_msg_id,
 )
 from rmqha.remoting import RemotingCommand
@@ -150,17 +148,9 @@ class TransactionSupport:
         props = p._properties(message)
         props[Prop.TRANSACTION_PREPARED] = "true"
         props[Prop.PRODUCER_GROUP] = p.group
-        body, sys_flag = message.body, 0
-        if p.compress_over_bytes >= 0 and len(body) > p.compress_over_bytes:
-            body, sys_flag = compress(body, p.compression)
-        header = {
-            "a": p.group, "b": topic, "c": "TBW102", "d": 4,
-            "f": sys_flag | SysFlag.TRANSACTION_PREPARED,
-            "g": int(time.time() * 1000), "h": message.flag, "i": encode_properties(props),
-            "j": 0, "k": "false", "m": "false",
-        }
-        sent = (await p._send_with_retries(topic, RequestCode.SEND_MESSAGE_V2, header, body,
-                                           [props[Prop.UNIQ_KEY]], queue_id))[0]
+        req = p._message_request(topic, message, props, queue_id,
+                                 sys_flag=int(SysFlag.TRANSACTION_PREPARED))
+        sent = (await p._send_with_retries(req))[0]
         if not sent.ok:
             state = LocalTransactionState.ROLLBACK_MESSAGE  # RocketMQ: never run it
         else:
