@@ -193,7 +193,10 @@ class ControllerServer:
             RequestCode.CONTROLLER_APPLY_BROKER_ID: self._leader_call(
                 lambda logic, cmd: logic.apply_broker_id(cmd.ext_fields)),
             RequestCode.CONTROLLER_REGISTER_BROKER: self._leader_call(
-                lambda logic, cmd: logic.register_broker(cmd.ext_fields)),
+                lambda logic, cmd: logic.register_broker(cmd.ext_fields),
+                before=lambda cmd: self._settle_holder(cmd.ext_fields.get("brokerName", ""),
+                                                       cmd.ext_fields.get("brokerId", ""),
+                                                       cmd.ext_fields.get("brokerAddress", ""))),
             RequestCode.CONTROLLER_GET_REPLICA_INFO: self._leader_call(
                 lambda logic, cmd: logic.get_replica_info(cmd.ext_fields)),
             RequestCode.CONTROLLER_GET_SYNC_STATE_DATA: self._leader_call(
@@ -338,6 +341,7 @@ class ControllerServer:
         self, decide: Callable[[ControllerLogic, RemotingCommand], Decision], *,
         admin: Callable[[RemotingCommand], bool] | None = None,
         after: Callable[[RemotingCommand, Decision], None] | None = None,
+        before: Callable[[RemotingCommand], Awaitable[None]] | None = None,
     ) -> Callable[[RemotingCommand, Connection], Awaitable[RemotingCommand]]:
         async def handler(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
             if admin is not None and admin(cmd):
@@ -346,6 +350,8 @@ class ControllerServer:
                     return refused
             if not self.raft.is_leader:
                 return self._not_leader(cmd)
+            if before is not None:
+                await before(cmd)
             try:
                 decision = await self._run_decision(lambda logic: decide(logic, cmd))
             except _NotLeader:
@@ -385,6 +391,7 @@ class ControllerServer:
                 raise BadRequest(f"header field {key} is not an integer: {raw!r}") from None
 
         name, broker_id, address = ext.get("brokerName", ""), int(num("brokerId") or 0), ext.get("brokerAddr", "")
+        await self._settle_holder(name, broker_id, address)
         live = self.heartbeats.info(name, broker_id)
         if live is not None and live.address != address and self.heartbeats.is_alive(name, broker_id):
             # Another live process holds this id: its liveness must not be refreshed (or
@@ -500,6 +507,22 @@ class ControllerServer:
             return
         log.info("master %s/%d of %s is inactive: electing", broker_name, broker_id, cluster)
         self._spawn(self.trigger_elect(broker_name))
+
+    async def _settle_holder(self, broker_name: str, broker_id: int | str, address: str) -> None:
+        """Before an id is refused to ``address`` because another address holds it: when
+        the holder's heartbeat connection has closed, ask now whether that process is gone
+        (the close probe may still be under way: a broker restarted on a new port
+        registers at once, and was refused, and exited, while its old port was already
+        closed).  A holder that is gone is dropped; one that answers keeps the id."""
+        try:
+            bid = int(broker_id)
+        except (TypeError, ValueError):
+            return  # the decision names the bad field
+        live = self.heartbeats.info(broker_name, bid)
+        if (live is None or live.address == address or live.conn is not None
+                or not self.heartbeats.is_alive(broker_name, bid)):
+            return
+        await self._probe_address(live, live.last_update)
 
     def _probe_closed_broker(self, info: BrokerLiveInfo) -> None:
         self._spawn(self._probe_address(info, info.last_update))
