@@ -113,6 +113,10 @@ class HASlave:
         self._on_truncate = on_truncate
         self._state = SlaveState.READY
         self._confirm = 0
+        #: The confirm offset on_confirm was last told of: it hears of an advance only after
+        #: the ack that follows the block (the ack is what a waiting send needs; what the
+        #: broker does with a confirm offset is not).
+        self._confirm_told = 0
         self._task: asyncio.Task[None] | None = None
         self._link: Link | None = None
         self._stopped = False
@@ -234,6 +238,8 @@ class HASlave:
                     self._link.close()
                     self._link = None
                 self._settle_epochs_now()
+                # What the last blocks confirmed, whether or not their ack got out.
+                self._tell_confirm()
             if self._stopped:
                 break
             if self._transferring or self.commitlog.max_offset != start_max:
@@ -379,6 +385,17 @@ class HASlave:
     def _lower_confirm(self, offset: int) -> None:
         if self._confirm > offset:
             self._confirm = offset
+        if self._confirm_told > offset:
+            self._confirm_told = offset
+
+    def _tell_confirm(self) -> None:
+        """Give on_confirm the confirm offset the blocks applied so far carried, if it
+        advanced since it was last told."""
+        confirm = self._confirm
+        if confirm > self._confirm_told:
+            self._confirm_told = confirm
+            if self._on_confirm is not None:
+                self._on_confirm(confirm)
 
     # --- transfer --------------------------------------------------------------------------------
 
@@ -419,6 +436,7 @@ class HASlave:
                     await self._ack(link, codec, mx)
                     acked = mx
                     now = time.monotonic()
+                self._tell_confirm()
                 wait = min(heartbeat - (now - self._last_write), housekeeping - (now - last_read))
                 if wait > 0:
                     try:
@@ -472,6 +490,7 @@ class HASlave:
                     or now - self._last_write >= heartbeat):
                 await self._ack(link, codec, mx)
                 acked = mx
+            self._tell_confirm()
             # recv and send do not suspend while data flows: let other tasks run.
             turns += 1
             if rb.filled or turns >= _TURNS_BEFORE_YIELD:
@@ -579,6 +598,7 @@ class HASlave:
             if (mx != acked and not behind) or now - self._last_write >= heartbeat:
                 await self._ack(link, codec, mx)
                 acked = mx
+            self._tell_confirm()
             # recv() and send() do not suspend while data flows: let other tasks run.
             await asyncio.sleep(0)
 
@@ -667,9 +687,7 @@ class HASlave:
                 self._state = SlaveState.SUSPEND
         confirm = min(b.confirm, cl.max_offset)
         if confirm > self._confirm:
-            self._confirm = confirm
-            if self._on_confirm is not None:
-                self._on_confirm(confirm)
+            self._confirm = confirm  # on_confirm hears of it after the ack (_tell_confirm)
 
     # --- RocketMQ's early epoch label ----------------------------------------------------------
     # RocketMQ's master (AutoSwitchHAConnection.transferToSlave) cuts a batch at the end of
