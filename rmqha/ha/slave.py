@@ -131,6 +131,8 @@ class HASlave:
         self.master_max_offset = -1
         self._last_read = 0.0
         self._last_write = 0.0
+        #: The offset of the last ack handed to the link in this session.
+        self._acked = 0
         self._transferring = False
         #: No data block applied yet in this session (the only time a jump is accepted).
         self._first_block = False
@@ -410,15 +412,13 @@ class HASlave:
         cl = self.commitlog
         heartbeat = cfg.ha_send_heartbeat_interval_ms / 1000
         housekeeping = cfg.ha_housekeeping_interval_ms / 1000
-        max_frame = cfg.max_frame_bytes
-        unpack = fr.unpack_transfer_header
         header = fr.TRANSFER_HEADER_SIZE
         rb = RecvBuffer(_RECV_BUFFER_BYTES)
-        acked = cl.max_offset
+        self._acked = cl.max_offset
         if pending:
             self._apply(pending)
             pending.clear()
-        last_read = time.monotonic()
+        self._last_read = time.monotonic()
         limit: int | None = None
         turns = 0
         while True:
@@ -432,12 +432,11 @@ class HASlave:
                 # The stream paused: tell the master where this log ends before waiting
                 # (live traffic is acked at once; that is what moves the confirm offset).
                 mx = cl.max_offset
-                if mx != acked:
+                if mx != self._acked:
                     await self._ack(link, codec, mx)
-                    acked = mx
                     now = time.monotonic()
                 self._tell_confirm()
-                wait = min(heartbeat - (now - self._last_write), housekeeping - (now - last_read))
+                wait = min(heartbeat - (now - self._last_write), housekeeping - (now - self._last_read))
                 if wait > 0:
                     try:
                         await rb.fill(link, wait)
@@ -447,55 +446,68 @@ class HASlave:
                         pass
                 now = time.monotonic()
             if got:
-                last_read = self._last_read = now
-                blocks: list[Block] = []
-                need = 0
-                while rb.pending >= 8:
-                    length, ftype = _PEEK.unpack_from(rb.buf, rb.start)
-                    if ftype != _TRANSFER_DATA:
-                        raise ProtocolError(f"frame type {ftype} where only TRANSFER_DATA (6) may come")
-                    if length < header or length > max_frame:
-                        raise ProtocolError(
-                            f"TRANSFER_DATA length {length} is outside {header}..{max_frame} (max_frame_bytes)"
-                        )
-                    if rb.pending < length:
-                        if (length - header >= _DIRECT_MIN_BYTES and rb.pending >= header
-                                and self._warm_target(rb, length - header)):
-                            # A large block still on its way: straight into the log.
-                            self._apply_views(blocks)
-                            blocks = []
-                            await self._receive_direct(link, rb, housekeeping)
-                            rb.filled = True  # bulk catch-up: acks wait (_ACK_EVERY_BYTES)
-                            limit = _DIRECT_OVERFLOW_BYTES
-                            break  # acks and other tasks get their turn between blocks
-                        # A large block needs only its header buffered (see above).
-                        need = header if length - header >= _DIRECT_MIN_BYTES else length
-                        break
+                self._last_read = now
+                blocks, partial = self._take_blocks(rb)
+                if blocks:
                     limit = None
-                    block, estart, confirm, size, epoch, _ = unpack(rb.buf, rb.start)
-                    body = rb.start + header
-                    blocks.append(Block(epoch, estart, block, confirm, rb.view[body : body + size]))
-                    rb.consume(length)
+                need = partial
+                if partial - header >= _DIRECT_MIN_BYTES:
+                    # A large block needs only its header buffered: once it is, and the
+                    # pages it lands on are warm, the rest goes straight into the log.
+                    need = header
+                    if rb.pending >= header and self._warm_target(rb, partial - header):
+                        self._apply_views(blocks)
+                        await self._receive_direct(link, rb, housekeeping)
+                        rb.filled = True  # bulk catch-up: acks wait (_ACK_EVERY_BYTES)
+                        limit = _DIRECT_OVERFLOW_BYTES
+                        blocks = []
+                        need = 0  # acks and other tasks get their turn between blocks
                 self._apply_views(blocks)
                 if need:
                     # Only now: moving the partial frame overwrites the blocks just applied.
                     rb.make_room(need)
-            elif now - last_read >= housekeeping:
+            elif now - self._last_read >= housekeeping:
                 raise LinkTimeout(f"master {self._master} silent for {housekeeping:.1f}s")
             mx = cl.max_offset
             # A read that left room drained the socket: live traffic, whose ack is what a
             # waiting send needs, so it goes now rather than after another loop turn.
             # The heartbeat interval bounds the silence either way (the master's housekeeping).
+            acked = self._acked
             if (mx != acked and (got and not rb.filled or mx - acked >= _ACK_EVERY_BYTES)
                     or now - self._last_write >= heartbeat):
                 await self._ack(link, codec, mx)
-                acked = mx
             self._tell_confirm()
             # recv and send do not suspend while data flows: let other tasks run.
             turns += 1
             if rb.filled or turns >= _TURNS_BEFORE_YIELD:
                 turns = 0
                 await asyncio.sleep(0)
+
+    def _take_blocks(self, rb: RecvBuffer) -> tuple[list[Block], int]:
+        """The whole TRANSFER_DATA frames at the front of ``rb``, consumed from it, as blocks
+        whose data are views of the buffer (apply them, then release the views: the
+        buffer cannot move or grow while they exist), and the length of the incomplete
+        frame left at the front (0: none, or too little of it to know).  Any other frame,
+        or a length out of bounds, is a ProtocolError before any block is applied."""
+        header = fr.TRANSFER_HEADER_SIZE
+        max_frame = self.config.max_frame_bytes
+        unpack = fr.unpack_transfer_header
+        blocks: list[Block] = []
+        while rb.pending >= 8:
+            length, ftype = _PEEK.unpack_from(rb.buf, rb.start)
+            if ftype != _TRANSFER_DATA:
+                raise ProtocolError(f"frame type {ftype} where only TRANSFER_DATA (6) may come")
+            if length < header or length > max_frame:
+                raise ProtocolError(
+                    f"TRANSFER_DATA length {length} is outside {header}..{max_frame} (max_frame_bytes)"
+                )
+            if rb.pending < length:
+                return blocks, length
+            block, estart, confirm, size, epoch, _ = unpack(rb.buf, rb.start)
+            body = rb.start + header
+            blocks.append(Block(epoch, estart, block, confirm, rb.view[body : body + size]))
+            rb.consume(length)
+        return blocks, 0
 
     def _warm_target(self, rb: RecvBuffer, size: int) -> bool:
         """Whether the block whose header is at the front of ``rb`` lands on log pages that
@@ -568,7 +580,7 @@ class HASlave:
         cl = self.commitlog
         heartbeat = cfg.ha_send_heartbeat_interval_ms / 1000
         housekeeping = cfg.ha_housekeeping_interval_ms / 1000
-        acked = cl.max_offset
+        self._acked = cl.max_offset
         if pending:
             self._apply(pending)
             pending.clear()
@@ -594,10 +606,10 @@ class HASlave:
             mx = cl.max_offset
             # A full read means more is already queued (bulk catch-up): ack every few MiB
             # instead of every read; otherwise (live traffic) ack at once for the confirm offset.
+            acked = self._acked
             behind = len(chunk) >= link.recv_bytes and mx - acked < _ACK_EVERY_BYTES
             if (mx != acked and not behind) or now - self._last_write >= heartbeat:
                 await self._ack(link, codec, mx)
-                acked = mx
             self._tell_confirm()
             # recv() and send() do not suspend while data flows: let other tasks run.
             await asyncio.sleep(0)
@@ -790,7 +802,11 @@ class HASlave:
                 await asyncio.wrap_future(cl.flush_future(offset))
             else:
                 await asyncio.get_running_loop().run_in_executor(None, cl.flush)
-        await self._send(link, codec.ack(offset, self.epoch_map.last_epoch()))
+        await self._send(link, self._ack_frame(codec, offset))
+        self._acked = offset
+
+    def _ack_frame(self, codec: SlaveCodec, offset: int) -> bytes:
+        return codec.ack(offset, self.epoch_map.last_epoch())
 
     def _may_restart(self, b: Block, size: int) -> bool:
         """The master's log starts beyond this slave's end (retention deleted the bytes in
