@@ -26,6 +26,7 @@ body already received into the mapping is zeroed again).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import struct
 import time
@@ -128,11 +129,19 @@ class HASlave:
         self.bytes_dropped = 0
         #: Blocks received straight into the commitlog's mapping (framed dialect, large blocks).
         self.direct_receives = 0
+        #: Blocks (heartbeats included) applied by the framed transfer's reader callback
+        #: (:meth:`_live_step`), and by its task; how often the callback handed the link
+        #: back to the task.
+        self.callback_blocks = 0
+        self.task_blocks = 0
+        self.handbacks = 0
         self.master_max_offset = -1
         self._last_read = 0.0
         self._last_write = 0.0
         #: The offset of the last ack handed to the link in this session.
         self._acked = 0
+        #: What the socket did not take of an ack the reader callback sent (the task sends it).
+        self._unsent_ack: list[memoryview] = []
         self._transferring = False
         #: No data block applied yet in this session (the only time a jump is accepted).
         self._first_block = False
@@ -313,8 +322,8 @@ class HASlave:
                  self.broker_id, self._master, codec.name, offset, hello.max_offset)
         await self._transfer(link, codec, pending)
 
-    async def _send(self, link: Link, frame: bytes) -> None:
-        await link.send([frame], self.config.ha_housekeeping_interval_ms / 1000)
+    async def _send(self, link: Link, *buffers: bytes | memoryview) -> None:
+        await link.send(buffers, self.config.ha_housekeeping_interval_ms / 1000)
         self._last_write = time.monotonic()
 
     # --- truncation ------------------------------------------------------------------------------
@@ -407,16 +416,27 @@ class HASlave:
         Blocks wholly in the receive buffer (small ones: live traffic) go to the commitlog
         with ``append_data`` (validated in the buffer, one pwrite); a large block still
         arriving is received straight into the commitlog's mapping (:meth:`_receive_direct`),
-        the bulk catch-up case: one copy, kernel to page cache."""
+        the bulk catch-up case: one copy, kernel to page cache.
+
+        Once the stream pauses, a reader callback takes over (:meth:`_live`): live traffic
+        is one small block at a time, each on the critical path of an acknowledged send,
+        and the callback applies and acks it in the loop turn that finds it readable,
+        where this task would cost a future, a timer, a wake-up and two failed reads per
+        block.  The callback hands the link back for whatever needs awaiting or is
+        unusual; this task then carries on from what the callback left in the buffer."""
         cfg = self.config
         cl = self.commitlog
         heartbeat = cfg.ha_send_heartbeat_interval_ms / 1000
         housekeeping = cfg.ha_housekeeping_interval_ms / 1000
         header = fr.TRANSFER_HEADER_SIZE
         rb = RecvBuffer(_RECV_BUFFER_BYTES)
+        # A flush before every ack needs awaiting: the callback would hand back every block.
+        step = None if cfg.ha_slave_flush_before_ack else functools.partial(self._live_step, link, codec, rb)
         self._acked = cl.max_offset
+        self._unsent_ack = []
         if pending:
             self._apply(pending)
+            self.task_blocks += len(pending)
             pending.clear()
         self._last_read = time.monotonic()
         limit: int | None = None
@@ -438,18 +458,24 @@ class HASlave:
                 self._tell_confirm()
                 wait = min(heartbeat - (now - self._last_write), housekeeping - (now - self._last_read))
                 if wait > 0:
-                    try:
-                        await rb.fill(link, wait)
-                        got = True
+                    if step is not None:
+                        # Handed back: what the callback left in the buffer is this task's.
+                        got = await self._live(link, step, heartbeat, housekeeping)
+                    else:
+                        try:
+                            await rb.fill(link, wait)
+                            got = True
+                        except LinkTimeout:
+                            pass
+                    if got:
                         turns = 0
-                    except LinkTimeout:
-                        pass
                 now = time.monotonic()
             if got:
                 self._last_read = now
                 blocks, partial = self._take_blocks(rb)
                 if blocks:
                     limit = None
+                    self.task_blocks += len(blocks)
                 need = partial
                 if partial - header >= _DIRECT_MIN_BYTES:
                     # A large block needs only its header buffered: once it is, and the
@@ -458,6 +484,7 @@ class HASlave:
                     if rb.pending >= header and self._warm_target(rb, partial - header):
                         self._apply_views(blocks)
                         await self._receive_direct(link, rb, housekeeping)
+                        self.task_blocks += 1
                         rb.filled = True  # bulk catch-up: acks wait (_ACK_EVERY_BYTES)
                         limit = _DIRECT_OVERFLOW_BYTES
                         blocks = []
@@ -482,6 +509,93 @@ class HASlave:
             if rb.filled or turns >= _TURNS_BEFORE_YIELD:
                 turns = 0
                 await asyncio.sleep(0)
+
+    async def _live(self, link: Link, step: Callable[[], bool], heartbeat: float, housekeeping: float) -> bool:
+        """Let ``step`` handle the link from a reader callback, in each loop turn that finds
+        data queued, until it hands the link back (returns False: True here) or raises (the
+        exception is raised here, as if this task had read the frame), or until a heartbeat
+        or the housekeeping timeout is due (False: the caller sends or raises it).
+
+        One future per call, not per block: in live traffic this task sleeps while the
+        callback works, and wakes only for a heartbeat or to take the link back."""
+
+        def on_readable() -> None:
+            try:
+                if step():
+                    return
+            except Exception as exc:  # noqa: BLE001 - whatever it is, the task raises it
+                link.unwatch()
+                if not ended.done():
+                    ended.set_exception(exc)
+                return
+            link.unwatch()
+            self.handbacks += 1
+            if not ended.done():
+                ended.set_result(None)
+
+        ended = link.watch(on_readable)
+        try:
+            while True:
+                now = time.monotonic()
+                # The callback moves both marks: sleep on until one is really due.
+                wait = min(heartbeat - (now - self._last_write), housekeeping - (now - self._last_read))
+                if wait <= 0:
+                    return False
+                done, _ = await asyncio.wait((ended,), timeout=wait)
+                if done:
+                    ended.result()
+                    break
+        finally:
+            link.unwatch()
+            if not ended.done():
+                ended.cancel()  # a later close of the link then has nobody to tell
+            elif not ended.cancelled():
+                ended.exception()  # retrieved: raised above, or nothing
+        if self._unsent_ack:
+            rest, self._unsent_ack = self._unsent_ack, []
+            await self._send(link, *rest)
+        return True
+
+    def _live_step(self, link: Link, codec: SlaveCodec, rb: RecvBuffer) -> bool:
+        """The reader callback of :meth:`_live` (framed dialect): read what is queued, apply
+        the whole blocks, ack.  False hands the link back to the task: a large block on its
+        way (received straight into the log), a read that filled the buffer (catch-up),
+        an ack that needs awaiting or did not fit the socket.  Every error is raised before
+        anything of the frame is stored, as on the task's path (the same code)."""
+        if rb.try_fill(link) == 0:
+            return True  # readiness without data; the level-triggered loop calls again
+        self._last_read = time.monotonic()
+        blocks, partial = self._take_blocks(rb)
+        if blocks:
+            self._apply_views(blocks)
+            self.callback_blocks += len(blocks)
+        if rb.filled or partial - fr.TRANSFER_HEADER_SIZE >= _DIRECT_MIN_BYTES:
+            return False
+        if partial:
+            rb.make_room(partial)  # a small block in pieces: the rest comes in a later turn
+        if not self._try_ack(link, codec):
+            return False
+        self._tell_confirm()
+        return True
+
+    def _try_ack(self, link: Link, codec: SlaveCodec) -> bool:
+        """Ack this log's max offset, if it moved, without waiting; False when the task must
+        do it or finish it: an epoch entry still being written (acks wait for it), a
+        flush before the ack, or a socket that took only part (the rest is in
+        ``_unsent_ack``, and nothing else may be sent before it)."""
+        cl = self.commitlog
+        mx = cl.max_offset
+        if mx == self._acked:
+            return True
+        if self._epoch_jobs or (self.config.ha_slave_flush_before_ack and cl.flushed_offset < mx):
+            return False
+        rest = link.try_send([self._ack_frame(codec, mx)])
+        self._acked = mx
+        if rest:
+            self._unsent_ack = rest
+            return False
+        self._last_write = time.monotonic()
+        return True
 
     def _take_blocks(self, rb: RecvBuffer) -> tuple[list[Block], int]:
         """The whole TRANSFER_DATA frames at the front of ``rb``, consumed from it, as blocks
