@@ -441,12 +441,16 @@ class HASlave:
         self._last_read = time.monotonic()
         limit: int | None = None
         turns = 0
+        # Bytes a direct receive read past its block, not parsed yet: they may hold whole
+        # frames, which must not wait for more data to arrive.
+        unparsed = False
         while True:
             # What is queued already, without waiting: during bulk catch-up the socket
             # always has more, and acks wait (every _ACK_EVERY_BYTES) so that neither side
             # spends a syscall and a wake-up per read on them.  After a block received
             # straight into the log, read little: the next one most likely goes there too.
-            got = rb.try_fill(link, limit) > 0
+            got = rb.try_fill(link, limit) > 0 or unparsed
+            unparsed = False
             now = time.monotonic()
             if not got:
                 # The stream paused: tell the master where this log ends before waiting
@@ -485,6 +489,7 @@ class HASlave:
                         self._apply_views(blocks)
                         await self._receive_direct(link, rb, housekeeping)
                         self.task_blocks += 1
+                        unparsed = rb.pending > 0
                         rb.filled = True  # bulk catch-up: acks wait (_ACK_EVERY_BYTES)
                         limit = _DIRECT_OVERFLOW_BYTES
                         blocks = []
