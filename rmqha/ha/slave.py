@@ -12,11 +12,14 @@ It walks the connection states of DESIGN.md:
   link; large blocks are received straight into the commitlog's mapping and validated
   before they count), record a new epoch entry when a block's epoch changes (written off
   the transfer path; acks wait for it), ack the max offset, keep the master's confirm
-  offset; SUSPEND once caught up (heartbeats only).  In the ``rocketmq`` dialect the chunk
-  that ends an epoch may come labelled with the next epoch (RocketMQ's master switches
-  before building the header): exactly that is accepted.  A first block beyond this log's
-  end, at a segment start, means retention on the master removed what followed it: the
-  log is dropped (bytes logged) and restarts there;
+  offset; SUSPEND once caught up (heartbeats only).  Live traffic (one small block at a
+  time, each on the critical path of an acknowledged send) is applied and acked by a
+  reader callback in the loop turn that finds it, not by the session's task, which takes
+  the link back for catch-up and for whatever needs awaiting.  In the ``rocketmq``
+  dialect the chunk that ends an epoch may come labelled with the next epoch (RocketMQ's
+  master switches before building the header): exactly that is accepted.  A first block
+  beyond this log's end, at a segment start, means retention on the master removed what
+  followed it: the log is dropped (bytes logged) and restarts there;
 * SHUTDOWN after :meth:`HASlave.stop`.
 
 Every bad frame closes the link with a logged reason, and nothing of it becomes part of
@@ -129,9 +132,8 @@ class HASlave:
         self.bytes_dropped = 0
         #: Blocks received straight into the commitlog's mapping (framed dialect, large blocks).
         self.direct_receives = 0
-        #: Blocks (heartbeats included) applied by the framed transfer's reader callback
-        #: (:meth:`_live_step`), and by its task; how often the callback handed the link
-        #: back to the task.
+        #: Blocks (heartbeats included) applied by the transfer's reader callback (:meth:`_live`)
+        #: and by its task; how often the callback handed the link back to the task.
         self.callback_blocks = 0
         self.task_blocks = 0
         self.handbacks = 0
@@ -517,9 +519,9 @@ class HASlave:
 
     async def _live(self, link: Link, step: Callable[[], bool], heartbeat: float, housekeeping: float) -> bool:
         """Let ``step`` handle the link from a reader callback, in each loop turn that finds
-        data queued, until it hands the link back (returns False: True here) or raises (the
-        exception is raised here, as if this task had read the frame), or until a heartbeat
-        or the housekeeping timeout is due (False: the caller sends or raises it).
+        data queued.  Returns True once ``step`` hands the link back (it returned False),
+        False when a heartbeat or the housekeeping timeout is due (the caller sends or
+        raises it); what ``step`` raises is raised here, as if this task had read the frame.
 
         One future per call, not per block: in live traffic this task sleeps while the
         callback works, and wakes only for a heartbeat or to take the link back."""
@@ -578,28 +580,41 @@ class HASlave:
             return False
         if partial:
             rb.make_room(partial)  # a small block in pieces: the rest comes in a later turn
-        if not self._try_ack(link, codec):
+        return self._try_ack(link, codec)
+
+    def _live_step_stream(self, link: Link, codec: SlaveCodec) -> bool:
+        """The reader callback of :meth:`_live` for the decoding path (the rocketmq dialect):
+        what is queued goes through the codec, the blocks to the log, then the ack.  False
+        hands the link back as :meth:`_live_step` does (a full read: catch-up)."""
+        chunk = link.try_recv()
+        if not chunk:
+            return True  # readiness without data; the level-triggered loop calls again
+        self._last_read = time.monotonic()
+        blocks = codec.feed(chunk)
+        if blocks:
+            self._apply(blocks)
+            self.callback_blocks += len(blocks)
+        if len(chunk) >= link.recv_bytes:
             return False
-        self._tell_confirm()
-        return True
+        return self._try_ack(link, codec)
 
     def _try_ack(self, link: Link, codec: SlaveCodec) -> bool:
-        """Ack this log's max offset, if it moved, without waiting; False when the task must
-        do it or finish it: an epoch entry still being written (acks wait for it), a
-        flush before the ack, or a socket that took only part (the rest is in
-        ``_unsent_ack``, and nothing else may be sent before it)."""
+        """Ack this log's max offset, if it moved, without waiting, then tell on_confirm;
+        False when the task must do it or finish it: an epoch entry still being written
+        (acks wait for it), a flush before the ack, or a socket that took only part (the
+        rest is in ``_unsent_ack``, and nothing else may be sent before it)."""
         cl = self.commitlog
         mx = cl.max_offset
-        if mx == self._acked:
-            return True
-        if self._epoch_jobs or (self.config.ha_slave_flush_before_ack and cl.flushed_offset < mx):
-            return False
-        rest = link.try_send([self._ack_frame(codec, mx)])
-        self._acked = mx
-        if rest:
-            self._unsent_ack = rest
-            return False
-        self._last_write = time.monotonic()
+        if mx != self._acked:
+            if self._epoch_jobs or (self.config.ha_slave_flush_before_ack and cl.flushed_offset < mx):
+                return False
+            rest = link.try_send([self._ack_frame(codec, mx)])
+            self._acked = mx
+            if rest:
+                self._unsent_ack = rest
+                return False
+            self._last_write = time.monotonic()
+        self._tell_confirm()
         return True
 
     def _take_blocks(self, rb: RecvBuffer) -> tuple[list[Block], int]:
@@ -699,28 +714,39 @@ class HASlave:
         cl = self.commitlog
         heartbeat = cfg.ha_send_heartbeat_interval_ms / 1000
         housekeeping = cfg.ha_housekeeping_interval_ms / 1000
+        # As on the framed path: live traffic is read, applied and acked by a reader
+        # callback (:meth:`_live`) while the last read drained the socket.
+        step = None if cfg.ha_slave_flush_before_ack else functools.partial(self._live_step_stream, link, codec)
         self._acked = cl.max_offset
+        self._unsent_ack = []
         if pending:
             self._apply(pending)
+            self.task_blocks += len(pending)
             pending.clear()
-        last_read = time.monotonic()
+        self._last_read = time.monotonic()
+        drained = True
         while True:
             now = time.monotonic()
-            wait = min(heartbeat - (now - self._last_write), housekeeping - (now - last_read))
+            wait = min(heartbeat - (now - self._last_write), housekeeping - (now - self._last_read))
+            chunk = b""
             if wait > 0:
-                try:
-                    chunk = await link.recv(wait)
-                except LinkTimeout:
-                    chunk = b""
-            else:
-                chunk = b""
+                if step is not None and drained:
+                    # Handed back (catch-up, or an ack to await): read here until it drains.
+                    drained = not await self._live(link, step, heartbeat, housekeeping)
+                else:
+                    try:
+                        chunk = await link.recv(wait)
+                    except LinkTimeout:
+                        pass
             now = time.monotonic()
             if chunk:
-                last_read = self._last_read = now
+                self._last_read = now
+                drained = len(chunk) < link.recv_bytes
                 blocks = codec.feed(chunk)
                 if blocks:
                     self._apply(blocks)
-            elif now - last_read >= housekeeping:
+                    self.task_blocks += len(blocks)
+            elif now - self._last_read >= housekeeping:
                 raise LinkTimeout(f"master {self._master} silent for {housekeeping:.1f}s")
             mx = cl.max_offset
             # A full read means more is already queued (bulk catch-up): ack every few MiB
