@@ -39,7 +39,8 @@ import pytest
 from rmqha import frames
 from rmqha.frames import Direction
 from rmqha.ha import link as ha_link
-from rmqha.ha.testing import EPOCH_FILE, fast_config, fill, ha_slave, replica_stores, slave_running, wait_until_async
+from rmqha.ha.testing import (EPOCH_FILE, assert_same_log, fast_config, fill, ha_master, ha_slave, master_running,
+                              replica_stores, slave_running, wait_until_async)
 from rmqha.store import CommitLog, EpochMap
 
 SEG = 1 << 20
@@ -229,6 +230,39 @@ def test_live_blocks_are_applied_and_acked_by_the_callback(tmp_path) -> None:
         assert [c for c, _ in told] == [offset + len(data) for offset, data in recs]
         # The ack went out first: it was already queued at the master when on_confirm ran.
         assert {q for _, q in told} == {ACK_BYTES}
+
+
+@pytest.mark.parametrize("protocol", ["framed", "rocketmq"])
+def test_live_traffic_from_a_real_master_goes_through_the_callback(tmp_path, protocol: str) -> None:
+    """Both dialects: once caught up, every appended record reaches the slave as one block,
+    applied and acked by the callback."""
+    with replica_stores(tmp_path, SEG, "m", "s") as [(mcl, mem), (scl, sem)]:
+        mem.append(1, 0)
+        fill(mcl, 300_000)
+
+        async def run() -> None:
+            m = ha_master(mcl, mem, CFG)
+            async with master_running(m) as port, \
+                    slave_running(ha_slave(scl, sem, port, CFG, protocol=protocol)) as s:
+                def acked() -> int:
+                    slaves = m.status()["slaves"]
+                    return slaves[0]["ack_offset"] if slaves else -1
+
+                async def append_acked() -> None:
+                    mcl.append_batch("live", [b"x" * 1000])
+                    end = mcl.max_offset
+                    await wait_until_async(lambda: acked() == end, DEADLINE, f"ack of {end}", interval=0.0005)
+
+                await wait_until_async(lambda: acked() == mcl.max_offset, DEADLINE, "catch-up")
+                await append_acked()
+                blocks = (s.callback_blocks, s.task_blocks)
+                for _ in range(50):
+                    await append_acked()
+                assert (s.callback_blocks, s.task_blocks) == (blocks[0] + 50, blocks[1])
+                assert (s.sessions, s.last_error) == (1, "")
+
+        asyncio.run(run())
+        assert_same_log(mcl, scl)
 
 
 def _hdr(length: int, ftype: int) -> bytes:
