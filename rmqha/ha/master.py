@@ -784,6 +784,10 @@ class HAMaster:
             link.unwatch()
             if ended.done() and not ended.cancelled():
                 ended.exception()  # retrieved: the caller reports why the link ended
+            else:
+                # Dropped for silence: the close that follows must not leave an exception
+                # nobody retrieves ("Future exception was never retrieved").
+                ended.cancel()
 
     def _handle_acks(self, sl: _SlaveLink, msgs: list[Any]) -> None:
         ack = sl.ack
