@@ -185,8 +185,11 @@ class LocalBroker:
 
     def __init__(self, base: Path, name: str, namesrv: str | None, *, broker_id: int = 0,
                  role: str = "master", master_address: str | None = None,
-                 ns_id: int | None = None, **cfg: Any) -> None:
+                 ns_id: int | None = None, immediate: bool = True, **cfg: Any) -> None:
         self.base = base
+        #: Sends taken without a task (as the broker process registers them), or only
+        #: through the task-based handler.
+        self.immediate = immediate
         self.name = name
         self.namesrv = namesrv
         self.broker_id = broker_id
@@ -217,6 +220,9 @@ class LocalBroker:
                                   metrics=self.metrics)
         self.svc.set_role(self.role, self.master_address)
         self.server = RemotingServer("127.0.0.1", self.port, self.svc.handlers())
+        if self.immediate:
+            for code, now in self.svc.immediate_handlers().items():
+                self.server.register_immediate(code, now)
         await self.server.start()
         if self.namesrv:
             self._ns = RemotingClient(self.namesrv)
@@ -762,6 +768,35 @@ def test_flush_sync_answers_after_the_fsync(tmp_path: Path) -> None:
                 assert all(r.ok for r in singles)
                 assert b.log.flushed_offset > max(_commit_offset(r.offset_msg_id) for r in singles)
                 assert b.log.flush_count - flushes_before < 64
+
+    run(main())
+
+
+@pytest.mark.parametrize("immediate", [True, False], ids=["immediate", "task"])
+def test_flush_sync_send_whose_fsync_fails_is_not_acknowledged(tmp_path: Path,
+                                                               immediate: bool) -> None:
+    """A failed group commit answers SYSTEM_ERROR (a retryable refusal), never SEND_OK, on
+    both send paths; the next fsync that works acknowledges again."""
+    async def main() -> None:
+        async with Env(tmp_path) as env:
+            b = await env.broker(flush="sync", immediate=immediate)
+            await create_topic(b.address, "durable", 1)
+            async with Producer(env.namesrv, max_attempts=1) as p:
+                assert (await p.send("durable", b"ok")).ok
+                real = b.log.sync_now
+
+                def failing() -> int:
+                    raise OSError(5, "Input/output error")
+
+                b.log.sync_now = failing
+                try:
+                    with pytest.raises(SendError) as info:
+                        await p.send("durable", b"not on disk")
+                    assert info.value.code == ResponseCode.SYSTEM_ERROR
+                    assert "FLUSH_DISK_FAILED" in str(info.value)
+                finally:
+                    b.log.sync_now = real
+                assert (await p.send("durable", b"ok again")).ok
 
     run(main())
 

@@ -8,6 +8,7 @@ wrote.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -17,6 +18,12 @@ from rmqha.errors import StoreError
 from rmqha.failpoints import Failpoint, hit
 from rmqha.messaging.context import MessagingContext
 from rmqha.messaging.message import decode_properties
+
+log = logging.getLogger(__name__)
+
+#: The put status of a send whose group commit fsync failed (answered SYSTEM_ERROR, which
+#: clients retry: the record is stored but not known to be on disk).
+FLUSH_DISK_FAILED = "FLUSH_DISK_FAILED"
 
 class LogWriter:
     """Appends rows and awaits their durability; ``on_confirmed(offset)`` runs when the
@@ -93,6 +100,8 @@ class LogWriter:
         try:
             fut.set_result(self.ctx.log.sync_now())
         except (OSError, StoreError) as exc:
+            # Every send of the turn fails on it; the log says why, once.
+            log.error("group commit fsync failed: %s", exc)
             fut.set_exception(exc)
 
     async def await_durable(self, end_offset: int, *, index_now: bool = True) -> tuple[int, str]:
@@ -119,42 +128,59 @@ class LogWriter:
             else:
                 on_confirmed(end_offset)
             if flushed is not None:
-                if flushed.done():
-                    flushed.result()  # usually by now: it ran during the round trip
-                else:
+                if not flushed.done():  # usually it is: it ran during the round trip
                     left = max(0.0, timeout_s - (time.monotonic() - started))
                     try:
                         # Shielded: the group commit is shared with the turn's other sends.
                         await asyncio.wait_for(asyncio.shield(flushed), left)
                     except asyncio.TimeoutError:
                         return ResponseCode.FLUSH_DISK_TIMEOUT, "FLUSH_DISK_TIMEOUT"
+                    except (OSError, StoreError):
+                        pass  # answered below
+                if flushed.cancelled() or flushed.exception() is not None:
+                    return ResponseCode.SYSTEM_ERROR, FLUSH_DISK_FAILED
         finally:
             if flushed is not None and flushed.done() and not flushed.cancelled():
                 flushed.exception()  # seen: a failed fsync is answered by whoever awaited it
         return self._verdict(ok, end_offset)
 
-    def answers_later(self) -> bool:
-        """Whether :meth:`when_durable` can serve this broker: with flush = async (with
-        flush = sync the answer also waits for the group commit: :meth:`await_durable`)."""
-        return self.ctx.config.flush != "sync"
-
     def when_durable(self, end_offset: int, done: Callable[[int, str], None]) -> None:
-        """:meth:`await_durable` (``index_now=False``) for a caller without a task and a
-        broker that :meth:`answers_later`: ``done(code, put status)`` runs once, in the
-        loop turn of the deciding ack.  Reads nothing the indexing derives."""
+        """:meth:`await_durable` (``index_now=False``) for a caller without a task:
+        ``done(code, put status)`` runs once, in the loop turn that decides it (the last
+        ack, or with flush = sync the group commit if that ends later).  Reads nothing
+        the indexing derives."""
         ctx = self.ctx
         replication = ctx.replication
+        timeout_s = ctx.config.slave_timeout_ms / 1000.0
+        flushed = self._group_commit(end_offset) if ctx.config.flush == "sync" else None
+        started = time.monotonic()
+        replicated: list[tuple[int, str]] = []
+
+        def settle() -> None:
+            if not replicated or (flushed is not None and not flushed.done()):
+                return
+            code, status = replicated[0]
+            if flushed is not None:
+                # As await_durable decides: a failed fsync, then one slower than the wait.
+                if flushed.cancelled() or flushed.exception() is not None:
+                    code, status = ResponseCode.SYSTEM_ERROR, FLUSH_DISK_FAILED
+                elif time.monotonic() - started > timeout_s:
+                    code, status = ResponseCode.FLUSH_DISK_TIMEOUT, "FLUSH_DISK_TIMEOUT"
+            done(code, status)
+
+        def on_replicated(ok: bool) -> None:
+            self._confirmed_soon(ctx.replication_confirm())
+            replicated.append(self._verdict(ok, end_offset))
+            settle()
+
+        if flushed is not None:
+            flushed.add_done_callback(lambda _: settle())
         if replication is None:
             self._confirmed_soon(end_offset)
-            done(ResponseCode.SUCCESS, "PUT_OK")
-            return
-
-        def replicated(ok: bool) -> None:
-            self._confirmed_soon(ctx.replication_confirm())
-            done(*self._verdict(ok, end_offset))
-
-        replication.when_replicated(end_offset, ctx.config.slave_timeout_ms / 1000.0,
-                                    replicated)
+            replicated.append((ResponseCode.SUCCESS, "PUT_OK"))
+            settle()
+        else:
+            replication.when_replicated(end_offset, timeout_s, on_replicated)
 
     def _verdict(self, ok: bool, end_offset: int) -> tuple[int, str]:
         """(response code, put status) of a send whose wait for the ack policy ended."""

@@ -28,7 +28,7 @@ from rmqha.messaging.delayed_delivery import (
     asks_for_delay,
 )
 from rmqha.messaging.headers import SendHeader
-from rmqha.messaging.log_writer import LogWriter
+from rmqha.messaging.log_writer import FLUSH_DISK_FAILED, LogWriter
 from rmqha.messaging.message import (
     DecompressError,
     SysFlag,
@@ -126,11 +126,9 @@ class SendPath:
         """The send without a task (the remoting connection's immediate handler): checks,
         append and push in the turn that decoded the request, and the answer from the ack
         callback that completes it, with no coroutine and no task step in between.  False
-        leaves the request to :meth:`on_send`: a master still waiting for its first lease,
-        or flush = sync (whose answer also waits for the group commit)."""
+        leaves the request to :meth:`on_send`: a master still waiting for its first lease."""
         replication = self.ctx.replication
-        if not self.writer.answers_later() or (
-                replication is not None and replication.awaiting_first_lease()):
+        if replication is not None and replication.awaiting_first_lease():
             return False
         started = time.perf_counter()
         try:
@@ -263,6 +261,9 @@ class SendPath:
                PUT_STATUS_FIELD: status, "commitLogOffset": first_offset}
         if code == ResponseCode.SUCCESS:
             remark = None
+        elif status == FLUSH_DISK_FAILED:
+            remark = (f"{status}: stored at {first_offset} but the fsync failed, so it is not "
+                      f"known to be on disk (the broker log says why)")
         elif status == "IN_SYNC_REPLICAS_NOT_ENOUGH":
             remark = (f"in-sync replicas not enough: stored at {first_offset} but held by fewer "
                       f"than min_in_sync_replicas={ctx.config.min_in_sync_replicas} copies")
