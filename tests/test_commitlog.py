@@ -7,6 +7,7 @@ import shutil
 import struct
 import tempfile
 import threading
+import time
 import zlib
 from pathlib import Path
 
@@ -353,6 +354,35 @@ def test_sync_flush_without_waiting_shares_one_fsync(twin, logs, tmp_path) -> No
     assert log.flush_future(result.end_offset).result(timeout=10) >= result.end_offset
     assert ends[-1] < result.end_offset <= log.flushed_offset
     assert 1 <= log.flush_count - before <= 2
+
+
+def test_received_blocks_after_a_pause_are_gathered_not_fsynced_one_by_one(
+        twin, logs, tmp_path) -> None:
+    """Sync mode, nobody waiting (a slave acking from its page cache): blocks that arrive
+    after the flusher went idle wait the gathering period and share one fsync.  Before,
+    a block that came after a pause was fsynced at once, alone, so a slave one message
+    at a time fsynced every message and kept the disk the master waits on busy."""
+    from rmqha.store.flusher import LAZY_FLUSH_S
+
+    source = logs(tmp_path / "m", twin)
+    placed = [source.append("t", b"r" * 200) for _ in range(7)]
+    chunks = [bytes(source.read(off, size)) for off, size in placed]
+    log = logs(tmp_path / "s", twin, flush="sync")
+    log.append_data(0, chunks[0], wait_flush=False)
+    deadline = time.monotonic() + 30
+    while log.flushed_offset < len(chunks[0]):  # the first one flushes: now idle
+        assert time.monotonic() < deadline, "the first block was never flushed"
+        time.sleep(0.001)
+    before = log.flush_count
+    started = time.monotonic()
+    for off, size in placed[1:]:
+        log.append_data(off, chunks[placed.index((off, size))], wait_flush=False)
+    end = placed[-1][0] + placed[-1][1]
+    while log.flushed_offset < end:
+        assert time.monotonic() < deadline, "the blocks after the pause were never flushed"
+        time.sleep(0.001)
+    assert time.monotonic() - started >= LAZY_FLUSH_S * 0.9  # gathered, not at once
+    assert log.flush_count - before <= 2  # six blocks, at most two fsyncs
 
 
 def test_concurrent_readers(twin, logs, tmp_path) -> None:

@@ -136,10 +136,17 @@ class Flusher:
             with self.lock:
                 if self.mode is FlushMode.SYNC:
                     while not self._stopping and self._wanted <= self.flushed_offset:
-                        lazy = self._requested > self.flushed_offset
-                        self._flusher_cond.wait(LAZY_FLUSH_S if lazy
-                                                else self._checkpoint_interval)
-                        if lazy or self.flushed_offset > self._checkpointed:
+                        if self._requested > self.flushed_offset:
+                            # Gather what arrives within the period (a waiter cuts it
+                            # short), then one fsync for all of it.
+                            self._flusher_cond.wait(LAZY_FLUSH_S)
+                            break
+                        # Idle: a request or a waiter wakes it; only a wait that ran out
+                        # flushes for the checkpoint.  (Breaking out on any wake once a
+                        # checkpoint was due made every block that came after a pause
+                        # its own fsync: a slave fsynced per message one at a time.)
+                        woken = self._flusher_cond.wait(self._checkpoint_interval)
+                        if not woken and self.flushed_offset > self._checkpointed:
                             break
                 elif not self._stopping:
                     self._flusher_cond.wait(self._flush_interval)
