@@ -7,7 +7,6 @@ one bad frame after a correct handshake.  Both check the store afterwards, byte 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import socket
 import struct
 import time
@@ -18,20 +17,12 @@ import pytest
 from rmqha import frames
 from rmqha.frames import Direction
 from rmqha.ha import HAConfig
-from rmqha.ha.testing import (assert_same_log, fast_config, fill, ha_master, ha_slave, master_running,
+from rmqha.ha.testing import (store_digest, assert_same_log, fast_config, fill, ha_master, ha_slave, master_running,
                               read_frames, replica_stores, scripted_master, slave_running, wait_until_async)
 
 SEG = 1 << 20
 CFG = fast_config(ha_housekeeping_interval_ms=2000, ha_reconnect_min_ms=50, max_frame_bytes=1 << 20)
 
-
-def _digest(cl) -> tuple[int, str]:
-    cl.flush()
-    h = hashlib.sha256()
-    for path in cl.segment_files():
-        with open(path, "rb") as f:
-            h.update(f.read())
-    return cl.max_offset, h.hexdigest()
 
 
 def _hello(broker_id: int = 2, seg: int = SEG, epoch: int = -1) -> bytes:
@@ -75,7 +66,7 @@ def test_master_closes_on_bad_slave_frames_and_keeps_serving(tmp_path, case: str
     with replica_stores(tmp_path, SEG, "m", "s") as [(mcl, mem), (scl, sem)]:
         mem.append(1, 0)
         fill(mcl, 300_000)
-        before = _digest(mcl)
+        before = store_digest(mcl)
 
         async def run() -> None:
             m = ha_master(mcl, mem, CFG)
@@ -92,7 +83,7 @@ def test_master_closes_on_bad_slave_frames_and_keeps_serving(tmp_path, case: str
                     await wait_until_async(lambda: scl.max_offset == mcl.max_offset, 10, "good slave served")
 
         asyncio.run(run())
-        assert _digest(mcl) == before
+        assert store_digest(mcl) == before
         assert_same_log(mcl, scl)
 
 
@@ -170,7 +161,7 @@ def test_slave_closes_on_bad_master_frames_and_writes_nothing(tmp_path, case: st
         with replica_stores(tmp_path, SEG, "ref") as [(ref_cl, _)]:
             fill(ref_cl, 300_000)  # the same records the slave holds, and more: valid continuation bytes
             reference = bytes(ref_cl.read(mx, 100_000))
-        before = (_digest(scl), sem.pairs())
+        before = (store_digest(scl), sem.pairs())
         make, reason = SLAVE_CASES[case]
 
         async def run() -> None:
@@ -206,7 +197,7 @@ def test_slave_closes_on_bad_master_frames_and_writes_nothing(tmp_path, case: st
                     assert s.direct_receives >= 1
 
         asyncio.run(run())
-        assert (_digest(scl), sem.pairs()) == before
+        assert (store_digest(scl), sem.pairs()) == before
 
 
 def _assert_slave_refuses(tmp_path, log_bytes: int, replies: Callable[[int], list[bytes]], expect: str) -> None:
@@ -215,7 +206,7 @@ def _assert_slave_refuses(tmp_path, log_bytes: int, replies: Callable[[int], lis
     with replica_stores(tmp_path, SEG, "s") as [(scl, sem)]:
         sem.append(1, 0)
         fill(scl, log_bytes)
-        before = (_digest(scl), sem.pairs())
+        before = (store_digest(scl), sem.pairs())
         answers = replies(scl.max_offset)
 
         async def master_script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -231,7 +222,7 @@ def _assert_slave_refuses(tmp_path, log_bytes: int, replies: Callable[[int], lis
                 await wait_until_async(lambda: expect in s.last_error, 10, f"{expect!r}")
 
         asyncio.run(run())
-        assert (_digest(scl), sem.pairs()) == before
+        assert (store_digest(scl), sem.pairs()) == before
 
 
 def test_slave_refuses_unordered_epoch_entries(tmp_path) -> None:

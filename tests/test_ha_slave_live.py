@@ -23,7 +23,6 @@ import array
 import asyncio
 import dataclasses
 import fcntl
-import hashlib
 import logging
 import os
 import socket
@@ -39,7 +38,7 @@ import pytest
 from rmqha import frames
 from rmqha.frames import Direction
 from rmqha.ha import link as ha_link
-from rmqha.ha.testing import (EPOCH_FILE, assert_same_log, fast_config, fill, ha_master, ha_slave, master_running,
+from rmqha.ha.testing import (store_digest, EPOCH_FILE, assert_same_log, fast_config, fill, ha_master, ha_slave, master_running,
                               replica_stores, slave_running, wait_until_async)
 from rmqha.store import CommitLog, EpochMap
 
@@ -55,14 +54,6 @@ DEADLINE = 5.0
 def _block(offset: int, data: bytes, epoch: int = 1, epoch_start: int = 0, confirm: int = 0) -> bytes:
     return frames.pack_transfer_header(offset, epoch_start, confirm, len(data), epoch) + data
 
-
-def _digest(cl: CommitLog) -> tuple[int, str]:
-    cl.flush()
-    h = hashlib.sha256()
-    for path in cl.segment_files():
-        with open(path, "rb") as f:
-            h.update(f.read())
-    return cl.max_offset, h.hexdigest()
 
 
 def _queued(sock: socket.socket) -> int:
@@ -302,7 +293,7 @@ def test_bad_frame_in_callback_mode_ends_the_session_as_before(tmp_path, caplog,
                     for off, d in good:
                         await m.send_acked(off, d)
                     assert s.callback_blocks == len(good)
-                    before = (_digest(scl), sem.pairs())
+                    before = (store_digest(scl), sem.pairs())
                     frame = make(offset, data)
                     if frame is None:
                         assert m.conn is not None
@@ -313,7 +304,7 @@ def test_bad_frame_in_callback_mode_ends_the_session_as_before(tmp_path, caplog,
                     # The slave reconnects and starts again where it was: nothing was stored.
                     await m.ready(sessions=2)
                     assert m.truncated_at == [good[0][0], offset]
-                    assert (_digest(scl), sem.pairs()) == before
+                    assert (store_digest(scl), sem.pairs()) == before
                     # The callback raised; the task ended the session (nothing handed back).
                     assert (s.callback_blocks, s.task_blocks, s.handbacks) == (len(good), 0, 0)
                     return s.last_error

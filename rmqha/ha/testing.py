@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import signal
@@ -108,6 +109,17 @@ def assert_same_log(a: CommitLog, b: CommitLog, what: str = "") -> None:
 
 
 # --- HA objects and their lifetimes -------------------------------------------------------------
+
+
+def store_digest(cl: CommitLog) -> tuple[int, str]:
+    """The log's max offset and a SHA-256 of its segment files, flushed first: equal
+    digests before and after mean nothing was stored."""
+    cl.flush()
+    h = hashlib.sha256()
+    for path in cl.segment_files():
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return cl.max_offset, h.hexdigest()
 
 
 def fast_config(**overrides: Any) -> HAConfig:
