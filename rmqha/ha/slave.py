@@ -434,7 +434,11 @@ class HASlave:
         rb = RecvBuffer(_RECV_BUFFER_BYTES)
         # A flush before every ack needs awaiting: the callback would hand back every block.
         step = None if cfg.ha_slave_flush_before_ack else functools.partial(self._live_step, link, codec, rb)
-        self._acked = cl.max_offset
+        # Nothing acked yet this session: the first pause tells the master where this log
+        # ends at once, so a caught-up slave rejoins the SyncStateSet now rather than at
+        # its first heartbeat (a new master whose min_in_sync_replicas needs it
+        # acknowledges nothing until then).
+        self._acked = -1
         self._unsent_ack = []
         if pending:
             self._apply(pending)
@@ -717,7 +721,7 @@ class HASlave:
         # As on the framed path: live traffic is read, applied and acked by a reader
         # callback (:meth:`_live`) while the last read drained the socket.
         step = None if cfg.ha_slave_flush_before_ack else functools.partial(self._live_step_stream, link, codec)
-        self._acked = cl.max_offset
+        self._acked = -1  # as on the framed path: the first pause acks at once
         self._unsent_ack = []
         if pending:
             self._apply(pending)
