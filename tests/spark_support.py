@@ -41,6 +41,14 @@ SPARK_OK: bool = SPARK_MISSING is None
 #: Apply to every test that starts or uses a SparkSession.
 requires_spark = pytest.mark.skipif(not SPARK_OK, reason=f"Spark tests need Java and pyspark: {SPARK_MISSING}")
 
+#: The marks of a module of Spark tests: skipped without Spark, selectable as ``-m spark``,
+#: and two harmless pyspark 4 / pandas 3 warnings (a version notice, a copy= deprecation).
+SPARK_TEST_MARKS = [
+    requires_spark, pytest.mark.spark,
+    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas"),
+    pytest.mark.filterwarnings("ignore:The copy keyword is deprecated"),
+]
+
 _SESSION = None
 
 

@@ -8,7 +8,7 @@ spikes that failed most CI runs, and a removed series that failed forever.
 from __future__ import annotations
 
 import pytest
-from spark_support import SPARK_OK, requires_spark, spark  # noqa: F401 - fixture
+from spark_support import SPARK_OK, SPARK_TEST_MARKS, spark  # noqa: F401 - fixture
 
 if SPARK_OK:
     import pandas as pd
@@ -16,11 +16,7 @@ if SPARK_OK:
     from spark_bench import gate, synthetic, trends
     from spark_bench.schema import RUN_TABLE
 
-pytestmark = [
-    requires_spark, pytest.mark.spark,
-    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas"),
-    pytest.mark.filterwarnings("ignore:The copy keyword is deprecated"),
-]
+pytestmark = SPARK_TEST_MARKS
 
 RUNS = 60
 LAST = RUNS - 1

@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 import pytest
-from spark_support import PROJECT_ROOT, SPARK_OK, requires_spark, spark  # noqa: F401 - fixture
+from spark_support import PROJECT_ROOT, SPARK_OK, SPARK_TEST_MARKS, spark  # noqa: F401 - fixture
 
 if SPARK_OK:
     from pyspark.sql import types as T
@@ -18,11 +18,7 @@ if SPARK_OK:
     from spark_bench.ingest import ingest, read_table
     from spark_bench.schema import RUN_TABLE
 
-pytestmark = [
-    requires_spark, pytest.mark.spark,
-    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas"),
-    pytest.mark.filterwarnings("ignore:The copy keyword is deprecated"),
-]
+pytestmark = SPARK_TEST_MARKS
 
 TINY_BENCH = textwrap.dedent('''
     import struct

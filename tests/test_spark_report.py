@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from spark_support import PROJECT_ROOT, SPARK_OK, requires_spark, spark  # noqa: F401 - fixture
+from spark_support import PROJECT_ROOT, SPARK_OK, SPARK_TEST_MARKS, spark  # noqa: F401 - fixture
 
 if SPARK_OK:
     import pandas as pd
@@ -15,11 +15,7 @@ if SPARK_OK:
     from spark_bench import synthetic
     from spark_bench.cli import main
 
-pytestmark = [
-    requires_spark, pytest.mark.spark,
-    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas"),
-    pytest.mark.filterwarnings("ignore:The copy keyword is deprecated"),
-]
+pytestmark = SPARK_TEST_MARKS
 
 RUNS = 30
 

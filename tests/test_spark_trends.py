@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from spark_support import SPARK_OK, requires_spark, spark  # noqa: F401 - fixture
+from spark_support import SPARK_OK, SPARK_TEST_MARKS, spark  # noqa: F401 - fixture
 
 if SPARK_OK:
     import pandas as pd
@@ -11,12 +11,7 @@ if SPARK_OK:
     from spark_bench import synthetic, trends
     from spark_bench.schema import RUN_TABLE
 
-pytestmark = [
-    requires_spark, pytest.mark.spark,
-    # pyspark 4.3 with pandas 3: version notice and copy= deprecation, both harmless here.
-    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas"),
-    pytest.mark.filterwarnings("ignore:The copy keyword is deprecated"),
-]
+pytestmark = SPARK_TEST_MARKS
 
 RUNS = 60
 # Benchmarks 0-3 form group op0 (cython, python, struct, lmdb); 4..103 are 100 noise-only
