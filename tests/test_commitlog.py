@@ -182,6 +182,29 @@ def test_batch_rolls_segments_and_matches_singles(twin, logs, tmp_path) -> None:
     assert a.queue_offset("T", 2) == 120
 
 
+def test_batch_entries_roll_segments_and_match_singles(twin, logs, tmp_path) -> None:
+    """A batch body stored as it came (each entry's own flag and properties) is the store
+    that appending its messages one by one makes, across segment rolls."""
+    rows = [(bytes([i % 256]) * (i * 53 % 1500), {} if i % 7 == 0 else {"k": f"v{i}"}, i % 4)
+            for i in range(120)]
+    batch = b""
+    for body, props, flag in rows:
+        pb = "".join(f"{k}\x01{v}\x02" for k, v in props.items()).encode()
+        batch += struct.pack(">iiiii", 22 + len(body) + len(pb), 0, 0, flag, len(body)) + body
+        batch += struct.pack(">h", len(pb)) + pb
+    a = logs(tmp_path / "a", twin)
+    r = a.append_batch_entries("T", batch, len(rows), 2, sys_flag=0, born_timestamp=7)
+    b = logs(tmp_path / "b", twin)
+    singles = [b.append("T", body, 2, props, flag=flag, born_timestamp=7)
+               for body, props, flag in rows]
+    assert list(zip(r.offsets, r.sizes)) == singles
+    assert (r.count, r.first_queue_offset, r.end_offset) == (120, 0, a.max_offset)
+    assert a.max_offset == b.max_offset and len(a.segment_files()) > 3
+    a.close()
+    b.close()
+    assert store_bytes(tmp_path / "a") == store_bytes(tmp_path / "b")
+
+
 def _fill(log: CommitLog, n: int, rnd: random.Random) -> list[tuple[int, int, bytes]]:
     out = []
     for i in range(n):

@@ -189,3 +189,26 @@ def test_commit_without_its_op_record_still_closes_the_transaction(pieces: Piece
         assert pieces.ctx.index.queue("t", 0).max_offset == 1  # committed once
 
     asyncio.run(main())
+
+
+def test_queue_index_extend_follows_the_rules_of_add(caplog) -> None:
+    """A run from the compiled walk grows an index exactly as adding its entries one by one
+    would: appended at the end, already-held offsets skipped, a gap restarts the index."""
+    from array import array
+
+    from rmqha.messaging.consume_queue import QueueIndex
+
+    def run(first: int, n: int) -> tuple[bytes, bytes, bytes]:
+        return (array("q", [100 * (first + i) for i in range(n)]).tobytes(),
+                array("i", [50] * n).tobytes(), array("q", [first + i for i in range(n)]).tobytes())
+
+    one, two = QueueIndex("T", 0), QueueIndex("T", 0)
+    for first, n in [(5, 3), (8, 2), (6, 6), (20, 2)]:
+        one.extend(first, *run(first, n))
+        phys, sizes, tags = (array(t, b) for t, b in zip("qiq", run(first, n)))
+        for i in range(n):
+            two.add(first + i, phys[i], sizes[i], tags[i])
+        assert (one.base, list(one.phys), list(one.sizes), list(one.tags)) == (
+            two.base, list(two.phys), list(two.sizes), list(two.tags))
+    assert one.extend(20, *run(20, 2)) == 2 and one.max_offset == 22
+    assert "gap from 12 to 20" in caplog.text

@@ -262,3 +262,120 @@ def test_prefault_keeps_bytes(twin: str) -> None:
             mod.prefault(mm, 9000, 4000)
     finally:
         mm.close()
+
+
+# --- batch bodies stored as they came ------------------------------------------------------
+
+RESERVED = ((b"DELAY", b"TRAN_PREPARED_QUEUE_OFFSET"), (b"TIMER_",))
+
+
+def batch_body(entries: list[tuple[bytes, bytes, int]]) -> bytes:
+    """A SEND_BATCH body written independently of the codec under test."""
+    out = b""
+    for body, props, flag in entries:
+        total = 22 + len(body) + len(props)
+        out += struct.pack(">iiiii", total, 0, 0, flag, len(body)) + body
+        out += struct.pack(">h", len(props)) + props
+    return out
+
+
+@pytest.mark.parametrize("props, plain", [
+    (b"", True),
+    (b"k\x01v\x02", True),
+    (b"KEYS\x01a b\x02UNIQ_KEY\x01AB12\x02k\x01\x02", True),
+    ("clé\x01välue\x02".encode(), True),
+    (b"k\x01v", False),                    # no closing separator
+    (b"\x02k\x01v\x02", False),            # an empty pair
+    (b"\x01v\x02", False),                 # an empty key
+    (b"k\x02", False),                     # no name/value separator
+    (b"k\x01v\x01w\x02", False),           # a value holding the separator
+    (b"k\x01v\x02k\x01w\x02", False),      # a repeated key
+    (b"k\x01\xff\xfe\x02", False),         # not UTF-8
+    (b"k\x01\xed\xa0\x80\x02", False),     # a UTF-8 encoded surrogate
+    (b"DELAY\x013\x02", False),
+    (b"TIMER_DELIVER_MS\x011\x02", False),
+    (b"a\x01b\x02TRAN_PREPARED_QUEUE_OFFSET\x017\x02", False),
+    (b"DELAYED\x01x\x02", True),           # only the exact key is reserved
+    (b"".join(b"k%d\x01v\x02" % i for i in range(64)), True),
+    (b"".join(b"k%d\x01v\x02" % i for i in range(65)), False),
+])
+def test_batch_plain_accepts_only_canonical_properties(twin: str, props: bytes,
+                                                       plain: bool) -> None:
+    mod = load_twin("records", twin)
+    other = load_twin("records", "python")
+    body = batch_body([(b"first", b"a\x01b\x02", 0), (b"x", props, 3)])
+    assert mod.batch_plain(body, 100, *RESERVED) == (2 if plain else -1)
+    if plain:  # canonical: decoding and encoding again gives the same bytes
+        assert other.encode_properties(other.decode_properties(props)) == props
+
+
+def test_batch_plain_refuses_bad_sizes_and_too_many(twin: str) -> None:
+    mod = load_twin("records", twin)
+    good = batch_body([(b"a" * 10, b"k\x01v\x02", 0)] * 3)
+    assert mod.batch_plain(good, 3, *RESERVED) == 3
+    assert mod.batch_plain(good, 2, *RESERVED) == -1
+    assert mod.batch_plain(b"", 2, *RESERVED) == 0
+    assert mod.batch_plain(good[:-1], 3, *RESERVED) == -1
+    bad_total = bytearray(good)
+    struct.pack_into(">i", bad_total, 0, 5)
+    assert mod.batch_plain(bytes(bad_total), 3, *RESERVED) == -1
+    bad_plen = bytearray(good)
+    struct.pack_into(">h", bad_plen, 20 + 10, -1)
+    assert mod.batch_plain(bytes(bad_plen), 3, *RESERVED) == -1
+
+
+def test_batch_entries_equal_singles(twin: str) -> None:
+    """Entries stored as they came are the records write_message makes of them."""
+    mod = load_twin("records", twin)
+    entries = [(bytes([i % 251]) * (i * 37 % 700), b"" if i % 5 == 0 else b"k\x01v%d\x02" % i,
+                i % 3) for i in range(60)]
+    body = batch_body(entries)
+    one = bytearray(50000)
+    pos = 0
+    for i, (b, props, flag) in enumerate(entries):
+        pos += mod.write_message(one, pos, b"T", b, props, 1, flag, 100 + i, 5000 + pos, 4,
+                                 11, HOST_A, 12, HOST_B, 0, 0)
+    two = bytearray(50000)
+    offs = array("q", [0] * len(entries))
+    sizes = array("i", [0] * len(entries))
+    count, end, src = mod.write_batch_entries(two, 0, len(two), b"T", body, 0, 1, 100, 5000, 4,
+                                              11, HOST_A, 12, HOST_B, offs, sizes, 0)
+    assert (count, end, src) == (len(entries), pos, len(body))
+    assert one == two
+    p = 0
+    for i in range(len(entries)):
+        rec = parse_record(two, p)
+        assert (offs[i], sizes[i], rec["flag"]) == (5000 + p, rec["total"], entries[i][2])
+        p += rec["total"]
+
+
+def test_batch_entries_stop_at_limit_and_resume(twin: str) -> None:
+    mod = load_twin("records", twin)
+    body = batch_body([(b"x" * 100, b"", 0)] * 10)
+    buf = bytearray(2000)
+    offs = array("q", [0] * 10)
+    sizes = array("i", [0] * 10)
+    count, end, src = mod.write_batch_entries(buf, 0, 600, b"T", body, 0, 0, 0, 0, 0, 1,
+                                              HOST_A, 1, HOST_B, offs, sizes, 0)
+    assert (count, end, src) == (3, 3 * 192, 3 * 122)
+    count2, end2, src2 = mod.write_batch_entries(buf, end, 2000, b"T", body, src, 0, 3, 0, 0,
+                                                 1, HOST_A, 1, HOST_B, offs, sizes, count)
+    assert (count2, end2, src2) == (7, 10 * 192, len(body))
+    assert list(offs) == [i * 192 for i in range(10)] and set(sizes) == {192}
+    assert parse_record(buf, 9 * 192)["queue_offset"] == 9
+
+
+def test_batch_entries_bad_input_writes_nothing(twin: str) -> None:
+    mod = load_twin("records", twin)
+    buf = bytearray(3000)
+    body = batch_body([(b"ok", b"", 0), (b"y" * 900, b"", 0)])
+    with pytest.raises(MessageTooLargeError):
+        mod.write_batch_entries(buf, 0, 3000, b"T", body, 0, 0, 0, 0, 0, 1, HOST_A, 1, HOST_B,
+                                None, None, 0, 500)
+    with pytest.raises(InvalidMessageError):
+        mod.write_batch_entries(buf, 0, 3000, b"T", body[:-3], 0, 0, 0, 0, 0, 1, HOST_A, 1,
+                                HOST_B, None, None, 0)
+    with pytest.raises(StoreError):
+        mod.write_batch_entries(buf, 0, 3000, b"T", body, 0, 0, 0, 0, 0, 1, HOST_A, 1, HOST_B,
+                                array("q", [0]), None, 0)
+    assert not any(buf)

@@ -17,7 +17,8 @@ from types import ModuleType
 NO_EXTENSIONS: bool = os.environ.get("RMQHA_NO_EXTENSIONS", "") not in ("", "0")
 
 #: Every hot-path feature; each has ``rmqha/_core/<name>.pyx`` and ``<name>_py.py``.
-FEATURES: tuple[str, ...] = ("records", "epoch_map", "frames", "ha_offsets", "message_index")
+FEATURES: tuple[str, ...] = ("records", "epoch_map", "frames", "ha_offsets", "message_index",
+                             "queue_scan")
 
 TWINS: tuple[str, ...] = ("cython", "python")
 

@@ -8,7 +8,8 @@ CRC uses PCLMULQDQ folding when the CPU has it (slicing-by-8 tables otherwise). 
 object is created per record.
 """
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_WRITABLE, PyBUF_SIMPLE
-from libc.stdint cimport uint32_t, int32_t, int64_t, uint64_t
+from libc.stdint cimport int16_t, uint16_t, uint32_t, int32_t, int64_t, uint64_t
+from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.string cimport memcmp, memcpy, memset
 
 from rmqha.errors import CorruptRecordError, InvalidMessageError, MessageTooLargeError, StoreError
@@ -585,6 +586,205 @@ def write_batch(object buf, Py_ssize_t pos, Py_ssize_t limit, bytes topic, objec
     finally:
         PyBuffer_Release(&out)
     return count, pos
+
+
+# --- SEND_BATCH bodies (layout and rules in records_py.py) --------------------------------
+
+cdef enum:
+    C_MAX_PLAIN_KEYS = 64
+
+BATCH_ENTRY_FIXED = 22
+MAX_PLAIN_KEYS = C_MAX_PLAIN_KEYS
+
+
+cdef bint _reserved(const unsigned char* k, Py_ssize_t klen, tuple keys, tuple prefixes):
+    cdef object item
+    cdef Py_ssize_t ilen
+    for item in keys:
+        ilen = len(<bytes>item)
+        if ilen == klen and memcmp(<const char*><bytes>item, k, <size_t>klen) == 0:
+            return True
+    for item in prefixes:
+        ilen = len(<bytes>item)
+        if ilen <= klen and memcmp(<const char*><bytes>item, k, <size_t>ilen) == 0:
+            return True
+    return False
+
+
+cdef bint _plain_properties(const unsigned char* p, Py_ssize_t n, tuple keys,
+                            tuple prefixes) except -1:
+    cdef Py_ssize_t i, start = 0, sep = -1, j, nkeys = 0
+    cdef Py_ssize_t kstart[C_MAX_PLAIN_KEYS]
+    cdef Py_ssize_t klen[C_MAX_PLAIN_KEYS]
+    cdef bint ascii = True
+    if p[n - 1] != 2:
+        return False
+    for i in range(n):
+        if p[i] & 0x80:
+            ascii = False
+            break
+    if not ascii:
+        try:
+            PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
+        except UnicodeDecodeError:
+            return False
+    for i in range(n):
+        if p[i] == 1:
+            if sep >= 0:
+                return False  # a second separator: the value would keep it
+            sep = i
+        elif p[i] == 2:
+            if sep <= start or nkeys == C_MAX_PLAIN_KEYS:
+                return False  # no separator, an empty key, or too many keys to compare
+            if _reserved(p + start, sep - start, keys, prefixes):
+                return False
+            for j in range(nkeys):
+                if klen[j] == sep - start and memcmp(p + kstart[j], p + start,
+                                                     <size_t>(sep - start)) == 0:
+                    return False
+            kstart[nkeys] = start
+            klen[nkeys] = sep - start
+            nkeys += 1
+            start = i + 1
+            sep = -1
+    return True
+
+
+def batch_plain(object batch, Py_ssize_t max_items, tuple reserved_keys=(),
+                tuple reserved_prefixes=()):
+    """How many entries a batch body holds, when all of them can be stored as they came;
+    -1 when not (see ``records_py.batch_plain``)."""
+    cdef Py_buffer view
+    cdef const unsigned char* b
+    cdef Py_ssize_t n, pos = 0, count = 0, total, blen, plen
+    _get_buffer(batch, &view, PyBUF_SIMPLE)
+    try:
+        b = <const unsigned char*>view.buf
+        n = view.len
+        while pos < n:
+            if n - pos < 22:
+                return -1
+            total = <int32_t>rmqha_get32(b + pos)
+            blen = <int32_t>rmqha_get32(b + pos + 16)
+            if total < 22 or total > n - pos or blen < 0 or 22 + blen > total:
+                return -1
+            plen = <int16_t>(<uint16_t>b[pos + 20 + blen] << 8 | b[pos + 21 + blen])
+            if plen < 0 or 22 + blen + plen != total:
+                return -1
+            count += 1
+            if count > max_items:
+                return -1
+            if plen and not _plain_properties(b + pos + 22 + blen, plen, reserved_keys,
+                                              reserved_prefixes):
+                return -1
+            pos += total
+        return count
+    finally:
+        PyBuffer_Release(&view)
+
+
+def write_batch_entries(object buf, Py_ssize_t pos, Py_ssize_t limit, bytes topic,
+                        object batch, Py_ssize_t src, int32_t queue_id, int64_t queue_offset,
+                        int64_t base_offset, int32_t sys_flag, int64_t born_timestamp,
+                        bytes born_host, int64_t store_timestamp, bytes store_host,
+                        object offsets_out, object sizes_out, Py_ssize_t index,
+                        Py_ssize_t max_record=0x7FFFFFFF):
+    """Encode the entries of a batch body from byte ``src`` as records from ``pos`` while
+    each ends at or before ``limit``; returns ``(records written, end position, next
+    src)`` (see ``records_py.write_batch_entries``)."""
+    cdef Py_buffer out, inp, offs, szs
+    cdef unsigned char tmpl[C_HEAD]
+    cdef unsigned char* dst
+    cdef unsigned char* d
+    cdef const unsigned char* b
+    cdef int64_t* off_p = NULL
+    cdef int32_t* size_p = NULL
+    cdef Py_ssize_t n, p, k, total, blen, plen, size, tlen, count = 0
+    cdef int have_offs = 0, have_sizes = 0
+    _check_fields(topic, b"", born_host, store_host)
+    tlen = len(topic)
+    _template(tmpl, queue_id, 0, sys_flag, born_timestamp, <const char*>born_host,
+              store_timestamp, <const char*>store_host, 0, 0)
+    _get_buffer(batch, &inp, PyBUF_SIMPLE)
+    try:
+        b = <const unsigned char*>inp.buf
+        n = inp.len
+        if src < 0 or src > n:
+            raise StoreError(f"batch position {src} outside a body of {n} bytes")
+        # Pre-pass: sizes, so a bad entry raises before a byte is written.
+        p = src
+        k = index
+        while p < n:
+            if n - p < 22:
+                raise InvalidMessageError(f"batch entry at {p} shorter than its header")
+            total = <int32_t>rmqha_get32(b + p)
+            blen = <int32_t>rmqha_get32(b + p + 16)
+            plen = -1
+            if 0 <= blen <= total - 22 and total <= n - p:
+                plen = <int16_t>(<uint16_t>b[p + 20 + blen] << 8 | b[p + 21 + blen])
+            if total < 22 or total > n - p or plen < 0 or 22 + blen + plen != total:
+                raise InvalidMessageError(f"batch entry at {p}: sizes do not add up")
+            size = C_FIXED + blen + tlen + plen
+            if size > max_record:
+                raise MessageTooLargeError(
+                    f"message {k}: a record of {size} bytes exceeds the limit of "
+                    f"{min(max_record, 0x7FFFFFFF)}")
+            p += total
+            k += 1
+        _get_buffer(buf, &out, PyBUF_WRITABLE)
+        try:
+            if pos < 0 or limit > out.len or pos > limit:
+                raise StoreError(f"batch range {pos}..{limit} outside a buffer of {out.len}")
+            if offsets_out is not None:
+                _get_buffer(offsets_out, &offs, PyBUF_WRITABLE)
+                have_offs = 1
+                if offs.len < k * 8 or offs.itemsize != 8:
+                    raise StoreError(f"offsets_out must hold {k} int64 values")
+                off_p = <int64_t*>offs.buf
+            if sizes_out is not None:
+                _get_buffer(sizes_out, &szs, PyBUF_WRITABLE)
+                have_sizes = 1
+                if szs.len < k * 4 or szs.itemsize != 4:
+                    raise StoreError(f"sizes_out must hold {k} int32 values")
+                size_p = <int32_t*>szs.buf
+            dst = <unsigned char*>out.buf
+            while src < n:
+                total = <int32_t>rmqha_get32(b + src)
+                blen = <int32_t>rmqha_get32(b + src + 16)
+                plen = total - 22 - blen
+                size = C_FIXED + blen + tlen + plen
+                if pos + size > limit:
+                    break
+                d = dst + pos
+                memcpy(d, tmpl, C_HEAD)
+                rmqha_put32(d, <uint32_t>size)
+                rmqha_put32(d + 8, rmqha_crc32_copy(0, d + C_HEAD, b + src + 20,
+                                                    <size_t>blen) & 0x7FFFFFFFu)
+                memcpy(d + 16, b + src + 12, 4)  # the entry's flag
+                rmqha_put64(d + 20, <uint64_t>(queue_offset + count))
+                rmqha_put64(d + 28, <uint64_t>(base_offset + pos))
+                rmqha_put32(d + 84, <uint32_t>blen)
+                d += C_HEAD + blen
+                d[0] = <unsigned char>tlen
+                memcpy(d + 1, <const char*>topic, <size_t>tlen)
+                # The entry's int16 length and properties are the record's uint16 and pairs.
+                memcpy(d + 1 + tlen, b + src + 20 + blen, <size_t>(2 + plen))
+                if off_p != NULL:
+                    off_p[index + count] = base_offset + pos
+                if size_p != NULL:
+                    size_p[index + count] = <int32_t>size
+                pos += size
+                src += total
+                count += 1
+        finally:
+            if have_offs:
+                PyBuffer_Release(&offs)
+            if have_sizes:
+                PyBuffer_Release(&szs)
+            PyBuffer_Release(&out)
+    finally:
+        PyBuffer_Release(&inp)
+    return count, pos, src
 
 
 def write_blank(object buf, Py_ssize_t pos, Py_ssize_t size):

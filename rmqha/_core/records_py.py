@@ -227,6 +227,147 @@ def write_batch(buf, pos: int, limit: int, topic: bytes, bodies: Sequence, start
     return count, pos
 
 
+# --- SEND_BATCH bodies -------------------------------------------------------------------
+#
+# A batch send's body is a run of entries, TOTALSIZE MAGIC BODYCRC FLAG BODYLEN (int32 each)
+# body PROPLEN (int16) properties, the properties already in the record's own
+# ``key\x01value\x02`` form.  When every entry's properties are canonical (what decoding
+# them to a map and encoding that map again gives back byte for byte), the entries can be
+# stored as they came, without a Python object per message.
+
+_ENTRY_HEAD = struct.Struct(">iiiii")  # total size, magic, body crc, flag, body length
+_I16 = struct.Struct(">h")
+#: An entry's bytes besides its body and properties.
+BATCH_ENTRY_FIXED = 22
+#: Keys one canonical property map may hold before :func:`batch_plain` gives up on it.
+MAX_PLAIN_KEYS = 64
+
+
+def _plain_properties(raw: bytes, reserved_keys: tuple[bytes, ...],
+                      reserved_prefixes: tuple[bytes, ...]) -> bool:
+    if raw[-1] != 2:
+        return False
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    seen: set[bytes] = set()
+    for pair in raw[:-1].split(b"\x02"):
+        key, sep, value = pair.partition(b"\x01")
+        if (not key or not sep or b"\x01" in value or key in seen or key in reserved_keys
+                or key.startswith(reserved_prefixes) or len(seen) == MAX_PLAIN_KEYS):
+            return False
+        seen.add(key)
+    return True
+
+
+def batch_plain(batch, max_items: int, reserved_keys: tuple[bytes, ...] = (),
+                reserved_prefixes: tuple[bytes, ...] = ()) -> int:
+    """How many entries a batch body holds, when all of them can be stored as they came;
+    -1 when not: a size that does not add up, more than ``max_items`` entries, or
+    properties that are not canonical (invalid UTF-8, an empty or repeated key, a pair
+    without exactly one ``\x01``, no closing ``\x02``, more than 64 keys) or hold a key of
+    ``reserved_keys`` or starting with one of ``reserved_prefixes``.  The caller then
+    decodes the batch the long way, which says what is wrong."""
+    mv = memoryview(batch)
+    n = len(mv)
+    pos = count = 0
+    entry = _ENTRY_HEAD.unpack_from
+    while pos < n:
+        if n - pos < BATCH_ENTRY_FIXED:
+            return -1
+        total, _magic, _crc, _flag, blen = entry(mv, pos)
+        if total < BATCH_ENTRY_FIXED or total > n - pos or blen < 0 or 22 + blen > total:
+            return -1
+        (plen,) = _I16.unpack_from(mv, pos + 20 + blen)
+        if plen < 0 or 22 + blen + plen != total:
+            return -1
+        count += 1
+        if count > max_items:
+            return -1
+        if plen and not _plain_properties(bytes(mv[pos + 22 + blen:pos + total]),
+                                          reserved_keys, reserved_prefixes):
+            return -1
+        pos += total
+    return count
+
+
+def write_batch_entries(buf, pos: int, limit: int, topic: bytes, batch, src: int,
+                        queue_id: int, queue_offset: int, base_offset: int, sys_flag: int,
+                        born_timestamp: int, born_host: bytes, store_timestamp: int,
+                        store_host: bytes, offsets_out, sizes_out, index: int,
+                        max_record: int = 0x7FFFFFFF) -> tuple[int, int, int]:
+    """Encode the entries of a batch body (see :func:`batch_plain`) from byte ``src`` as
+    records from ``pos`` while each ends at or before ``limit``.
+
+    Each record keeps its entry's flag and properties; the one counted ``i`` from here gets
+    queue offset ``queue_offset + i`` and physical offset ``base_offset + its position``,
+    stored in ``offsets_out[index + i]`` (int64) with its size in ``sizes_out[index + i]``
+    (int32).  Returns ``(records written, end position, next src)``.  Every remaining entry
+    is checked first (sizes, record size <= ``max_record``), so a bad one raises before
+    anything is written.
+    """
+    _check_fields(topic, b"", born_host, store_host)
+    tlen = len(topic)
+    mv = memoryview(batch)
+    n = len(mv)
+    if not 0 <= src <= n:
+        raise StoreError(f"batch position {src} outside a body of {n} bytes")
+    entry = _ENTRY_HEAD.unpack_from
+    p = src
+    k = index
+    while p < n:
+        if n - p < BATCH_ENTRY_FIXED:
+            raise InvalidMessageError(f"batch entry at {p} shorter than its header")
+        total, _magic, _crc, _flag, blen = entry(mv, p)
+        plen = -1
+        if 0 <= blen <= total - 22 and total <= n - p:
+            plen = _I16.unpack_from(mv, p + 20 + blen)[0]
+        if total < BATCH_ENTRY_FIXED or total > n - p or plen < 0 or 22 + blen + plen != total:
+            raise InvalidMessageError(f"batch entry at {p}: sizes do not add up")
+        size = FIXED_SIZE + blen + tlen + plen
+        if size > max_record:
+            raise MessageTooLargeError(
+                f"message {k}: a record of {size} bytes exceeds the limit of "
+                f"{min(max_record, 0x7FFFFFFF)}")
+        p += total
+        k += 1
+    if offsets_out is not None and len(offsets_out) < k:
+        raise StoreError(f"offsets_out must hold {k} int64 values")
+    if sizes_out is not None and len(sizes_out) < k:
+        raise StoreError(f"sizes_out must hold {k} int32 values")
+    if limit > len(buf) or pos < 0:
+        raise StoreError(f"batch range {pos}..{limit} outside a buffer of {len(buf)}")
+    pack = _HEAD.pack_into
+    count = 0
+    while src < n:
+        total, _magic, _crc, flag, blen = entry(mv, src)
+        plen = total - 22 - blen
+        size = FIXED_SIZE + blen + tlen + plen
+        if pos + size > limit:
+            break
+        body = mv[src + 20:src + 20 + blen]
+        phys = base_offset + pos
+        pack(buf, pos, size, MESSAGE_MAGIC, zlib.crc32(body) & CRC_MASK, queue_id, flag,
+             queue_offset + count, phys, sys_flag, born_timestamp, born_host,
+             store_timestamp, store_host, 0, 0, blen)
+        q = pos + _HEAD_SIZE
+        buf[q:q + blen] = body
+        q += blen
+        buf[q] = tlen
+        buf[q + 1:q + 1 + tlen] = topic
+        q += 1 + tlen
+        buf[q:q + 2 + plen] = mv[src + 20 + blen:src + total]
+        if offsets_out is not None:
+            offsets_out[index + count] = phys
+        if sizes_out is not None:
+            sizes_out[index + count] = size
+        pos += size
+        src += total
+        count += 1
+    return count, pos, src
+
+
 def write_blank(buf, pos: int, size: int) -> None:
     """Write the blank record header (``size`` = bytes left in the segment, >= 8)."""
     if size < MIN_BLANK:

@@ -12,22 +12,24 @@ from __future__ import annotations
 
 import bisect
 import logging
-import struct
 from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from rmqha.messaging.message import MAGIC_V1, REC_FIXED, find_property, tag_hash
+from rmqha import _core
+from rmqha.messaging.message import tag_hash
 
 log = logging.getLogger(__name__)
 
-BLANK_MAGIC = 0xCBD43194
-_HEAD = struct.Struct(">iI")
-_QUEUE = struct.Struct(">i")  # at +12
-_QOFF = struct.Struct(">q")  # at +20
-_BODY_LEN = struct.Struct(">i")  # at +84
-_PROPS_LEN = struct.Struct(">H")
+_queue_scan = _core.load("queue_scan")
+_NO_TOPICS: frozenset[bytes] = frozenset()
+
+
+def _tag_hash_bytes(raw: bytes) -> int:
+    """The tag hash of a raw TAGS value that is not ASCII (ASCII ones hash in C)."""
+    return tag_hash(raw.decode("utf-8", errors="replace"))
+
 
 
 class LogReader(Protocol):
@@ -99,6 +101,30 @@ class QueueIndex:
         self.tags.append(tag)
         return True
 
+    def extend(self, first: int, phys: bytes, sizes: bytes, tags: bytes) -> int:
+        """Append a run of entries with consecutive queue offsets from ``first`` (native
+        int64 / int32 / int64 bytes, as ``rmqha._core.queue_scan`` makes them), by the
+        rules of :meth:`add`; returns how many leading entries were already held."""
+        end = self.max_offset
+        skip = 0
+        if first != end:
+            if not self.phys:
+                self.base = first
+            elif first < end:
+                skip = min(len(sizes) // 4, end - first)
+                log.warning("index %s/%d: queue offsets %d..%d already indexed (next %d); "
+                            "skipped", self.topic, self.queue_id, first, first + skip - 1, end)
+            else:
+                log.warning("index %s/%d: gap from %d to %d; restarting the index there",
+                            self.topic, self.queue_id, end, first)
+                self.clear(first)
+        if skip:
+            phys, sizes, tags = phys[8 * skip:], sizes[4 * skip:], tags[8 * skip:]
+        self.phys.frombytes(phys)
+        self.sizes.frombytes(sizes)
+        self.tags.frombytes(tags)
+        return skip
+
     def clear(self, base: int) -> None:
         self.base = base
         del self.phys[:]
@@ -165,6 +191,7 @@ class ConsumeQueueIndex:
         #: Commitlog position up to which records were scanned (always a record boundary).
         self.indexed_offset = 0
         self.watched_topics = frozenset(watched_topics)
+        self._watched_bytes = frozenset(t.encode() for t in self.watched_topics)
         # Topic bytes -> str, so a scan decodes each topic name once.
         self._topic_names: dict[bytes, str] = {}
 
@@ -202,57 +229,36 @@ class ConsumeQueueIndex:
 
     def _scan(self, view: memoryview, base: int, grown: set[tuple[str, int]],
               on_watched: Callable[[ScannedRecord], None] | None) -> int:
-        n = len(view)
-        pos = 0
-        queues = self.queues
-        watched = self.watched_topics
+        # The per-record walk is compiled (rmqha._core.queue_scan): one run per stretch of
+        # consecutive records of a queue, added here with three array extends.
         watched_prop = self.watched_property if on_watched is not None else None
+        watched = self._watched_bytes if on_watched is not None else _NO_TOPICS
+        consumed, runs, bad = _queue_scan.index_runs(view, base, watched, watched_prop,
+                                                     _tag_hash_bytes)
+        queues = self.queues
         topic_names = self._topic_names
-        while n - pos >= 8:
-            total, magic = _HEAD.unpack_from(view, pos)
-            if magic == BLANK_MAGIC:
-                if total <= 0 or total > n - pos:
-                    # The blank runs past what we may read; advance() skips to the
-                    # segment end once the scan limit reaches it.
-                    return pos
-                pos += total
-                continue
-            if magic != MAGIC_V1 or total < REC_FIXED:
-                log.error("index scan: no record at commitlog offset %d (magic %#x, size %d)",
-                          base + pos, magic, total)
-                return pos
-            if total > n - pos:
-                break
-            (queue_id,) = _QUEUE.unpack_from(view, pos + 12)
-            (queue_offset,) = _QOFF.unpack_from(view, pos + 20)
-            (body_len,) = _BODY_LEN.unpack_from(view, pos + 84)
-            t = pos + 88 + body_len
-            topic_len = view[t]
-            raw_topic = bytes(view[t + 1 : t + 1 + topic_len])
+        for raw_topic, queue_id, first, phys, sizes, tags, hits in runs:
             topic = topic_names.get(raw_topic)
             if topic is None:
                 topic = topic_names[raw_topic] = raw_topic.decode("utf-8", errors="replace")
-            (props_len,) = _PROPS_LEN.unpack_from(view, t + 1 + topic_len)
-            p = t + 3 + topic_len
-            tag = 0
-            prop_hit = False
-            if props_len > 0:
-                props = bytes(view[p : p + props_len])
-                if b"TAGS\x01" in props:
-                    raw = find_property(props, b"TAGS")
-                    if raw:
-                        tag = tag_hash(raw.decode("utf-8", errors="replace"))
-                prop_hit = watched_prop is not None and watched_prop in props
             key = (topic, queue_id)
             q = queues.get(key)
             if q is None:
-                q = queues[key] = QueueIndex(topic, queue_id, queue_offset)
-            if q.add(queue_offset, base + pos, total, tag):
+                q = queues[key] = QueueIndex(topic, queue_id, first)
+            skipped = q.extend(first, phys, sizes, tags)
+            if skipped < len(sizes) // 4:
                 grown.add(key)
-                if on_watched is not None and (topic in watched or prop_hit):
-                    on_watched(ScannedRecord(topic, queue_id, queue_offset, base + pos, total))
-            pos += total
-        return pos
+                if hits and on_watched is not None:
+                    ph = array("q", phys)
+                    sz = array("i", sizes)
+                    for i in hits:
+                        if i >= skipped:
+                            on_watched(ScannedRecord(topic, queue_id, first + i, ph[i], sz[i]))
+        if bad is not None:
+            at, magic, total = bad
+            log.error("index scan: no record at commitlog offset %d (magic %#x, size %d)",
+                      base + at, magic, total)
+        return consumed
 
     def truncate(self, commit_offset: int) -> None:
         """The commitlog was cut at ``commit_offset``: forget everything from there on."""

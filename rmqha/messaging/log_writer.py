@@ -77,6 +77,19 @@ class LogWriter:
         hit(Failpoint.AFTER_APPEND)
         return placed
 
+    def append_batch_now(self, topic: str, queue_id: int, batch: bytes | memoryview, count: int,
+                         sys_flag: int, born_timestamp: int,
+                         born_host: tuple[str, int]) -> list[tuple[int, int]]:
+        """Append the ``count`` entries of a batch body as they came (checked with the
+        records codec's ``batch_plain``): :meth:`append_rows_now` without a Python object
+        per message."""
+        with self._append_lock:
+            res = self.ctx.log.append_batch_entries(
+                topic, batch, count, queue_id, sys_flag=sys_flag,
+                born_timestamp=born_timestamp, born_host=born_host, wait_flush=False)
+        hit(Failpoint.AFTER_APPEND)
+        return list(zip(res.offsets, res.sizes))
+
     def _group_commit(self, end_offset: int) -> asyncio.Future[int]:
         """A future done once an fsync covers ``end_offset``.
 

@@ -7,11 +7,11 @@ and answered once it is durable by the broker's ack and flush policies.
 from __future__ import annotations
 
 import random
-import struct
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from rmqha import _core
 from rmqha.codes import RequestCode, ResponseCode
 from rmqha.errors import ConfigError, DiskFullError, ProtocolError, StoreError
 from rmqha.messaging.context import (
@@ -51,7 +51,13 @@ from rmqha.messaging.transactions import (
 )
 from rmqha.remoting import RemotingCommand
 
-_QOFF = struct.Struct(">q")
+_records = _core.load("records")
+#: As RocketMQ's MessageDecoder: at most this many messages in one batch body.
+MAX_BATCH_ITEMS = 65536
+#: Property keys that keep a batch off the stored-as-it-came path: a delay (refused in a
+#: batch) and the committed-transaction mark (only the broker sets it; stripped).
+_RESERVED_KEYS = (b"DELAY", COMMITTED_MARK.encode())
+_RESERVED_PREFIXES = (b"TIMER_",)
 #: Topics only the broker writes (RocketMQ's NOT_ALLOWED_SEND_TOPIC_SET, and rmqha's state).
 INTERNAL_TOPICS = frozenset({STATE_TOPIC, SCHEDULE_TOPIC, TIMER_TOPIC, HALF_TOPIC, OP_TOPIC,
                              CHECK_MAX_TOPIC})
@@ -86,6 +92,9 @@ class _Send:
     sys_flag: int
     born_timestamp: int
     born_host: tuple[str, int]
+    #: A batch body whose ``batch_count`` entries are stored as they came (``rows`` empty).
+    batch: bytes | memoryview | None = None
+    batch_count: int = 0
 
 
 class SendPath:
@@ -208,8 +217,16 @@ class SendPath:
                 except DecompressError as exc:
                     raise Refused(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
                 sys_flag = strip_compression(sys_flag)
+            if not transaction_type(sys_flag):
+                count = _records.batch_plain(body, MAX_BATCH_ITEMS, _RESERVED_KEYS,
+                                             _RESERVED_PREFIXES)
+                if count > 0:
+                    # The common batch: every entry's properties are already the bytes
+                    # its record holds, and none asks for anything but storing.
+                    return _Send(h.topic, queue_id, reply_queue_id, [], sys_flag, born_ts,
+                                 born_host, body, count)
             try:
-                items = decode_batch(body)
+                items = decode_batch(body, max_items=MAX_BATCH_ITEMS)
             except ProtocolError as exc:
                 raise Refused(ResponseCode.MESSAGE_ILLEGAL, f"bad batch body: {exc}") from None
             if not items:
@@ -234,9 +251,14 @@ class SendPath:
         """Append the send's rows and start them towards the slaves."""
         ctx = self.ctx
         try:
-            placed = self.writer.append_rows_now(send.topic, send.queue_id, send.rows,
-                                                 send.sys_flag, send.born_timestamp,
-                                                 send.born_host)
+            if send.batch is not None:
+                placed = self.writer.append_batch_now(send.topic, send.queue_id, send.batch,
+                                                      send.batch_count, send.sys_flag,
+                                                      send.born_timestamp, send.born_host)
+            else:
+                placed = self.writer.append_rows_now(send.topic, send.queue_id, send.rows,
+                                                     send.sys_flag, send.born_timestamp,
+                                                     send.born_host)
         except DiskFullError as exc:
             # Not the message's fault: RocketMQ answers a full disk with SERVICE_NOT_AVAILABLE,
             # which clients retry elsewhere.  Rows of a batch stored before it stay stored.
@@ -256,7 +278,7 @@ class SendPath:
         first_offset, _ = placed[0]
         queue_offset = ctx.queue_offset_at(first_offset)
         prefix = self._msg_id_prefix
-        ids = ",".join(prefix + _QOFF.pack(off).hex().upper() for off, _ in placed)
+        ids = ",".join([f"{prefix}{off:016X}" for off, _ in placed])
         ext = {"msgId": ids, "queueId": send.reply_queue_id, "queueOffset": queue_offset,
                PUT_STATUS_FIELD: status, "commitLogOffset": first_offset}
         if code == ResponseCode.SUCCESS:

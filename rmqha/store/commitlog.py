@@ -48,6 +48,7 @@ from rmqha.store.flusher import Flusher, FlushMode
 from rmqha.store.message import (
     INT32_MAX,
     BatchAppendResult,
+    EntriesAppendResult,
     StoredMessage,
     check_fields,
     decode_host,
@@ -77,6 +78,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _SIZE_MAGIC = struct.Struct(">iI")
+_ENTRY_SIZE = struct.Struct(">i")  # a batch entry's total size
 _ZEROS = bytes(1 << 20)
 _FIXED = 91          # record bytes besides body, topic and properties
 _MIN_BLANK = 8       # a segment always keeps room for the blank record's header
@@ -384,6 +386,72 @@ class CommitLog(ReceivePath):
         if n:
             self._appended(end_offset, wait_flush)
         return BatchAppendResult(offsets, q0, n, overhead, end_offset)
+
+    def append_batch_entries(self, topic: str | bytes, batch: bytes | memoryview, count: int,
+                             queue_id: int = 0, *, sys_flag: int = 0,
+                             born_timestamp: int | None = None,
+                             born_host: tuple[str, int] | None = None,
+                             wait_flush: bool = True) -> EntriesAppendResult:
+        """Append the ``count`` entries of a SEND_BATCH body to one (topic, queue) as they
+        came, each with its own flag and properties, in C loops (the records codec's
+        ``write_batch_entries``; the caller checked the body with ``batch_plain``).
+
+        Segments roll, a full disk part-way and ``wait_flush`` behave as for
+        :meth:`append_batch`.
+        """
+        tb = topic_bytes(self._codec, topic)
+        check_fields(queue_id, 0, sys_flag, 0, 0, born_timestamp)
+        bh = self._store_host if born_host is None else self._host_bytes(born_host)
+        offsets = array("q", bytes(8 * count))
+        sizes = array("i", bytes(4 * count))
+        codec = self._codec
+        limit = self._sb - codec.MIN_BLANK
+        src = 0
+        with self._lock:
+            self._check_open()
+            key = (tb, queue_id)
+            q0 = self._queue_offsets.get(key, 0)
+            now = self._clock()
+            born = now if born_timestamp is None else born_timestamp
+            done = 0
+            full: DiskFullError | None = None
+            try:
+                while done < count:
+                    seg = self._active_segment()
+                    pos = self._max_offset - seg.base
+                    written, end, src = codec.write_batch_entries(
+                        seg.mm, pos, max(pos, min(limit, seg.allocated)), tb, batch, src,
+                        queue_id, q0 + done, seg.base, sys_flag, born, bh, now,
+                        self._store_host, offsets, sizes, done, self._max_record)
+                    done += written
+                    self._max_offset = self._whole_offset = seg.base + end
+                    if done < count:
+                        # The next record is its entry's size plus what a record adds.
+                        (entry,) = _ENTRY_SIZE.unpack_from(batch, src)
+                        need = end + entry - 22 + codec.FIXED_SIZE + len(tb)
+                        if need <= limit:
+                            self._allocate(seg, need)  # the window ran out: reserve more
+                            continue
+                        # The next record does not fit: pad this segment and roll.
+                        self._allocate(seg, end + codec.MIN_BLANK)
+                        codec.write_blank(seg.mm, end, self._sb - end)
+                        self._max_offset = self._whole_offset = seg.base + self._sb
+            except DiskFullError as exc:
+                if not done:
+                    raise
+                full = exc
+            finally:
+                if done:
+                    self._queue_offsets[key] = q0 + done
+            end_offset = self._max_offset
+            if end_offset >= self._warm.next_at:
+                self._warm.advance()
+        if full is not None:
+            self._appended(end_offset, False)
+            raise full
+        if count:
+            self._appended(end_offset, wait_flush)
+        return EntriesAppendResult(offsets, sizes, q0, done, end_offset)
 
     def _appended(self, end: int, wait_flush: bool = True) -> None:
         for cb in self._listeners:

@@ -59,6 +59,18 @@ class BatchAppendResult:
     end_offset: int
 
 
+@dataclass(frozen=True, slots=True)
+class EntriesAppendResult:
+    """Where ``append_batch_entries`` put the entries of a batch body: record i at
+    ``offsets[i]``, ``sizes[i]`` bytes long, with queue offset ``first_queue_offset + i``."""
+
+    offsets: array
+    sizes: array
+    first_queue_offset: int
+    count: int
+    end_offset: int
+
+
 def encode_host(host: str, port: int) -> bytes:
     """8-byte v1 host: IPv4 address + int32 port."""
     try:

@@ -1,0 +1,217 @@
+# cython: language_level=3
+"""The commitlog walk behind the consume-queue index, compiled twin (same API and results
+as ``queue_scan_py.py``, where the layout of a run is documented).
+
+One C loop reads each record's fields and appends them to the current run's C arrays; a
+Python object is made per run (its bytes) and per TAGS value that is not ASCII, not per
+record.
+"""
+from cpython.buffer cimport PyBuffer_Release, PyObject_GetBuffer, PyBUF_SIMPLE
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from libc.stdlib cimport free, realloc
+from libc.string cimport memcmp
+
+MESSAGE_MAGIC = 0xDAA320A7
+BLANK_MAGIC = 0xCBD43194
+FIXED_SIZE = 91
+
+cdef enum:
+    C_FIXED = 91
+
+cdef uint32_t C_MESSAGE_MAGIC = 0xDAA320A7u
+cdef uint32_t C_BLANK_MAGIC = 0xCBD43194u
+
+
+cdef inline uint32_t _get32(const unsigned char* p) noexcept nogil:
+    return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | p[3]
+
+
+cdef inline uint64_t _get64(const unsigned char* p) noexcept nogil:
+    return (<uint64_t>_get32(p) << 32) | _get32(p + 4)
+
+
+cdef struct _Arrays:
+    int64_t* phys
+    int32_t* sizes
+    int64_t* tags
+    Py_ssize_t len
+    Py_ssize_t cap
+
+
+cdef int _push(_Arrays* a, int64_t phys, int32_t size, int64_t tag) except -1:
+    cdef Py_ssize_t cap
+    cdef void* p
+    if a.len == a.cap:
+        cap = 64 if a.cap == 0 else a.cap * 2
+        p = realloc(a.phys, cap * sizeof(int64_t))
+        if p == NULL:
+            raise MemoryError()
+        a.phys = <int64_t*>p
+        p = realloc(a.sizes, cap * sizeof(int32_t))
+        if p == NULL:
+            raise MemoryError()
+        a.sizes = <int32_t*>p
+        p = realloc(a.tags, cap * sizeof(int64_t))
+        if p == NULL:
+            raise MemoryError()
+        a.tags = <int64_t*>p
+        a.cap = cap
+    a.phys[a.len] = phys
+    a.sizes[a.len] = size
+    a.tags[a.len] = tag
+    a.len += 1
+    return 0
+
+
+cdef inline Py_ssize_t _find(const unsigned char* h, Py_ssize_t n, const unsigned char* needle,
+                             Py_ssize_t m, Py_ssize_t start) noexcept nogil:
+    cdef Py_ssize_t i
+    if m == 0:
+        return start
+    i = start
+    while i + m <= n:
+        if h[i] == needle[0] and memcmp(h + i, needle, <size_t>m) == 0:
+            return i
+        i += 1
+    return -1
+
+
+def java_hash_ascii(bytes raw):
+    """Java ``String.hashCode`` of an ASCII tag; None when it is not ASCII."""
+    cdef const unsigned char* p = <const unsigned char*><char*>raw
+    cdef Py_ssize_t i, n = len(raw)
+    cdef uint32_t h = 0
+    for i in range(n):
+        if p[i] & 0x80:
+            return None
+        h = 31 * h + p[i]
+    return <int32_t>h
+
+
+cdef object _tag(const unsigned char* props, Py_ssize_t plen, object tag_hash):
+    # TAGS's value as in queue_scan_py._tag_value, hashed; 0 for none or empty.
+    cdef Py_ssize_t at = 0, start, end, i
+    cdef uint32_t h = 0
+    cdef bint ascii = True
+    while True:
+        at = _find(props, plen, <const unsigned char*>b"TAGS\x01", 5, at)
+        if at < 0:
+            return 0
+        if at == 0 or props[at - 1] == 2:
+            break
+        at += 1
+    start = at + 5
+    end = start
+    while end < plen and props[end] != 2:
+        end += 1
+    if end == start:
+        return 0
+    for i in range(start, end):
+        if props[i] & 0x80:
+            ascii = False
+            break
+        h = 31 * h + props[i]
+    if ascii:
+        return <int32_t>h
+    return tag_hash(PyBytes_FromStringAndSize(<const char*>props + start, end - start))
+
+
+def index_runs(object view, int64_t base, frozenset watched_topics, object watched_prop,
+               object tag_hash):
+    """Walk the whole records of ``view`` (global offset ``base``); returns ``(bytes
+    consumed, runs, bad)`` (see ``queue_scan_py.index_runs``)."""
+    cdef Py_buffer buf
+    cdef const unsigned char* b
+    cdef const unsigned char* props
+    cdef const unsigned char* wp = NULL
+    cdef Py_ssize_t n, pos = 0, total, blen, tlen, plen, t, wlen = 0
+    cdef Py_ssize_t cur_t = -1, cur_tlen = 0
+    cdef uint32_t magic
+    cdef int32_t queue_id, cur_qid = 0
+    cdef int64_t qoff, first = 0, last = 0, tag
+    cdef _Arrays a
+    cdef list runs = []
+    cdef list hits = []
+    cdef object topic = None
+    cdef object bad = None
+    cdef bint watch_topics = len(watched_topics) > 0
+    cdef bint hit
+    a.phys = NULL
+    a.sizes = NULL
+    a.tags = NULL
+    a.len = 0
+    a.cap = 0
+    if watched_prop is not None:
+        wp = <const unsigned char*><char*><bytes>watched_prop
+        wlen = len(<bytes>watched_prop)
+    PyObject_GetBuffer(view, &buf, PyBUF_SIMPLE)
+    try:
+        b = <const unsigned char*>buf.buf
+        n = buf.len
+        while n - pos >= 8:
+            total = <int32_t>_get32(b + pos)
+            magic = _get32(b + pos + 4)
+            if magic == C_BLANK_MAGIC:
+                if total <= 0 or total > n - pos:
+                    break
+                pos += total
+                continue
+            if magic != C_MESSAGE_MAGIC or total < C_FIXED:
+                bad = (pos, magic, total)
+                break
+            if total > n - pos:
+                break
+            blen = <int32_t>_get32(b + pos + 84)
+            tlen = b[pos + 88 + blen] if 0 <= blen <= total - C_FIXED else 0
+            plen = -1
+            if tlen and C_FIXED + blen + tlen <= total:
+                plen = (<Py_ssize_t>b[pos + 89 + blen + tlen] << 8) | b[pos + 90 + blen + tlen]
+            if plen < 0 or C_FIXED + blen + tlen + plen != total:
+                bad = (pos, magic, total)
+                break
+            queue_id = <int32_t>_get32(b + pos + 12)
+            qoff = <int64_t>_get64(b + pos + 20)
+            t = pos + 89 + blen
+            props = b + t + tlen + 2
+            tag = 0
+            if plen:
+                tag = _tag(props, plen, tag_hash)
+            # Runs of one queue are the norm: only compare the topic bytes on each record.
+            if (topic is None or queue_id != cur_qid or tlen != cur_tlen or qoff != last + 1
+                    or memcmp(b + cur_t, b + t, <size_t>tlen) != 0):
+                if topic is not None:
+                    runs.append(_run(topic, cur_qid, first, &a, hits))
+                    hits = []
+                topic = PyBytes_FromStringAndSize(<const char*>b + t, tlen)
+                cur_qid = queue_id
+                cur_tlen = tlen
+                first = qoff
+                a.len = 0
+            cur_t = t
+            hit = False
+            if watch_topics and topic in watched_topics:
+                hit = True
+            elif wp != NULL and plen and _find(props, plen, wp, wlen, 0) >= 0:
+                hit = True
+            if hit:
+                hits.append(a.len)
+            _push(&a, base + pos, <int32_t>total, tag)
+            last = qoff
+            pos += total
+        if topic is not None:
+            runs.append(_run(topic, cur_qid, first, &a, hits))
+    finally:
+        PyBuffer_Release(&buf)
+        free(a.phys)
+        free(a.sizes)
+        free(a.tags)
+    return pos, runs, bad
+
+
+cdef tuple _run(object topic, int32_t queue_id, int64_t first, _Arrays* a, list hits):
+    return (topic, queue_id, first,
+            PyBytes_FromStringAndSize(<const char*>a.phys, a.len * 8),
+            PyBytes_FromStringAndSize(<const char*>a.sizes, a.len * 4),
+            PyBytes_FromStringAndSize(<const char*>a.tags, a.len * 8),
+            hits)

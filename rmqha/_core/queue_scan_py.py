@@ -1,0 +1,128 @@
+"""The commitlog walk behind the consume-queue index, pure-Python twin (same API and
+results as ``queue_scan.pyx``).
+
+Owns reading, per record, what a consume queue keeps (queue id, queue offset, physical
+offset, size, the TAGS hash) and grouping consecutive records of one queue into runs, so
+:class:`rmqha.messaging.consume_queue.ConsumeQueueIndex` grows by a few array extends per
+scan instead of Python work per message.  A run's arrays travel as native-endian bytes
+(``array('q')``, ``array('i')``, ``array('q')``), ready for ``array.frombytes``.
+"""
+from __future__ import annotations
+
+import struct
+from array import array
+from collections.abc import Callable
+
+MESSAGE_MAGIC = 0xDAA320A7
+BLANK_MAGIC = 0xCBD43194
+#: Record bytes besides body, topic and properties.
+FIXED_SIZE = 91
+
+_HEAD = struct.Struct(">iI")
+_I32 = struct.Struct(">i")
+_Q = struct.Struct(">q")
+_U16 = struct.Struct(">H")
+_TAGS = b"TAGS\x01"
+
+#: (topic bytes, queue id, first queue offset, physical offsets, sizes, tag hashes, indexes
+#: in the run of the records a watcher wants)
+Run = tuple[bytes, int, int, bytes, bytes, bytes, list[int]]
+
+
+def java_hash_ascii(raw: bytes) -> int | None:
+    """Java ``String.hashCode`` of an ASCII tag; None when it is not ASCII (UTF-16 code
+    units then differ from bytes, and the caller's own function decides)."""
+    if not raw.isascii():
+        return None
+    h = 0
+    for c in raw:
+        h = (31 * h + c) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def _tag_value(props: bytes) -> bytes | None:
+    """TAGS's value: the first ``TAGS\\x01`` that starts a pair, up to the next ``\\x02``."""
+    pos = 0
+    while True:
+        at = props.find(_TAGS, pos)
+        if at < 0:
+            return None
+        if at == 0 or props[at - 1] == 0x02:
+            start = at + len(_TAGS)
+            end = props.find(b"\x02", start)
+            return props[start:] if end < 0 else props[start:end]
+        pos = at + 1
+
+
+def index_runs(view: memoryview | bytes, base: int, watched_topics: frozenset[bytes],
+               watched_prop: bytes | None,
+               tag_hash: Callable[[bytes], int]) -> tuple[int, list[Run], tuple[int, int, int] | None]:
+    """Walk the whole records of ``view`` (global offset ``base``); returns ``(bytes
+    consumed, runs, bad)``.
+
+    Blank records are stepped over; the walk stops before a record or blank that runs past
+    the view.  ``bad`` is ``(position, magic, total size)`` when the walk stopped at
+    something that is not a record (or whose lengths do not add up), else None.  A record
+    is "watched" when its topic is in ``watched_topics`` or its properties contain
+    ``watched_prop``.  ``tag_hash(raw)`` hashes a non-ASCII TAGS value (ASCII ones are
+    hashed here, as Java's ``String.hashCode``); a record without TAGS, or with an empty
+    one, hashes to 0.
+    """
+    n = len(view)
+    pos = 0
+    runs: list[Run] = []
+    cur: tuple[bytes, int] | None = None
+    first = last = 0
+    phys, sizes, tags, hits = array("q"), array("i"), array("q"), []
+
+    def close() -> None:
+        if cur is not None:
+            runs.append((cur[0], cur[1], first, phys.tobytes(), sizes.tobytes(),
+                         tags.tobytes(), hits))
+
+    bad: tuple[int, int, int] | None = None
+    while n - pos >= 8:
+        total, magic = _HEAD.unpack_from(view, pos)
+        if magic == BLANK_MAGIC:
+            if total <= 0 or total > n - pos:
+                break
+            pos += total
+            continue
+        if magic != MESSAGE_MAGIC or total < FIXED_SIZE:
+            bad = (pos, magic, total)
+            break
+        if total > n - pos:
+            break
+        (blen,) = _I32.unpack_from(view, pos + 84)
+        tlen = view[pos + 88 + blen] if 0 <= blen <= total - FIXED_SIZE else 0
+        plen = (_U16.unpack_from(view, pos + 89 + blen + tlen)[0]
+                if tlen and FIXED_SIZE + blen + tlen <= total else -1)
+        if plen < 0 or FIXED_SIZE + blen + tlen + plen != total:
+            bad = (pos, magic, total)
+            break
+        (queue_id,) = _I32.unpack_from(view, pos + 12)
+        (qoff,) = _Q.unpack_from(view, pos + 20)
+        t = pos + 89 + blen
+        topic = bytes(view[t:t + tlen])
+        props = bytes(view[t + tlen + 2:t + tlen + 2 + plen])
+        tag = 0
+        if plen and _TAGS in props:
+            raw = _tag_value(props)
+            if raw:
+                h = java_hash_ascii(raw)
+                tag = tag_hash(raw) if h is None else h
+        if cur is None or cur != (topic, queue_id) or qoff != last + 1:
+            close()
+            cur = (topic, queue_id)
+            first = qoff
+            phys, sizes, tags, hits = array("q"), array("i"), array("q"), []
+        if topic in watched_topics or (watched_prop is not None and plen
+                                       and watched_prop in props):
+            hits.append(len(phys))
+        phys.append(base + pos)
+        sizes.append(total)
+        tags.append(tag)
+        last = qoff
+        pos += total
+    close()
+    return pos, runs, bad

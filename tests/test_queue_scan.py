@@ -1,0 +1,112 @@
+"""The consume-queue walk, both twins: runs, tag hashes, watched records, where it stops."""
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rmqha import _core
+from rmqha._core import load_twin
+from rmqha.messaging.message import tag_hash
+
+HOST = bytes([127, 0, 0, 1]) + struct.pack(">i", 10911)
+records = load_twin("records", "python")
+
+
+def _hash(raw: bytes) -> int:
+    return tag_hash(raw.decode("utf-8", errors="replace"))
+
+
+def write_log(rows: list[tuple[bytes, int, int, bytes]], base: int = 0) -> bytes:
+    """Records for (topic, queue id, queue offset, properties) rows, written by the pure
+    records twin (an independent writer for this module)."""
+    buf = bytearray(sum(91 + len(t) + len(p) + 3 for t, _, _, p in rows))
+    pos = 0
+    for topic, qid, qoff, props in rows:
+        pos += records.write_message(buf, pos, topic, b"abc", props, qid, 0, qoff, base + pos, 0,
+                                     1, HOST, 2, HOST, 0, 0)
+    return bytes(buf[:pos])
+
+
+def entries(runs) -> list[tuple]:
+    """Every (topic, queue, queue offset, phys, size, tag) the runs hold, in order."""
+    from array import array
+    out = []
+    for topic, qid, first, phys, sizes, tags, _hits in runs:
+        for i, (p, s, t) in enumerate(zip(array("q", phys), array("i", sizes), array("q", tags))):
+            out.append((topic, qid, first + i, p, s, t))
+    return out
+
+
+def test_runs_group_consecutive_records_of_a_queue(twin: str) -> None:
+    mod = load_twin("queue_scan", twin)
+    rows = [(b"A", 0, 0, b""), (b"A", 0, 1, b"TAGS\x01red\x02"), (b"A", 0, 2, b""),
+            (b"B", 0, 0, b""), (b"A", 1, 0, b""), (b"A", 0, 3, b""), (b"A", 0, 9, b"")]
+    log = write_log(rows, base=1000)
+    consumed, runs, bad = mod.index_runs(log, 1000, frozenset(), None, _hash)
+    assert (consumed, bad) == (len(log), None)
+    assert [(r[0], r[1], r[2], len(r[4]) // 4) for r in runs] == [
+        (b"A", 0, 0, 3), (b"B", 0, 0, 1), (b"A", 1, 0, 1), (b"A", 0, 3, 1), (b"A", 0, 9, 1)]
+    got = entries(runs)
+    assert got[1][5] == tag_hash("red") and got[0][5] == 0
+    assert got[0][3] == 1000 and got[1][3] == 1000 + got[0][4]
+
+
+def test_tag_hashes_match_java_for_ascii_and_not(twin: str) -> None:
+    mod = load_twin("queue_scan", twin)
+    tags = ["a", "TagA", "x" * 40, "étiquette", "标签", "\U0001F600", ""]
+    rows = [(b"T", 0, i, f"KEYS\x01k\x02TAGS\x01{t}\x02".encode()) for i, t in enumerate(tags)]
+    rows.append((b"T", 0, len(tags), b"XTAGS\x01no\x02"))  # not a pair's start
+    rows.append((b"T", 0, len(tags) + 1, b"TAGS\x01last"))  # no closing separator
+    _, runs, _ = mod.index_runs(write_log(rows), 0, frozenset(), None, _hash)
+    assert [e[5] for e in entries(runs)] == [tag_hash(t) for t in tags] + [0, tag_hash("last")]
+
+
+def test_watched_records_are_marked(twin: str) -> None:
+    mod = load_twin("queue_scan", twin)
+    rows = [(b"S", 0, 0, b""), (b"A", 0, 0, b"MARK\x011\x02"), (b"A", 0, 1, b""),
+            (b"A", 0, 2, b"k\x01MARK\x01\x02")]
+    _, runs, _ = mod.index_runs(write_log(rows), 0, frozenset({b"S"}), b"MARK\x01", _hash)
+    assert [(r[0], r[6]) for r in runs] == [(b"S", [0]), (b"A", [0, 2])]
+    _, runs, _ = mod.index_runs(write_log(rows), 0, frozenset(), None, _hash)
+    assert all(r[6] == [] for r in runs)
+
+
+def test_stops_at_torn_records_blanks_and_garbage(twin: str) -> None:
+    mod = load_twin("queue_scan", twin)
+    log = write_log([(b"A", 0, 0, b""), (b"A", 0, 1, b"")])
+    one = len(log) // 2
+    assert mod.index_runs(log[:-1], 0, frozenset(), None, _hash)[:1] == (one,)
+    blank = struct.pack(">iI", 40, 0xCBD43194) + bytes(32)
+    consumed, runs, bad = mod.index_runs(log[:one] + blank + log[one:], 0, frozenset(), None,
+                                         _hash)
+    assert consumed == len(log) + 40 and bad is None and len(entries(runs)) == 2
+    garbage = log[:one] + b"\x00\x00\x00\x60\x12\x34\x56\x78" + bytes(100)
+    consumed, runs, bad = mod.index_runs(garbage, 0, frozenset(), None, _hash)
+    assert (consumed, bad, len(entries(runs))) == (one, (one, 0x12345678, 0x60), 1)
+    # A record whose lengths do not add up is refused, not read past.
+    broken = bytearray(log)
+    struct.pack_into(">i", broken, one + 84, 10_000)
+    consumed, _, bad = mod.index_runs(bytes(broken), 0, frozenset(), None, _hash)
+    assert consumed == one and bad is not None and bad[0] == one
+
+
+names = st.sampled_from([b"A", b"B", "ü".encode()])
+props = st.sampled_from([b"", b"TAGS\x01a\x02", "TAGS\x01é\x02".encode(), b"W\x01\x02",
+                         b"k\x01v\x02TAGS\x01zz\x02", b"TAGS\x01\x02"])
+
+
+@pytest.mark.skipif(_core.NO_EXTENSIONS,
+                    reason="compares the two twins; RMQHA_NO_EXTENSIONS runs the pure one only")
+@given(rows=st.lists(st.tuples(names, st.integers(0, 2), st.integers(0, 5), props),
+                     max_size=40),
+       cut=st.integers(0, 200))
+@settings(max_examples=150, deadline=None)
+def test_twins_agree(rows, cut) -> None:
+    log = write_log(rows, base=4096)
+    log = log[:max(0, len(log) - cut)]
+    outs = [load_twin("queue_scan", t).index_runs(log, 4096, frozenset({b"B"}), b"W\x01", _hash)
+            for t in ("cython", "python")]
+    assert outs[0] == outs[1]
