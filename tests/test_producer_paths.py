@@ -132,3 +132,62 @@ def test_blocking_producer_answers_check_backs_between_calls(one_broker: Cluster
             got += [m.body for m in c.poll(timeout=1.0)]
             deadline -= 1
     assert sorted(got) == [b"after", b"decided later", b"plain"]
+
+
+def test_auto_batch_sends_concurrent_calls_as_batches(one_broker: Cluster) -> None:
+    """256 concurrent sends with auto_batch travel as a few SEND_BATCH requests; every
+    caller gets its own result (id, queue offset) and every message reads back with its
+    tags, keys and properties; a delayed send and a lone send go as single sends."""
+    from rmqha.client import Message
+
+    async def main():
+        async with Producer(one_broker.namesrv_addresses, auto_batch=True) as p:
+            batch_flags = _sent_sys_flags(p)
+            msgs = [Message(b"auto-%d" % i, tags=f"t{i % 3}", keys=f"k{i}",
+                            properties={"n": str(i)}) for i in range(256)]
+            results = await asyncio.gather(*(p.send("AutoBatch", m) for m in msgs))
+            acc = p.accumulator
+            assert acc is not None and acc.messages == 256
+            batched = (acc.batches, len(batch_flags))
+            alone = await p.send("AutoBatch", b"alone")
+            after_alone = (acc.batches, acc.messages, len(batch_flags))
+            delayed = await p.send("AutoBatch", Message(b"later", properties={"DELAY": "1"}))
+            return results, batched, alone, after_alone, delayed, acc.batches
+
+    results, (batches, batch_requests), alone, after_alone, delayed, final = asyncio.run(main())
+    assert all(r.ok for r in results) and alone.ok and delayed.ok
+    assert batches < 64 and batch_requests >= 1  # coalesced, not one request per send
+    assert after_alone == (batches + 1, 257, batch_requests)  # alone: a plain single send
+    assert final == batches + 1  # the delayed send bypassed the accumulator
+    by_queue: dict[tuple[str, int], list[int]] = {}
+    for r in results:
+        by_queue.setdefault((r.queue.broker_name, r.queue.queue_id), []).append(r.queue_offset)
+    for offsets in by_queue.values():
+        assert len(set(offsets)) == len(offsets)  # each message its own queue offset
+    assert len({r.msg_id for r in results}) == 256
+    with BlockingConsumer(one_broker.namesrv_addresses, "auto-readers", "AutoBatch") as c:
+        got: dict[bytes, Any] = {}
+        for _ in range(60):
+            for m in c.poll(timeout=1.0):
+                got[m.body] = m
+            if len(got) >= 257:
+                break
+    for i, r in enumerate(results):
+        m = got[b"auto-%d" % i]
+        assert (m.properties["TAGS"], m.properties["KEYS"], m.properties["n"]) == (
+            f"t{i % 3}", f"k{i}", str(i))
+        assert (m.msg_id, m.queue_id, m.queue_offset) == (r.msg_id, r.queue.queue_id,
+                                                          r.queue_offset)
+
+
+def test_auto_batch_failure_reaches_every_caller(one_broker: Cluster) -> None:
+    from rmqha.errors import SendError
+
+    async def main() -> list[BaseException | Any]:
+        async with Producer(one_broker.namesrv_addresses, auto_batch=True, max_attempts=1) as p:
+            # An internal topic: the broker refuses the whole batch, no retry can help.
+            return await asyncio.gather(*(p.send("RMQ_SYS_TRANS_HALF_TOPIC", b"x%d" % i)
+                                          for i in range(20)), return_exceptions=True)
+
+    outcomes = asyncio.run(main())
+    assert len(outcomes) == 20 and all(isinstance(o, SendError) for o in outcomes)

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rmqha import event_loop
+from rmqha.client.accumulator import DEFAULT_MAX_BYTES as DEFAULT_AUTO_BATCH_BYTES
+from rmqha.client.accumulator import SendAccumulator, batchable
 from rmqha.client.blocking_link import BlockingLink
 from rmqha.client.model import Message, MessageQueue, SendResult, SendStatus
 from rmqha.client.route import ClientSession, QueueData, TopicRoute
@@ -186,6 +188,8 @@ class Producer:
         compression: CompressionType = CompressionType.LZ4,
         max_batch_bytes: int = 4 * 1024 * 1024,
         compress_batches: bool = False,
+        auto_batch: bool = False,
+        auto_batch_max_bytes: int = DEFAULT_AUTO_BATCH_BYTES,
     ) -> None:
         self.group = group
         self.session = ClientSession(namesrv, rpc_timeout_s=send_timeout_s)
@@ -202,6 +206,9 @@ class Producer:
         #: topic -> (the TBW102 route it was derived from, the derived route)
         self._fallback_routes: dict[str, tuple[TopicRoute, TopicRoute]] = {}
         self._txn: TransactionSupport | None = None
+        #: Holds concurrent sends until the end of the loop turn (``auto_batch``).
+        self.accumulator = (SendAccumulator(self, auto_batch_max_bytes) if auto_batch
+                            else None)
 
     async def start(self) -> Producer:
         return self
@@ -225,7 +232,16 @@ class Producer:
         """Send one message; returns its result or raises SendError after the retries.
 
         ``delay_level`` (1..N of the broker's ``message_delay_level``) or ``deliver_at``
-        (epoch ms) hold the message back until then."""
+        (epoch ms) hold the message back until then.  With ``auto_batch`` a plain send
+        goes in one batch with the other sends to the topic made in this loop turn (see
+        :mod:`rmqha.client.accumulator`)."""
+        acc = self.accumulator
+        if (acc is not None and queue_id is None and delay_level is None
+                and deliver_at is None):
+            msg = _as_message(message)
+            if ((self.compress_over_bytes < 0 or len(msg.body) <= self.compress_over_bytes)
+                    and batchable(msg)):
+                return await acc.send(topic, msg)
         req = self._single_request(topic, message, queue_id, delay_level, deliver_at)
         return (await self._send_with_retries(req))[0]
 
