@@ -205,6 +205,20 @@ def test_batch_entries_roll_segments_and_match_singles(twin, logs, tmp_path) -> 
     assert store_bytes(tmp_path / "a") == store_bytes(tmp_path / "b")
 
 
+def test_encoded_properties_are_stored_as_they_are_or_refused(twin, logs, tmp_path) -> None:
+    a = logs(tmp_path / "a", twin)
+    b = logs(tmp_path / "b", twin)
+    assert a.append("T", b"x", 0, b"k\x01v\x02KEYS\x01a\x02") == b.append(
+        "T", b"x", 0, {"k": "v", "KEYS": "a"})
+    for bad in (b"k\x01v", b"k\x01v\x02k\x01w\x02", b"\x01v\x02", b"k\x01\xff\x02"):
+        with pytest.raises(InvalidMessageError, match="encoded properties"):
+            a.append("T", b"y", 0, bad)
+    assert a.max_offset == b.max_offset
+    a.close()
+    b.close()
+    assert store_bytes(tmp_path / "a") == store_bytes(tmp_path / "b")
+
+
 def _fill(log: CommitLog, n: int, rnd: random.Random) -> list[tuple[int, int, bytes]]:
     out = []
     for i in range(n):

@@ -305,6 +305,7 @@ def test_batch_plain_accepts_only_canonical_properties(twin: str, props: bytes,
     other = load_twin("records", "python")
     body = batch_body([(b"first", b"a\x01b\x02", 0), (b"x", props, 3)])
     assert mod.batch_plain(body, 100, *RESERVED) == (2 if plain else -1)
+    assert mod.properties_plain(props, *RESERVED) is plain
     if plain:  # canonical: decoding and encoding again gives the same bytes
         assert other.encode_properties(other.decode_properties(props)) == props
 

@@ -35,6 +35,8 @@ class RmqhaSystem(PeerSystem):
         self.cluster: Cluster | None = None
         self.loop = event_loop.new_event_loop()
         self.producer: Producer | None = None
+        #: The same sends with ``auto_batch`` (the "window of 256, auto_batch" row).
+        self.auto_producer: Producer | None = None
         self.blocking: BlockingProducer | None = None
 
     def start(self, workdir: Path) -> None:
@@ -52,24 +54,28 @@ class RmqhaSystem(PeerSystem):
             assert resp.code == 0, resp.remark
             c.wait_for(lambda t=topic: c.route(t) is not None, what=f"route of {topic}")
         self.producer = self.loop.run_until_complete(self._make_producer())
+        self.auto_producer = self.loop.run_until_complete(self._make_producer(auto_batch=True))
         self.blocking = BlockingProducer(c.namesrv_addresses, "bench_blocking",
                                          send_timeout_s=10.0)
         for topic in TOPICS.values():
             if topic != TOPICS["sync"] or self.flush_sync:
                 self.blocking.send(topic, b"warm-up")
                 self.loop.run_until_complete(self.producer.send(topic, b"warm-up"))
+                self.loop.run_until_complete(self.auto_producer.send(topic, b"warm-up"))
 
-    async def _make_producer(self) -> Producer:
+    async def _make_producer(self, auto_batch: bool = False) -> Producer:
         assert self.cluster is not None
-        return Producer(self.cluster.namesrv_addresses, "bench_async", send_timeout_s=10.0)
+        return Producer(self.cluster.namesrv_addresses, "bench_async", send_timeout_s=10.0,
+                        auto_batch=auto_batch)
 
     def stop(self) -> None:
         if self.blocking is not None:
             self.blocking.close()
             self.blocking = None
-        if self.producer is not None:
-            self.loop.run_until_complete(self.producer.close())
-            self.producer = None
+        for producer in (self.producer, self.auto_producer):
+            if producer is not None:
+                self.loop.run_until_complete(producer.close())
+        self.producer = self.auto_producer = None
         if self.cluster is not None:
             self.cluster.close()
             self.cluster = None
@@ -95,12 +101,15 @@ class RmqhaSystem(PeerSystem):
             assert results[-1].ok, results[-1].status
         return lat
 
-    def window(self, copies: int, n: int, window: int, body: bytes) -> None:
-        self.loop.run_until_complete(self._window(TOPICS[copies], n, window, body))
+    def window(self, copies: int, n: int, window: int, body: bytes,
+               auto_batch: bool = False) -> None:
+        self.loop.run_until_complete(self._window(TOPICS[copies], n, window, body, auto_batch))
 
-    async def _window(self, topic: str, n: int, window: int, body: bytes) -> None:
-        assert self.producer is not None
-        send = self.producer.send
+    async def _window(self, topic: str, n: int, window: int, body: bytes,
+                      auto_batch: bool) -> None:
+        producer = self.auto_producer if auto_batch else self.producer
+        assert producer is not None
+        send = producer.send
         todo = iter(range(n))
 
         async def worker() -> None:

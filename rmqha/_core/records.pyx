@@ -650,6 +650,15 @@ cdef bint _plain_properties(const unsigned char* p, Py_ssize_t n, tuple keys,
     return True
 
 
+def properties_plain(bytes raw, tuple reserved_keys=(), tuple reserved_prefixes=()):
+    """Whether encoded properties are canonical and hold none of the reserved keys (see
+    ``records_py.properties_plain``)."""
+    if not raw:
+        return True
+    return _plain_properties(<const unsigned char*><char*>raw, len(raw), reserved_keys,
+                             reserved_prefixes)
+
+
 def batch_plain(object batch, Py_ssize_t max_items, tuple reserved_keys=(),
                 tuple reserved_prefixes=()):
     """How many entries a batch body holds, when all of them can be stored as they came;

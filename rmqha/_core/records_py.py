@@ -261,6 +261,13 @@ def _plain_properties(raw: bytes, reserved_keys: tuple[bytes, ...],
     return True
 
 
+def properties_plain(raw: bytes, reserved_keys: tuple[bytes, ...] = (),
+                     reserved_prefixes: tuple[bytes, ...] = ()) -> bool:
+    """Whether encoded properties are canonical (see :func:`batch_plain`; empty is) and
+    hold none of the reserved keys: then they can be stored as they are."""
+    return not raw or _plain_properties(raw, reserved_keys, reserved_prefixes)
+
+
 def batch_plain(batch, max_items: int, reserved_keys: tuple[bytes, ...] = (),
                 reserved_prefixes: tuple[bytes, ...] = ()) -> int:
     """How many entries a batch body holds, when all of them can be stored as they came;

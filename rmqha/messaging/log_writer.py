@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from rmqha import _core
 from rmqha.codes import ResponseCode
 from rmqha.errors import StoreError
 from rmqha.failpoints import Failpoint, hit
@@ -20,6 +21,7 @@ from rmqha.messaging.context import MessagingContext
 from rmqha.messaging.message import decode_properties
 
 log = logging.getLogger(__name__)
+_records = _core.load("records")
 
 #: The put status of a send whose group commit fsync failed (answered SYSTEM_ERROR, which
 #: clients retry: the record is stored but not known to be on disk).
@@ -44,9 +46,17 @@ class LogWriter:
                 properties: str | dict[str, str], flag: int,
                 sys_flag: int, born_timestamp: int, born_host: tuple[str, int],
                 reconsume_times: int) -> tuple[int, int]:
+        if not isinstance(properties, dict):
+            # A send's header string: stored as its bytes when they are canonical (what
+            # the map would encode to), without building the map.
+            try:
+                raw = properties.encode()
+            except UnicodeEncodeError:
+                raw = None
+            properties = (raw if raw is not None and _records.properties_plain(raw)
+                          else decode_properties(properties))
         return self.ctx.log.append(
-            topic, body, queue_id,
-            properties if isinstance(properties, dict) else decode_properties(properties),
+            topic, body, queue_id, properties,
             flag=flag, sys_flag=sys_flag, born_timestamp=born_timestamp, born_host=born_host,
             reconsume_times=reconsume_times, wait_flush=False,
         )

@@ -260,11 +260,14 @@ class CommitLog(ReceivePath):
     # --- appends -------------------------------------------------------------------------
 
     def append(self, topic: str | bytes, body: bytes | bytearray | memoryview,
-               queue_id: int = 0, properties: Mapping[str, str] | None = None, *,
+               queue_id: int = 0, properties: Mapping[str, str] | bytes | None = None, *,
                flag: int = 0, sys_flag: int = 0, born_timestamp: int | None = None,
                born_host: tuple[str, int] | None = None, reconsume_times: int = 0,
                prepared_transaction_offset: int = 0, wait_flush: bool = True) -> tuple[int, int]:
         """Append one message; returns ``(physical offset, size)``.
+
+        ``properties`` is a map, or its encoding (canonical ``key\\x01value\\x02`` pairs,
+        InvalidMessageError otherwise).
 
         In sync flush mode this returns once an fsync covers the record, unless
         ``wait_flush=False``: then the caller waits with :meth:`flush_future` (one fsync can
@@ -279,7 +282,16 @@ class CommitLog(ReceivePath):
                 self._topics[topic] = tb
         if type(body) is not bytes and not isinstance(body, (bytearray, memoryview)):
             raise InvalidMessageError(f"body must be bytes-like, got {type(body).__name__}")
-        pb = self._codec.encode_properties(properties) if properties else b""
+        if type(properties) is bytes:
+            # Already encoded (a send's header carries them so): stored as they are when
+            # canonical, so the record is what encoding their map would have made.
+            pb = properties
+            if not self._codec.properties_plain(pb):
+                raise InvalidMessageError(
+                    "encoded properties must be key\\x01value\\x02 pairs with unique, "
+                    "non-empty keys in UTF-8")
+        else:
+            pb = self._codec.encode_properties(properties) if properties else b""
         if (type(queue_id) is not int or not 0 <= queue_id <= INT32_MAX or flag or sys_flag
                 or reconsume_times or prepared_transaction_offset
                 or (born_timestamp is not None and (type(born_timestamp) is not int
