@@ -163,6 +163,37 @@ def test_index_recovers_after_an_unclean_stop_and_follows_truncation(tmp_path: P
         cl.close()
 
 
+def test_periodic_flush_checkpoints_on_its_thread(tmp_path: Path) -> None:
+    """The periodic flush runs off the caller's thread; once it is done the checkpoint
+    vouches for what was indexed before it started, and a crash keeps exactly that."""
+    import threading
+    import time
+
+    cl = CommitLog(tmp_path / "log", segment_bytes=SEG, prefault=False)
+    try:
+        where = _fill(cl, 200)
+        idx = MessageIndex(tmp_path / "idx", slots_per_file=32, entries_per_file=4096,
+                           flush_interval_s=0)
+        idx.advance(cl, cl.max_offset)  # due at once: handed to the flush thread
+        checkpoint = idx.indexed_offset
+        deadline = time.monotonic() + 30
+        while idx._flushing and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert not idx._flushing
+        assert any(t.name.startswith("message-index-flush") for t in threading.enumerate())
+        idx.flush_interval_s = 3600
+        _fill(cl, 50, start=200)
+        idx.advance(cl, cl.max_offset)  # not checkpointed
+        shutil.copytree(tmp_path / "idx", tmp_path / "crashed")
+        idx.close()
+        rec = MessageIndex(tmp_path / "crashed", slots_per_file=32, entries_per_file=4096)
+        assert rec.indexed_offset == checkpoint
+        assert set(where["A#k3"]) <= set(_found(rec, "A", "k3"))
+        rec.close()
+    finally:
+        cl.close()
+
+
 async def _query(c: RemotingClient, topic: str, key: str, unique: bool = False) -> RemotingCommand:
     ext = {"topic": topic, "key": key, "maxNum": 32, "beginTimestamp": 0,
            "endTimestamp": 2**63 - 1}

@@ -28,7 +28,9 @@ A lookup walks one chain per file (newest first) and reads each candidate record
 topic and key, so hash collisions cost a read, never a wrong answer.
 
 Crash recovery.  :meth:`IndexFile.flush` msyncs the entries and slots, then records the
-checkpoint; a clean close sets the clean flag.  A file opened without it keeps only the
+checkpoint; the periodic flush does the same on a thread of its own (fdatasync, then the
+checkpoint of what was written before it started), off the broker's loop; a clean close
+sets the clean flag.  A file opened without it keeps only the
 checkpointed entries (they were on disk before the checkpoint said so) and rebuilds every
 slot chain from them; the index then scans the log again from the checkpoint's
 ``end_phys``.  A slave's truncation unlinks the entries at or past the cut, newest first
@@ -40,8 +42,10 @@ import logging
 import mmap
 import os
 import struct
+import threading
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -279,6 +283,27 @@ class IndexFile:
         self._mm.flush(0, mmap.PAGESIZE)
         self._dirty = False
 
+    def begin_checkpoint(self) -> tuple[int, int] | None:
+        """The loop thread's half of a background flush: None when nothing changed, else
+        the checkpoint (entry count, ``end_phys``) that :meth:`finish_checkpoint` may
+        record once the entries up to it are on disk."""
+        if not self._dirty:
+            return None
+        self._write_header(clean=False)
+        self._dirty = False
+        return self.count, self.end_phys
+
+    def finish_checkpoint(self, durable: tuple[int, int]) -> None:
+        """The flush thread's half: fdatasync (entries, slots and header as of
+        :meth:`begin_checkpoint`, and maybe later ones), then record the checkpoint.  The
+        loop keeps adding entries meanwhile; a header it rewrites keeps the checkpoint it
+        reads, so the recorded one can only be older than the data, never newer."""
+        if self._mm.closed:
+            return
+        os.fdatasync(self._fd)  # releases the GIL; msync of the mapping would hold it
+        self._write_header(clean=False, durable=durable)
+        self._mm.flush(0, mmap.PAGESIZE)
+
     def close(self) -> None:
         if self._mm.closed:
             return
@@ -350,6 +375,11 @@ class MessageIndex:
         self.skip_topics = tuple(t.encode() for t in skip_topics)
         self.flush_interval_s = flush_interval_s
         self._last_flush = time.monotonic()
+        #: The periodic flush runs on this thread (made at the first one), one at a time;
+        #: the lock keeps files from closing under it.
+        self._flusher: ThreadPoolExecutor | None = None
+        self._flushing = False
+        self._flush_lock = threading.Lock()
         #: Out of blocks: logged once until entries are added again; _blocked: this call.
         self._space_error = False
         self._blocked = False
@@ -423,9 +453,8 @@ class MessageIndex:
         self.files[-1].set_end(pos)
         del active
         self.trim_below(low)
-        now = time.monotonic()
-        if now - self._last_flush >= self.flush_interval_s:
-            self.flush()
+        if time.monotonic() - self._last_flush >= self.flush_interval_s:
+            self._flush_in_background()
         return added
 
     def _scan(self, view: memoryview, base: int) -> tuple[int, int]:
@@ -496,29 +525,66 @@ class MessageIndex:
 
     def truncate(self, commit_offset: int) -> None:
         """The commitlog was cut at ``commit_offset``: forget everything from there on."""
-        while self.files and self.files[-1].begin_phys > commit_offset:
-            f = self.files.pop()
-            f.close()
-            f.path.unlink()
-        if self.files:
-            self.files[-1].truncate(commit_offset)
+        with self._flush_lock:
+            while self.files and self.files[-1].begin_phys > commit_offset:
+                f = self.files.pop()
+                f.close()
+                f.path.unlink()
+            if self.files:
+                self.files[-1].truncate(commit_offset)
 
     def trim_below(self, commit_offset: int) -> None:
         """Delete full files whose every entry lies below ``commit_offset`` (retention)."""
-        while len(self.files) > 1 and self.files[0].end_phys <= commit_offset:
-            f = self.files.pop(0)
-            f.close()
-            f.path.unlink()
+        if len(self.files) <= 1 or self.files[0].end_phys > commit_offset:
+            return
+        with self._flush_lock:
+            while len(self.files) > 1 and self.files[0].end_phys <= commit_offset:
+                f = self.files.pop(0)
+                f.close()
+                f.path.unlink()
 
     def flush(self) -> None:
-        for f in self.files[-2:]:
-            f.flush()
+        """Flush and checkpoint the files taking entries now, in this thread."""
+        with self._flush_lock:
+            for f in self.files[-2:]:
+                f.flush()
         self._last_flush = time.monotonic()
 
+    def _flush_in_background(self) -> None:
+        """The periodic flush, on the flush thread: an msync of a file's mapping takes
+        milliseconds (10 ms here under load) with the GIL held, which stalled every send
+        and ack of the broker's loop; the thread's fdatasync releases it."""
+        self._last_flush = time.monotonic()
+        if self._flushing:
+            return  # the previous one is still writing: the next interval takes the rest
+        jobs = [(f, cp) for f in self.files[-2:] if (cp := f.begin_checkpoint()) is not None]
+        if not jobs:
+            return
+        if self._flusher is None:
+            self._flusher = ThreadPoolExecutor(max_workers=1,
+                                               thread_name_prefix="message-index-flush")
+        self._flushing = True
+        self._flusher.submit(self._finish_flush, jobs)
+
+    def _finish_flush(self, jobs: list[tuple[IndexFile, tuple[int, int]]]) -> None:
+        try:
+            with self._flush_lock:
+                for f, checkpoint in jobs:
+                    f.finish_checkpoint(checkpoint)
+        except (OSError, ValueError) as exc:
+            # The checkpoint stays where it was: a crash rescans a little more of the log.
+            log.error("message index flush failed: %s", exc)
+        finally:
+            self._flushing = False
+
     def close(self) -> None:
-        for f in self.files:
-            f.close()
-        self.files = []
+        if self._flusher is not None:
+            self._flusher.shutdown(wait=True)
+            self._flusher = None
+        with self._flush_lock:
+            for f in self.files:
+                f.close()
+            self.files = []
 
     def stats(self) -> dict[str, Any]:
         return {"files": len(self.files), "entries": sum(f.count for f in self.files),
