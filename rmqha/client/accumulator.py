@@ -52,6 +52,8 @@ class SendAccumulator:
         self.producer = producer
         self.max_bytes = max_bytes
         self._held: dict[str, _Held] = {}
+        #: The sends in flight (a task the loop only holds weakly must be held here).
+        self._sending: set[asyncio.Future[list[SendResult]]] = set()
         #: Batches sent and the messages they carried (a batch of one counts as one).
         self.batches = 0
         self.messages = 0
@@ -92,6 +94,8 @@ class SendAccumulator:
         self.batches += 1
         self.messages += len(held.messages)
         task = asyncio.ensure_future(p._send_with_retries(req))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
         task.add_done_callback(lambda t: _settle(t, held.waiters))
 
 
