@@ -13,6 +13,9 @@ import struct
 from array import array
 from collections.abc import Callable
 
+# The reference reading of one property (the compiled twin has its own C search).
+from rmqha.messaging.message import find_property
+
 MESSAGE_MAGIC = 0xDAA320A7
 BLANK_MAGIC = 0xCBD43194
 #: Record bytes besides body, topic and properties.
@@ -38,20 +41,6 @@ def java_hash_ascii(raw: bytes) -> int | None:
     for c in raw:
         h = (31 * h + c) & 0xFFFFFFFF
     return h - (1 << 32) if h & 0x80000000 else h
-
-
-def _tag_value(props: bytes) -> bytes | None:
-    """TAGS's value: the first ``TAGS\\x01`` that starts a pair, up to the next ``\\x02``."""
-    pos = 0
-    while True:
-        at = props.find(_TAGS, pos)
-        if at < 0:
-            return None
-        if at == 0 or props[at - 1] == 0x02:
-            start = at + len(_TAGS)
-            end = props.find(b"\x02", start)
-            return props[start:] if end < 0 else props[start:end]
-        pos = at + 1
 
 
 def index_runs(view: memoryview | bytes, base: int, watched_topics: frozenset[bytes],
@@ -107,7 +96,7 @@ def index_runs(view: memoryview | bytes, base: int, watched_topics: frozenset[by
         props = bytes(view[t + tlen + 2:t + tlen + 2 + plen])
         tag = 0
         if plen and _TAGS in props:
-            raw = _tag_value(props)
+            raw = find_property(props, b"TAGS")
             if raw:
                 h = java_hash_ascii(raw)
                 tag = tag_hash(raw) if h is None else h

@@ -372,6 +372,16 @@ cdef inline int _get_buffer(object obj, Py_buffer* view, int flags) except -1:
     return 0
 
 
+cdef int _get_int_array(object obj, Py_buffer* view, Py_ssize_t n, Py_ssize_t itemsize,
+                        str name) except -1:
+    # A writable buffer of at least n integers of itemsize bytes (array('q'), array('i')).
+    _get_buffer(obj, view, PyBUF_WRITABLE)
+    if view.len < n * itemsize or view.itemsize != itemsize:
+        PyBuffer_Release(view)
+        raise StoreError(f"{name} must hold {n} int{itemsize * 8} values")
+    return 0
+
+
 def crc32(data, uint32_t value=0):
     """CRC-32 with zlib semantics (``zlib.crc32``)."""
     cdef Py_buffer view
@@ -550,10 +560,7 @@ def write_batch(object buf, Py_ssize_t pos, Py_ssize_t limit, bytes topic, objec
         if pos < 0 or limit > out.len or pos > limit:
             raise StoreError(f"batch range {pos}..{limit} outside a buffer of {out.len}")
         if offsets_out is not None:
-            _get_buffer(offsets_out, &offs, PyBUF_WRITABLE)
-            if offs.len < n * 8 or offs.itemsize != 8:
-                PyBuffer_Release(&offs)
-                raise StoreError(f"offsets_out must hold {n} int64 values")
+            _get_int_array(offsets_out, &offs, n, 8, "offsets_out")
             off_p = <int64_t*>offs.buf
         try:
             dst = <unsigned char*>out.buf
@@ -745,16 +752,12 @@ def write_batch_entries(object buf, Py_ssize_t pos, Py_ssize_t limit, bytes topi
             if pos < 0 or limit > out.len or pos > limit:
                 raise StoreError(f"batch range {pos}..{limit} outside a buffer of {out.len}")
             if offsets_out is not None:
-                _get_buffer(offsets_out, &offs, PyBUF_WRITABLE)
+                _get_int_array(offsets_out, &offs, k, 8, "offsets_out")
                 have_offs = 1
-                if offs.len < k * 8 or offs.itemsize != 8:
-                    raise StoreError(f"offsets_out must hold {k} int64 values")
                 off_p = <int64_t*>offs.buf
             if sizes_out is not None:
-                _get_buffer(sizes_out, &szs, PyBUF_WRITABLE)
+                _get_int_array(sizes_out, &szs, k, 4, "sizes_out")
                 have_sizes = 1
-                if szs.len < k * 4 or szs.itemsize != 4:
-                    raise StoreError(f"sizes_out must hold {k} int32 values")
                 size_p = <int32_t*>szs.buf
             dst = <unsigned char*>out.buf
             while src < n:

@@ -351,30 +351,86 @@ class CommitLog(ReceivePath):
         offsets = array("q", bytes(8 * n))
         overhead = self._codec.FIXED_SIZE + len(tb) + len(pb)
         codec = self._codec
+
+        def write(seg: Segment, pos: int, limit: int, qoff: int, done: int,
+                  now: int) -> tuple[int, int]:
+            # The first call also checks every body, before anything is written.
+            return codec.write_batch(
+                seg.mm, pos, limit, tb, items, done, pb, queue_id, flag, qoff, seg.base,
+                sys_flag, now if born_timestamp is None else born_timestamp, bh, now,
+                self._store_host, reconsume_times, prepared_transaction_offset, offsets,
+                self._max_record)
+
+        q0, _, end_offset = self._append_records(
+            (tb, queue_id), n, write, lambda done: overhead + len(items[done]), wait_flush)
+        return BatchAppendResult(offsets, q0, n, overhead, end_offset)
+
+    def append_batch_entries(self, topic: str | bytes, batch: bytes | memoryview, count: int,
+                             queue_id: int = 0, *, sys_flag: int = 0,
+                             born_timestamp: int | None = None,
+                             born_host: tuple[str, int] | None = None,
+                             wait_flush: bool = True) -> EntriesAppendResult:
+        """Append the ``count`` entries of a SEND_BATCH body to one (topic, queue) as they
+        came, each with its own flag and properties, in C loops (the records codec's
+        ``write_batch_entries``; the caller checked the body with ``batch_plain``).
+
+        Segments roll, a full disk part-way and ``wait_flush`` behave as for
+        :meth:`append_batch`.
+        """
+        tb = topic_bytes(self._codec, topic)
+        check_fields(queue_id, 0, sys_flag, 0, 0, born_timestamp)
+        bh = self._store_host if born_host is None else self._host_bytes(born_host)
+        offsets = array("q", bytes(8 * count))
+        sizes = array("i", bytes(4 * count))
+        codec = self._codec
+        src = 0
+
+        def write(seg: Segment, pos: int, limit: int, qoff: int, done: int,
+                  now: int) -> tuple[int, int]:
+            nonlocal src
+            written, end, src = codec.write_batch_entries(
+                seg.mm, pos, limit, tb, batch, src, queue_id, qoff, seg.base, sys_flag,
+                now if born_timestamp is None else born_timestamp, bh, now, self._store_host,
+                offsets, sizes, done, self._max_record)
+            return written, end
+
+        def next_size(done: int) -> int:
+            # A record is its entry plus what a record adds to an entry.
+            return _ENTRY_SIZE.unpack_from(batch, src)[0] - 22 + codec.FIXED_SIZE + len(tb)
+
+        q0, done, end_offset = self._append_records((tb, queue_id), count, write, next_size,
+                                                    wait_flush)
+        return EntriesAppendResult(offsets, sizes, q0, done, end_offset)
+
+    def _append_records(self, key: tuple[bytes, int], n: int,
+                        write: Callable[[Segment, int, int, int, int, int], tuple[int, int]],
+                        next_size: Callable[[int], int],
+                        wait_flush: bool) -> tuple[int, int, int]:
+        """The segment loop of the batch appends: ``write(segment, position, limit, queue
+        offset, records done, now)`` stores records from number ``done`` while they end
+        at or before ``limit`` and returns (how many, end position); ``next_size(done)``
+        is the size of record ``done``.  Records go only where blocks are reserved, and a
+        record that does not fit pads the segment and rolls.  Returns (first queue offset,
+        records stored, end offset).  A full disk part-way raises DiskFullError after the
+        records that fit are stored and announced to the append listeners."""
+        codec = self._codec
         limit = self._sb - codec.MIN_BLANK
         with self._lock:
             self._check_open()
-            key = (tb, queue_id)
             q0 = self._queue_offsets.get(key, 0)
             now = self._clock()
-            born = now if born_timestamp is None else born_timestamp
             done = 0
             full: DiskFullError | None = None
             try:
                 while done < n:
                     seg = self._active_segment()
                     pos = self._max_offset - seg.base
-                    # Records go only where blocks are reserved (the first call also
-                    # checks every body, before anything is written).
-                    count, end = codec.write_batch(
-                        seg.mm, pos, max(pos, min(limit, seg.allocated)), tb, items, done, pb,
-                        queue_id, flag, q0 + done, seg.base, sys_flag, born, bh, now,
-                        self._store_host, reconsume_times, prepared_transaction_offset,
-                        offsets, self._max_record)
-                    done += count
+                    written, end = write(seg, pos, max(pos, min(limit, seg.allocated)),
+                                         q0 + done, done, now)
+                    done += written
                     self._max_offset = self._whole_offset = seg.base + end
                     if done < n:
-                        need = end + overhead + len(items[done])
+                        need = end + next_size(done)
                         if need <= limit:
                             self._allocate(seg, need)  # the window ran out: reserve more
                             continue
@@ -397,73 +453,7 @@ class CommitLog(ReceivePath):
             raise full
         if n:
             self._appended(end_offset, wait_flush)
-        return BatchAppendResult(offsets, q0, n, overhead, end_offset)
-
-    def append_batch_entries(self, topic: str | bytes, batch: bytes | memoryview, count: int,
-                             queue_id: int = 0, *, sys_flag: int = 0,
-                             born_timestamp: int | None = None,
-                             born_host: tuple[str, int] | None = None,
-                             wait_flush: bool = True) -> EntriesAppendResult:
-        """Append the ``count`` entries of a SEND_BATCH body to one (topic, queue) as they
-        came, each with its own flag and properties, in C loops (the records codec's
-        ``write_batch_entries``; the caller checked the body with ``batch_plain``).
-
-        Segments roll, a full disk part-way and ``wait_flush`` behave as for
-        :meth:`append_batch`.
-        """
-        tb = topic_bytes(self._codec, topic)
-        check_fields(queue_id, 0, sys_flag, 0, 0, born_timestamp)
-        bh = self._store_host if born_host is None else self._host_bytes(born_host)
-        offsets = array("q", bytes(8 * count))
-        sizes = array("i", bytes(4 * count))
-        codec = self._codec
-        limit = self._sb - codec.MIN_BLANK
-        src = 0
-        with self._lock:
-            self._check_open()
-            key = (tb, queue_id)
-            q0 = self._queue_offsets.get(key, 0)
-            now = self._clock()
-            born = now if born_timestamp is None else born_timestamp
-            done = 0
-            full: DiskFullError | None = None
-            try:
-                while done < count:
-                    seg = self._active_segment()
-                    pos = self._max_offset - seg.base
-                    written, end, src = codec.write_batch_entries(
-                        seg.mm, pos, max(pos, min(limit, seg.allocated)), tb, batch, src,
-                        queue_id, q0 + done, seg.base, sys_flag, born, bh, now,
-                        self._store_host, offsets, sizes, done, self._max_record)
-                    done += written
-                    self._max_offset = self._whole_offset = seg.base + end
-                    if done < count:
-                        # The next record is its entry's size plus what a record adds.
-                        (entry,) = _ENTRY_SIZE.unpack_from(batch, src)
-                        need = end + entry - 22 + codec.FIXED_SIZE + len(tb)
-                        if need <= limit:
-                            self._allocate(seg, need)  # the window ran out: reserve more
-                            continue
-                        # The next record does not fit: pad this segment and roll.
-                        self._allocate(seg, end + codec.MIN_BLANK)
-                        codec.write_blank(seg.mm, end, self._sb - end)
-                        self._max_offset = self._whole_offset = seg.base + self._sb
-            except DiskFullError as exc:
-                if not done:
-                    raise
-                full = exc
-            finally:
-                if done:
-                    self._queue_offsets[key] = q0 + done
-            end_offset = self._max_offset
-            if end_offset >= self._warm.next_at:
-                self._warm.advance()
-        if full is not None:
-            self._appended(end_offset, False)
-            raise full
-        if count:
-            self._appended(end_offset, wait_flush)
-        return EntriesAppendResult(offsets, sizes, q0, done, end_offset)
+        return q0, done, end_offset
 
     def _appended(self, end: int, wait_flush: bool = True) -> None:
         for cb in self._listeners:
