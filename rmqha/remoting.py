@@ -518,6 +518,9 @@ class Connection(asyncio.Protocol):
         self._drain_waiters: list[asyncio.Future[None]] = []
         #: Frames gathered for one write at the end of the loop turn (see send()).
         self._cork: list[bytes] | None = None
+        #: Callbacks to run once the commands of the read being handled are dispatched
+        #: (None outside a read; see at_end_of_read()).
+        self._end_of_read: list[Callable[[], None]] | None = None
         self._on_made = on_made
         self._given_name = name
         self.peer = "?"
@@ -550,13 +553,36 @@ class Connection(asyncio.Protocol):
             log.warning("closing connection %s: %s", self.name, reason)
             self._mark_closed(reason)
             return
-        for cmd in commands:
-            self._on_command(cmd)
+        if commands:
+            self._end_of_read = []
+            try:
+                for cmd in commands:
+                    self._on_command(cmd)
+            finally:
+                self._run_end_of_read()
         if self._frame_read_timeout is not None and self._decoder.buffered:
             self._last_data = self._loop.time()
             if self._stall_timer is None:
                 self._stall_timer = self._loop.call_at(
                     self._last_data + self._frame_read_timeout, self._check_stall)
+
+    def at_end_of_read(self, cb: Callable[[], None]) -> None:
+        """Run ``cb()`` once every command of the read being handled has been dispatched
+        (an immediate handler runs inside that read): what requests arriving together
+        share, such as one wait for their replicas, is done once for all of them.
+        Outside a read it runs at once."""
+        if self._end_of_read is None:
+            cb()
+        else:
+            self._end_of_read.append(cb)
+
+    def _run_end_of_read(self) -> None:
+        callbacks, self._end_of_read = self._end_of_read, None
+        for cb in callbacks or ():
+            try:
+                cb()
+            except Exception:  # one broken callback must not keep the others from running
+                log.exception("end-of-read callback of %s failed", self.name)
 
     def eof_received(self) -> bool:
         self._mark_closed("peer closed")

@@ -19,6 +19,7 @@ from rmqha.remoting import (
     FLAG_RESPONSE,
     BlockingRemotingClient,
     Connection,
+    Dispatcher,
     FrameDecoder,
     RemotingClient,
     RemotingCommand,
@@ -203,6 +204,53 @@ def test_immediate_handlers_answer_now_later_or_leave_it_to_the_task():
                 assert resp.code == ResponseCode.SYSTEM_ERROR and "bad handler" in resp.remark
                 # The connection counts nothing in flight once all are answered.
                 assert [c.in_flight for c in server.connections] == [0]
+    event_loop.run(main())
+
+
+def test_end_of_read_callbacks_run_once_the_reads_commands_are_dispatched():
+    """What an immediate handler asks for with at_end_of_read runs after every command of
+    that read (the sends of one read share one wait for replicas), once per read; outside a
+    read it runs at once."""
+    class Transport:
+        def __init__(self) -> None:
+            self.out: list[bytes] = []
+
+        def write(self, data: bytes) -> None:
+            self.out.append(data)
+
+        def set_write_buffer_limits(self, high: int) -> None:
+            pass
+
+        def get_extra_info(self, name: str) -> tuple[str, int]:
+            return ("127.0.0.1", 1)
+
+        def close(self) -> None:
+            pass
+
+    async def main() -> None:
+        seen: list[str] = []
+        dispatcher = Dispatcher()
+
+        def now(cmd: RemotingCommand, conn: Connection) -> bool:
+            seen.append(cmd.ext_fields["i"])
+            if cmd.ext_fields["i"] in ("0", "3"):  # the first of each read asks once
+                conn.at_end_of_read(lambda: seen.append("end"))
+            return True
+
+        dispatcher.register_immediate(7, now)
+        conn = Connection(dispatcher, 1 << 20)
+        conn.connection_made(Transport())  # type: ignore[arg-type]
+        frames = [encode(RemotingCommand.request(7, {"i": str(i)})) for i in range(5)]
+        conn.data_received(b"".join(frames[:3]))
+        assert seen == ["0", "1", "2", "end"]
+        # A read that ends inside a frame dispatches what is whole; the rest comes later.
+        conn.data_received(frames[3] + frames[4][:5])
+        assert seen[4:] == ["3", "end"]
+        conn.data_received(frames[4][5:])
+        assert seen[6:] == ["4"]
+        ran: list[int] = []
+        conn.at_end_of_read(lambda: ran.append(1))
+        assert ran == [1]
     event_loop.run(main())
 
 

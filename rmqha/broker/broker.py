@@ -122,6 +122,12 @@ class Replication:
             return
         master.when_replicas(end_offset, timeout_s, lambda ok: done(self._acknowledged(ok)))
 
+    def replicated_now(self, end_offset: int) -> bool:
+        """Whether a send ending at ``end_offset`` could be acknowledged now (see
+        :meth:`_acknowledged`), without waiting."""
+        master = self._broker.ha_master
+        return master is not None and self._acknowledged(master.replicas_hold(end_offset))
+
     def _acknowledged(self, replicated: bool) -> bool:
         """The copies are there, but an acknowledgement is a master's promise: a master
         whose lease ran out while the send waited may already have a successor."""

@@ -343,6 +343,11 @@ class HAMaster:
             return True
         return await self.wait_for_acks(offset, need, timeout)
 
+    def replicas_hold(self, offset: int) -> bool:
+        """Whether the ack policy (:meth:`_copies_needed`) holds for ``offset`` now."""
+        need = self._copies_needed()
+        return (need is not None and need <= 1) or self._acks_reached(offset, need)
+
     def when_replicas(self, offset: int, timeout: float, done: Callable[[bool], None]) -> None:
         """:meth:`wait_for_replicas` with a callback (see :meth:`when_acks`)."""
         need = self._copies_needed()

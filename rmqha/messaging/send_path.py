@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from rmqha import _core
@@ -97,6 +98,36 @@ class _Send:
     batch_count: int = 0
 
 
+@dataclass(slots=True)
+class _Answer:
+    """A send stored by :meth:`SendPath.on_send_now` and not answered yet."""
+
+    cmd: RemotingCommand
+    send: _Send
+    placed: list[tuple[int, int]]
+    started: float
+
+
+class _ReadGroup:
+    """The sends one read of a connection brought, stored in that read: they wait for
+    their replicas (and the group commit) as one, for the end of the last, and are
+    answered together.  One waiter instead of one per send, and the checks every send of
+    the read would repeat (writable, the topic's config) done once per read."""
+
+    __slots__ = ("conn", "answers", "topics", "writable")
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.answers: list[_Answer] = []
+        #: Topic -> its config, once a send to it passed the topic checks in this read.
+        self.topics: dict[str, Any] = {}
+        self.writable = False
+
+
+#: Put statuses of a wait that ended without the replicas the ack policy asks for.
+_SHORT_OF_REPLICAS = frozenset({"FLUSH_SLAVE_TIMEOUT", "IN_SYNC_REPLICAS_NOT_ENOUGH"})
+
+
 class SendPath:
     """Stores what producers send."""
 
@@ -109,6 +140,8 @@ class SendPath:
         self.transactions = transactions
         # offsetMsgId = hex(store ip, port) + hex(commitlog offset): the host part once.
         self._msg_id_prefix = offset_msg_id(ctx.config.broker_address, 0)[:16]
+        #: The sends of the read being handled (see _ReadGroup), None between reads.
+        self._group: _ReadGroup | None = None
 
     def handlers(self) -> dict[int, Handler]:
         rc = RequestCode
@@ -134,29 +167,60 @@ class SendPath:
     def on_send_now(self, cmd: RemotingCommand, conn: Any) -> bool:
         """The send without a task (the remoting connection's immediate handler): checks,
         append and push in the turn that decoded the request, and the answer from the ack
-        callback that completes it, with no coroutine and no task step in between.  False
-        leaves the request to :meth:`on_send`: a master still waiting for its first lease."""
-        replication = self.ctx.replication
-        if replication is not None and replication.awaiting_first_lease():
-            return False
+        callback that completes it, with no coroutine and no task step in between.  The
+        sends of one read share that wait (see :class:`_ReadGroup`).  False leaves the
+        request to :meth:`on_send`: a master still waiting for its first lease."""
+        group = self._group
+        opened = group is None or group.conn is not conn
+        if opened:
+            replication = self.ctx.replication
+            if replication is not None and replication.awaiting_first_lease():
+                return False
+            group = self._group = _ReadGroup(conn)
+        assert group is not None
         started = time.perf_counter()
         try:
-            send = self._prepare(cmd, conn)
+            send = self._prepare(cmd, conn, group)
             placed = self._store(send, conn)
         except Refused as r:
             resp = cmd.response(r.code, r.remark, r.ext)
             self._observe(resp, started)
             conn.answer(cmd, resp)
-            return True
-        last_offset, last_size = placed[-1]
+        else:
+            group.answers.append(_Answer(cmd, send, placed, started))
+        if opened:
+            # After the first send is in: outside a read (a direct call) this closes at once.
+            conn.at_end_of_read(partial(self._close_group, group))
+        return True
+
+    def _close_group(self, group: _ReadGroup) -> None:
+        """The read's sends are all stored: push them and wait for the end of the last."""
+        if self._group is group:
+            self._group = None
+        if not group.answers:
+            return
+        ctx = self.ctx
+        if ctx.replication is not None:
+            ctx.replication.push_now()  # now, not at the turn's end: the answer waits on it
+        last_offset, last_size = group.answers[-1].placed[-1]
+        end = last_offset + last_size
+        conn = group.conn
+        answers = group.answers
 
         def durable(code: int, status: str) -> None:
-            resp = self._answer(cmd, send, placed, code, status)
-            self._observe(resp, started)
-            conn.answer(cmd, resp)
+            replication = ctx.replication
+            for a in answers:
+                c, st = code, status
+                if st in _SHORT_OF_REPLICAS and replication is not None:
+                    # The group's end fell short; an earlier send of it may be held.
+                    off, size = a.placed[-1]
+                    if off + size < end and replication.replicated_now(off + size):
+                        c, st = ResponseCode.SUCCESS, "PUT_OK"
+                resp = self._answer(a.cmd, a.send, a.placed, c, st)
+                self._observe(resp, a.started)
+                conn.answer(a.cmd, resp)
 
-        self.writer.when_durable(last_offset + last_size, durable)
-        return True
+        self.writer.when_durable(end, durable)
 
     def _observe(self, resp: RemotingCommand, started: float) -> None:
         m = self.ctx.metrics
@@ -176,8 +240,9 @@ class SendPath:
                                                        index_now=False)
         return self._answer(cmd, send, placed, code, status)
 
-    def _prepare(self, cmd: RemotingCommand, conn: Any) -> _Send:
-        """Check a send and decide what to store where; Refused says why not."""
+    def _prepare(self, cmd: RemotingCommand, conn: Any, group: _ReadGroup | None = None) -> _Send:
+        """Check a send and decide what to store where; Refused says why not.  ``group``:
+        the read it came in, whose other sends may have made some checks already."""
         ctx = self.ctx
         v2 = cmd.code in (RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE)
         try:
@@ -185,19 +250,15 @@ class SendPath:
         except ProtocolError as exc:
             raise Refused(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
         batch = h.batch or cmd.code == RequestCode.SEND_BATCH_MESSAGE
-        ctx.check_writable()
-        try:
-            validate_topic_name(h.topic)
-        except ConfigError as exc:
-            raise Refused(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
-        if h.topic in INTERNAL_TOPICS:
-            raise Refused(ResponseCode.NO_PERMISSION, f"topic {h.topic} is internal")
-        cfg = self.topic_admin.ensure_topic(h.topic)
+        if group is None or not group.writable:
+            ctx.check_writable()
+            if group is not None:
+                group.writable = True  # nothing changes it within one read
+        cfg = group.topics.get(h.topic) if group is not None else None
         if cfg is None:
-            raise Refused(ResponseCode.TOPIC_NOT_EXIST,
-                          f"topic {h.topic} does not exist on {ctx.broker_name}")
-        if not cfg.perm & PERM_WRITE:
-            raise Refused(ResponseCode.NO_PERMISSION, f"topic {h.topic} is not writable")
+            cfg = self._writable_topic(h.topic)
+            if group is not None:
+                group.topics[h.topic] = cfg
         queue_id = h.queue_id
         if queue_id < 0:
             queue_id = random.randrange(cfg.write_queue_nums)
@@ -246,6 +307,23 @@ class SendPath:
                 topic, queue_id, sys_flag, props = self._divert(h, queue_id)
             rows = [(cmd.body, props, h.flag, h.reconsume_times)]
         return _Send(topic, queue_id, reply_queue_id, rows, sys_flag, born_ts, born_host)
+
+    def _writable_topic(self, topic: str) -> Any:
+        """The config of a topic a producer may send to (created on first use when
+        allowed); Refused says why not."""
+        try:
+            validate_topic_name(topic)
+        except ConfigError as exc:
+            raise Refused(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
+        if topic in INTERNAL_TOPICS:
+            raise Refused(ResponseCode.NO_PERMISSION, f"topic {topic} is internal")
+        cfg = self.topic_admin.ensure_topic(topic)
+        if cfg is None:
+            raise Refused(ResponseCode.TOPIC_NOT_EXIST,
+                          f"topic {topic} does not exist on {self.ctx.broker_name}")
+        if not cfg.perm & PERM_WRITE:
+            raise Refused(ResponseCode.NO_PERMISSION, f"topic {topic} is not writable")
+        return cfg
 
     def _store(self, send: _Send, conn: Any) -> list[tuple[int, int]]:
         """Append the send's rows and start them towards the slaves."""
