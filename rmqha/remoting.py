@@ -151,6 +151,12 @@ class RemotingCommand:
             serialize_type=self.serialize_type,
         )
 
+    def reply(self, code: int, remark: str | None, ext_fields: dict[str, str]) -> RemotingCommand:
+        """:meth:`response` with header fields that are all strings already (taken as they
+        are, not copied) and no body: the answer every send gets."""
+        return RemotingCommand(code, LANGUAGE, VERSION, self.opaque, FLAG_RESPONSE, remark,
+                               ext_fields, b"", self.serialize_type)
+
     @property
     def is_response(self) -> bool:
         return bool(self.flag & FLAG_RESPONSE)
@@ -248,7 +254,7 @@ def encode_binary_header(cmd: RemotingCommand) -> bytes:
     return b"".join(parts)
 
 
-def _decode_header(raw: bytes) -> dict[str, Any]:
+def _decode_header(raw: bytes | memoryview) -> dict[str, Any]:
     try:
         header = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -327,9 +333,9 @@ def decode_frame(frame: bytes | memoryview) -> RemotingCommand:
         raise ProtocolError(
             f"header length {header_length} exceeds the frame ({len(frame) - 4} bytes left)"
         )
-    raw = bytes(frame[4 : 4 + header_length])
+    raw = frame[4 : 4 + header_length]
     if serialize_type == SERIALIZE_ROCKETMQ:
-        cmd = _decode_binary_header(raw)
+        cmd = _decode_binary_header(bytes(raw))
         cmd.body = bytes(frame[4 + header_length :])
         return cmd
     if serialize_type != SERIALIZE_JSON:
@@ -357,16 +363,9 @@ def decode_frame(frame: bytes | memoryview) -> RemotingCommand:
         version = _int_field(header, "version", 0)
         opaque = _int_field(header, "opaque", 0)
         flag = _int_field(header, "flag", 0)
-    return RemotingCommand(
-        code=code,
-        language=language if type(language) is str else str(language),
-        version=version,
-        opaque=opaque,
-        flag=flag,
-        remark=None if remark is None else str(remark),
-        ext_fields=ext,
-        body=bytes(frame[4 + header_length :]),
-    )
+    return RemotingCommand(  # positional: every frame makes one
+        code, language if type(language) is str else str(language), version, opaque, flag,
+        None if remark is None else str(remark), ext, bytes(frame[4 + header_length :]))
 
 
 def decode(data: bytes | memoryview) -> RemotingCommand:

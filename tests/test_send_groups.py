@@ -22,7 +22,7 @@ from rmqha.messaging.context import MessagingConfig
 from rmqha.messaging.service import MessageService
 from rmqha.remoting import FrameDecoder, RemotingCommand, encode
 from rmqha.store import CommitLog
-from tests.test_messaging import Env
+from test_messaging import Env
 
 
 class ScriptedReplication:

@@ -81,19 +81,37 @@ class SendHeader:
     @classmethod
     def from_ext(cls, ext: Ext, *, v2: bool) -> SendHeader:
         names = _SEND_V2_NAMES if v2 else _SEND_V1_NAMES
-        max_rt = ext.get(names["max_reconsume_times"]) or ""
-        return cls(
-            producer_group=ext.get(names["producer_group"], ""),
-            topic=req_str(ext, names["topic"]),
-            queue_id=opt_int(ext, names["queue_id"], -1),
-            sys_flag=opt_int(ext, names["sys_flag"], 0),
-            born_timestamp=opt_int(ext, names["born_timestamp"], 0),
-            flag=opt_int(ext, names["flag"], 0),
-            properties=ext.get(names["properties"], "") or "",
-            reconsume_times=opt_int(ext, names["reconsume_times"], 0),
-            batch=opt_bool(ext, names["batch"]),
-            max_reconsume_times=int(max_rt) if max_rt.lstrip("-").isdigit() else None,
-        )
+        # Every send parses this: the fields inline, as opt_int would read them; anything
+        # that does not convert goes through the per-field path, which names it.
+        get = ext.get
+        topic = get(names["topic"])
+        if topic is not None:
+            try:
+                qid, sf, born, fl, rt = (get(names["queue_id"]), get(names["sys_flag"]),
+                                         get(names["born_timestamp"]), get(names["flag"]),
+                                         get(names["reconsume_times"]))
+                max_rt = get(names["max_reconsume_times"]) or ""
+                batch = get(names["batch"])
+                return cls(
+                    producer_group=get(names["producer_group"], ""),
+                    topic=topic,
+                    queue_id=int(qid) if qid else -1,
+                    sys_flag=int(sf) if sf else 0,
+                    born_timestamp=int(born) if born else 0,
+                    flag=int(fl) if fl else 0,
+                    properties=get(names["properties"], "") or "",
+                    reconsume_times=int(rt) if rt else 0,
+                    batch=False if not batch else batch.strip().lower() in ("1", "true"),
+                    max_reconsume_times=int(max_rt) if max_rt.lstrip("-").isdigit() else None,
+                )
+            except ValueError:
+                pass
+        # Something is missing or does not convert: find which and say so.
+        req_str(ext, names["topic"])
+        for name in ("queue_id", "sys_flag", "born_timestamp", "flag", "reconsume_times"):
+            opt_int(ext, names[name], 0)
+        raise ProtocolError(f"header field {names['max_reconsume_times']!r} is not an integer: "
+                            f"{ext.get(names['max_reconsume_times'])!r}")
 
 
 @dataclass

@@ -13,15 +13,13 @@ import threading
 import time
 from collections.abc import Callable
 
-from rmqha import _core
 from rmqha.codes import ResponseCode
-from rmqha.errors import StoreError
+from rmqha.errors import InvalidMessageError, StoreError
 from rmqha.failpoints import Failpoint, hit
 from rmqha.messaging.context import MessagingContext
 from rmqha.messaging.message import decode_properties
 
 log = logging.getLogger(__name__)
-_records = _core.load("records")
 
 #: The put status of a send whose group commit fsync failed (answered SYSTEM_ERROR, which
 #: clients retry: the record is stored but not known to be on disk).
@@ -46,16 +44,18 @@ class LogWriter:
                 properties: str | dict[str, str], flag: int,
                 sys_flag: int, born_timestamp: int, born_host: tuple[str, int],
                 reconsume_times: int) -> tuple[int, int]:
+        log_ = self.ctx.log
         if not isinstance(properties, dict):
             # A send's header string: stored as its bytes when they are canonical (what
-            # the map would encode to), without building the map.
+            # the map would encode to; the commitlog checks), without building the map.
             try:
-                raw = properties.encode()
-            except UnicodeEncodeError:
-                raw = None
-            properties = (raw if raw is not None and _records.properties_plain(raw)
-                          else decode_properties(properties))
-        return self.ctx.log.append(
+                return log_.append(
+                    topic, body, queue_id, properties.encode(),
+                    flag=flag, sys_flag=sys_flag, born_timestamp=born_timestamp,
+                    born_host=born_host, reconsume_times=reconsume_times, wait_flush=False)
+            except (UnicodeEncodeError, InvalidMessageError):
+                properties = decode_properties(properties)
+        return log_.append(
             topic, body, queue_id, properties,
             flag=flag, sys_flag=sys_flag, born_timestamp=born_timestamp, born_host=born_host,
             reconsume_times=reconsume_times, wait_flush=False,

@@ -114,10 +114,11 @@ class _ReadGroup:
     answered together.  One waiter instead of one per send, and the checks every send of
     the read would repeat (writable, the topic's config) done once per read."""
 
-    __slots__ = ("conn", "answers", "topics", "writable")
+    __slots__ = ("conn", "answers", "topics", "writable", "born_host")
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Any, born_host: tuple[str, int]) -> None:
         self.conn = conn
+        self.born_host = born_host
         self.answers: list[_Answer] = []
         #: Topic -> its config, once a send to it passed the topic checks in this read.
         self.topics: dict[str, Any] = {}
@@ -176,7 +177,7 @@ class SendPath:
             replication = self.ctx.replication
             if replication is not None and replication.awaiting_first_lease():
                 return False
-            group = self._group = _ReadGroup(conn)
+            group = self._group = _ReadGroup(conn, self.ctx.born_host(conn))
         assert group is not None
         started = time.perf_counter()
         try:
@@ -266,7 +267,7 @@ class SendPath:
         # A diverted message (half, delayed) answers with the queue it was sent to and the
         # offset it got where it is held, as RocketMQ (the transaction's state table offset).
         reply_queue_id = queue_id
-        born_host = ctx.born_host(conn)
+        born_host = group.born_host if group is not None else ctx.born_host(conn)
         born_ts = h.born_timestamp or int(time.time() * 1000)
         if batch:
             body = cmd.body
@@ -357,8 +358,9 @@ class SendPath:
         queue_offset = ctx.queue_offset_at(first_offset)
         prefix = self._msg_id_prefix
         ids = ",".join([f"{prefix}{off:016X}" for off, _ in placed])
-        ext = {"msgId": ids, "queueId": send.reply_queue_id, "queueOffset": queue_offset,
-               PUT_STATUS_FIELD: status, "commitLogOffset": first_offset}
+        ext = {"msgId": ids, "queueId": str(send.reply_queue_id),
+               "queueOffset": str(queue_offset), PUT_STATUS_FIELD: status,
+               "commitLogOffset": str(first_offset)}
         if code == ResponseCode.SUCCESS:
             remark = None
         elif status == FLUSH_DISK_FAILED:
@@ -369,7 +371,7 @@ class SendPath:
                       f"than min_in_sync_replicas={ctx.config.min_in_sync_replicas} copies")
         else:
             remark = f"{status}: stored at {first_offset} but not confirmed in time"
-        return cmd.response(code, remark, ext)
+        return cmd.reply(int(code), remark, ext)
 
     def _divert(self, h: SendHeader, queue_id: int) -> tuple[str, int, int, str | dict[str, str]]:
         """Where a transactional or delayed send is stored instead of its topic."""
