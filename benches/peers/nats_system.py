@@ -14,6 +14,8 @@ from pathlib import Path
 
 from peers.base import PeerSystem, free_port, wait_port
 
+from rmqha import event_loop
+
 SUBJECTS = {1: "bench1", 3: "bench3"}
 STREAMS = {1: "BENCH1", 3: "BENCH3"}
 
@@ -28,7 +30,8 @@ class NatsSystem(PeerSystem):
     def __init__(self) -> None:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.ports: dict[str, int] = {}
-        self.loop = asyncio.new_event_loop()
+        # The same loop as rmqha's clients (uvloop), so the clients differ, not their loops.
+        self.loop = event_loop.new_event_loop()
         self.nc = None
         self.js = None
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from peers.base import PeerSystem, free_port, wait_port, wait_until
 
+from rmqha import event_loop
+
 BIN = Path("/usr/lib/rabbitmq/bin")
 QUEUES = {1: "bench1", 3: "bench3"}
 
@@ -53,7 +55,8 @@ class RabbitSystem(PeerSystem):
         self.amqp_ports: list[int] = []
         self.procs: list[subprocess.Popen[bytes]] = []
         self.os_pids: list[int] = []
-        self.loop = asyncio.new_event_loop()
+        # The same loop as rmqha's clients (uvloop), so the clients differ, not their loops.
+        self.loop = event_loop.new_event_loop()
         self.conn = None
         self.channel = None
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from peers.base import PeerSystem, free_port, wait_port, wait_until
 
+from rmqha import event_loop
+
 STREAMS = {1: "bench1", 3: "bench3"}
 
 
@@ -26,7 +28,8 @@ class RedisSystem(PeerSystem):
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.ports: list[int] = []
-        self.loop = asyncio.new_event_loop()
+        # The same loop as rmqha's clients (uvloop), so the clients differ, not their loops.
+        self.loop = event_loop.new_event_loop()
         self.client = None
         self.window_client = None
 
