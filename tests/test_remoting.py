@@ -18,6 +18,7 @@ from rmqha.remoting import (
     FLAG_ONEWAY,
     FLAG_RESPONSE,
     BlockingRemotingClient,
+    DISPATCH_BUDGET,
     Connection,
     Dispatcher,
     FrameDecoder,
@@ -207,39 +208,57 @@ def test_immediate_handlers_answer_now_later_or_leave_it_to_the_task():
     event_loop.run(main())
 
 
-def test_end_of_read_callbacks_run_once_the_reads_commands_are_dispatched():
-    """What an immediate handler asks for with at_end_of_read runs after every command of
+class _StubTransport:
+    """A transport that records what the connection does with it."""
+
+    def __init__(self) -> None:
+        self.out: list[bytes] = []
+        self.paused: list[bool] = []
+
+    def write(self, data: bytes) -> None:
+        self.out.append(data)
+
+    def set_write_buffer_limits(self, high: int) -> None:
+        pass
+
+    def get_extra_info(self, name: str) -> tuple[str, int]:
+        return ("127.0.0.1", 1)
+
+    def pause_reading(self) -> None:
+        self.paused.append(True)
+
+    def resume_reading(self) -> None:
+        self.paused.append(False)
+
+    def close(self) -> None:
+        pass
+
+
+def _recording_connection(seen: list[str], ask_at: tuple[str, ...]) -> tuple[Connection, _StubTransport]:
+    """A connection whose immediate handler notes each command's "i", and after the
+    ones in ``ask_at`` asks for an "end" note once the dispatch is over."""
+    dispatcher = Dispatcher()
+
+    def now(cmd: RemotingCommand, conn: Connection) -> bool:
+        seen.append(cmd.ext_fields["i"])
+        if cmd.ext_fields["i"] in ask_at:
+            conn.at_end_of_dispatch(lambda: seen.append("end"))
+        return True
+
+    dispatcher.register_immediate(7, now)
+    conn = Connection(dispatcher, 1 << 20)
+    transport = _StubTransport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    return conn, transport
+
+
+def test_end_of_dispatch_callbacks_run_once_the_reads_commands_are_dispatched():
+    """What an immediate handler asks for with at_end_of_dispatch runs after every command of
     that read (the sends of one read share one wait for replicas), once per read; outside a
-    read it runs at once."""
-    class Transport:
-        def __init__(self) -> None:
-            self.out: list[bytes] = []
-
-        def write(self, data: bytes) -> None:
-            self.out.append(data)
-
-        def set_write_buffer_limits(self, high: int) -> None:
-            pass
-
-        def get_extra_info(self, name: str) -> tuple[str, int]:
-            return ("127.0.0.1", 1)
-
-        def close(self) -> None:
-            pass
-
+    dispatch it runs at once."""
     async def main() -> None:
         seen: list[str] = []
-        dispatcher = Dispatcher()
-
-        def now(cmd: RemotingCommand, conn: Connection) -> bool:
-            seen.append(cmd.ext_fields["i"])
-            if cmd.ext_fields["i"] in ("0", "3"):  # the first of each read asks once
-                conn.at_end_of_read(lambda: seen.append("end"))
-            return True
-
-        dispatcher.register_immediate(7, now)
-        conn = Connection(dispatcher, 1 << 20)
-        conn.connection_made(Transport())  # type: ignore[arg-type]
+        conn, _ = _recording_connection(seen, ("0", "3"))  # the first of each read asks
         frames = [encode(RemotingCommand.request(7, {"i": str(i)})) for i in range(5)]
         conn.data_received(b"".join(frames[:3]))
         assert seen == ["0", "1", "2", "end"]
@@ -249,8 +268,34 @@ def test_end_of_read_callbacks_run_once_the_reads_commands_are_dispatched():
         conn.data_received(frames[4][5:])
         assert seen[6:] == ["4"]
         ran: list[int] = []
-        conn.at_end_of_read(lambda: ran.append(1))
+        conn.at_end_of_dispatch(lambda: ran.append(1))
         assert ran == [1]
+    event_loop.run(main())
+
+
+def test_a_long_read_is_dispatched_a_budget_per_loop_turn():
+    """A read of more than DISPATCH_BUDGET commands is dispatched that many per loop turn,
+    in order, each part with its own end-of-dispatch callbacks; reading pauses until the
+    backlog is gone, and what arrives meanwhile queues behind it."""
+    async def main() -> None:
+        budget = DISPATCH_BUDGET
+        n = 2 * budget + 5
+        seen: list[str] = []
+        starts = tuple(str(i) for i in range(0, n + 1, budget))
+        conn, transport = _recording_connection(seen, starts)
+        frames = [encode(RemotingCommand.request(7, {"i": str(i)})) for i in range(n + 1)]
+        conn.data_received(b"".join(frames[:n]))
+        assert seen == [str(i) for i in range(budget)] + ["end"]
+        assert transport.paused == [True]
+        conn.data_received(frames[n])  # a later read waits behind the backlog
+        assert len(seen) == budget + 1
+        await asyncio.sleep(0)
+        assert seen[budget + 1:] == [str(i) for i in range(budget, 2 * budget)] + ["end"]
+        await asyncio.sleep(0)
+        assert seen[2 * budget + 2:] == [str(i) for i in range(2 * budget, n + 1)] + ["end"]
+        assert transport.paused == [True, False]
+        await asyncio.sleep(0)
+        assert len(seen) == n + 4  # nothing dispatched twice
     event_loop.run(main())
 
 

@@ -84,7 +84,7 @@ class ReadConn:
         for cb in callbacks:
             cb()
 
-    def at_end_of_read(self, cb: Callable[[], None]) -> None:
+    def at_end_of_dispatch(self, cb: Callable[[], None]) -> None:
         if self._end is None:
             cb()
         else:

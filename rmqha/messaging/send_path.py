@@ -108,11 +108,12 @@ class _Answer:
     started: float
 
 
-class _ReadGroup:
-    """The sends one read of a connection brought, stored in that read: they wait for
+class _SendGroup:
+    """The sends a connection dispatched together (one read's, at most the remoting
+    DISPATCH_BUDGET of them), stored as they are dispatched: they wait for
     their replicas (and the group commit) as one, for the end of the last, and are
     answered together.  One waiter instead of one per send, and the checks every send of
-    the read would repeat (writable, the topic's config) done once per read."""
+    the group would repeat (writable, the topic's config) done once per group."""
 
     __slots__ = ("conn", "answers", "topics", "writable", "born_host")
 
@@ -120,7 +121,7 @@ class _ReadGroup:
         self.conn = conn
         self.born_host = born_host
         self.answers: list[_Answer] = []
-        #: Topic -> its config, once a send to it passed the topic checks in this read.
+        #: Topic -> its config, once a send to it passed the topic checks in this group.
         self.topics: dict[str, Any] = {}
         self.writable = False
 
@@ -141,8 +142,8 @@ class SendPath:
         self.transactions = transactions
         # offsetMsgId = hex(store ip, port) + hex(commitlog offset): the host part once.
         self._msg_id_prefix = offset_msg_id(ctx.config.broker_address, 0)[:16]
-        #: The sends of the read being handled (see _ReadGroup), None between reads.
-        self._group: _ReadGroup | None = None
+        #: The sends being dispatched (see _SendGroup), None between dispatches.
+        self._group: _SendGroup | None = None
 
     def handlers(self) -> dict[int, Handler]:
         rc = RequestCode
@@ -169,7 +170,7 @@ class SendPath:
         """The send without a task (the remoting connection's immediate handler): checks,
         append and push in the turn that decoded the request, and the answer from the ack
         callback that completes it, with no coroutine and no task step in between.  The
-        sends of one read share that wait (see :class:`_ReadGroup`).  False leaves the
+        sends dispatched together share that wait (see :class:`_SendGroup`).  False leaves the
         request to :meth:`on_send`: a master still waiting for its first lease."""
         group = self._group
         opened = group is None or group.conn is not conn
@@ -177,7 +178,7 @@ class SendPath:
             replication = self.ctx.replication
             if replication is not None and replication.awaiting_first_lease():
                 return False
-            group = self._group = _ReadGroup(conn, self.ctx.born_host(conn))
+            group = self._group = _SendGroup(conn, self.ctx.born_host(conn))
         assert group is not None
         started = time.perf_counter()
         try:
@@ -190,12 +191,12 @@ class SendPath:
         else:
             group.answers.append(_Answer(cmd, send, placed, started))
         if opened:
-            # After the first send is in: outside a read (a direct call) this closes at once.
-            conn.at_end_of_read(partial(self._close_group, group))
+            # After the first send is in: outside a dispatch (a direct call) this closes at once.
+            conn.at_end_of_dispatch(partial(self._close_group, group))
         return True
 
-    def _close_group(self, group: _ReadGroup) -> None:
-        """The read's sends are all stored: push them and wait for the end of the last."""
+    def _close_group(self, group: _SendGroup) -> None:
+        """The group's sends are all stored: push them and wait for the end of the last."""
         if self._group is group:
             self._group = None
         if not group.answers:
@@ -241,9 +242,9 @@ class SendPath:
                                                        index_now=False)
         return self._answer(cmd, send, placed, code, status)
 
-    def _prepare(self, cmd: RemotingCommand, conn: Any, group: _ReadGroup | None = None) -> _Send:
+    def _prepare(self, cmd: RemotingCommand, conn: Any, group: _SendGroup | None = None) -> _Send:
         """Check a send and decide what to store where; Refused says why not.  ``group``:
-        the read it came in, whose other sends may have made some checks already."""
+        the group it came in, whose other sends may have made some checks already."""
         ctx = self.ctx
         v2 = cmd.code in (RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE)
         try:
@@ -254,7 +255,7 @@ class SendPath:
         if group is None or not group.writable:
             ctx.check_writable()
             if group is not None:
-                group.writable = True  # nothing changes it within one read
+                group.writable = True  # nothing changes it within one dispatch
         cfg = group.topics.get(h.topic) if group is not None else None
         if cfg is None:
             cfg = self._writable_topic(h.topic)
