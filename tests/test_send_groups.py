@@ -73,16 +73,23 @@ class ReadConn:
 
     def __init__(self) -> None:
         self.answers: list[tuple[RemotingCommand, RemotingCommand]] = []
+        #: What a handler raised (the real connection answers SYSTEM_ERROR for it).
+        self.errors: list[Exception] = []
         self._end: list[Callable[[], None]] | None = None
 
     def read(self, handler: Callable[[RemotingCommand, Any], bool],
              cmds: list[RemotingCommand]) -> None:
         self._end = []
-        for cmd in cmds:
-            assert handler(cmd, self)
-        callbacks, self._end = self._end, None
-        for cb in callbacks:
-            cb()
+        try:
+            for cmd in cmds:
+                try:
+                    assert handler(cmd, self)
+                except RuntimeError as exc:
+                    self.errors.append(exc)
+        finally:
+            callbacks, self._end = self._end, None
+            for cb in callbacks:
+                cb()
 
     def at_end_of_dispatch(self, cb: Callable[[], None]) -> None:
         if self._end is None:
@@ -213,5 +220,34 @@ def test_a_pipeline_written_at_once_is_answered_send_by_send(tmp_path: Path) -> 
             assert all(by_opaque[c.opaque].code == ResponseCode.SUCCESS for c in cmds)
             queue_offsets = [int(by_opaque[c.opaque].ext_fields["queueOffset"]) for c in cmds]
             assert queue_offsets == list(range(n))
+
+    event_loop.run(main())
+
+
+def test_a_send_that_fails_unexpectedly_leaves_no_group_open(service, monkeypatch) -> None:
+    """A handler bug in the first send of a dispatch (the connection answers it
+    SYSTEM_ERROR) must not leave its group open: the connection's next sends would join
+    a group nobody waits for and never be answered."""
+    svc, repl = service
+    send_path = svc._send
+    real_store = send_path._store
+
+    def store(send: Any, conn: Any) -> Any:
+        if send.rows and send.rows[0][0] == b"boom":
+            raise RuntimeError("a bug")
+        return real_store(send, conn)
+
+    monkeypatch.setattr(send_path, "_store", store)
+
+    async def main() -> None:
+        handler = svc.immediate_handlers()[RequestCode.SEND_MESSAGE]
+        conn = ReadConn()
+        conn.read(handler, [_send("A", b"boom")])
+        assert [str(e) for e in conn.errors] == ["a bug"] and not repl.waits
+        conn.read(handler, [_send("A", b"fine")])
+        assert len(repl.waits) == 1
+        repl.acked = repl.waits[0][0]
+        repl.waits[0][1](True)
+        assert [_status(r) for _, r in conn.answers] == ["PUT_OK"]
 
     event_loop.run(main())

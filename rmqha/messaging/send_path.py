@@ -190,9 +190,12 @@ class SendPath:
             conn.answer(cmd, resp)
         else:
             group.answers.append(_Answer(cmd, send, placed, started))
-        if opened:
-            # After the first send is in: outside a dispatch (a direct call) this closes at once.
-            conn.at_end_of_dispatch(partial(self._close_group, group))
+        finally:
+            if opened:
+                # After the first send is in (outside a dispatch, a direct call, this closes
+                # at once), and even when it failed: a group left open would hold the
+                # connection's later sends.
+                conn.at_end_of_dispatch(partial(self._close_group, group))
         return True
 
     def _close_group(self, group: _SendGroup) -> None:
