@@ -632,7 +632,7 @@ class Connection(asyncio.Protocol):
             try:
                 cb()
             except Exception:  # one broken callback must not keep the others from running
-                log.exception("end-of-read callback of %s failed", self.name)
+                log.exception("end-of-dispatch callback of %s failed", self.name)
 
     def eof_received(self) -> bool:
         self._mark_closed("peer closed")
