@@ -142,6 +142,8 @@ class SendPath:
         self.transactions = transactions
         # offsetMsgId = hex(store ip, port) + hex(commitlog offset): the host part once.
         self._msg_id_prefix = offset_msg_id(ctx.config.broker_address, 0)[:16]
+        #: Put status -> its child of the send latency histogram.
+        self._latency: dict[str, Any] = {}
         #: The sends being dispatched (see _SendGroup), None between dispatches.
         self._group: _SendGroup | None = None
 
@@ -231,7 +233,10 @@ class SendPath:
         m = self.ctx.metrics
         if m is not None:
             status = resp.ext_fields.get(PUT_STATUS_FIELD) or str(resp.code)
-            m.send_latency.labels(status).observe(time.perf_counter() - started)
+            child = self._latency.get(status)
+            if child is None:  # labels() costs a lock and a lookup: once per status
+                child = self._latency[status] = m.send_latency.labels(status)
+            child.observe(time.perf_counter() - started)
 
     async def _send(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
         ctx = self.ctx
