@@ -366,6 +366,20 @@ def test_batch_entries_stop_at_limit_and_resume(twin: str) -> None:
     assert parse_record(buf, 9 * 192)["queue_offset"] == 9
 
 
+@pytest.mark.parametrize(("pos", "limit"), [(-1, 100), (0, 1001), (200, 100)])
+def test_batches_refuse_a_range_outside_the_buffer(twin: str, pos: int, limit: int) -> None:
+    """Both batch writers name a range the buffer does not hold and write nothing."""
+    mod = load_twin("records", twin)
+    buf = bytearray(1000)
+    with pytest.raises(StoreError, match=f"batch range {pos}..{limit} outside a buffer of 1000"):
+        mod.write_batch(buf, pos, limit, b"T", [b"x"], 0, b"", 0, 0, 0, 0, 0, 1, HOST_A, 1,
+                        HOST_B, 0, 0)
+    with pytest.raises(StoreError, match=f"batch range {pos}..{limit} outside a buffer of 1000"):
+        mod.write_batch_entries(buf, pos, limit, b"T", batch_body([(b"x", b"", 0)]), 0, 0, 0,
+                                0, 0, 1, HOST_A, 1, HOST_B, None, None, 0)
+    assert buf == bytearray(1000)
+
+
 def test_batch_entries_bad_input_writes_nothing(twin: str) -> None:
     mod = load_twin("records", twin)
     buf = bytearray(3000)

@@ -372,6 +372,17 @@ cdef inline int _get_buffer(object obj, Py_buffer* view, int flags) except -1:
     return 0
 
 
+cdef int _get_batch_out(object buf, Py_buffer* out, Py_ssize_t pos, Py_ssize_t limit) except -1:
+    """The writable buffer a batch is written into, holding [pos, limit) (released
+    again when it does not)."""
+    _get_buffer(buf, out, PyBUF_WRITABLE)
+    if pos < 0 or limit > out.len or pos > limit:
+        length = out.len
+        PyBuffer_Release(out)
+        raise StoreError(f"batch range {pos}..{limit} outside a buffer of {length}")
+    return 0
+
+
 cdef int _get_int_array(object obj, Py_buffer* view, Py_ssize_t n, Py_ssize_t itemsize,
                         str name) except -1:
     # A writable buffer of at least n integers of itemsize bytes (array('q'), array('i')).
@@ -555,10 +566,8 @@ def write_batch(object buf, Py_ssize_t pos, Py_ssize_t limit, bytes topic, objec
     _template(tmpl, queue_id, flag, sys_flag, born_timestamp, <const char*>born_host,
               store_timestamp, <const char*>store_host, reconsume_times,
               prepared_transaction_offset)
-    _get_buffer(buf, &out, PyBUF_WRITABLE)
+    _get_batch_out(buf, &out, pos, limit)
     try:
-        if pos < 0 or limit > out.len or pos > limit:
-            raise StoreError(f"batch range {pos}..{limit} outside a buffer of {out.len}")
         if offsets_out is not None:
             _get_int_array(offsets_out, &offs, n, 8, "offsets_out")
             off_p = <int64_t*>offs.buf
@@ -747,10 +756,8 @@ def write_batch_entries(object buf, Py_ssize_t pos, Py_ssize_t limit, bytes topi
                     f"{min(max_record, 0x7FFFFFFF)}")
             p += total
             k += 1
-        _get_buffer(buf, &out, PyBUF_WRITABLE)
+        _get_batch_out(buf, &out, pos, limit)
         try:
-            if pos < 0 or limit > out.len or pos > limit:
-                raise StoreError(f"batch range {pos}..{limit} outside a buffer of {out.len}")
             if offsets_out is not None:
                 _get_int_array(offsets_out, &offs, k, 8, "offsets_out")
                 have_offs = 1

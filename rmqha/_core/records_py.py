@@ -172,6 +172,12 @@ def write_message(buf, pos: int, topic: bytes, body, properties: bytes, queue_id
     return size
 
 
+def _check_batch_range(buf, pos: int, limit: int) -> None:
+    """StoreError unless the buffer a batch is written into holds [pos, limit)."""
+    if pos < 0 or limit > len(buf) or pos > limit:
+        raise StoreError(f"batch range {pos}..{limit} outside a buffer of {len(buf)}")
+
+
 def write_batch(buf, pos: int, limit: int, topic: bytes, bodies: Sequence, start: int,
                 properties: bytes, queue_id: int, flag: int, queue_offset: int,
                 base_offset: int, sys_flag: int, born_timestamp: int, born_host: bytes,
@@ -200,8 +206,7 @@ def write_batch(buf, pos: int, limit: int, topic: bytes, bodies: Sequence, start
                 f"{min(max_record, 0x7FFFFFFF)}")
     if offsets_out is not None and len(offsets_out) < n:
         raise StoreError(f"offsets_out must hold {n} int64 values")
-    if limit > len(buf) or pos < 0:
-        raise StoreError(f"batch range {pos}..{limit} outside a buffer of {len(buf)}")
+    _check_batch_range(buf, pos, limit)
     tlen = len(topic)
     plen = len(properties)
     tail = bytes((tlen,)) + topic + _U16.pack(plen) + properties
@@ -343,8 +348,7 @@ def write_batch_entries(buf, pos: int, limit: int, topic: bytes, batch, src: int
         raise StoreError(f"offsets_out must hold {k} int64 values")
     if sizes_out is not None and len(sizes_out) < k:
         raise StoreError(f"sizes_out must hold {k} int32 values")
-    if limit > len(buf) or pos < 0:
-        raise StoreError(f"batch range {pos}..{limit} outside a buffer of {len(buf)}")
+    _check_batch_range(buf, pos, limit)
     pack = _HEAD.pack_into
     count = 0
     while src < n:
