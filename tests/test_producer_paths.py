@@ -1,20 +1,30 @@
 """The producer's per-message path against a real broker: batches travel uncompressed by
 default (RocketMQ's clients never compress a batch), ``compress_batches`` still works, and
 BlockingProducer sends from several threads at once and from inside a running loop, and
-answers transaction check-backs while its caller does nothing."""
+answers transaction check-backs while its caller does nothing.  Also, built locally: a
+batch's entries and ids."""
 from __future__ import annotations
 
 import asyncio
+import re
+import struct
 import threading
 from typing import Any
 
 import pytest
 
 from cluster import Cluster
-from rmqha.client import BlockingConsumer, BlockingProducer, LocalTransactionState, Producer
+
+from rmqha.client import BlockingConsumer, BlockingProducer, LocalTransactionState, Message, Producer
 from rmqha.codes import RequestCode
 from rmqha.errors import ClientError
-from rmqha.messaging.message import SysFlag
+from rmqha.messaging.message import (
+    SysFlag,
+    decode_batch,
+    encode_batch_entries,
+    new_uniq_key,
+    new_uniq_keys,
+)
 
 
 @pytest.fixture(scope="module")
@@ -191,3 +201,47 @@ def test_auto_batch_failure_reaches_every_caller(one_broker: Cluster) -> None:
 
     outcomes = asyncio.run(main())
     assert len(outcomes) == 20 and all(isinstance(o, SendError) for o in outcomes)
+
+
+def test_batch_entry_shortcut_writes_what_the_general_path_writes() -> None:
+    """A message with no properties of its own skips building and sorting a property map;
+    its entry, id and chunk size are what the general path makes of it."""
+    p = Producer("127.0.0.1:9", "g")  # never connects: entries are built locally
+    msgs = [Message(b"a"), Message(b"b" * 300, flag=7), Message(b"")]
+    for msg, uid in zip(msgs, new_uniq_keys(len(msgs))):
+        assert p._batch_entry(msg, uid) == p._entry(msg, p._properties(msg, uid))
+    # Bodies alone and the same bodies as messages: the same request body.
+    bodies = [b"one", b"", b"three" * 50]
+    plain = next(p._batch_requests("T", bodies, None))
+    wrapped = next(p._batch_requests("T", [Message(b) for b in bodies], None))
+    uid_free = [(e.body, {k: v for k, v in e.properties.items() if k != "UNIQ_KEY"}, e.flag)
+                for e in decode_batch(plain.body)]
+    assert uid_free == [(b, {"WAIT": "true"}, 0) for b in bodies]
+    assert uid_free == [(e.body, {k: v for k, v in e.properties.items() if k != "UNIQ_KEY"},
+                         e.flag) for e in decode_batch(wrapped.body)]
+    assert [e.properties["UNIQ_KEY"] for e in decode_batch(plain.body)] == plain.uniq_keys
+    # Tags, keys or properties of its own: the general path, and its own UNIQ_KEY stays.
+    own = Message(b"x", tags="t", keys="k", properties={"UNIQ_KEY": "MINE", "a": "b"})
+    entry, uid, _ = p._batch_entry(own, "UNUSED")
+    assert uid == "MINE"
+    assert decode_batch(encode_batch_entries([entry]))[0].properties == {
+        "UNIQ_KEY": "MINE", "a": "b", "TAGS": "t", "KEYS": "k", "WAIT": "true"}
+
+
+def test_batch_entries_layout() -> None:
+    """RocketMQ's batch body, written out by hand: TOTALSIZE MAGIC BODYCRC FLAG BODYLEN
+    body PROPLEN properties, per entry."""
+    entries = [(b"hello", b"UNIQ_KEY\x01K1\x02", 3), (b"", b"", 0)]
+    expected = b"".join(
+        struct.pack(">iiiii", 22 + len(body) + len(props), 0, 0, flag, len(body)) + body
+        + struct.pack(">h", len(props)) + props for body, props, flag in entries)
+    assert encode_batch_entries(entries) == expected
+
+
+def test_uniq_keys_of_a_batch_are_distinct_ids_of_this_process() -> None:
+    keys = new_uniq_keys(1000)
+    assert len(set(keys)) == 1000
+    one = new_uniq_key()
+    for key in keys:
+        assert re.fullmatch(r"[0-9A-F]{32}", key)
+        assert key[:20] == one[:20]  # ip, pid and the per-process random part

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from rmqha.client.model import Message, SendResult
-from rmqha.messaging.message import BatchItem, Prop
 
 if TYPE_CHECKING:
     from rmqha.client.producer import Producer, _SendRequest
@@ -88,9 +87,9 @@ class SendAccumulator:
             msg, props = held.messages[0]
             req = p._message_request(topic, msg, props, None)
         else:
-            req = p._chunk_request(
-                topic, [(BatchItem(m.body, props, m.flag), props[Prop.UNIQ_KEY])
-                        for m, props in held.messages], None)
+            entries = [p._entry(m, props) for m, props in held.messages]
+            req = p._chunk_request(topic, [e for e, _, _ in entries],
+                                   [uid for _, uid, _ in entries], None)
         self.batches += 1
         self.messages += len(held.messages)
         task = asyncio.ensure_future(p._send_with_retries(req))

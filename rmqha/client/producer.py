@@ -59,13 +59,13 @@ from rmqha.errors import (
 )
 from rmqha.messaging.message import (
     DEFAULT_COMPRESS_OVER_BYTES,
-    BatchItem,
     CompressionType,
     Prop,
     compress,
-    encode_batch,
+    encode_batch_entries,
     encode_properties,
     new_uniq_key,
+    new_uniq_keys,
 )
 from rmqha.messaging.topics import DEFAULT_TOPIC
 from rmqha.remoting import EventLoopThread, RemotingCommand, next_opaque
@@ -93,6 +93,21 @@ _MASTER_REMARK = re.compile(r"\bmaster\b.*\bis (\d{1,3}(?:\.\d{1,3}){3}:\d{1,5})
 def _master_in_remark(remark: str) -> str:
     m = _MASTER_REMARK.search(remark)
     return m.group(1) if m else ""
+
+
+#: A batch entry: the body, its encoded properties and its flag.
+_BatchEntry = tuple[bytes, bytes, int]
+#: The encoded properties of a message with none of its own, split where its UNIQ_KEY
+#: goes: made by encode_properties, so the shortcut writes the same bytes.
+_PLAIN_PROPS: tuple[str, str] = tuple(  # type: ignore[assignment]
+    encode_properties({Prop.UNIQ_KEY: "\x00", Prop.WAIT: "true"}).split("\x00"))
+
+
+def _plain_entry(body: bytes, flag: int, uid: str) -> tuple[_BatchEntry, int]:
+    """The batch entry of a message with no properties of its own (they are its id and
+    WAIT: nothing to sort or check) and its size as :meth:`Producer._entry` counts it."""
+    props = f"{_PLAIN_PROPS[0]}{uid}{_PLAIN_PROPS[1]}"
+    return (body, props.encode(), flag), 22 + len(body) + 4 * len(props)
 
 
 def _as_message(m: Message | bytes | str) -> Message:
@@ -274,13 +289,14 @@ class Producer:
 
     # --- internals ----------------------------------------------------------------------
 
-    def _properties(self, msg: Message) -> dict[str, str]:
+    def _properties(self, msg: Message, uid: str | None = None) -> dict[str, str]:
         props = dict(msg.properties)
         if msg.tags:
             props[Prop.TAGS] = msg.tags
         if msg.keys:
             props[Prop.KEYS] = msg.keys
-        props.setdefault(Prop.UNIQ_KEY, new_uniq_key())
+        if Prop.UNIQ_KEY not in props:
+            props[Prop.UNIQ_KEY] = uid or new_uniq_key()
         props[Prop.WAIT] = "true"
         return props
 
@@ -321,33 +337,51 @@ class Producer:
                         queue_id: int | None) -> Iterator[_SendRequest]:
         """The SEND_BATCH_MESSAGE requests of :meth:`send_batch`: one per chunk of at most
         ``max_batch_bytes``, each built when the one before it was sent."""
-        msgs = [_as_message(m) for m in messages]
-        chunk: list[tuple[BatchItem, str]] = []
+        # Every item checked before the first chunk leaves; a body alone stays as it is.
+        msgs = [m if type(m) is bytes else _as_message(m) for m in messages]
+        chunk: list[_BatchEntry] = []
+        uids: list[str] = []
         size = 0
-        for m in msgs:
-            props = self._properties(m)
-            item = BatchItem(m.body, props, m.flag)
-            # Upper bound of the encoded size (header, body, k\x01v\x02 pairs).
-            item_size = 22 + len(m.body) + sum(len(k) + len(v) + 2 for k, v in props.items()) * 4
+        for m, uid in zip(msgs, new_uniq_keys(len(msgs))):
+            if type(m) is bytes:
+                entry, item_size = _plain_entry(m, 0, uid)  # no Message made for a body alone
+            else:
+                entry, uid, item_size = self._batch_entry(m, uid)
             if chunk and size + item_size > self.max_batch_bytes:
-                yield self._chunk_request(topic, chunk, queue_id)
-                chunk, size = [], 0
-            chunk.append((item, props[Prop.UNIQ_KEY]))
+                yield self._chunk_request(topic, chunk, uids, queue_id)
+                chunk, uids, size = [], [], 0
+            chunk.append(entry)
+            uids.append(uid)
             size += item_size
         if chunk:
-            yield self._chunk_request(topic, chunk, queue_id)
+            yield self._chunk_request(topic, chunk, uids, queue_id)
 
-    def _chunk_request(self, topic: str, chunk: list[tuple[BatchItem, str]],
+    def _batch_entry(self, msg: Message, uid: str) -> tuple[_BatchEntry, str, int]:
+        """``msg`` as a batch entry, the UNIQ_KEY it carries (``uid`` unless the message
+        names its own) and the upper bound of its encoded size that chunks are cut by
+        (header, body, the property pairs counted four bytes a character)."""
+        if not (msg.properties or msg.tags or msg.keys):
+            entry, size = _plain_entry(msg.body, msg.flag, uid)
+            return entry, uid, size
+        return self._entry(msg, self._properties(msg, uid))
+
+    @staticmethod
+    def _entry(msg: Message, props: dict[str, str]) -> tuple[_BatchEntry, str, int]:
+        """:meth:`_batch_entry` of a message whose properties are made already."""
+        size = 22 + len(msg.body) + sum(len(k) + len(v) + 2 for k, v in props.items()) * 4
+        entry = (msg.body, encode_properties(props).encode("utf-8"), msg.flag)
+        return entry, props[Prop.UNIQ_KEY], size
+
+    def _chunk_request(self, topic: str, chunk: list[_BatchEntry], uids: list[str],
                        queue_id: int | None) -> _SendRequest:
-        body = encode_batch(item for item, _ in chunk)
+        body = encode_batch_entries(chunk)
         sys_flag = 0
         if (self.compress_batches and self.compress_over_bytes >= 0
                 and len(body) > self.compress_over_bytes):
             # The whole batch travels compressed; the broker inflates it before storing.
             body, sys_flag = compress(body, self.compression)
         header = self._header(topic, sys_flag, 0, encode_properties({Prop.WAIT: "true"}), True)
-        return _SendRequest(topic, RequestCode.SEND_BATCH_MESSAGE, header, body,
-                            [uid for _, uid in chunk], queue_id)
+        return _SendRequest(topic, RequestCode.SEND_BATCH_MESSAGE, header, body, uids, queue_id)
 
     async def _route(self, topic: str, refresh: bool) -> TopicRoute:
         """The topic's route; for a topic nobody has yet, TBW102's brokers (as RocketMQ

@@ -240,6 +240,7 @@ def parse_subscription(expression: str | None) -> frozenset[str] | None:
 
 
 _BATCH_HEAD = struct.Struct(">iiiii")  # total size, magic, body crc, flag, body length
+_PROP_LEN = struct.Struct(">h")
 
 
 @dataclass
@@ -253,17 +254,22 @@ class BatchItem:
 
 def encode_batch(items: Iterable[BatchItem]) -> bytes:
     """The batch body: per message TOTALSIZE MAGIC BODYCRC FLAG BODYLEN body PROPLEN props."""
-    out = bytearray()
-    for item in items:
-        props = encode_properties(item.properties).encode("utf-8")
+    return encode_batch_entries((item.body, encode_properties(item.properties).encode("utf-8"),
+                                 item.flag) for item in items)
+
+
+def encode_batch_entries(entries: Iterable[tuple[bytes, bytes, int]]) -> bytes:
+    """:func:`encode_batch` of ``(body, encoded properties, flag)`` entries, for a caller
+    that has the properties encoded already (the producer's plain messages)."""
+    parts: list[bytes] = []
+    head, prop_len = _BATCH_HEAD.pack, _PROP_LEN.pack
+    for body, props, flag in entries:
         if len(props) > 32767:
             raise ProtocolError(f"properties of {len(props)} bytes exceed 32767")
-        total = 20 + len(item.body) + 2 + len(props)
-        out += _BATCH_HEAD.pack(total, 0, 0, item.flag, len(item.body))
-        out += item.body
-        out += struct.pack(">h", len(props))
-        out += props
-    return bytes(out)
+        body_len = len(body)
+        parts += (head(22 + body_len + len(props), 0, 0, flag, body_len), body,
+                  prop_len(len(props)), props)
+    return b"".join(parts)
 
 
 def decode_batch(body: bytes | memoryview, *, max_items: int = 65536) -> list[BatchItem]:
@@ -343,11 +349,23 @@ def new_uniq_key() -> str:
     milliseconds since the start of the month and a 16-bit counter.  No lock:
     ``next()`` on an ``itertools.count`` is atomic under the GIL."""
     n = next(_uniq_counter)
+    return f"{_uniq_time_hex()}{n & 0xFFFF:04X}"
+
+
+def new_uniq_keys(count: int) -> list[str]:
+    """``count`` ids as :func:`new_uniq_key` makes them, reading the clock once (a batch's)."""
+    prefix = _uniq_time_hex()
+    counter = _uniq_counter
+    return [f"{prefix}{next(counter) & 0xFFFF:04X}" for _ in range(count)]
+
+
+def _uniq_time_hex() -> str:
+    """The fixed part of an id and the milliseconds since the start of the month."""
     now = time.time_ns() // 1_000_000
     start, end = _uniq_month
     if not start <= now < end:
         _uniq_month[:] = start, end = _month_bounds(now)
-    return f"{_uniq_prefix_hex}{(now - start) & 0xFFFFFFFF:08X}{n & 0xFFFF:04X}"
+    return f"{_uniq_prefix_hex}{(now - start) & 0xFFFFFFFF:08X}"
 
 
 # --- V1 store records (pull bodies) ---------------------------------------------------------
