@@ -245,3 +245,20 @@ def test_uniq_keys_of_a_batch_are_distinct_ids_of_this_process() -> None:
     for key in keys:
         assert re.fullmatch(r"[0-9A-F]{32}", key)
         assert key[:20] == one[:20]  # ip, pid and the per-process random part
+
+
+def test_single_request_shortcut_writes_what_the_general_path_writes() -> None:
+    """A single send with no properties of its own takes the same shortcut as a batch
+    entry; its header is what the general path makes for the same id."""
+    p = Producer("127.0.0.1:9", "g")
+    for msg in (Message(b"body"), Message(b"flagged", flag=5)):
+        fast = p._single_request("T", msg, 3)
+        uid = fast.uniq_keys[0]
+        general = p._message_request("T", msg, p._properties(msg, uid), 3)
+        assert re.fullmatch(r"[0-9A-F]{32}", uid)
+        assert {**fast.header, "g": ""} == {**general.header, "g": ""}  # "g": born time
+        assert (fast.body, fast.uniq_keys, fast.code, fast.queue_id) == (
+            general.body, general.uniq_keys, general.code, general.queue_id)
+    # Delayed or carrying tags: the general path (the delay is a property).
+    delayed = p._single_request("T", Message(b"x"), None, delay_level=2)
+    assert "DELAY\x012\x02" in delayed.header["i"]

@@ -315,6 +315,12 @@ class Producer:
                         deliver_at: int | None = None) -> _SendRequest:
         """The request of :meth:`send` (BlockingProducer builds it the same way)."""
         msg = _as_message(message)
+        if (delay_level is None and deliver_at is None
+                and not (msg.properties or msg.tags or msg.keys)):
+            # No properties of its own: its id and WAIT from the template, no map to sort.
+            uid = new_uniq_key()
+            return self._encoded_request(topic, msg, f"{_PLAIN_PROPS[0]}{uid}{_PLAIN_PROPS[1]}",
+                                         uid, queue_id)
         props = self._properties(msg)
         if delay_level is not None or deliver_at is not None:
             delay_properties(props, delay_level, deliver_at)
@@ -325,13 +331,18 @@ class Producer:
         """SEND_MESSAGE_V2 of one message with these properties (a transaction's prepared
         message adds its own properties and ``sys_flag``); the body is compressed when
         over ``compress_over_bytes``."""
+        return self._encoded_request(topic, msg, encode_properties(props), props[Prop.UNIQ_KEY],
+                                     queue_id, sys_flag)
+
+    def _encoded_request(self, topic: str, msg: Message, properties: str, uid: str,
+                         queue_id: int | None, sys_flag: int = 0) -> _SendRequest:
+        """:meth:`_message_request` with the properties encoded already."""
         body = msg.body
         if self.compress_over_bytes >= 0 and len(body) > self.compress_over_bytes:
             body, compressed = compress(body, self.compression)
             sys_flag |= compressed
-        header = self._header(topic, sys_flag, msg.flag, encode_properties(props), False)
-        return _SendRequest(topic, RequestCode.SEND_MESSAGE_V2, header, body,
-                            [props[Prop.UNIQ_KEY]], queue_id)
+        header = self._header(topic, sys_flag, msg.flag, properties, False)
+        return _SendRequest(topic, RequestCode.SEND_MESSAGE_V2, header, body, [uid], queue_id)
 
     def _batch_requests(self, topic: str, messages: Sequence[Message | bytes | str],
                         queue_id: int | None) -> Iterator[_SendRequest]:
