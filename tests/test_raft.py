@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -232,14 +233,23 @@ def test_refuses_remote_peers_without_secret(tmp_path):
         RaftNode(settings, lambda e: None, lambda: "{}", lambda s: None)
 
 
-def test_single_node_commit_restart_keeps_state(tmp_path, port_factory):
-    """Journal replay and log compaction (our JSON snapshot in the dump file) on restart."""
-    addr = f"127.0.0.1:{port_factory()}"
-    settings = RaftSettings(self_address=addr, peers=[addr], journal_file=tmp_path / "journal",
-                            log_compaction_min_entries=20)
+def _lone_settings(tmp_path: Path, port: int, **options: Any) -> RaftSettings:
+    addr = f"127.0.0.1:{port}"
+    return RaftSettings(self_address=addr, peers=[addr], journal_file=tmp_path / "journal",
+                        **options)
+
+
+def _started(settings: RaftSettings) -> tuple[RaftNode, _Chain]:
     chain = _Chain()
     node = RaftNode(settings, chain.apply, chain.snapshot, chain.restore)
     node.start()
+    return node, chain
+
+
+def test_single_node_commit_restart_keeps_state(tmp_path, port_factory):
+    """Journal replay and log compaction (our JSON snapshot in the dump file) on restart."""
+    settings = _lone_settings(tmp_path, port_factory(), log_compaction_min_entries=20)
+    node, chain = _started(settings)
     try:
         wait_for(lambda: node.is_leader, 10, "leadership")
         results = [node.apply_sync({"i": i}, timeout=5) for i in range(50)]
@@ -248,9 +258,7 @@ def test_single_node_commit_restart_keeps_state(tmp_path, port_factory):
         wait_for(lambda: (tmp_path / "journal.dump").exists(), 10, "a compaction dump")
     finally:
         node.stop()
-    chain2 = _Chain()
-    node2 = RaftNode(settings, chain2.apply, chain2.snapshot, chain2.restore)
-    node2.start()
+    node2, chain2 = _started(settings)
     try:
         wait_for(lambda: chain2.count == 50, 10, "journal replay")
         assert chain2.digest == digest
@@ -264,12 +272,7 @@ def test_single_node_commits_without_waiting_for_the_tick(tmp_path, port_factory
     """A lone node has no follower ack to wake its poller between appending a command and
     committing it; it wakes the poller itself, so an idle node can keep a slow tick.  With
     a 2 s tick, 20 commits one after another would take about 40 s if each waited for it."""
-    addr = f"127.0.0.1:{port_factory()}"
-    settings = RaftSettings(self_address=addr, peers=[addr], journal_file=tmp_path / "journal",
-                            auto_tick_period=2.0)
-    chain = _Chain()
-    node = RaftNode(settings, chain.apply, chain.snapshot, chain.restore)
-    node.start()
+    node, _ = _started(_lone_settings(tmp_path, port_factory(), auto_tick_period=2.0))
     try:
         wait_for(lambda: node.is_leader, 20, "leadership")
         deadline = time.monotonic() + 15
