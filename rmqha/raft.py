@@ -345,14 +345,18 @@ class RaftNode:
         start of the next, which waits for the tick's timeout (no follower ack comes to
         wake the poller): after a tick that left an append uncommitted, wake the poller
         so the next tick is now.  Commits take a fraction of a millisecond instead of a
-        tick, and an idle node keeps pysyncobj's normal tick."""
+        tick, and an idle node keeps pysyncobj's normal tick.  Only as leader: before its
+        election a restarted node may hold entries it cannot commit yet (its leader's
+        no-op commits them), and waking it every tick for those would spin."""
         notifier = getattr(obj, "_SyncObj__pipeNotifier", None)
         last_index = getattr(obj, "_SyncObj__getCurrentLogIndex", None)
         if notifier is None or last_index is None:
-            return  # RaftSettings.to_conf ticks every 2 ms then
+            # No pipe notifier: RaftSettings.to_conf ticks every 2 ms.  A pysyncobj without
+            # this internal (the version guard warns at start) commits on its tick.
+            return
 
         def commit_next_tick() -> None:
-            if obj.raftCommitIndex < last_index():
+            if obj._isLeader() and obj.raftCommitIndex < last_index():
                 notifier.notify()
 
         obj.addOnTickCallback(commit_next_tick)
