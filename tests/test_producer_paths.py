@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from cluster import Cluster
-
 from rmqha.client import BlockingConsumer, BlockingProducer, LocalTransactionState, Message, Producer
 from rmqha.codes import RequestCode
 from rmqha.errors import ClientError

@@ -103,10 +103,19 @@ _PLAIN_PROPS: tuple[str, str] = tuple(  # type: ignore[assignment]
     encode_properties({Prop.UNIQ_KEY: "\x00", Prop.WAIT: "true"}).split("\x00"))
 
 
+def _is_plain(msg: Message) -> bool:
+    """No properties of its own: what it carries is its id and WAIT (:func:`_plain_properties`)."""
+    return not (msg.properties or msg.tags or msg.keys)
+
+
+def _plain_properties(uid: str) -> str:
+    """The encoded properties of a plain message: nothing to build, sort or check."""
+    return f"{_PLAIN_PROPS[0]}{uid}{_PLAIN_PROPS[1]}"
+
+
 def _plain_entry(body: bytes, flag: int, uid: str) -> tuple[_BatchEntry, int]:
-    """The batch entry of a message with no properties of its own (they are its id and
-    WAIT: nothing to sort or check) and its size as :meth:`Producer._entry` counts it."""
-    props = f"{_PLAIN_PROPS[0]}{uid}{_PLAIN_PROPS[1]}"
+    """The batch entry of a plain message and its size as :meth:`Producer._entry` counts it."""
+    props = _plain_properties(uid)
     return (body, props.encode(), flag), 22 + len(body) + 4 * len(props)
 
 
@@ -315,12 +324,9 @@ class Producer:
                         deliver_at: int | None = None) -> _SendRequest:
         """The request of :meth:`send` (BlockingProducer builds it the same way)."""
         msg = _as_message(message)
-        if (delay_level is None and deliver_at is None
-                and not (msg.properties or msg.tags or msg.keys)):
-            # No properties of its own: its id and WAIT from the template, no map to sort.
+        if delay_level is None and deliver_at is None and _is_plain(msg):
             uid = new_uniq_key()
-            return self._encoded_request(topic, msg, f"{_PLAIN_PROPS[0]}{uid}{_PLAIN_PROPS[1]}",
-                                         uid, queue_id)
+            return self._encoded_request(topic, msg, _plain_properties(uid), uid, queue_id)
         props = self._properties(msg)
         if delay_level is not None or deliver_at is not None:
             delay_properties(props, delay_level, deliver_at)
@@ -371,7 +377,7 @@ class Producer:
         """``msg`` as a batch entry, the UNIQ_KEY it carries (``uid`` unless the message
         names its own) and the upper bound of its encoded size that chunks are cut by
         (header, body, the property pairs counted four bytes a character)."""
-        if not (msg.properties or msg.tags or msg.keys):
+        if _is_plain(msg):
             entry, size = _plain_entry(msg.body, msg.flag, uid)
             return entry, uid, size
         return self._entry(msg, self._properties(msg, uid))
