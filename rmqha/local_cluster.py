@@ -153,15 +153,22 @@ def port_open(addr: str, timeout: float = 0.2) -> bool:
         return False
 
 
-def _children_naming(directory: Path) -> list[int]:
-    """Pids of this process's children running ``-m rmqha ... --config <directory>/...``
-    (Linux /proc; elsewhere none are found)."""
+def _children_naming(directory: Path) -> tuple[list[int], list[int]]:
+    """Pids of this process's children running ``-m rmqha ... --config <directory>/...``,
+    and pids of its children whose command line is not readable yet (Linux /proc;
+    elsewhere none are found).
+
+    A child is in the second list while it is between ``exec`` and its new program's
+    first instruction: ``Popen`` returns once the exec has closed the child's
+    close-on-exec pipe, but the kernel sets the new command line a little later, and on
+    a loaded machine a scan often lands in between (seen in CI)."""
     me, needle = os.getpid(), b"--config\0" + str(directory).encode() + b"/"
-    found = []
+    found: list[int] = []
+    starting: list[int] = []
     try:
         entries = list(Path("/proc").iterdir())
     except OSError:
-        return []
+        return [], []
     for entry in entries:
         if not entry.name.isdigit():
             continue
@@ -172,9 +179,13 @@ def _children_naming(directory: Path) -> list[int]:
             continue  # gone, or not ours to read
         # stat: "pid (comm) state ppid ..."; comm may hold spaces and parentheses.
         fields = stat.rpartition(")")[2].split()
-        if len(fields) > 1 and fields[1] == str(me) and b"rmqha\0" in cmdline and needle in cmdline:
+        if len(fields) < 2 or fields[1] != str(me):
+            continue
+        if b"rmqha\0" in cmdline and needle in cmdline:
             found.append(int(entry.name))
-    return found
+        elif not cmdline and fields[0] != "Z":  # a zombie's is empty for good
+            starting.append(int(entry.name))
+    return found, starting
 
 
 def _toml_value(value: Any) -> str:
@@ -508,14 +519,20 @@ class Cluster:
         """Kill children started for this cluster that no Process holds: an interrupt
         (Ctrl-C) landing inside ``Popen`` after the fork loses the handle."""
         known = {p.pid for p in self.processes if p.pid is not None}
-        for pid in _children_naming(self.base_dir):
-            if pid in known:
-                continue
-            try:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass  # it ended by itself meanwhile
+        deadline = time.monotonic() + 2.0  # a child finishes its exec in milliseconds
+        while True:
+            found, starting = _children_naming(self.base_dir)
+            for pid in found:
+                if pid in known:
+                    continue
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                except (ProcessLookupError, ChildProcessError):
+                    pass  # it ended by itself meanwhile
+            if not starting or time.monotonic() > deadline:
+                return
+            time.sleep(0.005)  # look again once the exec has set the command line
 
     def stop_all(self, timeout: float = 5.0) -> None:
         """Stop every process gracefully: SIGTERM to all at once, SIGKILL to whatever still

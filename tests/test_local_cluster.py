@@ -3,7 +3,8 @@
 - ``stop_all`` ends every process (paused ones too) and ``leftovers()`` then finds no
   process and no open port; a process stopped this way exits by itself (SIGTERM);
 - ``close`` also kills a child started for the cluster that no Process holds (what a
-  Ctrl-C inside ``Popen`` leaves behind);
+  Ctrl-C inside ``Popen`` leaves behind), even one scanned while its exec is unfinished
+  and its command line still empty;
 - a wait that cannot succeed fails with LocalClusterError carrying the processes' logs.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from rmqha.errors import LocalClusterError
-from rmqha.local_cluster import Cluster, port_open
+from rmqha.local_cluster import Cluster, _children_naming, port_open
 
 
 def test_stop_all_leaves_no_process_and_no_port(tmp_path: Path) -> None:
@@ -44,6 +45,25 @@ def test_close_kills_children_no_process_holds(tmp_path: Path) -> None:
         assert stray.wait(10) is not None
     finally:
         stray.kill()
+
+
+def test_a_child_mid_exec_is_seen_as_starting(tmp_path: Path) -> None:
+    # Popen returns once the exec closed the child's close-on-exec pipe; the kernel sets
+    # the new command line a little later. A scan in between must not lose the child:
+    # it is either found by its command line or reported as still starting.
+    config = tmp_path / "stray" / "broker.toml"
+    config.parent.mkdir()
+    for _ in range(10):
+        stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m",
+                                  "rmqha", "broker", "--config", str(config)])
+        try:
+            found, starting = _children_naming(tmp_path)
+            assert stray.pid in found + starting
+            Cluster(tmp_path).close()
+            assert stray.wait(10) is not None
+        finally:
+            stray.kill()
+            stray.wait()
 
 
 def test_failed_wait_names_what_and_shows_logs(tmp_path: Path) -> None:
