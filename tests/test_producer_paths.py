@@ -261,3 +261,39 @@ def test_single_request_shortcut_writes_what_the_general_path_writes() -> None:
     # Delayed or carrying tags: the general path (the delay is a property).
     delayed = p._single_request("T", Message(b"x"), None, delay_level=2)
     assert "DELAY\x012\x02" in delayed.header["i"]
+
+
+def test_auto_batch_requests_are_what_send_and_send_batch_make() -> None:
+    """The accumulator builds each entry when the message is sent (plain ones from the
+    template): a held batch is the SEND_BATCH_MESSAGE send_batch makes of the same
+    messages and ids, and a message alone in its turn is the single send's request."""
+    p = Producer("127.0.0.1:9", "g", auto_batch=True)  # never connects
+    sent: list[Any] = []
+
+    async def capture(req: Any) -> list[Any]:
+        sent.append(req)
+        raise ClientError("captured, not sent")
+
+    p._send_with_retries = capture  # type: ignore[method-assign]
+    msgs = [Message(b"plain"), Message(b"flagged", flag=5), b"a body alone",
+            Message(b"own", tags="t", keys="k", properties={"UNIQ_KEY": "MINE", "a": "b"})]
+
+    async def main() -> None:
+        await asyncio.gather(*(p.send("T", m) for m in msgs), return_exceptions=True)
+        await asyncio.gather(p.send("T", Message(b"alone", flag=2)), return_exceptions=True)
+
+    asyncio.run(main())
+    batch, alone = sent
+    assert batch.code == RequestCode.SEND_BATCH_MESSAGE and len(batch.uniq_keys) == 4
+    assert batch.uniq_keys[3] == "MINE" and len(set(batch.uniq_keys)) == 4
+    as_messages = [m if isinstance(m, Message) else Message(m) for m in msgs]
+    entries = [p._batch_entry(m, uid)[0] for m, uid in zip(as_messages, batch.uniq_keys)]
+    general = p._chunk_request("T", entries, batch.uniq_keys, None)
+    assert batch.body == general.body == encode_batch_entries(entries)
+    assert {**batch.header, "g": ""} == {**general.header, "g": ""}  # "g": born time
+    (uid,) = alone.uniq_keys
+    single = p._message_request("T", Message(b"alone", flag=2),
+                                p._properties(Message(b"alone"), uid), None)
+    assert alone.code == RequestCode.SEND_MESSAGE_V2
+    assert {**alone.header, "g": ""} == {**single.header, "g": ""}
+    assert (alone.body, alone.uniq_keys) == (single.body, single.uniq_keys)

@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from rmqha.client.model import Message, SendResult
+from rmqha.messaging.message import new_uniq_key
 
 if TYPE_CHECKING:
-    from rmqha.client.producer import Producer, _SendRequest
+    from rmqha.client.producer import Producer, _BatchEntry, _SendRequest
 
 #: RocketMQ's default ``batchMaxBytes``.
 DEFAULT_MAX_BYTES = 32 * 1024
@@ -30,9 +31,10 @@ DEFAULT_MAX_BYTES = 32 * 1024
 
 @dataclass
 class _Held:
-    """The sends of one topic held in this loop turn."""
+    """The sends of one topic held in this loop turn: each message with its batch entry
+    and id, made when it was sent (so its size is exact and nothing is built twice)."""
 
-    messages: list[tuple[Message, dict[str, str]]] = field(default_factory=list)
+    messages: list[tuple[Message, _BatchEntry, str]] = field(default_factory=list)
     waiters: list[asyncio.Future[SendResult]] = field(default_factory=list)
     size: int = 0
 
@@ -61,9 +63,9 @@ class SendAccumulator:
         """The future of ``msg``'s result; the send leaves at the end of this turn, or at
         once when the topic's held sends reach ``max_bytes``."""
         loop = asyncio.get_running_loop()
-        props = self.producer._properties(msg)
-        # The entry's size in the batch body (pairs counted generously for non-ASCII).
-        size = 22 + len(msg.body) + sum(len(k) + len(v) + 2 for k, v in props.items()) * 4
+        # A plain message's entry comes from a template; its size counts the property
+        # pairs generously for non-ASCII, as send_batch's chunks do.
+        entry, uid, size = self.producer._batch_entry(msg, new_uniq_key())
         held = self._held.get(topic)
         if held is not None and held.size + size > self.max_bytes:
             self._release(topic, held)
@@ -72,7 +74,7 @@ class SendAccumulator:
             held = self._held[topic] = _Held()
             loop.call_soon(self._release, topic, held)
         fut: asyncio.Future[SendResult] = loop.create_future()
-        held.messages.append((msg, props))
+        held.messages.append((msg, entry, uid))
         held.waiters.append(fut)
         held.size += size
         return fut
@@ -81,21 +83,22 @@ class SendAccumulator:
         if self._held.get(topic) is not held:
             return  # already released when it filled up
         del self._held[topic]
-        p = self.producer
-        req: _SendRequest
-        if len(held.messages) == 1:
-            msg, props = held.messages[0]
-            req = p._message_request(topic, msg, props, None)
-        else:
-            entries = [p._entry(m, props) for m, props in held.messages]
-            req = p._chunk_request(topic, [e for e, _, _ in entries],
-                                   [uid for _, uid, _ in entries], None)
+        req = self._request(topic, held)
         self.batches += 1
         self.messages += len(held.messages)
-        task = asyncio.ensure_future(p._send_with_retries(req))
+        task = asyncio.ensure_future(self.producer._send_with_retries(req))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
         task.add_done_callback(lambda t: _settle(t, held.waiters))
+
+    def _request(self, topic: str, held: _Held) -> _SendRequest:
+        """A single send for a message alone in its turn, else one SEND_BATCH_MESSAGE."""
+        p = self.producer
+        if len(held.messages) == 1:
+            msg, (_, properties, _), uid = held.messages[0]
+            return p._encoded_request(topic, msg, properties.decode("utf-8"), uid, None)
+        return p._chunk_request(topic, [entry for _, entry, _ in held.messages],
+                                [uid for _, _, uid in held.messages], None)
 
 
 def _settle(task: asyncio.Future[list[SendResult]],
