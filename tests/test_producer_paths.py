@@ -21,6 +21,7 @@ from rmqha.messaging.message import (
     SysFlag,
     decode_batch,
     encode_batch_entries,
+    encode_properties,
     new_uniq_key,
     new_uniq_keys,
 )
@@ -208,7 +209,10 @@ def test_batch_entry_shortcut_writes_what_the_general_path_writes() -> None:
     p = Producer("127.0.0.1:9", "g")  # never connects: entries are built locally
     msgs = [Message(b"a"), Message(b"b" * 300, flag=7), Message(b"")]
     for msg, uid in zip(msgs, new_uniq_keys(len(msgs))):
-        assert p._batch_entry(msg, uid) == p._entry(msg, p._properties(msg, uid))
+        props = p._properties(msg, uid)  # the general path: a map, sorted and encoded
+        general = ((msg.body, encode_properties(props).encode(), msg.flag), uid,
+                   22 + len(msg.body) + 4 * sum(len(k) + len(v) + 2 for k, v in props.items()))
+        assert p._batch_entry(msg, uid) == general
     # Bodies alone and the same bodies as messages: the same request body.
     bodies = [b"one", b"", b"three" * 50]
     plain = next(p._batch_requests("T", bodies, None))

@@ -114,7 +114,8 @@ def _plain_properties(uid: str) -> str:
 
 
 def _plain_entry(body: bytes, flag: int, uid: str) -> tuple[_BatchEntry, int]:
-    """The batch entry of a plain message and its size as :meth:`Producer._entry` counts it."""
+    """The batch entry of a plain message and its size as
+    :meth:`Producer._batch_entry` counts a message with properties of its own."""
     props = _plain_properties(uid)
     return (body, props.encode(), flag), 22 + len(body) + 4 * len(props)
 
@@ -380,11 +381,7 @@ class Producer:
         if _is_plain(msg):
             entry, size = _plain_entry(msg.body, msg.flag, uid)
             return entry, uid, size
-        return self._entry(msg, self._properties(msg, uid))
-
-    @staticmethod
-    def _entry(msg: Message, props: dict[str, str]) -> tuple[_BatchEntry, str, int]:
-        """:meth:`_batch_entry` of a message whose properties are made already."""
+        props = self._properties(msg, uid)
         size = 22 + len(msg.body) + sum(len(k) + len(v) + 2 for k, v in props.items()) * 4
         entry = (msg.body, encode_properties(props).encode("utf-8"), msg.flag)
         return entry, props[Prop.UNIQ_KEY], size
