@@ -102,7 +102,7 @@ async def _produce(namesrv: list[str], topic: str, total: int) -> tuple[float, l
 def _run_rmqha(benchmark: Any, replicas: int, implementation: str) -> None:
     from cluster import Cluster
 
-    from rmqha.codes import RequestCode
+    from rmqha.protocol.codes import RequestCode
 
     with tempfile.TemporaryDirectory(prefix="bench-produce-") as tmp, Cluster(Path(tmp)) as c:
         c.start_controllers(1)

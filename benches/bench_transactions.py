@@ -48,7 +48,7 @@ class _Broker:
 def _in_env(main: Any, topic: str, **cfg: Any) -> Any:
     from cluster import Cluster
 
-    from rmqha.codes import RequestCode
+    from rmqha.protocol.codes import RequestCode
 
     with tempfile.TemporaryDirectory(prefix="rmqha-bench-txn-") as tmp, Cluster(Path(tmp)) as c:
         c.start_controllers(1)

@@ -49,9 +49,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import LocalClusterError, RemotingError
-from rmqha.remoting import EventLoopThread, RemotingClient, RemotingCommand
+from rmqha.net.client import RemotingClient
+from rmqha.net.loop import EventLoopThread
+from rmqha.protocol.command import RemotingCommand
 
 T = TypeVar("T")
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 
 from rmqha.errors import ProtocolError
-from rmqha.remoting import FrameDecoder, RemotingCommand
+from rmqha.protocol.command import FrameDecoder, RemotingCommand
 
 
 class FakeConn:

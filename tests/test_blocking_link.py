@@ -13,15 +13,10 @@ import pytest
 
 from fake_remoting import FakeConn, FakeServer
 from rmqha.client.blocking_link import BlockingLink
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, RemotingError, RemotingTimeoutError
 from rmqha.local_cluster import free_port
-from rmqha.remoting import (
-    FLAG_ONEWAY,
-    SERIALIZE_ROCKETMQ,
-    RemotingCommand,
-    encode,
-)
+from rmqha.protocol.command import FLAG_ONEWAY, SERIALIZE_ROCKETMQ, RemotingCommand, encode
 
 
 def echo(conn: FakeConn) -> None:

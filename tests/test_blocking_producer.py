@@ -28,10 +28,10 @@ from fake_remoting import FakeConn, FakeServer
 from rmqha.client import BlockingConsumer, BlockingProducer, Message, Producer, ReceivedMessage
 from rmqha.client.blocking_link import BlockingLink
 from rmqha.client.route import BrokerData, TopicRoute
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, RemotingError, SendError
 from rmqha.messaging.message import Prop, decode_properties
-from rmqha.remoting import RemotingCommand
+from rmqha.protocol.command import RemotingCommand
 
 SEND_CODES = (RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE)
 

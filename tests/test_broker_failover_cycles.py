@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from cluster import Cluster
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 
 
 @pytest.fixture

@@ -17,9 +17,11 @@ import pytest
 from cluster import FAST_BROKER, Cluster, free_port, free_port_pair
 from rmqha.broker import Broker, BrokerConfig
 from rmqha.broker.replicas_manager import GroupState, Role
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.config import apply_values
-from rmqha.remoting import EventLoopThread, RemotingClient, RemotingCommand
+from rmqha.net.client import RemotingClient
+from rmqha.net.loop import EventLoopThread
+from rmqha.protocol.command import RemotingCommand
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from cluster import BrokerProc, Cluster
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 
 OPEN_END = (1 << 63) - 1
 

@@ -25,11 +25,13 @@ from cluster import FAST_BROKER, Cluster, free_port_pair
 from rmqha.broker import Broker, BrokerConfig
 from rmqha.broker.confirm_checkpoint import ConfirmCheckpoint
 from rmqha.broker.replicas_manager import Role
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.config import apply_values
 from rmqha.ha.testing import fill, ha_master, ha_slave, fast_config, master_running, replica_stores, \
     slave_running, wait_until_async
-from rmqha.remoting import EventLoopThread, RemotingClient, RemotingCommand
+from rmqha.net.client import RemotingClient
+from rmqha.net.loop import EventLoopThread
+from rmqha.protocol.command import RemotingCommand
 from tcp_proxy import TcpProxy
 
 TOPIC = "confirm-rule"

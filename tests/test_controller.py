@@ -18,11 +18,14 @@ import urllib.request
 import pytest
 
 from rmqha.cli import admin as admin_cli
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.controller.client import ControllerClient
 from rmqha.controller.launcher import ControllerGroup, free_port
 from rmqha.errors import ControllerError, RemoteCommandError
-from rmqha.remoting import Connection, RemotingClient, RemotingCommand, RemotingServer
+from rmqha.net.client import RemotingClient
+from rmqha.net.connection import Connection
+from rmqha.net.server import RemotingServer
+from rmqha.protocol.command import RemotingCommand
 
 TOKEN = "t0ken"
 CLUSTER = "c1"

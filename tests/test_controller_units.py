@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from rmqha.codes import ResponseCode
+from rmqha.protocol.codes import ResponseCode
 from rmqha.controller.config import ControllerConfig
 from rmqha.controller.elect_policy import CandidateInfo, elect
 from rmqha.controller.heartbeat import BrokerHeartbeatManager

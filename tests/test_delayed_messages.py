@@ -16,12 +16,13 @@ from test_messaging import Env, LocalBroker, consume, create_topic, run
 
 from rmqha.broker.config import BrokerConfig
 from rmqha.client import Consumer, Message, Producer
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ClientError, ConfigError, SendError
 from rmqha.ha.testing import wait_until_async
 from rmqha.messaging.delayed_delivery import SCHEDULE_TOPIC, TIMER_TOPIC, parse_delay_levels
 from rmqha.messaging.message import Prop, encode_properties
-from rmqha.remoting import RemotingClient, RemotingCommand
+from rmqha.net.client import RemotingClient
+from rmqha.protocol.command import RemotingCommand
 
 SHORT = {"message_delay_level": "300ms 600ms 1s", "timer_precision_ms": 50}
 

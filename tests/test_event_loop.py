@@ -1,13 +1,13 @@
-"""rmqha.event_loop: which loop the servers and blocking clients run on."""
+"""rmqha.net.loop: which loop the servers and blocking clients run on."""
 from __future__ import annotations
 
 import asyncio
 
 import pytest
 
-from rmqha import event_loop
+from rmqha.net import loop as event_loop
 from rmqha.errors import ConfigError
-from rmqha.event_loop import LoopKind
+from rmqha.net.loop import LoopKind
 
 
 def test_uvloop_is_the_default_when_installed(monkeypatch):

@@ -21,7 +21,7 @@ from rmqha.broker.identity import IdentityStore
 from rmqha.config import read_file
 from rmqha.errors import RmqhaError
 from rmqha.messaging.message import decode_batch, decode_properties, decode_record
-from rmqha.remoting import FrameDecoder, decode
+from rmqha.protocol.command import FrameDecoder, decode
 from rmqha.store.epoch_map import decode_checkpoint
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from rmqha.client import Message, Producer
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.messaging.message import CompressionType, SysFlag, decode_records
-from rmqha.mq_version import MQVersion, java_reads_lz4
-from rmqha.remoting import RemotingClient, RemotingCommand
+from rmqha.protocol.version import MQVersion, java_reads_lz4
+from rmqha.net.client import RemotingClient
+from rmqha.protocol.command import RemotingCommand
 from test_messaging import Env, create_topic, run
 
 

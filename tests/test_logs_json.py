@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from cluster import Cluster, free_port
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 
 
 def json_lines(path: Path) -> list[dict]:

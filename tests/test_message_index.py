@@ -10,10 +10,11 @@ import pytest
 
 from rmqha._core import load_twin
 from rmqha.client import Message, Producer
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.messaging.message import decode_records, parse_offset_msg_id
 from rmqha.messaging.message_index import MessageIndex
-from rmqha.remoting import RemotingClient, RemotingCommand
+from rmqha.net.client import RemotingClient
+from rmqha.protocol.command import RemotingCommand
 from rmqha.store import CommitLog
 from test_messaging import Env, LocalBroker, create_topic, run
 from tmpfs import grow, tmpfs

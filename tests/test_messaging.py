@@ -23,7 +23,7 @@ import pytest
 from conftest import free_port
 from rmqha.client import Consumer, Message, Producer, SendStatus
 from rmqha.client.admin import TopicAdmin
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.store import CommitLog
 from rmqha.errors import ClientError, ProtocolError, SendError
 from rmqha.messaging.consume_queue import ConsumeQueueIndex
@@ -51,7 +51,9 @@ from rmqha.messaging.state import STATE_TOPIC
 from rmqha.metrics import MetricsRegistry
 from rmqha.namesrv.config import NamesrvConfig
 from rmqha.namesrv.server import NameServer
-from rmqha.remoting import RemotingClient, RemotingCommand, RemotingServer
+from rmqha.net.client import RemotingClient
+from rmqha.net.server import RemotingServer
+from rmqha.protocol.command import RemotingCommand
 
 SEGMENT = 64 * 1024
 

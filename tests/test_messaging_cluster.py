@@ -23,7 +23,7 @@ import pytest
 
 from cluster import BrokerProc, Cluster
 from rmqha.client import BlockingConsumer, BlockingProducer, Message, SendStatus
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import LocalClusterError, SendError
 from rmqha.messaging.message import decode_records
 

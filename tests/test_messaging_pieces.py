@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from rmqha.codes import ResponseCode
+from rmqha.protocol.codes import ResponseCode
 from rmqha.messaging.clients import ClientRegistry, QueueLocks
 from rmqha.messaging.consume_queue import ConsumeQueueIndex
 from rmqha.messaging.consumer_offsets import ConsumerOffsets

@@ -13,8 +13,10 @@ import urllib.request
 import pytest
 
 from cluster import Cluster, free_port
-from rmqha.codes import RequestCode, ResponseCode
-from rmqha.remoting import RemotingClient, RemotingCommand, EventLoopThread
+from rmqha.protocol.codes import RequestCode, ResponseCode
+from rmqha.net.client import RemotingClient
+from rmqha.net.loop import EventLoopThread
+from rmqha.protocol.command import RemotingCommand
 
 
 @pytest.fixture

@@ -164,7 +164,7 @@ rocketmq = pytest.importorskip("rocketmq.client",
 
 from test_messaging import Env  # noqa: E402  (after the importorskip on purpose)
 
-from rmqha.remoting import EventLoopThread  # noqa: E402
+from rmqha.net.loop import EventLoopThread  # noqa: E402
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 
 from cluster import Cluster
 from rmqha.client import BlockingConsumer, BlockingProducer, LocalTransactionState, Message, Producer
-from rmqha.codes import RequestCode
+from rmqha.protocol.codes import RequestCode
 from rmqha.errors import ClientError
 from rmqha.messaging.message import (
     SysFlag,

@@ -1,6 +1,6 @@
 """RocketMQ remoting frames: codec, incremental decoding, server/client behaviour.
 
-Every test runs on both event loops rmqha can run on (rmqha.event_loop): the connection
+Every test runs on both event loops rmqha can run on (rmqha.net.loop): the connection
 is a transport protocol, and uvloop's transports call it back in their own order."""
 from __future__ import annotations
 
@@ -11,20 +11,18 @@ import struct
 
 import pytest
 
-from rmqha import event_loop
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.net import loop as event_loop
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, RemoteCommandError, RemotingError, RemotingTimeoutError
-from rmqha.remoting import (
+from rmqha.net.blocking import BlockingRemotingClient
+from rmqha.net.client import RemotingClient
+from rmqha.net.connection import DISPATCH_BUDGET, Connection, Dispatcher
+from rmqha.net.server import RemotingServer
+from rmqha.protocol.command import (
     FLAG_ONEWAY,
     FLAG_RESPONSE,
-    BlockingRemotingClient,
-    DISPATCH_BUDGET,
-    Connection,
-    Dispatcher,
     FrameDecoder,
-    RemotingClient,
     RemotingCommand,
-    RemotingServer,
     decode,
     encode,
 )
@@ -332,7 +330,7 @@ def test_malformed_frame_closes_only_that_connection(caplog):
                 # The other connection is untouched.
                 assert (await good.request(RemotingCommand.request(1, {"v": "y"}), 2)).ext_fields == {"got": "y"}
 
-    with caplog.at_level(logging.WARNING, logger="rmqha.remoting"):
+    with caplog.at_level(logging.WARNING, logger="rmqha.net.connection"):
         event_loop.run(main())
     reasons = [r.getMessage() for r in caplog.records if "malformed frame" in r.getMessage()]
     assert any("outside" in m for m in reasons) and any("not JSON" in m for m in reasons)
@@ -378,7 +376,7 @@ def test_client_errors_when_nothing_listens(port_factory):
 
 
 def test_blocking_client():
-    from rmqha.remoting import EventLoopThread
+    from rmqha.net.loop import EventLoopThread
 
     loop = EventLoopThread("test-server")
     server = RemotingServer("127.0.0.1", 0, {1: _echo})
@@ -411,7 +409,7 @@ def test_a_peer_stalled_inside_a_frame_is_dropped_but_an_idle_one_is_not(caplog)
                 assert idle.connected
                 assert (await idle.request(RemotingCommand.request(1, {"v": "z"}), 2)).ext_fields == {"got": "z"}
 
-    with caplog.at_level(logging.WARNING, logger="rmqha.remoting"):
+    with caplog.at_level(logging.WARNING, logger="rmqha.net.connection"):
         event_loop.run(main())
     assert any("stalled inside a frame: 16 bytes" in r.getMessage() for r in caplog.records), \
         [r.getMessage() for r in caplog.records]

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from rmqha import event_loop
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.net import loop as event_loop
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.messaging.context import MessagingConfig
 from rmqha.messaging.service import MessageService
-from rmqha.remoting import FrameDecoder, RemotingCommand, encode
+from rmqha.protocol.command import FrameDecoder, RemotingCommand, encode
 from rmqha.store import CommitLog
 from test_messaging import Env
 

@@ -32,7 +32,7 @@ import pytest
 
 from cluster import Cluster, free_port
 from rmqha.cli import main as rmqha_cli
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.namesrv.cluster_view import GONE_KEPT_MS, ClusterView
 from rmqha.namesrv.route_table import BrokerRegistration, RouteTable
 

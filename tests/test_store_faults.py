@@ -14,7 +14,7 @@ import time
 import pytest
 
 from cluster import Cluster
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.ha.testing import assert_same_log
 from rmqha.store import CommitLog
 

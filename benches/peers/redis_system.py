@@ -14,7 +14,7 @@ from pathlib import Path
 
 from peers.base import PeerSystem, free_port, wait_port, wait_until
 
-from rmqha import event_loop
+from rmqha.net import loop as event_loop
 
 STREAMS = {1: "bench1", 3: "bench3"}
 

@@ -15,9 +15,9 @@ from typing import Any
 
 from peers.base import PeerSystem, wait_until
 
-from rmqha import event_loop
+from rmqha.net import loop as event_loop
 from rmqha.client import BlockingProducer, Consumer, Producer
-from rmqha.codes import RequestCode
+from rmqha.protocol.codes import RequestCode
 from rmqha.local_cluster import Cluster
 
 TOPICS = {1: "Bench1", 3: "Bench3", "sync": "BenchSync"}

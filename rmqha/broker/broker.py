@@ -6,7 +6,7 @@
   ``epochFileCheckpoint`` (:class:`rmqha.store.EpochMap`), plus ``.broker.meta``;
 - the :class:`~rmqha.broker.replicas_manager.ReplicasManager` (controller side) which calls
   back :meth:`Broker.become_master`, :meth:`Broker.become_slave`, ...;
-- a :class:`~rmqha.remoting.RemotingServer` on the client port serving the messaging
+- a :class:`~rmqha.net.server.RemotingServer` on the client port serving the messaging
   handlers, NOTIFY_BROKER_ROLE_CHANGED and two admin queries: GET_BROKER_EPOCH_CACHE (1007,
   RocketMQ's ``EpochEntryCache`` body) and GET_BROKER_HA_STATUS (907, role, offsets, HA link);
 - :class:`rmqha.ha.HAMaster` / :class:`rmqha.ha.HASlave` on the HA port;
@@ -38,14 +38,17 @@ from rmqha.broker.metrics import (
     FlushProbe, flush_latency_histogram, register_broker_metrics, served_bytes_counter,
 )
 from rmqha.broker.replicas_manager import ReplicasManager, Role
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import (
     BrokerError, ConfigError, MissingSegmentError, RemoteCommandError, RemotingError, StoreError,
 )
 from rmqha.ha import HAConfig, HAMaster, HASlave
 from rmqha.messaging import MessageService
 from rmqha.metrics import MetricsRegistry
-from rmqha.remoting import Connection, RemotingClient, RemotingCommand, RemotingServer, split_address
+from rmqha.net.client import RemotingClient, split_address
+from rmqha.net.connection import Connection
+from rmqha.net.server import RemotingServer
+from rmqha.protocol.command import RemotingCommand
 from rmqha.store.disk_usage import directory_usage
 
 log = logging.getLogger(__name__)

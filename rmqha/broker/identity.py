@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Protocol
 
 from rmqha.failpoints import Failpoint, hit
-from rmqha.codes import ResponseCode
+from rmqha.protocol.codes import ResponseCode
 from rmqha.errors import (
     BrokerIdentityError,
     CheckpointError,

@@ -40,11 +40,12 @@ from rmqha.broker.config import BrokerConfig
 from rmqha.failpoints import Failpoint, hit
 from rmqha.broker.identity import IdentityStore, negotiate_broker_id
 from rmqha.broker.master_lease import LeaseGrant, MasterLease
-from rmqha.codes import ResponseCode
+from rmqha.protocol.codes import ResponseCode
 from rmqha.errors import (
     BrokerError, BrokerIdentityError, ControllerError, RemoteCommandError, RemotingError, RmqhaError,
 )
-from rmqha.remoting import Connection, RemotingCommand
+from rmqha.net.connection import Connection
+from rmqha.protocol.command import RemotingCommand
 
 log = logging.getLogger(__name__)
 

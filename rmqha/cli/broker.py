@@ -24,12 +24,13 @@ from rmqha.broker.config import BrokerConfig, load_broker_config
 from rmqha.cli.ha_watch import ask_each, watch
 from rmqha.cli.lookup import is_address, members
 from rmqha.cli.output import Block, add_json_flag, emit, reports_errors, table
-from rmqha.codes import RequestCode
+from rmqha.protocol.codes import RequestCode
 from rmqha.cli.serving import add_server_parser, serve_until_signalled
 from rmqha.config import check_port_free
 from rmqha import log as rmqha_log
 from rmqha.log import configure_logging
-from rmqha.remoting import BlockingRemotingClient, RemotingCommand
+from rmqha.net.blocking import BlockingRemotingClient
+from rmqha.protocol.command import RemotingCommand
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

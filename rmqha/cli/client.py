@@ -15,13 +15,14 @@ import os
 import sys
 from typing import Any
 
-from rmqha import event_loop
+from rmqha.net import loop as event_loop
 from rmqha.cli.lookup import cluster_info, split_addresses
 from rmqha.cli.output import add_json_flag, emit, reports_errors, table, write_blocks
 from rmqha.client.admin import TopicAdmin, TopicChange
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import RemotingError
-from rmqha.remoting import BlockingRemotingClient, RemotingCommand
+from rmqha.net.blocking import BlockingRemotingClient
+from rmqha.protocol.command import RemotingCommand
 
 
 def _common(p: argparse.ArgumentParser) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rmqha import event_loop
+from rmqha.net import loop as event_loop
 from rmqha.config import check_port_free, load_config
 from rmqha.controller.config import ControllerConfig
 from rmqha.errors import RmqhaError

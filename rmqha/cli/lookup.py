@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rmqha.codes import RequestCode
+from rmqha.protocol.codes import RequestCode
 from rmqha.errors import ClientError, RemotingError
-from rmqha.remoting import BlockingRemotingClient, RemotingCommand
+from rmqha.net.blocking import BlockingRemotingClient
+from rmqha.protocol.command import RemotingCommand
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import datetime
 import os
 from typing import Any
 
-from rmqha import event_loop
+from rmqha.net import loop as event_loop
 from rmqha.cli.output import add_json_flag, emit, reports_errors, table
 from rmqha.client.message_query import MAX_RESULTS, MessageQuery
 from rmqha.messaging.message import ReceivedMessage

@@ -12,7 +12,7 @@ import asyncio
 import signal
 from collections.abc import Awaitable, Callable
 
-from rmqha import event_loop
+from rmqha.net import loop as event_loop
 
 
 def add_server_parser(subparsers: argparse._SubParsersAction, name: str, help_text: str, title: str, *,

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rmqha.client.route import ClientSession
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ClientError, RemotingError
 from rmqha.messaging.topics import PERM_READ_WRITE
-from rmqha.remoting import RemotingCommand
+from rmqha.protocol.command import RemotingCommand
 
 
 @dataclass

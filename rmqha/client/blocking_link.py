@@ -6,8 +6,8 @@
 on every call (about 200 us of client CPU a send, one at a time, on the project's 2-core
 VM); a blocking ``send`` and ``recv`` are two system calls.
 
-Frames go through rmqha's own codec (:func:`rmqha.remoting.encode`,
-:class:`rmqha.remoting.FrameDecoder`), so a length read from the socket is checked against
+Frames go through rmqha's own codec (:func:`rmqha.protocol.command.encode`,
+:class:`rmqha.protocol.command.FrameDecoder`), so a length read from the socket is checked against
 ``max_frame_bytes`` before anything is buffered for its frame, and a malformed frame is a
 :class:`~rmqha.errors.ProtocolError` as everywhere else.
 
@@ -16,7 +16,7 @@ One request is in flight at a time, so every frame but the awaited response is s
 - a response with another opaque answers an earlier request that failed (the link is
   closed on every failure, so this needs a peer that answers twice): dropped;
 - a request from the server: one that expects an answer gets REQUEST_CODE_NOT_SUPPORTED,
-  as :mod:`rmqha.remoting` answers a code it has no handler for, so the server does not
+  as :mod:`rmqha.net.connection` answers a code it has no handler for, so the server does not
   hold it until its own timeout; a one-way request is dropped.  Nothing on a producer's
   link asks anything today (transaction check-backs go to the producer that heartbeats,
   which is the shared loop's, never a blocking link).  Such a request is only read while
@@ -34,13 +34,13 @@ import struct
 import time
 
 from rmqha.errors import ProtocolError, RemotingError, RemotingTimeoutError
-from rmqha.remoting import (
+from rmqha.net.client import split_address
+from rmqha.protocol.command import (
     DEFAULT_MAX_FRAME_BYTES,
     FrameDecoder,
     RemotingCommand,
     encode,
     not_supported,
-    split_address,
 )
 
 log = logging.getLogger(__name__)

@@ -26,10 +26,11 @@ from typing import Any
 
 from rmqha.client.model import MessageQueue, ReceivedMessage
 from rmqha.client.route import ClientSession, TopicRoute
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ClientError, ProtocolError, RemotingError
 from rmqha.messaging.message import decode_records, parse_subscription
-from rmqha.remoting import EventLoopThread, RemotingCommand
+from rmqha.net.loop import EventLoopThread
+from rmqha.protocol.command import RemotingCommand
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Sequence
 
 from rmqha.client.route import ClientSession
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ClientError, ProtocolError, RemotingError
 from rmqha.messaging.message import (
     Prop,
@@ -21,7 +21,8 @@ from rmqha.messaging.message import (
     decode_records,
     parse_offset_msg_id,
 )
-from rmqha.remoting import EventLoopThread, RemotingCommand
+from rmqha.net.loop import EventLoopThread
+from rmqha.protocol.command import RemotingCommand
 
 #: The most records a broker returns for one query (RocketMQ's defaultQueryMaxNum).
 MAX_RESULTS = 32

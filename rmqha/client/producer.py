@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rmqha import event_loop
+from rmqha.net import loop as event_loop
 from rmqha.client.accumulator import DEFAULT_MAX_BYTES as DEFAULT_AUTO_BATCH_BYTES
 from rmqha.client.accumulator import SendAccumulator, batchable
 from rmqha.client.blocking_link import BlockingLink
@@ -48,7 +48,7 @@ from rmqha.client.transaction import (
     TransactionSupport,
     delay_properties,
 )
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import (
     ClientError,
     ProtocolError,
@@ -68,7 +68,8 @@ from rmqha.messaging.message import (
     new_uniq_keys,
 )
 from rmqha.messaging.topics import DEFAULT_TOPIC
-from rmqha.remoting import EventLoopThread, RemotingCommand, next_opaque
+from rmqha.net.loop import EventLoopThread
+from rmqha.protocol.command import RemotingCommand, next_opaque
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Connections and topic routes for rmqha's client.
 
-:class:`ClientSession` keeps one :class:`~rmqha.remoting.RemotingClient` per address
+:class:`ClientSession` keeps one :class:`~rmqha.net.client.RemotingClient` per address
 (reconnected on demand), answers what brokers push (NOTIFY_CONSUMER_IDS_CHANGED), and
 looks up topic routes on the name servers (GET_ROUTEINFO_BY_TOPIC), trying each name
 server in turn and caching routes for ``route_ttl_s``.
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rmqha.client.model import MessageQueue
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import (
     ClientError,
     ProtocolError,
@@ -23,7 +23,8 @@ from rmqha.errors import (
     TopicNotFoundError,
 )
 from rmqha.messaging.topics import PERM_READ, PERM_WRITE
-from rmqha.remoting import RemotingClient, RemotingCommand
+from rmqha.net.client import RemotingClient
+from rmqha.protocol.command import RemotingCommand
 
 log = logging.getLogger(__name__)
 

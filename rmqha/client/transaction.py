@@ -22,7 +22,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Union
 
 from rmqha.client.model import Message, SendResult
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ClientError, ProtocolError, RemotingError
 from rmqha.messaging.message import (
     Prop,
@@ -31,7 +31,7 @@ from rmqha.messaging.message import (
     decode_record,
     parse_offset_msg_id,
 )
-from rmqha.remoting import RemotingCommand
+from rmqha.protocol.command import RemotingCommand
 
 if TYPE_CHECKING:
     from rmqha.client.producer import Producer

@@ -19,9 +19,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ControllerError, RemoteCommandError, RemotingError
-from rmqha.remoting import EventLoopThread, RemotingClient, RemotingCommand
+from rmqha.net.client import RemotingClient
+from rmqha.net.loop import EventLoopThread
+from rmqha.protocol.command import RemotingCommand
 
 
 @dataclass

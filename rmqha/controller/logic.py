@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rmqha.codes import ResponseCode
+from rmqha.protocol.codes import ResponseCode
 from rmqha.controller.elect_policy import elect
 from rmqha.controller.heartbeat import BrokerHeartbeatManager
 from rmqha.controller.state import BrokerGroup, ReplicasState

@@ -6,7 +6,7 @@ metrics (``request_type`` is the upper-case code name, election results
 """
 from __future__ import annotations
 
-from rmqha.codes import ResponseCode, code_name
+from rmqha.protocol.codes import ResponseCode, code_name
 from rmqha.metrics import MetricsRegistry
 
 

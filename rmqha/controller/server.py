@@ -1,6 +1,6 @@
 """The controller process: remoting server + Raft node + heartbeat manager + elections.
 
-Request handling (RocketMQ's controller codes, see :mod:`rmqha.codes`):
+Request handling (RocketMQ's controller codes, see :mod:`rmqha.protocol.codes`):
 
 * GET_METADATA_INFO, BROKER_HEARTBEAT, GET/UPDATE_CONTROLLER_CONFIG: answered by any node.
 * Everything else needs the Raft leader; a follower answers CONTROLLER_NOT_LEADER with
@@ -32,7 +32,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.config import apply_values, check_port_free, resolve_key, to_dict
 from rmqha.controller.config import SECRET_KEYS, UPDATE_BLACKLIST, ControllerConfig, Peer
 from rmqha.controller.heartbeat import BrokerHeartbeatManager, BrokerLiveInfo
@@ -42,7 +42,10 @@ from rmqha.controller.state import ReplicasState
 from rmqha.errors import ConfigError, ControllerError, NotLeaderError, ProtocolError, RmqhaError
 from rmqha.metrics import MetricsRegistry
 from rmqha.raft import RaftNode, RaftRole, RaftSettings
-from rmqha.remoting import Connection, RemotingClient, RemotingCommand, RemotingServer
+from rmqha.net.client import RemotingClient
+from rmqha.net.connection import Connection
+from rmqha.net.server import RemotingServer
+from rmqha.protocol.command import RemotingCommand
 
 log = logging.getLogger(__name__)
 

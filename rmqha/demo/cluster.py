@@ -63,7 +63,7 @@ from rmqha.local_cluster import (
     port_open,
 )
 from rmqha.messaging.message import parse_offset_msg_id
-from rmqha.remoting import EventLoopThread
+from rmqha.net.loop import EventLoopThread
 
 TOPIC = "DemoTopic"
 GROUP = "broker-a"

@@ -27,7 +27,7 @@ import sys
 import time
 from typing import Any
 
-from rmqha import event_loop
+from rmqha.net import loop as event_loop
 from rmqha.ha.config import HAConfig
 from rmqha.ha.master import HAMaster
 from rmqha.ha.slave import HASlave

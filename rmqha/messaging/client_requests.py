@@ -11,13 +11,13 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, RmqhaError
 from rmqha.messaging.clients import mq_json, parse_mq_set
 from rmqha.messaging.context import Handler, MessagingContext
 from rmqha.messaging.headers import req_str
 from rmqha.messaging.topics import RETRY_GROUP_TOPIC_PREFIX
-from rmqha.remoting import RemotingCommand
+from rmqha.protocol.command import RemotingCommand
 
 if TYPE_CHECKING:
     from rmqha.messaging.topic_admin import TopicAdmin

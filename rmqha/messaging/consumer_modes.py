@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.messaging.context import Handler
-from rmqha.remoting import RemotingCommand
+from rmqha.protocol.command import RemotingCommand
 
 #: ExpressionType values a Java client sends; rmqha evaluates TAG only.
 TAG_EXPRESSION = "TAG"

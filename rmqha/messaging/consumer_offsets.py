@@ -11,13 +11,13 @@ import logging
 import os
 from typing import Any
 
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import StoreError
 from rmqha.messaging.context import Handler, MessagingContext
 from rmqha.messaging.headers import req_int, req_str
 from rmqha.messaging.state import offsets_record
 from rmqha.messaging.state_replication import StateReplication
-from rmqha.remoting import RemotingCommand
+from rmqha.protocol.command import RemotingCommand
 
 log = logging.getLogger(__name__)
 

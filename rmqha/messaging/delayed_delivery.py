@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rmqha.codes import ResponseCode
+from rmqha.protocol.codes import ResponseCode
 from rmqha.errors import ConfigError, ProtocolError, RmqhaError, StoreError
 from rmqha.messaging.background import BackgroundJob
 from rmqha.messaging.consume_queue import ScannedRecord

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from rmqha.codes import ResponseCode
+from rmqha.protocol.codes import ResponseCode
 from rmqha.errors import InvalidMessageError, StoreError
 from rmqha.failpoints import Failpoint, hit
 from rmqha.messaging.context import MessagingContext

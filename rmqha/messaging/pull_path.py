@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError
 from rmqha.messaging.context import Handler, MessagingContext
 from rmqha.messaging.headers import (
@@ -37,8 +37,8 @@ from rmqha.messaging.message import (
     strip_compression,
     tag_hash,
 )
-from rmqha.mq_version import java_reads_lz4
-from rmqha.remoting import RemotingCommand
+from rmqha.protocol.version import java_reads_lz4
+from rmqha.protocol.command import RemotingCommand
 
 log = logging.getLogger(__name__)
 

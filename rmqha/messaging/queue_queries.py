@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, StoreError
 from rmqha.messaging.context import Handler, MessagingContext
 from rmqha.messaging.headers import opt_int, req_int, req_str
-from rmqha.remoting import RemotingCommand
+from rmqha.protocol.command import RemotingCommand
 
 
 class QueueQueries:

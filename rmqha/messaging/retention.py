@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from rmqha.codes import ResponseCode
+from rmqha.protocol.codes import ResponseCode
 from rmqha.errors import RmqhaError
 from rmqha.messaging.background import BackgroundJob
 from rmqha.messaging.context import MessagingContext

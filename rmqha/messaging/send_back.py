@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import StoreError
 from rmqha.messaging.context import MAX_RECONSUME_TIMES, Handler, MessagingContext, Refused
 from rmqha.messaging.headers import opt_int, req_int, req_str
@@ -12,7 +12,7 @@ from rmqha.messaging.log_writer import LogWriter
 from rmqha.messaging.message import Prop, decode_record, offset_msg_id
 from rmqha.messaging.topic_admin import TopicAdmin
 from rmqha.messaging.topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
-from rmqha.remoting import RemotingCommand
+from rmqha.protocol.command import RemotingCommand
 
 
 class SendBack:

@@ -13,7 +13,7 @@ from functools import partial
 from typing import Any
 
 from rmqha import _core
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ConfigError, DiskFullError, ProtocolError, StoreError
 from rmqha.messaging.context import (
     MAX_INFLATED_BATCH_BYTES,
@@ -50,7 +50,7 @@ from rmqha.messaging.transactions import (
     Transactions,
     transaction_type,
 )
-from rmqha.remoting import RemotingCommand
+from rmqha.protocol.command import RemotingCommand
 
 _records = _core.load("records")
 #: As RocketMQ's MessageDecoder: at most this many messages in one batch body.

@@ -192,7 +192,7 @@ class MessageService:
 
     def immediate_handlers(self) -> dict[int, Callable[[Any, Any], bool]]:
         """Request code -> handler run in the loop turn that decoded the request (see
-        :class:`rmqha.remoting.Dispatcher`): the send path."""
+        :class:`rmqha.net.connection.Dispatcher`): the send path."""
         return self._send.immediate_handlers()
 
     def set_role(self, role: str, master_address: str | None = None) -> None:

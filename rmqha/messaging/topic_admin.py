@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ConfigError, ProtocolError
 from rmqha.messaging.context import Handler, MessagingContext, Refused
 from rmqha.messaging.headers import opt_int, req_str
@@ -21,7 +21,7 @@ from rmqha.messaging.topics import (
     RETRY_GROUP_TOPIC_PREFIX,
     TopicConfig,
 )
-from rmqha.remoting import RemotingCommand
+from rmqha.protocol.command import RemotingCommand
 
 if TYPE_CHECKING:
     from rmqha.messaging.log_writer import LogWriter

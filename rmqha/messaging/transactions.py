@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, RmqhaError, StoreError
 from rmqha.messaging.background import BackgroundJob
 from rmqha.messaging.consume_queue import ScannedRecord
@@ -42,7 +42,7 @@ from rmqha.messaging.headers import req_int, req_str
 from rmqha.messaging.log_writer import LogWriter
 from rmqha.messaging.message import Prop, SysFlag, decode_record, offset_msg_id
 from rmqha.messaging.topic_admin import TopicAdmin
-from rmqha.remoting import RemotingCommand
+from rmqha.protocol.command import RemotingCommand
 
 log = logging.getLogger(__name__)
 

@@ -22,10 +22,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rmqha.codes import RequestCode
+from rmqha.protocol.codes import RequestCode
 from rmqha.errors import RmqhaError
 from rmqha.namesrv.route_table import MASTER_ID, BrokerRegistration, RouteTable
-from rmqha.remoting import RemotingClient, RemotingCommand
+from rmqha.net.client import RemotingClient
+from rmqha.protocol.command import RemotingCommand
 
 log = logging.getLogger(__name__)
 

@@ -32,14 +32,16 @@ import logging
 import time
 from typing import Any
 
-from rmqha.codes import RequestCode, ResponseCode, code_name
+from rmqha.protocol.codes import RequestCode, ResponseCode, code_name
 from rmqha.errors import ConfigError
 from rmqha.metrics import MetricsRegistry
 from rmqha.namesrv.cluster_view import ClusterView
 from rmqha.namesrv.config import NamesrvConfig
 from rmqha.namesrv.route_table import BrokerRegistration, RouteTable, TopicConfig
 from rmqha.namesrv.status_page import StatusPageServer
-from rmqha.remoting import Connection, RemotingCommand, RemotingServer
+from rmqha.net.connection import Connection
+from rmqha.net.server import RemotingServer
+from rmqha.protocol.command import RemotingCommand
 
 log = logging.getLogger(__name__)
 

@@ -48,7 +48,7 @@ import pytest
 
 from cluster import BrokerProc, Cluster, free_port_pair
 from rmqha.client import BlockingConsumer, BlockingProducer, SendStatus
-from rmqha.codes import RequestCode
+from rmqha.protocol.codes import RequestCode
 from rmqha.errors import ClientError, RemotingError, RmqhaError
 from rmqha.store import CommitLog
 from tcp_proxy import TcpProxy

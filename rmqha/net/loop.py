@@ -9,13 +9,16 @@ uvloop cuts the brokers' CPU per message by about a tenth and the latency with i
 
 Everything rmqha runs on a loop goes through :func:`new_event_loop` or :func:`run`, so
 the servers (broker, name server, controller) and the blocking clients' loop threads
-agree; a loop run one call at a time comes from :func:`new_call_loop`.
+agree; a loop run one call at a time comes from :func:`new_call_loop`, and a loop on a
+private thread for blocking callers is an :class:`EventLoopThread`.
 """
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Coroutine
+import threading
+from collections.abc import Awaitable, Coroutine
+from concurrent.futures import Future as ConcurrentFuture
 from enum import Enum
 from typing import Any, TypeVar
 
@@ -70,3 +73,23 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run(main)`` on a loop of the chosen kind."""
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         return runner.run(main)
+
+
+class EventLoopThread:
+    """A private asyncio loop on a daemon thread, for blocking callers (CLI, tests)."""
+
+    def __init__(self, name: str = "rmqha-loop") -> None:
+        self.loop = new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Awaitable[Any], timeout: float | None = None) -> Any:
+        fut: ConcurrentFuture[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+        return fut.result(timeout)
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+        self.loop.close()

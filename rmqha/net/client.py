@@ -1,0 +1,90 @@
+"""The asyncio client of one remoting address: one reused connection, reconnected on demand."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+from rmqha.errors import RemotingError, RemotingTimeoutError
+from rmqha.net.connection import Connection, Dispatcher, Handler
+from rmqha.protocol.command import DEFAULT_MAX_FRAME_BYTES, RemotingCommand
+
+def split_address(addr: str) -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise RemotingError(f"bad address {addr!r}; expected host:port")
+    return host, int(port)
+
+
+class RemotingClient:
+    """Client of one address: one reused connection, reconnected on demand.
+
+    ``handler`` (optional) answers requests the server sends over this connection.
+    """
+
+    def __init__(
+        self,
+        addr: str,
+        *,
+        connect_timeout: float = 3.0,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        handler: Handler | Mapping[int, Handler] | None = None,
+    ) -> None:
+        self.addr = addr
+        self.host, self.port = split_address(addr)
+        self.connect_timeout = connect_timeout
+        self.max_frame_bytes = max_frame_bytes
+        self._dispatcher = Dispatcher(handler) if handler is not None else None
+        self._conn: Connection | None = None
+        self._connect_lock: asyncio.Lock | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None and not self._conn.closed
+
+    async def connection(self) -> Connection:
+        """The live connection, opening a new one if needed."""
+        if self._conn is not None and not self._conn.closed:
+            return self._conn
+        if self._connect_lock is None:
+            self._connect_lock = asyncio.Lock()
+        async with self._connect_lock:
+            if self._conn is not None and not self._conn.closed:
+                return self._conn
+            loop = asyncio.get_running_loop()
+            try:
+                transport, conn = await asyncio.wait_for(
+                    loop.create_connection(
+                        lambda: Connection(self._dispatcher, self.max_frame_bytes, name=self.addr),
+                        self.host, self.port),
+                    self.connect_timeout,
+                )
+            except asyncio.TimeoutError:
+                raise RemotingTimeoutError(f"connect to {self.addr} timed out") from None
+            except OSError as exc:
+                raise RemotingError(f"cannot connect to {self.addr}: {exc}") from exc
+            # Some loops (uvloop) call connection_made a turn after create_connection
+            # returns; the connection must be usable now.
+            conn.connection_made(transport)
+            self._conn = conn
+            return conn
+
+    async def request(self, cmd: RemotingCommand, timeout: float = 3.0) -> RemotingCommand:
+        conn = self._conn
+        if conn is None or conn.closed:
+            conn = await self.connection()
+        return await conn.request(cmd, timeout)
+
+    async def oneway(self, cmd: RemotingCommand) -> None:
+        conn = await self.connection()
+        await conn.oneway(cmd)
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+
+    async def __aenter__(self) -> RemotingClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,517 @@
+"""One TCP connection speaking remoting frames, in either direction, and its dispatcher.
+
+:class:`Connection` is the transport's asyncio protocol: it decodes frames as they arrive
+(:class:`rmqha.protocol.command.FrameDecoder`), dispatches requests to handlers
+(:class:`Dispatcher`, code -> handler), matches responses to pending requests by
+``opaque`` and writes with back-pressure.  A malformed frame closes that one connection
+with a logged reason.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Union
+
+from rmqha.errors import (
+    ProtocolError,
+    RemoteCommandError,
+    RemotingError,
+    RemotingTimeoutError,
+    RmqhaError,
+)
+from rmqha.protocol.codes import ResponseCode
+from rmqha.protocol.command import (
+    DEFAULT_MAX_FRAME_BYTES,
+    FLAG_ONEWAY,
+    FLAG_RESPONSE,
+    FrameDecoder,
+    RemotingCommand,
+    encode,
+    not_supported,
+)
+
+log = logging.getLogger(__name__)
+
+#: A server drops a peer that sends part of a frame and then nothing for this long (a
+#: stalled or malicious client must not hold a connection and its buffer forever).
+DEFAULT_FRAME_READ_TIMEOUT_S = 30.0
+
+Handler = Callable[[RemotingCommand, "Connection"], Awaitable[Union[RemotingCommand, None]]]
+
+#: Bytes queued in a connection's transport above which a sender waits for the kernel.
+_WRITE_HIGH_WATER = 1 << 20
+
+
+class _Expired(Exception):
+    """A request's timer fired before its response came (becomes RemotingTimeoutError)."""
+
+
+def _expire(fut: asyncio.Future[Any]) -> None:
+    if not fut.done():
+        fut.set_exception(_Expired())
+
+
+#: ``handler(cmd, conn) -> bool``: takes the request in the loop turn that decoded it (True:
+#: it answers with :meth:`Connection.answer`, now or from a later callback) or leaves it to
+#: the code's ordinary task-based handler (False).
+ImmediateHandler = Callable[[RemotingCommand, "Connection"], bool]
+
+
+class Dispatcher:
+    """Request code -> handler, with an optional fallback handler for other codes.
+
+    A code may also have an immediate handler (:meth:`register_immediate`), tried first
+    without a task: a one-at-a-time request then costs no task creation and no task steps,
+    which on the send path is a good part of the broker's time per message."""
+
+    def __init__(self, fallback: Handler | Mapping[int, Handler] | None = None) -> None:
+        self._handlers: dict[int, Handler] = {}
+        self._fallback: Handler | None = None
+        self.immediate: dict[int, ImmediateHandler] = {}
+        if isinstance(fallback, Mapping):
+            for code, fn in fallback.items():
+                self.register(code, fn)
+        else:
+            self._fallback = fallback
+
+    def register(self, code: int, handler: Handler) -> None:
+        self._handlers[int(code)] = handler
+
+    def register_immediate(self, code: int, handler: ImmediateHandler) -> None:
+        self.immediate[int(code)] = handler
+
+    async def __call__(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        handler = self._handlers.get(cmd.code, self._fallback)
+        if handler is None:
+            return not_supported(cmd)
+        return await handler(cmd, conn)
+
+
+#: Commands of one read dispatched in one loop turn; the rest wait for the next turns.
+#: A read of 100-200 pipelined sends dispatched at once held the answers to the first
+#: behind the storing of the last (their acks are read only after it), so client and
+#: master took turns instead of working side by side: 256 sends in flight left half of
+#: two CPUs idle.  32 a turn: about 1.2x the throughput (16 costs more turns than it saves).
+DISPATCH_BUDGET = 32
+
+
+class Connection(asyncio.Protocol):
+    """One TCP connection speaking remoting frames, in either direction.
+
+    It is the transport's protocol: frames are decoded in the loop turn that reads them
+    (a reader task would cost one more turn per read, and a one-at-a-time send pays every
+    turn on both sides).  Incoming requests go to the dispatcher, each as its own task, so
+    a slow handler never blocks replies to other requests on the same connection, as
+    RocketMQ's clients require; incoming responses complete the matching pending request
+    right there.
+    """
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher | None,
+        max_frame_bytes: int,
+        name: str = "",
+        frame_read_timeout: float | None = None,
+        on_made: Callable[[Connection], None] | None = None,
+    ) -> None:
+        #: A peer that stops in the middle of a frame for this long is dropped (None: never).
+        #: Between frames a connection may idle as long as it likes.
+        self._frame_read_timeout = frame_read_timeout
+        self._stall_timer: asyncio.TimerHandle | None = None
+        self._last_data = 0.0
+        self._dispatcher = dispatcher
+        self._decoder = FrameDecoder(max_frame_bytes)
+        self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
+        #: opaque -> loop time its request times out (see request()).
+        self._deadlines: dict[int, float] = {}
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: Requests an immediate handler took and has not answered yet.
+        self._immediate = 0
+        self._close_callbacks: list[Callable[[Connection], None]] = []
+        self._closed = self._loop.create_future()
+        #: Set when the transport is gone (connection_lost), for close() to wait on.
+        self._lost = self._loop.create_future()
+        self._transport: asyncio.Transport | None = None
+        self._write_paused = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        #: Frames gathered for one write at the end of the loop turn (see send()).
+        self._cork: list[bytes] | None = None
+        #: Callbacks to run once the commands being dispatched together are all
+        #: dispatched (None outside a dispatch; see at_end_of_dispatch()).
+        self._end_of_dispatch: list[Callable[[], None]] | None = None
+        #: Commands of a read beyond DISPATCH_BUDGET, dispatched in later loop turns.
+        self._backlog: deque[RemotingCommand] = deque()
+        self._drain_scheduled = False
+        self._reading_paused = False
+        self._on_made = on_made
+        self._given_name = name
+        self.peer = "?"
+        self.name = name or self.peer
+        self.close_reason: str | None = None
+        #: Free-form per-connection state for handlers (e.g. which broker this is).
+        self.attributes: dict[str, Any] = {}
+
+    # --- asyncio.Protocol ----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self._transport is transport:
+            return  # attached already (see RemotingClient.connection)
+        self._transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio.Transport
+        # Pause (and make senders wait) only past our own high-water mark.
+        transport.set_write_buffer_limits(high=_WRITE_HIGH_WATER)
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.name = self._given_name or self.peer
+        if self._on_made is not None:
+            self._on_made(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self._closed.done():
+            return
+        try:
+            commands = self._decoder.feed(data)
+        except ProtocolError as exc:
+            reason = f"malformed frame: {exc}"
+            log.warning("closing connection %s: %s", self.name, reason)
+            self._mark_closed(reason)
+            return
+        if self._backlog or len(commands) > DISPATCH_BUDGET:
+            self._backlog.extend(commands)
+            if not self._drain_scheduled:
+                self._dispatch_some()
+        elif commands:
+            self._dispatch(commands)
+        if self._frame_read_timeout is not None and self._decoder.buffered:
+            self._last_data = self._loop.time()
+            if self._stall_timer is None:
+                self._stall_timer = self._loop.call_at(
+                    self._last_data + self._frame_read_timeout, self._check_stall)
+
+    def _dispatch(self, commands: list[RemotingCommand]) -> None:
+        """Dispatch commands that arrived together, then what they asked to run after."""
+        self._end_of_dispatch = []
+        try:
+            for cmd in commands:
+                self._on_command(cmd)
+        finally:
+            self._run_end_of_dispatch()
+
+    def _dispatch_some(self) -> None:
+        """The next DISPATCH_BUDGET commands of the backlog; the rest in a later turn, with
+        reading paused until the backlog is gone (it never holds more than one read)."""
+        self._drain_scheduled = False
+        backlog = self._backlog
+        if self._closed.done():
+            backlog.clear()
+            return
+        chunk = [backlog.popleft() for _ in range(min(DISPATCH_BUDGET, len(backlog)))]
+        if backlog:
+            self._drain_scheduled = True
+            self._loop.call_soon(self._dispatch_some)
+            self._pause_reading(True)
+        else:
+            self._pause_reading(False)
+        self._dispatch(chunk)
+
+    def _pause_reading(self, pause: bool) -> None:
+        if pause == self._reading_paused or self._transport is None:
+            return
+        self._reading_paused = pause
+        try:
+            if pause:
+                self._transport.pause_reading()
+            else:
+                self._transport.resume_reading()
+        except (RuntimeError, AttributeError):  # closing, or a transport that cannot
+            pass
+
+    def at_end_of_dispatch(self, cb: Callable[[], None]) -> None:
+        """Run ``cb()`` once the commands dispatched with the one being handled have all
+        been dispatched (an immediate handler runs inside that dispatch): what requests
+        arriving together share, such as one wait for their replicas, is done once for
+        all of them.  Commands arrive together when one read brought them, at most
+        ``DISPATCH_BUDGET`` of them.  Outside a dispatch it runs at once."""
+        if self._end_of_dispatch is None:
+            cb()
+        else:
+            self._end_of_dispatch.append(cb)
+
+    def _run_end_of_dispatch(self) -> None:
+        callbacks, self._end_of_dispatch = self._end_of_dispatch, None
+        for cb in callbacks or ():
+            try:
+                cb()
+            except Exception:  # one broken callback must not keep the others from running
+                log.exception("end-of-dispatch callback of %s failed", self.name)
+
+    def eof_received(self) -> bool:
+        self._mark_closed("peer closed")
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._mark_closed("peer closed" if exc is None else f"read failed: {exc}")
+        if not self._lost.done():
+            self._lost.set_result(None)
+        self._wake_drain_waiters()
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._wake_drain_waiters()
+
+    def _wake_drain_waiters(self) -> None:
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    def _check_stall(self) -> None:
+        """Drop a peer stalled inside a frame; one timer per stall, moved on by new data."""
+        self._stall_timer = None
+        if self._closed.done() or not self._decoder.buffered or self._frame_read_timeout is None:
+            return
+        due = self._last_data + self._frame_read_timeout
+        if self._loop.time() < due:
+            self._stall_timer = self._loop.call_at(due, self._check_stall)
+            return
+        reason = (f"stalled inside a frame: {self._decoder.buffered} bytes of it "
+                  f"received, nothing more for {self._frame_read_timeout:g}s")
+        log.warning("closing connection %s: %s", self.name, reason)
+        self._mark_closed(reason)
+
+    # --- the connection ------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.done()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests from the peer being handled now (this one included, in a handler)."""
+        return len(self._tasks) + self._immediate
+
+    async def wait_closed(self) -> None:
+        await asyncio.shield(self._closed)
+
+    def add_close_callback(self, cb: Callable[[Connection], None]) -> None:
+        """cb(connection) runs once when the connection closes (at once if already closed)."""
+        if self.closed:
+            cb(self)
+        else:
+            self._close_callbacks.append(cb)
+
+    async def send(self, cmd: RemotingCommand) -> None:
+        self._queue_frame(cmd, len(self._tasks) + self._immediate > 1)
+        # Wait for the kernel only while the transport is paused (its buffer is past our
+        # high-water mark), not after every frame.
+        if self._write_paused:
+            fut: asyncio.Future[None] = self._loop.create_future()
+            self._drain_waiters.append(fut)
+            await fut
+            if self.closed:
+                raise RemotingError(f"connection {self.name} closed while sending ({self.close_reason})")
+
+    def _queue_frame(self, cmd: RemotingCommand, others: bool) -> None:
+        """Queue one frame whole (frames never interleave, so no lock): at once, or with the
+        other frames of this loop turn when ``others`` (more answers in flight here) or
+        more requests of ours are pending: one syscall and one wake-up of the peer for all
+        of them, instead of one per frame."""
+        if self.closed:
+            raise RemotingError(f"connection {self.name} is closed ({self.close_reason})")
+        data = encode(cmd)
+        if self._cork is not None:
+            self._cork.append(data)
+        elif others or len(self._pending) > 1:
+            self._cork = [data]
+            self._loop.call_soon(self._uncork)
+        else:
+            self._write(data)
+
+    def answer(self, request: RemotingCommand, response: RemotingCommand) -> None:
+        """Answer a request an immediate handler took (see :class:`Dispatcher`); never
+        waits: what the transport cannot take yet stays in its buffer."""
+        self._immediate -= 1
+        if request.is_oneway or self.closed:
+            return
+        self._stamp(request, response)
+        try:
+            self._queue_frame(response, len(self._tasks) + self._immediate > 0)
+        except RemotingError as exc:
+            log.debug("could not answer %s: %s", request.describe(), exc)
+
+    @staticmethod
+    def _stamp(request: RemotingCommand, response: RemotingCommand) -> None:
+        response.opaque = request.opaque
+        response.flag |= FLAG_RESPONSE
+        response.serialize_type = request.serialize_type  # answer in the type asked in
+
+    def _write(self, data: bytes) -> None:
+        assert self._transport is not None
+        try:
+            self._transport.write(data)
+        except (ConnectionError, OSError, RuntimeError) as exc:
+            self._mark_closed(f"write failed: {exc}")
+            raise RemotingError(f"connection {self.name}: write failed: {exc}") from exc
+
+    def _uncork(self) -> None:
+        chunks, self._cork = self._cork, None
+        if not chunks or self.closed:
+            return
+        try:
+            self._write(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        except RemotingError as exc:
+            # The senders returned already; the close fails what still waits on this link.
+            log.debug("%s", exc)
+
+    async def request(self, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
+        """Send a request and wait for the response with the same opaque."""
+        if cmd.is_oneway or cmd.is_response:
+            raise ValueError("request() needs a two-way request command")
+        loop = self._loop
+        fut: asyncio.Future[RemotingCommand] = loop.create_future()
+        opaque = cmd.opaque
+        deadline = loop.time() + timeout
+        self._pending[opaque] = fut
+        self._deadlines[opaque] = deadline
+        # One timer per connection, at the earliest deadline (not one per request: with
+        # hundreds in flight their heap operations cost more than the requests).
+        if self._timer is None or deadline < self._timer_at:
+            self._arm_timer(deadline)
+        try:
+            await self.send(cmd)
+            return await fut
+        except _Expired:
+            raise RemotingTimeoutError(
+                f"no response from {self.name} to {cmd.describe()} within {timeout:.3f}s"
+            ) from None
+        finally:
+            self._pending.pop(opaque, None)
+            self._deadlines.pop(opaque, None)
+            if fut.done() and not fut.cancelled():
+                # A failed send closes the connection, which fails this future too; the
+                # send's own error is what was raised, so mark this one as seen.
+                fut.exception()
+
+    def _arm_timer(self, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = self._loop.call_at(at, self._expire_due)
+
+    def _expire_due(self) -> None:
+        """Fail every request past its deadline; re-arm for the next one."""
+        self._timer = None
+        now = self._loop.time()
+        earliest: float | None = None
+        for opaque, deadline in self._deadlines.items():
+            if deadline <= now:
+                fut = self._pending.get(opaque)
+                if fut is not None:
+                    _expire(fut)
+            elif earliest is None or deadline < earliest:
+                earliest = deadline
+        if earliest is not None:
+            self._arm_timer(earliest)
+
+    async def oneway(self, cmd: RemotingCommand) -> None:
+        cmd.flag |= FLAG_ONEWAY
+        await self.send(cmd)
+
+    async def close(self, reason: str = "closed locally", timeout: float = 5.0) -> None:
+        self._uncork()  # what was sent goes out before the close
+        self._mark_closed(reason)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._lost), timeout)
+        except asyncio.TimeoutError:
+            # A graceful close waits for queued bytes to leave, and a peer that reads
+            # nothing would hold the caller (a producer closing a timed-out link) forever.
+            if self._transport is not None:
+                self._transport.abort()
+
+    def _mark_closed(self, reason: str) -> None:
+        if self._closed.done():
+            return
+        self.close_reason = reason
+        self._closed.set_result(None)
+        if self._transport is not None:
+            self._transport.close()
+        elif not self._lost.done():
+            self._lost.set_result(None)
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(RemotingError(f"connection {self.name} closed: {reason}"))
+        self._pending.clear()
+        self._deadlines.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+        callbacks, self._close_callbacks = self._close_callbacks, []
+        for cb in callbacks:
+            try:
+                cb(self)
+            except Exception:  # a broken callback must not stop the others
+                log.exception("close callback of %s failed", self.name)
+
+    def _on_command(self, cmd: RemotingCommand) -> None:
+        if cmd.is_response:
+            fut = self._pending.get(cmd.opaque)
+            if fut is not None and not fut.done():
+                fut.set_result(cmd)
+            else:
+                log.debug("%s: dropping response with unknown opaque %d", self.name, cmd.opaque)
+            return
+        if self._dispatcher is not None:
+            now = self._dispatcher.immediate.get(cmd.code)
+            if now is not None and self._take_now(now, cmd):
+                return
+        task = self._loop.create_task(self._handle(cmd))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _take_now(self, handler: ImmediateHandler, cmd: RemotingCommand) -> bool:
+        self._immediate += 1
+        try:
+            taken = handler(cmd, self)
+        except RemoteCommandError as exc:
+            self.answer(cmd, cmd.response(exc.code, exc.remark))
+            return True
+        except Exception as exc:  # a handler bug answers SYSTEM_ERROR, never kills the link
+            log.exception("immediate handler for %s from %s failed", cmd.describe(), self.name)
+            self.answer(cmd, cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}"))
+            return True
+        if not taken:
+            self._immediate -= 1
+        return taken
+
+    async def _handle(self, cmd: RemotingCommand) -> None:
+        if self._dispatcher is None:
+            response: RemotingCommand | None = not_supported(cmd)
+        else:
+            try:
+                response = await self._dispatcher(cmd, self)
+            except RemoteCommandError as exc:
+                response = cmd.response(exc.code, exc.remark)
+            except RmqhaError as exc:
+                response = cmd.response(ResponseCode.SYSTEM_ERROR, str(exc))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a handler bug answers SYSTEM_ERROR, never kills the link
+                log.exception("handler for %s from %s failed", cmd.describe(), self.name)
+                response = cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+        if cmd.is_oneway or response is None or self.closed:
+            return
+        self._stamp(cmd, response)
+        try:
+            await self.send(response)
+        except RemotingError as exc:
+            log.debug("could not answer %s: %s", cmd.describe(), exc)
