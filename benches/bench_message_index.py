@@ -31,7 +31,7 @@ import pytest
 
 from benches.conftest import QUICK, describe
 from rmqha._core import TWINS, load_twin
-from rmqha.messaging.message import decode_record
+from rmqha.protocol.message import decode_record
 from rmqha.messaging.message_index import MessageIndex, record_matches
 from rmqha.store import CommitLog
 

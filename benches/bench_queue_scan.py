@@ -12,7 +12,7 @@ import pytest
 
 from benches.conftest import describe
 from rmqha._core import load_twin
-from rmqha.messaging.message import tag_hash
+from rmqha.protocol.message import tag_hash
 
 RECORDS = 1000
 HOST = bytes([127, 0, 0, 1]) + struct.pack(">i", 10911)

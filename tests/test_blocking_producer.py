@@ -30,7 +30,7 @@ from rmqha.client.blocking_link import BlockingLink
 from rmqha.client.route import BrokerData, TopicRoute
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, RemotingError, SendError
-from rmqha.messaging.message import Prop, decode_properties
+from rmqha.protocol.message import Prop, decode_properties
 from rmqha.protocol.command import RemotingCommand
 
 SEND_CODES = (RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE)

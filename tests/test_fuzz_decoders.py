@@ -20,7 +20,7 @@ from rmqha import _core, frames
 from rmqha.broker.identity import IdentityStore
 from rmqha.config import read_file
 from rmqha.errors import RmqhaError
-from rmqha.messaging.message import decode_batch, decode_properties, decode_record
+from rmqha.protocol.message import decode_batch, decode_properties, decode_record
 from rmqha.protocol.command import FrameDecoder, decode
 from rmqha.store.epoch_map import decode_checkpoint
 

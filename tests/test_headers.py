@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rmqha.errors import ProtocolError
-from rmqha.messaging.headers import SendHeader
+from rmqha.protocol.headers import SendHeader
 
 
 def test_v2_letters_and_v1_names_read_the_same_send() -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from rmqha.client import Message, Producer
 from rmqha.protocol.codes import RequestCode, ResponseCode
-from rmqha.messaging.message import CompressionType, SysFlag, decode_records
+from rmqha.protocol.message import CompressionType, SysFlag, decode_records
 from rmqha.protocol.version import MQVersion, java_reads_lz4
 from rmqha.net.client import RemotingClient
 from rmqha.protocol.command import RemotingCommand

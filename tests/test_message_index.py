@@ -11,7 +11,7 @@ import pytest
 from rmqha._core import load_twin
 from rmqha.client import Message, Producer
 from rmqha.protocol.codes import RequestCode, ResponseCode
-from rmqha.messaging.message import decode_records, parse_offset_msg_id
+from rmqha.protocol.message import decode_records, parse_offset_msg_id
 from rmqha.messaging.message_index import MessageIndex
 from rmqha.net.client import RemotingClient
 from rmqha.protocol.command import RemotingCommand

@@ -10,7 +10,7 @@ from cluster import Cluster
 from rmqha.client import BlockingMessageQuery, BlockingProducer, Message
 from rmqha.errors import ClientError
 from rmqha.protocol.codes import RequestCode, ResponseCode
-from rmqha.messaging.message import decode_records
+from rmqha.protocol.message import decode_records
 from test_messaging_cluster import ALL_ACK, create_topic, start_group, wait_route
 
 

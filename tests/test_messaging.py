@@ -27,7 +27,7 @@ from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.store import CommitLog
 from rmqha.errors import ClientError, ProtocolError, SendError
 from rmqha.messaging.consume_queue import ConsumeQueueIndex
-from rmqha.messaging.message import (
+from rmqha.protocol.message import (
     BatchItem,
     CompressionType,
     DecompressError,

@@ -25,7 +25,7 @@ from cluster import BrokerProc, Cluster
 from rmqha.client import BlockingConsumer, BlockingProducer, Message, SendStatus
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import LocalClusterError, SendError
-from rmqha.messaging.message import decode_records
+from rmqha.protocol.message import decode_records
 
 ALL_ACK = {"all_ack_in_sync_state_set": True, "slave_timeout_ms": 3000}
 

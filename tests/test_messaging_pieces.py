@@ -22,11 +22,11 @@ from rmqha.messaging.delayed_delivery import (
     DelayedDelivery,
 )
 from rmqha.messaging.log_writer import LogWriter
-from rmqha.messaging.message import Prop
+from rmqha.protocol.message import Prop
 from rmqha.messaging.state import STATE_TOPIC, BrokerState, TimerProgress
 from rmqha.messaging.state_replication import StateReplication
 from rmqha.messaging.topic_admin import TopicAdmin
-from rmqha.messaging.topics import TopicTable
+from rmqha.protocol.topics import TopicTable
 from rmqha.messaging.transactions import COMMITTED_MARK, HALF_TOPIC, OP_TOPIC, Outcome, Transactions
 from rmqha.store import CommitLog
 
@@ -78,7 +78,7 @@ def test_topic_admin_creates_through_the_state_log(pieces: Pieces) -> None:
     # A second broker folding the same log gets the same table.
     other = BrokerState(TopicTable(pieces.ctx.dir / "other.json"))
     q = pieces.ctx.index.queue(STATE_TOPIC, 0)
-    from rmqha.messaging.message import decode_record
+    from rmqha.protocol.message import decode_record
 
     for i in range(len(q)):
         msg, _ = decode_record(pieces.log.read(q.phys[i], q.sizes[i]), inflate=False)

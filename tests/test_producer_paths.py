@@ -17,7 +17,7 @@ from cluster import Cluster
 from rmqha.client import BlockingConsumer, BlockingProducer, LocalTransactionState, Message, Producer
 from rmqha.protocol.codes import RequestCode
 from rmqha.errors import ClientError
-from rmqha.messaging.message import (
+from rmqha.protocol.message import (
     SysFlag,
     decode_batch,
     encode_batch_entries,

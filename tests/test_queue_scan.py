@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from rmqha import _core
 from rmqha._core import load_twin
-from rmqha.messaging.message import tag_hash
+from rmqha.protocol.message import tag_hash
 
 HOST = bytes([127, 0, 0, 1]) + struct.pack(">i", 10911)
 records = load_twin("records", "python")

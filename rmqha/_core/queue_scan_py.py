@@ -14,7 +14,7 @@ from array import array
 from collections.abc import Callable
 
 # The reference reading of one property (the compiled twin has its own C search).
-from rmqha.messaging.message import find_property
+from rmqha.protocol.message import find_property
 
 MESSAGE_MAGIC = 0xDAA320A7
 BLANK_MAGIC = 0xCBD43194

@@ -17,7 +17,7 @@ from typing import Any
 from rmqha.net import loop as event_loop
 from rmqha.cli.output import add_json_flag, emit, reports_errors, table
 from rmqha.client.message_query import MAX_RESULTS, MessageQuery
-from rmqha.messaging.message import ReceivedMessage
+from rmqha.protocol.message import ReceivedMessage
 
 _FOREVER_MS = 2**63 - 1
 

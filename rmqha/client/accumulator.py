@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from rmqha.client.model import Message, SendResult
-from rmqha.messaging.message import new_uniq_key
+from rmqha.protocol.message import new_uniq_key
 
 if TYPE_CHECKING:
     from rmqha.client.producer import Producer, _BatchEntry, _SendRequest

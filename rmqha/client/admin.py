@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from rmqha.client.route import ClientSession
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ClientError, RemotingError
-from rmqha.messaging.topics import PERM_READ_WRITE
+from rmqha.protocol.topics import PERM_READ_WRITE
 from rmqha.protocol.command import RemotingCommand
 
 

@@ -28,7 +28,7 @@ from rmqha.client.model import MessageQueue, ReceivedMessage
 from rmqha.client.route import ClientSession, TopicRoute
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ClientError, ProtocolError, RemotingError
-from rmqha.messaging.message import decode_records, parse_subscription
+from rmqha.protocol.message import decode_records, parse_subscription
 from rmqha.net.loop import EventLoopThread
 from rmqha.protocol.command import RemotingCommand
 

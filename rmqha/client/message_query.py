@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from rmqha.client.route import ClientSession
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ClientError, ProtocolError, RemotingError
-from rmqha.messaging.message import (
+from rmqha.protocol.message import (
     Prop,
     ReceivedMessage,
     decode_records,

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from rmqha.messaging.message import ReceivedMessage
+from rmqha.protocol.message import ReceivedMessage
 
 __all__ = ["Message", "MessageQueue", "SendStatus", "SendResult", "ReceivedMessage"]
 

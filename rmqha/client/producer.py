@@ -57,7 +57,7 @@ from rmqha.errors import (
     SendError,
     TopicNotFoundError,
 )
-from rmqha.messaging.message import (
+from rmqha.protocol.message import (
     DEFAULT_COMPRESS_OVER_BYTES,
     CompressionType,
     Prop,
@@ -67,7 +67,7 @@ from rmqha.messaging.message import (
     new_uniq_key,
     new_uniq_keys,
 )
-from rmqha.messaging.topics import DEFAULT_TOPIC
+from rmqha.protocol.topics import DEFAULT_TOPIC
 from rmqha.net.loop import EventLoopThread
 from rmqha.protocol.command import RemotingCommand, next_opaque
 

@@ -22,7 +22,7 @@ from rmqha.errors import (
     RemotingTimeoutError,
     TopicNotFoundError,
 )
-from rmqha.messaging.topics import PERM_READ, PERM_WRITE
+from rmqha.protocol.topics import PERM_READ, PERM_WRITE
 from rmqha.net.client import RemotingClient
 from rmqha.protocol.command import RemotingCommand
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Union
 from rmqha.client.model import Message, SendResult
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ClientError, ProtocolError, RemotingError
-from rmqha.messaging.message import (
+from rmqha.protocol.message import (
     Prop,
     ReceivedMessage,
     SysFlag,

@@ -62,7 +62,7 @@ from rmqha.local_cluster import (
     ReplicaInfo,
     port_open,
 )
-from rmqha.messaging.message import parse_offset_msg_id
+from rmqha.protocol.message import parse_offset_msg_id
 from rmqha.net.loop import EventLoopThread
 
 TOPIC = "DemoTopic"

@@ -7,9 +7,8 @@ path (``pull_path``), queue lookups (``queue_queries``), consumer offsets
 (``consumer_offsets``), topic admin (``topic_admin``), the replicated state
 (``state_replication`` folding the records of ``state``), client requests
 (``client_requests`` over the tables of ``clients``), consumer retries (``send_back``) and
-retention (``retention``).  The rest own one concept each: message codec (``message``),
-consume-queue index (``consume_queue``), topics (``topics``), request headers
-(``headers``).
+retention (``retention``).  The message codec, topics and request headers it shares with
+the client are in :mod:`rmqha.protocol`.
 """
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ __all__ = ["MessageService", "MessagingConfig"]
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy: the client imports rmqha.messaging.message without the whole broker side.
+    # Lazy: importing one piece (e.g. rmqha.messaging.state) must not load the whole broker side.
     if name in __all__:
         from rmqha.messaging import service
 

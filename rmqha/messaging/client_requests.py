@@ -15,8 +15,8 @@ from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, RmqhaError
 from rmqha.messaging.clients import mq_json, parse_mq_set
 from rmqha.messaging.context import Handler, MessagingContext
-from rmqha.messaging.headers import req_str
-from rmqha.messaging.topics import RETRY_GROUP_TOPIC_PREFIX
+from rmqha.protocol.headers import req_str
+from rmqha.protocol.topics import RETRY_GROUP_TOPIC_PREFIX
 from rmqha.protocol.command import RemotingCommand
 
 if TYPE_CHECKING:

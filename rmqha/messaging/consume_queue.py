@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from rmqha import _core
-from rmqha.messaging.message import tag_hash
+from rmqha.protocol.message import tag_hash
 
 log = logging.getLogger(__name__)
 

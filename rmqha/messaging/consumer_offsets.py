@@ -14,7 +14,7 @@ from typing import Any
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import StoreError
 from rmqha.messaging.context import Handler, MessagingContext
-from rmqha.messaging.headers import req_int, req_str
+from rmqha.protocol.headers import req_int, req_str
 from rmqha.messaging.state import offsets_record
 from rmqha.messaging.state_replication import StateReplication
 from rmqha.protocol.command import RemotingCommand

@@ -21,9 +21,9 @@ from rmqha.protocol.codes import ResponseCode
 from rmqha.errors import RmqhaError, StoreError
 from rmqha.messaging.clients import ClientRegistry, QueueLocks
 from rmqha.messaging.consume_queue import ConsumeQueueIndex
-from rmqha.messaging.message import MAGIC_V1
+from rmqha.protocol.message import MAGIC_V1
 from rmqha.messaging.state import BrokerState
-from rmqha.messaging.topics import TopicTable
+from rmqha.protocol.topics import TopicTable
 from rmqha.protocol.command import RemotingCommand
 
 log = logging.getLogger(__name__)

@@ -37,7 +37,7 @@ from rmqha.messaging.background import BackgroundJob
 from rmqha.messaging.consume_queue import ScannedRecord
 from rmqha.messaging.context import MessagingContext, Refused
 from rmqha.messaging.log_writer import LogWriter
-from rmqha.messaging.message import Prop, decode_record, find_property
+from rmqha.protocol.message import Prop, decode_record, find_property
 from rmqha.messaging.state import timer_done_record
 from rmqha.messaging.state_replication import StateReplication
 from rmqha.messaging.topic_admin import TopicAdmin

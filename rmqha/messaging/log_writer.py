@@ -17,7 +17,7 @@ from rmqha.protocol.codes import ResponseCode
 from rmqha.errors import InvalidMessageError, StoreError
 from rmqha.failpoints import Failpoint, hit
 from rmqha.messaging.context import MessagingContext
-from rmqha.messaging.message import decode_properties
+from rmqha.protocol.message import decode_properties
 
 log = logging.getLogger(__name__)
 

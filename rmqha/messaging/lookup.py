@@ -25,7 +25,7 @@ from typing import Any
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, StoreError
 from rmqha.messaging.context import Handler, MessagingContext
-from rmqha.messaging.headers import opt_bool, opt_int, req_str
+from rmqha.protocol.headers import opt_bool, opt_int, req_str
 from rmqha.messaging.message_index import FoundMessage, MessageIndex, record_matches
 from rmqha.messaging.state import STATE_TOPIC
 from rmqha.protocol.command import RemotingCommand

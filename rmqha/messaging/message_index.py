@@ -54,7 +54,7 @@ from typing import Any
 from rmqha import _core
 from rmqha.errors import StoreError
 from rmqha.messaging.consume_queue import LogReader
-from rmqha.messaging.message import REC_FIXED
+from rmqha.protocol.message import REC_FIXED
 
 log = logging.getLogger(__name__)
 

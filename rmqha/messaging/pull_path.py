@@ -17,13 +17,13 @@ from typing import Any
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError
 from rmqha.messaging.context import Handler, MessagingContext
-from rmqha.messaging.headers import (
+from rmqha.protocol.headers import (
     PULL_COMMIT_OFFSET,
     PULL_SUBSCRIPTION,
     PULL_SUSPEND,
     PullHeader,
 )
-from rmqha.messaging.message import (
+from rmqha.protocol.message import (
     COMPRESSION_TYPE_MASK,
     REC_FIXED,
     CompressionType,

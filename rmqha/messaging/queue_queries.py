@@ -6,7 +6,7 @@ from typing import Any
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, StoreError
 from rmqha.messaging.context import Handler, MessagingContext
-from rmqha.messaging.headers import opt_int, req_int, req_str
+from rmqha.protocol.headers import opt_int, req_int, req_str
 from rmqha.protocol.command import RemotingCommand
 
 

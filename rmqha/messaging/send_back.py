@@ -6,12 +6,12 @@ from typing import Any
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import StoreError
 from rmqha.messaging.context import MAX_RECONSUME_TIMES, Handler, MessagingContext, Refused
-from rmqha.messaging.headers import opt_int, req_int, req_str
+from rmqha.protocol.headers import opt_int, req_int, req_str
 from rmqha.messaging.delayed_delivery import DelayedDelivery
 from rmqha.messaging.log_writer import LogWriter
-from rmqha.messaging.message import Prop, decode_record, offset_msg_id
+from rmqha.protocol.message import Prop, decode_record, offset_msg_id
 from rmqha.messaging.topic_admin import TopicAdmin
-from rmqha.messaging.topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
+from rmqha.protocol.topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
 from rmqha.protocol.command import RemotingCommand
 
 

@@ -28,9 +28,9 @@ from rmqha.messaging.delayed_delivery import (
     DelayedDelivery,
     asks_for_delay,
 )
-from rmqha.messaging.headers import SendHeader
+from rmqha.protocol.headers import SendHeader
 from rmqha.messaging.log_writer import FLUSH_DISK_FAILED, LogWriter
-from rmqha.messaging.message import (
+from rmqha.protocol.message import (
     DecompressError,
     SysFlag,
     decode_batch,
@@ -41,7 +41,7 @@ from rmqha.messaging.message import (
 )
 from rmqha.messaging.state import STATE_TOPIC
 from rmqha.messaging.topic_admin import TopicAdmin
-from rmqha.messaging.topics import PERM_WRITE, validate_topic_name
+from rmqha.protocol.topics import PERM_WRITE, validate_topic_name
 from rmqha.messaging.transactions import (
     CHECK_MAX_TOPIC,
     COMMITTED_MARK,

@@ -58,7 +58,7 @@ from rmqha.messaging.send_path import SendPath
 from rmqha.messaging.state import STATE_TOPIC, BrokerState
 from rmqha.messaging.state_replication import StateReplication
 from rmqha.messaging.topic_admin import TopicAdmin, seed_default_topic
-from rmqha.messaging.topics import TopicTable
+from rmqha.protocol.topics import TopicTable
 from rmqha.messaging.transactions import COMMITTED_MARK, HALF_TOPIC, OP_TOPIC, Transactions
 
 __all__ = [

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rmqha.errors import ConfigError, ProtocolError
-from rmqha.messaging.topics import TopicConfig, TopicTable
+from rmqha.protocol.topics import TopicConfig, TopicTable
 
 log = logging.getLogger(__name__)
 

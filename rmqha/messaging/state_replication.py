@@ -13,7 +13,7 @@ from collections.abc import Callable
 from rmqha.errors import ProtocolError, StoreError
 from rmqha.messaging.consume_queue import ScannedRecord
 from rmqha.messaging.context import MessagingContext
-from rmqha.messaging.message import decode_record
+from rmqha.protocol.message import decode_record
 from rmqha.messaging.state import STATE_TOPIC
 from rmqha.messaging.topic_admin import seed_default_topic
 

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ConfigError, ProtocolError
 from rmqha.messaging.context import Handler, MessagingContext, Refused
-from rmqha.messaging.headers import opt_int, req_str
+from rmqha.protocol.headers import opt_int, req_str
 from rmqha.messaging.state import STATE_TOPIC, topic_delete_record, topic_put_record
-from rmqha.messaging.topics import (
+from rmqha.protocol.topics import (
     DEFAULT_TOPIC,
     DLQ_GROUP_TOPIC_PREFIX,
     PERM_INHERIT,

@@ -38,9 +38,9 @@ from rmqha.messaging.background import BackgroundJob
 from rmqha.messaging.consume_queue import ScannedRecord
 from rmqha.messaging.context import Handler, MessagingContext, Refused
 from rmqha.messaging.delayed_delivery import DelayedDelivery
-from rmqha.messaging.headers import req_int, req_str
+from rmqha.protocol.headers import req_int, req_str
 from rmqha.messaging.log_writer import LogWriter
-from rmqha.messaging.message import Prop, SysFlag, decode_record, offset_msg_id
+from rmqha.protocol.message import Prop, SysFlag, decode_record, offset_msg_id
 from rmqha.messaging.topic_admin import TopicAdmin
 from rmqha.protocol.command import RemotingCommand
 

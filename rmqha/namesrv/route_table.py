@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from rmqha.messaging.topics import PERM_READ_WRITE, rocketmq_topic_config
+from rmqha.protocol.topics import PERM_READ_WRITE, rocketmq_topic_config
 
 log = logging.getLogger(__name__)
 
