@@ -3,7 +3,7 @@ results as ``queue_scan.pyx``).
 
 Owns reading, per record, what a consume queue keeps (queue id, queue offset, physical
 offset, size, the TAGS hash) and grouping consecutive records of one queue into runs, so
-:class:`rmqha.messaging.consume_queue.ConsumeQueueIndex` grows by a few array extends per
+:class:`rmqha.store.consume_queue.ConsumeQueueIndex` grows by a few array extends per
 scan instead of Python work per message.  A run's arrays travel as native-endian bytes
 (``array('q')``, ``array('i')``, ``array('q')``), ready for ``array.frombytes``.
 """
@@ -14,7 +14,7 @@ from array import array
 from collections.abc import Callable
 
 # The reference reading of one property (the compiled twin has its own C search).
-from rmqha.protocol.message import find_property
+from rmqha._core.records_py import find_property
 
 MESSAGE_MAGIC = 0xDAA320A7
 BLANK_MAGIC = 0xCBD43194

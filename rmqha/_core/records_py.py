@@ -129,6 +129,23 @@ def decode_properties(raw: bytes | memoryview) -> dict[str, str]:
     return out
 
 
+def find_property(props: bytes | memoryview, key: bytes) -> bytes | None:
+    """One property's value straight from the raw bytes (no full parse): index builders
+    only need TAGS."""
+    raw = bytes(props)
+    needle = key + b"\x01"
+    pos = 0
+    while True:
+        at = raw.find(needle, pos)
+        if at < 0:
+            return None
+        if at == 0 or raw[at - 1] == 0x02:
+            start = at + len(needle)
+            end = raw.find(b"\x02", start)
+            return raw[start:] if end < 0 else raw[start:end]
+        pos = at + 1
+
+
 def _check_room(buf_len: int, pos: int, size: int) -> None:
     if pos < 0 or size < 0 or pos + size > buf_len:
         raise StoreError(f"record of {size} bytes at {pos} does not fit a buffer of {buf_len}")

@@ -22,6 +22,7 @@ from enum import IntEnum, IntFlag
 
 import lz4.frame
 
+from rmqha._core.records_py import find_property  # noqa: F401  (raw lookups, re-exported)
 from rmqha.errors import ProtocolError
 
 # --- properties ---------------------------------------------------------------------------
@@ -91,23 +92,6 @@ def decode_properties(text: str | bytes | None) -> dict[str, str]:
         if sep and name and value:
             out[name] = value
     return out
-
-
-def find_property(props: bytes | memoryview, key: bytes) -> bytes | None:
-    """One property's value straight from the raw bytes (no full parse): index builders
-    only need TAGS."""
-    raw = bytes(props)
-    needle = key + b"\x01"
-    pos = 0
-    while True:
-        at = raw.find(needle, pos)
-        if at < 0:
-            return None
-        if at == 0 or raw[at - 1] == 0x02:
-            start = at + len(needle)
-            end = raw.find(b"\x02", start)
-            return raw[start:] if end < 0 else raw[start:end]
-        pos = at + 1
 
 
 # --- sysFlag and compression ----------------------------------------------------------------
