@@ -4,7 +4,7 @@ One commitlog holds N messages; each carries a unique id (``UNIQ_KEY``) and two 
 (``KEYS``: ``order-<i>``, unique, and ``cust-<i % 1000>``, shared by N/1000 messages).
 Group ``message-index-lookup``, one lookup per round, answers checked against the record:
 
-- ``rmqha-unique``: :class:`rmqha.messaging.message_index.MessageIndex` (mmap hash-table
+- ``rmqha-unique``: :class:`rmqha.store.message_index.MessageIndex` (mmap hash-table
   files) for a unique id: the hash chain, then the record read and its UNIQ_KEY compared
   (what the broker's QUERY_MESSAGE does);
 - ``rmqha-shared-32``: the same for a key 1000 messages share, 32 results (RocketMQ's
@@ -32,7 +32,7 @@ import pytest
 from benches.conftest import QUICK, describe
 from rmqha._core import TWINS, load_twin
 from rmqha.protocol.message import decode_record
-from rmqha.messaging.message_index import MessageIndex, record_matches
+from rmqha.store.message_index import MessageIndex, record_matches
 from rmqha.store import CommitLog
 
 N = 100_000 if QUICK else 1_000_000

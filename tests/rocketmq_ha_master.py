@@ -2,7 +2,7 @@
 the way RocketMQ's master does, for testing rmqha's slave against it.
 
 Written from the behaviour of RocketMQ's ``AutoSwitchHAConnection`` (no code of it): the
-layouts are spelled out with ``struct`` here, independent of :mod:`rmqha.frames`.  What
+layouts are spelled out with ``struct`` here, independent of :mod:`rmqha.ha.frames`.  What
 matters is the labelling:
 
 * the connection keeps a *current transfer epoch* and its end offset (open-ended for the

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rmqha import frames as public
+from rmqha.ha import frames as public
 from rmqha._core import load_twin
 from rmqha.errors import ProtocolError
-from rmqha.frames import (
+from rmqha.ha.frames import (
     ConfirmTruncate,
     Direction,
     HandshakeMaster,

@@ -16,7 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rmqha import _core, frames
+from rmqha import _core
+from rmqha.ha import frames
 from rmqha.broker.identity import IdentityStore
 from rmqha.config import read_file
 from rmqha.errors import RmqhaError

@@ -1,7 +1,7 @@
 """Malformed and out-of-order frames close the HA link, with a reason, and write nothing.
 
 Master side: a raw socket plays a broken slave against a real HAMaster.  Slave side: a
-scripted master (real frames from rmqha.frames over a real socket) feeds a real HASlave
+scripted master (real frames from rmqha.ha.frames over a real socket) feeds a real HASlave
 one bad frame after a correct handshake.  Both check the store afterwards, byte for byte.
 """
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import pytest
 
-from rmqha import frames
-from rmqha.frames import Direction
+from rmqha.ha import frames
+from rmqha.ha.frames import Direction
 from rmqha.ha import HAConfig
 from rmqha.ha.testing import (store_digest, assert_same_log, fast_config, fill, ha_master, ha_slave, master_running,
                               read_frames, replica_stores, scripted_master, slave_running, wait_until_async)

@@ -130,8 +130,8 @@ def test_truncation_is_durable_before_transfer_resumes(tmp_path) -> None:
     already be cut; RocketMQ only moved in-memory positions and the tail came back."""
     import shutil
 
-    from rmqha import frames
-    from rmqha.frames import Direction
+    from rmqha.ha import frames
+    from rmqha.ha.frames import Direction
 
     sdir = str(tmp_path / "s")
     scl, sem = open_store(sdir, SEG)

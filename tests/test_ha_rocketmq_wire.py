@@ -1,7 +1,7 @@
 """The ``rocketmq`` dialect byte for byte, as a RocketMQ 5 AutoSwitchHAClient would see it.
 
 A raw socket speaks the RocketMQ layouts written out here with ``struct`` (independent of
-rmqha.frames) to a real HAMaster: 16-byte handshake, 20-byte master handshake with 12-byte
+rmqha.ha.frames) to a real HAMaster: 16-byte handshake, 20-byte master handshake with 12-byte
 epoch entries, 12-byte reports, 36-byte transfer headers followed by the log bytes.
 """
 from __future__ import annotations

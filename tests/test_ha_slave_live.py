@@ -1,7 +1,7 @@
 """The HA slave's live path: blocks that arrive while the stream is paused are applied and
 acknowledged by a reader callback in the loop turn that finds them, not by a task.
 
-A scripted master (raw sockets on 127.0.0.1, real frames from rmqha.frames, real records
+A scripted master (raw sockets on 127.0.0.1, real frames from rmqha.ha.frames, real records
 from a reference store with the slave's history) drives a real HASlave.  Each test checks
 which path applied the blocks (the slave's counters), what the master received, and the
 store byte for byte:
@@ -35,8 +35,8 @@ from typing import Any
 
 import pytest
 
-from rmqha import frames
-from rmqha.frames import Direction
+from rmqha.ha import frames
+from rmqha.ha.frames import Direction
 from rmqha.ha import link as ha_link
 from rmqha.ha.testing import (store_digest, EPOCH_FILE, assert_same_log, fast_config, fill, ha_master, ha_slave, master_running,
                               replica_stores, slave_running, wait_until_async)

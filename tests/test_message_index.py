@@ -1,4 +1,4 @@
-"""The message index (rmqha.messaging.message_index) on a real commitlog, and lookups by
+"""The message index (rmqha.store.message_index) on a real commitlog, and lookups by
 key and unique id over the wire (QUERY_MESSAGE with RocketMQ's field names,
 VIEW_MESSAGE_BY_ID), also after a broker restart."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from rmqha._core import load_twin
 from rmqha.client import Message, Producer
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.message import decode_records, parse_offset_msg_id
-from rmqha.messaging.message_index import MessageIndex
+from rmqha.store.message_index import MessageIndex
 from rmqha.net.client import RemotingClient
 from rmqha.protocol.command import RemotingCommand
 from rmqha.store import CommitLog
@@ -255,7 +255,7 @@ def test_lookup_by_key_and_id_over_the_wire_and_after_restart(tmp_path: Path, ca
             third = LocalBroker(tmp_path, "broker-a", env.namesrv)
             third.store = store
             env.brokers.append(third)
-            with caplog.at_level("WARNING", logger="rmqha.messaging.message_index"):
+            with caplog.at_level("WARNING", logger="rmqha.store.message_index"):
                 await third.start()
             assert "was not closed cleanly" in caplog.text
             await check(third.address)
@@ -323,7 +323,7 @@ def test_a_full_disk_stops_the_index_cleanly_and_it_catches_up(tmp_path: Path, s
     try:
         where = _fill(cl, 8000)  # 24k entries = 576 KiB, over the filesystem's 256 KiB
         idx = MessageIndex(small_fs / "idx", slots_per_file=1024, entries_per_file=40_000)
-        with caplog.at_level("ERROR", logger="rmqha.messaging.message_index"):
+        with caplog.at_level("ERROR", logger="rmqha.store.message_index"):
             idx.advance(cl, cl.max_offset)
         assert "message index stopped" in caplog.text
         stuck = idx.indexed_offset

@@ -26,7 +26,7 @@ from rmqha.client.admin import TopicAdmin
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.store import CommitLog
 from rmqha.errors import ClientError, ProtocolError, SendError
-from rmqha.messaging.consume_queue import ConsumeQueueIndex
+from rmqha.store.consume_queue import ConsumeQueueIndex
 from rmqha.protocol.message import (
     BatchItem,
     CompressionType,

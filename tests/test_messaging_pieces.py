@@ -12,7 +12,7 @@ import pytest
 
 from rmqha.protocol.codes import ResponseCode
 from rmqha.messaging.clients import ClientRegistry, QueueLocks
-from rmqha.messaging.consume_queue import ConsumeQueueIndex
+from rmqha.store.consume_queue import ConsumeQueueIndex
 from rmqha.messaging.consumer_offsets import ConsumerOffsets
 from rmqha.messaging.context import MessagingConfig, MessagingContext, Refused
 from rmqha.messaging.delayed_delivery import (
@@ -196,7 +196,7 @@ def test_queue_index_extend_follows_the_rules_of_add(caplog) -> None:
     would: appended at the end, already-held offsets skipped, a gap restarts the index."""
     from array import array
 
-    from rmqha.messaging.consume_queue import QueueIndex
+    from rmqha.store.consume_queue import QueueIndex
 
     def run(first: int, n: int) -> tuple[bytes, bytes, bytes]:
         return (array("q", [100 * (first + i) for i in range(n)]).tobytes(),

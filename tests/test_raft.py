@@ -1,4 +1,4 @@
-"""rmqha.raft over real processes: fast commits across leader kills, no divergence.
+"""rmqha.controller.raft over real processes: fast commits across leader kills, no divergence.
 
 Each node is this file run as a script (``python tests/test_raft.py NODE ...``): a RaftNode
 whose state machine chains a SHA-256 over every committed event.  While it is leader a
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from rmqha.errors import ConfigError, ControllerError, NotLeaderError  # noqa: E402
-from rmqha.raft import RaftNode, RaftSettings, is_loopback  # noqa: E402
+from rmqha.controller.raft import RaftNode, RaftSettings, is_loopback  # noqa: E402
 
 TRUNCATION_LINE = "truncating already-applied log entries"
 
@@ -64,7 +64,7 @@ def node_main(argv: list[str]) -> int:
     self_addr, peers, journal, status_path, stop_path, fast = argv
     chain = _Chain()
     if fast == "unguarded":  # pysyncobj's own fast mode, to show what the guard prevents
-        from rmqha.raft import _GuardedTransport
+        from rmqha.controller.raft import _GuardedTransport
 
         _GuardedTransport.guard_enabled = False
     node = RaftNode(

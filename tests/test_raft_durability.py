@@ -25,9 +25,9 @@ from typing import Any
 from pysyncobj.journal import FileJournal
 from pysyncobj.pickle import loads
 
-from rmqha import raft as raft_module
-from rmqha.raft import RaftNode, RaftSettings
-from rmqha.raft_journal import DurableJournal
+from rmqha.controller import raft as raft_module
+from rmqha.controller.raft import RaftNode, RaftSettings
+from rmqha.controller.raft_journal import DurableJournal
 
 
 class _Chain:

@@ -1,5 +1,5 @@
 """Pure-Python twin of the message index's hot path: scanning commitlog records and adding
-their keys to an index file's hash table (see :mod:`rmqha.messaging.message_index` for
+their keys to an index file's hash table (see :mod:`rmqha.store.message_index` for
 the file layout).  Writes the same bytes as the compiled twin (``message_index.pyx``)."""
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ from pysyncobj.journal import FileJournal
 from pysyncobj.transport import TCPTransport
 
 from rmqha.errors import ConfigError, ControllerError, NotLeaderError
-from rmqha.raft_journal import DurableJournal, SyncHook
+from rmqha.controller.raft_journal import DurableJournal, SyncHook
 
 #: pysyncobj's constructor is patched for the journal factory one node at a time.
 _CONSTRUCTING = threading.Lock()
@@ -127,7 +127,7 @@ class RaftSettings:
     leader_fallback_timeout: float = LEADER_FALLBACK_TIMEOUT_S
     log_compaction_min_entries: int = 20000
     log_compaction_min_time: float = 600.0
-    #: fsync the log before any message and the term/vote before any vote (rmqha.raft_journal).
+    #: fsync the log before any message and the term/vote before any vote (rmqha.controller.raft_journal).
     durable: bool = True
     #: Called at every durable point ("log", "vote"): the crash tests' failpoint.
     on_sync: SyncHook | None = None
@@ -190,7 +190,7 @@ class RaftSettings:
 
 
 class _DurableTransport(TCPTransport):
-    """Makes the journal durable before any message leaves (see :mod:`rmqha.raft_journal`)."""
+    """Makes the journal durable before any message leaves (see :mod:`rmqha.controller.raft_journal`)."""
 
     def send(self, node: Any, message: Any) -> bool:
         journal = getattr(self._syncObj, "_SyncObj__raftLog", None)

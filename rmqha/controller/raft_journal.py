@@ -66,7 +66,7 @@ class DurableJournal:
         self._on_sync = on_sync
         self._dirty = True  # whatever pysyncobj wrote while opening is not known durable
         self.syncs = 0
-        # pysyncobj 0.3.17 internals (checked by rmqha.raft's version guard).
+        # pysyncobj 0.3.17 internals (checked by rmqha.controller.raft's version guard).
         self._meta: dict[str, Any] = inner._FileJournal__meta
         self._file = inner._FileJournal__journalFile
 

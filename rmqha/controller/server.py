@@ -41,7 +41,7 @@ from rmqha.controller.metrics import ControllerMetrics
 from rmqha.controller.state import ReplicasState
 from rmqha.errors import ConfigError, ControllerError, NotLeaderError, ProtocolError, RmqhaError
 from rmqha.metrics import MetricsRegistry
-from rmqha.raft import RaftNode, RaftRole, RaftSettings
+from rmqha.controller.raft import RaftNode, RaftRole, RaftSettings
 from rmqha.net.client import RemotingClient
 from rmqha.net.connection import Connection
 from rmqha.net.server import RemotingServer

@@ -49,7 +49,7 @@ from typing import Any
 from rich.console import Console as RichConsole
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn
 
-from rmqha import frames
+from rmqha.ha import frames
 from rmqha.client import Consumer, Message, Producer
 from rmqha.client.admin import TopicAdmin
 from rmqha.errors import LocalClusterError, ProtocolError, RemotingError, RmqhaError, SendError

@@ -1,6 +1,6 @@
 """The two HA wire dialects seen through one small interface each for master and slave.
 
-:mod:`rmqha.frames` owns the byte layouts; this module maps its frame types onto the few
+:mod:`rmqha.ha.frames` owns the byte layouts; this module maps its frame types onto the few
 events the replication logic needs, so :mod:`rmqha.ha.master` and :mod:`rmqha.ha.slave`
 are written once for both dialects:
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
-from rmqha import frames as _frames
+from rmqha.ha import frames as _frames
 
 from rmqha.errors import ProtocolError
 
@@ -31,7 +31,7 @@ S2M = fr.Direction.SLAVE_TO_MASTER
 
 
 class RefuseReason(IntEnum):
-    """HANDSHAKE_MASTER check_result codes (0 accepts; values 1-4 are rmqha.frames.CheckResult)."""
+    """HANDSHAKE_MASTER check_result codes (0 accepts; values 1-4 are rmqha.ha.frames.CheckResult)."""
 
     ACCEPTED = 0
     PROTOCOL_NOT_SUPPORTED = 1

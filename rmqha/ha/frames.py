@@ -1,4 +1,4 @@
-"""HA wire frames of both dialects (``rmqha.frames``), backed by the selected twin.
+"""HA wire frames of both dialects (``rmqha.ha.frames``), backed by the selected twin.
 
 This module owns the public face of hot path 2: the frame dataclasses and enums, the two
 dialect codecs :data:`framed` and :data:`rocketmq` (``encode``, ``encode_parts``, ``decode``,

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from rmqha.protocol.codes import ResponseCode
 from rmqha.errors import RmqhaError, StoreError
 from rmqha.messaging.clients import ClientRegistry, QueueLocks
-from rmqha.messaging.consume_queue import ConsumeQueueIndex
+from rmqha.store.consume_queue import ConsumeQueueIndex
 from rmqha.protocol.message import MAGIC_V1
 from rmqha.messaging.state import BrokerState
 from rmqha.protocol.topics import TopicTable

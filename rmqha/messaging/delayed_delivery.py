@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from rmqha.protocol.codes import ResponseCode
 from rmqha.errors import ConfigError, ProtocolError, RmqhaError, StoreError
 from rmqha.messaging.background import BackgroundJob
-from rmqha.messaging.consume_queue import ScannedRecord
+from rmqha.store.consume_queue import ScannedRecord
 from rmqha.messaging.context import MessagingContext, Refused
 from rmqha.messaging.log_writer import LogWriter
 from rmqha.protocol.message import Prop, decode_record, find_property

@@ -1,5 +1,5 @@
 """Message lookup by key and by unique id: QUERY_MESSAGE (12), served from the message
-index (:mod:`rmqha.messaging.message_index`).
+index (:mod:`rmqha.store.message_index`).
 
 What the clients send (RocketMQ's ``MQAdminImpl``): ``queryMessage`` asks every broker
 of the topic with QueryMessageRequestHeader (``topic``, ``key``, ``maxNum``,
@@ -26,7 +26,7 @@ from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, StoreError
 from rmqha.messaging.context import Handler, MessagingContext
 from rmqha.protocol.headers import opt_bool, opt_int, req_str
-from rmqha.messaging.message_index import FoundMessage, MessageIndex, record_matches
+from rmqha.store.message_index import FoundMessage, MessageIndex, record_matches
 from rmqha.messaging.state import STATE_TOPIC
 from rmqha.protocol.command import RemotingCommand
 

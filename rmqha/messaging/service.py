@@ -33,7 +33,7 @@ from typing import Any
 from rmqha.errors import StoreError
 from rmqha.messaging.client_requests import ClientRequests
 from rmqha.messaging.clients import ClientRegistry, QueueLocks
-from rmqha.messaging.consume_queue import ConsumeQueueIndex, ScannedRecord
+from rmqha.store.consume_queue import ConsumeQueueIndex, ScannedRecord
 from rmqha.messaging.consumer_modes import ConsumerModes
 from rmqha.messaging.consumer_offsets import ConsumerOffsets
 from rmqha.messaging.context import (

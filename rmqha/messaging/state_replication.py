@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 
 from rmqha.errors import ProtocolError, StoreError
-from rmqha.messaging.consume_queue import ScannedRecord
+from rmqha.store.consume_queue import ScannedRecord
 from rmqha.messaging.context import MessagingContext
 from rmqha.protocol.message import decode_record
 from rmqha.messaging.state import STATE_TOPIC

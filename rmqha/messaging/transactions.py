@@ -35,7 +35,7 @@ from typing import Any
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, RmqhaError, StoreError
 from rmqha.messaging.background import BackgroundJob
-from rmqha.messaging.consume_queue import ScannedRecord
+from rmqha.store.consume_queue import ScannedRecord
 from rmqha.messaging.context import Handler, MessagingContext, Refused
 from rmqha.messaging.delayed_delivery import DelayedDelivery
 from rmqha.protocol.headers import req_int, req_str

@@ -53,7 +53,7 @@ from typing import Any
 
 from rmqha import _core
 from rmqha.errors import StoreError
-from rmqha.messaging.consume_queue import LogReader
+from rmqha.store.consume_queue import LogReader
 from rmqha.protocol.message import REC_FIXED
 
 log = logging.getLogger(__name__)
