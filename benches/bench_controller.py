@@ -1,6 +1,6 @@
 """Controller group on loopback: committed events/s, commit latency, leader failover.
 
-Three real controller processes (``rmqha.controller.launcher``).  Each timed write is an
+Three real controller processes (``rmqha.testing.controllers``).  Each timed write is an
 APPLY_BROKER_ID with a fresh id, i.e. one validated, Raft-committed and applied event,
 answered after apply, sent by a ControllerClient from this process.  Implementations:
 ``rmqha-fast`` (rmqha's pysyncobj settings with the pipelining guard, the log and vote
@@ -25,7 +25,7 @@ import pytest
 
 from benches.conftest import QUICK
 from rmqha.controller.client import BlockingControllerClient, ControllerClient
-from rmqha.controller.launcher import ControllerGroup
+from rmqha.testing.controllers import ControllerGroup
 
 MODES = {
     # The default: fast commits with the log and vote fsynced before they are acted on.

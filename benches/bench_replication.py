@@ -37,7 +37,7 @@ from benches.conftest import QUICK, describe
 from rmqha import core_implementation
 from rmqha.broker.config import BrokerConfig
 from rmqha.ha import HAConfig, HASlave
-from rmqha.ha.testing import NodeProcess, fill, open_store, wait_until_async
+from rmqha.testing.ha import NodeProcess, fill, open_store, wait_until_async
 
 LOG_BYTES = (128 if QUICK else 1024) << 20
 SEG = (64 if QUICK else 256) << 20

@@ -116,7 +116,7 @@ class ReplicationError(RmqhaError):
 
 
 class LocalClusterError(RmqhaError):
-    """A cluster started by rmqha.local_cluster did not reach a state in time, or one of
+    """A cluster started by rmqha.testing.local_cluster did not reach a state in time, or one of
     its processes died while waited on (the message carries every process's log tail)."""
 
 

@@ -1,6 +1,6 @@
-"""The test suite's view of :mod:`rmqha.local_cluster`: real processes on loopback.
+"""The test suite's view of :mod:`rmqha.testing.local_cluster`: real processes on loopback.
 
-Everything is implemented in :mod:`rmqha.local_cluster` (see its docstring for the API:
+Everything is implemented in :mod:`rmqha.testing.local_cluster` (see its docstring for the API:
 ``Cluster``, ``start_controllers``, ``start_namesrv``, ``start_group``, ``wait_for``,
 ``holds``, ``kill``/``pause``/``restart``, ``replica_info``, ``route``, ``broker_status``,
 ...).  This module adds only what belongs to tests: the :data:`FAST_BROKER`,
@@ -22,8 +22,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rmqha import local_cluster
-from rmqha.local_cluster import (
+from rmqha.testing import local_cluster
+from rmqha.testing.local_cluster import (
     DEFAULT_TIMEOUT,
     QUICK_BROKER,
     QUICK_CONTROLLER,
@@ -52,7 +52,7 @@ FAST_CONTROLLER: dict[str, Any] = dict(QUICK_CONTROLLER)
 
 
 class Cluster(local_cluster.Cluster):
-    """:class:`rmqha.local_cluster.Cluster` with the test settings."""
+    """:class:`rmqha.testing.local_cluster.Cluster` with the test settings."""
 
     def __init__(self, base_dir: Path, *, cluster_name: str = "rmqha-test", **options: Any) -> None:
         options.setdefault("broker_defaults", FAST_BROKER)

@@ -15,7 +15,7 @@ from fake_remoting import FakeConn, FakeServer
 from rmqha.client.blocking_link import BlockingLink
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, RemotingError, RemotingTimeoutError
-from rmqha.local_cluster import free_port
+from rmqha.testing.local_cluster import free_port
 from rmqha.protocol.command import FLAG_ONEWAY, SERIALIZE_ROCKETMQ, RemotingCommand, encode
 
 

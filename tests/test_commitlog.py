@@ -25,7 +25,7 @@ from rmqha.errors import (
     StoreClosedError,
     StoreError,
 )
-from rmqha.ha.testing import wait_until
+from rmqha.testing.ha import wait_until
 from rmqha.store import CommitLog, StoredMessage
 
 SEG = 16384

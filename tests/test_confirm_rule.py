@@ -27,7 +27,7 @@ from rmqha.broker.confirm_checkpoint import ConfirmCheckpoint
 from rmqha.broker.replicas_manager import Role
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.config import apply_values
-from rmqha.ha.testing import fill, ha_master, ha_slave, fast_config, master_running, replica_stores, \
+from rmqha.testing.ha import fill, ha_master, ha_slave, fast_config, master_running, replica_stores, \
     slave_running, wait_until_async
 from rmqha.net.client import RemotingClient
 from rmqha.net.loop import EventLoopThread

@@ -20,7 +20,7 @@ import pytest
 from rmqha.cli import admin as admin_cli
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.controller.client import ControllerClient
-from rmqha.controller.launcher import ControllerGroup, free_port
+from rmqha.testing.controllers import ControllerGroup, free_port
 from rmqha.errors import ControllerError, RemoteCommandError
 from rmqha.net.client import RemotingClient
 from rmqha.net.connection import Connection

@@ -18,7 +18,7 @@ from rmqha.broker.config import BrokerConfig
 from rmqha.client import Consumer, Message, Producer
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ClientError, ConfigError, SendError
-from rmqha.ha.testing import wait_until_async
+from rmqha.testing.ha import wait_until_async
 from rmqha.messaging.delayed_delivery import SCHEDULE_TOPIC, TIMER_TOPIC, parse_delay_levels
 from rmqha.protocol.message import Prop, encode_properties
 from rmqha.net.client import RemotingClient

@@ -17,7 +17,7 @@ import pytest
 from rmqha.ha import frames
 from rmqha.ha.frames import Direction
 from rmqha.ha import HAConfig
-from rmqha.ha.testing import (store_digest, assert_same_log, fast_config, fill, ha_master, ha_slave, master_running,
+from rmqha.testing.ha import (store_digest, assert_same_log, fast_config, fill, ha_master, ha_slave, master_running,
                               read_frames, replica_stores, scripted_master, slave_running, wait_until_async)
 
 SEG = 1 << 20

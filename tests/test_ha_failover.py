@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from rmqha.ha.testing import (NodeProcess, assert_same_log, fast_config, fill, ha_master, ha_slave,
+from rmqha.testing.ha import (NodeProcess, assert_same_log, fast_config, fill, ha_master, ha_slave,
                               master_running, open_store, read_frames, replica_stores,
                               scripted_master, slave_running, wait_until_async)
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from rmqha.ha import HAMaster
-from rmqha.ha.testing import (SyncStateAuthority, assert_same_log, fast_config, fill, ha_master, ha_slave,
+from rmqha.testing.ha import (SyncStateAuthority, assert_same_log, fast_config, fill, ha_master, ha_slave,
                               master_running, replica_stores, slave_running, wait_until_async)
 from tcp_proxy import TcpProxy
 

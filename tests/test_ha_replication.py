@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from rmqha.ha import HAConfig, HAMaster, HASlave, SlaveState
-from rmqha.ha.testing import (SyncStateAuthority, assert_same_log, fast_config, fill, ha_master, ha_slave,
+from rmqha.testing.ha import (SyncStateAuthority, assert_same_log, fast_config, fill, ha_master, ha_slave,
                               master_running, replica_stores, slave_running, wait_until_async)
 
 SEG = 4 << 20

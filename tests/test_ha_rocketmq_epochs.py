@@ -7,7 +7,7 @@ import asyncio
 import os
 from pathlib import Path
 
-from rmqha.ha.testing import (
+from rmqha.testing.ha import (
     EPOCH_FILE,
     assert_same_log,
     fast_config,

@@ -11,7 +11,7 @@ import socket
 import struct
 
 from rmqha.ha import HAConfig
-from rmqha.ha.testing import fill, ha_master, master_running, replica_stores
+from rmqha.testing.ha import fill, ha_master, master_running, replica_stores
 
 SEG = 1 << 20
 CFG = HAConfig(ha_send_heartbeat_interval_ms=100, ha_housekeeping_interval_ms=2000,

@@ -38,7 +38,7 @@ import pytest
 from rmqha.ha import frames
 from rmqha.ha.frames import Direction
 from rmqha.ha import link as ha_link
-from rmqha.ha.testing import (store_digest, EPOCH_FILE, assert_same_log, fast_config, fill, ha_master, ha_slave, master_running,
+from rmqha.testing.ha import (store_digest, EPOCH_FILE, assert_same_log, fast_config, fill, ha_master, ha_slave, master_running,
                               replica_stores, slave_running, wait_until_async)
 from rmqha.store import CommitLog, EpochMap
 

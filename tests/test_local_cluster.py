@@ -1,4 +1,4 @@
-"""rmqha.local_cluster's own promises: what it starts it stops, and nothing stays listening.
+"""rmqha.testing.local_cluster's own promises: what it starts it stops, and nothing stays listening.
 
 - ``stop_all`` ends every process (paused ones too) and ``leftovers()`` then finds no
   process and no open port; a process stopped this way exits by itself (SIGTERM);
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from rmqha.errors import LocalClusterError
-from rmqha.local_cluster import Cluster, _children_naming, port_open
+from rmqha.testing.local_cluster import Cluster, _children_naming, port_open
 
 
 def test_stop_all_leaves_no_process_and_no_port(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from cluster import Cluster
 from rmqha.protocol.codes import RequestCode, ResponseCode
-from rmqha.ha.testing import assert_same_log
+from rmqha.testing.ha import assert_same_log
 from rmqha.store import CommitLog
 
 

@@ -14,7 +14,7 @@ from test_messaging import Env, LocalBroker, consume, create_topic, run
 
 from rmqha.client import LocalTransactionState, Message, Producer
 from rmqha.protocol.codes import RequestCode, ResponseCode
-from rmqha.ha.testing import wait_until_async
+from rmqha.testing.ha import wait_until_async
 from rmqha.protocol.message import Prop, SysFlag, parse_offset_msg_id
 from rmqha.messaging.transactions import CHECK_MAX_TOPIC, HALF_TOPIC, OP_TOPIC, Outcome
 from rmqha.net.client import RemotingClient

@@ -1,6 +1,6 @@
 """rmqha in the peer comparison: one cluster with a three-broker group and a one-broker group.
 
-Controllers (1), a name server and the brokers are real processes (rmqha.local_cluster).
+Controllers (1), a name server and the brokers are real processes (rmqha.testing.local_cluster).
 Topic ``Bench3`` lives on ``broker-a`` (master + 2 slaves, ``all_ack_in_sync_state_set``:
 a send is answered once all three hold it), ``Bench1`` on ``broker-b`` (one broker).  With
 ``flush_sync`` a third group ``broker-c`` (3 brokers, ``flush = "sync"``) serves
@@ -18,7 +18,7 @@ from peers.base import PeerSystem, wait_until
 from rmqha.net import loop as event_loop
 from rmqha.client import BlockingProducer, Consumer, Producer
 from rmqha.protocol.codes import RequestCode
-from rmqha.local_cluster import Cluster
+from rmqha.testing.local_cluster import Cluster
 
 TOPICS = {1: "Bench1", 3: "Bench3", "sync": "BenchSync"}
 

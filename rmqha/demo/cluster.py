@@ -25,7 +25,7 @@ kernel's socket buffers, which outlive a SIGKILL, and the slaves read them once 
 so the new master would hold the whole tail and nothing would be cut.
 
 This module owns the demo's scenario and its output; processes are
-:mod:`rmqha.local_cluster`'s.
+:mod:`rmqha.testing.local_cluster`'s.
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ from rmqha.ha import frames
 from rmqha.client import Consumer, Message, Producer
 from rmqha.client.admin import TopicAdmin
 from rmqha.errors import LocalClusterError, ProtocolError, RemotingError, RmqhaError, SendError
-from rmqha.local_cluster import (
+from rmqha.testing.local_cluster import (
     QUICK_BROKER,
     QUICK_CONTROLLER,
     BrokerProc,

@@ -17,7 +17,7 @@ import pytest
 import harness as h
 from cluster import QUICK_CONTROLLER, ControllerProc, NamesrvProc, free_port, free_port_pair, port_open
 from harness import chaos_reports  # noqa: F401  (the fixture that prints the table)
-from rmqha.local_cluster import controller_config
+from rmqha.testing.local_cluster import controller_config
 
 SUBNET = "10.213.7"
 SECRET = "chaos-netns-secret"

@@ -1,6 +1,6 @@
-"""A controller group addressed by node index, over :mod:`rmqha.local_cluster`.
+"""A controller group addressed by node index, over :mod:`rmqha.testing.local_cluster`.
 
-``ControllerGroup(tmp_dir, size=3).start()`` creates a :class:`~rmqha.local_cluster.Cluster`
+``ControllerGroup(tmp_dir, size=3).start()`` creates a :class:`~rmqha.testing.local_cluster.Cluster`
 in ``tmp_dir`` holding ``size`` controllers (free loopback ports for RPC and Raft, journals
 under ``tmp_dir``, group name ``test-group``).  ``wait_leader()`` returns the index of the
 controller that says it leads; ``kill(i)`` sends SIGKILL, ``pause(i)`` / ``resume(i)``
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rmqha.errors import LocalClusterError
-from rmqha.local_cluster import QUICK_CONTROLLER, Cluster, ControllerProc, free_port
+from rmqha.testing.local_cluster import QUICK_CONTROLLER, Cluster, ControllerProc, free_port
 
 __all__ = ["ControllerGroup", "free_port"]
 
