@@ -6,9 +6,9 @@ them a moment later).  Between stopping its HA master and starting its HA slave,
 fenced at start-up, a broker knows no confirm offset but the last one it learned; the log's
 max offset is never a stand-in for it.
 
-Issue 12.5: with ``min_in_sync_replicas = 2`` a send that waited while the SyncStateSet
-shrank to the master alone is not acknowledged: it answers SYSTEM_ERROR with put status
-IN_SYNC_REPLICAS_NOT_ENOUGH (RocketMQ's code for it), never SEND_OK.
+With ``min_in_sync_replicas = 2`` a send that waited while the SyncStateSet shrank to the
+master alone is not acknowledged: the wait for its replicas fails (the broker then answers
+FLUSH_SLAVE_TIMEOUT, "stored, not confirmed"), never SEND_OK.
 
 Real processes and sockets: a controller process, a slave broker process, the master a
 :class:`Broker` in the test's own loop so the test can hold it at the exact step; the

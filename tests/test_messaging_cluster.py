@@ -253,6 +253,33 @@ def test_topic_over_two_broker_groups(cluster: Cluster) -> None:
     assert {"one", "two", "three"} <= bodies
 
 
+def test_send_waiting_while_the_set_shrinks_is_stored_not_confirmed(cluster: Cluster) -> None:
+    """min_in_sync_replicas=2: a send that waits while the SyncStateSet shrinks to the master
+    alone is already in the log.  Its answer is FLUSH_SLAVE_TIMEOUT ("stored, not confirmed",
+    a status), never IN_SYNC_REPLICAS_NOT_ENOUGH (a definite failure clients raise), and a
+    consumer receives it once the slave is back."""
+    cluster.start_controllers(1)
+    cluster.start_namesrv()
+    master, slave = start_group(cluster, 2, all_ack_in_sync_state_set=True,
+                                slave_timeout_ms=4000, min_in_sync_replicas=2,
+                                ha_max_time_slave_not_catchup_ms=800,
+                                check_sync_state_set_period_ms=100)
+    master_id = master.broker_id()
+    wait_route(cluster, "TBW102")
+    with BlockingProducer(cluster.namesrv_addresses, max_attempts=1, send_timeout_s=10) as p:
+        assert p.send("TBW102", b"both hold it").ok
+        os.kill(slave.pid, signal.SIGSTOP)
+        try:
+            r = p.send("TBW102", b"stored while the set shrank")
+            assert r.status is SendStatus.FLUSH_SLAVE_TIMEOUT, r
+            # The wait (up to 4 s) outlived the shrink (>= 0.8 s after the stop).
+            assert cluster.replica_info("broker-a").sync_state_set == [master_id]
+        finally:
+            os.kill(slave.pid, signal.SIGCONT)
+    got = consume_all(cluster.namesrv_addresses, "CG_SHRINK", "TBW102", {r.msg_id})
+    assert r.msg_id in got
+
+
 def test_ack_timeout_then_min_in_sync_refusal(cluster: Cluster) -> None:
     """A stalled slave: all-ack sends answer FLUSH_SLAVE_TIMEOUT (stored, not confirmed);
     once the master drops the slave from the SyncStateSet, min_in_sync_replicas=2 refuses

@@ -145,7 +145,8 @@ if __name__ == "__main__":
         start = int(rest[4]) if len(rest) > 4 else 0
         size = int(rest[5]) if len(rest) > 5 else 0
         interval = int(rest[6]) if len(rest) > 6 else 0
-        sys.exit(_driver_produce(ns, topic, int(n), out, start, size, interval))
+        deadline = float(rest[7]) if len(rest) > 7 else 60.0
+        sys.exit(_driver_produce(ns, topic, int(n), out, start, size, interval, deadline))
     if cmd == "produce_delayed":
         ns, topic, n, level, out = rest[:5]
         sys.exit(_driver_produce_delayed(ns, topic, int(n), int(level), out))
@@ -209,6 +210,28 @@ def test_official_send_sync_and_push_consumer(env: Any, tmp_path: Path) -> None:
     # rmqha's consumer reads what the official producer wrote, and vice versa below.
     broker = e.brokers[0]
     assert broker.svc.state.offsets.get("CG_OFFICIAL", "OfficialTopic", 0) is not None
+
+
+def test_official_send_refused_before_write_raises_and_stores_nothing(env: Any,
+                                                                   tmp_path: Path) -> None:
+    """min_in_sync_replicas=2 on a broker alone: the refusal comes before anything is written,
+    so it is the definite failure IN_SYNC_REPLICAS_NOT_ENOUGH, which the official client
+    raises (a "stored, not confirmed" FLUSH_SLAVE_TIMEOUT would come back as a status)."""
+    e, loop = env
+    broker = loop.run(e.broker("broker-a"), timeout=10)
+    loop.run(_create(e, "OfficialRefused", 1), timeout=10)
+    # Raised once the topic exists: creating a topic is a write, refused as well.
+    broker.svc.ctx.config.min_in_sync_replicas = 2
+    before = broker.log.max_offset
+    sent = tmp_path / "sent.jsonl"
+    r = run_driver("produce", e.namesrv, "OfficialRefused", 1, sent, 0, 0, 0, 3)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = read_lines(sent)
+    # The C++ client reports a send that failed on every retry as "No route info" (its
+    # DefaultMQProducer.cpp), whatever the broker answered; the route exists (the topic was
+    # just created and routed), so what it raised is the broker's refusal.
+    assert lines and all("error" in x for x in lines), lines
+    assert broker.log.max_offset == before
 
 
 def test_official_consumer_reads_rmqha_producer(env: Any, tmp_path: Path) -> None:

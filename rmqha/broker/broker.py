@@ -151,11 +151,6 @@ class Replication:
         else:
             window[1] = now
 
-    def copies_of(self, offset: int) -> int:
-        """SyncStateSet members holding ``offset`` (0 unless this broker is master)."""
-        master = self._broker.ha_master
-        return int(master.copies_of(offset)) if master is not None else 0
-
     def learned(self, offset: int) -> None:
         if self.checkpoint is not None:
             self.checkpoint.learned(int(offset))

@@ -206,16 +206,13 @@ class LogWriter:
             replication.when_replicated(end_offset, timeout_s, on_replicated)
 
     def _verdict(self, ok: bool, end_offset: int) -> tuple[int, str]:
-        """(response code, put status) of a send whose wait for the ack policy ended."""
-        ctx = self.ctx
+        """(response code, put status) of a send whose wait for the ack policy ended.
+
+        The record is in the log by now, so a wait that fell short is FLUSH_SLAVE_TIMEOUT
+        ("stored, not confirmed": a retry may duplicate it), even when the SyncStateSet
+        shrank below ``min_in_sync_replicas`` meanwhile.  IN_SYNC_REPLICAS_NOT_ENOUGH is a
+        definite failure that clients raise, so it is kept for refusals before anything is
+        written (``MessagingContext.check_writable``), as RocketMQ's store does."""
         if not ok:
-            need = int(ctx.config.min_in_sync_replicas)
-            if need > 1 and ctx.replication is not None and \
-                    ctx.replication.sync_state_set_size() < need and \
-                    ctx.replication.copies_of(end_offset) < need:
-                # The set shrank below the floor while the send waited: RocketMQ's
-                # IN_SYNC_REPLICAS_NOT_ENOUGH (a failure clients retry), never SEND_OK, even
-                # though every member of what is left of the set holds it.
-                return ResponseCode.SYSTEM_ERROR, "IN_SYNC_REPLICAS_NOT_ENOUGH"
             return ResponseCode.FLUSH_SLAVE_TIMEOUT, "FLUSH_SLAVE_TIMEOUT"
         return ResponseCode.SUCCESS, "PUT_OK"

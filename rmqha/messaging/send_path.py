@@ -127,7 +127,7 @@ class _SendGroup:
 
 
 #: Put statuses of a wait that ended without the replicas the ack policy asks for.
-_SHORT_OF_REPLICAS = frozenset({"FLUSH_SLAVE_TIMEOUT", "IN_SYNC_REPLICAS_NOT_ENOUGH"})
+_SHORT_OF_REPLICAS = frozenset({"FLUSH_SLAVE_TIMEOUT"})
 
 
 class SendPath:
@@ -375,12 +375,23 @@ class SendPath:
         elif status == FLUSH_DISK_FAILED:
             remark = (f"{status}: stored at {first_offset} but the fsync failed, so it is not "
                       f"known to be on disk (the broker log says why)")
-        elif status == "IN_SYNC_REPLICAS_NOT_ENOUGH":
-            remark = (f"in-sync replicas not enough: stored at {first_offset} but held by fewer "
-                      f"than min_in_sync_replicas={ctx.config.min_in_sync_replicas} copies")
         else:
-            remark = f"{status}: stored at {first_offset} but not confirmed in time"
+            remark = (f"{status}: stored at {first_offset} but not confirmed by "
+                      f"{self._copies_wanted()} in time{self._short_set_note()}")
         return cmd.reply(int(code), remark, ext)
+
+    def _copies_wanted(self) -> str:
+        need = int(self.ctx.config.min_in_sync_replicas)
+        return f"min_in_sync_replicas={need} copies" if need > 1 else "the replicas"
+
+    def _short_set_note(self) -> str:
+        """Why a wait fell short when the SyncStateSet shrank below the floor meanwhile."""
+        replication = self.ctx.replication
+        need = int(self.ctx.config.min_in_sync_replicas)
+        if replication is None or need <= 1 or replication.sync_state_set_size() >= need:
+            return ""
+        return (f" (the SyncStateSet shrank to {replication.sync_state_set_size()} while it "
+                f"waited; it may still be delivered once the replicas catch up)")
 
     def _divert(self, h: SendHeader, queue_id: int) -> tuple[str, int, int, str | dict[str, str]]:
         """Where a transactional or delayed send is stored instead of its topic."""
