@@ -28,7 +28,7 @@ build: $(STAMP)
 # missing (non-interactive; CI runs as root, elsewhere sudo -n is tried).
 browser:
 	@command -v chromium >/dev/null 2>&1 || { \
-		echo "installing chromium (headless browser for tests/test_status_page.py)"; \
+		echo "installing chromium (headless browser for tests/integration/test_status_page.py)"; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo "sudo -n" ); \
 		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q </dev/null && \
 		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \

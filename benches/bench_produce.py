@@ -35,7 +35,7 @@ import pytest
 
 from conftest import QUICK
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
 MESSAGE_BYTES = 1024
 BATCH = 32

@@ -26,7 +26,7 @@ import pytest
 
 from conftest import QUICK, describe
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
 MESSAGE_BYTES = 1024
 SENDS = 300 if QUICK else 1500

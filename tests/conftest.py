@@ -7,7 +7,7 @@ import pytest
 from hypothesis import settings
 
 from rmqha import _core
-from rmqha.testing.local_cluster import free_port  # noqa: F401  (tests import it from here)
+from rmqha.testing.local_cluster import free_port
 
 # CI runs the property tests derandomised: the same examples every run, so a red CI is a
 # real regression and never a lucky draw; locally each run explores new inputs.

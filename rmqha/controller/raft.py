@@ -21,7 +21,7 @@ a success ack never lowers ``nextIndex``; on a follower an append that starts be
 last applied index is trimmed to start at it (committed entries are identical on every
 leader, so nothing is lost, and nothing applied is ever truncated).  The guard reads
 pysyncobj 0.3.17 internals, so other versions log a warning at start.  Measured here
-(tests/test_raft.py, 3 processes, 6000 commits, 3 leader kills): without the guard 3 of 3
+(tests/integration/test_raft.py, 3 processes, 6000 commits, 3 leader kills): without the guard 3 of 3
 runs logged the CRITICAL line; with it 0 of 4, and a 30000-commit soak with 10 leader
 kills stays clean with identical replicas.
 """

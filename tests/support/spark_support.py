@@ -1,6 +1,6 @@
 """Shared Spark test support: availability check, skip marker, one session per pytest run.
 
-Every tests/test_spark_*.py that needs a JVM marks itself with ``requires_spark`` and uses
+Every tests/spark/test_spark_*.py that needs a JVM marks itself with ``requires_spark`` and uses
 the ``spark`` fixture imported from here. The session is built once per process (a module
 singleton, so importing the fixture into several test modules still shares one JVM) and is
 tuned for start-up time: local[2], two shuffle partitions, no UI, C1-only JIT, serial GC,

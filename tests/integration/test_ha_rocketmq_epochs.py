@@ -1,5 +1,5 @@
 """rmqha's slave (``rocketmq`` dialect) following a master that labels its batches the way
-RocketMQ's AutoSwitchHAConnection does (tests/rocketmq_ha_master.py): the chunk that ends
+RocketMQ's AutoSwitchHAConnection does (tests/support/rocketmq_ha_master.py): the chunk that ends
 an epoch arrives labelled with the next epoch and its start offset."""
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ import os
 import uuid
 
 import pytest
-from conftest import free_port
+from cluster import free_port
 from spark_support import SPARK_OK, SPARK_TEST_MARKS, spark  # noqa: F401 - fixture
 
 if SPARK_OK:
@@ -122,7 +122,7 @@ def test_conf_items_must_be_key_value(tmp_path, capsys) -> None:  # noqa: ANN001
 
 def test_conf_reaches_a_new_session(monkeypatch, tmp_path) -> None:  # noqa: ANN001
     """Without a session handed in, the settings go to the session the command builds (the
-    cluster test, tests/test_spark_cluster.py, runs this for real in a new process)."""
+    cluster test, tests/spark/test_spark_cluster.py, runs this for real in a new process)."""
     from spark_bench import session as session_module
     built: list[object] = []
 

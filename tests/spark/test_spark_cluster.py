@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from conftest import free_port
+from cluster import free_port
 from spark_support import SPARK_OK, requires_spark
 
 pytestmark = [requires_spark, pytest.mark.spark, pytest.mark.slow]

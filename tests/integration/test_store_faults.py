@@ -19,11 +19,6 @@ from rmqha.testing.ha import assert_same_log
 from rmqha.store import CommitLog
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    with Cluster(tmp_path) as c:
-        yield c
-
 
 def _send(cluster: Cluster, addr: str, n: int, size: int = 4000) -> None:
     for i in range(n):

@@ -1,6 +1,6 @@
 """rmqha.controller.raft over real processes: fast commits across leader kills, no divergence.
 
-Each node is this file run as a script (``python tests/test_raft.py NODE ...``): a RaftNode
+Each node is this file run as a script (``python tests/integration/test_raft.py NODE ...``): a RaftNode
 whose state machine chains a SHA-256 over every committed event.  While it is leader a
 node commits events one at a time.  The test kills the leader with SIGKILL several times
 (restarting it on its journal), then stops the writes and checks that all replicas reach
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from rmqha.errors import ConfigError, ControllerError, NotLeaderError  # noqa: E402

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from conftest import free_port
+from cluster import free_port
 from rmqha.client import Consumer, Message, Producer, SendStatus
 from rmqha.client.admin import TopicAdmin
 from rmqha.protocol.codes import RequestCode, ResponseCode

@@ -14,11 +14,6 @@ from rmqha.protocol.message import decode_records
 from test_messaging_cluster import ALL_ACK, create_topic, start_group, wait_route
 
 
-@pytest.fixture
-def cluster(tmp_path: Path):
-    with Cluster(tmp_path) as c:
-        yield c
-
 
 def _by_key(cluster: Cluster, address: str, key: str, unique: bool = False) -> set[str]:
     ext = {"topic": "LK", "key": key, "maxNum": 32, "beginTimestamp": 0,

@@ -24,11 +24,6 @@ from rmqha.net.loop import EventLoopThread
 from rmqha.protocol.command import RemotingCommand
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    with Cluster(tmp_path) as c:
-        yield c
-
 
 @pytest.fixture
 def loop():

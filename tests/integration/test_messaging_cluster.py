@@ -30,11 +30,6 @@ from rmqha.protocol.message import decode_records
 ALL_ACK = {"all_ack_in_sync_state_set": True, "slave_timeout_ms": 3000}
 
 
-@pytest.fixture
-def cluster(tmp_path: Path):
-    with Cluster(tmp_path) as c:
-        yield c
-
 
 def start_group(cluster: Cluster, n: int, group: str = "broker-a", **cfg: Any) -> list[BrokerProc]:
     brokers = [cluster.start_broker(group, **cfg) for _ in range(n)]

@@ -11,7 +11,7 @@ from rmqha.cli import build_parser
 from rmqha.cli.config_keys import _config_classes
 from rmqha.config import describe_keys
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("process", ["controller", "namesrv", "broker"])

@@ -24,11 +24,6 @@ COMMIT = LocalTransactionState.COMMIT_MESSAGE
 UNKNOW = LocalTransactionState.UNKNOW
 
 
-@pytest.fixture
-def cluster(tmp_path: Path):
-    with Cluster(tmp_path) as c:
-        yield c
-
 
 def test_commit_and_delays_survive_master_sigkill_and_new_master_checks_back(
         cluster: Cluster) -> None:

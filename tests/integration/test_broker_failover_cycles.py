@@ -13,11 +13,6 @@ from cluster import Cluster
 from rmqha.protocol.codes import RequestCode, ResponseCode
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    with Cluster(tmp_path) as c:
-        yield c
-
 
 def send(cluster, b):
     ext = {"producerGroup": "pg", "topic": "T", "queueId": 0, "sysFlag": 0, "bornTimestamp": "1", "flag": 0,

@@ -1,4 +1,4 @@
-"""BlockingLink against a scripted remoting server (tests/fake_remoting.py): answers are
+"""BlockingLink against a scripted remoting server (tests/support/fake_remoting.py): answers are
 matched by opaque, stray frames are skipped (a request that wants an answer gets
 REQUEST_CODE_NOT_SUPPORTED), and a silent, closing or malformed peer ends the request with
 the project's errors within its deadline, closing the socket."""

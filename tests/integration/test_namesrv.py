@@ -19,11 +19,6 @@ from rmqha.net.loop import EventLoopThread
 from rmqha.protocol.command import RemotingCommand
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    with Cluster(tmp_path) as c:
-        yield c
-
 
 def register(cluster: Cluster, ns, *, group: str, addr: str, broker_id: int, epoch: int = 1,
              topics: dict[str, int] | None = None, timeout_ms: int | None = None, ha_addr: str | None = None):

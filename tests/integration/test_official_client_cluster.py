@@ -19,11 +19,6 @@ from test_messaging_cluster import ALL_ACK, create_topic, start_group, wait_rout
 from test_official_client import read_lines, start_driver  # noqa: E402
 
 
-@pytest.fixture
-def cluster(tmp_path: Path):
-    with Cluster(tmp_path) as c:
-        yield c
-
 
 def test_official_client_send_and_consume_across_master_failover(cluster: Cluster,
                                                                  tmp_path: Path) -> None:

@@ -13,11 +13,6 @@ from rmqha.failpoints import FAILPOINT_EXIT_CODE, Failpoint
 from rmqha.broker.identity import META_FILE, TEMP_META_FILE
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    with Cluster(tmp_path) as c:
-        yield c
-
 
 def registered_ids(cluster: Cluster, group: str) -> dict[int, str]:
     """Controller's broker id -> address for a group (GET_SYNC_STATE_DATA)."""

@@ -20,11 +20,6 @@ from rmqha.protocol.codes import RequestCode, ResponseCode
 OPEN_END = (1 << 63) - 1
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    with Cluster(tmp_path) as c:
-        yield c
-
 
 def role(cluster: Cluster, b: BrokerProc) -> str | None:
     return cluster.broker_role(b)

@@ -38,11 +38,6 @@ TOPIC = "confirm-rule"
 PULL_SUSPEND = 0x2  # RocketMQ PullSysFlag: hold the pull (long polling)
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    with Cluster(tmp_path) as c:
-        yield c
-
 
 @pytest.fixture
 def loop():

@@ -35,7 +35,7 @@ from rmqha.config import load_config  # noqa: E402
 from rmqha.controller.config import ControllerConfig  # noqa: E402
 from rmqha.namesrv.config import NamesrvConfig  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 CONF = DEPLOY / "conf"
 #: Where the image puts deploy/conf (the Dockerfile's COPY) and the pods mount the ConfigMap.

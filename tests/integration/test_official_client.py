@@ -1,7 +1,7 @@
 """The official RocketMQ client (PyPI ``rocketmq`` 0.4.4, C++ 1.2.x inside) against rmqha.
 
 The official client runs in a child process (this file is also its driver: ``python
-tests/test_official_client.py produce|consume ...``), so a crash in the C++ library
+tests/integration/test_official_client.py produce|consume ...``), so a crash in the C++ library
 cannot take pytest down and every run ends cleanly.  The driver writes one JSON line per
 acknowledged send or received message and flushes it at once, so a test can count what
 was acknowledged even when the run is cut short.

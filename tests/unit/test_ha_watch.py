@@ -1,7 +1,7 @@
 """``ha-status --watch``'s catch-up progress and its two renderings, from synthetic rounds.
 
 (The watch against a live cluster, through a pipe and as JSON Lines, is in
-tests/test_cli_commands.py.)
+tests/integration/test_cli_commands.py.)
 
 - a slave outside the SyncStateSet gets a catch-up entry: acknowledged offset against the
   master's max offset, the rate between two rounds, the time left at that rate; in-sync
