@@ -228,9 +228,9 @@ def _pattern(text: str, where: str) -> AddressPattern:
 def _build_account(raw: Any, where: str) -> Account:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} must be a mapping with accessKey, secretKey, ...")
-    _no_unknown_keys(raw, _ACCOUNT_KEYS, where)
     access_key = _key(raw, "accessKey", where)
     where = f"{where} (accessKey {access_key!r})"
+    _no_unknown_keys(raw, _ACCOUNT_KEYS, where)
     perms = _resource_perms(raw.get("topicPerms"), f"{where}: topicPerms", group=False)
     perms.update(_resource_perms(raw.get("groupPerms"), f"{where}: groupPerms", group=True))
     return Account(
@@ -311,7 +311,7 @@ def describe_resource(resource: str) -> str:
 def _send_needs(topic: str | None, group: str | None) -> list[tuple[str | None, Perm]]:
     # A send to a retry topic is a consumer sending back: it needs SUB on the group.
     if topic is not None and topic.startswith(RETRY_PREFIX):
-        return [(None if group is None else retry_topic(group), Perm.SUB)]
+        return [(retry_topic(group) if group else None, Perm.SUB)]
     return [(topic, Perm.PUB)]
 
 
@@ -329,7 +329,7 @@ def _heartbeat_needs(body: bytes | None) -> list[tuple[str | None, Perm]]:
 
 def _group_field(fields: Mapping[str, str], key: str) -> str | None:
     group = fields.get(key)
-    return None if group is None else retry_topic(group)
+    return retry_topic(group) if group else None
 
 
 _NEEDS: dict[int, Callable[[Mapping[str, str], bytes | None], list[tuple[str | None, Perm]]]] = {
@@ -350,11 +350,13 @@ _NEEDS: dict[int, Callable[[Mapping[str, str], bytes | None], list[tuple[str | N
 
 def required_access(code: int, ext_fields: Mapping[str, str], body: bytes | None) -> RequiredAccess:
     """The resources a request needs, as ``PlainAccessResource.parse`` decides them (a
-    resource named twice keeps its last perm, like RocketMQ's map)."""
+    resource named twice keeps its last perm, like RocketMQ's map).  An empty group names
+    no resource: the C++ client unregisters a producer with ``consumerGroup=""``, which
+    RocketMQ checks as group "" and refuses under ``defaultGroupPerm: DENY``."""
     rule = _NEEDS.get(code)
     resources: dict[str, Perm] = {}
     for resource, perm in (rule(ext_fields, body) if rule else []):
-        if resource is not None:
+        if resource:
             resources[resource] = perm
     return RequiredAccess(code, resources)
 
