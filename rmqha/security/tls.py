@@ -312,12 +312,31 @@ async def peek_first_byte(sock: socket.socket, timeout: float) -> bytes:
 
 
 async def accepted_kind(sock: socket.socket, mode: TlsMode, timeout: float = 10.0) -> ConnectionKind:
-    """How to serve a newly accepted socket under ``mode``: PLAINTEXT straight away in
-    DISABLED mode, else by its first byte (see :func:`classify_first_byte`)."""
-    if mode is TlsMode.DISABLED:
-        return ConnectionKind.PLAINTEXT
+    """How to serve a newly accepted socket under ``mode``, by its first byte (see
+    :func:`classify_first_byte`; DISABLED peeks too, to close a TLS client at once)."""
     sock.setblocking(False)
     return classify_first_byte(await peek_first_byte(sock, timeout), mode)
+
+
+async def accept_connection(sock: socket.socket, protocol_factory: Callable[[], asyncio.BaseProtocol],
+                            mode: TlsMode, context: ReloadingContext | None, *,
+                            timeout: float = 10.0) -> tuple[asyncio.BaseTransport, asyncio.BaseProtocol]:
+    """Serve an accepted socket (from ``loop.sock_accept``) under ``mode``: plaintext, or
+    TLS with the current context (so a reloaded certificate serves the next connection).
+    AuthenticationError (socket closed) when the mode refuses it; ``ssl.SSLError`` /
+    ``ConnectionError`` when the TLS handshake fails."""
+    try:
+        kind = await accepted_kind(sock, mode, timeout)
+        if kind is ConnectionKind.TLS and context is None:
+            raise AuthenticationError("a TLS handshake arrived, but this port has no TLS context")
+        ssl_context = context.get() if kind is ConnectionKind.TLS and context else None
+        loop = asyncio.get_running_loop()
+        return await loop.connect_accepted_socket(
+            protocol_factory, sock, ssl=ssl_context,
+            ssl_handshake_timeout=timeout if ssl_context else None)
+    except BaseException:
+        sock.close()
+        raise
 
 
 # --- who is on the other end -------------------------------------------------------------
