@@ -15,9 +15,20 @@ from pathlib import Path
 import pytest
 
 from rmqha.codes import RequestCode, ResponseCode
-from rmqha.errors import AclAuthenticationError, AclError, AclPermissionError, ConfigError
+from rmqha.errors import (
+    AclAuthenticationError,
+    AclError,
+    AclPermissionError,
+    ConfigError,
+)
 from rmqha.security.acl import (
-    ROCKETMQ_ADMIN_CODES, AclConfig, AclValidator, Code, Perm, check_request, perm_allows,
+    ROCKETMQ_ADMIN_CODES,
+    AclConfig,
+    AclValidator,
+    Code,
+    Perm,
+    check_request,
+    perm_allows,
     required_access,
 )
 from rmqha.security.address_pattern import AddressPattern
@@ -183,7 +194,7 @@ def test_old_clients_sign_without_unique_key_query() -> None:
 def test_keys_sort_in_java_string_order() -> None:
     # U+FF5E sorts after U+1F600 in UTF-16 code units (Java), before it in code points.
     fields = {"\U0001F600": "x", "\uff5e": "y"}
-    assert signed_content(fields, None) == "xy".encode()
+    assert signed_content(fields, None) == b"xy"
 
 
 # --- permissions -------------------------------------------------------------------------

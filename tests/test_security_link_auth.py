@@ -13,7 +13,10 @@ from rmqha.errors import AuthenticationError, ConfigError, PeerIdentityError
 from rmqha.security.identity import Identity, Role, authorize
 from rmqha.security.link_auth import TAG_BYTES, Handshake, LinkSession
 from rmqha.security.secret import (
-    ClusterSecret, constant_time_equals, generate_secret_text, load_cluster_secret,
+    ClusterSecret,
+    constant_time_equals,
+    generate_secret_text,
+    load_cluster_secret,
     write_secret_file,
 )
 
@@ -155,7 +158,8 @@ def test_tampered_frame_fails_and_the_link_stays_failed() -> None:
 
 def test_reordered_dropped_and_replayed_frames_fail() -> None:
     c, s = _run(*_pair())
-    first, second, third = c.seal(b"one"), c.seal(b"two"), c.seal(b"three")
+    c.seal(b"one")
+    second = c.seal(b"two")
     with pytest.raises(AuthenticationError):
         s.open(second)  # reordered (or "first" dropped)
 
@@ -171,10 +175,10 @@ def test_reordered_dropped_and_replayed_frames_fail() -> None:
 
 
 def test_frames_of_one_direction_or_session_do_not_open_in_another() -> None:
-    c, s = _run(*_pair())
+    c, _ = _run(*_pair())
     with pytest.raises(AuthenticationError):
         c.open(c.seal(b"reflected back to its sender"))
-    c2, s2 = _run(*_pair())
+    _, s2 = _run(*_pair())
     with pytest.raises(AuthenticationError):
         s2.open(c.seal(b"from another session"))
 
@@ -261,7 +265,8 @@ def test_secret_sources_in_order_and_never_printed(tmp_path: Path) -> None:
     assert text not in repr(from_file) and text not in str(from_file)
     from_env = load_cluster_secret(env={"RMQHA_CLUSTER_SECRET": "e" * 20, "RMQHA_CLUSTER_SECRET_FILE": str(path)})
     assert from_env is not None and from_env.reveal() == b"e" * 20
-    assert load_cluster_secret(value="v" * 16, env={"RMQHA_CLUSTER_SECRET": "e" * 20}).reveal() == b"v" * 16
+    from_value = load_cluster_secret(value="v" * 16, env={"RMQHA_CLUSTER_SECRET": "e" * 20})
+    assert from_value is not None and from_value.reveal() == b"v" * 16
     env_file = load_cluster_secret(env={"RMQHA_CLUSTER_SECRET_FILE": str(path)})
     assert env_file == from_file
     assert load_cluster_secret(env={}) is None

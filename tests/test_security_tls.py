@@ -8,19 +8,30 @@ import logging
 import os
 import socket
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
-from rmqha.errors import AuthenticationError, ConfigError, PeerIdentityError
+from rmqha.errors import AuthenticationError, ConfigError
 from rmqha.security import certs
 from rmqha.security.identity import Identity, Role
 from rmqha.security.tls import (
-    ClientAuth, ConnectionKind, ReloadingContext, TlsMode, TlsSettings, accept_connection,
-    classify_first_byte, client_context, peer_identity, require_peer, server_context,
+    ClientAuth,
+    ConnectionKind,
+    ReloadingContext,
+    TlsMode,
+    TlsSettings,
+    accept_connection,
+    classify_first_byte,
+    client_context,
+    peer_identity,
+    require_peer,
+    server_context,
 )
 
+T = TypeVar("T")
 CONTROLLER = Identity.controller("n0")
 BROKER = Identity.broker("DefaultCluster", "g1", "g1-0")
 
@@ -71,8 +82,8 @@ async def _exchange(server_ctx: ssl.SSLContext, client_ctx: ssl.SSLContext,
         await server.wait_closed()
 
 
-def _run(coro: Awaitable[object]) -> object:
-    return asyncio.run(asyncio.wait_for(coro, 20))  # type: ignore[arg-type]
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(asyncio.wait_for(coro, 20))
 
 
 # --- certificates ------------------------------------------------------------------------
@@ -107,7 +118,7 @@ def test_ca_is_never_replaced_and_identities_never_mixed(pki: Path, tmp_path: Pa
 def test_right_ca_and_identities_are_accepted(pki: Path) -> None:
     server = server_context(_settings(pki, "controller-n0"))
     client = client_context(_settings(pki, "broker-DefaultCluster-g1-g1-0"))
-    seen, line = _run(_exchange(server, client))  # type: ignore[misc]
+    seen, line = _run(_exchange(server, client))
     assert seen == CONTROLLER and line == str(BROKER)
     assert server.minimum_version == ssl.TLSVersion.TLSv1_2 == client.minimum_version
 
@@ -115,7 +126,7 @@ def test_right_ca_and_identities_are_accepted(pki: Path) -> None:
 def test_wrong_identity_is_refused_after_the_handshake(pki: Path) -> None:
     server = server_context(_settings(pki, "controller-n0"))
     client = client_context(_settings(pki, "client-client"))  # a client, not a g1 broker
-    seen, line = _run(_exchange(server, client))  # type: ignore[misc]
+    seen, line = _run(_exchange(server, client))
     assert seen == CONTROLLER
     assert line == "refused: peer is rmqha:client/client; only broker may connect here"
 
@@ -144,7 +155,7 @@ async def _server_side_error(server_ctx: ssl.SSLContext, client_ctx: ssl.SSLCont
 def _expect_refused(server: ssl.SSLContext, client: ssl.SSLContext, reason: str) -> None:
     """The client's connection fails; ``reason`` is in the error of whichever side refused."""
     with pytest.raises((ssl.SSLError, ConnectionError, asyncio.IncompleteReadError)) as info:
-        seen, line = _run(_exchange(server, client))  # type: ignore[misc]
+        _, line = _run(_exchange(server, client))
         if not line:
             raise ConnectionError("the server closed the connection")
     if isinstance(info.value, ssl.SSLError):
@@ -154,7 +165,7 @@ def _expect_refused(server: ssl.SSLContext, client: ssl.SSLContext, reason: str)
 
 
 def test_expired_certificates_are_refused(pki: Path, tmp_path: Path) -> None:
-    old = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=30)
+    old = dt.datetime.now(dt.UTC) - dt.timedelta(days=30)
     for f in (certs.CA_CERT, certs.CA_KEY):
         (tmp_path / f).write_bytes((pki / f).read_bytes())
     certs.issue(tmp_path, BROKER, days=1, now=old)
@@ -183,7 +194,7 @@ def test_client_without_certificate_is_refused_when_required(pki: Path) -> None:
     bare = TlsSettings(client_enable=True, client_trust_cert_path=str(pki / certs.CA_CERT))
     _expect_refused(server, client_context(bare), "peer did not return a certificate")
     optional = server_context(_settings(pki, "controller-n0", client_auth=ClientAuth.OPTIONAL))
-    seen, line = _run(_exchange(optional, client_context(bare)))  # type: ignore[misc]
+    _, line = _run(_exchange(optional, client_context(bare)))
     assert line == "refused: the TLS peer presented no verified certificate"
 
 
@@ -275,10 +286,11 @@ def test_reloaded_certificate_serves_the_next_connection(
         (tmp_path / f).write_bytes((pki / f).read_bytes())
     first = certs.read_cert(certs.issue(tmp_path, CONTROLLER, stem="server").cert_path).serial_number
     ctx = ReloadingContext.server(_settings(tmp_path, "server"), recheck_interval_s=0)
+    port = 0
     client = client_context(_settings(pki, "broker-DefaultCluster-g1-g1-0"))
 
     async def serial() -> int:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client)
+        _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client)
         serial = writer.get_extra_info("ssl_object").getpeercert()["serialNumber"]
         writer.close()
         return int(serial, 16)
@@ -314,10 +326,8 @@ def test_reloaded_certificate_serves_the_next_connection(
             task.cancel()
             listener.close()
 
-    port = 0
     caplog.set_level(logging.ERROR, logger="rmqha.security.tls")
     serials = _run(main())
-    assert isinstance(serials, list)
     assert serials[0] == first and serials[1] != first and serials[2] == serials[1]
     assert ctx.generation == 1 and "keeping the previous one" in caplog.text
 

@@ -47,8 +47,8 @@ def _issued(args: argparse.Namespace, issued: list[certs.IssuedCert], head: list
 
 def _init(args: argparse.Namespace) -> int:
     path = certs.init_ca(args.dir, common_name=args.common_name, days=args.days)
-    emit(args, {"ca": str(path)}, [f"CA certificate {path} (key {Path(args.dir) / certs.CA_KEY}, "
-                                   "keep it off the cluster's hosts)"])
+    key = Path(args.dir) / certs.CA_KEY
+    emit(args, {"ca": str(path)}, [f"CA certificate {path} (key {key}: keep it off the cluster's hosts)"])
     return 0
 
 
@@ -105,7 +105,7 @@ def _add_names(p: argparse.ArgumentParser) -> None:
     p.add_argument("--days", type=int, default=certs.CERT_DAYS, help="validity in days")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("certs", help="make the cluster CA, process certificates, secret",
                               description=(__doc__ or "").split("\n\n")[0])
     sub = p.add_subparsers(dest="certs_command", metavar="ACTION", required=True)

@@ -37,14 +37,18 @@ from __future__ import annotations
 import enum
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rmqha.errors import AclAuthenticationError, AclError, AclPermissionError, ConfigError
+from rmqha.errors import (
+    AclAuthenticationError,
+    AclError,
+    AclPermissionError,
+    ConfigError,
+)
 from rmqha.security.address_pattern import AddressPattern
 from rmqha.security.signature import ACCESS_KEY, SIGNATURE, signature_matches
 
@@ -172,12 +176,12 @@ _FALSE = {"false", "no", "off", ""}
 
 def _load_yaml(text: str, source: str) -> Any:
     try:
-        import yaml
+        import yaml  # type: ignore[import-untyped, unused-ignore]
     except ImportError:
         raise ConfigError(f"reading {source} needs PyYAML (pip install pyyaml)") from None
     try:
         # BaseLoader keeps every scalar as the text written, like RocketMQ's typed loader.
-        return yaml.load(text, Loader=yaml.BaseLoader)  # noqa: S506 - BaseLoader builds no objects
+        return yaml.load(text, Loader=yaml.BaseLoader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source} is not valid YAML: {exc}") from None
 

@@ -54,7 +54,7 @@ class CertificateAuthority:
 
 
 def _utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 def _write_atomic(path: Path, data: bytes, mode: int) -> None:

@@ -289,7 +289,6 @@ class Handshake:
             raise AuthenticationError("CLIENT_AUTH: the client's proof is wrong (another cluster "
                                       "secret or link context, or a replayed message)")
         self._finish()
-        return None
 
     def _finish(self) -> None:
         client_nonce, server_nonce = ((self._nonce, self._peer_nonce) if self.side is Side.CLIENT

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rmqha.errors import AuthenticationError, ConfigError
 from rmqha.security.identity import Identity, Role, authorize, identity_from_uris
@@ -292,6 +292,11 @@ def classify_first_byte(first: bytes, mode: TlsMode) -> ConnectionKind:
     return ConnectionKind.TLS if is_tls else ConnectionKind.PLAINTEXT
 
 
+def _set_ready(ready: asyncio.Future[None]) -> None:
+    if not ready.done():
+        ready.set_result(None)
+
+
 async def peek_first_byte(sock: socket.socket, timeout: float) -> bytes:
     """The first byte waiting on a non-blocking accepted socket, left unread (so the socket
     can be handed to ``loop.connect_accepted_socket`` with or without ``ssl``); b"" when
@@ -304,7 +309,7 @@ async def peek_first_byte(sock: socket.socket, timeout: float) -> bytes:
         except (BlockingIOError, InterruptedError):
             pass
         ready: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(sock.fileno(), lambda: ready.done() or ready.set_result(None))
+        loop.add_reader(sock.fileno(), _set_ready, ready)
         try:
             await asyncio.wait_for(ready, max(0.0, deadline - loop.time()))
         finally:
@@ -349,7 +354,8 @@ def peer_identity(ssl_object: ssl.SSLObject | ssl.SSLSocket) -> Identity:
     cert = ssl_object.getpeercert()
     if not cert:
         raise AuthenticationError("the TLS peer presented no verified certificate")
-    uris = tuple(value for kind, value in cert.get("subjectAltName", ()) if kind == "URI")
+    san = cast("tuple[tuple[str, str], ...]", cert.get("subjectAltName", ()))
+    uris = tuple(value for kind, value in san if kind == "URI")
     try:
         return identity_from_uris(uris, "the TLS peer's certificate")
     except ConfigError as exc:
