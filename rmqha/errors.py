@@ -158,7 +158,9 @@ class AclError(RmqhaError):
 
     ``response_code`` is the code to answer with: RocketMQ's broker answers every
     ``AclException`` (bad signature and missing permission alike) with SYSTEM_ERROR (1) and
-    the exception text as remark; ``remark`` is that text.  The message never holds a secret.
+    the exception text as remark; ``remark`` is that text.  (NO_PERMISSION, 16, is what it
+    answers when the broker's or topic's own perm forbids a send, not for the ACL.)  The
+    message never holds a secret.
     """
 
     #: SYSTEM_ERROR: what RocketMQ's NettyRemotingAbstract answers when an RPC hook throws.

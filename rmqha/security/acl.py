@@ -49,7 +49,7 @@ from rmqha.errors import (
     AclPermissionError,
     ConfigError,
 )
-from rmqha.security.address_pattern import AddressPattern
+from rmqha.security.address_pattern import AddressPattern, parse_ip
 from rmqha.security.signature import ACCESS_KEY, SIGNATURE, signature_matches
 
 log = logging.getLogger(__name__)
@@ -70,11 +70,12 @@ class Perm(enum.IntFlag):
 
 def perm_allows(needed: Perm, owned: Perm) -> bool:
     """``Permission.checkPermission``: DENY wins; ANY needs PUB or SUB; else a shared bit."""
-    if owned & Perm.DENY:
+    owned_bits, needed_bits = int(owned), int(needed)  # plain ints: no Flag objects per check
+    if owned_bits & Perm.DENY:
         return False
-    if needed & Perm.ANY:
-        return bool(owned & (Perm.PUB | Perm.SUB))
-    return bool(needed & owned)
+    if needed_bits & Perm.ANY:
+        return bool(owned_bits & (Perm.PUB | Perm.SUB))
+    return bool(needed_bits & owned_bits)
 
 
 _PERM_WORDS: dict[str, Perm] = {
@@ -372,7 +373,8 @@ def check_request(config: AclConfig, code: int, ext_fields: Mapping[str, str], b
                   remote_ip: str, *, version: int | None = None,
                   admin_codes: Collection[int] = RMQHA_ADMIN_CODES) -> None:
     """Raise an :class:`~rmqha.errors.AclError` unless ``config`` lets this request through."""
-    if any(p.matches(remote_ip) for p in config.global_white):
+    ip = parse_ip(remote_ip)
+    if any(p.matches_ip(ip) for p in config.global_white):
         return
     access_key = ext_fields.get(ACCESS_KEY)
     if access_key is None:
@@ -380,7 +382,7 @@ def check_request(config: AclConfig, code: int, ext_fields: Mapping[str, str], b
     account = config.accounts.get(access_key)
     if account is None:
         raise AclAuthenticationError(f"no ACL account for accessKey={access_key}")
-    if account.white_address.matches(remote_ip):
+    if account.white_address.matches_ip(ip):
         return
     if SIGNATURE not in ext_fields:
         raise AclAuthenticationError(f"request code {code} for accessKey={access_key} carries no Signature")

@@ -18,6 +18,7 @@ as the IPv4 address.
 """
 from __future__ import annotations
 
+import functools
 import ipaddress
 from dataclasses import dataclass
 from typing import Protocol
@@ -31,6 +32,7 @@ class _Matcher(Protocol):
     def matches(self, ip: IPAddress) -> bool: ...
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_ip(text: str) -> IPAddress | None:
     """The address in ``text`` (brackets and an IPv6 zone dropped, IPv4-mapped IPv6 turned
     into IPv4), or None when it is not an IP address."""
@@ -103,7 +105,10 @@ class AddressPattern:
 
     def matches(self, remote_ip: str) -> bool:
         """Whether ``remote_ip`` (an address without port) falls in this pattern."""
-        ip = parse_ip(remote_ip)
+        return self.matches_ip(parse_ip(remote_ip))
+
+    def matches_ip(self, ip: IPAddress | None) -> bool:
+        """:meth:`matches` for an address parsed once with :func:`parse_ip`."""
         return ip is not None and self._matcher.matches(ip)
 
     @property

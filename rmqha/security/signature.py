@@ -35,12 +35,21 @@ def _java_order(key: str) -> bytes:
     return key.encode("utf-16-be")
 
 
+def _sorted_keys(fields: Mapping[str, str]) -> list[str]:
+    keys = list(fields)
+    if "".join(keys).isascii():  # the usual case, where both orders agree
+        keys.sort()
+    else:
+        keys.sort(key=_java_order)
+    return keys
+
+
 def signed_content(ext_fields: Mapping[str, str], body: bytes | None,
                    version: int | None = None) -> bytes:
     """The bytes RocketMQ's server signs for a request with these fields and body
     (``version``: the frame's; None for a client that signs every field)."""
     skip_unique = version is not None and version <= V4_9_3
-    parts = [ext_fields[k] for k in sorted(ext_fields, key=_java_order)
+    parts = [ext_fields[k] for k in _sorted_keys(ext_fields)
              if k != SIGNATURE and not (skip_unique and k == UNIQUE_KEY_QUERY)]
     content = "".join(parts).encode("utf-8")
     return content + body if body else content
