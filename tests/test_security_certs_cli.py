@@ -86,3 +86,15 @@ def test_secret_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert text not in capsys.readouterr().out and out.stat().st_mode & 0o777 == 0o600
     assert main(["certs", "secret", "--out", str(out)]) == 1
     assert "already exists" in capsys.readouterr().err and out.read_text().strip() == text
+
+
+def test_parser_does_not_import_cryptography_and_shows_the_real_defaults() -> None:
+    import subprocess
+    import sys
+
+    from rmqha.cli import certs as cli_certs
+    assert (cli_certs._CA_DAYS, cli_certs._CERT_DAYS) == (certs.CA_DAYS, certs.CERT_DAYS)
+    code = ("import sys, rmqha.cli as c; c.build_parser(); "
+            "print(any(m.startswith('cryptography.x509') for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

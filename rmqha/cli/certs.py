@@ -13,12 +13,20 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rmqha.cli.output import add_json_flag, emit, table
 from rmqha.errors import ConfigError
-from rmqha.security import certs
 from rmqha.security.identity import Identity, Role
 from rmqha.security.secret import generate_secret_text, write_secret_file
+
+# rmqha.security.certs is imported inside the commands: cryptography's x509 takes a while
+# to import, and every ``rmqha`` run builds this parser.
+if TYPE_CHECKING:
+    from rmqha.security.certs import IssuedCert
+
+_CA_DAYS = 3650  # rmqha.security.certs.CA_DAYS (a test keeps them equal)
+_CERT_DAYS = 365  # rmqha.security.certs.CERT_DAYS
 
 
 def _identity(args: argparse.Namespace) -> Identity:
@@ -34,11 +42,11 @@ def _identity(args: argparse.Namespace) -> Identity:
     return Identity(role, args.name)
 
 
-def _row(issued: certs.IssuedCert) -> tuple[str, str, str]:
+def _row(issued: IssuedCert) -> tuple[str, str, str]:
     return str(issued.identity), str(issued.cert_path), issued.not_after.strftime("%Y-%m-%d")
 
 
-def _issued(args: argparse.Namespace, issued: list[certs.IssuedCert], head: list[str]) -> None:
+def _issued(args: argparse.Namespace, issued: list[IssuedCert], head: list[str]) -> None:
     data = [{"identity": str(i.identity), "cert": str(i.cert_path), "key": str(i.key_path),
              "notAfter": i.not_after.isoformat()} for i in issued]
     emit(args, {"dir": str(args.dir), "issued": data},
@@ -46,6 +54,7 @@ def _issued(args: argparse.Namespace, issued: list[certs.IssuedCert], head: list
 
 
 def _init(args: argparse.Namespace) -> int:
+    from rmqha.security import certs
     path = certs.init_ca(args.dir, common_name=args.common_name, days=args.days)
     key = Path(args.dir) / certs.CA_KEY
     emit(args, {"ca": str(path)}, [f"CA certificate {path} (key {key}: keep it off the cluster's hosts)"])
@@ -53,6 +62,7 @@ def _init(args: argparse.Namespace) -> int:
 
 
 def _issue(args: argparse.Namespace) -> int:
+    from rmqha.security import certs
     issued = certs.issue(args.dir, _identity(args), ips=args.ip or [], dns=args.dns or [],
                          days=args.days)
     _issued(args, [issued], [])
@@ -70,6 +80,7 @@ def _groups(specs: list[str]) -> dict[str, int]:
 
 
 def _dev_cluster(args: argparse.Namespace) -> int:
+    from rmqha.security import certs
     issued = certs.dev_cluster(args.dir, cluster=args.cluster, controllers=args.controllers,
                                groups=_groups(args.groups or ["g1:3"]), namesrv=args.namesrv,
                                ips=args.ip or ["127.0.0.1"], dns=args.dns or ["localhost"],
@@ -80,6 +91,7 @@ def _dev_cluster(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
+    from rmqha.security import certs
     rows, data = [], []
     for path in args.files:
         cert = certs.read_cert(path)
@@ -102,7 +114,7 @@ def _secret(args: argparse.Namespace) -> int:
 def _add_names(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ip", action="append", metavar="IP", help="an IP SAN (repeatable)")
     p.add_argument("--dns", action="append", metavar="NAME", help="a DNS SAN (repeatable)")
-    p.add_argument("--days", type=int, default=certs.CERT_DAYS, help="validity in days")
+    p.add_argument("--days", type=int, default=_CERT_DAYS, help="validity in days")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -113,7 +125,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     init = sub.add_parser("init", help="make the cluster CA in --dir")
     init.add_argument("--dir", required=True, type=Path)
     init.add_argument("--common-name", default="rmqha cluster CA")
-    init.add_argument("--days", type=int, default=certs.CA_DAYS)
+    init.add_argument("--days", type=int, default=_CA_DAYS, help="validity in days")
     init.set_defaults(func=_init)
 
     issue = sub.add_parser("issue", help="a key and certificate for one process")
