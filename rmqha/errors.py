@@ -139,3 +139,43 @@ class SendError(ClientError):
         self.code = code
         self.status = status
         super().__init__(message)
+
+
+# --- security ----------------------------------------------------------------------------
+
+
+class AuthenticationError(RmqhaError):
+    """A peer did not prove who it claims to be: a link handshake or a sealed frame failed
+    its MAC, or a TLS peer presented no usable certificate.  Close the connection."""
+
+
+class PeerIdentityError(AuthenticationError):
+    """A peer proved an identity, but not one allowed here (wrong role, group, ...)."""
+
+
+class AclError(RmqhaError):
+    """A request was refused by the RocketMQ ACL 1.0 check (``plain_acl.yml``).
+
+    ``response_code`` is the code to answer with: RocketMQ's broker answers every
+    ``AclException`` (bad signature and missing permission alike) with SYSTEM_ERROR (1) and
+    the exception text as remark; ``remark`` is that text.  (NO_PERMISSION, 16, is what it
+    answers when the broker's or topic's own perm forbids a send, not for the ACL.)  The
+    message never holds a secret.
+    """
+
+    #: SYSTEM_ERROR: what RocketMQ's NettyRemotingAbstract answers when an RPC hook throws.
+    DEFAULT_RESPONSE_CODE = 1
+
+    def __init__(self, message: str, response_code: int = DEFAULT_RESPONSE_CODE) -> None:
+        self.response_code = response_code
+        self.remark = message
+        super().__init__(message)
+
+
+class AclAuthenticationError(AclError):
+    """The request's AccessKey is missing or unknown, or its Signature does not match."""
+
+
+class AclPermissionError(AclError):
+    """The account is known and the signature good, but it lacks the permission asked for
+    (a topic or group perm, or admin for an admin request code)."""

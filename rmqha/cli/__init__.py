@@ -22,6 +22,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "rmqha.cli.query_msg",
     "rmqha.cli.config_keys",
     "rmqha.cli.scrub",
+    "rmqha.cli.certs",
 )
 
 

@@ -1,0 +1,25 @@
+"""Authentication and authorisation building blocks, sans-I/O where they can be.
+
+Nothing here opens a port or owns a connection: servers and links call these pieces.
+
+Modules and what each owns:
+
+- ``identity``: :class:`Identity` (role + names, text ``rmqha:<role>/...``) and
+  ``authorize`` (is this peer allowed here?); shared by ``tls`` and ``link_auth``.
+- ``secret``: the cluster secret (config / ``RMQHA_CLUSTER_SECRET`` / file), kept out of
+  logs; ``constant_time_equals``.
+- ``signature``: RocketMQ ACL 1.0 request signatures (HMAC-SHA1), checking and signing.
+- ``address_pattern``: RocketMQ's remote-address patterns (``192.168.*.*``, ``{1,2}``, ...).
+- ``acl``: ``plain_acl.yml`` (reloaded when it changes), the permission each request code
+  needs, and ``AclValidator.check`` (raises ``rmqha.errors.AclError``).
+- ``link_auth``: shared-secret mutual handshake for internal links without TLS, then a MAC
+  on every frame (``Handshake``, ``LinkSession.seal`` / ``open``).
+- ``certs``: the cluster CA and per-process certificates naming their identity (used by
+  ``rmqha certs``).
+- ``tls``: ``ssl.SSLContext`` builders from RocketMQ's ``tls.*`` keys, reload on file
+  change, one-port TLS/plaintext by first byte, and the peer's identity from its certificate.
+
+Imports allowed in this package: the standard library, ``cryptography``, ``yaml``
+(PyYAML, imported lazily by ``acl`` only) and ``rmqha.errors``, plus its own modules.
+Nothing else of rmqha, so the package can be wired into any layer without cycles.
+"""

@@ -1,0 +1,349 @@
+"""RocketMQ ACL 1.0 pieces: address patterns, plain_acl.yml, signatures, permissions, reload.
+
+The signature vector below was captured from the official C++ client (rocketmq 0.4.4) with
+AccessKey ``RocketMQ`` / secret ``12345678``; test_security_official_client.py captures
+live frames.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from rmqha.codes import RequestCode, ResponseCode
+from rmqha.errors import (
+    AclAuthenticationError,
+    AclError,
+    AclPermissionError,
+    ConfigError,
+)
+from rmqha.security.acl import (
+    ROCKETMQ_ADMIN_CODES,
+    AclConfig,
+    AclValidator,
+    Code,
+    Perm,
+    check_request,
+    perm_allows,
+    required_access,
+)
+from rmqha.security.address_pattern import AddressPattern
+from rmqha.security.signature import sign, signature_matches, signed_content
+
+PLAIN_ACL = """\
+globalWhiteRemoteAddresses:
+  - 10.10.103.*
+  - 192.168.0.*
+
+accounts:
+  - accessKey: RocketMQ
+    secretKey: 12345678
+    whiteRemoteAddress:
+    admin: false
+    defaultTopicPerm: DENY
+    defaultGroupPerm: SUB
+    topicPerms:
+      - topicA=DENY
+      - topicB=PUB|SUB
+      - topicC=SUB
+    groupPerms:
+      # the group should convert to retry topic
+      - groupA=DENY
+      - groupB=PUB|SUB
+      - groupC=SUB
+
+  - accessKey: rocketmq2
+    secretKey: 12345678
+    whiteRemoteAddress: 192.168.1.*
+    # if it is admin, it could access all resources
+    admin: true
+"""
+
+CPP_ROUTE_REQUEST = {"AccessKey": "RocketMQ", "OnsChannel": "ALIYUN",
+                     "Signature": "p8pEJu5L0ZC7GO43xVqziXfrwNQ=", "topic": "TopicA"}
+
+
+# --- address patterns --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pattern, inside, outside", [
+    ("*", ["1.2.3.4", "::1"], []),
+    ("*.*.*.*", ["8.8.8.8"], []),
+    ("192.168.*.*", ["192.168.0.1", "192.168.255.9"], ["192.169.0.1", "10.0.0.1"]),
+    ("192.168.1.*", ["192.168.1.77"], ["192.168.2.77"]),
+    ("10.*.*.*", ["10.9.8.7"], ["11.0.0.1"]),
+    ("192.168.1.1-100", ["192.168.1.1", "192.168.1.100"], ["192.168.1.101", "192.168.1.0"]),
+    ("192.168.1-3.*", ["192.168.3.200"], ["192.168.4.1"]),
+    ("192.168.1.{1,2}", ["192.168.1.1", "192.168.1.2"], ["192.168.1.3"]),
+    ("192.168.1.1,192.168.1.5", ["192.168.1.5"], ["192.168.1.2"]),
+    ("127.0.0.1", ["127.0.0.1", "::ffff:127.0.0.1"], ["127.0.0.2"]),
+    ("2001:db8::1", ["2001:0db8:0:0:0:0:0:1"], ["2001:db8::2"]),
+    ("1050:0000:0000:0000:0005:0600:300c:*", ["1050::5:600:300c:326b"], ["1050::5:600:300d:1"]),
+    ("1050::5:600:300c:*", ["1050::5:600:300c:1"], ["1051::5:600:300c:1"]),
+    ("1050::5:600:300c:1-ff", ["1050::5:600:300c:a0"], ["1050::5:600:300c:100"]),
+    ("2::ac5:78:1-200:*", ["2::ac5:78:1ff:ffff"], ["2::ac5:78:201:0"]),
+    ("2001:db8::{1,2}", ["2001:db8::2"], ["2001:db8::3"]),
+    ("", [], ["127.0.0.1"]),
+])
+def test_address_patterns_match_what_rocketmq_matches(pattern: str, inside: list[str],
+                                                      outside: list[str]) -> None:
+    p = AddressPattern.parse(pattern)
+    for ip in inside:
+        assert p.matches(ip), (pattern, ip)
+    for ip in outside:
+        assert not p.matches(ip), (pattern, ip)
+    assert not p.matches("not-an-ip")
+
+
+@pytest.mark.parametrize("pattern", [
+    "192.168.1", "192.168.*.1", "*.168.1.1", "192.168.1.300", "192.168.1.5-2", "192.168.1.1-x",
+    "192.168.1.{}", "192.168.{1,2}.3}", "192.168.1.1,bogus", "hostname", "1050::*:1",
+    "1050:*::1-2", "192.168.1.1-300",
+])
+def test_bad_address_patterns_are_refused_naming_them(pattern: str) -> None:
+    with pytest.raises(ConfigError, match="remote address pattern"):
+        AddressPattern.parse(pattern)
+
+
+# --- plain_acl.yml -----------------------------------------------------------------------
+
+
+def test_rocketmq_sample_file_loads_as_written() -> None:
+    config = AclConfig.parse(PLAIN_ACL)
+    assert [p.text for p in config.global_white] == ["10.10.103.*", "192.168.0.*"]
+    a = config.accounts["RocketMQ"]
+    assert a.secret_key == "12345678" and not a.admin and a.white_address.matches_nothing
+    assert a.default_topic_perm is Perm.DENY and a.default_group_perm is Perm.SUB
+    assert a.perms["topicB"] == Perm.PUB | Perm.SUB and a.perms["%RETRY%groupA"] is Perm.DENY
+    assert config.accounts["rocketmq2"].admin
+    assert "12345678" not in repr(a)
+
+
+def test_scalars_stay_the_text_written() -> None:
+    text = "accounts:\n  - accessKey: 0123456\n    secretKey: 0777777\n    admin: yes\n"
+    account = AclConfig.parse(text).accounts["0123456"]
+    assert account.secret_key == "0777777" and account.admin
+    assert account.default_topic_perm is Perm.DENY  # missing default perm: DENY
+
+
+@pytest.mark.parametrize("text, names", [
+    ("acounts: []\n", "'acounts'"),
+    ("accounts:\n  - accessKey: RocketMQ\n    secretKey: 12345678\n    topicPerm: [a=PUB]\n",
+     "accounts[0] (accessKey 'RocketMQ'): unknown key(s) 'topicPerm'"),
+    ("accounts:\n  - accessKey: short\n    secretKey: 12345678\n", "accounts[0]: accessKey must have at least 7"),
+    ("accounts:\n  - accessKey: RocketMQ\n    secretKey: 123\n", "secretKey must have at least 7"),
+    ("accounts:\n  - accessKey: RocketMQ\n    secretKey: 12345678\n    defaultTopicPerm: PUB,SUB\n",
+     "defaultTopicPerm: 'PUB,SUB' is not one of"),
+    ("accounts:\n  - accessKey: RocketMQ\n    secretKey: 12345678\n    topicPerms: [topicA]\n",
+     "topicPerms[0]: 'topicA' is not name=PERM"),
+    ("accounts:\n  - accessKey: RocketMQ\n    secretKey: 12345678\n    groupPerms: [g=WRITE]\n",
+     "groupPerms[0] ('g=WRITE'): 'WRITE'"),
+    ("accounts:\n  - accessKey: RocketMQ\n    secretKey: 12345678\n    whiteRemoteAddress: 1.2.3\n",
+     "whiteRemoteAddress: remote address pattern '1.2.3'"),
+    ("accounts:\n  - accessKey: RocketMQ\n    secretKey: 12345678\n    admin: maybe\n", "admin: 'maybe'"),
+    ("accounts:\n  - {accessKey: RocketMQ, secretKey: 12345678}\n  - {accessKey: RocketMQ, secretKey: 87654321}\n",
+     "accounts[1] repeats accessKey 'RocketMQ'"),
+    ("globalWhiteRemoteAddresses: [1.2.3.4, 300.1.1.1]\n", "globalWhiteRemoteAddresses[1]"),
+    ("accounts: [\n", "not valid YAML"),
+    ("- just\n- a list\n", "top level must be a mapping"),
+])
+def test_bad_files_are_refused_naming_the_entry(text: str, names: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(names)) as info:
+        AclConfig.parse(text, "acl.yml")
+    assert "acl.yml" in str(info.value)
+    assert "12345678" not in str(info.value) and "87654321" not in str(info.value)
+
+
+def test_empty_file_has_no_accounts() -> None:
+    assert AclConfig.parse("").accounts == {}
+
+
+# --- signatures --------------------------------------------------------------------------
+
+
+def test_signature_of_a_captured_cpp_client_request() -> None:
+    assert signature_matches(CPP_ROUTE_REQUEST, b"", "12345678")
+    assert not signature_matches(CPP_ROUTE_REQUEST, b"", "12345679")
+    assert not signature_matches({**CPP_ROUTE_REQUEST, "topic": "TopicB"}, b"", "12345678")
+    # The content is the values in key order, Signature left out, then the body.
+    assert signed_content(CPP_ROUTE_REQUEST, b"BODY") == b"RocketMQALIYUNTopicABODY"
+
+
+def test_sign_round_trips_and_covers_the_body() -> None:
+    fields = sign({"b": "TopicA", "a": "PG", "Signature": "stale"}, b"hello", "RocketMQ", "12345678")
+    assert fields["AccessKey"] == "RocketMQ" and fields["Signature"] != "stale"
+    assert signature_matches(fields, b"hello", "12345678")
+    assert not signature_matches(fields, b"hellO", "12345678")
+    assert not signature_matches({k: v for k, v in fields.items() if k != "Signature"}, b"hello", "12345678")
+    tokened = sign({}, None, "RocketMQ", "12345678", security_token="tok")
+    assert tokened["SecurityToken"] == "tok" and signature_matches(tokened, None, "12345678")
+
+
+def test_old_clients_sign_without_unique_key_query() -> None:
+    fields = sign({"topic": "T", "key": "k"}, None, "RocketMQ", "12345678")
+    fields["_UNIQUE_KEY_QUERY"] = "true"  # added after signing, as clients <= 4.9.3 did
+    assert signature_matches(fields, None, "12345678", version=400)
+    assert not signature_matches(fields, None, "12345678", version=401)
+    assert not signature_matches(fields, None, "12345678")
+
+
+def test_keys_sort_in_java_string_order() -> None:
+    # U+FF5E sorts after U+1F600 in UTF-16 code units (Java), before it in code points.
+    fields = {"\U0001F600": "x", "\uff5e": "y"}
+    assert signed_content(fields, None) == b"xy"
+
+
+# --- permissions -------------------------------------------------------------------------
+
+
+def test_local_codes_are_rocketmqs() -> None:
+    for code in Code:
+        if code.name in RequestCode.__members__:
+            assert RequestCode[code.name] == code, code
+    assert AclError("x").response_code == ResponseCode.SYSTEM_ERROR
+
+
+def test_perm_rules() -> None:
+    assert perm_allows(Perm.PUB, Perm.PUB | Perm.SUB)
+    assert not perm_allows(Perm.PUB, Perm.SUB)
+    assert not perm_allows(Perm.SUB, Perm.DENY | Perm.SUB)
+    assert perm_allows(Perm.ANY, Perm.SUB) and not perm_allows(Perm.ANY, Perm.DENY)
+
+
+def test_required_access_per_request_code() -> None:
+    def need(code: int, fields: dict[str, str], body: bytes | None = None) -> dict[str, Perm]:
+        return dict(required_access(code, fields, body).resources)
+
+    assert need(Code.SEND_MESSAGE, {"topic": "T", "producerGroup": "PG"}) == {"T": Perm.PUB}
+    assert need(Code.SEND_MESSAGE_V2, {"a": "PG", "b": "T"}) == {"T": Perm.PUB}
+    assert need(Code.SEND_BATCH_MESSAGE, {"a": "PG", "b": "T"}) == {"T": Perm.PUB}
+    assert need(Code.SEND_MESSAGE_V2, {"a": "CG", "b": "%RETRY%CG"}) == {"%RETRY%CG": Perm.SUB}
+    assert need(Code.PULL_MESSAGE, {"topic": "T", "consumerGroup": "CG"}) == {
+        "T": Perm.SUB, "%RETRY%CG": Perm.SUB}
+    assert need(Code.CONSUMER_SEND_MSG_BACK, {"group": "CG", "offset": "1"}) == {"%RETRY%CG": Perm.SUB}
+    assert need(Code.UPDATE_CONSUMER_OFFSET, {"consumerGroup": "CG", "topic": "T"}) == {
+        "%RETRY%CG": Perm.SUB, "T": Perm.SUB}
+    assert need(Code.QUERY_MESSAGE, {"topic": "T"}) == {"T": Perm.SUB}
+    assert need(Code.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "CG"}) == {"%RETRY%CG": Perm.SUB}
+    assert need(Code.UNREGISTER_CLIENT, {"producerGroup": "PG", "consumerGroup": ""}) == {}
+    assert need(Code.UNREGISTER_CLIENT, {"consumerGroup": "CG"}) == {"%RETRY%CG": Perm.SUB}
+    heartbeat = json.dumps({"clientID": "c", "producerDataSet": [{"groupName": "PG"}],
+                            "consumerDataSet": [{"groupName": "CG", "subscriptionDataSet": [
+                                {"topic": "T1"}, {"topic": "T2"}]}]}).encode()
+    assert need(Code.HEART_BEAT, {}, heartbeat) == {"%RETRY%CG": Perm.SUB, "T1": Perm.SUB, "T2": Perm.SUB}
+    assert need(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "T"}) == {}
+    with pytest.raises(AclError, match="heartbeat body"):
+        need(Code.HEART_BEAT, {}, b"{not json")
+
+
+def _signed(code: int, fields: dict[str, str], body: bytes | None = None,
+            ak: str = "RocketMQ", sk: str = "12345678") -> tuple[int, dict[str, str], bytes | None]:
+    return code, sign(fields, body, ak, sk), body
+
+
+def test_check_follows_rocketmqs_order() -> None:
+    config = AclConfig.parse(PLAIN_ACL)
+
+    def check(request: tuple[int, dict[str, str], bytes | None], ip: str = "172.16.0.9") -> None:
+        check_request(config, *request, ip, admin_codes=ROCKETMQ_ADMIN_CODES)
+
+    check(_signed(Code.SEND_MESSAGE_V2, {"a": "PG", "b": "topicB"}, b"x"))
+    check(_signed(Code.PULL_MESSAGE, {"topic": "topicC", "consumerGroup": "groupC"}))
+    check(_signed(Code.PULL_MESSAGE, {"topic": "topicC", "consumerGroup": "groupD"}))  # default SUB
+    with pytest.raises(AclPermissionError, match="no PUB permission for topic:topicC"):
+        check(_signed(Code.SEND_MESSAGE_V2, {"a": "PG", "b": "topicC"}))
+    with pytest.raises(AclPermissionError, match="no PUB default permission for topic:other"):
+        check(_signed(Code.SEND_MESSAGE, {"topic": "other", "producerGroup": "PG"}))
+    with pytest.raises(AclPermissionError, match="no SUB permission for group:groupA"):
+        check(_signed(Code.PULL_MESSAGE, {"topic": "topicC", "consumerGroup": "groupA"}))
+    with pytest.raises(AclPermissionError, match="needs an admin account"):
+        check(_signed(Code.UPDATE_AND_CREATE_TOPIC, {"topic": "new"}))
+    # The trace topic is open to any signed account.
+    check(_signed(Code.SEND_MESSAGE_V2, {"a": "PG", "b": "RMQ_SYS_TRACE_TOPIC"}))
+    # Admin account: every code and resource, signature still checked outside its white list.
+    check(_signed(Code.UPDATE_AND_CREATE_TOPIC, {"topic": "new"}, ak="rocketmq2"))
+    with pytest.raises(AclAuthenticationError, match="check signature failed for accessKey=rocketmq2"):
+        check(_signed(Code.UPDATE_AND_CREATE_TOPIC, {"topic": "new"}, ak="rocketmq2", sk="wrong-secret"))
+    # Its white address skips the signature; the global white list skips everything.
+    check(_signed(Code.UPDATE_AND_CREATE_TOPIC, {"topic": "new"}, ak="rocketmq2", sk="wrong-secret"),
+          ip="192.168.1.20")
+    check((Code.UPDATE_AND_CREATE_TOPIC, {"topic": "new"}, None), ip="10.10.103.5")
+    with pytest.raises(AclAuthenticationError, match="carries no AccessKey"):
+        check((Code.SEND_MESSAGE_V2, {"a": "PG", "b": "topicB"}, None))
+    with pytest.raises(AclAuthenticationError, match="no ACL account for accessKey=nobody12"):
+        check(_signed(Code.SEND_MESSAGE_V2, {"a": "PG", "b": "topicB"}, ak="nobody12"))
+    unsigned = {"AccessKey": "RocketMQ", "a": "PG", "b": "topicB"}
+    with pytest.raises(AclAuthenticationError, match="carries no Signature"):
+        check((Code.SEND_MESSAGE_V2, unsigned, None))
+
+
+def test_rmqha_keeps_more_codes_for_admins() -> None:
+    config = AclConfig.parse(PLAIN_ACL)
+    reset = _signed(Code.INVOKE_BROKER_TO_RESET_OFFSET, {"topic": "topicB", "group": "groupB"})
+    check_request(config, *reset, "172.16.0.9", admin_codes=ROCKETMQ_ADMIN_CODES)
+    with pytest.raises(AclPermissionError, match="request code 222 needs an admin account") as info:
+        check_request(config, *reset, "172.16.0.9")
+    assert info.value.response_code == ResponseCode.SYSTEM_ERROR and "12345678" not in str(info.value)
+
+
+# --- the validator and its reload --------------------------------------------------------
+
+
+def _rewrite(path: Path, text: str) -> None:
+    before = path.stat().st_mtime_ns
+    path.write_text(text)
+    # Make the change visible even where mtime is coarse.
+    os.utime(path, ns=(before + 1_000_000_000, before + 1_000_000_000))
+
+
+def test_validator_reloads_good_files_and_keeps_accounts_on_bad_ones(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "plain_acl.yml"
+    path.write_text(PLAIN_ACL)
+    v = AclValidator(path, recheck_interval_s=0)
+    request = _signed(Code.SEND_MESSAGE_V2, {"a": "PG", "b": "topicB"}, b"x", ak="newcomer", sk="newcomer-secret")
+    with pytest.raises(AclAuthenticationError, match="no ACL account for accessKey=newcomer"):
+        v.check(*request, "172.16.0.9")
+
+    _rewrite(path, PLAIN_ACL + "  - accessKey: newcomer\n    secretKey: newcomer-secret\n"
+                               "    defaultTopicPerm: PUB\n")
+    v.check(*request, "172.16.0.9")
+
+    caplog.set_level(logging.ERROR, logger="rmqha.security.acl")
+    _rewrite(path, "accounts:\n  - accessKey: newcomer\n    secretKey: newcomer-secret\n    bogus: 1\n")
+    v.check(*request, "172.16.0.9")  # the old accounts still hold
+    assert "unknown key(s) 'bogus'" in caplog.text and "keeping the 3 account(s)" in caplog.text
+    assert "newcomer-secret" not in caplog.text
+    v.check(*request, "172.16.0.9")
+    assert caplog.text.count("unknown key(s)") == 1  # logged once per version of the file
+
+    path.unlink()
+    v.check(*request, "172.16.0.9")
+    path.write_text("accounts: []\n")
+    with pytest.raises(AclAuthenticationError):
+        v.check(*request, "172.16.0.9")
+
+
+def test_validator_checks_the_file_at_most_once_per_interval(tmp_path: Path) -> None:
+    path = tmp_path / "plain_acl.yml"
+    path.write_text(PLAIN_ACL)
+    v = AclValidator(path, recheck_interval_s=3600)
+    _rewrite(path, "accounts: []\n")
+    request = _signed(Code.SEND_MESSAGE_V2, {"a": "PG", "b": "topicB"})
+    v.check(*request, "172.16.0.9")  # not looked at yet
+    assert v.reload_if_changed()
+    with pytest.raises(AclAuthenticationError):
+        v.check(*request, "172.16.0.9")
+
+
+def test_validator_needs_a_readable_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        AclValidator(tmp_path / "missing.yml")
+    bad = tmp_path / "bad.yml"
+    bad.write_text("accounts: 3\n")
+    with pytest.raises(ConfigError, match="accounts must be a list"):
+        AclValidator(bad)
