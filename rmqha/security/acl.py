@@ -86,8 +86,8 @@ _PERM_WORDS: dict[str, Perm] = {
 
 class Code(enum.IntEnum):
     """The RocketMQ request codes the ACL decides on.  Values are RocketMQ's
-    ``RequestCode`` (the same as ``rmqha.codes.RequestCode``; rmqha.security does not import
-    it).  Codes rmqha.codes lacks are marked."""
+    ``RequestCode`` (the same as ``rmqha.protocol.codes.RequestCode``; rmqha.security does not import
+    it).  Codes rmqha.protocol.codes lacks are marked."""
 
     SEND_MESSAGE = 10
     PULL_MESSAGE = 11
@@ -99,18 +99,18 @@ class Code(enum.IntEnum):
     UNREGISTER_CLIENT = 35
     CONSUMER_SEND_MSG_BACK = 36
     GET_CONSUMER_LIST_BY_GROUP = 38
-    PUT_KV_CONFIG = 100  # not in rmqha.codes
-    DELETE_KV_CONFIG = 102  # not in rmqha.codes
+    PUT_KV_CONFIG = 100  # not in rmqha.protocol.codes
+    DELETE_KV_CONFIG = 102  # not in rmqha.protocol.codes
     UPDATE_AND_CREATE_SUBSCRIPTIONGROUP = 200
     WIPE_WRITE_PERM_OF_BROKER = 205
     DELETE_SUBSCRIPTIONGROUP = 207
     DELETE_TOPIC_IN_BROKER = 215
     DELETE_TOPIC_IN_NAMESRV = 216
-    INVOKE_BROKER_TO_RESET_OFFSET = 222  # not in rmqha.codes (mqadmin resetOffsetByTime)
+    INVOKE_BROKER_TO_RESET_OFFSET = 222  # not in rmqha.protocol.codes (mqadmin resetOffsetByTime)
     SEND_MESSAGE_V2 = 310
-    UPDATE_NAMESRV_CONFIG = 318  # not in rmqha.codes
+    UPDATE_NAMESRV_CONFIG = 318  # not in rmqha.protocol.codes
     SEND_BATCH_MESSAGE = 320
-    ADD_WRITE_PERM_OF_BROKER = 327  # not in rmqha.codes
+    ADD_WRITE_PERM_OF_BROKER = 327  # not in rmqha.protocol.codes
     UPDATE_CONTROLLER_CONFIG = 1009
     CLEAN_BROKER_DATA = 1011
 

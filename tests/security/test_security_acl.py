@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rmqha.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import (
     AclAuthenticationError,
     AclError,
