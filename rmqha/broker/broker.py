@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from rmqha import log as rmqha_log
+from rmqha.broker.acl_guard import acl_guard
 from rmqha.broker.config import BrokerConfig
 from rmqha.broker.confirm_checkpoint import FILE_NAME as CONFIRM_FILE
 from rmqha.broker.confirm_checkpoint import ConfirmCheckpoint
@@ -266,6 +267,8 @@ class Broker:
         handlers: dict[int, Any] = {int(code): None for code in WRITE_CODES}
         handlers.update({int(code): h for code, h in self.message_service.handlers().items()})
         self.server = RemotingServer(cfg.listen_host, cfg.listen_port, max_frame_bytes=cfg.max_frame_bytes)
+        if cfg.acl_enable:
+            self.server.dispatcher.guard = acl_guard(cfg.acl_file)
         if self._served_bytes is not None and handlers.get(int(RequestCode.PULL_MESSAGE)) is not None:
             handlers[int(RequestCode.PULL_MESSAGE)] = self._count_served(handlers[int(RequestCode.PULL_MESSAGE)])
         for code, handler in handlers.items():

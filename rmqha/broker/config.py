@@ -46,6 +46,10 @@ class BrokerConfig:
     rpc_timeout_ms: int = 3000
     #: Admin writes (topic changes, config updates) need this token when it is set.
     admin_token: str = ""
+    #: RocketMQ ACL 1.0 on the client port: every request signed by an account of
+    #: ``acl_file`` (``plain_acl.yml``; a relative path is beside the config file).
+    acl_enable: bool = field(default=False, metadata=_alias("aclEnable"))
+    acl_file: Path = field(default=Path("plain_acl.yml"), metadata=_alias("aclFile"))
 
     # --- controller mode ------------------------------------------------------------------
     #: Accepted for RocketMQ config compatibility; rmqha brokers always run in controller mode.
@@ -263,4 +267,8 @@ class BrokerConfig:
 
 def load_broker_config(path: str | Path | None = None, **overrides: object) -> BrokerConfig:
     """Defaults < file < ``RMQHA_<KEY>`` environment < ``overrides``; validated."""
-    return load_config(BrokerConfig, path, overrides=overrides or None)
+    cfg = load_config(BrokerConfig, path, overrides=overrides or None)
+    if path is not None and not cfg.acl_file.is_absolute():
+        # RocketMQ keeps plain_acl.yml beside the broker's config; so does rmqha.
+        cfg.acl_file = Path(path).resolve().parent / cfg.acl_file
+    return cfg

@@ -53,6 +53,11 @@ def _expire(fut: asyncio.Future[Any]) -> None:
         fut.set_exception(_Expired())
 
 
+#: ``guard(cmd, conn) -> None``: runs before any handler of a request; a refusal is a
+#: :class:`~rmqha.errors.RemoteCommandError` (answered with its code and remark, and no handler
+#: runs).  The broker's ACL check is one.
+Guard = Callable[[RemotingCommand, "Connection"], None]
+
 #: ``handler(cmd, conn) -> bool``: takes the request in the loop turn that decoded it (True:
 #: it answers with :meth:`Connection.answer`, now or from a later callback) or leaves it to
 #: the code's ordinary task-based handler (False).
@@ -70,6 +75,8 @@ class Dispatcher:
         self._handlers: dict[int, Handler] = {}
         self._fallback: Handler | None = None
         self.immediate: dict[int, ImmediateHandler] = {}
+        #: Checked before every request (:data:`Guard`); None lets everything through.
+        self.guard: Guard | None = None
         if isinstance(fallback, Mapping):
             for code, fn in fallback.items():
                 self.register(code, fn)
@@ -471,12 +478,26 @@ class Connection(asyncio.Protocol):
                 log.debug("%s: dropping response with unknown opaque %d", self.name, cmd.opaque)
             return
         if self._dispatcher is not None:
+            guard = self._dispatcher.guard
+            if guard is not None and not self._admitted(guard, cmd):
+                return
             now = self._dispatcher.immediate.get(cmd.code)
             if now is not None and self._take_now(now, cmd):
                 return
         task = self._loop.create_task(self._handle(cmd))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _admitted(self, guard: Guard, cmd: RemotingCommand) -> bool:
+        """Whether ``guard`` lets ``cmd`` through; a refusal is answered here."""
+        try:
+            guard(cmd, self)
+        except RemoteCommandError as exc:
+            log.info("refused %s from %s: %s", cmd.describe(), self.name, exc.remark)
+            self._immediate += 1  # answered like a request an immediate handler took
+            self.answer(cmd, cmd.response(exc.code, exc.remark))
+            return False
+        return True
 
     def _take_now(self, handler: ImmediateHandler, cmd: RemotingCommand) -> bool:
         self._immediate += 1

@@ -51,6 +51,7 @@ from rmqha.messaging.state import STATE_TOPIC
 from rmqha.metrics import MetricsRegistry
 from rmqha.namesrv.config import NamesrvConfig
 from rmqha.namesrv.server import NameServer
+from rmqha.broker.acl_guard import acl_guard
 from rmqha.net.client import RemotingClient
 from rmqha.net.server import RemotingServer
 from rmqha.protocol.command import RemotingCommand
@@ -187,8 +188,11 @@ class LocalBroker:
 
     def __init__(self, base: Path, name: str, namesrv: str | None, *, broker_id: int = 0,
                  role: str = "master", master_address: str | None = None,
-                 ns_id: int | None = None, immediate: bool = True, **cfg: Any) -> None:
+                 ns_id: int | None = None, immediate: bool = True, acl_file: Path | None = None,
+                 **cfg: Any) -> None:
         self.base = base
+        #: plain_acl.yml guarding the client port as the broker process's aclEnable does.
+        self.acl_file = acl_file
         #: Sends taken without a task (as the broker process registers them), or only
         #: through the task-based handler.
         self.immediate = immediate
@@ -222,6 +226,8 @@ class LocalBroker:
                                   metrics=self.metrics)
         self.svc.set_role(self.role, self.master_address)
         self.server = RemotingServer("127.0.0.1", self.port, self.svc.handlers())
+        if self.acl_file is not None:
+            self.server.dispatcher.guard = acl_guard(self.acl_file)
         if self.immediate:
             for code, now in self.svc.immediate_handlers().items():
                 self.server.register_immediate(code, now)
