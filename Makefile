@@ -75,7 +75,8 @@ bench-quick: build
 
 # rmqha side by side with NATS JetStream, Redis and RabbitMQ, each a real 3-node group on
 # loopback (benches/bench_peers.py); installs the Debian packages and the Python clients
-# (the `peers` extra) when missing and writes the table into README.md.  Not part of test.
+# (the `peers` extra) when missing and writes the table into docs/benchmarks.md.  Not part
+# of test.
 PEER_PACKAGES := nats-server redis-server rabbitmq-server
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 bench-peers: build
@@ -85,10 +86,10 @@ bench-peers: build
 		$(SUDO) apt-get update && DEBIAN_FRONTEND=noninteractive \
 		$(SUDO) apt-get install -y --no-install-recommends $$missing; fi
 	$(PY) -m pip install --quiet -e '.[dev,spark,peers]'
-	$(PY) benches/bench_peers.py --readme README.md --flush-sync $(PEERS_ARGS)
+	$(PY) benches/bench_peers.py --write-into docs/benchmarks.md --flush-sync $(PEERS_ARGS)
 
 # Ingest new pytest-benchmark runs from .benchmarks, analyse, write reports/trends/report.html.
-# Gate a CI run with TRENDS_ARGS="--fail-on-regression" (exit codes: see README).
+# Gate a CI run with TRENDS_ARGS="--fail-on-regression" (exit codes: see docs/benchmarks.md).
 trends: build
 	$(PY) -m spark_bench trends --history .benchmarks --out reports/trends $(TRENDS_ARGS)
 
