@@ -8,7 +8,9 @@ by the stubs beside them (``records.pyi``, ...).
 
 Where the twins' types differ (the compiled TRANSFER_DATA frame is an extension type, the
 pure one a dataclass; the decoders are two classes each) the protocol names the behaviour
-both share (:class:`TransferDataLike`, :class:`FrameDecoderLike`).
+both share (:class:`TransferDataLike`, :class:`FrameDecoderLike`).  Classes a twin exports
+are read-only members (properties), so a twin's own class matches the protocol of its
+behaviour (a plain attribute would have to be that very type).
 
 The block at the end is checked by mypy only: it assigns every twin, compiled (its stub)
 and pure, to its feature's protocol, so a twin whose API drifts from the other's fails
