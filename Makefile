@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rmqha-installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv build browser test test-pure demo bench bench-quick bench-peers trends chaos soak wheel-check clean
+.PHONY: all venv build browser lint test test-pure demo bench bench-quick bench-peers trends chaos soak wheel-check clean
 
 all: build
 
@@ -34,7 +34,19 @@ browser:
 		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
 			chromium </dev/null; }
 
-test: build browser
+# The habits every change keeps (config in pyproject.toml): ruff; mypy over rmqha/ (strict on
+# protocol/ and net/); the compiled twins' stubs against the built extensions (stubtest);
+# the import rules of ARCHITECTURE.md's map (import-linter).  tests/test_lint_controls.py
+# shows each of the last three failing on the fault it is there for.
+TWIN_MODULES := rmqha._core.records rmqha._core.epoch_map rmqha._core.frames \
+	rmqha._core.ha_offsets rmqha._core.message_index rmqha._core.queue_scan
+lint: build
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+	$(PY) -m mypy.stubtest --allowlist rmqha/_core/stubtest_allowlist.txt $(TWIN_MODULES)
+	$(VENV)/bin/lint-imports --no-logo
+
+test: build browser lint
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # The same suite with the pure-Python twins forced.
@@ -63,7 +75,8 @@ bench-quick: build
 
 # rmqha side by side with NATS JetStream, Redis and RabbitMQ, each a real 3-node group on
 # loopback (benches/bench_peers.py); installs the Debian packages and the Python clients
-# (the `peers` extra) when missing and writes the table into README.md.  Not part of test.
+# (the `peers` extra) when missing and writes the table into docs/benchmarks.md.  Not part
+# of test.
 PEER_PACKAGES := nats-server redis-server rabbitmq-server
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 bench-peers: build
@@ -73,10 +86,10 @@ bench-peers: build
 		$(SUDO) apt-get update && DEBIAN_FRONTEND=noninteractive \
 		$(SUDO) apt-get install -y --no-install-recommends $$missing; fi
 	$(PY) -m pip install --quiet -e '.[dev,spark,peers]'
-	$(PY) benches/bench_peers.py --readme README.md --flush-sync $(PEERS_ARGS)
+	$(PY) benches/bench_peers.py --write-into docs/benchmarks.md --flush-sync $(PEERS_ARGS)
 
 # Ingest new pytest-benchmark runs from .benchmarks, analyse, write reports/trends/report.html.
-# Gate a CI run with TRENDS_ARGS="--fail-on-regression" (exit codes: see README).
+# Gate a CI run with TRENDS_ARGS="--fail-on-regression" (exit codes: see docs/benchmarks.md).
 trends: build
 	$(PY) -m spark_bench trends --history .benchmarks --out reports/trends $(TRENDS_ARGS)
 

@@ -3,13 +3,14 @@
 ``make bench-peers`` installs what is missing and runs this; by hand::
 
     .venv/bin/python benches/bench_peers.py [--systems rmqha,nats,redis,rabbitmq]
-        [--scale 1.0] [--readme README.md] [--flush-sync]
+        [--scale 1.0] [--write-into docs/benchmarks.md] [--flush-sync]
 
 Every workload runs on every system before the next workload starts (round robin), so
 machine noise hits all of them alike.  1 KiB bodies; "copies" is how many servers hold a
 message when it is acked (3: the replicated destination, 1: a single-copy one).  The
-table goes to stdout and, with ``--readme``, between the ``peers-table`` markers of the
-README.  Every server this starts is stopped at the end, also on errors and Ctrl-C.
+table goes to stdout and, with ``--write-into FILE``, between the ``peers-table`` markers
+of that Markdown file (``docs/benchmarks.md``).  Every server this starts is stopped at the
+end, also on errors and Ctrl-C.
 """
 from __future__ import annotations
 
@@ -134,11 +135,12 @@ def semantics(instances: dict[str, PeerSystem]) -> str:
                      for s in instances.values())
 
 
-def write_readme(path: Path, text: str) -> None:
-    readme = path.read_text()
-    if BEGIN not in readme or END not in readme:
+def write_table(path: Path, text: str) -> None:
+    """Replace what stands between the peers-table markers of ``path`` with ``text``."""
+    doc = path.read_text()
+    if BEGIN not in doc or END not in doc:
         raise SystemExit(f"{path} has no {BEGIN} ... {END} markers")
-    before, rest = readme.split(BEGIN, 1)
+    before, rest = doc.split(BEGIN, 1)
     _, after = rest.split(END, 1)
     path.write_text(f"{before}{BEGIN}\n{text}\n{END}{after}")
 
@@ -147,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--systems", default="rmqha,nats,redis,rabbitmq")
     ap.add_argument("--scale", type=float, default=1.0, help="multiply message counts")
-    ap.add_argument("--readme", type=Path, help="write the table into this README")
+    ap.add_argument("--write-into", type=Path, metavar="FILE",
+                    help="write the table between the peers-table markers of this Markdown file")
     ap.add_argument("--flush-sync", action="store_true",
                     help="also measure rmqha with flush = sync (one at a time)")
     ap.add_argument("--no-failover", action="store_true")
@@ -194,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
                     traceback.print_exc()
     text = table(results, failovers, names) + "\n\n" + semantics(instances)
     print(text)
-    if args.readme:
-        write_readme(args.readme, text)
+    if args.write_into:
+        write_table(args.write_into, text)
     return 0
 
 

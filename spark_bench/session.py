@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession
 DEFAULT_MASTER = "local[*]"
 
 #: Cheaper JIT and GC for short-lived JVMs: measured 17.6 s -> 13.1 s for a small test suite
-#: together with whole-stage codegen off (build-style-ecosystem.md B.3).
+#: together with whole-stage codegen off (tests/spark_support.py's session).
 FAST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 #: The optimising (C2) JIT only for methods hot enough to pay for it: a trends run is a

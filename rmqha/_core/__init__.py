@@ -6,13 +6,29 @@ returns a named twin so tests and benchmarks can run one body against both.  Whe
 twin does not import and ``RMQHA_NO_EXTENSIONS`` is not set, one warning (per process) says
 so and how to build them: the pure twins are 10-20x slower, and a client running them
 silently can differ from its brokers.
+
+Both functions are typed per feature: ``load("records")`` is a
+:class:`~rmqha._core._protocols.RecordsTwin`, and so on (see :mod:`rmqha._core._protocols`;
+the compiled twins' types are the ``.pyi`` stubs beside them).
 """
 from __future__ import annotations
 
 import importlib
 import logging
 import os
-from types import ModuleType
+from typing import Any, Literal, overload
+
+from rmqha._core._protocols import (
+    EpochMapTwin,
+    FramesTwin,
+    HaOffsetsTwin,
+    MessageIndexTwin,
+    QueueScanTwin,
+    RecordsTwin,
+)
+
+#: What a feature named by a plain string (not a literal) loads as.
+AnyTwin = RecordsTwin | EpochMapTwin | FramesTwin | HaOffsetsTwin | MessageIndexTwin | QueueScanTwin
 
 NO_EXTENSIONS: bool = os.environ.get("RMQHA_NO_EXTENSIONS", "") not in ("", "0")
 
@@ -28,7 +44,21 @@ _warned = False
 log = logging.getLogger(__name__)
 
 
-def load_twin(feature: str, twin: str) -> ModuleType:
+@overload
+def load_twin(feature: Literal["records"], twin: str) -> RecordsTwin: ...
+@overload
+def load_twin(feature: Literal["epoch_map"], twin: str) -> EpochMapTwin: ...
+@overload
+def load_twin(feature: Literal["frames"], twin: str) -> FramesTwin: ...
+@overload
+def load_twin(feature: Literal["ha_offsets"], twin: str) -> HaOffsetsTwin: ...
+@overload
+def load_twin(feature: Literal["message_index"], twin: str) -> MessageIndexTwin: ...
+@overload
+def load_twin(feature: Literal["queue_scan"], twin: str) -> QueueScanTwin: ...
+@overload
+def load_twin(feature: str, twin: str) -> AnyTwin: ...
+def load_twin(feature: str, twin: str) -> Any:
     """Import one named twin of a feature; ImportError if that twin is not available."""
     if feature not in FEATURES:
         raise ValueError(f"unknown hot-path feature {feature!r}; known: {', '.join(FEATURES)}")
@@ -39,7 +69,21 @@ def load_twin(feature: str, twin: str) -> ModuleType:
     raise ValueError(f"unknown twin {twin!r}; expected 'cython' or 'python'")
 
 
-def load(feature: str) -> ModuleType:
+@overload
+def load(feature: Literal["records"]) -> RecordsTwin: ...
+@overload
+def load(feature: Literal["epoch_map"]) -> EpochMapTwin: ...
+@overload
+def load(feature: Literal["frames"]) -> FramesTwin: ...
+@overload
+def load(feature: Literal["ha_offsets"]) -> HaOffsetsTwin: ...
+@overload
+def load(feature: Literal["message_index"]) -> MessageIndexTwin: ...
+@overload
+def load(feature: Literal["queue_scan"]) -> QueueScanTwin: ...
+@overload
+def load(feature: str) -> AnyTwin: ...
+def load(feature: str) -> Any:
     """The twin in use for a feature: compiled when it imports and not disabled."""
     if not NO_EXTENSIONS:
         try:

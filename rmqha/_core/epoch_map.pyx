@@ -1,5 +1,5 @@
 # cython: language_level=3
-"""Compiled twin of the in-memory epoch map (hot path 3 of DESIGN.md).
+"""Compiled twin of the in-memory epoch map (a hot path; ARCHITECTURE.md lists them).
 
 Same API and results as ``rmqha._core.epoch_map_py`` (see its docstring for the model and
 the RocketMQ quirks decided there).  Entries live in two C arrays so lookups, the

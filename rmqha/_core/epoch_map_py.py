@@ -1,4 +1,4 @@
-"""Pure-Python twin of the in-memory epoch map (hot path 3 of DESIGN.md).
+"""Pure-Python twin of the in-memory epoch map (a hot path; ARCHITECTURE.md lists them).
 
 This module owns the ordered ``(epoch, start_offset)`` entries of one broker's log and every
 query and mutation on them; persistence lives in :mod:`rmqha.store.epoch_map`.  The compiled twin
@@ -9,7 +9,7 @@ which only the caller knows (``set_max_offset``).  Until it is set, or after a s
 truncation, the last entry is open-ended and reports :data:`OPEN_END` (int64 max, the value
 RocketMQ's ``EpochEntry`` uses for "no end").
 
-RocketMQ quirks (reference notes 7.2 a-c), decided here:
+Quirks of RocketMQ's ``EpochFileCache``, decided here:
   (a) ``truncate_suffix`` really leaves the new last entry open-ended (RocketMQ only changed
       a copy, so the stale end survived);
   (b) an ``append`` whose start equals the last start replaces the last entry (that epoch

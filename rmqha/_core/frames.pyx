@@ -1,5 +1,5 @@
 # cython: language_level=3
-"""Compiled twin of the HA wire frames (hot path 2 of DESIGN.md).
+"""Compiled twin of the HA wire frames (a hot path; ARCHITECTURE.md lists them).
 
 Same API, bytes and results as ``rmqha._core.frames_py``, whose docstring holds both
 dialects' layouts; the frame dataclasses and enums are imported from there so both twins

@@ -1,4 +1,4 @@
-"""Pure-Python twin of the HA wire frames (hot path 2 of DESIGN.md), and the frame types.
+"""Pure-Python twin of the HA wire frames (a hot path; ARCHITECTURE.md lists them), and the frame types.
 
 This module owns both HA dialects' byte layouts, the frame dataclasses and enums (shared by
 the compiled twin ``rmqha._core.frames``, which imports them from here so both twins return
@@ -6,7 +6,7 @@ equal objects; only TRANSFER_DATA has a compiled type of its own there, which co
 to this dataclass and which both twins encode), single-frame encode/decode, the incremental
 decoders and the batch helpers for TRANSFER_DATA headers.  All integers are big-endian.
 
-``framed`` (default; seed 002 with DESIGN.md's payloads)::
+``framed`` (default; rmqha's own: one envelope for every frame type)::
 
     length:int32 | type:int32 | timestamp_ms:int64 | epoch:int64 | payload   (length = 24 + payload)
     1 HANDSHAKE_SLAVE  flags:int32 (bit0 sync_from_last_file, bit1 async_learner),

@@ -1,5 +1,5 @@
 # cython: language_level=3
-"""Compiled twin of batch limiting and the confirm offset (hot paths 4 and 5 of DESIGN.md).
+"""Compiled twin of batch limiting and the confirm offset (hot paths; ARCHITECTURE.md lists them).
 
 Same API and results as ``rmqha._core.ha_offsets_py`` (its docstring holds the decisions on
 RocketMQ's behaviour).  A compiled epoch map is searched in C; any other map (the pure twin,

@@ -1,9 +1,9 @@
-"""Pure-Python twin of batch limiting and the confirm offset (hot paths 4 and 5 of DESIGN.md).
+"""Pure-Python twin of batch limiting and the confirm offset (hot paths; ARCHITECTURE.md lists them).
 
 This module owns the small exact rules the HA master applies per transfer and per ack; the
 compiled twin ``rmqha._core.ha_offsets`` has the same API and results.
 
-Decisions (RocketMQ reference notes 3.4-3.6, issues #6662 and #6728):
+Decisions on RocketMQ's AutoSwitch HA behaviour (its issues #6662 and #6728):
   * ``limit_batch`` never lets a batch cross the end of the epoch ``from_offset`` is in, the
     segment end, ``want`` or ``max_batch``.  The newest epoch is open-ended (RocketMQ uses -1
     for its end), so only ``want`` bounds it.  Unlike RocketMQ, the returned epoch is the one

@@ -6,8 +6,8 @@ A broker's id is negotiated once with the controller and kept in the store direc
 - ``.broker.meta.temp``  ``cluster#broker_name#broker_id#register_code`` (an attempt in flight)
 
 Both are written atomically (scratch file, fsync, rename, fsync of the directory), so a
-crash leaves either the old content or the new one, never a torn file.  Start-up follows
-seeds 000/001:
+crash leaves either the old content or the new one, never a torn file.  Start-up goes
+like this:
 
 1. ``.broker.meta`` present: the id is known; go straight to RegisterBrokerToController.
 2. only the temp file: send ApplyBrokerId again with its id and register code (the
@@ -17,7 +17,7 @@ seeds 000/001:
 
 A refused ApplyBrokerId (``CONTROLLER_BROKER_ID_INVALID``, the id went to someone else)
 deletes the temp file and starts over with the next id.  A transport failure does *not*
-(unlike RocketMQ, quirk 7.2-g): the apply may have been committed, so the same id and code
+(unlike RocketMQ, which deletes it): the apply may have been committed, so the same id and code
 are retried; deleting the temp file there could orphan an id.
 
 A meta file naming another cluster or broker name than the configuration stops the broker
@@ -250,7 +250,7 @@ async def negotiate_broker_id(
     retry_delay_s: float = 0.5,
     stop: asyncio.Event | None = None,
 ) -> int:
-    """Run the seeds' id flow until this broker holds a settled id; return it.
+    """Run the id flow of the module docstring until this broker holds a settled id; return it.
 
     Transport and not-leader failures are retried with the same files (the controller may
     have committed a request whose answer got lost); only an explicit refusal of the id

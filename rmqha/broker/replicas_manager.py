@@ -1,4 +1,4 @@
-"""ReplicasManager: the broker's side of controller mode (seed 004, RocketMQ ReplicasManager).
+"""ReplicasManager: the broker's side of controller mode (after RocketMQ's ReplicasManager).
 
 It owns the broker's view of its group (master id, address, master epoch, SyncStateSet and
 its epoch) and decides role changes; the :class:`RoleListener` (the Broker) carries them

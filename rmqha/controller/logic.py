@@ -4,8 +4,8 @@ and the event to commit.
 Pure with respect to I/O: each function reads a :class:`ReplicasState` snapshot and the
 heartbeat table and returns a :class:`Decision`; the server commits ``decision.event``
 (if any) and answers only after it is applied.  Validation order, codes, remarks and header
-field names follow RocketMQ's ``ReplicasInfoManager`` (see
-``reference/rocketmq-controller-mode.md`` §1.3), with the intended behaviour where upstream
+field names follow RocketMQ's ``ReplicasInfoManager`` (``electMaster``,
+``alterSyncStateSet``, ``cleanBrokerData``, ...), with the intended behaviour where upstream
 has known quirks (first election checks the broker is registered; clean refuses any live
 broker; a removed master leaves the group masterless).
 """

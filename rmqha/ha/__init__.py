@@ -2,7 +2,7 @@
 
 Public names: :class:`HAMaster`, :class:`HASlave`, :class:`HAConfig`, the states
 :class:`SlaveState` / :class:`LinkState` and the handshake :class:`RefuseReason` codes.
-See DESIGN.md "HA replication protocol" and the module docstrings for the behaviour.
+See ARCHITECTURE.md (the data path of a send, failover, the HA frames) and the module docstrings.
 """
 from __future__ import annotations
 

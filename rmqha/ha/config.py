@@ -24,8 +24,8 @@ class HAConfig:
     """Knobs of the HA link (times in milliseconds, sizes in bytes)."""
 
     #: Largest block body in one TRANSFER frame (RocketMQ's haTransferBatchSize is 32 KiB;
-    #: per-frame costs in Python make 256 KiB the better default on loopback, see
-    #: reference/performance-limits.md: ship frames of 64 KiB or more).
+    #: per-frame costs in Python make 256 KiB the better default on loopback: a slave caught
+    #: up twice as fast, benches/bench_replication.py, docs/benchmarks.md).
     ha_transfer_batch_bytes: int = 256 << 10
     #: Bytes of frames the master hands to one sendmsg call: batching syscalls, not frames.
     ha_send_window_bytes: int = 1 << 20

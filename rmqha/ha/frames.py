@@ -1,6 +1,6 @@
 """HA wire frames of both dialects (``rmqha.ha.frames``), backed by the selected twin.
 
-This module owns the public face of hot path 2: the frame dataclasses and enums, the two
+This module owns the public face of the frames hot path: the frame dataclasses and enums, the two
 dialect codecs :data:`framed` and :data:`rocketmq` (``encode``, ``encode_parts``, ``decode``,
 ``decoder``), dialect detection from a connection's first four bytes, and the single and
 batched TRANSFER_DATA header helpers.  Byte layouts are documented in
@@ -123,7 +123,7 @@ class DialectCodec:
         return f"DialectCodec({self.dialect.value!r}, {self._mod.__name__})"
 
 
-#: The default dialect (seed 002 frames, DESIGN.md payloads).
+#: The default dialect: rmqha's own framing (layouts in rmqha._core.frames_py).
 framed = DialectCodec(Dialect.FRAMED)
 #: RocketMQ 5 AutoSwitch HA, byte-compatible.
 rocketmq = DialectCodec(Dialect.ROCKETMQ)

@@ -1,6 +1,6 @@
 """Batch limiting, confirm offset and SyncStateSet rules of the HA master (``rmqha.ha.offsets``).
 
-This module owns the public names of hot paths 4 and 5; the rules and their decisions on
+This module owns the public names of the HA master's two hot paths; the rules and their decisions on
 RocketMQ's behaviour are documented in ``rmqha._core.ha_offsets_py``, and the compiled twin
 ``rmqha._core.ha_offsets`` is used when it imports.
 

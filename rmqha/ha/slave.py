@@ -1,7 +1,7 @@
 """The slave side of HA replication (:class:`HASlave`): connect, truncate, receive, ack.
 
 One :class:`HASlave` keeps this broker's commitlog a byte-for-byte prefix of its master's.
-It walks the connection states of DESIGN.md:
+It walks these connection states (RocketMQ's ``HAConnectionState``):
 
 * READY: the store is recovered and the master's HA address known; connect (with backoff);
 * HANDSHAKE: introduce itself (group id, segment size, flags, last epoch), get the master's
@@ -343,7 +343,7 @@ class HASlave:
             # 0 = "empty": the master picks its min offset or its last segment's start.
             return 0 if local_max == 0 else local_max
         if len(em) == 0:
-            # Data but no epochs (RocketMQ quirk j skipped truncation here): nothing proves
+            # Data but no epochs (RocketMQ skipped truncation here): nothing proves
             # any byte matches the master, so nothing is in common.
             point = -1
         else:

@@ -9,7 +9,7 @@ applied, whose answer A never got, would let A confirm data B does not have), an
 
 Caught-up times are kept per member id (not per connection), so a member whose link dropped
 keeps ageing toward the shrink timeout, and the table is pruned when an id leaves the set
-and has no link (RocketMQ's table was never cleaned, quirk l).
+and has no link (RocketMQ never cleaned its table).
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Union
+from typing import Any, Union, cast
 
 from rmqha.errors import (
     ProtocolError,
@@ -23,7 +23,6 @@ from rmqha.errors import (
 )
 from rmqha.protocol.codes import ResponseCode
 from rmqha.protocol.command import (
-    DEFAULT_MAX_FRAME_BYTES,
     FLAG_ONEWAY,
     FLAG_RESPONSE,
     FrameDecoder,
@@ -168,10 +167,11 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if self._transport is transport:
             return  # attached already (see RemotingClient.connection)
-        self._transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio.Transport
+        # uvloop's transports are no asyncio.Transport subclasses, but have its whole API.
+        self._transport = stream = cast(asyncio.Transport, transport)
         # Pause (and make senders wait) only past our own high-water mark.
-        transport.set_write_buffer_limits(high=_WRITE_HIGH_WATER)
-        peer = transport.get_extra_info("peername")
+        stream.set_write_buffer_limits(high=_WRITE_HIGH_WATER)
+        peer = stream.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.name = self._given_name or self.peer
         if self._on_made is not None:

@@ -27,7 +27,7 @@ from rmqha.errors import ConfigError
 try:
     import uvloop as _uvloop
 except ImportError:  # an install without it (Windows, or pip --no-deps): the stdlib loop
-    _uvloop = None
+    _uvloop = None  # type: ignore[assignment]  # checked before every use
 
 ENV = "RMQHA_EVENT_LOOP"
 
@@ -83,8 +83,9 @@ class EventLoopThread:
         self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._thread.start()
 
-    def run(self, coro: Awaitable[Any], timeout: float | None = None) -> Any:
-        fut: ConcurrentFuture[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+    def run(self, coro: Awaitable[T], timeout: float | None = None) -> T:
+        # run_coroutine_threadsafe takes a coroutine; some callers type theirs as Awaitable.
+        fut: ConcurrentFuture[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
         return fut.result(timeout)
 
     def stop(self) -> None:

@@ -13,6 +13,7 @@ from rmqha.net.connection import (
 )
 from rmqha.protocol.command import DEFAULT_MAX_FRAME_BYTES
 
+
 class RemotingServer:
     """An asyncio TCP server of remoting frames.
 

@@ -36,6 +36,7 @@ import orjson
 from rmqha.errors import ProtocolError, RemoteCommandError
 from rmqha.protocol.codes import ResponseCode, code_name
 from rmqha.protocol.version import ADVERTISED
+
 #: RocketMQ's default ``com.rocketmq.remoting.frameMaxLength``.
 DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
 

@@ -22,7 +22,7 @@ from enum import IntEnum, IntFlag
 
 import lz4.frame
 
-from rmqha._core.records_py import find_property  # noqa: F401  (raw lookups, re-exported)
+from rmqha._core.records_py import find_property as find_property  # raw lookups, re-exported
 from rmqha.errors import ProtocolError
 
 # --- properties ---------------------------------------------------------------------------
@@ -179,11 +179,11 @@ def decompress(body: bytes | memoryview, sys_flag: int, *, offset: int | None = 
             return out
         if kind is CompressionType.LZ4:
             d4 = lz4.frame.LZ4FrameDecompressor()
-            out = d4.decompress(bytes(body), max_length=limit)
+            plain: bytes = d4.decompress(bytes(body), max_length=limit)
             if not d4.eof:
                 raise DecompressError(f"lz4 body{where} is truncated or over {limit} bytes",
                                       offset)
-            return out
+            return plain
     except (zlib.error, RuntimeError, ValueError) as exc:
         raise DecompressError(f"{kind.name.lower()} body{where} does not decompress: {exc}",
                               offset) from exc

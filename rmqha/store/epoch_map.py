@@ -14,7 +14,7 @@ over the main path and the directory is fsynced.  Loading falls back to ``.bak``
 logged warning) when the main file is missing, truncated, unparsable or fails its CRC; when
 both are bad a :class:`rmqha.errors.CheckpointError` names both files.  An emptied map is
 written like any other (count 0, CRC 0), unlike RocketMQ, which skipped the write and left
-stale entries on disk (reference notes 7.2 c).
+stale entries on disk.
 """
 from __future__ import annotations
 

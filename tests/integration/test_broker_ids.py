@@ -1,6 +1,6 @@
 """Persistent unique broker ids with real controller, name server and broker processes.
 
-Seeds 000/001: first start gets 1, 2, 3; restarts keep the id; a new port keeps the id and
+Broker ids: first start gets 1, 2, 3; restarts keep the id; a new port keeps the id and
 updates the controller's address; every crash window of the id negotiation (failpoints)
 resumes to one unique id; a foreign identity file is refused.
 """

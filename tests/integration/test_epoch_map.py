@@ -1,4 +1,4 @@
-"""Epoch map (hot path 3): entries, queries, mutations, the consistent-point search and the
+"""Epoch map (rmqha._core twins): entries, queries, mutations, the consistent-point search and the
 RocketMQ epochFileCheckpoint file, on both twins."""
 from __future__ import annotations
 

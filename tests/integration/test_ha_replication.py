@@ -263,7 +263,7 @@ def test_expand_then_async_learner_never_joins(tmp_path) -> None:
 
 
 def test_slave_with_data_but_no_epochs_drops_its_log(tmp_path) -> None:
-    """RocketMQ skipped truncation here (quirk j); with nothing provably shared, drop it all."""
+    """RocketMQ skipped truncation here; with nothing provably shared, drop it all."""
     with replica_stores(tmp_path, SEG, "m", "s") as [(mcl, mem), (scl, sem)]:
         mem.append(1, 0)
         fill(mcl, 1 << 20)

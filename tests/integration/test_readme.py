@@ -1,7 +1,10 @@
-"""README.md must stay true: every configuration key and every command is documented."""
+"""README.md must stay true: every configuration key and every command is documented, and
+the pages it sends readers to exist (the benchmark tables live in docs/benchmarks.md, which
+`make bench-peers` rewrites)."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
 from pathlib import Path
 
@@ -11,7 +14,8 @@ from rmqha.cli import build_parser
 from rmqha.cli.config_keys import _config_classes
 from rmqha.config import describe_keys
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("process", ["controller", "namesrv", "broker"])
@@ -58,3 +62,28 @@ def test_readme_client_example_runs(tmp_path: Path, capsys: pytest.CaptureFixtur
     out = capsys.readouterr().out
     assert "SEND_OK" in out
     assert "b'order 42'" in out, out
+
+
+def test_readme_links_point_at_files_of_the_repository() -> None:
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README)
+    local = [link for link in links if "://" not in link]
+    assert "ARCHITECTURE.md" in local and "docs/benchmarks.md" in local
+    missing = [link for link in local if not (ROOT / link).exists()]
+    assert not missing, f"README.md links to files that do not exist: {missing}"
+
+
+def test_bench_peers_writes_its_table_into_the_benchmarks_doc(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("bench_peers", ROOT / "benches" / "bench_peers.py")
+    assert spec is not None and spec.loader is not None
+    bench_peers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_peers)
+    doc = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert doc.count(bench_peers.BEGIN) == 1 and doc.count(bench_peers.END) == 1
+    assert bench_peers.BEGIN not in README, "the peers table moved to docs/benchmarks.md"
+    copy = tmp_path / "benchmarks.md"
+    copy.write_text(doc, encoding="utf-8")
+    bench_peers.write_table(copy, "| workload | new |")
+    written = copy.read_text(encoding="utf-8")
+    head, rest = doc.split(bench_peers.BEGIN)
+    tail = rest.split(bench_peers.END)[1]
+    assert written == f"{head}{bench_peers.BEGIN}\n| workload | new |\n{bench_peers.END}{tail}"

@@ -4,7 +4,7 @@ Every tests/spark/test_spark_*.py that needs a JVM marks itself with ``requires_
 the ``spark`` fixture imported from here. The session is built once per process (a module
 singleton, so importing the fixture into several test modules still shares one JVM) and is
 tuned for start-up time: local[2], two shuffle partitions, no UI, C1-only JIT, serial GC,
-whole-stage codegen off (build-style-ecosystem.md B.3: 17.6 s -> 13.1 s on a small suite).
+whole-stage codegen off (measured: 17.6 s -> 13.1 s on a small suite).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""HA wire frames (hot path 2): both dialects, both directions, both twins."""
+"""HA wire frames (rmqha._core twins): both dialects, both directions, both twins."""
 from __future__ import annotations
 
 import copy

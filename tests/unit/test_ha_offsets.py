@@ -1,4 +1,4 @@
-"""Batch limiting, confirm offset and SyncStateSet rules (hot paths 4 and 5), both twins."""
+"""Batch limiting, confirm offset and SyncStateSet rules (rmqha._core.ha_offsets), both twins."""
 from __future__ import annotations
 
 import pytest

@@ -46,5 +46,5 @@ def test_prune_forgets_departed_ids_only() -> None:
     s.mark_caught_up(5, 10)  # a connected non-member catching up
     s.apply([1, 2], 2, now_ms=20)
     s.prune(connected=[5])
-    assert s.caught_up_ms(3) is None  # quirk l: RocketMQ never cleaned this table
+    assert s.caught_up_ms(3) is None  # RocketMQ never cleaned this table
     assert s.caught_up_ms(2) is not None and s.caught_up_ms(5) == 10
