@@ -7,9 +7,7 @@ restarted old masters come back as slaves under their own ids.
 """
 from __future__ import annotations
 
-import pytest
 
-from cluster import Cluster
 from rmqha.protocol.codes import RequestCode, ResponseCode
 
 

@@ -12,7 +12,6 @@ import json
 import subprocess
 import sys
 
-import pytest
 
 from cluster import BrokerProc, Cluster
 from rmqha.protocol.codes import RequestCode, ResponseCode

@@ -2,9 +2,7 @@
 key is answered by a slave, and by the new master after the old one was SIGKILLed."""
 from __future__ import annotations
 
-from pathlib import Path
 
-import pytest
 
 from cluster import Cluster
 from rmqha.client import BlockingMessageQuery, BlockingProducer, Message

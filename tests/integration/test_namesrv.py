@@ -10,7 +10,6 @@ import socket
 import struct
 import urllib.request
 
-import pytest
 
 from cluster import Cluster, free_port
 from rmqha.protocol.codes import RequestCode, ResponseCode

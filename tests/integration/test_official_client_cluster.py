@@ -19,7 +19,6 @@ from test_messaging_cluster import ALL_ACK, create_topic, start_group, wait_rout
 from test_official_client import read_lines, start_driver  # noqa: E402
 
 
-
 def test_official_client_send_and_consume_across_master_failover(cluster: Cluster,
                                                                  tmp_path: Path) -> None:
     cluster.start_controllers(1)

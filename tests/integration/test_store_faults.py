@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 
 from cluster import Cluster
 from rmqha.protocol.codes import RequestCode, ResponseCode

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 from typing import Any
 
-import pytest
 
 from cluster import Cluster
 from test_messaging_cluster import ALL_ACK, create_topic, start_group, wait_route

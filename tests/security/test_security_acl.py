@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import (
     AclAuthenticationError,
     AclError,
     AclPermissionError,
     ConfigError,
 )
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.security.acl import (
     ROCKETMQ_ADMIN_CODES,
     AclConfig,
