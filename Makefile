@@ -43,7 +43,7 @@ TWIN_MODULES := rmqha._core.records rmqha._core.epoch_map rmqha._core.frames \
 lint: build
 	$(PY) -m ruff check .
 	$(PY) -m mypy
-	$(PY) -m mypy.stubtest --allowlist rmqha/_core/stubtest_allowlist.txt $(TWIN_MODULES)
+	$(PY) -m mypy.stubtest --mypy-config-file pyproject.toml --allowlist rmqha/_core/stubtest_allowlist.txt $(TWIN_MODULES)
 	$(VENV)/bin/lint-imports --no-logo
 
 test: build browser lint

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
@@ -108,7 +108,8 @@ def test_a_stub_that_differs_from_its_extension_is_refused(tmp_path: Path) -> No
     assert "def java_hash_ascii(raw: bytes)" in text
     stub.write_text(text.replace("def java_hash_ascii(raw: bytes)", "def java_hash_ascii(data: bytes)"))
     allow = root / "rmqha" / "_core" / "stubtest_allowlist.txt"
-    res = _run([sys.executable, "-m", "mypy.stubtest", "--allowlist", str(allow),
+    res = _run([sys.executable, "-m", "mypy.stubtest", "--mypy-config-file",
+                str(root / "pyproject.toml"), "--allowlist", str(allow),
                 "rmqha._core.queue_scan"], root, root)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "rmqha._core.queue_scan.java_hash_ascii is inconsistent" in res.stdout, res.stdout
