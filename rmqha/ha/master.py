@@ -13,6 +13,9 @@ slower, so it is off by default).  A slave that reports an offset below this log
 offset (retention removed the bytes) gets its first block at the min offset, which tells
 it to drop its log and start over there.
 The writer is woken by the commitlog's append listener, never by polling.
+One link per slave id counts: a new link for an id closes the one it replaces as soon as
+its hello is accepted (even one still handshaking), and a link that ends removes only
+itself, so acks, waiters and caught-up times always follow the live link.
 
 The master also owns the confirm offset (min ack over the SyncStateSet, counting itself
 with its max offset; a member without a live link freezes it, RocketMQ #6662), waits for
@@ -114,6 +117,41 @@ class _SlaveLink:
         self.close_reason = ""
 
 
+class _LinkTable:
+    """The newest link of each slave id: the only one whose ack offset, copies and
+    caught-up time count.  A link claims its id as soon as its hello is accepted, so a
+    link still handshaking is replaced like an established one, and a link that ends
+    releases only itself, never a newer link of its id."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, _SlaveLink] = {}
+
+    def claim(self, sl: _SlaveLink) -> _SlaveLink | None:
+        """Hold ``sl`` for its id; returns the link it replaces (the caller closes it)."""
+        old = self._by_id.get(sl.broker_id)
+        self._by_id[sl.broker_id] = sl
+        return old if old is not sl else None
+
+    def release(self, sl: _SlaveLink) -> None:
+        if self._by_id.get(sl.broker_id) is sl:
+            del self._by_id[sl.broker_id]
+
+    def holds(self, sl: _SlaveLink) -> bool:
+        return self._by_id.get(sl.broker_id) is sl
+
+    def get(self, broker_id: int) -> _SlaveLink | None:
+        return self._by_id.get(broker_id)
+
+    def keys(self) -> Iterable[int]:
+        return self._by_id.keys()
+
+    def values(self) -> Iterable[_SlaveLink]:
+        return self._by_id.values()
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+
 class _AckCallback:
     """A waiter of :meth:`HAMaster.when_acks`: it sits in the waiter heaps beside the
     futures of :meth:`HAMaster.wait_for_acks` and answers to the same two calls."""
@@ -177,7 +215,7 @@ class HAMaster:
             last = epoch_map.last_entry()
             confirm_offset = last[1] if last is not None else max_offset
         self._confirm = max(min(int(confirm_offset), max_offset), 0)
-        self._links: dict[int, _SlaveLink] = {}  # by broker id, live (handshake passed)
+        self._links = _LinkTable()
         self._all: set[_SlaveLink] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._waiters: dict[int | None, list[tuple[int, int, asyncio.Future[bool] | _AckCallback]]] = {}
@@ -501,7 +539,7 @@ class HAMaster:
             return None
         sl = _SlaveLink(link, codec, hello)
         held.append(sl)
-        old = self._links.get(sl.broker_id)
+        old = self._links.claim(sl)
         if old is not None:
             old.close_reason = "replaced by a new link from the same broker id"
             old.link.close()
@@ -524,12 +562,13 @@ class HAMaster:
             if not isinstance(report, Ack):
                 raise ProtocolError(f"expected the slave's first report, got {type(report).__name__}")
             offset = report.offset
+        if not self._links.holds(sl):
+            raise LinkClosed("replaced by a newer link from the same broker id during the handshake")
         start = self._transfer_start(sl, offset)
         sl.ack = offset
         sl.transfer_from = start
         sl.sent = start
         sl.state = LinkState.TRANSFER
-        self._links[sl.broker_id] = sl
         log.info("HA slave %d (%s, %s%s) connected from %s: reports %d, transfer from %d",
                  sl.broker_id, sl.address, codec.name, ", async learner" if sl.learner else "",
                  link.peer, offset, start)
@@ -795,6 +834,8 @@ class HAMaster:
                 ended.cancel()
 
     def _handle_acks(self, sl: _SlaveLink, msgs: list[Any]) -> None:
+        if not self._links.holds(sl):
+            raise LinkClosed("replaced by a newer link from the same broker id")
         ack = sl.ack
         for m in msgs:
             if type(m) is not Ack:
@@ -979,8 +1020,7 @@ class HAMaster:
             return
         sl.state = LinkState.SHUTDOWN
         self._all.discard(sl)
-        if self._links.get(sl.broker_id) is sl:
-            del self._links[sl.broker_id]
+        self._links.release(sl)
         if sl.writer is not None and not sl.writer.done():
             sl.writer.cancel()
         if not self._stopped:
