@@ -21,6 +21,7 @@ import pytest
 
 from rmqha.ha import HAMaster, SlaveState
 from rmqha.ha.dialects import EpochList, MasterHello, RefuseReason, slave_codec
+from rmqha.ha.link_table import LinkTable
 from rmqha.testing.ha import (fast_config, fill, ha_master, ha_slave, master_running, read_frames,
                               replica_stores, slave_running, wait_until_async)
 
@@ -131,13 +132,11 @@ def test_negative_control_without_the_fix_writes_stall(tmp_path, monkeypatch: py
     """The same scenario with the master's old bookkeeping (a new link for an id overwrites
     the entry without closing the link it replaces, and any link's acks are taken): the
     check above must fail."""
-    from rmqha.ha import master as master_mod
-
     def overwrite(self, sl) -> None:
         self._by_id[sl.broker_id] = sl
 
-    monkeypatch.setattr(master_mod._LinkTable, "claim", overwrite)
-    monkeypatch.setattr(master_mod._LinkTable, "holds", lambda self, sl: True)
+    monkeypatch.setattr(LinkTable, "claim", overwrite)
+    monkeypatch.setattr(LinkTable, "holds", lambda self, sl: True)
 
     async def check(m: HAMaster, mcl, s, attempt_open: bool, sessions: int) -> None:
         assert attempt_open  # nothing closed the older attempt
