@@ -5,8 +5,8 @@ reports it (-1: no live link, or no report yet on it).  The master holds every b
 its max offset and counts as one copy.
 
 * confirm offset: the minimum ack over the members, the master counting with its max
-  offset; a member at -1 freezes it at its previous value (RocketMQ #6662), and it never
-  goes back (:func:`rmqha.ha.offsets.confirm_offset`);
+  offset; a member at -1 freezes it at its previous value (RocketMQ #6662)
+  (:func:`rmqha.ha.offsets.confirm_offset`); the master only ever moves it forward;
 * copies of an offset: the master plus each member whose ack reaches it;
 * whether a waiting send has its copies: ``need`` copies (None: every member), and never
   fewer than ``min_in_sync_replicas``: a set that shrank while a send waited does not lower
@@ -56,7 +56,8 @@ class ConfirmRule:
         self._floor = min_in_sync_replicas
 
     def next_confirm(self, max_offset: int, previous: int) -> int:
-        """The confirm offset after ``previous`` (``previous`` itself while frozen)."""
+        """The confirm offset the acks allow (``previous`` while frozen); the caller keeps
+        the larger of it and ``previous``."""
         acks: list[int] = []
         ack_of = self._acks.ack_of
         for member in self._set.members():
