@@ -7,7 +7,8 @@ stored.  The commitlog validates the records and undoes a bad block.  A block wh
 is newer than the log's last opens an epoch entry (:class:`rmqha.ha.slave_epochs.EpochWriter`,
 after the data: an entry missing after a crash only makes the next handshake cut back to
 the previous epoch's end, safe, never the reverse).  Each block's confirm offset is
-learnt (:class:`rmqha.ha.slave_state.ConfirmTracker`).
+learnt (:class:`rmqha.ha.slave_state.ConfirmTracker`), and a block stored while the disk
+was full ends that state (:class:`rmqha.ha.disk_full.DiskFullWatch`).
 
 Two jumps are allowed, each only as stated: the session's first block beyond this log's
 end at a segment start (retention on the master removed the bytes in between: the log
@@ -27,6 +28,7 @@ from typing import Any
 
 from rmqha.errors import ProtocolError
 from rmqha.ha.dialects import Block
+from rmqha.ha.disk_full import DiskFullWatch
 from rmqha.ha.slave_epochs import EpochWriter
 from rmqha.ha.slave_state import ConfirmTracker, SlaveProgress, SlaveState
 from rmqha.ha.truncation import Truncator
@@ -39,13 +41,14 @@ class BlockAppender:
     """Applies one session's blocks to the slave's log."""
 
     def __init__(self, commitlog: Any, epochs: EpochWriter, truncator: Truncator, progress: SlaveProgress,
-                 confirm: ConfirmTracker, *, protocol: str, master: str,
+                 confirm: ConfirmTracker, disk: DiskFullWatch, *, protocol: str, master: str,
                  master_pairs: list[tuple[int, int]]) -> None:
         self.commitlog = commitlog
         self.epochs = epochs
         self.truncator = truncator
         self.progress = progress
         self.confirm = confirm
+        self.disk = disk
         self.protocol = protocol
         self.master = master
         #: The master's (epoch, start) entries from this session's handshake.
@@ -126,6 +129,8 @@ class BlockAppender:
         cl = self.commitlog
         if size:
             self.first_block = False
+            if self.disk.active:
+                self.disk.stored(cl.max_offset)
             if new_epoch:
                 if b.epoch_start > b.offset:
                     self._persist_unlabelled_epoch(b)

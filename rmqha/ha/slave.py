@@ -4,7 +4,8 @@ One :class:`HASlave` keeps this broker's commitlog a byte-for-byte prefix of its
 It walks the connection states of the HA protocol:
 
 * READY: the store is recovered and the master's HA address known; connect (with an
-  exponential backoff, reset once a link worked) — this module;
+  exponential backoff, reset once a link worked, kept growing while the disk is full,
+  :mod:`rmqha.ha.disk_full`) — this module;
 * HANDSHAKE: introduce itself, get the master's epoch entries, cut the log at the
   consistent point, tell the master where to send from — :mod:`rmqha.ha.slave_session`,
   :mod:`rmqha.ha.handshake`, :mod:`rmqha.ha.truncation`;
@@ -29,6 +30,7 @@ from typing import Any
 from rmqha.errors import EpochError, ProtocolError, ReplicationError, StoreError
 from rmqha.ha.config import HAConfig
 from rmqha.ha.dialects import slave_codec
+from rmqha.ha.disk_full import DiskFullWatch, is_disk_full
 from rmqha.ha.handshake import Identity
 from rmqha.ha.link import LinkClosed, LinkTimeout
 from rmqha.ha.slave_epochs import EpochWriter
@@ -76,6 +78,7 @@ class HASlave:
         self._progress = SlaveProgress()
         self._confirm = ConfirmTracker(on_confirm)
         self._epochs = EpochWriter(epoch_map, self.broker_id)
+        self._disk = DiskFullWatch(self.broker_id)
         self._truncator = Truncator(commitlog, epoch_map, self.broker_id, self._progress, self._confirm,
                                     on_truncate)
         self._task: asyncio.Task[None] | None = None
@@ -161,6 +164,11 @@ class HASlave:
     def master_max_offset(self) -> int:
         return self._progress.master_max_offset
 
+    @property
+    def disk_full(self) -> bool:
+        """Whether this slave's store refuses the master's bytes for want of space."""
+        return self._disk.active
+
     def set_master_address(self, address: str) -> None:
         """Follow a (new) master: the current link is closed and the next one goes there."""
         if address == self._master:
@@ -192,6 +200,7 @@ class HASlave:
             "last_read_ms_ago": int((now - p.last_read) * 1000) if p.last_read else None,
             "last_write_ms_ago": int((now - p.last_write) * 1000) if p.last_write else None,
             "bytes_received": self._session.bytes_in if self._session is not None else 0,
+            **self._disk.status(),
         }
 
     # --- connection loop -----------------------------------------------------------------------
@@ -200,7 +209,7 @@ class HASlave:
         me = Identity(self.broker_id, self.address, self.config.sync_from_last_file, self.async_learner)
         return SlaveSession(self._master, me, commitlog=self.commitlog, config=self.config,
                             protocol=self.protocol, progress=self._progress, confirm=self._confirm,
-                            epochs=self._epochs, truncator=self._truncator)
+                            epochs=self._epochs, truncator=self._truncator, disk=self._disk)
 
     async def _run(self) -> None:
         cfg = self.config
@@ -211,8 +220,10 @@ class HASlave:
             worked = await self._one_session()
             if self._stopped:
                 break
-            if worked or self.commitlog.max_offset != start_max:
-                backoff = cfg.ha_reconnect_min_ms  # the link worked: retry soon
+            # The link worked: retry soon; not while the disk is full, however far the
+            # session got: the next one meets the same full disk.
+            if (worked or self.commitlog.max_offset != start_max) and not self._disk.active:
+                backoff = cfg.ha_reconnect_min_ms
             self._progress.state = SlaveState.READY
             await self._pause(backoff / 1000)
             backoff = min(backoff * 2, cfg.ha_reconnect_max_ms)
@@ -226,9 +237,7 @@ class HASlave:
             raise
         except _SESSION_ERRORS as exc:
             if not self._stopped:
-                self._progress.last_error = f"{type(exc).__name__}: {exc}"
-                level = logging.INFO if isinstance(exc, (LinkClosed, ConnectionRefusedError)) else logging.WARNING
-                log.log(level, "HA link to %s closed: %s", self._master, self._progress.last_error)
+                self._session_failed(exc)
         finally:
             session.close()
             self._session = None
@@ -236,6 +245,15 @@ class HASlave:
             # What the last blocks confirmed, whether or not their ack got out.
             self._confirm.tell()
         return session.transferring
+
+    def _session_failed(self, exc: BaseException) -> None:
+        """Record and log why a session ended (a full disk: once, by the watch)."""
+        self._progress.last_error = f"{type(exc).__name__}: {exc}"
+        if is_disk_full(exc):
+            self._disk.refused(exc, self.commitlog.max_offset, self._master)
+            return
+        level = logging.INFO if isinstance(exc, (LinkClosed, ConnectionRefusedError)) else logging.WARNING
+        log.log(level, "HA link to %s closed: %s", self._master, self._progress.last_error)
 
     async def _pause(self, seconds: float) -> None:
         """Wait before reconnecting, cut short by :meth:`set_master_address`."""

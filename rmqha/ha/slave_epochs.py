@@ -17,6 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from rmqha.errors import EpochError, StoreError
+from rmqha.ha.disk_full import is_disk_full
 
 # The slave side logs under one name, whichever module says it (operators filter on it).
 log = logging.getLogger("rmqha.ha.slave")
@@ -79,7 +80,9 @@ class EpochWriter:
             try:
                 fut.result()
             except (EpochError, StoreError, OSError) as exc:
-                log.warning("HA slave %d could not record an epoch entry: %s", self.broker_id, exc)
+                # A full disk is said once, by the slave (rmqha.ha.disk_full), not per session.
+                level = logging.DEBUG if is_disk_full(exc) else logging.WARNING
+                log.log(level, "HA slave %d could not record an epoch entry: %s", self.broker_id, exc)
             except JobCancelled:
                 # The session stopped while the entry still waited for the worker (awaiting
                 # it was cancelled, and that cancels a job not yet started): never written,

@@ -19,6 +19,7 @@ from rmqha.errors import ReplicationError
 from rmqha.ha.appender import BlockAppender
 from rmqha.ha.config import HAConfig
 from rmqha.ha.dialects import slave_codec
+from rmqha.ha.disk_full import DiskFullWatch
 from rmqha.ha.handshake import Identity, SlaveHandshake
 from rmqha.ha.link import Link, connect
 from rmqha.ha.receive import Receiver
@@ -42,7 +43,7 @@ class SlaveSession:
 
     def __init__(self, master: str, me: Identity, *, commitlog: Any, config: HAConfig, protocol: str,
                  progress: SlaveProgress, confirm: ConfirmTracker, epochs: EpochWriter,
-                 truncator: Truncator) -> None:
+                 truncator: Truncator, disk: DiskFullWatch) -> None:
         self.master = master
         self.me = me
         self.commitlog = commitlog
@@ -52,6 +53,7 @@ class SlaveSession:
         self.confirm = confirm
         self.epochs = epochs
         self.truncator = truncator
+        self.disk = disk
         self.link: Link | None = None
         #: Whether the handshake completed (the transfer started).
         self.transferring = False
@@ -79,7 +81,7 @@ class SlaveSession:
         self.progress.state = SlaveState.TRANSFER
         self.transferring = True
         appender = BlockAppender(self.commitlog, self.epochs, self.truncator, self.progress, self.confirm,
-                                 protocol=self.protocol, master=self.master, master_pairs=pairs)
+                                 self.disk, protocol=self.protocol, master=self.master, master_pairs=pairs)
         receiver = Receiver(link, codec, appender, config=cfg, epochs=self.epochs, confirm=self.confirm,
                             progress=self.progress)
         await receiver.run(handshake.pending)
@@ -92,8 +94,10 @@ class SlaveSession:
         self.progress.master_max_offset = hello.max_offset
         offset = self.truncator.to_consistent_point(entries, self.master)
         await handshake.confirm(offset, em.last_epoch())
-        log.info("HA slave %d following %s (%s) from offset %d, master max %d",
-                 self.me.broker_id, self.master, handshake.codec.name, offset, hello.max_offset)
+        # While the disk is full every session says it again; the watch speaks for them.
+        level = logging.DEBUG if self.disk.active else logging.INFO
+        log.log(level, "HA slave %d following %s (%s) from offset %d, master max %d",
+                self.me.broker_id, self.master, handshake.codec.name, offset, hello.max_offset)
         return offset, [(e, s) for e, s, _ in entries]
 
     def _read(self) -> None:
