@@ -78,6 +78,38 @@ def blocks(commitlog: Any, epoch_map: Any, batch: int, nxt: int, max_offset: int
         total += size
 
 
+class _SegmentFiles:
+    """Open segment files for a writer's sendfile parts.  A window's ranges use the fd
+    they were cut from, so an fd replaced mid-window is closed only once it is sent."""
+
+    def __init__(self, open_segment: Callable[[int], int], segment_bytes: int) -> None:
+        self._open = open_segment
+        self._segment_bytes = segment_bytes
+        self._fd = -1
+        self._base = -1
+        self._stale: list[int] = []
+
+    def range(self, offset: int, size: int) -> FileRange:
+        base = offset - offset % self._segment_bytes
+        if base != self._base:
+            if self._fd >= 0:
+                self._stale.append(self._fd)
+                self._fd = -1
+            self._fd = self._open(offset)
+            self._base = base
+        return FileRange(self._fd, offset - base, size)
+
+    def window_sent(self) -> None:
+        while self._stale:
+            os.close(self._stale.pop())
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            self._stale.append(self._fd)
+            self._fd = -1
+        self.window_sent()
+
+
 class SlaveConnection:
     """The master's side of one slave link, from an accepted hello until it closes.
 
@@ -191,24 +223,18 @@ class SlaveConnection:
         return not self.unsent and end == max_offset
 
     async def _write_loop(self) -> None:
+        """Until the link fails: windows of blocks while the slave is behind, else a
+        heartbeat when one is due, else park until an append wakes it."""
         cfg = self.config
         cl = self.commitlog
         link = self.link
-        codec = self.codec
-        waker = self.waker
-        assert waker is not None
-        window = cfg.ha_send_window_bytes
-        heartbeat = cfg.ha_send_heartbeat_interval_ms / 1000
         send_timeout = cfg.ha_housekeeping_interval_ms / 1000
         self.last_send = time.monotonic()
         # With ha_transfer_sendfile, large blocks go out with sendfile (no copy on this
         # side at all); otherwise, and for small blocks (live traffic) always, as mmap
         # views in one sendmsg.
         segment_fd = getattr(cl, "segment_fd", None) if HAVE_SENDFILE and cfg.ha_transfer_sendfile else None
-        seg_bytes = cl.segment_bytes
-        src_fd = -1
-        src_base = -1
-        stale_fds: list[int] = []
+        files = _SegmentFiles(segment_fd, cl.segment_bytes) if segment_fd is not None else None
         try:
             while not link.closed:
                 if self.unsent:
@@ -219,52 +245,56 @@ class SlaveConnection:
                 nxt = self.sent
                 max_offset = cl.max_offset
                 if nxt < max_offset:
-                    confirm = self._confirm()
-                    parts: list[Any] = []
-                    end = nxt
-                    for epoch, epoch_start, offset, size in self._blocks(nxt, max_offset, window):
-                        parts.append(codec.block_header(epoch, epoch_start, offset, confirm, size))
-                        if segment_fd is not None and size >= _SENDFILE_MIN_BYTES:
-                            base = offset - offset % seg_bytes
-                            if base != src_base:
-                                if src_fd >= 0:
-                                    # Closed once this window is sent: its ranges use it.
-                                    stale_fds.append(src_fd)
-                                    src_fd = -1
-                                src_fd = segment_fd(offset)
-                                src_base = base
-                            parts.append(FileRange(src_fd, offset - base, size))
-                        else:
-                            parts.append(cl.read(offset, size))
-                        end = offset + size
-                    self._mark_sent(max_offset, end)
-                    await link.send_parts(parts, send_timeout)
-                    parts.clear()  # release the mmap views
-                    while stale_fds:
-                        os.close(stale_fds.pop())
-                    self.last_send = time.monotonic()
-                    # A socket that keeps taking data never suspends send(): let others run.
-                    await asyncio.sleep(0)
-                    continue
-                if nxt > max_offset:
+                    await self._send_window(nxt, max_offset, files, send_timeout)
+                elif nxt > max_offset:
                     raise ReplicationError(f"master log shrank below the transfer offset {nxt} (max {max_offset})")
-                if self.ack >= max_offset:
-                    self.state = LinkState.SUSPEND
-                idle = time.monotonic() - self.last_send
-                if idle >= heartbeat:
-                    await link.send([self._heartbeat(nxt)], send_timeout)
-                    self.last_send = time.monotonic()
-                    continue
-                self.parked = True
-                try:
-                    await waker.wait(heartbeat - idle)
-                finally:
-                    self.parked = False
+                else:
+                    await self._idle(nxt, max_offset, send_timeout)
         finally:
-            if src_fd >= 0:
-                stale_fds.append(src_fd)
-            for fd in stale_fds:
-                os.close(fd)
+            if files is not None:
+                files.close()
+
+    async def _send_window(self, nxt: int, max_offset: int, files: _SegmentFiles | None,
+                           send_timeout: float) -> None:
+        """Send ``nxt``.. onwards, at most ``ha_send_window_bytes`` of blocks."""
+        cl = self.commitlog
+        codec = self.codec
+        confirm = self._confirm()
+        parts: list[Any] = []
+        end = nxt
+        for epoch, epoch_start, offset, size in self._blocks(nxt, max_offset, self.config.ha_send_window_bytes):
+            parts.append(codec.block_header(epoch, epoch_start, offset, confirm, size))
+            if files is not None and size >= _SENDFILE_MIN_BYTES:
+                parts.append(files.range(offset, size))
+            else:
+                parts.append(cl.read(offset, size))
+            end = offset + size
+        self._mark_sent(max_offset, end)
+        await self.link.send_parts(parts, send_timeout)
+        parts.clear()  # release the mmap views
+        if files is not None:
+            files.window_sent()
+        self.last_send = time.monotonic()
+        # A socket that keeps taking data never suspends send(): let others run.
+        await asyncio.sleep(0)
+
+    async def _idle(self, nxt: int, max_offset: int, send_timeout: float) -> None:
+        """Caught up: a heartbeat if one is due, else wait for an append (or the next one)."""
+        heartbeat = self.config.ha_send_heartbeat_interval_ms / 1000
+        if self.ack >= max_offset:
+            self.state = LinkState.SUSPEND
+        idle = time.monotonic() - self.last_send
+        if idle >= heartbeat:
+            await self.link.send([self._heartbeat(nxt)], send_timeout)
+            self.last_send = time.monotonic()
+            return
+        waker = self.waker
+        assert waker is not None
+        self.parked = True
+        try:
+            await waker.wait(heartbeat - idle)
+        finally:
+            self.parked = False
 
     def _heartbeat(self, nxt: int) -> bytes:
         last = self.epoch_map.last_entry()

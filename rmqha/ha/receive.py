@@ -107,7 +107,6 @@ class Receiver:
         cl = self.commitlog
         heartbeat = cfg.ha_send_heartbeat_interval_ms / 1000
         housekeeping = cfg.ha_housekeeping_interval_ms / 1000
-        header = fr.TRANSFER_HEADER_SIZE
         rb = RecvBuffer(_RECV_BUFFER_BYTES)
         # A flush before every ack needs awaiting: the callback would hand back every block.
         step = None if cfg.ha_slave_flush_before_ack else functools.partial(self._live_step, rb)
@@ -134,53 +133,14 @@ class Receiver:
             # straight into the log, read little: the next one most likely goes there too.
             got = rb.try_fill(link, limit) > 0 or unparsed
             unparsed = False
-            now = time.monotonic()
             if not got:
-                # The stream paused: tell the master where this log ends before waiting
-                # (live traffic is acked at once; that is what moves the confirm offset).
-                mx = cl.max_offset
-                if mx != self._acked:
-                    await self._ack(mx)
-                    now = time.monotonic()
-                self.confirm.tell()
-                wait = min(heartbeat - (now - self.progress.last_write), housekeeping - (now - self.progress.last_read))
-                if wait > 0:
-                    if step is not None:
-                        # Handed back: what the callback left in the buffer is this task's.
-                        got = await self._live(step, heartbeat, housekeeping)
-                    else:
-                        try:
-                            await rb.fill(link, wait)
-                            got = True
-                        except LinkTimeout:
-                            pass
-                    if got:
-                        turns = 0
-                now = time.monotonic()
+                got = await self._paused(rb, step, heartbeat, housekeeping)
+                if got:
+                    turns = 0
+            now = time.monotonic()
             if got:
                 self.progress.last_read = now
-                blocks, partial = self._take_blocks(rb)
-                if blocks:
-                    limit = None
-                    self.progress.task_blocks += len(blocks)
-                need = partial
-                if partial - header >= _DIRECT_MIN_BYTES:
-                    # A large block needs only its header buffered: once it is, and the
-                    # pages it lands on are warm, the rest goes straight into the log.
-                    need = header
-                    if rb.pending >= header and self._warm_target(rb, partial - header):
-                        self.appender.apply_views(blocks)
-                        await self._receive_direct(rb, housekeeping)
-                        self.progress.task_blocks += 1
-                        unparsed = rb.pending > 0
-                        rb.filled = True  # bulk catch-up: acks wait (_ACK_EVERY_BYTES)
-                        limit = _DIRECT_OVERFLOW_BYTES
-                        blocks = []
-                        need = 0  # acks and other tasks get their turn between blocks
-                self.appender.apply_views(blocks)
-                if need:
-                    # Only now: moving the partial frame overwrites the blocks just applied.
-                    rb.make_room(need)
+                limit, unparsed = await self._take_buffered(rb, limit, housekeeping)
             elif now - self.progress.last_read >= housekeeping:
                 raise LinkTimeout(f"master {self.master} silent for {housekeeping:.1f}s")
             mx = cl.max_offset
@@ -197,6 +157,59 @@ class Receiver:
             if rb.filled or turns >= _TURNS_BEFORE_YIELD:
                 turns = 0
                 await asyncio.sleep(0)
+
+    async def _paused(self, rb: RecvBuffer, step: Callable[[], bool] | None, heartbeat: float,
+                      housekeeping: float) -> bool:
+        """The stream paused: tell the master where this log ends (live traffic is acked at
+        once; that is what moves the confirm offset), then wait for more (True) until a
+        heartbeat or the housekeeping timeout is due (False)."""
+        mx = self.commitlog.max_offset
+        if mx != self._acked:
+            await self._ack(mx)
+        self.confirm.tell()
+        now = time.monotonic()
+        wait = min(heartbeat - (now - self.progress.last_write), housekeeping - (now - self.progress.last_read))
+        if wait <= 0:
+            return False
+        if step is not None:
+            # Handed back: what the callback left in the buffer is this task's.
+            return await self._live(step, heartbeat, housekeeping)
+        try:
+            await rb.fill(self.link, wait)
+        except LinkTimeout:
+            return False
+        return True
+
+    async def _take_buffered(self, rb: RecvBuffer, limit: int | None,
+                             housekeeping: float) -> tuple[int | None, bool]:
+        """Apply the whole blocks in ``rb``, and receive a large block straight into the
+        log once its header is in; the next read's limit and whether bytes a direct
+        receive read past its block are left unparsed."""
+        header = fr.TRANSFER_HEADER_SIZE
+        unparsed = False
+        blocks, partial = self._take_blocks(rb)
+        if blocks:
+            limit = None
+            self.progress.task_blocks += len(blocks)
+        need = partial
+        if partial - header >= _DIRECT_MIN_BYTES:
+            # A large block needs only its header buffered: once it is, and the pages it
+            # lands on are warm, the rest goes straight into the log.
+            need = header
+            if rb.pending >= header and self._warm_target(rb, partial - header):
+                self.appender.apply_views(blocks)
+                await self._receive_direct(rb, housekeeping)
+                self.progress.task_blocks += 1
+                unparsed = rb.pending > 0
+                rb.filled = True  # bulk catch-up: acks wait (_ACK_EVERY_BYTES)
+                limit = _DIRECT_OVERFLOW_BYTES
+                blocks = []
+                need = 0  # acks and other tasks get their turn between blocks
+        self.appender.apply_views(blocks)
+        if need:
+            # Only now: moving the partial frame overwrites the blocks just applied.
+            rb.make_room(need)
+        return limit, unparsed
 
     async def _live(self, step: Callable[[], bool], heartbeat: float, housekeeping: float) -> bool:
         """Let ``step`` handle the link from a reader callback, in each loop turn that finds
