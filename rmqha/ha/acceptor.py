@@ -80,6 +80,7 @@ class Acceptor:
     async def serve(self, sock: socket.socket) -> None:
         """One connection, from accept to its end."""
         link = Link(sock)
+        # An authenticator of HA links goes here: it gets the link before the hello is read.
         held: list[SlaveConnection] = []  # the link's state once the slave introduced itself
         reason = ""
         try:

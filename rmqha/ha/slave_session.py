@@ -72,6 +72,7 @@ class SlaveSession:
         host, port = split_address(self.master)
         sock = await connect(host, port, cfg.ha_connect_timeout_ms / 1000)
         link = self.link = Link(sock)
+        # An authenticator of HA links goes here: it gets the link before the hello is sent.
         codec = slave_codec(self.protocol, cfg.max_frame_bytes)
         self.progress.sessions += 1
         self.progress.state = SlaveState.HANDSHAKE
