@@ -6,7 +6,8 @@ Read at scrape time from the live broker (no bookkeeping on the hot path):
   ``rmqha_broker_last_epoch``, ``rmqha_broker_max_offset_bytes``,
   ``rmqha_broker_confirm_offset_bytes``, ``rmqha_broker_flushed_offset_bytes``,
   ``rmqha_broker_sync_state_set_size``, ``rmqha_broker_store_allocated_bytes`` and
-  ``rmqha_broker_store_logical_bytes`` (the store directory's disk blocks and file sizes);
+  ``rmqha_broker_store_logical_bytes`` (the store directory's disk blocks and file sizes),
+  ``rmqha_ha_slave_disk_full`` (1 while this broker's HA slave finds its disk full);
 - per slave, from the HA master's status (labels ``slave_id``, ``slave_address``):
   ``rmqha_ha_slave_ack_offset_bytes``, ``rmqha_ha_slave_ack_lag_bytes``,
   ``rmqha_ha_slave_ack_lag_seconds``, ``rmqha_ha_slave_in_sync`` (1/0);
@@ -45,6 +46,7 @@ class ObservedBroker(Protocol):
     commitlog: Any
     epoch_map: Any
     ha_master: Any
+    ha_slave: Any
     store_dir: Any
 
     @property
@@ -133,6 +135,12 @@ class FlushProbe:
             self._busy = False
 
 
+def slave_disk_full(broker: ObservedBroker) -> float:
+    """1.0 while the broker's HA slave finds its disk full (it retries with backoff)."""
+    slave = getattr(broker, "ha_slave", None)
+    return 1.0 if slave is not None and slave.disk_full else 0.0
+
+
 def register_broker_metrics(broker: ObservedBroker, registry: MetricsRegistry) -> None:
     """Add the broker's series to ``registry``; gauges read the broker when scraped."""
 
@@ -167,6 +175,8 @@ def register_broker_metrics(broker: ObservedBroker, registry: MetricsRegistry) -
          lambda: float(directory_usage(broker.store_dir).allocated_bytes)),
         ("rmqha_broker_store_logical_bytes", "logical size of the store directory's files",
          lambda: float(directory_usage(broker.store_dir).logical_bytes)),
+        ("rmqha_ha_slave_disk_full", "1 while this slave's disk is full (replication paused, retried with backoff)",
+         lambda: slave_disk_full(broker)),
     )
     for name, doc, fn in gauges:
         registry.gauge(name, doc).set_function(fn)

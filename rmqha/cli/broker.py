@@ -176,6 +176,9 @@ def _ha_lines(addr: str, data: dict[str, Any]) -> list[Block]:
                   f"#LinkState\t{ha.get('state')}",
                   f"#LastReadMsAgo\t{ha.get('last_read_ms_ago')}",
                   f"#LastWriteMsAgo\t{ha.get('last_write_ms_ago')}"]
+        if ha.get("disk_full"):
+            lines.append(f"#DiskFull\tfor {ha.get('disk_full_ms')} ms, {ha.get('disk_full_refusals')} "
+                         f"sessions refused: {ha.get('last_error')}")
     return lines
 
 

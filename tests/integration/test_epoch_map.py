@@ -73,7 +73,7 @@ def test_append_rules(twin: str) -> None:
     with pytest.raises(EpochError):
         m.append(4, -5)
     assert m.pairs() == [(1, 0), (3, 100)]  # every refusal left the map unchanged
-    # An equal start replaces the last entry: epoch 3 never held data (RocketMQ quirk b).
+    # An equal start replaces the last entry: epoch 3 never held data (RocketMQ does the same).
     m.append(4, 100)
     assert m.pairs() == [(1, 0), (4, 100)]
     m.append(7, 250)
@@ -84,7 +84,7 @@ def test_truncate_suffix_leaves_last_entry_open(twin: str) -> None:
     m = make(twin, [(1, 0), (2, 100), (3, 200)])
     m.set_max_offset(260)
     assert m.truncate_suffix(150) == 1
-    # The new last entry is open-ended again, not stuck at its old end (RocketMQ quirk a).
+    # The new last entry is open-ended again, not stuck at its old end (RocketMQ fixed it at its old end).
     assert m.entries() == [(1, 0, 100), (2, 100, OPEN_END)]
     assert m.truncate_suffix(100) == 1
     assert m.entries() == [(1, 0, OPEN_END)]
@@ -279,7 +279,7 @@ def test_every_mutation_persists(twin: str, tmp_path: Path) -> None:
     with pytest.raises(EpochError):
         m.append(1, 30)
     assert EpochMap.load(path).pairs() == [(2, 10)]
-    # Emptying the map is written too (RocketMQ kept the stale file: quirk c).
+    # Emptying the map is written too (RocketMQ kept the stale file).
     m.truncate_suffix(0)
     assert path.read_bytes() == b"0\n0\n"
     assert EpochMap.open(path, implementation=twin).entries() == []

@@ -92,6 +92,7 @@ def test_slave_series(live):
     assert value(samples, "rmqha_broker_master_epoch") == 1.0
     assert value(samples, "rmqha_broker_sync_state_set_size") == 1.0  # only a master counts its set
     assert value(samples, "rmqha_ha_slave_ack_lag_bytes") is None  # per-slave series are the master's
+    assert value(samples, "rmqha_ha_slave_disk_full") == 0.0
     master_max = value(scrape(live.a.config["metrics_port"]), "rmqha_broker_max_offset_bytes")
     live.wait_for(lambda: value(scrape(port), "rmqha_broker_max_offset_bytes") == master_max,
                   what="the slave's max offset to reach the master's")

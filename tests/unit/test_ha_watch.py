@@ -8,7 +8,8 @@ tests/integration/test_cli_commands.py.)
   slaves and slaves' own answers get none;
 - a pipe gets each round as plain lines (``#Round``, the ha-status block, ``#CatchUp``);
 - a terminal 40 columns wide gets a live view that fits, bars included;
-- an unreachable broker is a line in the round, not the end of the watch.
+- an unreachable broker is a line in the round, not the end of the watch;
+- a slave whose disk is full says so in its block (``#DiskFull``), and only then.
 """
 from __future__ import annotations
 
@@ -105,3 +106,15 @@ def test_a_round_keeps_going_past_an_unreachable_broker() -> None:
         raise RemotingError("no name server answered")
 
     assert ask_each(no_namesrv, query)() == {"(lookup)": "RemotingError: no name server answered"}
+
+
+def test_a_slave_with_a_full_disk_says_so_and_only_then() -> None:
+    ha = {"state": "READY", "last_read_ms_ago": 5, "last_write_ms_ago": 5, "disk_full": True,
+          "disk_full_ms": 12_000, "disk_full_refusals": 7,
+          "last_error": "DiskFullError: no disk space (No space left on device)"}
+    slave = {"role": "slave", "brokerName": "broker-a", "masterAddress": MASTER, "ha": ha}
+    lines = [line for line in _ha_lines(SLAVE2, slave) if isinstance(line, str)]
+    assert ("#DiskFull\tfor 12000 ms, 7 sessions refused: DiskFullError: no disk space "
+            "(No space left on device)") in lines
+    ha.update(disk_full=False, disk_full_ms=None, disk_full_refusals=0)
+    assert not any(line.startswith("#DiskFull") for line in _ha_lines(SLAVE2, slave) if isinstance(line, str))

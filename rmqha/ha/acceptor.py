@@ -1,0 +1,115 @@
+"""The HA master's port (:class:`Acceptor`): accept, handshake, then serve the link.
+
+Every accepted connection goes, in one task, through: the :class:`rmqha.ha.link.Link`
+around the socket; the handshake's hello (:meth:`rmqha.ha.handshake.MasterHandshake.introduce`);
+the claim of the slave's id (:meth:`rmqha.ha.sync_service.SyncService.admit`); the rest of
+the handshake and the transfer's start; then the slave's acks until the link ends, when
+the connection is dropped with the reason it ended (logged at WARNING for bad frames and
+I/O errors, at INFO for closes and silence).  Authenticating HA links belongs between the
+``Link`` and the hello, in :meth:`Acceptor.serve`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import Any
+
+from rmqha.errors import ProtocolError, ReplicationError, StoreError
+from rmqha.ha.connection import SlaveConnection
+from rmqha.ha.handshake import MasterHandshake
+from rmqha.ha.link import Link, LinkClosed, LinkTimeout, tune_socket
+from rmqha.ha.sync_service import SyncService
+
+# The master side logs under one name, whichever module says it (operators filter on it).
+log = logging.getLogger("rmqha.ha.master")
+
+
+class Acceptor:
+    """Listens on the HA port and runs one task per connection."""
+
+    def __init__(self, handshake: MasterHandshake, service: SyncService) -> None:
+        self._handshake = handshake
+        self._service = service
+        self._server: socket.socket | None = None
+        self._accept_task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closed = False
+
+    def listen(self, host: str, port: int) -> int:
+        """Bind and start accepting; returns the bound port."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+            sock.listen(64)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        self._server = sock
+        self._accept_task = asyncio.ensure_future(self._accept_loop(sock))
+        return int(sock.getsockname()[1])
+
+    def close(self) -> list[asyncio.Task[Any]]:
+        """Close the port; returns the tasks to cancel and await (accept and serve)."""
+        self._closed = True
+        if self._server is not None:
+            self._server.close()
+        tasks: list[asyncio.Task[Any]] = list(self._tasks)
+        if self._accept_task is not None:
+            tasks.append(self._accept_task)
+        return tasks
+
+    async def _accept_loop(self, server: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            try:
+                conn, _ = await loop.sock_accept(server)
+            except OSError as exc:
+                if self._closed:
+                    return
+                log.warning("HA accept failed: %s", exc)
+                await asyncio.sleep(0.1)
+                continue
+            tune_socket(conn)
+            task = asyncio.ensure_future(self.serve(conn))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def serve(self, sock: socket.socket) -> None:
+        """One connection, from accept to its end."""
+        link = Link(sock)
+        # An authenticator of HA links goes here: it gets the link before the hello is read.
+        held: list[SlaveConnection] = []  # the link's state once the slave introduced itself
+        reason = ""
+        try:
+            await self._run(link, held)
+        except LinkClosed as exc:
+            reason = str(exc)
+        except LinkTimeout as exc:
+            reason = f"housekeeping: {exc}"
+        except (ProtocolError, ReplicationError) as exc:
+            reason = f"bad frame: {exc}"
+            log.warning("closing HA link %s: %s", link.peer, reason)
+        except (OSError, StoreError) as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            log.warning("closing HA link %s: %s", link.peer, reason)
+        finally:
+            link.close()
+            for conn in held:
+                self._service.drop(conn, conn.close_reason or reason)
+
+    async def _run(self, link: Link, held: list[SlaveConnection]) -> None:
+        handshake = self._handshake
+        service = self._service
+        intro = await handshake.introduce(link)
+        if intro is None:
+            return
+        conn = service.admit(link, intro)
+        held.append(conn)
+        offset = await handshake.agree(link, intro)
+        if not service.links.holds(conn):
+            raise LinkClosed("replaced by a newer link from the same broker id during the handshake")
+        service.start_transfer(conn, offset, handshake.transfer_start(intro.hello, offset), intro.pending)
+        await conn.read_acks(service.on_ack)
