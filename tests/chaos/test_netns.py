@@ -17,6 +17,7 @@ import pytest
 import harness as h
 from cluster import QUICK_CONTROLLER, ControllerProc, NamesrvProc, free_port, free_port_pair, port_open
 from harness import chaos_reports  # noqa: F401  (the fixture that prints the table)
+from needs import require_root
 from rmqha.local_cluster import controller_config
 
 SUBNET = "10.213.7"
@@ -102,8 +103,8 @@ class NetnsRun(h.ChaosRun):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 def test_across_network_namespaces_with_the_cluster_secret(tmp_path, chaos_reports):
+    require_root("making network namespaces")  # skipped without root locally, a failure under CI
     hosts = NetnsHosts(7)
     hosts.remove()  # leftovers of an interrupted earlier run with the same pid
     hosts.create()
