@@ -62,7 +62,7 @@ class NetnsRun(h.ChaosRun):
     """A chaos run whose processes live on the test hosts (no proxies: faults are signals)."""
 
     def __init__(self, base: Path, hosts: NetnsHosts) -> None:
-        super().__init__(base, "netns: kill-master, secret on")
+        super().__init__(base, "netns: kill-master, secret on", expect_failover=True)
         self.hosts = hosts
 
     def start(self) -> None:
@@ -98,7 +98,7 @@ class NetnsRun(h.ChaosRun):
         ids = sorted(b.broker_id() or 0 for b in self.brokers)
         c.wait_for(lambda: (i := c.replica_info(h.GROUP)) is not None and i.sync_state_set == ids, 60,
                    what="the whole group in sync across hosts")
-        self.ids = {b.name: b.broker_id() for b in self.brokers}
+        self.record_ids()
 
 
 @pytest.mark.slow
