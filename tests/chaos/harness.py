@@ -296,6 +296,9 @@ class ChaosRun:
                 self._sample_failed("controller")
                 continue
             t1 = time.monotonic()
+            if resp.code == ResponseCode.CONTROLLER_NOT_LEADER:
+                self._sample_failed("controller")  # asked a leader that lost its place meanwhile
+                continue
             try:
                 if resp.code != ResponseCode.SUCCESS:
                     raise MalformedStatus(f"controller answered replica info with code {resp.code}: {resp.remark}")
@@ -342,6 +345,11 @@ class ChaosRun:
     def mark_fault(self) -> None:
         with self._lock:
             self.ev.fault_at = time.monotonic()
+
+    def mark_target(self, master: BrokerProc) -> None:
+        """The master the fault takes down: with ``expect_failover`` the controller must
+        name another master in a newer epoch after it last named this one."""
+        self.ev.faulted_master = master.broker_id()
 
     # --- healing and checking ---------------------------------------------------------------
 
@@ -411,6 +419,7 @@ def _split(addr: str) -> tuple[str, int]:
 
 def kill_master(run: ChaosRun) -> None:
     m = run.master()
+    run.mark_target(m)
     m.kill()
     run.mark_fault()  # acks from here on can only come from a new master
     run.cluster.wait_for(lambda: (x := run.cluster.master_of(GROUP)) is not None and x is not m, 30,
@@ -422,6 +431,7 @@ def pause_master(run: ChaosRun) -> None:
     """SIGSTOP past the controller's heartbeat timeout, then SIGCONT: the old master wakes
     up holding records no one else has, while consumers tail the group."""
     m = run.master()
+    run.mark_target(m)
     m.pause()
     run.mark_fault()
     run.cluster.wait_for(lambda: (x := run.cluster.master_of(GROUP)) is not None and x is not m, 30,
@@ -441,6 +451,7 @@ def kill_controller_leader(run: ChaosRun) -> None:
     run.run_load_for(1.0)
     proc.start()
     m = run.master()
+    run.mark_target(m)
     m.kill()  # and an election under the new leader
     c.wait_for(lambda: (x := c.master_of(GROUP)) is not None and x is not m, 30, what="a new master")
     run.run_load_for(1.0)
@@ -456,6 +467,7 @@ def pause_controller_leader(run: ChaosRun) -> None:
     run.mark_fault()
     c.wait_for(lambda: c.controller_leader() not in (None, leader), 30, what="a new controller leader")
     m = run.master()
+    run.mark_target(m)
     m.kill()
     c.wait_for(lambda: (x := c.master_of(GROUP)) is not None and x is not m, 30, what="a new master")
     run.run_load_for(1.0)
@@ -465,6 +477,7 @@ def pause_controller_leader(run: ChaosRun) -> None:
 
 def partition_master_from_controllers(run: ChaosRun) -> None:
     m = run.master()
+    run.mark_target(m)
     for p in run.ctl_proxies[m.name]:
         p.cut("blackhole")
     run.mark_fault()
@@ -479,6 +492,7 @@ def reset_master_controller_links(run: ChaosRun) -> None:
     controller finds its port still open), so the election waits for the heartbeat
     timeout, which the master's lease does not outlast."""
     m = run.master()
+    run.mark_target(m)
     for p in run.ctl_proxies[m.name]:
         p.cut("close")
     run.mark_fault()
@@ -518,6 +532,7 @@ def cut_all_links_then_kill(run: ChaosRun, *, acked_alone: bool = False) -> None
     alone must not have been acknowledged (``acked_alone``: the negative control, whose
     master acknowledges by itself, waits until it has done so)."""
     m = run.master()
+    run.mark_target(m)
     run.mark_fault()
     run.ha_proxies[m.name].cut("blackhole")
     run.wait_for_unique_tail(m, acked=acked_alone)
@@ -531,6 +546,7 @@ def cut_all_links_then_kill(run: ChaosRun, *, acked_alone: bool = False) -> None
 
 def restart_master_on_new_port(run: ChaosRun) -> None:
     m = run.master()
+    run.mark_target(m)
     run.mark_fault()
     m.kill()
     run.cluster.wait_for(lambda: (x := run.cluster.master_of(GROUP)) is not None and x is not m, 30,

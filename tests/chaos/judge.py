@@ -142,6 +142,8 @@ class Evidence:
     fault_at: float | None = None
     #: The fault moves the master: a newer epoch with another master must follow it.
     expect_failover: bool = False
+    #: Broker id of the master the fault took down (set by the fault).
+    faulted_master: int | None = None
 
 
 @dataclass
@@ -466,19 +468,23 @@ def check_progress(ev: Evidence, report: Report) -> list[str]:
     if not any(o.status is OutcomeStatus.ACKED and o.sent_at >= ev.fault_at for o in ev.outcomes):
         problems.append("no send begun after the fault was acknowledged")
     if ev.expect_failover:
-        problems.extend(_check_failover(ev.controller_samples, ev.fault_at))
+        problems.extend(_check_failover(ev.controller_samples, ev.faulted_master))
     return problems
 
 
-def _check_failover(samples: list[ControllerSample], fault_at: float) -> list[str]:
-    before = [c for c in samples if c.t1 <= fault_at]
-    if not before:
-        return ["no controller sample before the fault: a failover cannot be shown"]
-    at_fault = max(before, key=lambda c: c.t1)
-    if not any(c.t0 >= fault_at and c.epoch > at_fault.epoch and c.master_id is not None
-               and c.master_id != at_fault.master_id for c in samples):
-        return [f"no failover: the controller never named a master other than {at_fault.master_id} "
-                f"in an epoch after {at_fault.epoch}"]
+def _check_failover(samples: list[ControllerSample], faulted: int | None) -> list[str]:
+    """After the controller last named the faulted master, it named another one in a newer
+    epoch (a crash at a failpoint may come before the fault is marked, so the faulted
+    master, not the time of the mark, anchors the check)."""
+    if faulted is None:
+        return ["the fault named no master it takes down: a failover cannot be shown"]
+    named = [c for c in samples if c.master_id == faulted]
+    if not named:
+        return [f"the controller was never seen naming the faulted master {faulted}"]
+    last = max(named, key=lambda c: c.t1)
+    if not any(c.t0 >= last.t1 and c.epoch > last.epoch and c.master_id not in (None, faulted) for c in samples):
+        return [f"no failover: the controller never named a master other than {faulted} "
+                f"in an epoch after {last.epoch}"]
     return []
 
 

@@ -139,6 +139,7 @@ def test_negative_control_unclean_election_is_reported_lost(tmp_path, chaos_repo
 
     def fault(run: h.ChaosRun) -> None:
         m = run.master()
+        run.mark_target(m)
         run.mark_fault()
         run.ha_proxies[m.name].cut("blackhole")
         run.cluster.wait_for(lambda: run.cluster.replica_info(h.GROUP).sync_state_set == [m.broker_id()],

@@ -36,6 +36,7 @@ def _wait_crash(run: h.ChaosRun, broker, point: str) -> None:
 def _master_dies_at(point: str):
     def fault(run: h.ChaosRun) -> None:
         m = run.brokers[0]
+        run.mark_target(m)
         _wait_crash(run, m, point)
         run.mark_fault()  # failover time counts from the crash
         run.cluster.wait_for(lambda: (x := run.cluster.master_of(h.GROUP)) is not None and x is not m, 30,
@@ -47,6 +48,7 @@ def _master_dies_at(point: str):
 def _slave_dies_in_epoch_write(run: h.ChaosRun) -> None:
     slave = run.brokers[1]
     m = run.master()
+    run.mark_target(m)
     run.mark_fault()
     m.kill()  # a new epoch: the armed slave writes its checkpoint when it follows the new master
     run.cluster.wait_for(lambda: not slave.alive or (run.cluster.master_of(h.GROUP) is slave), 30,
