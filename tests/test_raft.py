@@ -361,8 +361,8 @@ def test_negative_control_unguarded_fast_commits_truncate_applied_entries(tmp_pa
     """The guard's check (no CRITICAL truncation in the nodes' logs) must fire without the
     guard: pysyncobj's pipelined appends truncate already-applied entries within a few
     hundred commits.  (The re-sent entries are identical, so nothing acknowledged is lost:
-    unguarded runs with 8 kills and full restarts kept every acknowledged commit; the
-    log-in-memory control above is the one that loses commits.)"""
+    two unguarded runs of 3000 commits with 6 leader kills and 2 full restarts kept every
+    acknowledged commit; the log-in-memory control above is the one that loses commits.)"""
     cluster = RaftCluster(tmp_path, [port_factory() for _ in range(3)], "unguarded")
     try:
         for i in range(3):
