@@ -1,4 +1,4 @@
-"""The chaos suite's cluster, workload, faults and checkers (issue 12).
+"""The chaos suite's cluster, workload, faults and evidence (issue 12).
 
 A :class:`ChaosRun` starts real processes on loopback: 3 controllers, a name server and a
 broker group of 3 (all-ack, ``min_in_sync_replicas = 2`` unless a negative control says
@@ -6,50 +6,57 @@ otherwise).  Every broker reaches the controllers through its own TCP proxies an
 slaves reach it through a proxy on its HA port (``ha_advertised_address``), so a fault can
 partition a master from the controllers only, or cut one replication link, or all.
 
-While a fault runs, several producers send unique values and record every outcome, a
-tailing consumer group reads the topic as it grows, and a monitor samples what every
-broker claims (role, master epoch) and what the controller says.  After the fault is
-healed and the group is whole again, every process is stopped and the checkers read the
-stores themselves:
+While a fault runs, several producers send unique values and record every outcome with
+its client-side times (and, for a SEND_OK, the commitlog offset it names); a tailing
+consumer group reads the topic as it grows and every read is kept; probes send straight
+to every broker, past the routes, and keep the times of every SEND_OK (so a master nobody
+routes to still shows); a sampler per broker asks its status (role, master epoch,
+accepting writes, log end) and one asks the controller for the group's master, epoch and
+SyncStateSet, every answer kept with the times of the request and of the answer, every
+failure counted and every malformed answer kept.  A workload thread that dies of an
+exception nobody expected is recorded.  After the fault is healed and the group is whole
+again, every process is stopped and the final stores are read.
 
-- no acknowledged value is missing from the final log (``lost``);
-- nothing was read or stored that was never sent (``phantoms``);
-- a value is stored twice only if its send was retried or its outcome unknown;
-- the replicas are byte-prefix-consistent (each log a prefix of the longest);
-- one master per epoch, in the controllers' view and in what brokers claim, at every sample;
-- never two brokers acknowledging writes at once (probes also send straight to every
-  broker, past the routes, so a master nobody routes to still shows): each broker reports when (on the host's
-  CLOCK_MONOTONIC, shared by its processes) it gave its first and last acknowledgement as
-  master of each epoch, and an older epoch's window must close before a newer epoch's
-  opens on another broker; and no sample finds two brokers accepting writes (master
-  with a live lease, ``acceptingWrites``);
-- every acknowledged value is held by at least ``min_in_sync_replicas`` final stores;
-- the tailing group never read a record the final log does not hold at that queue offset
-  (a record later truncated) and never skipped one it does hold;
-- broker ids never changed.
-
-Negative controls (all-ack off, unclean election on) must come out as ``lost > 0``:
-otherwise the checker is blind.
+The evidence is judged by the pure functions of :mod:`judge` (see there for each check and
+why it is sound); tests/chaos/test_judge.py feeds each one evidence that must make it
+fire.  The end-to-end negative controls (all-ack off, unclean election, the lease off)
+must come out as loss, uncovered acknowledgements or two ackers: otherwise the checkers
+are blind.
 """
 from __future__ import annotations
 
 import random
+import re
 import struct
 import subprocess
 import threading
 import time
-from collections import Counter, defaultdict
+import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cluster import BrokerProc, Cluster, free_port_pair
+from judge import (
+    TABLE_HEAD,
+    Evidence,
+    MalformedStatus,
+    Outcome,
+    OutcomeStatus,
+    ProbeAck,
+    Read,
+    Report,
+    StoredRecord,
+    judge,
+    parse_broker_status,
+    parse_replica_info,
+)
 from rmqha.client import BlockingConsumer, BlockingProducer, SendStatus
-from rmqha.protocol.codes import RequestCode
-from rmqha.errors import ClientError, RemotingError, RmqhaError
+from rmqha.protocol.codes import RequestCode, ResponseCode
+from rmqha.errors import ClientError, RemotingError, RmqhaError, SendError
+from rmqha.protocol.message import parse_offset_msg_id
 from rmqha.store import CommitLog
 from tcp_proxy import TcpProxy
 
@@ -60,52 +67,25 @@ PROBE_TOPIC = "chaos-probe"
 #: The settings that make the guarantee: every SyncStateSet member, and never fewer than two.
 SAFE_ACKS: dict[str, Any] = {"all_ack_in_sync_state_set": True, "min_in_sync_replicas": 2,
                              "slave_timeout_ms": 3000}
+#: Pause between status samples of one source (each sampler asks again after an answer).
+SAMPLE_INTERVAL_S = 0.05
+#: A status answer slower than this counts as a failed sample (a frozen or cut process).
+SAMPLE_TIMEOUT_S = 1.0
+#: Refusals given before anything is stored: on a send's only attempt, a definite failure.
+_REFUSED_BEFORE_STORING = {ResponseCode.SERVICE_NOT_AVAILABLE, ResponseCode.NO_PERMISSION,
+                           ResponseCode.TOPIC_NOT_EXIST}
+_ATTEMPTS = re.compile(r"after (\d+) attempt")
 
 
-@dataclass
-class Outcome:
-    value: str
-    status: str  # "acked", "unknown" (stored or not: a timeout or an unconfirmed answer)
-    attempts: int = 1
-
-
-@dataclass
-class Read:
-    value: str
-    queue_id: int
-    queue_offset: int
-
-
-@dataclass
-class Report:
-    scenario: str
-    sent: int = 0
-    acked: int = 0
-    unknown: int = 0
-    lost: int = 0
-    duplicates: int = 0
-    bad_duplicates: int = 0
-    phantoms: int = 0
-    failover_s: float | None = None
-    #: From the fault to the first acknowledgement by a master of a newer epoch.
-    new_master_ack_s: float | None = None
-    #: Longest time two brokers both acknowledged writes (0 = never at once).
-    ack_overlap_s: float = 0.0
-    #: Monitor samples in which two brokers were accepting writes.
-    two_writer_samples: int = 0
-    problems: list[str] = field(default_factory=list)
-
-    def row(self) -> str:
-        fo = "-" if self.failover_s is None else f"{self.failover_s:.2f}"
-        nm = "-" if self.new_master_ack_s is None else f"{self.new_master_ack_s:.2f}"
-        return (f"| {self.scenario} | {self.sent} | {self.acked} | {self.unknown} | {self.lost} | "
-                f"{self.duplicates} | {fo} | {nm} | {self.ack_overlap_s:.3f} / {self.two_writer_samples} | "
-                f"{'ok' if not self.problems else '; '.join(self.problems)} |")
-
-
-TABLE_HEAD = ("| scenario | sent | acked | unknown | lost | duplicates | failover s | new master ack s "
-              "| two ackers s / samples | checks |\n"
-              "|---|---|---|---|---|---|---|---|---|---|")
+def error_outcome(value: str, exc: ClientError | RemotingError, sent_at: float, done_at: float) -> Outcome:
+    """The outcome of a send that raised: a definite failure only when its one attempt was
+    refused before storing (or found no route); otherwise stored or not, nobody knows."""
+    found = _ATTEMPTS.search(str(exc))
+    attempts = int(found.group(1)) if found else 1
+    definite = (isinstance(exc, SendError) and attempts == 1
+                and (exc.status == "NO_ROUTE" or exc.code in _REFUSED_BEFORE_STORING))
+    status = OutcomeStatus.FAILED if definite else OutcomeStatus.UNKNOWN
+    return Outcome(value, status, attempts, sent_at, done_at)
 
 
 class ChaosRun:
@@ -114,7 +94,7 @@ class ChaosRun:
     def __init__(self, base: Path, name: str, *, acks: dict[str, Any] | None = None,
                  controller: dict[str, Any] | None = None, producers: int = 3, seed: int = 1,
                  broker_env: dict[int, dict[str, str]] | None = None,
-                 tmpfs_store: tuple[int, int] | None = None) -> None:
+                 tmpfs_store: tuple[int, int] | None = None, expect_failover: bool = False) -> None:
         self.name = name
         #: (broker index, bytes): that broker's store is a tmpfs of that size (disk full).
         self.tmpfs_store = tmpfs_store
@@ -129,18 +109,12 @@ class ChaosRun:
         self.brokers: list[BrokerProc] = []
         self.ha_proxies: dict[str, TcpProxy] = {}
         self.ctl_proxies: dict[str, list[TcpProxy]] = {}
-        self.outcomes: list[Outcome] = []
-        self.reads: list[Read] = []
-        #: (time, broker -> (role, master epoch, accepting writes), controller's (master, epoch)).
-        self.samples: list[tuple[float, dict[str, tuple[str, int, bool]], tuple[int | None, int] | None]] = []
-        #: broker -> {master epoch: [first, last] acknowledgement}, read before the stop.
-        self.ack_windows: dict[str, dict[int, list[float]]] = {}
+        #: Everything recorded as it happens (brokers and ids are filled in at start).
+        self.ev = Evidence(name, need=int(self.acks.get("min_in_sync_replicas", 1)), brokers=[],
+                           expect_failover=expect_failover)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
-        self.ids: dict[str, int | None] = {}
-        self.fault_at: float | None = None
-        self.first_ack_after_fault: float | None = None
 
     # --- cluster ----------------------------------------------------------------------------
 
@@ -168,7 +142,13 @@ class ChaosRun:
         ids = sorted(b.broker_id() or 0 for b in self.brokers)
         c.wait_for(lambda: (i := c.replica_info(GROUP)) is not None and i.sync_state_set == ids, 30,
                    what="the whole group in sync")
-        self.ids = {b.name: b.broker_id() for b in self.brokers}
+        self.record_ids()
+
+    def record_ids(self) -> None:
+        """The group as started: its brokers and their ids (which must never change)."""
+        self.ev.brokers = [b.name for b in self.brokers]
+        self.ev.addresses.update({b.address: b.name for b in self.brokers})
+        self.ev.ids_before = {b.name: b.broker_id() for b in self.brokers}
 
     def mount_tmpfs(self, path: Path, size: int) -> None:
         path.mkdir(parents=True, exist_ok=True)
@@ -197,13 +177,25 @@ class ChaosRun:
         ns = self.cluster.namesrv_addresses
         for i in range(self.producers):
             self._spawn(self._produce, ns, i)
+        # The topic is made by the first send; a consumer started before the name server
+        # routes it would find no queue until its next route refresh (and read nothing).
+        self.cluster.wait_for(lambda: self.cluster.route(TOPIC) is not None, 30,
+                              what="a route for the checked topic, for the tailing consumer")
         self._spawn(self._tail, ns)
-        self._spawn(self._monitor)
+        self._spawn(self._sample_controller)
         for b in self.brokers:
+            self._spawn(self._sample_broker, b)
             self._spawn(self._probe, b)
 
     def _spawn(self, fn: Callable[..., None], *args: Any) -> None:
-        t = threading.Thread(target=fn, args=args, daemon=True, name=fn.__name__)
+        def recorded() -> None:
+            try:
+                fn(*args)
+            except Exception:  # noqa: BLE001 - whatever killed a workload thread is a finding
+                with self._lock:
+                    self.ev.thread_errors.append(f"{fn.__name__}: {traceback.format_exc(limit=6)}")
+
+        t = threading.Thread(target=recorded, daemon=True, name=fn.__name__)
         t.start()
         self._threads.append(t)
 
@@ -213,72 +205,118 @@ class ChaosRun:
             while not self._stop.is_set():
                 value = f"p{pid}-{seq:07d}"
                 seq += 1
+                sent_at = time.monotonic()
                 try:
                     r = p.send(TOPIC, value.encode())
-                    status = "acked" if r.status is SendStatus.SEND_OK else "unknown"
-                    out = Outcome(value, status, r.attempts)
+                    done_at = time.monotonic()
+                    if r.status is SendStatus.SEND_OK:
+                        store, offset = parse_offset_msg_id(r.offset_msg_id)
+                        out = Outcome(value, OutcomeStatus.ACKED, r.attempts, sent_at, done_at, offset, store)
+                    else:  # stored, not confirmed by the replicas in time
+                        out = Outcome(value, OutcomeStatus.UNKNOWN, r.attempts, sent_at, done_at)
                 except (ClientError, RemotingError) as exc:
-                    # Refused or timed out after retries: stored or not, nobody knows.
-                    out = Outcome(value, "unknown", 2 if "attempt" in str(exc) else 1)
+                    out = error_outcome(value, exc, sent_at, time.monotonic())
                 with self._lock:
-                    self.outcomes.append(out)
-                    if (out.status == "acked" and self.fault_at is not None
-                            and self.first_ack_after_fault is None):
-                        self.first_ack_after_fault = time.monotonic()
+                    self.ev.outcomes.append(out)
 
     def _probe(self, b: BrokerProc) -> None:
-        """Sends straight to one broker's address, bypassing routes, every 20 ms: whoever
-        acknowledges shows up in its acknowledgement windows, even a master no producer's
-        route points at any more.  A separate topic, outside the checked workload."""
+        """Sends straight to one broker's address, bypassing routes, every 20 ms, and keeps
+        the client-side times of every SEND_OK: whoever acknowledges shows up, even a
+        master no producer's route points at any more.  A separate topic, outside the
+        checked workload."""
         ext = {"producerGroup": "chaos-probe", "topic": PROBE_TOPIC, "defaultTopic": "TBW102",
                "defaultTopicQueueNums": 1, "queueId": 0, "sysFlag": 0, "bornTimestamp": "1", "flag": 0,
                "properties": "", "reconsumeTimes": "0", "unitMode": "0", "batch": "0"}
         while not self._stop.wait(0.02):
-            if not b.alive:
+            pid = b.pid
+            if pid is None or not b.alive:
                 continue
+            sent_at = time.monotonic()
             try:
-                self.cluster.request(b.address, RequestCode.SEND_MESSAGE, ext, b"probe", timeout=1.0)
+                resp = self.cluster.request(b.address, RequestCode.SEND_MESSAGE, ext, b"probe", timeout=1.0)
             except (RmqhaError, OSError, TimeoutError):
-                pass  # frozen, dead or cut: nothing acknowledged
+                continue  # frozen, dead or cut: nothing acknowledged
+            acked_at = time.monotonic()
+            if resp.code == ResponseCode.SUCCESS and b.pid == pid:
+                with self._lock:
+                    self.ev.probe_acks.append(ProbeAck(b.name, pid, sent_at, acked_at))
 
     def _tail(self, ns: list[str]) -> None:
         consumer: BlockingConsumer | None = None
         try:
-            consumer = BlockingConsumer(ns, "chaos-tail", TOPIC, long_poll_s=1.0, rebalance_interval_s=1.0)
+            consumer = BlockingConsumer(ns, "chaos-tail", TOPIC, long_poll_s=1.0, rebalance_interval_s=1.0,
+                                        heartbeat_interval_s=1.0)
             while not self._stop.is_set():
                 for m in consumer.poll(timeout=0.5):
                     with self._lock:
-                        self.reads.append(Read(m.body.decode(), m.queue_id, m.queue_offset))
+                        self.ev.reads.append(Read(m.body.decode(), m.queue_id, m.queue_offset))
         except (RmqhaError, OSError) as exc:
             with self._lock:
-                self.reads.append(Read(f"!tail failed: {exc}", -1, -1))
+                self.ev.tail_errors.append(f"the tailing consumer failed: {exc}")
         finally:
             if consumer is not None:
                 consumer.close()
 
-    def _monitor(self) -> None:
-        c = self.cluster
-        while not self._stop.is_set():
-            claims: dict[str, tuple[str, int, bool]] = {}
-            for b in self.brokers:
-                if not b.alive:
-                    continue
-                try:
-                    st = c.broker_status(b)
-                except (RmqhaError, OSError, KeyError, ValueError):
-                    continue
-                claims[b.name] = (str(st.get("role")), int(st.get("masterEpoch") or 0),
-                                  bool(st.get("acceptingWrites")))
-            view = None
+    def _sample_broker(self, b: BrokerProc) -> None:
+        """Status samples of one broker; a sample is kept only if one process answered it
+        (the same pid before the request and after the answer)."""
+        while not self._stop.wait(SAMPLE_INTERVAL_S):
+            pid = b.pid
+            if pid is None or not b.alive:
+                continue  # dead on purpose: nothing to ask
+            t0 = time.monotonic()
             try:
-                info = c.replica_info(GROUP)
-                if info is not None:
-                    view = (info.master_id, info.master_epoch)
-            except (RmqhaError, OSError, KeyError, ValueError):
-                pass
+                resp = self.cluster.request(b.address, RequestCode.GET_BROKER_HA_STATUS, timeout=SAMPLE_TIMEOUT_S)
+            except (RmqhaError, OSError, TimeoutError):
+                self._sample_failed(b.name)
+                continue
+            t1 = time.monotonic()
+            if b.pid != pid:
+                continue
+            try:
+                if resp.code != ResponseCode.SUCCESS:
+                    raise MalformedStatus(f"{b.name} answered its status with code {resp.code}: {resp.remark}")
+                sample = parse_broker_status(b.name, pid, t0, t1, resp.json_body())
+            except ValueError as exc:  # MalformedStatus, or a body that is not JSON
+                self._sample_malformed(str(exc))
+                continue
             with self._lock:
-                self.samples.append((time.monotonic(), claims, view))
-            self._stop.wait(0.05)
+                self.ev.broker_samples.append(sample)
+                self.ev.monitor.ok[b.name] += 1
+                self.ev.addresses[b.address] = b.name
+
+    def _sample_controller(self) -> None:
+        """GET_REPLICA_INFO of the group from the controller leader: master, epoch, set."""
+        while not self._stop.wait(SAMPLE_INTERVAL_S):
+            t0 = time.monotonic()
+            try:
+                resp = self.cluster.controller_request(RequestCode.CONTROLLER_GET_REPLICA_INFO,
+                                                       {"brokerName": GROUP})
+            except (RmqhaError, OSError, TimeoutError):
+                self._sample_failed("controller")
+                continue
+            t1 = time.monotonic()
+            if resp.code == ResponseCode.CONTROLLER_NOT_LEADER:
+                self._sample_failed("controller")  # asked a leader that lost its place meanwhile
+                continue
+            try:
+                if resp.code != ResponseCode.SUCCESS:
+                    raise MalformedStatus(f"controller answered replica info with code {resp.code}: {resp.remark}")
+                sample = parse_replica_info(t0, t1, resp.ext_fields, resp.json_body())
+            except ValueError as exc:
+                self._sample_malformed(str(exc))
+                continue
+            with self._lock:
+                self.ev.controller_samples.append(sample)
+                self.ev.monitor.ok["controller"] += 1
+
+    def _sample_failed(self, source: str) -> None:
+        with self._lock:
+            self.ev.monitor.errors[source] += 1
+
+    def _sample_malformed(self, what: str) -> None:
+        with self._lock:
+            self.ev.monitor.malformed.append(what)
 
     def run_load_for(self, seconds: float) -> None:
         """Let the load run (it runs in its own threads): pacing a scenario, not waiting
@@ -287,7 +325,7 @@ class ChaosRun:
 
     def acked_count(self) -> int:
         with self._lock:
-            return sum(1 for o in self.outcomes if o.status == "acked")
+            return sum(1 for o in self.ev.outcomes if o.status is OutcomeStatus.ACKED)
 
     def wait_for_unique_tail(self, master: BrokerProc, *, acked: bool = False) -> None:
         """After every link of ``master`` is cut: wait until it holds writes no slave can
@@ -306,8 +344,12 @@ class ChaosRun:
 
     def mark_fault(self) -> None:
         with self._lock:
-            self.fault_at = time.monotonic()
-            self.first_ack_after_fault = None
+            self.ev.fault_at = time.monotonic()
+
+    def mark_target(self, master: BrokerProc) -> None:
+        """The master the fault takes down: with ``expect_failover`` the controller must
+        name another master in a newer epoch after it last named this one."""
+        self.ev.faulted_master = master.broker_id()
 
     # --- healing and checking ---------------------------------------------------------------
 
@@ -326,7 +368,7 @@ class ChaosRun:
                 ctl.start()
             else:
                 ctl.resume()
-        ids = sorted(x for x in self.ids.values() if x is not None)
+        ids = sorted(x for x in self.ev.ids_before.values() if x is not None)
         c.wait_for(lambda: (i := c.replica_info(GROUP)) is not None and i.sync_state_set == ids, 60,
                    what="the group whole and in sync after healing")
 
@@ -334,6 +376,8 @@ class ChaosRun:
         self._stop.set()
         for t in self._threads:
             t.join(60)
+            if t.is_alive():
+                self.ev.thread_errors.append(f"{t.name} still running 60 s after the load was stopped")
         self._threads.clear()
 
     def check(self) -> Report:
@@ -344,118 +388,25 @@ class ChaosRun:
                    what="every replica at the master's end")
         seg = int(self.brokers[0].config["segment_bytes"])
         for b in self.brokers:
-            windows = c.broker_status(b).get("ackWindows") or {}
-            self.ack_windows[b.name] = {int(e): [float(t) for t in w] for e, w in windows.items()}
-        for b in self.brokers:
             b.stop(10)
-        logs: dict[str, list[tuple[str, int, int]]] = {}
-        raw: dict[str, bytes] = {}
         for b in self.brokers:
-            cl = CommitLog(b.commitlog_dir, segment_bytes=seg, prefault=False)
-            try:
-                logs[b.name] = [(m.body.decode("utf-8", "replace"), m.queue_id, m.queue_offset)
-                                for m in cl.iter_messages() if m.topic == TOPIC]
-                raw[b.name] = b"".join(bytes(cl.read(s, min(s + seg, cl.max_offset) - s))
-                                       for s in range(cl.min_offset, cl.max_offset, seg))
-            finally:
-                cl.close()
-        return self.judge(logs, raw, {b.name: b.broker_id() for b in self.brokers})
-
-    def judge(self, logs: dict[str, list[tuple[str, int, int]]], raw: dict[str, bytes],
-              final_ids: dict[str, int | None]) -> Report:
-        r = Report(self.name)
-        sent = {o.value: o for o in self.outcomes}
-        r.sent = len(self.outcomes)
-        r.acked = sum(1 for o in self.outcomes if o.status == "acked")
-        r.unknown = r.sent - r.acked
-        longest = max(raw.values(), key=len)
-        for name, data in raw.items():
-            if longest[:len(data)] != data:
-                r.problems.append(f"{name}'s log is not a prefix of the longest replica")
-        final = max(logs.values(), key=len)
-        counts = Counter(v for v, _, _ in final)
-        holders = Counter(v for rows in logs.values() for v in {v for v, _, _ in rows})
-        need = int(self.acks.get("min_in_sync_replicas", 1))
-        for value, o in sent.items():
-            if o.status == "acked" and counts[value] == 0:
-                r.lost += 1
-            elif o.status == "acked" and holders[value] < need:
-                r.problems.append(f"{value} acknowledged but held by {holders[value]} < {need} stores")
-        r.phantoms = sum(1 for v in counts if v not in sent)
-        r.duplicates = sum(n - 1 for n in counts.values() if n > 1)
-        r.bad_duplicates = sum(1 for v, n in counts.items()
-                               if n > 1 and v in sent and sent[v].status == "acked" and sent[v].attempts == 1)
-        if r.phantoms:
-            r.problems.append(f"{r.phantoms} stored values never sent")
-        if r.bad_duplicates:
-            r.problems.append(f"{r.bad_duplicates} values stored twice though sent once and acked")
-        # The tailing group: nothing read that the final log lacks there, nothing skipped.
-        at = {(q, off): v for v, q, off in final}
-        failed = [x.value for x in self.reads if x.value.startswith("!")]
-        if failed:
-            r.problems.append(failed[0])
-        read_at = {(x.queue_id, x.queue_offset): x.value for x in self.reads if x.queue_id >= 0}
-        truncated = [k for k, v in read_at.items() if at.get(k) != v]
-        if truncated:
-            r.problems.append(f"tailing group read {len(truncated)} records the final log does not hold "
-                              f"there (e.g. queue {truncated[0][0]} offset {truncated[0][1]})")
-        furthest: dict[int, int] = defaultdict(lambda: -1)
-        for q, off in read_at:
-            furthest[q] = max(furthest[q], off)
-        skipped = [(q, off) for (q, off) in at if off <= furthest[q] and (q, off) not in read_at]
-        if skipped:
-            r.problems.append(f"tailing group skipped {len(skipped)} stored records "
-                              f"(e.g. queue {skipped[0][0]} offset {skipped[0][1]})")
-        # One master per epoch, as brokers claim it and as the controller says it.
-        claimed: dict[int, set[str]] = defaultdict(set)
-        viewed: dict[int, set[int | None]] = defaultdict(set)
-        for _, claims, view in self.samples:
-            for name, (role, epoch, _) in claims.items():
-                if role == "master":
-                    claimed[epoch].add(name)
-            if sum(1 for _, _, accepting in claims.values() if accepting) > 1:
-                r.two_writer_samples += 1
-            if view is not None:
-                viewed[view[1]].add(view[0])
-        for epoch, names in claimed.items():
-            if len(names) > 1:
-                r.problems.append(f"brokers {sorted(names)} all claimed master at epoch {epoch}")
-        for epoch, masters in viewed.items():
-            if len(masters) > 1:
-                r.problems.append(f"controller named masters {sorted(map(str, masters))} at epoch {epoch}")
-        if final_ids != self.ids:
-            r.problems.append(f"broker ids changed: {self.ids} -> {final_ids}")
-        if r.two_writer_samples:
-            r.problems.append(f"{r.two_writer_samples} samples found two brokers accepting writes")
-        self._judge_ack_windows(r)
-        if self.fault_at is not None and self.first_ack_after_fault is not None:
-            r.failover_s = self.first_ack_after_fault - self.fault_at
-        if r.lost:
-            r.problems.insert(0, f"{r.lost} acknowledged values lost")
-        return r
+            self.ev.logs[b.name], self.ev.raw[b.name] = _read_store(b, seg)
+        self.ev.ids_after = {b.name: b.broker_id() for b in self.brokers}
+        return judge(self.ev)
 
 
-    def _judge_ack_windows(self, r: Report) -> None:
-        """Two brokers never acknowledging at once, and the first ack on a new master.
-
-        A restarted broker forgot its windows (a killed process acknowledged nothing after
-        it died, so nothing is missed that could overlap)."""
-        windows = [(epoch, name, w[0], w[1]) for name, per in self.ack_windows.items()
-                   for epoch, w in per.items()]
-        for e1, b1, _, last1 in windows:
-            for e2, b2, first2, _ in windows:
-                if b1 != b2 and e1 < e2 and last1 > first2:
-                    r.ack_overlap_s = max(r.ack_overlap_s, last1 - first2)
-        if r.ack_overlap_s > 0:
-            r.problems.append(f"two brokers acknowledged writes at once for {r.ack_overlap_s:.3f}s")
-        if self.fault_at is None:
-            return
-        before = [e for e, _, first, _ in windows if first <= self.fault_at]
-        if not before:
-            return
-        later = [first for e, _, first, _ in windows if e > max(before)]
-        if later:
-            r.new_master_ack_s = min(later) - self.fault_at
+def _read_store(b: BrokerProc, seg: int) -> tuple[list[StoredRecord], bytes]:
+    """A stopped broker's records of the checked topic and its commitlog bytes."""
+    cl = CommitLog(b.commitlog_dir, segment_bytes=seg, prefault=False)
+    try:
+        records = [StoredRecord(m.body.decode("utf-8", "replace"), m.queue_id, m.queue_offset,
+                                m.physical_offset, m.size)
+                   for m in cl.iter_messages() if m.topic == TOPIC]
+        raw = b"".join(bytes(cl.read(s, min(s + seg, cl.max_offset) - s))
+                       for s in range(cl.min_offset, cl.max_offset, seg))
+    finally:
+        cl.close()
+    return records, raw
 
 
 def _split(addr: str) -> tuple[str, int]:
@@ -468,6 +419,7 @@ def _split(addr: str) -> tuple[str, int]:
 
 def kill_master(run: ChaosRun) -> None:
     m = run.master()
+    run.mark_target(m)
     m.kill()
     run.mark_fault()  # acks from here on can only come from a new master
     run.cluster.wait_for(lambda: (x := run.cluster.master_of(GROUP)) is not None and x is not m, 30,
@@ -479,6 +431,7 @@ def pause_master(run: ChaosRun) -> None:
     """SIGSTOP past the controller's heartbeat timeout, then SIGCONT: the old master wakes
     up holding records no one else has, while consumers tail the group."""
     m = run.master()
+    run.mark_target(m)
     m.pause()
     run.mark_fault()
     run.cluster.wait_for(lambda: (x := run.cluster.master_of(GROUP)) is not None and x is not m, 30,
@@ -498,6 +451,7 @@ def kill_controller_leader(run: ChaosRun) -> None:
     run.run_load_for(1.0)
     proc.start()
     m = run.master()
+    run.mark_target(m)
     m.kill()  # and an election under the new leader
     c.wait_for(lambda: (x := c.master_of(GROUP)) is not None and x is not m, 30, what="a new master")
     run.run_load_for(1.0)
@@ -513,6 +467,7 @@ def pause_controller_leader(run: ChaosRun) -> None:
     run.mark_fault()
     c.wait_for(lambda: c.controller_leader() not in (None, leader), 30, what="a new controller leader")
     m = run.master()
+    run.mark_target(m)
     m.kill()
     c.wait_for(lambda: (x := c.master_of(GROUP)) is not None and x is not m, 30, what="a new master")
     run.run_load_for(1.0)
@@ -522,6 +477,7 @@ def pause_controller_leader(run: ChaosRun) -> None:
 
 def partition_master_from_controllers(run: ChaosRun) -> None:
     m = run.master()
+    run.mark_target(m)
     for p in run.ctl_proxies[m.name]:
         p.cut("blackhole")
     run.mark_fault()
@@ -536,6 +492,7 @@ def reset_master_controller_links(run: ChaosRun) -> None:
     controller finds its port still open), so the election waits for the heartbeat
     timeout, which the master's lease does not outlast."""
     m = run.master()
+    run.mark_target(m)
     for p in run.ctl_proxies[m.name]:
         p.cut("close")
     run.mark_fault()
@@ -550,12 +507,12 @@ def cut_one_slave_link(run: ChaosRun) -> None:
     which still makes two copies; healed after it shrank."""
     m = run.master()
     victim = next(b for b in run.brokers if b is not m)
-    vid = struct.pack(">q", int(run.ids[victim.name] or 0))
+    vid = struct.pack(">q", int(run.ev.ids_before[victim.name] or 0))
     # framed HANDSHAKE_SLAVE: length, type 1, timestamp, epoch, flags, then broker_id.
     run.ha_proxies[m.name].blackhole_clients(
         lambda data: data[4:8] == b"\x00\x00\x00\x01" and data[28:36] == vid)
     run.mark_fault()
-    run.cluster.wait_for(lambda: run.ids[victim.name] not in run.cluster.replica_info(GROUP).sync_state_set,
+    run.cluster.wait_for(lambda: run.ev.ids_before[victim.name] not in run.cluster.replica_info(GROUP).sync_state_set,
                          30, what=f"the set to drop {victim.name}, whose link is cut")
     assert len(run.cluster.replica_info(GROUP).sync_state_set) == 2
     run.run_load_for(1.0)
@@ -575,6 +532,7 @@ def cut_all_links_then_kill(run: ChaosRun, *, acked_alone: bool = False) -> None
     alone must not have been acknowledged (``acked_alone``: the negative control, whose
     master acknowledges by itself, waits until it has done so)."""
     m = run.master()
+    run.mark_target(m)
     run.mark_fault()
     run.ha_proxies[m.name].cut("blackhole")
     run.wait_for_unique_tail(m, acked=acked_alone)
@@ -588,6 +546,7 @@ def cut_all_links_then_kill(run: ChaosRun, *, acked_alone: bool = False) -> None
 
 def restart_master_on_new_port(run: ChaosRun) -> None:
     m = run.master()
+    run.mark_target(m)
     run.mark_fault()
     m.kill()
     run.cluster.wait_for(lambda: (x := run.cluster.master_of(GROUP)) is not None and x is not m, 30,
@@ -602,7 +561,7 @@ def slave_disk_full(run: ChaosRun) -> None:
     cannot be allocated), it falls out of the set, and the group keeps two copies with the
     other slave; healed by growing the filesystem."""
     slave = run.brokers[2]
-    sid = run.ids[slave.name]
+    sid = run.ev.ids_before[slave.name]
     run.mark_fault()
     run.cluster.wait_for(lambda: not slave.alive or sid not in run.cluster.replica_info(GROUP).sync_state_set,
                          90, what="the slave with a full disk to leave the SyncStateSet")
@@ -626,9 +585,11 @@ def run_scenario(base: Path, name: str, fault: Callable[[ChaosRun], None], *,
                  acks: dict[str, Any] | None = None, controller: dict[str, Any] | None = None,
                  warmup_s: float = 1.5, seed: int = 1,
                  broker_env: dict[int, dict[str, str]] | None = None,
-                 tmpfs_store: tuple[int, int] | None = None) -> Report:
+                 tmpfs_store: tuple[int, int] | None = None, failover: bool = False) -> Report:
+    """One run of ``fault`` under load, judged.  ``failover``: the fault moves the master,
+    so the judge requires a newer epoch with another master after it."""
     run = ChaosRun(base, name, acks=acks, controller=controller, seed=seed, broker_env=broker_env,
-                   tmpfs_store=tmpfs_store)
+                   tmpfs_store=tmpfs_store, expect_failover=failover)
     try:
         run.start()
         run.start_load()
@@ -664,4 +625,4 @@ def chaos_reports(request: pytest.FixtureRequest):
         terminal.write_line(table)
 
 
-__all__ = ["ALL_REPORTS", "TABLE_HEAD", "ChaosRun", "Report", "chaos_reports", "run_scenario"]
+__all__ = ["ALL_REPORTS", "TABLE_HEAD", "ChaosRun", "Report", "chaos_reports", "error_outcome", "run_scenario"]

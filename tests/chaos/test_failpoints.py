@@ -36,6 +36,7 @@ def _wait_crash(run: h.ChaosRun, broker, point: str) -> None:
 def _master_dies_at(point: str):
     def fault(run: h.ChaosRun) -> None:
         m = run.brokers[0]
+        run.mark_target(m)
         _wait_crash(run, m, point)
         run.mark_fault()  # failover time counts from the crash
         run.cluster.wait_for(lambda: (x := run.cluster.master_of(h.GROUP)) is not None and x is not m, 30,
@@ -47,6 +48,7 @@ def _master_dies_at(point: str):
 def _slave_dies_in_epoch_write(run: h.ChaosRun) -> None:
     slave = run.brokers[1]
     m = run.master()
+    run.mark_target(m)
     run.mark_fault()
     m.kill()  # a new epoch: the armed slave writes its checkpoint when it follows the new master
     run.cluster.wait_for(lambda: not slave.alive or (run.cluster.master_of(h.GROUP) is slave), 30,
@@ -72,19 +74,21 @@ def _old_master_dies_after_truncate(run: h.ChaosRun) -> None:
     run.run_load_for(1.0)
 
 
+#: (name, fault, environment per broker index, whether the fault moves the master after
+#: it is marked: crash-after-truncate marks its fault once the new master is in place).
 SCENARIOS = [
-    ("crash-after-append", _master_dies_at("after_append@400"), {0: _armed("after_append@400")}),
-    ("crash-after-flush", _master_dies_at("after_flush@40"), {0: _armed("after_flush@40")}),
-    ("crash-during-epoch-map-write", _slave_dies_in_epoch_write, {1: _armed("during_epoch_map_write@2")}),
-    ("crash-after-truncate", _old_master_dies_after_truncate, None),
+    ("crash-after-append", _master_dies_at("after_append@400"), {0: _armed("after_append@400")}, True),
+    ("crash-after-flush", _master_dies_at("after_flush@40"), {0: _armed("after_flush@40")}, True),
+    ("crash-during-epoch-map-write", _slave_dies_in_epoch_write, {1: _armed("during_epoch_map_write@2")}, True),
+    ("crash-after-truncate", _old_master_dies_after_truncate, None, False),
 ]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("name,fault,env", SCENARIOS, ids=[n for n, _, _ in SCENARIOS])
-def test_crash_at_every_write_path_failpoint_loses_nothing(tmp_path, chaos_reports, name, fault, env):
-    report = h.run_scenario(tmp_path, name, fault, broker_env=env, warmup_s=0.5)
+@pytest.mark.parametrize("name,fault,env,failover", SCENARIOS, ids=[n for n, _, _, _ in SCENARIOS])
+def test_crash_at_every_write_path_failpoint_loses_nothing(tmp_path, chaos_reports, name, fault, env, failover):
+    report = h.run_scenario(tmp_path, name, fault, broker_env=env, warmup_s=0.5, failover=failover)
     chaos_reports.append(report)
     assert report.acked > 0, f"{name}: nothing was acknowledged"
     assert report.lost == 0 and not report.problems, f"{name}: {report.problems}"

@@ -7,8 +7,8 @@ import json
 import pytest
 
 pa = pytest.importorskip("pyarrow")
-synthetic = pytest.importorskip("spark_bench.synthetic")
-parse = pytest.importorskip("spark_bench.parse")
+pytest.importorskip("pandas")
+from spark_bench import parse, synthetic  # noqa: E402 - after the optional third-party module
 
 
 def _doc(**changes: object) -> dict[str, object]:

@@ -8,8 +8,9 @@ import pytest
 import spark_support  # noqa: F401 - puts the repository root on sys.path
 
 pa = pytest.importorskip("pyarrow")
+pytest.importorskip("pandas")
 pytest.importorskip("pyspark")
-trends = pytest.importorskip("spark_bench.trends")
+from spark_bench import trends  # noqa: E402 - after the optional third-party modules
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

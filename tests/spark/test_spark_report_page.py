@@ -9,8 +9,7 @@ import pytest
 pd = pytest.importorskip("pandas")
 np = pytest.importorskip("numpy")
 pytest.importorskip("plotly")
-report = pytest.importorskip("spark_bench.report")
-gate = pytest.importorskip("spark_bench.gate")
+from spark_bench import gate, report  # noqa: E402 - after the optional third-party modules
 
 SERIES, RUNS, WITH_CHANGES = 1500, 2000, 300
 

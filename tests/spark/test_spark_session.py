@@ -11,8 +11,8 @@ import pytest
 import spark_support
 from spark_support import spark  # noqa: F401 - fixture (also puts the repository root on sys.path)
 
-session = pytest.importorskip("spark_bench.session")
 pytest.importorskip("pyspark")
+from spark_bench import session  # noqa: E402 - after the optional third-party module
 
 
 @pytest.fixture

@@ -12,6 +12,9 @@ commits more, while every message a node sends is checked against its last copy:
   majority acknowledged (committed) survives any one node's power loss.
 
 Every copy is then reopened as pysyncobj opens a journal after a restart, intact.
+
+The negative control makes the log's fsync a no-op (what pysyncobj does by itself): the
+acknowledgements then run ahead of the last durable copy, and the check must say so.
 """
 from __future__ import annotations
 
@@ -76,7 +79,11 @@ def _reopen(tmp: Path, image: tuple[bytes, bytes]) -> tuple[int, dict[str, Any]]
         j._destroy()
 
 
-def test_votes_and_acknowledged_entries_are_durable_before_they_are_sent(tmp_path, port_factory, monkeypatch):
+def _commit_across_an_election(tmp_path: Path, port_factory: Any, monkeypatch: Any
+                               ) -> tuple[list[str], dict[str, int], list[RaftNode], PowerLossImages]:
+    """300 commits on 3 nodes with an election half-way, every vote and append
+    acknowledgement checked against the sender's last durable copy: (violations, how many
+    of each kind were checked, the nodes, the copies)."""
     images = PowerLossImages()
     violations: list[str] = []
     checked = {"vote": 0, "ack": 0}
@@ -146,6 +153,11 @@ def test_votes_and_acknowledged_entries_are_durable_before_they_are_sent(tmp_pat
         for n in nodes:
             n.stop()
 
+    return violations, checked, nodes, images
+
+
+def test_votes_and_acknowledged_entries_are_durable_before_they_are_sent(tmp_path, port_factory, monkeypatch):
+    violations, checked, nodes, images = _commit_across_an_election(tmp_path, port_factory, monkeypatch)
     assert not violations, violations[:5]
     # Both kinds of message were checked: votes (two elections) and acknowledgements.
     assert checked["vote"] >= 2 and checked["ack"] >= 100, checked
@@ -155,3 +167,12 @@ def test_votes_and_acknowledged_entries_are_durable_before_they_are_sent(tmp_pat
         _reopen(tmp_path / "images" / str(i), (journal_bytes, meta_bytes))
         if meta_bytes:
             assert "currentTerm" in loads(meta_bytes)
+
+
+def test_negative_control_acknowledgements_ahead_of_an_unsynced_log_are_caught(tmp_path, port_factory, monkeypatch):
+    """The log never fsynced (votes still are): acknowledged entries are not in the last
+    durable copy, and the check reports them."""
+    monkeypatch.setattr(DurableJournal, "sync", lambda self: None)
+    violations, checked, _, _ = _commit_across_an_election(tmp_path, port_factory, monkeypatch)
+    assert checked["ack"] >= 100, checked
+    assert [v for v in violations if v.startswith("ack up to")], violations[:5]
