@@ -32,10 +32,10 @@ def write_log(rows: list[tuple[bytes, int, int, bytes]], base: int = 0) -> bytes
 
 def entries(runs) -> list[tuple]:
     """Every (topic, queue, queue offset, phys, size, tag) the runs hold, in order."""
-    from array import array
     out = []
-    for topic, qid, first, phys, sizes, tags, _hits in runs:
-        for i, (p, s, t) in enumerate(zip(array("q", phys), array("i", sizes), array("q", tags))):
+    for topic, qid, first, units, _hits in runs:
+        assert len(units) % 20 == 0
+        for i, (p, s, t) in enumerate(struct.iter_unpack(">qiq", units)):
             out.append((topic, qid, first + i, p, s, t))
     return out
 
@@ -47,11 +47,27 @@ def test_runs_group_consecutive_records_of_a_queue(twin: str) -> None:
     log = write_log(rows, base=1000)
     consumed, runs, bad = mod.index_runs(log, 1000, frozenset(), None, _hash)
     assert (consumed, bad) == (len(log), None)
-    assert [(r[0], r[1], r[2], len(r[4]) // 4) for r in runs] == [
+    assert [(r[0], r[1], r[2], len(r[3]) // 20) for r in runs] == [
         (b"A", 0, 0, 3), (b"B", 0, 0, 1), (b"A", 1, 0, 1), (b"A", 0, 3, 1), (b"A", 0, 9, 1)]
     got = entries(runs)
     assert got[1][5] == tag_hash("red") and got[0][5] == 0
     assert got[0][3] == 1000 and got[1][3] == 1000 + got[0][4]
+
+
+def test_units_are_rocketmq_consume_queue_units(twin: str) -> None:
+    """A run's units are RocketMQ's 20-byte CQ_STORE_UNIT: offset int64, size int32, tag
+    hash int64, big-endian; a negative tag hash is sign-extended as Java's long."""
+    mod = load_twin("queue_scan", twin)
+    rows = [(b"A", 0, 5, b"TAGS\x01payment\x02"), (b"A", 0, 6, b"")]
+    log = write_log(rows, base=1 << 33)
+    _, runs, _ = mod.index_runs(log, 1 << 33, frozenset(), None, _hash)
+    first = len(write_log(rows[:1]))
+    assert tag_hash("payment") == -786681338
+    want = (struct.pack(">q", 1 << 33) + struct.pack(">i", first)
+            + bytes.fromhex("ffffffffd11c3206")
+            + struct.pack(">q", (1 << 33) + first) + struct.pack(">i", len(log) - first)
+            + bytes(8))
+    assert runs == [(b"A", 0, 5, want, [])]
 
 
 def test_tag_hashes_match_java_for_ascii_and_not(twin: str) -> None:
@@ -69,9 +85,9 @@ def test_watched_records_are_marked(twin: str) -> None:
     rows = [(b"S", 0, 0, b""), (b"A", 0, 0, b"MARK\x011\x02"), (b"A", 0, 1, b""),
             (b"A", 0, 2, b"k\x01MARK\x01\x02")]
     _, runs, _ = mod.index_runs(write_log(rows), 0, frozenset({b"S"}), b"MARK\x01", _hash)
-    assert [(r[0], r[6]) for r in runs] == [(b"S", [0]), (b"A", [0, 2])]
+    assert [(r[0], r[4]) for r in runs] == [(b"S", [0]), (b"A", [0, 2])]
     _, runs, _ = mod.index_runs(write_log(rows), 0, frozenset(), None, _hash)
-    assert all(r[6] == [] for r in runs)
+    assert all(r[4] == [] for r in runs)
 
 
 def test_stops_at_torn_records_blanks_and_garbage(twin: str) -> None:
