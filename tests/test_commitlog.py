@@ -582,6 +582,47 @@ def test_delete_segments_before_keeps_queue_offsets(twin, logs, tmp_path) -> Non
     assert again.queue_offset("only-old") == 10 and again.queue_offset("main") == 70
 
 
+def test_reopen_walks_only_from_the_queue_offset_snapshot(twin, logs, tmp_path) -> None:
+    """Opening a log rebuilds its queue-offset table from the snapshot on: a clean close
+    walks nothing, a crash walks what followed the last flush; without the snapshot (the
+    negative control) the walk starts at the first segment, with the same result."""
+    log = logs(tmp_path / "a", twin, flush_interval_ms=3_600_000)
+    for i in range(80):
+        log.append("a" if i % 3 else "b", b"y" * 900, i % 2)
+    flushed_at = log.flush()
+    for i in range(7):
+        log.append("a", b"late", 1)
+    crash = tmp_path / "crash"
+    shutil.copytree(tmp_path / "a", crash)  # the files as a crash now leaves them
+    end, table = log.max_offset, log.queue_offsets()
+    log.close()
+    again = logs(tmp_path / "a", twin)
+    assert (again.recovery_start, again.max_offset, again.queue_offsets()) == (end, end, table)
+    crashed = logs(crash, twin)
+    assert crashed.recovery_start == flushed_at > 2 * SEG
+    assert (crashed.max_offset, crashed.queue_offsets()) == (end, table)
+    os.unlink(tmp_path / "a" / "queue_offsets.snapshot")
+    again.close()
+    walked = logs(tmp_path / "a", twin)
+    assert (walked.recovery_start, walked.max_offset, walked.queue_offsets()) == (0, end, table)
+
+
+def test_truncate_and_retention_move_the_snapshot(twin, logs, tmp_path) -> None:
+    log = logs(tmp_path, twin, flush_interval_ms=3_600_000)
+    offs = [log.append("a", b"z" * 900)[0] for _ in range(60)]
+    log.flush()
+    log.truncate(offs[40])
+    crashed = tmp_path / "after-truncate"
+    shutil.copytree(tmp_path, crashed, ignore=shutil.ignore_patterns("after-*"))
+    assert logs(crashed, twin).recovery_start == offs[40]
+    log.delete_segments_before(SEG * 2)
+    crashed = tmp_path / "after-delete"
+    shutil.copytree(tmp_path, crashed, ignore=shutil.ignore_patterns("after-*"))
+    reopened = logs(crashed, twin)
+    assert reopened.recovery_start == offs[40] and reopened.min_offset == SEG * 2
+    assert reopened.queue_offset("a") == 40
+
+
 def test_read_views_and_close_with_live_view(twin, logs, tmp_path) -> None:
     log = logs(tmp_path, twin)
     off, size = log.append("v", b"zero-copy")
