@@ -132,18 +132,19 @@ def _starting_point(directory: str, queues: QueueOffsets, bases: list[int],
                     sb: int) -> tuple[int, dict[tuple[bytes, int], int]]:
     """Where the walk starts and the table there: the snapshot when it lies within the
     segments, else the first segment with the base table."""
-    short = [b for b in bases if os.stat(segment_path(directory, b)).st_size < sb]
-    if short:
-        # Bytes the snapshot counts may be gone: only a walk finds where the log ends.
-        log.warning("commitlog recovery: segment %s is shorter than %d bytes: walking the "
-                    "whole log", segment_path(directory, short[0]), sb)
-        return bases[0], dict(queues.base)
     snap = queues.load_snapshot()
     if snap is not None:
         valid_at, table = snap
-        if bases[0] <= valid_at <= bases[-1] + sb:
+        short = [b for b in bases
+                 if b < valid_at and os.stat(segment_path(directory, b)).st_size < sb]
+        if short:
+            # Bytes the snapshot counts may be gone: only a walk finds where the log ends.
+            log.warning("commitlog recovery: segment %s is shorter than %d bytes: walking "
+                        "the whole log", segment_path(directory, short[0]), sb)
+        elif bases[0] <= valid_at <= bases[-1] + sb:
             return valid_at, table
-        log.warning("commitlog recovery: the queue-offset snapshot of %s is at offset %d, "
-                    "outside the segments (%d..%d): walking the whole log", directory,
-                    valid_at, bases[0], bases[-1] + sb)
+        else:
+            log.warning("commitlog recovery: the queue-offset snapshot of %s is at offset "
+                        "%d, outside the segments (%d..%d): walking the whole log",
+                        directory, valid_at, bases[0], bases[-1] + sb)
     return bases[0], dict(queues.base)
