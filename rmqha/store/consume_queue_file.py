@@ -326,19 +326,20 @@ class QueueFiles:
         file (units written after the last checkpoint) and delete later files.  Only the
         units up to the first zero one are looked at, unless ``thorough`` (after a reboot
         pages can reach the disk in any order, so units may follow a zero one).  Returns
-        how many non-zero units were zeroed."""
+        how many units were dropped (zeroed, or in the deleted files)."""
+        zeroed = 0
         for start in [s for s in self.starts if s > max_offset
                       or (s == max_offset and s > self.first_start)]:
+            zeroed += self._first_zero_unit(self._mm(start), 0) // UNIT_SIZE
             self._delete(start)
         self.max_offset = max_offset
         self._reserved = max_offset
         if not self.starts:
-            return 0
+            return zeroed
         start = self.starts[-1]
         mm = self._mm(start)
         at = (max_offset - start) * UNIT_SIZE
         stop = self._first_zero_unit(mm, at) if not thorough else self.file_bytes
-        zeroed = 0
         pos = at
         while pos < stop:
             step = min(stop - pos, 1 << 20)
