@@ -1,6 +1,7 @@
 """The commitlog on disk, both twins: round trips, rolls, recovery, flushing, threads, bad input."""
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -605,6 +606,29 @@ def test_reopen_walks_only_from_the_queue_offset_snapshot(twin, logs, tmp_path) 
     again.close()
     walked = logs(tmp_path / "a", twin)
     assert (walked.recovery_start, walked.max_offset, walked.queue_offsets()) == (0, end, table)
+
+
+def test_a_tail_lost_below_the_snapshot_is_found(twin, logs, tmp_path) -> None:
+    """The records from the snapshot before the last one up to the last one are walked at
+    open: a tail the disk zeroed there makes the open walk the whole log and cut it."""
+    log = logs(tmp_path / "a", twin, flush_interval_ms=3_600_000)
+    offs = [log.append("a", b"q" * 700)[0] for _ in range(30)]
+    log.flush()
+    offs += [log.append("a", b"r" * 700)[0] for _ in range(10)]
+    log.close()
+    snap = json.loads((tmp_path / "a" / "queue_offsets.snapshot").read_text())
+    assert (snap["since"], snap["valid_at"]) == (offs[30], log.max_offset)
+    damaged = tmp_path / "damaged"
+    shutil.copytree(tmp_path / "a", damaged)
+    seg = offs[35] - offs[35] % SEG
+    with open(damaged / f"{seg:020d}", "r+b") as fh:  # zeros from record 35 on
+        fh.seek(offs[35] - seg)
+        fh.write(bytes(SEG - (offs[35] - seg)))
+    reopened = logs(damaged, twin)
+    assert (reopened.recovery_start, reopened.max_offset) == (0, offs[35])
+    assert reopened.queue_offset("a") == 35
+    intact = logs(tmp_path / "a", twin)
+    assert intact.recovery_start == intact.max_offset > offs[35]
 
 
 def test_truncate_and_retention_move_the_snapshot(twin, logs, tmp_path) -> None:

@@ -154,6 +154,8 @@ class CommitLog(ReceivePath):
         self._table_gen = 0
         self._snapshot_lock = threading.Lock()
         self._snapshotted: tuple[int, int] = (-1, -1)
+        #: The record boundaries of the last snapshot written and of the one before it.
+        self._snapshot_at = self._snapshot_since = 0
         self._flusher = Flusher(
             self._mode, flush_interval_s=flush_interval_ms / 1000.0,
             checkpoint_interval_s=checkpoint_interval_ms / 1000.0, segments=self._segments,
@@ -166,8 +168,10 @@ class CommitLog(ReceivePath):
         #: the first segment without one).
         self.recovery_start = 0
         try:
-            end, self.recovery_start = recover(self._dir, self._sb, self._codec,
-                                               self._segments, self._queues, self._checkpoint)
+            end, self.recovery_start, checked = recover(
+                self._dir, self._sb, self._codec, self._segments, self._queues,
+                self._checkpoint)
+            self._snapshot_at = self._snapshot_since = checked
             self._max_offset = self._whole_offset = end
             self._flusher.flushed_offset = end
             self._flusher.write_checkpoint()
@@ -639,14 +643,19 @@ class CommitLog(ReceivePath):
         with self._snapshot_lock:
             if gen != self._table_gen or (gen, valid_at) == self._snapshotted:
                 return False
+            # Opening the log checks that records tile from the previous snapshot on: a
+            # known record boundary, and little to walk.
+            since = self._snapshot_at if self._snapshot_at < valid_at else min(
+                self._snapshot_since, valid_at)
             try:
-                self._queues.save_snapshot(valid_at, table)
+                self._queues.save_snapshot(valid_at, table, since)
             except OSError as exc:
                 # The previous snapshot stays: the next open walks a little more.
                 log.error("commitlog %s: queue-offset snapshot not written: %s", self._dir,
                           exc)
                 return False
             self._snapshotted = (gen, valid_at)
+            self._snapshot_at, self._snapshot_since = valid_at, since
             return True
 
     def _table_moved_back(self) -> None:
