@@ -606,6 +606,9 @@ def test_reopen_walks_only_from_the_queue_offset_snapshot(twin, logs, tmp_path) 
     again.close()
     walked = logs(tmp_path / "a", twin)
     assert (walked.recovery_start, walked.max_offset, walked.queue_offsets()) == (0, end, table)
+    # The snapshot written by that open: the next one checks no more than the last segment.
+    snap = json.loads((tmp_path / "a" / "queue_offsets.snapshot").read_text())
+    assert (snap["valid_at"], snap["since"]) == (end, walked.segment_start(end - 1))
 
 
 def test_a_tail_lost_below_the_snapshot_is_found(twin, logs, tmp_path) -> None:

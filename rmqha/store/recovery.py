@@ -120,9 +120,12 @@ def recover(directory: str, segment_bytes: int, codec: ModuleType,
     # durable before calling them flushed.
     for seg in segments.values():
         os.fdatasync(seg.fd)
-    # The next snapshot's "since": a record boundary below which this open checked the log.
-    if end > start:
-        since = start if use_snapshot and start > bases[0] else end - (end - 1) % sb - 1
+    # The next snapshot's "since": a record boundary below which this open checked the log,
+    # and never before the last segment's start (a segment starts with a record).
+    if end > start and use_snapshot and start > bases[0]:
+        since = start
+    elif end > bases[0]:
+        since = max(since, end - (end - 1) % sb - 1)
     return end, start, since
 
 
