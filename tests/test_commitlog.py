@@ -26,8 +26,8 @@ from rmqha.errors import (
     StoreClosedError,
     StoreError,
 )
-from rmqha.testing.ha import wait_until
 from rmqha.store import CommitLog, StoredMessage
+from rmqha.testing.ha import wait_until
 
 SEG = 16384
 MAGIC = 0xDAA320A7

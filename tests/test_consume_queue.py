@@ -6,7 +6,6 @@ Every test that dispatches runs with both twins of the walk (``rmqha._core.queue
 from __future__ import annotations
 
 import os
-import shutil
 import struct
 import zlib
 from pathlib import Path

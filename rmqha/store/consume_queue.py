@@ -47,7 +47,11 @@ from typing import Protocol
 from rmqha import _core
 from rmqha.errors import StoreError
 from rmqha.protocol.message import tag_hash
-from rmqha.store.checkpoint import DISPATCH_CHECKPOINT_FILE, DispatchCheckpoint
+from rmqha.store.checkpoint import (
+    DISPATCH_CHECKPOINT_FILE,
+    DispatchCheckpoint,
+    DispatchState,
+)
 from rmqha.store.consume_queue_file import (
     DEFAULT_MAX_MAPPED,
     DEFAULT_UNITS_PER_FILE,
@@ -353,24 +357,36 @@ class ConsumeQueueIndex:
         state = self._checkpoint.read()
         listing = self._listing()
         if state is None:
-            report = RecoveryReport(None, low)
-            if listing:
-                report.full_rebuild = "its checkpoint is missing or corrupt"
-                log.error("consume queues in %s: %s; rebuilding every queue from the "
-                          "commitlog (%d bytes)", self.dir, report.full_rebuild, end - low)
-            elif end > low:
-                log.info("consume queues in %s: none yet; building them from the commitlog "
-                         "(%d bytes)", self.dir, end - low)
-            self._wipe()
-            self.indexed_offset = self.durable_offset = low
-            self.last_recovery = report
-            return report
+            report = self._start_over(listing, low, end)
+        else:
+            report = self._reopen(log_, listing, state, low, end)
+        self.indexed_offset = self.durable_offset = report.start
+        report.queues = len(self.queues)
+        self.last_recovery = report
+        return report
+
+    def _start_over(self, listing: list[tuple[bytes, int]], low: int, end: int) -> RecoveryReport:
+        """No usable checkpoint: nothing in the files is trusted, the log is dispatched
+        from its start."""
+        report = RecoveryReport(None, low)
+        if listing:
+            report.full_rebuild = "its checkpoint is missing or corrupt"
+            log.error("consume queues in %s: %s; rebuilding every queue from the commitlog "
+                      "(%d bytes)", self.dir, report.full_rebuild, end - low)
+        elif end > low:
+            log.info("consume queues in %s: none yet; building them from the commitlog "
+                     "(%d bytes)", self.dir, end - low)
+        self._wipe()
+        return report
+
+    def _reopen(self, log_: LogReader, listing: list[tuple[bytes, int]], state: DispatchState,
+                low: int, end: int) -> RecoveryReport:
+        """Keep what the checkpoint covers of every queue, rebuild the damaged ones."""
         threshold = min(state.offset, end)
         if state.offset > end:
             log.warning("consume queues in %s: checkpoint %d is past the log end %d (the log "
                         "was cut): cutting the queues there", self.dir, state.offset, end)
-        start = max(threshold, low)
-        report = RecoveryReport(state.offset, start, clean=state.clean)
+        report = RecoveryReport(state.offset, max(threshold, low), clean=state.clean)
         bad: dict[tuple[bytes, int], str] = {}
         for raw_topic, queue_id in listing:
             why = self._open_queue(raw_topic, queue_id, threshold, low, report,
@@ -378,16 +394,13 @@ class ConsumeQueueIndex:
             if why is not None:
                 bad[(raw_topic, queue_id)] = why
         if bad:
-            self._rebuild(log_, bad, start, report)
-        self.indexed_offset = self.durable_offset = start
-        report.queues = len(self.queues)
+            self._rebuild(log_, bad, report.start, report)
         if not state.clean:
             log.info("consume queues in %s were not closed cleanly (%s): kept what the "
                      "checkpoint at %d covers, %d later unit(s) dropped; re-dispatching the "
                      "log from %d (%d bytes)", self.dir,
                      "same boot" if state.same_boot else "after a reboot", state.offset,
-                     report.units_dropped, start, end - start)
-        self.last_recovery = report
+                     report.units_dropped, report.start, end - report.start)
         return report
 
     def _listing(self) -> list[tuple[bytes, int]]:
@@ -459,9 +472,9 @@ class ConsumeQueueIndex:
             keys.add((topic, queue_id))
         self._dispatch(log_, log_.min_offset, up_to, None, keys)
         for key in keys:
-            q = self.queues.get(key)
-            if q is not None and not q.files.starts:
-                del self.queues[key]
+            rebuilt = self.queues.get(key)
+            if rebuilt is not None and not rebuilt.files.starts:
+                del self.queues[key]  # no record of it is left in the log
 
     # --- checking units against the log -------------------------------------------------
 

@@ -18,9 +18,9 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
 from concurrent.futures import Future
 from enum import Enum
+from typing import Protocol
 
 from rmqha.errors import StoreClosedError
 from rmqha.failpoints import Failpoint, hit
