@@ -126,3 +126,61 @@ def test_twins_agree(rows, cut) -> None:
     outs = [load_twin("queue_scan", t).index_runs(log, 4096, frozenset({b"B"}), b"W\x01", _hash)
             for t in ("cython", "python")]
     assert outs[0] == outs[1]
+
+
+def _units_of(log: bytes, base: int) -> bytes:
+    _, runs, _ = load_twin("queue_scan", "python").index_runs(log, base, frozenset(), None, _hash)
+    return b"".join(r[3] for r in runs)
+
+
+def test_check_units_finds_the_first_unit_that_does_not_match(twin: str) -> None:
+    mod = load_twin("queue_scan", twin)
+    rows = [(b"A", 3, 10 + i, b"TAGS\x01t\x02") for i in range(6)]
+    log = write_log(rows, base=500)
+    units = _units_of(log, 500)
+    assert mod.check_units(log, 500, units, 0, 6, 10, 3, b"A") == (6, False)
+    assert mod.check_units(log, 500, units, 2, 5, 10, 3, b"A") == (5, False)
+    # The negative controls: each field the check reads, wrong in turn.
+    assert mod.check_units(log, 500, units, 0, 6, 11, 3, b"A") == (0, True)   # queue offset
+    assert mod.check_units(log, 500, units, 0, 6, 10, 4, b"A") == (0, True)   # queue id
+    assert mod.check_units(log, 500, units, 0, 6, 10, 3, b"B") == (0, True)   # topic
+    assert mod.check_units(log, 500, units, 0, 6, 10, 3, b"AA") == (0, True)  # topic length
+    swapped = units[:40] + units[60:80] + units[40:60] + units[80:]          # 2 and 3 swapped
+    assert mod.check_units(log, 500, swapped, 0, 6, 10, 3, b"A") == (2, True)
+    resized = bytearray(units)
+    struct.pack_into(">i", resized, 4 * 20 + 8, 200)
+    assert mod.check_units(log, 500, bytes(resized), 0, 6, 10, 3, b"A") == (4, True)
+    moved = bytearray(units)
+    struct.pack_into(">q", moved, 1 * 20, 500 + 7)  # mid-record: no magic there
+    assert mod.check_units(log, 500, bytes(moved), 0, 6, 10, 3, b"A") == (1, True)
+    # A record past the view is not checked, not failed: the caller reads further.
+    second = len(write_log(rows[:2]))
+    assert mod.check_units(log[:second], 500, units, 0, 6, 10, 3, b"A") == (2, False)
+    # Units point up the log: one below the view's start is out of order.
+    assert mod.check_units(log[second:], 500 + second, units, 1, 6, 11, 3, b"A") == (1, True)
+    with pytest.raises(ValueError, match="unit range"):
+        mod.check_units(log, 500, units, 0, 7, 10, 3, b"A")
+
+
+@pytest.mark.skipif(_core.NO_EXTENSIONS,
+                    reason="compares the two twins; RMQHA_NO_EXTENSIONS runs the pure one only")
+@given(rows=st.lists(st.tuples(st.sampled_from([b"A", b"B"]), st.integers(0, 1),
+                               st.integers(0, 3), props), min_size=1, max_size=20),
+       flips=st.lists(st.tuples(st.integers(0, 4000), st.integers(0, 255)), max_size=4),
+       qid=st.integers(0, 1), first=st.integers(0, 3))
+@settings(max_examples=150, deadline=None)
+def test_check_units_twins_agree(rows, flips, qid, first) -> None:
+    log = write_log(rows, base=64)
+    units = bytearray(_units_of(log, 64))
+    for at, value in flips:  # damage the units and the records alike
+        if at < len(units):
+            units[at] = value
+    damaged = bytearray(log)
+    for at, value in flips:
+        if at < len(damaged):
+            damaged[at] = value
+    n = len(units) // 20
+    outs = [load_twin("queue_scan", t).check_units(bytes(damaged), 64, bytes(units), 0, n,
+                                                   first, qid, b"A")
+            for t in ("cython", "python")]
+    assert outs[0] == outs[1]

@@ -213,3 +213,44 @@ def index_runs(object view, int64_t base, frozenset watched_topics, object watch
 cdef tuple _run(object topic, int32_t queue_id, int64_t first, _Units* a, list hits):
     return (topic, queue_id, first,
             PyBytes_FromStringAndSize(<const char*>a.buf, a.len * C_UNIT), hits)
+
+
+def check_units(object view, int64_t base, bytes units, Py_ssize_t start, Py_ssize_t stop,
+                int64_t first_qoff, int32_t queue_id, bytes topic):
+    """Check units against the records they point at (see ``queue_scan_py.check_units``);
+    returns ``(first unit not checked, whether it failed)``."""
+    cdef Py_buffer buf
+    cdef const unsigned char* b
+    cdef const unsigned char* u = <const unsigned char*><char*>units
+    cdef const unsigned char* t = <const unsigned char*><char*>topic
+    cdef Py_ssize_t n, i, tlen = len(topic)
+    cdef int64_t phys, rel, blen
+    cdef int32_t size
+    if start < 0 or stop * C_UNIT > len(units) or start > stop:
+        raise ValueError("unit range outside the units given")
+    PyObject_GetBuffer(view, &buf, PyBUF_SIMPLE)
+    try:
+        b = <const unsigned char*>buf.buf
+        n = buf.len
+        for i in range(start, stop):
+            phys = <int64_t>_get64(u + i * C_UNIT)
+            size = <int32_t>_get32(u + i * C_UNIT + 8)
+            rel = phys - base
+            if rel < 0:
+                return i, True
+            if rel + size > n:
+                return i, False
+            if size < C_FIXED:
+                return i, True
+            blen = <int32_t>_get32(b + rel + 84)
+            if (_get32(b + rel + 4) != C_MESSAGE_MAGIC or <int32_t>_get32(b + rel) != size
+                    or <int32_t>_get32(b + rel + 12) != queue_id
+                    or <int64_t>_get64(b + rel + 20) != first_qoff + i
+                    or blen < 0 or blen > size - C_FIXED):
+                return i, True
+            if (b[rel + 88 + blen] != tlen or C_FIXED + blen + tlen > size
+                    or memcmp(b + rel + 89 + blen, t, <size_t>tlen) != 0):
+                return i, True
+        return stop, False
+    finally:
+        PyBuffer_Release(&buf)

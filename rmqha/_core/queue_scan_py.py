@@ -116,3 +116,36 @@ def index_runs(view: memoryview | bytes, base: int, watched_topics: frozenset[by
         pos += total
     close()
     return pos, runs, bad
+
+
+_HEAD_CHECK = struct.Struct(">iIiiiq")  # total, magic, body CRC, queue id, flag, queue offset
+
+
+def check_units(view: memoryview | bytes, base: int, units: bytes, start: int, stop: int,
+                first_qoff: int, queue_id: int, topic: bytes) -> tuple[int, bool]:
+    """Check units ``start..stop-1`` of ``units`` (unit ``i`` is queue offset ``first_qoff
+    + i``) against the records they point at in ``view`` (global offset ``base``): magic,
+    total size, queue id, queue offset and topic.  Returns ``(i, bad)``: the first unit not
+    checked, and whether it failed (False: it lies outside the view, or ``i == stop``)."""
+    if start < 0 or stop * UNIT_SIZE > len(units) or start > stop:
+        raise ValueError("unit range outside the units given")
+    n = len(view)
+    for i in range(start, stop):
+        phys, size, _ = UNIT.unpack_from(units, UNIT_SIZE * i)
+        rel = phys - base
+        if rel < 0:
+            return i, True  # units go up the log: this one is out of order
+        if rel + size > n:
+            return i, False
+        if size < FIXED_SIZE:
+            return i, True
+        total, magic, _, qid, _, qoff = _HEAD_CHECK.unpack_from(view, rel)
+        (blen,) = _I32.unpack_from(view, rel + 84)
+        if (magic != MESSAGE_MAGIC or total != size or qid != queue_id
+                or qoff != first_qoff + i or not 0 <= blen <= size - FIXED_SIZE):
+            return i, True
+        tlen = view[rel + 88 + blen]
+        if (tlen != len(topic) or FIXED_SIZE + blen + tlen > size
+                or bytes(view[rel + 89 + blen:rel + 89 + blen + tlen]) != topic):
+            return i, True
+    return stop, False

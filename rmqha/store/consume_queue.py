@@ -505,33 +505,48 @@ class ConsumeQueueIndex:
         return None
 
     def checked_unit(self, q: QueueIndex, k: int) -> tuple[int, int, int]:
-        unit = q.files.unit(k)
-        why = self._mismatch(q, k, unit)
-        if why is not None:
-            self._repair(q, why)
-            if not q.min_offset <= k < q.max_offset:
-                raise StoreError(f"consume queue {q.topic}/{q.queue_id} no longer holds {k}")
-            unit = q.files.unit(k)
-        return unit
+        phys, sizes, tags = self.checked_slice(q, k, 1)
+        if not phys:
+            raise StoreError(f"consume queue {q.topic}/{q.queue_id} no longer holds {k}")
+        return phys[0], sizes[0], tags[0]
 
     def checked_slice(self, q: QueueIndex, k: int, count: int) -> tuple[array, array, array]:
         for _attempt in range(2):
             raw = q.files.units(k, count)
-            phys, sizes, tags = array("q"), array("i"), array("q")
-            why = None
-            for i, unit in enumerate(_UNIT.iter_unpack(raw)):
-                why = self._mismatch(q, k + i, unit)
-                if why is not None:
-                    break
-                phys.append(unit[0])
-                sizes.append(unit[1])
-                tags.append(unit[2])
+            why = self._first_bad(q, k, raw)
             if why is None:
-                return phys, sizes, tags
+                if not raw:
+                    break
+                phys, sizes, tags = zip(*_UNIT.iter_unpack(raw))
+                return array("q", phys), array("i", sizes), array("q", tags)
             self._repair(q, why)
             if not q.min_offset <= k < q.max_offset:
                 break
         return array("q"), array("i"), array("q")
+
+    def _first_bad(self, q: QueueIndex, k: int, raw: bytes) -> str | None:
+        """Why the first of the units ``raw`` (from queue offset ``k``) that does not match
+        its record fails, or None when all match (checked in C a segment at a time)."""
+        log_ = self._log
+        if log_ is None:
+            return None
+        n = len(raw) // _UNIT.size
+        low, end = log_.min_offset, _log_end(log_)
+        i = 0
+        while i < n:
+            unit = _UNIT.unpack_from(raw, _UNIT.size * i)
+            phys, size = unit[0], unit[1]
+            if size < _FIXED or phys < low or phys + size > end:
+                return self._mismatch(q, k + i, unit)
+            stop = min(log_.segment_end(phys), end)
+            j, bad = _queue_scan.check_units(log_.read(phys, stop - phys), phys, raw, i, n, k,
+                                             q.queue_id, q.raw_topic)
+            if bad or j == i:
+                unit = _UNIT.unpack_from(raw, _UNIT.size * j)
+                return self._mismatch(q, k + j, unit) or (
+                    f"unit {k + j} (commitlog offset {unit[0]}) is out of order")
+            i = j
+        return None
 
     def _repair(self, q: QueueIndex, why: str) -> None:
         """A read found a damaged unit: rebuild the queue before serving from it."""

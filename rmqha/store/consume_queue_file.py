@@ -119,6 +119,7 @@ class QueueFiles:
     def __init__(self, directory: Path, units_per_file: int, cache: MappingCache,
                  dirty: set[str]) -> None:
         self.dir = directory
+        self._dir_prefix = str(directory) + os.sep
         self.upf = units_per_file
         self.file_bytes = units_per_file * UNIT_SIZE
         self.cache = cache
@@ -132,7 +133,7 @@ class QueueFiles:
     # --- geometry -------------------------------------------------------------------------
 
     def path(self, start: int) -> str:
-        return str(self.dir / f"{start * UNIT_SIZE:020d}")
+        return f"{self._dir_prefix}{start * UNIT_SIZE:020d}"
 
     def file_start(self, queue_offset: int) -> int:
         return queue_offset - queue_offset % self.upf
@@ -197,8 +198,9 @@ class QueueFiles:
             n = len(chunk) // UNIT_SIZE
             self._reserve(self.max_offset + n)
             pos = (self.max_offset - start) * UNIT_SIZE
-            self._mm(start)[pos:pos + len(chunk)] = chunk
-            self.dirty.add(self.path(start))
+            path = self.path(start)
+            self.cache.get(path, self.file_bytes)[pos:pos + len(chunk)] = chunk
+            self.dirty.add(path)
             self.max_offset += n
             view = view[len(chunk):]
 
