@@ -66,7 +66,8 @@ def index_runs(view: memoryview | bytes, base: int, watched_topics: frozenset[by
     runs: list[Run] = []
     cur: tuple[bytes, int] | None = None
     first = last = 0
-    units, hits = bytearray(), []
+    units = bytearray()
+    hits: list[int] = []
 
     def close() -> None:
         if cur is not None:
