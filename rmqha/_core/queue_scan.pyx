@@ -2,9 +2,9 @@
 """The commitlog walk behind the consume-queue index, compiled twin (same API and results
 as ``queue_scan_py.py``, where the layout of a run is documented).
 
-One C loop reads each record's fields and appends them to the current run's C arrays; a
-Python object is made per run (its bytes) and per TAGS value that is not ASCII, not per
-record.
+One C loop reads each record's fields and appends its RocketMQ ConsumeQueue unit to the
+current run's C buffer; a Python object is made per run (its bytes) and per TAGS value
+that is not ASCII, not per record.
 """
 from cpython.buffer cimport PyBuffer_Release, PyObject_GetBuffer, PyBUF_SIMPLE
 from cpython.bytes cimport PyBytes_FromStringAndSize
@@ -16,8 +16,11 @@ MESSAGE_MAGIC = 0xDAA320A7
 BLANK_MAGIC = 0xCBD43194
 FIXED_SIZE = 91
 
+UNIT_SIZE = 20
+
 cdef enum:
     C_FIXED = 91
+    C_UNIT = 20
 
 cdef uint32_t C_MESSAGE_MAGIC = 0xDAA320A7u
 cdef uint32_t C_BLANK_MAGIC = 0xCBD43194u
@@ -31,35 +34,37 @@ cdef inline uint64_t _get64(const unsigned char* p) noexcept nogil:
     return (<uint64_t>_get32(p) << 32) | _get32(p + 4)
 
 
-cdef struct _Arrays:
-    int64_t* phys
-    int32_t* sizes
-    int64_t* tags
-    Py_ssize_t len
-    Py_ssize_t cap
+cdef struct _Units:
+    unsigned char* buf
+    Py_ssize_t len   # units held
+    Py_ssize_t cap   # units allocated
 
 
-cdef int _push(_Arrays* a, int64_t phys, int32_t size, int64_t tag) except -1:
+cdef inline void _put64(unsigned char* p, uint64_t v) noexcept nogil:
+    cdef int i
+    for i in range(8):
+        p[i] = <unsigned char>(v >> (56 - 8 * i))
+
+
+cdef int _push(_Units* a, int64_t phys, int32_t size, int64_t tag) except -1:
+    # One RocketMQ ConsumeQueue unit, big-endian: offset int64, size int32, tag hash int64.
     cdef Py_ssize_t cap
     cdef void* p
+    cdef unsigned char* u
     if a.len == a.cap:
         cap = 64 if a.cap == 0 else a.cap * 2
-        p = realloc(a.phys, cap * sizeof(int64_t))
+        p = realloc(a.buf, cap * C_UNIT)
         if p == NULL:
             raise MemoryError()
-        a.phys = <int64_t*>p
-        p = realloc(a.sizes, cap * sizeof(int32_t))
-        if p == NULL:
-            raise MemoryError()
-        a.sizes = <int32_t*>p
-        p = realloc(a.tags, cap * sizeof(int64_t))
-        if p == NULL:
-            raise MemoryError()
-        a.tags = <int64_t*>p
+        a.buf = <unsigned char*>p
         a.cap = cap
-    a.phys[a.len] = phys
-    a.sizes[a.len] = size
-    a.tags[a.len] = tag
+    u = a.buf + a.len * C_UNIT
+    _put64(u, <uint64_t>phys)
+    u[8] = <unsigned char>(<uint32_t>size >> 24)
+    u[9] = <unsigned char>(<uint32_t>size >> 16)
+    u[10] = <unsigned char>(<uint32_t>size >> 8)
+    u[11] = <unsigned char><uint32_t>size
+    _put64(u + 12, <uint64_t>tag)
     a.len += 1
     return 0
 
@@ -130,16 +135,14 @@ def index_runs(object view, int64_t base, frozenset watched_topics, object watch
     cdef uint32_t magic
     cdef int32_t queue_id, cur_qid = 0
     cdef int64_t qoff, first = 0, last = 0, tag
-    cdef _Arrays a
+    cdef _Units a
     cdef list runs = []
     cdef list hits = []
     cdef object topic = None
     cdef object bad = None
     cdef bint watch_topics = len(watched_topics) > 0
     cdef bint hit
-    a.phys = NULL
-    a.sizes = NULL
-    a.tags = NULL
+    a.buf = NULL
     a.len = 0
     a.cap = 0
     if watched_prop is not None:
@@ -203,15 +206,51 @@ def index_runs(object view, int64_t base, frozenset watched_topics, object watch
             runs.append(_run(topic, cur_qid, first, &a, hits))
     finally:
         PyBuffer_Release(&buf)
-        free(a.phys)
-        free(a.sizes)
-        free(a.tags)
+        free(a.buf)
     return pos, runs, bad
 
 
-cdef tuple _run(object topic, int32_t queue_id, int64_t first, _Arrays* a, list hits):
+cdef tuple _run(object topic, int32_t queue_id, int64_t first, _Units* a, list hits):
     return (topic, queue_id, first,
-            PyBytes_FromStringAndSize(<const char*>a.phys, a.len * 8),
-            PyBytes_FromStringAndSize(<const char*>a.sizes, a.len * 4),
-            PyBytes_FromStringAndSize(<const char*>a.tags, a.len * 8),
-            hits)
+            PyBytes_FromStringAndSize(<const char*>a.buf, a.len * C_UNIT), hits)
+
+
+def check_units(object view, int64_t base, bytes units, Py_ssize_t start, Py_ssize_t stop,
+                int64_t first_qoff, int32_t queue_id, bytes topic):
+    """Check units against the records they point at (see ``queue_scan_py.check_units``);
+    returns ``(first unit not checked, whether it failed)``."""
+    cdef Py_buffer buf
+    cdef const unsigned char* b
+    cdef const unsigned char* u = <const unsigned char*><char*>units
+    cdef const unsigned char* t = <const unsigned char*><char*>topic
+    cdef Py_ssize_t n, i, tlen = len(topic)
+    cdef int64_t phys, rel, blen
+    cdef int32_t size
+    if start < 0 or stop * C_UNIT > len(units) or start > stop:
+        raise ValueError("unit range outside the units given")
+    PyObject_GetBuffer(view, &buf, PyBUF_SIMPLE)
+    try:
+        b = <const unsigned char*>buf.buf
+        n = buf.len
+        for i in range(start, stop):
+            phys = <int64_t>_get64(u + i * C_UNIT)
+            size = <int32_t>_get32(u + i * C_UNIT + 8)
+            rel = phys - base
+            if rel < 0:
+                return i, True
+            if rel + size > n:
+                return i, False
+            if size < C_FIXED:
+                return i, True
+            blen = <int32_t>_get32(b + rel + 84)
+            if (_get32(b + rel + 4) != C_MESSAGE_MAGIC or <int32_t>_get32(b + rel) != size
+                    or <int32_t>_get32(b + rel + 12) != queue_id
+                    or <int64_t>_get64(b + rel + 20) != first_qoff + i
+                    or blen < 0 or blen > size - C_FIXED):
+                return i, True
+            if (b[rel + 88 + blen] != tlen or C_FIXED + blen + tlen > size
+                    or memcmp(b + rel + 89 + blen, t, <size_t>tlen) != 0):
+                return i, True
+        return stop, False
+    finally:
+        PyBuffer_Release(&buf)

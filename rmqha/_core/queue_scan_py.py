@@ -3,14 +3,14 @@ results as ``queue_scan.pyx``).
 
 Owns reading, per record, what a consume queue keeps (queue id, queue offset, physical
 offset, size, the TAGS hash) and grouping consecutive records of one queue into runs, so
-:class:`rmqha.store.consume_queue.ConsumeQueueIndex` grows by a few array extends per
-scan instead of Python work per message.  A run's arrays travel as native-endian bytes
-(``array('q')``, ``array('i')``, ``array('q')``), ready for ``array.frombytes``.
+:class:`rmqha.store.consume_queue.ConsumeQueueIndex` grows by one write into a queue file
+per run instead of Python work per message.  A run's entries travel as RocketMQ
+ConsumeQueue units, ready to be copied into the file: 20 bytes each, big-endian commitlog
+offset (int64), size (int32) and tag hash (int64).
 """
 from __future__ import annotations
 
 import struct
-from array import array
 from collections.abc import Callable
 
 # The reference reading of one property (the compiled twin has its own C search).
@@ -27,9 +27,13 @@ _Q = struct.Struct(">q")
 _U16 = struct.Struct(">H")
 _TAGS = b"TAGS\x01"
 
-#: (topic bytes, queue id, first queue offset, physical offsets, sizes, tag hashes, indexes
+#: RocketMQ's ConsumeQueue unit: commitlog offset, size, tag hash (``CQ_STORE_UNIT_SIZE``).
+UNIT = struct.Struct(">qiq")
+UNIT_SIZE = UNIT.size
+
+#: (topic bytes, queue id, first queue offset, units (UNIT_SIZE bytes per record), indexes
 #: in the run of the records a watcher wants)
-Run = tuple[bytes, int, int, bytes, bytes, bytes, list[int]]
+Run = tuple[bytes, int, int, bytes, list[int]]
 
 
 def java_hash_ascii(raw: bytes) -> int | None:
@@ -62,12 +66,12 @@ def index_runs(view: memoryview | bytes, base: int, watched_topics: frozenset[by
     runs: list[Run] = []
     cur: tuple[bytes, int] | None = None
     first = last = 0
-    phys, sizes, tags, hits = array("q"), array("i"), array("q"), []
+    units = bytearray()
+    hits: list[int] = []
 
     def close() -> None:
         if cur is not None:
-            runs.append((cur[0], cur[1], first, phys.tobytes(), sizes.tobytes(),
-                         tags.tobytes(), hits))
+            runs.append((cur[0], cur[1], first, bytes(units), hits))
 
     bad: tuple[int, int, int] | None = None
     while n - pos >= 8:
@@ -104,14 +108,45 @@ def index_runs(view: memoryview | bytes, base: int, watched_topics: frozenset[by
             close()
             cur = (topic, queue_id)
             first = qoff
-            phys, sizes, tags, hits = array("q"), array("i"), array("q"), []
+            units, hits = bytearray(), []
         if topic in watched_topics or (watched_prop is not None and plen
                                        and watched_prop in props):
-            hits.append(len(phys))
-        phys.append(base + pos)
-        sizes.append(total)
-        tags.append(tag)
+            hits.append(len(units) // UNIT_SIZE)
+        units += UNIT.pack(base + pos, total, tag)
         last = qoff
         pos += total
     close()
     return pos, runs, bad
+
+
+_HEAD_CHECK = struct.Struct(">iIiiiq")  # total, magic, body CRC, queue id, flag, queue offset
+
+
+def check_units(view: memoryview | bytes, base: int, units: bytes, start: int, stop: int,
+                first_qoff: int, queue_id: int, topic: bytes) -> tuple[int, bool]:
+    """Check units ``start..stop-1`` of ``units`` (unit ``i`` is queue offset ``first_qoff
+    + i``) against the records they point at in ``view`` (global offset ``base``): magic,
+    total size, queue id, queue offset and topic.  Returns ``(i, bad)``: the first unit not
+    checked, and whether it failed (False: it lies outside the view, or ``i == stop``)."""
+    if start < 0 or stop * UNIT_SIZE > len(units) or start > stop:
+        raise ValueError("unit range outside the units given")
+    n = len(view)
+    for i in range(start, stop):
+        phys, size, _ = UNIT.unpack_from(units, UNIT_SIZE * i)
+        rel = phys - base
+        if rel < 0:
+            return i, True  # units go up the log: this one is out of order
+        if rel + size > n:
+            return i, False
+        if size < FIXED_SIZE:
+            return i, True
+        total, magic, _, qid, _, qoff = _HEAD_CHECK.unpack_from(view, rel)
+        (blen,) = _I32.unpack_from(view, rel + 84)
+        if (magic != MESSAGE_MAGIC or total != size or qid != queue_id
+                or qoff != first_qoff + i or not 0 <= blen <= size - FIXED_SIZE):
+            return i, True
+        tlen = view[rel + 88 + blen]
+        if (tlen != len(topic) or FIXED_SIZE + blen + tlen > size
+                or bytes(view[rel + 89 + blen:rel + 89 + blen + tlen]) != topic):
+            return i, True
+    return stop, False

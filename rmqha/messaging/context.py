@@ -98,6 +98,11 @@ class MessagingConfig:
     transaction_check_interval_ms: int = 30000
     #: Check-backs before a half message is discarded (RocketMQ ``transactionCheckMax``).
     transaction_check_max: int = 15
+    #: Units per consume-queue file (RocketMQ ``mappedFileSizeConsumeQueue`` / 20).
+    consume_queue_file_units: int = 300_000
+    #: How often the consume queues are fdatasync-ed and checkpointed (RocketMQ
+    #: ``flushIntervalConsumeQueue``); a crash re-dispatches about this much of the log.
+    consume_queue_flush_interval_s: float = 1.0
 
     @classmethod
     def from_broker_config(cls, cfg: Any) -> MessagingConfig:

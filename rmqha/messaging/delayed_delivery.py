@@ -199,9 +199,9 @@ class DelayedDelivery:
         q = self.ctx.index.queue(TIMER_TOPIC, 0)
         if q is None:
             return
-        for i in range(len(q)):
-            self.on_timer_record(ScannedRecord(TIMER_TOPIC, 0, q.base + i, q.phys[i],
-                                               q.sizes[i]))
+        for e in q.entries():
+            self.on_timer_record(ScannedRecord(TIMER_TOPIC, 0, e.queue_offset,
+                                               e.commit_offset, e.size))
 
     def pending_timers(self) -> int:
         timer = self.ctx.state.timer

@@ -20,7 +20,10 @@ MessagingContext` (store, settings, replication, tables) and the pieces that sha
   deletes old segments.
 
 This class owns what ties them together: the broker's role changes, the confirm offset
-advancing (index, then wake held pulls) and truncation.
+advancing (index, then wake held pulls) and truncation.  The consume queues are files
+(``<store>/consumequeue``, RocketMQ's layout): a start recovers them from their
+checkpoint, folds what they already hold (state, transactions, timers) and dispatches only
+the log that follows.
 """
 from __future__ import annotations
 
@@ -68,6 +71,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: The consume queues' root in the store directory (RocketMQ's ``consumequeue``, beside
+#: ``commitlog``).
+CONSUME_QUEUE_DIR = "consumequeue"
+
 
 class MessageService:
     """RocketMQ's client protocol on top of one broker's commitlog."""
@@ -95,8 +102,11 @@ class MessageService:
             log=commitlog, config=cfg, broker_name=broker_name, broker_id=broker_id,
             replication=replication, dir=directory, topics=topics,
             state=BrokerState(topics),
-            index=ConsumeQueueIndex([STATE_TOPIC, HALF_TOPIC, OP_TOPIC, TIMER_TOPIC],
-                                    COMMITTED_MARK.encode()),
+            index=ConsumeQueueIndex(Path(store_dir) / CONSUME_QUEUE_DIR,
+                                    [STATE_TOPIC, HALF_TOPIC, OP_TOPIC, TIMER_TOPIC],
+                                    COMMITTED_MARK.encode(),
+                                    units_per_file=cfg.consume_queue_file_units,
+                                    flush_interval_s=cfg.consume_queue_flush_interval_s),
             clients=ClientRegistry(cfg.client_expire_s, self._group_changed),
             locks=QueueLocks(),
             metrics=MessagingMetrics(metrics) if metrics is not None else None,
@@ -131,6 +141,8 @@ class MessageService:
         if ctx.metrics is not None:
             ctx.metrics.pending_half_messages.set_function(lambda: len(self.transactions.pending))
             ctx.metrics.pending_timer_messages.set_function(self.delayed.pending_timers)
+        ctx.index.recover(commitlog)
+        self._replay_indexed()
         self._state_log.rebuild(initial=True, on_watched=self._on_watched_rebuild)
         # After the consume queue: the message index follows it (from its own checkpoint).
         self._lookup = MessageLookup(
@@ -252,8 +264,10 @@ class MessageService:
         self._lookup.on_confirm()
 
     def on_truncate(self, offset: int) -> None:
-        """The commitlog was cut at ``offset`` (a slave dropped a divergent tail)."""
+        """The commitlog was cut at ``offset`` (a slave dropped a divergent tail, or emptied
+        its log and reset its start)."""
         self.ctx.index.truncate(offset)
+        self.ctx.index.trim_below(self.ctx.log.min_offset)
         self._lookup.on_truncate(offset)
         self._state_log.on_truncate(offset)
         self.transactions.reload()
@@ -273,6 +287,7 @@ class MessageService:
         self._retention.close()
         self._pulls.close()
         self._lookup.close()
+        self.ctx.index.close()
         self.delayed.stop()
         self.transactions.stop()
         for task in list(self.ctx.tasks):
@@ -281,6 +296,22 @@ class MessageService:
     def _on_watched(self, rec: ScannedRecord) -> None:
         # Records of other topics are here for their COMMITTED_MARK property.
         self._watchers.get(rec.topic, self.transactions.on_committed_record)(rec)
+
+    def _replay_indexed(self) -> None:
+        """Fold the records the consume queues held at start, as the dispatch of the log
+        would have: the state log, open transactions and timers from their own queues;
+        then the committed marks that may close an open transaction, from the oldest open
+        half message on (a commit follows its half message)."""
+        ctx = self.ctx
+        if not ctx.index.queues:
+            return
+        self._state_log.rebuild_state()
+        self.transactions.reload()
+        self.delayed.reload()
+        if self.transactions.pending:
+            oldest = min(p.commit_offset for p in self.transactions.pending.values())
+            ctx.index.replay_watched(ctx.log, oldest, ctx.index.indexed_offset,
+                                     self.transactions.on_committed_record)
 
     def _on_watched_rebuild(self, rec: ScannedRecord) -> None:
         if rec.topic == STATE_TOPIC:

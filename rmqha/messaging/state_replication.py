@@ -68,9 +68,9 @@ class StateReplication:
         self.last_checkpoint_offset = -1
         q = ctx.index.queue(STATE_TOPIC, 0)
         if q is not None:
-            for i in range(len(q)):
+            for e in q.entries():
                 # The index itself is not replayed here: it already reflects deletions.
-                self._apply_state_at(q.phys[i], q.sizes[i], persist=False, drop_index=False)
+                self._apply_state_at(e.commit_offset, e.size, persist=False, drop_index=False)
         ctx.topics.save()
 
     def on_record_rebuild(self, rec: ScannedRecord) -> None:

@@ -207,8 +207,9 @@ class Transactions:
             q = self.ctx.index.queue(topic, 0)
             if q is None:
                 continue
-            records += [(q.phys[i], ScannedRecord(topic, 0, q.base + i, q.phys[i], q.sizes[i]))
-                        for i in range(len(q))]
+            records += [(e.commit_offset, ScannedRecord(topic, 0, e.queue_offset,
+                                                        e.commit_offset, e.size))
+                        for e in q.entries()]
         for _, rec in sorted(records, key=lambda r: r[0]):
             (self.on_half_record if rec.topic == HALF_TOPIC else self.on_op_record)(rec)
 

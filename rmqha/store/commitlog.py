@@ -149,19 +149,36 @@ class CommitLog(ReceivePath):
             window=page_up(prefault_window_bytes), enabled=prefault,
             sync_ahead=self._mode is FlushMode.SYNC)
         self._checkpoint = Checkpoint(self._dir)
+        #: Bumped when the table moves other than forward (truncate, reset, retention): a
+        #: snapshot taken before that is not written.
+        self._table_gen = 0
+        self._snapshot_lock = threading.Lock()
+        self._snapshotted: tuple[int, int] = (-1, -1)
+        #: The record boundaries of the last snapshot written and of the one before it.
+        self._snapshot_at = self._snapshot_since = 0
         self._flusher = Flusher(
             self._mode, flush_interval_s=flush_interval_ms / 1000.0,
             checkpoint_interval_s=checkpoint_interval_ms / 1000.0, segments=self._segments,
             segment_bytes=segment_bytes, io_lock=self._io_lock, checkpoint=self._checkpoint,
-            max_offset=lambda: self._max_offset, min_offset=lambda: self.min_offset)
+            max_offset=lambda: self._max_offset, min_offset=lambda: self.min_offset,
+            snapshots=self)
         #: Records found bad below the flushed offset (see :meth:`verify_tail`): never served.
         self.corrupt: list[BadRecord] = []
+        #: Where opening the log started walking records (its queue-offset snapshot, or
+        #: the first segment without one).
+        self.recovery_start = 0
         try:
-            end = recover(self._dir, self._sb, self._codec, self._segments, self._queues,
-                          self._checkpoint)
+            end, self.recovery_start, checked = recover(
+                self._dir, self._sb, self._codec, self._segments, self._queues,
+                self._checkpoint)
+            self._snapshot_at = self._snapshot_since = checked
             self._max_offset = self._whole_offset = end
             self._flusher.flushed_offset = end
             self._flusher.write_checkpoint()
+            # Recovery made the log durable up to its end: the next open walks from here.
+            snap = self.take_snapshot()
+            if snap is not None:
+                self.save_snapshot(snap)
             self.verify_tail(verify_segments_on_open)
         except BaseException:
             self._close_files()
@@ -607,6 +624,45 @@ class CommitLog(ReceivePath):
             yield to_message(self._codec, self._decoded, fields)
             off += fields[0]
 
+    # --- the queue-offset snapshot (see Flusher.flush_now) --------------------------------
+
+    def take_snapshot(self) -> tuple[int, int, dict[tuple[bytes, int], int]] | None:
+        """(generation, whole offset, a copy of the queue-offset table), consistent; None
+        when the writer holds the lock for long (close() does, while it stops the flusher)."""
+        if not self._lock.acquire(timeout=0.05):
+            return None
+        try:
+            return self._table_gen, self._whole_offset, dict(self._queue_offsets)
+        finally:
+            self._lock.release()
+
+    def save_snapshot(self, snap: tuple[int, int, dict[tuple[bytes, int], int]]) -> bool:
+        """Write a snapshot taken by :meth:`take_snapshot` (once flushed up to it), unless
+        the table moved back since or it is the one already written."""
+        gen, valid_at, table = snap
+        with self._snapshot_lock:
+            if gen != self._table_gen or (gen, valid_at) == self._snapshotted:
+                return False
+            # Opening the log checks that records tile from the previous snapshot on: a
+            # known record boundary, and little to walk.
+            since = self._snapshot_at if self._snapshot_at < valid_at else min(
+                self._snapshot_since, valid_at)
+            try:
+                self._queues.save_snapshot(valid_at, table, since)
+            except OSError as exc:
+                # The previous snapshot stays: the next open walks a little more.
+                log.error("commitlog %s: queue-offset snapshot not written: %s", self._dir,
+                          exc)
+                return False
+            self._snapshotted = (gen, valid_at)
+            self._snapshot_at, self._snapshot_since = valid_at, since
+            return True
+
+    def _table_moved_back(self) -> None:
+        """Truncate, reset and retention (writer lock held): older snapshots are void."""
+        with self._snapshot_lock:
+            self._table_gen += 1
+
     # --- flushing ------------------------------------------------------------------------
 
     def flush_future(self, offset: int) -> Future:
@@ -737,6 +793,8 @@ class CommitLog(ReceivePath):
             # Zeroing and fdatasync left the pages clean and write-protected: fault them
             # writable again off the hot path (and the next segment).
             self._warm.restart()
+            self._table_moved_back()
+            self._flusher.flush_now(force_checkpoint=True)  # and a snapshot at the cut
             log.info("commitlog truncated to %d", offset)
 
     def reset(self, offset: int) -> None:
@@ -788,6 +846,8 @@ class CommitLog(ReceivePath):
                 self._flusher.restart_at(offset)
                 self._flusher.write_checkpoint()
             self._warm.restart()
+            self._table_moved_back()
+            self._flusher.flush_now(force_checkpoint=True)
             log.info("commitlog reset: empty log at %d (%d old segment file(s) removed)",
                      offset, len(victims))
 
@@ -826,6 +886,9 @@ class CommitLog(ReceivePath):
                     os.unlink(segment_path(self._dir, b))
                 fsync_dir(self._dir)
                 self._flusher.write_checkpoint()
+            # A snapshot from before the deletion would point below the new start.
+            self._table_moved_back()
+            self._flusher.flush_now(force_checkpoint=True)
             log.info("commitlog deleted %d segment(s) before %d", len(victims), offset)
             return len(victims)
 

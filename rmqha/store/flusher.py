@@ -5,7 +5,9 @@ mode every ``flush_interval_ms``; in ``sync`` mode as soon as an append waits fo
 every append that arrived meanwhile shares one fsync (group commit), and bytes appended
 with nobody waiting (an HA slave's) within ``LAZY_FLUSH_S``.  Waiters block in
 :meth:`Flusher.wait_flushed` or hold a future from :meth:`Flusher.future`.  The checkpoint
-file follows the flushed offset at most every ``checkpoint_interval_ms``.
+file follows the flushed offset at most every ``checkpoint_interval_ms``, and so does the
+queue-offset snapshot (taken before the fdatasync, written after it: the table it holds
+is the log's at a record boundary the fdatasync covered).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from enum import Enum
+from typing import Protocol
 
 from rmqha.errors import StoreClosedError
 from rmqha.failpoints import Failpoint, hit
@@ -36,6 +39,18 @@ class FlushMode(str, Enum):
     SYNC = "sync"     # an append returns once an fsync covers it (group commit)
 
 
+#: (generation, record boundary, queue-offset table there)
+TableSnapshot = tuple[int, int, dict[tuple[bytes, int], int]]
+
+
+class SnapshotSource(Protocol):
+    """Where the flusher gets the queue-offset snapshot and keeps it (the commitlog)."""
+
+    def take_snapshot(self) -> TableSnapshot | None: ...
+
+    def save_snapshot(self, snap: TableSnapshot) -> bool: ...
+
+
 class Flusher:
     """The flushed offset, its waiters and the thread that moves it.
 
@@ -47,7 +62,8 @@ class Flusher:
     def __init__(self, mode: FlushMode, *, flush_interval_s: float,
                  checkpoint_interval_s: float, segments: dict[int, Segment],
                  segment_bytes: int, io_lock: threading.Lock, checkpoint: Checkpoint,
-                 max_offset: Callable[[], int], min_offset: Callable[[], int]) -> None:
+                 max_offset: Callable[[], int], min_offset: Callable[[], int],
+                 snapshots: SnapshotSource | None = None) -> None:
         self.mode = mode
         self._flush_interval = flush_interval_s
         self._checkpoint_interval = checkpoint_interval_s
@@ -57,6 +73,7 @@ class Flusher:
         self._checkpoint = checkpoint
         self._max_offset = max_offset
         self._min_offset = min_offset
+        self._snapshots = snapshots
         self.lock = threading.Lock()
         self._flushed_cond = threading.Condition(self.lock)  # waiters on flushes
         self._flusher_cond = threading.Condition(self.lock)  # wakes the flusher
@@ -159,6 +176,16 @@ class Flusher:
                 time.sleep(self._flush_interval)
 
     def flush_now(self, force_checkpoint: bool = False) -> None:
+        snap = None
+        if self._snapshots is not None and (
+                force_checkpoint
+                or time.monotonic() - self._last_checkpoint >= self._checkpoint_interval):
+            snap = self._snapshots.take_snapshot()
+        self._flush(force_checkpoint)
+        if snap is not None and snap[1] <= self.flushed_offset:
+            self._snapshots.save_snapshot(snap)  # type: ignore[union-attr]
+
+    def _flush(self, force_checkpoint: bool) -> None:
         with self._io_lock:
             target = self._max_offset()
             start = self.flushed_offset

@@ -10,8 +10,10 @@ begins; the newest one takes new entries, the others are full.  A file is a fixe
 hash table, memory mapped (RocketMQ's IndexFile has the same shape):
 
 * a 128-byte header: magic, sizes, entry count, the commit offset range it covers
-  (``end_phys``: records below it were scanned), the store-time range of its entries, and
-  a checkpoint (entry count and ``end_phys`` as of the last flush) with a clean flag;
+  (``end_phys``: records below it were scanned), the store-time range of its entries, a
+  checkpoint (entry count and ``end_phys`` as of the last flush) with a clean flag, and
+  the id of the boot during which it was opened for writing (16 bytes at 72; zeros in
+  files of older versions);
 * ``slot_count`` int32 slots: the 1-based number of the newest entry whose key hash falls
   in the slot (0 = none);
 * ``capacity`` 24-byte entries in commit-offset order: commit offset, store timestamp,
@@ -31,9 +33,13 @@ Crash recovery.  :meth:`IndexFile.flush` msyncs the entries and slots, then reco
 checkpoint; the periodic flush does the same on a thread of its own (fdatasync, then the
 checkpoint of what was written before it started), off the broker's loop; a clean close
 sets the clean flag.  A file opened without it keeps only the
-checkpointed entries (they were on disk before the checkpoint said so) and rebuilds every
-slot chain from them; the index then scans the log again from the checkpoint's
-``end_phys``.  A slave's truncation unlinks the entries at or past the cut, newest first
+checkpointed entries (they were on disk before the checkpoint said so) and the index
+scans the log again from the checkpoint's ``end_phys``.  After a process crash (the file
+was opened during this boot, so every byte written is in the page cache) the entries
+written since the checkpoint are unlinked newest first, as a truncation does: the work
+is bounded by what was written since the checkpoint.  After a reboot (or with no boot id)
+pages may have reached the disk in any order, so every slot chain is rebuilt from the
+checkpointed entries.  A slave's truncation unlinks the entries at or past the cut, newest first
 (each was the head of its chain when added, so this restores the chains exactly).
 """
 from __future__ import annotations
@@ -53,6 +59,7 @@ from typing import Any
 
 from rmqha import _core
 from rmqha.errors import StoreError
+from rmqha.store.checkpoint import boot_id
 from rmqha.store.consume_queue import LogReader
 from rmqha.protocol.message import REC_FIXED
 
@@ -69,6 +76,8 @@ HEADER_SIZE = 128
 #: end_phys, durable_end_phys, min_ts, max_ts
 _HEADER = struct.Struct(">8sIIIIIIqqqqq")
 _END_PHYS_AT = 40
+_BOOT_AT = _HEADER.size
+_BOOT_SIZE = 16
 _ENTRY = struct.Struct(">qqIi")  # commit offset, store timestamp, key hash, previous entry
 ENTRY_SIZE = _ENTRY.size
 _SLOT = struct.Struct(">i")
@@ -163,18 +172,66 @@ class IndexFile:
             raise
         f = cls(path, mm, fd)
         if not clean:
-            f._recover(durable, dend)
+            me = boot_id()
+            if me != bytes(_BOOT_SIZE) and mm[_BOOT_AT:_BOOT_AT + _BOOT_SIZE] == me:
+                f._unlink_since(durable, dend)
+            else:
+                f._recover(durable, dend)
         f.reserved = f.count  # written entries have their blocks; reserve() adds the rest
+        mm[_BOOT_AT:_BOOT_AT + _BOOT_SIZE] = boot_id()
         f._set_clean(False)
         return f
 
-    def _recover(self, durable: int, durable_end: int) -> None:
-        """After an unclean close: keep the checkpointed entries, rebuild the chains."""
-        lost = self.count - durable
-        log.warning("message index %s was not closed cleanly: keeping %d checkpointed "
-                    "entries (up to commit offset %d), dropping %d later ones and rebuilding "
-                    "its slots", self.path.name, durable, durable_end, max(lost, 0))
+    def _unlink_since(self, durable: int, durable_end: int) -> None:
+        """After a process crash: unlink the entries written since the checkpoint, newest
+        first (each was the head of its chain when added, or never linked if the crash hit
+        between its write and its slot's), and keep the rest as it is."""
         mm = self._mm
+        at = self._entries_at
+        last = self._written_entries(max(durable, self.count))
+        slots = self.slot_count
+        for i in range(last - 1, durable - 1, -1):
+            pos = at + i * ENTRY_SIZE
+            _, _, h, prev = _ENTRY.unpack_from(mm, pos)
+            s = HEADER_SIZE + 4 * (h % slots)
+            if _SLOT.unpack_from(mm, s)[0] == i + 1:
+                _SLOT.pack_into(mm, s, prev)
+            mm[pos:pos + ENTRY_SIZE] = bytes(ENTRY_SIZE)
+        log.warning("message index %s was not closed cleanly (process crash): keeping its %d "
+                    "checkpointed entries (up to commit offset %d), unlinked %d later ones",
+                    self.path.name, durable, durable_end, last - durable)
+        self.count, self.end_phys = durable, durable_end
+        self._write_header(clean=False)
+        self._mm.flush()
+
+    def _written_entries(self, start: int) -> int:
+        """The number of entries written: the first all-zero one at or after ``start``
+        (entries past the written ones were never written, or zeroed by a truncation)."""
+        zero = bytes(ENTRY_SIZE)
+        mm = self._mm
+        i = min(start, self.capacity)
+        pos = self._entries_at + i * ENTRY_SIZE
+        while i < self.capacity:
+            hit = mm.find(zero, pos)
+            if hit < 0:
+                return self.capacity
+            i = -(-(hit - self._entries_at) // ENTRY_SIZE)
+            pos = self._entries_at + i * ENTRY_SIZE
+            if i < self.capacity and mm[pos:pos + ENTRY_SIZE] == zero:
+                return i
+        return self.capacity
+
+    def _recover(self, durable: int, durable_end: int) -> None:
+        """After an unclean close, maybe a reboot: keep the checkpointed entries, rebuild
+        the chains."""
+        written = self._written_entries(max(durable, self.count))
+        log.warning("message index %s was not closed cleanly (after a reboot, or written "
+                    "by an older version): keeping %d checkpointed entries (up to commit "
+                    "offset %d), dropping %d later ones and rebuilding its slots",
+                    self.path.name, durable, durable_end, written - durable)
+        mm = self._mm
+        mm[self._entries_at + durable * ENTRY_SIZE:self._entries_at + written * ENTRY_SIZE] = \
+            bytes((written - durable) * ENTRY_SIZE)
         mm[HEADER_SIZE:self._entries_at] = bytes(4 * self.slot_count)
         slots = self.slot_count
         at = self._entries_at

@@ -1,6 +1,8 @@
-"""The queue-offset table: the next queue offset of every (topic, queue id), and the
-table's base in ``queue_offsets.json`` (what deleted segments held, and where the log's
-start was moved by retention or ``reset``)."""
+"""The queue-offset table: the next queue offset of every (topic, queue id), the table's
+base in ``queue_offsets.json`` (what deleted segments held, and where the log's start was
+moved by retention or ``reset``), and its snapshot in ``queue_offsets.snapshot`` (the
+whole table at a flushed record boundary, so opening the log scans only what follows it
+instead of every segment)."""
 from __future__ import annotations
 
 import json
@@ -13,6 +15,7 @@ from rmqha.store.segments import fsync_dir, segment_path
 log = logging.getLogger(__name__)
 
 QUEUE_BASE_FILE = "queue_offsets.json"
+QUEUE_SNAPSHOT_FILE = "queue_offsets.snapshot"
 
 QueueKey = tuple[bytes, int]
 
@@ -65,6 +68,39 @@ class QueueOffsets:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
         fsync_dir(self._dir)
+
+    def save_snapshot(self, valid_at: int, table: dict[QueueKey, int], since: int) -> None:
+        """Write ``table`` as the whole table at log offset ``valid_at``, a record boundary
+        below which the log is flushed; ``since`` is an earlier record boundary (the
+        previous snapshot's), from which opening the log checks that records still tile up
+        to ``valid_at``.  fsynced, atomically: a crash leaves the old one or the new one."""
+        path = os.path.join(self._dir, QUEUE_SNAPSHOT_FILE)
+        doc = {"valid_at": valid_at, "since": since,
+               "queues": [[t.decode("latin-1"), q, n] for (t, q), n in table.items()]}
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, separators=(",", ":"))
+            fh.flush()
+            os.fdatasync(fh.fileno())
+        os.replace(tmp, path)
+
+    def load_snapshot(self) -> tuple[int, int, dict[QueueKey, int]] | None:
+        """(valid_at, since, table) of the last snapshot; None when there is none or it is
+        unreadable (then the log is scanned from its start)."""
+        path = os.path.join(self._dir, QUEUE_SNAPSHOT_FILE)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                doc = json.load(fh)
+            valid_at = int(doc["valid_at"])
+            since = min(int(doc.get("since", 0)), valid_at)
+            table = {(t.encode("latin-1"), int(q)): int(n) for t, q, n in doc["queues"]}
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("%s is unreadable (%s): the queue offsets are rebuilt from the whole "
+                        "log", path, exc)
+            return None
+        return valid_at, since, table
 
     def check_first_segment(self, first_base: int) -> None:
         """A log may start past 0 only where retention or ``reset`` moved its start, and

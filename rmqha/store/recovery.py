@@ -1,6 +1,13 @@
 """Opening a commitlog directory: its segment files checked for gaps and a missing start,
 every record past the flushed offset validated, a torn or corrupt tail cut and zeroed,
-segments past the end removed."""
+segments past the end removed.
+
+The queue-offset table is rebuilt from the records after its last snapshot (see
+:mod:`rmqha.store.queue_offsets`), so opening a log walks what was written since the
+snapshot, not every segment.  The records between the snapshot before it and the
+snapshot are walked too (headers only, no table): a tail the disk lost or zeroed below
+the snapshot is found there as it was before, and makes the walk start over from the
+first segment, as it does without a usable snapshot."""
 from __future__ import annotations
 
 import logging
@@ -16,9 +23,12 @@ log = logging.getLogger(__name__)
 
 
 def recover(directory: str, segment_bytes: int, codec: ModuleType,
-            segments: dict[int, Segment], queues: QueueOffsets, checkpoint: Checkpoint) -> int:
+            segments: dict[int, Segment], queues: QueueOffsets, checkpoint: Checkpoint,
+            *, use_snapshot: bool = True) -> tuple[int, int, int]:
     """Open the log in ``directory`` into ``segments`` and ``queues``; returns where it
-    ends (0 for an empty directory).  The recovered bytes are fdatasync-ed before return."""
+    ends (0 for an empty directory), where the walk that rebuilt the queue-offset table
+    started, and a record boundary below which this open checked the log (the next
+    snapshot's "since").  The recovered bytes are fdatasync-ed before return."""
     sb = segment_bytes
 
     def path(base: int) -> str:
@@ -39,16 +49,35 @@ def recover(directory: str, segment_bytes: int, codec: ModuleType,
         queues.check_first_segment(bases[0])
     flushed, clean = checkpoint.read()
     if not bases:
-        return 0
+        return 0, 0, 0
     queues.load_base(bases[0])
-    table = dict(queues.base)
+    start, since, table = _starting_point(directory, queues, bases, sb) if use_snapshot else (
+        bases[0], bases[0], dict(queues.base))
+    since = max(since, bases[0])
     S = codec.ScanStop
     end = bases[0]
     last = len(bases) - 1
     for i, base in enumerate(bases):
         seg = Segment(path(base), base, sb, create=False)
         segments[base] = seg
-        pos, stop, _count = codec.scan(seg.mm, 0, sb, base, flushed, table)
+        if base < start:
+            at = min(start - base, sb)
+            lo = max(since - base, 0)
+            if lo < at and not _tiles(codec, seg, lo, at, base, flushed):
+                log.warning("commitlog recovery: records below the queue-offset snapshot at "
+                            "%d do not tile segment %s: walking the whole log instead",
+                            start, path(base))
+                for opened in segments.values():
+                    opened.close()
+                segments.clear()
+                return recover(directory, sb, codec, segments, queues, checkpoint,
+                               use_snapshot=False)
+            if at == sb:
+                end = base + sb  # wholly before the snapshot: the table counts its records
+                continue
+        else:
+            at = 0
+        pos, stop, _count = codec.scan(seg.mm, at, sb, base, flushed, table)
         if stop == S.BLANK or (stop == S.END and pos == sb):
             end = base + sb
             continue
@@ -91,4 +120,40 @@ def recover(directory: str, segment_bytes: int, codec: ModuleType,
     # durable before calling them flushed.
     for seg in segments.values():
         os.fdatasync(seg.fd)
-    return end
+    # The next snapshot's "since": a record boundary below which this open checked the log,
+    # and never before the last segment's start (a segment starts with a record).
+    if end > start and use_snapshot and start > bases[0]:
+        since = start
+    elif end > bases[0]:
+        since = max(since, end - (end - 1) % sb - 1)
+    return end, start, since
+
+
+def _tiles(codec: ModuleType, seg: Segment, lo: int, hi: int, base: int, flushed: int) -> bool:
+    """Whether whole records (and a blank ending the segment) fill ``[lo, hi)``."""
+    S = codec.ScanStop
+    pos, stop, _ = codec.scan(seg.mm, lo, hi, base, flushed, None)
+    return (stop == S.END and pos == hi) or (stop == S.BLANK and hi == seg.size)
+
+
+def _starting_point(directory: str, queues: QueueOffsets, bases: list[int],
+                    sb: int) -> tuple[int, int, dict[tuple[bytes, int], int]]:
+    """Where the walk starts, from where records must tile up to it, and the table there:
+    the snapshot when it lies within the segments, else the first segment with the base
+    table."""
+    snap = queues.load_snapshot()
+    if snap is not None:
+        valid_at, since, table = snap
+        short = [b for b in bases
+                 if b < valid_at and os.stat(segment_path(directory, b)).st_size < sb]
+        if short:
+            # Bytes the snapshot counts may be gone: only a walk finds where the log ends.
+            log.warning("commitlog recovery: segment %s is shorter than %d bytes: walking "
+                        "the whole log", segment_path(directory, short[0]), sb)
+        elif bases[0] <= valid_at <= bases[-1] + sb:
+            return valid_at, since, table
+        else:
+            log.warning("commitlog recovery: the queue-offset snapshot of %s is at offset "
+                        "%d, outside the segments (%d..%d): walking the whole log",
+                        directory, valid_at, bases[0], bases[-1] + sb)
+    return bases[0], bases[0], dict(queues.base)

@@ -1,6 +1,7 @@
 """The commitlog on disk, both twins: round trips, rolls, recovery, flushing, threads, bad input."""
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -25,8 +26,8 @@ from rmqha.errors import (
     StoreClosedError,
     StoreError,
 )
-from rmqha.testing.ha import wait_until
 from rmqha.store import CommitLog, StoredMessage
+from rmqha.testing.ha import wait_until
 
 SEG = 16384
 MAGIC = 0xDAA320A7
@@ -580,6 +581,73 @@ def test_delete_segments_before_keeps_queue_offsets(twin, logs, tmp_path) -> Non
     again = logs(tmp_path, twin)
     assert again.min_offset == SEG * 3
     assert again.queue_offset("only-old") == 10 and again.queue_offset("main") == 70
+
+
+def test_reopen_walks_only_from_the_queue_offset_snapshot(twin, logs, tmp_path) -> None:
+    """Opening a log rebuilds its queue-offset table from the snapshot on: a clean close
+    walks nothing, a crash walks what followed the last flush; without the snapshot (the
+    negative control) the walk starts at the first segment, with the same result."""
+    log = logs(tmp_path / "a", twin, flush_interval_ms=3_600_000)
+    for i in range(80):
+        log.append("a" if i % 3 else "b", b"y" * 900, i % 2)
+    flushed_at = log.flush()
+    for i in range(7):
+        log.append("a", b"late", 1)
+    crash = tmp_path / "crash"
+    shutil.copytree(tmp_path / "a", crash)  # the files as a crash now leaves them
+    end, table = log.max_offset, log.queue_offsets()
+    log.close()
+    again = logs(tmp_path / "a", twin)
+    assert (again.recovery_start, again.max_offset, again.queue_offsets()) == (end, end, table)
+    crashed = logs(crash, twin)
+    assert crashed.recovery_start == flushed_at > 2 * SEG
+    assert (crashed.max_offset, crashed.queue_offsets()) == (end, table)
+    os.unlink(tmp_path / "a" / "queue_offsets.snapshot")
+    again.close()
+    walked = logs(tmp_path / "a", twin)
+    assert (walked.recovery_start, walked.max_offset, walked.queue_offsets()) == (0, end, table)
+    # The snapshot written by that open: the next one checks no more than the last segment.
+    snap = json.loads((tmp_path / "a" / "queue_offsets.snapshot").read_text())
+    assert (snap["valid_at"], snap["since"]) == (end, walked.segment_start(end - 1))
+
+
+def test_a_tail_lost_below_the_snapshot_is_found(twin, logs, tmp_path) -> None:
+    """The records from the snapshot before the last one up to the last one are walked at
+    open: a tail the disk zeroed there makes the open walk the whole log and cut it."""
+    log = logs(tmp_path / "a", twin, flush_interval_ms=3_600_000)
+    offs = [log.append("a", b"q" * 700)[0] for _ in range(30)]
+    log.flush()
+    offs += [log.append("a", b"r" * 700)[0] for _ in range(10)]
+    log.close()
+    snap = json.loads((tmp_path / "a" / "queue_offsets.snapshot").read_text())
+    assert (snap["since"], snap["valid_at"]) == (offs[30], log.max_offset)
+    damaged = tmp_path / "damaged"
+    shutil.copytree(tmp_path / "a", damaged)
+    seg = offs[35] - offs[35] % SEG
+    with open(damaged / f"{seg:020d}", "r+b") as fh:  # zeros from record 35 on
+        fh.seek(offs[35] - seg)
+        fh.write(bytes(SEG - (offs[35] - seg)))
+    reopened = logs(damaged, twin)
+    assert (reopened.recovery_start, reopened.max_offset) == (0, offs[35])
+    assert reopened.queue_offset("a") == 35
+    intact = logs(tmp_path / "a", twin)
+    assert intact.recovery_start == intact.max_offset > offs[35]
+
+
+def test_truncate_and_retention_move_the_snapshot(twin, logs, tmp_path) -> None:
+    log = logs(tmp_path, twin, flush_interval_ms=3_600_000)
+    offs = [log.append("a", b"z" * 900)[0] for _ in range(60)]
+    log.flush()
+    log.truncate(offs[40])
+    crashed = tmp_path / "after-truncate"
+    shutil.copytree(tmp_path, crashed, ignore=shutil.ignore_patterns("after-*"))
+    assert logs(crashed, twin).recovery_start == offs[40]
+    log.delete_segments_before(SEG * 2)
+    crashed = tmp_path / "after-delete"
+    shutil.copytree(tmp_path, crashed, ignore=shutil.ignore_patterns("after-*"))
+    reopened = logs(crashed, twin)
+    assert reopened.recovery_start == offs[40] and reopened.min_offset == SEG * 2
+    assert reopened.queue_offset("a") == 40
 
 
 def test_read_views_and_close_with_live_view(twin, logs, tmp_path) -> None:

@@ -142,10 +142,11 @@ def commitlog(tmp_path: Path):
         log.close()
 
 
-def test_index_stops_at_confirm_offset_and_follows_truncation(commitlog: CommitLog) -> None:
+def test_index_stops_at_confirm_offset_and_follows_truncation(commitlog: CommitLog,
+                                                              tmp_path: Path) -> None:
     placed = [commitlog.append("T", b"m%d" % i, i % 2, {"TAGS": "A" if i % 3 else "B"})
               for i in range(10)]
-    idx = ConsumeQueueIndex()
+    idx = ConsumeQueueIndex(tmp_path / "cq")
     confirm = placed[5][0]  # records 0..4 confirmed
     idx.advance(commitlog, confirm)
     q0, q1 = idx.queue("T", 0), idx.queue("T", 1)
@@ -165,11 +166,11 @@ def test_index_stops_at_confirm_offset_and_follows_truncation(commitlog: CommitL
     assert q1.max_offset == 4 and q1.get(3).commit_offset == placed[7][0]
 
 
-def test_index_crosses_segments_and_trims(commitlog: CommitLog) -> None:
+def test_index_crosses_segments_and_trims(commitlog: CommitLog, tmp_path: Path) -> None:
     body = b"z" * 3000
     for _ in range(60):  # ~3 segments of 64 KiB, with blank records at their ends
         commitlog.append("T", body, 0)
-    idx = ConsumeQueueIndex()
+    idx = ConsumeQueueIndex(tmp_path / "cq", units_per_file=16)
     idx.advance(commitlog, commitlog.max_offset)
     q = idx.queue("T", 0)
     assert q.max_offset == 60 and q.min_offset == 0

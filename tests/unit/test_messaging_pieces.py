@@ -3,6 +3,8 @@ CommitLog (no server, no client): topic admin, state replication, consumer offse
 delayed-delivery transform and scheduler, the transaction fold, the timer progress fold."""
 from __future__ import annotations
 
+import os
+
 import asyncio
 import time
 from pathlib import Path
@@ -38,7 +40,8 @@ class Pieces:
         self.ctx = MessagingContext(
             log=self.log, config=MessagingConfig(**cfg), broker_name="b", broker_id=0,
             replication=None, dir=tmp, topics=topics, state=BrokerState(topics),
-            index=ConsumeQueueIndex([STATE_TOPIC, HALF_TOPIC, OP_TOPIC, TIMER_TOPIC],
+            index=ConsumeQueueIndex(tmp / "consumequeue",
+                                    [STATE_TOPIC, HALF_TOPIC, OP_TOPIC, TIMER_TOPIC],
                                     COMMITTED_MARK.encode()),
             clients=ClientRegistry(), locks=QueueLocks(), role="master")
         self.state_log = StateReplication(self.ctx)
@@ -191,24 +194,24 @@ def test_commit_without_its_op_record_still_closes_the_transaction(pieces: Piece
     asyncio.run(main())
 
 
-def test_queue_index_extend_follows_the_rules_of_add(caplog) -> None:
-    """A run from the compiled walk grows an index exactly as adding its entries one by one
-    would: appended at the end, already-held offsets skipped, a gap restarts the index."""
-    from array import array
+def test_queue_index_extend_follows_the_rules_of_add(tmp_path: Path, caplog) -> None:
+    """A run from the compiled walk grows a queue: appended at the end, already-held
+    offsets skipped, a gap restarts the queue there (in a new file, pre-blank units first)."""
+    import struct
 
-    from rmqha.store.consume_queue import QueueIndex
+    from rmqha.store.consume_queue import ConsumeQueueIndex
 
-    def run(first: int, n: int) -> tuple[bytes, bytes, bytes]:
-        return (array("q", [100 * (first + i) for i in range(n)]).tobytes(),
-                array("i", [50] * n).tobytes(), array("q", [first + i for i in range(n)]).tobytes())
+    def run(first: int, n: int) -> bytes:
+        return b"".join(struct.pack(">qiq", 100 * (first + i), 50, first + i) for i in range(n))
 
-    one, two = QueueIndex("T", 0), QueueIndex("T", 0)
-    for first, n in [(5, 3), (8, 2), (6, 6), (20, 2)]:
-        one.extend(first, *run(first, n))
-        phys, sizes, tags = (array(t, b) for t, b in zip("qiq", run(first, n)))
-        for i in range(n):
-            two.add(first + i, phys[i], sizes[i], tags[i])
-        assert (one.base, list(one.phys), list(one.sizes), list(one.tags)) == (
-            two.base, list(two.phys), list(two.sizes), list(two.tags))
-    assert one.extend(20, *run(20, 2)) == 2 and one.max_offset == 22
+    idx = ConsumeQueueIndex(tmp_path / "cq", units_per_file=4)
+    q = idx._make_queue(b"T", 0)
+    for first, n, skipped, held in [(5, 3, 0, range(5, 8)), (8, 2, 0, range(5, 10)),
+                                    (6, 6, 4, range(5, 12)), (20, 2, 0, range(20, 22))]:
+        assert q.extend(first, run(first, n)) == skipped
+        assert [(q.base + i, q.phys[i], q.tags[i]) for i in range(len(q))] == [
+            (k, 100 * k, k) for k in held]
+    assert q.extend(20, run(20, 2)) == 2 and (q.base, q.max_offset) == (20, 22)
     assert "gap from 12 to 20" in caplog.text
+    assert sorted(os.listdir(tmp_path / "cq" / "T" / "0")) == [f"{20 * 20:020d}"]
+    idx.close()

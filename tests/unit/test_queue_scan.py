@@ -32,10 +32,10 @@ def write_log(rows: list[tuple[bytes, int, int, bytes]], base: int = 0) -> bytes
 
 def entries(runs) -> list[tuple]:
     """Every (topic, queue, queue offset, phys, size, tag) the runs hold, in order."""
-    from array import array
     out = []
-    for topic, qid, first, phys, sizes, tags, _hits in runs:
-        for i, (p, s, t) in enumerate(zip(array("q", phys), array("i", sizes), array("q", tags))):
+    for topic, qid, first, units, _hits in runs:
+        assert len(units) % 20 == 0
+        for i, (p, s, t) in enumerate(struct.iter_unpack(">qiq", units)):
             out.append((topic, qid, first + i, p, s, t))
     return out
 
@@ -47,11 +47,27 @@ def test_runs_group_consecutive_records_of_a_queue(twin: str) -> None:
     log = write_log(rows, base=1000)
     consumed, runs, bad = mod.index_runs(log, 1000, frozenset(), None, _hash)
     assert (consumed, bad) == (len(log), None)
-    assert [(r[0], r[1], r[2], len(r[4]) // 4) for r in runs] == [
+    assert [(r[0], r[1], r[2], len(r[3]) // 20) for r in runs] == [
         (b"A", 0, 0, 3), (b"B", 0, 0, 1), (b"A", 1, 0, 1), (b"A", 0, 3, 1), (b"A", 0, 9, 1)]
     got = entries(runs)
     assert got[1][5] == tag_hash("red") and got[0][5] == 0
     assert got[0][3] == 1000 and got[1][3] == 1000 + got[0][4]
+
+
+def test_units_are_rocketmq_consume_queue_units(twin: str) -> None:
+    """A run's units are RocketMQ's 20-byte CQ_STORE_UNIT: offset int64, size int32, tag
+    hash int64, big-endian; a negative tag hash is sign-extended as Java's long."""
+    mod = load_twin("queue_scan", twin)
+    rows = [(b"A", 0, 5, b"TAGS\x01payment\x02"), (b"A", 0, 6, b"")]
+    log = write_log(rows, base=1 << 33)
+    _, runs, _ = mod.index_runs(log, 1 << 33, frozenset(), None, _hash)
+    first = len(write_log(rows[:1]))
+    assert tag_hash("payment") == -786681338
+    want = (struct.pack(">q", 1 << 33) + struct.pack(">i", first)
+            + bytes.fromhex("ffffffffd11c3206")
+            + struct.pack(">q", (1 << 33) + first) + struct.pack(">i", len(log) - first)
+            + bytes(8))
+    assert runs == [(b"A", 0, 5, want, [])]
 
 
 def test_tag_hashes_match_java_for_ascii_and_not(twin: str) -> None:
@@ -69,9 +85,9 @@ def test_watched_records_are_marked(twin: str) -> None:
     rows = [(b"S", 0, 0, b""), (b"A", 0, 0, b"MARK\x011\x02"), (b"A", 0, 1, b""),
             (b"A", 0, 2, b"k\x01MARK\x01\x02")]
     _, runs, _ = mod.index_runs(write_log(rows), 0, frozenset({b"S"}), b"MARK\x01", _hash)
-    assert [(r[0], r[6]) for r in runs] == [(b"S", [0]), (b"A", [0, 2])]
+    assert [(r[0], r[4]) for r in runs] == [(b"S", [0]), (b"A", [0, 2])]
     _, runs, _ = mod.index_runs(write_log(rows), 0, frozenset(), None, _hash)
-    assert all(r[6] == [] for r in runs)
+    assert all(r[4] == [] for r in runs)
 
 
 def test_stops_at_torn_records_blanks_and_garbage(twin: str) -> None:
@@ -108,5 +124,63 @@ def test_twins_agree(rows, cut) -> None:
     log = write_log(rows, base=4096)
     log = log[:max(0, len(log) - cut)]
     outs = [load_twin("queue_scan", t).index_runs(log, 4096, frozenset({b"B"}), b"W\x01", _hash)
+            for t in ("cython", "python")]
+    assert outs[0] == outs[1]
+
+
+def _units_of(log: bytes, base: int) -> bytes:
+    _, runs, _ = load_twin("queue_scan", "python").index_runs(log, base, frozenset(), None, _hash)
+    return b"".join(r[3] for r in runs)
+
+
+def test_check_units_finds_the_first_unit_that_does_not_match(twin: str) -> None:
+    mod = load_twin("queue_scan", twin)
+    rows = [(b"A", 3, 10 + i, b"TAGS\x01t\x02") for i in range(6)]
+    log = write_log(rows, base=500)
+    units = _units_of(log, 500)
+    assert mod.check_units(log, 500, units, 0, 6, 10, 3, b"A") == (6, False)
+    assert mod.check_units(log, 500, units, 2, 5, 10, 3, b"A") == (5, False)
+    # The negative controls: each field the check reads, wrong in turn.
+    assert mod.check_units(log, 500, units, 0, 6, 11, 3, b"A") == (0, True)   # queue offset
+    assert mod.check_units(log, 500, units, 0, 6, 10, 4, b"A") == (0, True)   # queue id
+    assert mod.check_units(log, 500, units, 0, 6, 10, 3, b"B") == (0, True)   # topic
+    assert mod.check_units(log, 500, units, 0, 6, 10, 3, b"AA") == (0, True)  # topic length
+    swapped = units[:40] + units[60:80] + units[40:60] + units[80:]          # 2 and 3 swapped
+    assert mod.check_units(log, 500, swapped, 0, 6, 10, 3, b"A") == (2, True)
+    resized = bytearray(units)
+    struct.pack_into(">i", resized, 4 * 20 + 8, 200)
+    assert mod.check_units(log, 500, bytes(resized), 0, 6, 10, 3, b"A") == (4, True)
+    moved = bytearray(units)
+    struct.pack_into(">q", moved, 1 * 20, 500 + 7)  # mid-record: no magic there
+    assert mod.check_units(log, 500, bytes(moved), 0, 6, 10, 3, b"A") == (1, True)
+    # A record past the view is not checked, not failed: the caller reads further.
+    second = len(write_log(rows[:2]))
+    assert mod.check_units(log[:second], 500, units, 0, 6, 10, 3, b"A") == (2, False)
+    # Units point up the log: one below the view's start is out of order.
+    assert mod.check_units(log[second:], 500 + second, units, 1, 6, 11, 3, b"A") == (1, True)
+    with pytest.raises(ValueError, match="unit range"):
+        mod.check_units(log, 500, units, 0, 7, 10, 3, b"A")
+
+
+@pytest.mark.skipif(_core.NO_EXTENSIONS,
+                    reason="compares the two twins; RMQHA_NO_EXTENSIONS runs the pure one only")
+@given(rows=st.lists(st.tuples(st.sampled_from([b"A", b"B"]), st.integers(0, 1),
+                               st.integers(0, 3), props), min_size=1, max_size=20),
+       flips=st.lists(st.tuples(st.integers(0, 4000), st.integers(0, 255)), max_size=4),
+       qid=st.integers(0, 1), first=st.integers(0, 3))
+@settings(max_examples=150, deadline=None)
+def test_check_units_twins_agree(rows, flips, qid, first) -> None:
+    log = write_log(rows, base=64)
+    units = bytearray(_units_of(log, 64))
+    for at, value in flips:  # damage the units and the records alike
+        if at < len(units):
+            units[at] = value
+    damaged = bytearray(log)
+    for at, value in flips:
+        if at < len(damaged):
+            damaged[at] = value
+    n = len(units) // 20
+    outs = [load_twin("queue_scan", t).check_units(bytes(damaged), 64, bytes(units), 0, n,
+                                                   first, qid, b"A")
             for t in ("cython", "python")]
     assert outs[0] == outs[1]
