@@ -39,9 +39,10 @@ EpochEntry = tuple[int, int, int]
 DecodedRecord = tuple[int, int, int, int, int, int, int, int, int, bytes, int, bytes, int, int,
                       bytes, bytes, bytes]
 #: A run of consecutive records of one queue found by ``queue_scan.index_runs``: (topic,
-#: queue id, first queue offset, physical offsets, sizes, tag hashes (native-endian int64,
-#: int32, int64 bytes), indexes in the run of the records a watcher wants).
-QueueRun = tuple[bytes, int, int, bytes, bytes, bytes, list[int]]
+#: queue id, first queue offset, RocketMQ consume-queue units (20 bytes each: physical
+#: offset int64, size int32, tag hash int64, big-endian), indexes in the run of the
+#: records a watcher wants).
+QueueRun = tuple[bytes, int, int, bytes, list[int]]
 
 
 class RecordsTwin(Protocol):
@@ -358,8 +359,12 @@ class QueueScanTwin(Protocol):
     MESSAGE_MAGIC: int
     BLANK_MAGIC: int
     FIXED_SIZE: int
+    UNIT_SIZE: int
 
     def java_hash_ascii(self, raw: bytes) -> int | None: ...
+
+    def check_units(self, view: memoryview | bytes, base: int, units: bytes, start: int, stop: int,
+                    first_qoff: int, queue_id: int, topic: bytes) -> tuple[int, bool]: ...
 
     def index_runs(self, view: memoryview | bytes, base: int, watched_topics: frozenset[bytes],
                    watched_prop: bytes | None, tag_hash: Callable[[bytes], int],

@@ -9,7 +9,10 @@ from rmqha._core._protocols import QueueRun
 MESSAGE_MAGIC: int
 BLANK_MAGIC: int
 FIXED_SIZE: int
+UNIT_SIZE: int
 
 def java_hash_ascii(raw: bytes) -> int | None: ...
 def index_runs(view: memoryview | bytes, base: int, watched_topics: frozenset[bytes], watched_prop: bytes | None,
                tag_hash: Callable[[bytes], int]) -> tuple[int, list[QueueRun], tuple[int, int, int] | None]: ...
+def check_units(view: memoryview | bytes, base: int, units: bytes, start: int, stop: int,
+                first_qoff: int, queue_id: int, topic: bytes) -> tuple[int, bool]: ...

@@ -31,6 +31,7 @@ from typing import Any
 
 from rmqha import log as rmqha_log
 from rmqha.broker.acl_guard import acl_guard
+from rmqha.messaging.service import CONSUME_QUEUE_DIR
 from rmqha.broker.config import BrokerConfig
 from rmqha.broker.confirm_checkpoint import FILE_NAME as CONFIRM_FILE
 from rmqha.broker.confirm_checkpoint import ConfirmCheckpoint
@@ -324,10 +325,10 @@ class Broker:
         self._on_truncate(bad)
 
     def _move_store_aside(self, why: str) -> Path:
-        """Move the log, its epoch map and confirm offset (not the identity) aside."""
+        """Move the log, its epoch map, confirm offset and consume queues (not the identity) aside."""
         aside = self.store_dir / f"aside-{time.strftime('%Y%m%dT%H%M%S')}"
         aside.mkdir()
-        for name in (COMMITLOG_DIR, EPOCH_FILE, EPOCH_FILE + ".bak", CONFIRM_FILE):
+        for name in (COMMITLOG_DIR, EPOCH_FILE, EPOCH_FILE + ".bak", CONFIRM_FILE, CONSUME_QUEUE_DIR):
             if (self.store_dir / name).exists():
                 os.replace(self.store_dir / name, aside / name)
         (aside / "WHY").write_text(why + "\n", encoding="utf-8")

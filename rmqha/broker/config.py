@@ -145,6 +145,10 @@ class BrokerConfig:
     timer_max_delay_s: int = field(default=3 * 24 * 3600, metadata=_alias("timerMaxDelaySec"))
     #: A transaction's half message is checked back with its producer once this old.
     transaction_timeout_ms: int = field(default=6000, metadata=_alias("transactionTimeOut"))
+    #: Units per consume-queue file (RocketMQ's ``mappedFileSizeConsumeQueue`` is this x 20 bytes).
+    consume_queue_file_units: int = 300_000
+    #: How often consume queues are flushed and checkpointed; a crash re-indexes about this much.
+    consume_queue_flush_interval_s: float = 1.0
     #: How often pending half messages are looked at for check-backs.
     transaction_check_interval_ms: int = field(default=30000, metadata=_alias("transactionCheckInterval"))
     #: Check-backs before an unresolved half message is discarded.
