@@ -210,7 +210,7 @@ def test_batch_entry_shortcut_writes_what_the_general_path_writes() -> None:
     msgs = [Message(b"a"), Message(b"b" * 300, flag=7), Message(b"")]
     for msg, uid in zip(msgs, new_uniq_keys(len(msgs))):
         props = p._properties(msg, uid)  # the general path: a map, sorted and encoded
-        general = ((msg.body, encode_properties(props).encode(), msg.flag), uid,
+        general = ((msg.body, encode_properties(props), msg.flag), uid,
                    22 + len(msg.body) + 4 * sum(len(k) + len(v) + 2 for k, v in props.items()))
         assert p._batch_entry(msg, uid) == general
     # Bodies alone and the same bodies as messages: the same request body.

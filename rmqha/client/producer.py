@@ -98,10 +98,21 @@ def _master_in_remark(remark: str) -> str:
 
 #: A batch entry: the body, its encoded properties and its flag.
 _BatchEntry = tuple[bytes, bytes, int]
+
+
+def _encoded(props: dict[str, str]) -> bytes:
+    """A message's encoded properties, keys sorted as the C++ client writes them (the
+    codec keeps a map's order): a message's bytes do not depend on the order its
+    properties were set in."""
+    return encode_properties({k: props[k] for k in sorted(props)})
+
+
 #: The encoded properties of a message with none of its own, split where its UNIQ_KEY
-#: goes: made by encode_properties, so the shortcut writes the same bytes.
+#: goes: made by :func:`_encoded`, so the shortcut writes the same bytes.
 _PLAIN_PROPS: tuple[str, str] = tuple(  # type: ignore[assignment]
-    encode_properties({Prop.UNIQ_KEY: "\x00", Prop.WAIT: "true"}).split("\x00"))
+    _encoded({Prop.UNIQ_KEY: "\x00", Prop.WAIT: "true"}).decode().split("\x00"))
+#: The properties of a batch request's header.
+_BATCH_PROPS = _encoded({Prop.WAIT: "true"}).decode()
 
 
 def _is_plain(msg: Message) -> bool:
@@ -339,7 +350,7 @@ class Producer:
         """SEND_MESSAGE_V2 of one message with these properties (a transaction's prepared
         message adds its own properties and ``sys_flag``); the body is compressed when
         over ``compress_over_bytes``."""
-        return self._encoded_request(topic, msg, encode_properties(props), props[Prop.UNIQ_KEY],
+        return self._encoded_request(topic, msg, _encoded(props).decode(), props[Prop.UNIQ_KEY],
                                      queue_id, sys_flag)
 
     def _encoded_request(self, topic: str, msg: Message, properties: str, uid: str,
@@ -384,7 +395,7 @@ class Producer:
             return entry, uid, size
         props = self._properties(msg, uid)
         size = 22 + len(msg.body) + sum(len(k) + len(v) + 2 for k, v in props.items()) * 4
-        entry = (msg.body, encode_properties(props).encode("utf-8"), msg.flag)
+        entry = (msg.body, _encoded(props), msg.flag)
         return entry, props[Prop.UNIQ_KEY], size
 
     def _chunk_request(self, topic: str, chunk: list[_BatchEntry], uids: list[str],
@@ -395,7 +406,7 @@ class Producer:
                 and len(body) > self.compress_over_bytes):
             # The whole batch travels compressed; the broker inflates it before storing.
             body, sys_flag = compress(body, self.compression)
-        header = self._header(topic, sys_flag, 0, encode_properties({Prop.WAIT: "true"}), True)
+        header = self._header(topic, sys_flag, 0, _BATCH_PROPS, True)
         return _SendRequest(topic, RequestCode.SEND_BATCH_MESSAGE, header, body, uids, queue_id)
 
     async def _route(self, topic: str, refresh: bool) -> TopicRoute:
