@@ -66,6 +66,7 @@ def test_properties_keep_their_order_and_skip_empty_values() -> None:
     empty value left out, since every RocketMQ reader drops it."""
     raw = encode_properties({"b": "2", "a": "1", "empty": ""})
     assert raw == b"b\x012\x02a\x011\x02"
+    assert encode_properties([("b", "2"), ("a", "1"), ("empty", "")]) == raw  # pairs, in order
     assert decode_properties(raw) == decode_properties(raw.decode()) == {"b": "2", "a": "1"}
     # string2messageProperties drops pairs without a name, a value or a separator; the
     # value runs to the next \x02, so it keeps any further \x01 (the last pair needs no

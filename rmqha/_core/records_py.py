@@ -29,7 +29,7 @@ from __future__ import annotations
 import mmap
 import struct
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from enum import IntEnum
 
 from rmqha.errors import CorruptRecordError, InvalidMessageError, MessageTooLargeError, StoreError
@@ -89,30 +89,30 @@ def message_size(body_len: int, topic_len: int, properties_len: int) -> int:
     return FIXED_SIZE + body_len + topic_len + properties_len
 
 
-def encode_properties(properties: Mapping[str, str] | None) -> bytes:
-    """The one properties codec's encoder: ``key\\x01value\\x02`` per pair, in the map's
-    order (RocketMQ's ``MessageDecoder.messageProperties2String``: no sorting, so any
-    order a client sends is what decoding and encoding again gives back).  A pair with an
-    empty value is left out: every RocketMQ reader drops it (see :func:`decode_properties`),
-    so it would be bytes nobody reads.  InvalidMessageError for a key or value that is not
-    a str, an empty key, a separator inside a key or value, or an overlong result."""
+def encode_properties(
+        properties: Mapping[str, str] | Iterable[tuple[str, str]] | None) -> bytes:
+    """The one properties codec's encoder: ``key\\x01value\\x02`` per pair of a map (or of
+    ``(key, value)`` pairs) in its order (RocketMQ's
+    ``MessageDecoder.messageProperties2String``: no sorting, so any order a client sends is
+    what decoding and encoding again gives back).  A pair with an empty value is left out:
+    every RocketMQ reader drops it (see :func:`decode_properties`), so it would be bytes
+    nobody reads.  InvalidMessageError for a key or value that is not a str, an empty key,
+    a separator inside a key or value, or an overlong result."""
     if not properties:
         return b""
     parts = []
-    for key, value in properties.items():
+    items = getattr(properties, "items", None)
+    # The separators as literals: this runs for every property of every message sent.
+    for key, value in (items() if items is not None else properties):
         if not isinstance(key, str) or not isinstance(value, str):
             raise InvalidMessageError(f"property {key!r}: keys and values must be str")
         if not key:
             raise InvalidMessageError("property keys must not be empty")
-        for text in (key, value):
-            if NAME_VALUE_SEPARATOR in text or PROPERTY_SEPARATOR in text:
-                raise InvalidMessageError(
-                    f"property {key!r}: keys and values must not contain \\x01 or \\x02")
+        if "\x01" in key or "\x02" in key or "\x01" in value or "\x02" in value:
+            raise InvalidMessageError(
+                f"property {key!r}: keys and values must not contain \\x01 or \\x02")
         if value:
-            parts.append(key)
-            parts.append(NAME_VALUE_SEPARATOR)
-            parts.append(value)
-            parts.append(PROPERTY_SEPARATOR)
+            parts.append(f"{key}\x01{value}\x02")
     try:
         out = "".join(parts).encode("utf-8")
     except UnicodeEncodeError as exc:
