@@ -813,7 +813,7 @@ def test_flush_sync_send_whose_fsync_fails_is_not_acknowledged(tmp_path: Path,
 
 def test_master_address_is_read_from_a_refusal_remark() -> None:
     """The broker's own write guard names the master in its remark only."""
-    from rmqha.client.producer import _master_in_remark
+    from rmqha.client.sender import _master_in_remark
 
     remark = "broker 127.0.0.1:4000 is a slave; the master of broker-a is 127.0.0.1:10911"
     assert _master_in_remark(remark) == "127.0.0.1:10911"
