@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from rmqha.client.model import Message
 from rmqha.errors import ClientError
 from rmqha.protocol.codes import RequestCode
+from rmqha.protocol.headers import SendHeader
 from rmqha.protocol.message import (
     CompressionType,
     Prop,
@@ -98,8 +99,8 @@ class SendRequest:
 
     topic: str
     code: int
-    #: SendMessageRequestHeaderV2 by its short names, every value the string it travels
-    #: as; the queue id ("e") is added per attempt.
+    #: The send header's ext fields (:meth:`SendHeader.fields`, V2 letters), every value
+    #: the string it travels as; the queue id is added per attempt.
     header: dict[str, str]
     body: bytes
     uniq_keys: list[str]
@@ -130,16 +131,6 @@ class RequestBuilder:
         props[Prop.WAIT] = "true"
         return props
 
-    def _header(self, topic: str, sys_flag: int, flag: int, properties: str,
-                batch: bool) -> dict[str, str]:
-        """SendMessageRequestHeaderV2 (short names) as the strings it travels as, so
-        encoding converts nothing; the queue id ("e") is set per attempt."""
-        return {
-            "a": self.group, "b": topic, "c": "TBW102", "d": "4", "f": str(sys_flag),
-            "g": str(time.time_ns() // 1_000_000), "h": str(flag), "i": properties,
-            "j": "0", "k": "false", "m": "true" if batch else "false",
-        }
-
     def single(self, topic: str, message: Message | bytes | str, queue_id: int | None,
                delay_level: int | None = None, deliver_at: int | None = None) -> SendRequest:
         """The request of ``Producer.send`` (BlockingProducer builds it the same way)."""
@@ -167,7 +158,8 @@ class RequestBuilder:
         if self.compress_over_bytes >= 0 and len(body) > self.compress_over_bytes:
             body, compressed = compress(body, self.compression)
             sys_flag |= compressed
-        header = self._header(topic, sys_flag, msg.flag, properties, False)
+        header = SendHeader.fields(self.group, topic, sys_flag, time.time_ns() // 1_000_000,
+                                   msg.flag, properties, False)
         return SendRequest(topic, RequestCode.SEND_MESSAGE_V2, header, body, [uid], queue_id)
 
     def batches(self, topic: str, messages: Sequence[Message | bytes | str],
@@ -214,5 +206,6 @@ class RequestBuilder:
                 and len(body) > self.compress_over_bytes):
             # The whole batch travels compressed; the broker inflates it before storing.
             body, sys_flag = compress(body, self.compression)
-        header = self._header(topic, sys_flag, 0, _BATCH_PROPS, True)
+        header = SendHeader.fields(self.group, topic, sys_flag, time.time_ns() // 1_000_000, 0,
+                                   _BATCH_PROPS, True)
         return SendRequest(topic, RequestCode.SEND_BATCH_MESSAGE, header, body, uids, queue_id)

@@ -34,6 +34,7 @@ from rmqha.errors import (
 )
 from rmqha.protocol.codes import ResponseCode
 from rmqha.protocol.command import RemotingCommand, next_opaque
+from rmqha.protocol.headers import SEND_V2_QUEUE_ID
 from rmqha.protocol.topics import DEFAULT_TOPIC
 
 _STATUS: dict[int, SendStatus] = {
@@ -197,7 +198,8 @@ class Sender:
         """The request of one attempt, to queue ``mq``."""
         # A fresh header dict per attempt, handed over as is: every value is a str.
         return RemotingCommand(code=req.code, opaque=next_opaque(),
-                               ext_fields={**req.header, "e": str(mq.queue_id)}, body=req.body)
+                               ext_fields={**req.header, SEND_V2_QUEUE_ID: str(mq.queue_id)},
+                               body=req.body)
 
     def answer(self, resp: RemotingCommand, addr: str, mq: MessageQueue, req: SendRequest,
                tried: Attempts) -> list[SendResult] | None:

@@ -26,6 +26,7 @@ from rmqha.client.send_request import RequestBuilder, SendRequest
 from rmqha.client.sender import Sender
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ClientError, ProtocolError, RemotingError
+from rmqha.protocol.headers import CheckTransactionStateHeader, EndTransactionHeader, HeartbeatData
 from rmqha.protocol.message import (
     Prop,
     ReceivedMessage,
@@ -165,12 +166,11 @@ class TransactionSupport:
         if addr is None:
             return False
         _, commit_offset = parse_offset_msg_id(sent.offset_msg_id)
-        header = {
-            "producerGroup": self.group, "tranStateTableOffset": sent.queue_offset,
-            "commitLogOffset": commit_offset, "commitOrRollback": _END_CODE[state],
-            "fromTransactionCheck": "false", "msgId": sent.msg_id,
-            "transactionId": sent.msg_id,
-        }
+        header = EndTransactionHeader(
+            producer_group=self.group, tran_state_table_offset=sent.queue_offset,
+            commit_log_offset=commit_offset, commit_or_rollback=_END_CODE[state],
+            from_transaction_check=False, msg_id=sent.msg_id, transaction_id=sent.msg_id,
+        ).build()
         try:
             resp = await sender.session.request(addr, RemotingCommand.request(
                 RequestCode.END_TRANSACTION, header), sender.send_timeout_s)
@@ -188,8 +188,8 @@ class TransactionSupport:
         """CHECK_TRANSACTION_STATE from a broker: ask the listener, answer one-way."""
         if self.check_listener is None:
             return None
-        ext = cmd.ext_fields
         try:
+            check = CheckTransactionStateHeader.parse(cmd.ext_fields)
             msg, _ = decode_record(cmd.body or b"")
             state = await _resolve(self.check_listener(msg))
         except (ProtocolError, ClientError) as exc:
@@ -199,13 +199,12 @@ class TransactionSupport:
         except Exception as exc:  # the user's listener: unknown, asked again later
             log.warning("transaction check listener raised %r", exc)
             return None
-        header = {
-            "producerGroup": self.group,
-            "tranStateTableOffset": ext.get("tranStateTableOffset", "0"),
-            "commitLogOffset": ext.get("commitLogOffset", "0"),
-            "commitOrRollback": _END_CODE[state], "fromTransactionCheck": "true",
-            "msgId": ext.get("msgId", ""), "transactionId": ext.get("transactionId", ""),
-        }
+        header = EndTransactionHeader(
+            producer_group=self.group, tran_state_table_offset=check.tran_state_table_offset,
+            commit_log_offset=check.commit_log_offset, commit_or_rollback=_END_CODE[state],
+            from_transaction_check=True, msg_id=check.msg_id,
+            transaction_id=check.transaction_id,
+        ).build()
         try:
             await conn.send(RemotingCommand.request(RequestCode.END_TRANSACTION, header,
                                                     oneway=True))
@@ -226,8 +225,7 @@ class TransactionSupport:
         """Tell every broker of our topics (slaves too: one may be master tomorrow) that
         this client is a producer of the group, on the connection checks come back on."""
         sender = self.sender
-        body = {"clientID": self.client_id, "consumerDataSet": [],
-                "producerDataSet": [{"groupName": self.group}]}
+        body = HeartbeatData(self.client_id, producer_groups=[self.group]).build()
         addrs: set[str] = set()
         for topic in self._topics:
             try:
