@@ -15,7 +15,7 @@ def core_implementation() -> str:
 _LAZY = {
     "Producer": "rmqha.client.producer",
     "Consumer": "rmqha.client.consumer",
-    "BlockingProducer": "rmqha.client.producer",
+    "BlockingProducer": "rmqha.client.blocking_producer",
     "BlockingConsumer": "rmqha.client.consumer",
     "Message": "rmqha.client.model",
     "SendResult": "rmqha.client.model",

@@ -650,8 +650,8 @@ cdef bint _plain_properties(const unsigned char* p, Py_ssize_t n, tuple keys,
                 return False  # a second separator: the value would keep it
             sep = i
         elif p[i] == 2:
-            if sep <= start or nkeys == C_MAX_PLAIN_KEYS:
-                return False  # no separator, an empty key, or too many keys to compare
+            if sep <= start or sep == i - 1 or nkeys == C_MAX_PLAIN_KEYS:
+                return False  # no separator, an empty key or value, or too many keys
             if _reserved(p + start, sep - start, keys, prefixes):
                 return False
             for j in range(nkeys):

@@ -29,7 +29,7 @@ from __future__ import annotations
 import mmap
 import struct
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from enum import IntEnum
 
 from rmqha.errors import CorruptRecordError, InvalidMessageError, MessageTooLargeError, StoreError
@@ -89,24 +89,30 @@ def message_size(body_len: int, topic_len: int, properties_len: int) -> int:
     return FIXED_SIZE + body_len + topic_len + properties_len
 
 
-def encode_properties(properties: Mapping[str, str] | None) -> bytes:
-    """``key\\x01value\\x02`` pairs; InvalidMessageError for separators or an overlong result."""
+def encode_properties(
+        properties: Mapping[str, str] | Iterable[tuple[str, str]] | None) -> bytes:
+    """The one properties codec's encoder: ``key\\x01value\\x02`` per pair of a map (or of
+    ``(key, value)`` pairs) in its order (RocketMQ's
+    ``MessageDecoder.messageProperties2String``: no sorting, so any order a client sends is
+    what decoding and encoding again gives back).  A pair with an empty value is left out:
+    every RocketMQ reader drops it (see :func:`decode_properties`), so it would be bytes
+    nobody reads.  InvalidMessageError for a key or value that is not a str, an empty key,
+    a separator inside a key or value, or an overlong result."""
     if not properties:
         return b""
     parts = []
-    for key, value in properties.items():
+    items = getattr(properties, "items", None)
+    # The separators as literals: this runs for every property of every message sent.
+    for key, value in (items() if items is not None else properties):  # type: ignore[str-unpack]
         if not isinstance(key, str) or not isinstance(value, str):
             raise InvalidMessageError(f"property {key!r}: keys and values must be str")
         if not key:
             raise InvalidMessageError("property keys must not be empty")
-        for text in (key, value):
-            if NAME_VALUE_SEPARATOR in text or PROPERTY_SEPARATOR in text:
-                raise InvalidMessageError(
-                    f"property {key!r}: keys and values must not contain \\x01 or \\x02")
-        parts.append(key)
-        parts.append(NAME_VALUE_SEPARATOR)
-        parts.append(value)
-        parts.append(PROPERTY_SEPARATOR)
+        if "\x01" in key or "\x02" in key or "\x01" in value or "\x02" in value:
+            raise InvalidMessageError(
+                f"property {key!r}: keys and values must not contain \\x01 or \\x02")
+        if value:
+            parts.append(f"{key}\x01{value}\x02")
     try:
         out = "".join(parts).encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -117,14 +123,19 @@ def encode_properties(properties: Mapping[str, str] | None) -> bytes:
     return out
 
 
-def decode_properties(raw: bytes | memoryview) -> dict[str, str]:
-    text = bytes(raw).decode("utf-8", errors="replace")
+def decode_properties(raw: str | bytes | bytearray | memoryview | None) -> dict[str, str]:
+    """The one properties codec's decoder, RocketMQ's ``string2messageProperties``: pairs
+    split at ``\\x02``, each split at its first ``\\x01``; a pair with no ``\\x01``, an
+    empty key or an empty value is skipped (as the Java reader skips it, and the older
+    ``String.split`` one did: it drops the trailing empty string a value-less pair leaves);
+    a repeated key keeps its last value.  Bytes are read as UTF-8 (bad bytes replaced)."""
+    if not raw:
+        return {}
+    text = raw if isinstance(raw, str) else bytes(raw).decode("utf-8", errors="replace")
     out: dict[str, str] = {}
     for pair in text.split(PROPERTY_SEPARATOR):
-        if not pair:
-            continue
-        key, sep, value = pair.partition(NAME_VALUE_SEPARATOR)
-        if sep:
+        key, _, value = pair.partition(NAME_VALUE_SEPARATOR)
+        if key and value:
             out[key] = value
     return out
 
@@ -275,8 +286,8 @@ def _plain_properties(raw: bytes, reserved_keys: tuple[bytes, ...],
         return False
     seen: set[bytes] = set()
     for pair in raw[:-1].split(b"\x02"):
-        key, sep, value = pair.partition(b"\x01")
-        if (not key or not sep or b"\x01" in value or key in seen or key in reserved_keys
+        key, _, value = pair.partition(b"\x01")
+        if (not key or not value or b"\x01" in value or key in seen or key in reserved_keys
                 or key.startswith(reserved_prefixes) or len(seen) == MAX_PLAIN_KEYS):
             return False
         seen.add(key)
@@ -294,10 +305,10 @@ def batch_plain(batch, max_items: int, reserved_keys: tuple[bytes, ...] = (),
                 reserved_prefixes: tuple[bytes, ...] = ()) -> int:
     """How many entries a batch body holds, when all of them can be stored as they came;
     -1 when not: a size that does not add up, more than ``max_items`` entries, or
-    properties that are not canonical (invalid UTF-8, an empty or repeated key, a pair
-    without exactly one ``\x01``, no closing ``\x02``, more than 64 keys) or hold a key of
-    ``reserved_keys`` or starting with one of ``reserved_prefixes``.  The caller then
-    decodes the batch the long way, which says what is wrong."""
+    properties that are not canonical (invalid UTF-8, an empty or repeated key, an empty
+    value, a pair without exactly one ``\x01``, no closing ``\x02``, more than 64 keys)
+    or hold a key of ``reserved_keys`` or starting with one of ``reserved_prefixes``.  The
+    caller then decodes the batch the long way, which says what is wrong."""
     mv = memoryview(batch)
     n = len(mv)
     pos = count = 0

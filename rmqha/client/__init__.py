@@ -2,10 +2,11 @@
 blocking wrappers, speaking RocketMQ's client protocol to name servers and brokers."""
 from __future__ import annotations
 
+from rmqha.client.blocking_producer import BlockingProducer
 from rmqha.client.consumer import BlockingConsumer, Consumer, allocate_averagely
 from rmqha.client.message_query import BlockingMessageQuery, MessageQuery
 from rmqha.client.model import Message, MessageQueue, ReceivedMessage, SendResult, SendStatus
-from rmqha.client.producer import BlockingProducer, Producer
+from rmqha.client.producer import Producer
 from rmqha.client.transaction import LocalTransactionState, TransactionSendResult
 
 __all__ = [

@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from rmqha.client.model import Message, SendResult
+from rmqha.client.send_request import BatchEntry, SendRequest
+from rmqha.client.sender import Sender
 from rmqha.protocol.message import new_uniq_key
-
-if TYPE_CHECKING:
-    from rmqha.client.producer import Producer, _BatchEntry, _SendRequest
 
 #: RocketMQ's default ``batchMaxBytes``.
 DEFAULT_MAX_BYTES = 32 * 1024
@@ -34,23 +32,19 @@ class _Held:
     """The sends of one topic held in this loop turn: each message with its batch entry
     and id, made when it was sent (so its size is exact and nothing is built twice)."""
 
-    messages: list[tuple[Message, _BatchEntry, str]] = field(default_factory=list)
+    messages: list[tuple[Message, BatchEntry, str]] = field(default_factory=list)
     waiters: list[asyncio.Future[SendResult]] = field(default_factory=list)
     size: int = 0
 
 
-def batchable(msg: Message) -> bool:
-    """Whether a message may share a batch: brokers refuse delayed messages in batches."""
-    return not any(k == "DELAY" or k.startswith("TIMER_") for k in msg.properties)
-
-
 class SendAccumulator:
-    """Holds a producer's sends per topic until the end of the loop turn."""
+    """Holds a producer's sends per topic until the end of the loop turn; ``sender``
+    builds and sends what it releases."""
 
-    def __init__(self, producer: Producer, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, sender: Sender, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         if max_bytes <= 0:
             raise ValueError(f"auto_batch_max_bytes must be positive, got {max_bytes}")
-        self.producer = producer
+        self.sender = sender
         self.max_bytes = max_bytes
         self._held: dict[str, _Held] = {}
         #: The sends in flight (a task the loop only holds weakly must be held here).
@@ -59,13 +53,20 @@ class SendAccumulator:
         self.batches = 0
         self.messages = 0
 
+    def accepts(self, msg: Message) -> bool:
+        """Whether a message may share a batch: brokers refuse delayed messages in batches,
+        and a body over ``compress_over_bytes`` travels compressed, alone."""
+        over = self.sender.requests.compress_over_bytes
+        return ((over < 0 or len(msg.body) <= over)
+                and not any(k == "DELAY" or k.startswith("TIMER_") for k in msg.properties))
+
     def send(self, topic: str, msg: Message) -> asyncio.Future[SendResult]:
         """The future of ``msg``'s result; the send leaves at the end of this turn, or at
         once when the topic's held sends reach ``max_bytes``."""
         loop = asyncio.get_running_loop()
         # A plain message's entry comes from a template; its size counts the property
         # pairs generously for non-ASCII, as send_batch's chunks do.
-        entry, uid, size = self.producer._batch_entry(msg, new_uniq_key())
+        entry, uid, size = self.sender.requests.batch_entry(msg, new_uniq_key())
         held = self._held.get(topic)
         if held is not None and held.size + size > self.max_bytes:
             self._release(topic, held)
@@ -86,19 +87,19 @@ class SendAccumulator:
         req = self._request(topic, held)
         self.batches += 1
         self.messages += len(held.messages)
-        task = asyncio.ensure_future(self.producer._send_with_retries(req))
+        task = asyncio.ensure_future(self.sender.send(req))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
         task.add_done_callback(lambda t: _settle(t, held.waiters))
 
-    def _request(self, topic: str, held: _Held) -> _SendRequest:
+    def _request(self, topic: str, held: _Held) -> SendRequest:
         """A single send for a message alone in its turn, else one SEND_BATCH_MESSAGE."""
-        p = self.producer
+        requests = self.sender.requests
         if len(held.messages) == 1:
             msg, (_, properties, _), uid = held.messages[0]
-            return p._encoded_request(topic, msg, properties.decode("utf-8"), uid, None)
-        return p._chunk_request(topic, [entry for _, entry, _ in held.messages],
-                                [uid for _, _, uid in held.messages], None)
+            return requests.encoded(topic, msg, properties.decode("utf-8"), uid, None)
+        return requests.chunk(topic, [entry for _, entry, _ in held.messages],
+                              [uid for _, _, uid in held.messages], None)
 
 
 def _settle(task: asyncio.Future[list[SendResult]],

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from rmqha.client.route import ClientSession
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ClientError, RemotingError
+from rmqha.protocol.headers import CreateTopicHeader, DeleteTopicHeader
 from rmqha.protocol.topics import PERM_READ_WRITE
 from rmqha.protocol.command import RemotingCommand
 
@@ -80,11 +81,6 @@ class TopicAdmin:
             return out
         raise ClientError(f"no name server answered: {last}")
 
-    def _ext(self, ext: dict[str, object]) -> dict[str, object]:
-        if self.admin_token:
-            ext["adminToken"] = self.admin_token
-        return ext
-
     async def create_topic(self, topic: str, read_queue_nums: int = 8,
                            write_queue_nums: int | None = None, *, perm: int = PERM_READ_WRITE,
                            groups: list[str] | None = None,
@@ -93,10 +89,9 @@ class TopicAdmin:
         write_n = read_queue_nums if write_queue_nums is None else write_queue_nums
         out = []
         for name, addr in (await self.masters(groups, cluster)).items():
-            cmd = RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_TOPIC, self._ext({
-                "topic": topic, "defaultTopic": "TBW102", "readQueueNums": read_queue_nums,
-                "writeQueueNums": write_n, "perm": perm, "topicFilterType": "SINGLE_TAG",
-                "topicSysFlag": 0, "order": "false"}))
+            cmd = RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_TOPIC, CreateTopicHeader(
+                topic=topic, read_queue_nums=read_queue_nums, write_queue_nums=write_n,
+                perm=perm, admin_token=self.admin_token or None).build())
             out.append(await self._apply(name, addr, cmd))
         return out
 
@@ -104,8 +99,8 @@ class TopicAdmin:
                            cluster: str | None = None) -> list[TopicChange]:
         out = []
         for name, addr in (await self.masters(groups, cluster)).items():
-            cmd = RemotingCommand.request(RequestCode.DELETE_TOPIC_IN_BROKER,
-                                          self._ext({"topic": topic}))
+            cmd = RemotingCommand.request(RequestCode.DELETE_TOPIC_IN_BROKER, DeleteTopicHeader(
+                topic=topic, admin_token=self.admin_token or None).build())
             out.append(await self._apply(name, addr, cmd))
         return out
 

@@ -1,7 +1,7 @@
 """A blocking remoting connection: one plain TCP socket, one request at a time.
 
-:class:`~rmqha.client.producer.BlockingProducer` makes a message's first attempt over a
-:class:`BlockingLink` from a thread that runs no event loop.  Driving an asyncio loop with
+:class:`~rmqha.client.blocking_producer.BlockingProducer` makes a message's first attempt
+over a :class:`BlockingLink` from a thread that runs no event loop.  Driving an asyncio loop with
 ``run_until_complete`` for that costs a task, an epoll wait and the transport's callbacks
 on every call (about 200 us of client CPU a send, one at a time, on the project's 2-core
 VM); a blocking ``send`` and ``recv`` are two system calls.

@@ -28,13 +28,25 @@ from rmqha.client.model import MessageQueue, ReceivedMessage
 from rmqha.client.route import ClientSession, TopicRoute
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ClientError, ProtocolError, RemotingError
+from rmqha.protocol.headers import (
+    PULL_SUBSCRIPTION,
+    PULL_SUSPEND,
+    ConsumerData,
+    ConsumerListHeader,
+    HeartbeatData,
+    PullHeader,
+    QueryConsumerOffsetHeader,
+    SubscriptionData,
+    UnregisterClientHeader,
+    UpdateConsumerOffsetHeader,
+)
 from rmqha.protocol.message import decode_records, parse_subscription
 from rmqha.net.loop import EventLoopThread
 from rmqha.protocol.command import RemotingCommand
 
 log = logging.getLogger(__name__)
 
-_PULL_SUSPEND_AND_SUBSCRIPTION = 0x2 | 0x4
+_PULL_SUSPEND_AND_SUBSCRIPTION = PULL_SUSPEND | PULL_SUBSCRIPTION
 
 
 def allocate_averagely(queues: Sequence[MessageQueue], members: Sequence[str],
@@ -204,9 +216,9 @@ class Consumer:
         if addr is None:
             return
         offset = st.processed
-        req = RemotingCommand.request(RequestCode.UPDATE_CONSUMER_OFFSET, {
-            "consumerGroup": self.group, "topic": st.mq.topic, "queueId": st.mq.queue_id,
-            "commitOffset": offset})
+        header = UpdateConsumerOffsetHeader(consumer_group=self.group, topic=st.mq.topic,
+                                            queue_id=st.mq.queue_id, commit_offset=offset)
+        req = RemotingCommand.request(RequestCode.UPDATE_CONSUMER_OFFSET, header.build())
         try:
             resp = await self.session.request(addr, req, self.rpc_timeout_s)
         except RemotingError as exc:
@@ -223,8 +235,8 @@ class Consumer:
         if addr is None:
             raise ClientError(f"no broker address for {mq}")
         resp = await self.session.request(addr, RemotingCommand.request(
-            RequestCode.QUERY_CONSUMER_OFFSET,
-            {"consumerGroup": self.group, "topic": mq.topic, "queueId": mq.queue_id}))
+            RequestCode.QUERY_CONSUMER_OFFSET, QueryConsumerOffsetHeader(
+                consumer_group=self.group, topic=mq.topic, queue_id=mq.queue_id).build()))
         if resp.code == ResponseCode.SUCCESS:
             return int(resp.ext_fields.get("offset", "0"))
         if resp.code == ResponseCode.QUERY_NOT_FOUND:
@@ -245,19 +257,9 @@ class Consumer:
                 log.warning("route of %s unavailable: %s", topic, exc)
 
     def _heartbeat_body(self) -> dict[str, Any]:
-        return {
-            "clientID": self.client_id,
-            "consumerDataSet": [{
-                "groupName": self.group,
-                "consumeType": "CONSUME_PASSIVELY",
-                "messageModel": "CLUSTERING",
-                "consumeFromWhere": "CONSUME_FROM_FIRST_OFFSET",
-                "subscriptionDataSet": [{"topic": t, "subString": self.tags,
-                                         "subVersion": int(time.time() * 1000)}
-                                        for t in self.topics],
-            }],
-            "producerDataSet": [],
-        }
+        version = int(time.time() * 1000)
+        subscriptions = [SubscriptionData(t, self.tags, version) for t in self.topics]
+        return HeartbeatData(self.client_id, [ConsumerData(self.group, subscriptions)]).build()
 
     async def _heartbeat_all(self) -> None:
         body = self._heartbeat_body()
@@ -274,9 +276,8 @@ class Consumer:
         for addr in addrs:
             try:
                 await self.session.request(addr, RemotingCommand.request(
-                    RequestCode.UNREGISTER_CLIENT,
-                    {"clientID": self.client_id, "consumerGroup": self.group,
-                     "producerGroup": ""}), 1.0)
+                    RequestCode.UNREGISTER_CLIENT, UnregisterClientHeader(
+                        client_id=self.client_id, consumer_group=self.group).build()), 1.0)
             except RemotingError as exc:
                 log.debug("unregister at %s failed: %s", addr, exc)
 
@@ -287,7 +288,8 @@ class Consumer:
                 continue
             try:
                 resp = await self.session.request(addr, RemotingCommand.request(
-                    RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": self.group}))
+                    RequestCode.GET_CONSUMER_LIST_BY_GROUP,
+                    ConsumerListHeader(consumer_group=self.group).build()))
             except RemotingError as exc:
                 log.debug("consumer list from %s failed: %s", addr, exc)
                 continue
@@ -401,13 +403,12 @@ class Consumer:
                 backoff = min(1.0, backoff * 2)
                 await self._refresh_routes()
                 continue
-            req = RemotingCommand.request(RequestCode.PULL_MESSAGE, {
-                "consumerGroup": self.group, "topic": st.mq.topic, "queueId": st.mq.queue_id,
-                "queueOffset": st.next_offset, "maxMsgNums": self.pull_batch,
-                "sysFlag": _PULL_SUSPEND_AND_SUBSCRIPTION, "commitOffset": 0,
-                "suspendTimeoutMillis": int(self.long_poll_s * 1000),
-                "subscription": self.tags, "subVersion": 0,
-            })
+            req = RemotingCommand.request(RequestCode.PULL_MESSAGE, PullHeader(
+                consumer_group=self.group, topic=st.mq.topic, queue_id=st.mq.queue_id,
+                queue_offset=st.next_offset, max_msg_nums=self.pull_batch,
+                sys_flag=_PULL_SUSPEND_AND_SUBSCRIPTION, commit_offset=0,
+                suspend_timeout_ms=int(self.long_poll_s * 1000), subscription=self.tags,
+            ).build())
             try:
                 resp = await self.session.request(addr, req, self.long_poll_s + self.rpc_timeout_s)
             except RemotingError as exc:

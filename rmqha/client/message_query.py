@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from rmqha.client.route import ClientSession
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ClientError, ProtocolError, RemotingError
+from rmqha.protocol.headers import QueryMessageHeader, ViewMessageHeader
 from rmqha.protocol.message import (
     Prop,
     ReceivedMessage,
@@ -62,7 +63,8 @@ class MessageQuery:
         """The record an offset message id names (its broker and commitlog offset)."""
         address, offset = parse_offset_msg_id(offset_msg_id)
         resp = await self.session.request(address, RemotingCommand.request(
-            RequestCode.VIEW_MESSAGE_BY_ID, {"offset": offset}), self.timeout_s)
+            RequestCode.VIEW_MESSAGE_BY_ID, ViewMessageHeader(offset=offset).build()),
+            self.timeout_s)
         if resp.code != ResponseCode.SUCCESS or not resp.body:
             return None
         msgs = decode_records(resp.body)
@@ -90,10 +92,9 @@ class MessageQuery:
         addresses = [a for a in (b.any_address() for b in route.broker_datas.values()) if a]
         if not addresses:
             raise ClientError(f"topic {topic} has no broker to ask")
-        ext: dict[str, object] = {"topic": topic, "key": key, "maxNum": max_num,
-                                  "beginTimestamp": begin_ms, "endTimestamp": end_ms}
-        if unique:
-            ext["_UNIQUE_KEY_QUERY"] = "true"
+        ext = QueryMessageHeader(topic=topic, key=key, max_num=max_num,
+                                 begin_timestamp=begin_ms, end_timestamp=end_ms,
+                                 unique_key=True if unique else None).build()
         answers = await asyncio.gather(*(self._ask(a, ext) for a in addresses),
                                        return_exceptions=True)
         out: list[ReceivedMessage] = []
@@ -108,7 +109,7 @@ class MessageQuery:
         out.sort(key=lambda m: m.store_timestamp, reverse=True)
         return out
 
-    async def _ask(self, address: str, ext: dict[str, object]) -> Sequence[ReceivedMessage]:
+    async def _ask(self, address: str, ext: dict[str, str]) -> Sequence[ReceivedMessage]:
         resp = await self.session.request(
             address, RemotingCommand.request(RequestCode.QUERY_MESSAGE, ext), self.timeout_s * 3)
         if resp.code == ResponseCode.QUERY_NOT_FOUND:

@@ -22,6 +22,7 @@ from rmqha.errors import (
     RemotingTimeoutError,
     TopicNotFoundError,
 )
+from rmqha.protocol.headers import ConsumerIdsChangedHeader, RouteInfoHeader
 from rmqha.protocol.topics import PERM_READ, PERM_WRITE
 from rmqha.net.client import RemotingClient
 from rmqha.protocol.command import RemotingCommand
@@ -98,7 +99,7 @@ class TopicRoute:
         return out
 
     def subscribe_queues(self) -> list[MessageQueue]:
-        out = []
+        out: list[MessageQueue] = []
         for qd in self.queue_datas:
             if qd.perm & PERM_READ and qd.broker_name in self.broker_datas:
                 out.extend(MessageQueue(self.topic, qd.broker_name, i)
@@ -145,7 +146,7 @@ class ClientSession:
         return c
 
     async def _on_ids_changed(self, cmd: RemotingCommand, conn: Any) -> None:
-        group = cmd.ext_fields.get("consumerGroup", "")
+        group = ConsumerIdsChangedHeader.parse(cmd.ext_fields).consumer_group
         if self.on_consumer_ids_changed is not None and group:
             self.on_consumer_ids_changed(group)
         return None
@@ -176,15 +177,15 @@ class ClientSession:
     async def route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
         """The route of a topic; ClientError if no name server knows it."""
         cached = self._routes.get(topic)
-        fresh = cached is not None and time.monotonic() - cached.fetched_at < self.route_ttl_s
-        if fresh and not refresh:
+        if not refresh and cached is not None and (
+                time.monotonic() - cached.fetched_at < self.route_ttl_s):
             return cached
         last: Exception | None = None
         for i in range(len(self.namesrv)):
             addr = self.namesrv[(self._ns_index + i) % len(self.namesrv)]
             try:
                 resp = await self.request(addr, RemotingCommand.request(
-                    RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}))
+                    RequestCode.GET_ROUTEINFO_BY_TOPIC, RouteInfoHeader(topic=topic).build()))
             except RemotingError as exc:
                 last = exc
                 continue

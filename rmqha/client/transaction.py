@@ -19,11 +19,14 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any, Union
 
 from rmqha.client.model import Message, SendResult
+from rmqha.client.send_request import RequestBuilder, SendRequest
+from rmqha.client.sender import Sender
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ClientError, ProtocolError, RemotingError
+from rmqha.protocol.headers import CheckTransactionStateHeader, EndTransactionHeader, HeartbeatData
 from rmqha.protocol.message import (
     Prop,
     ReceivedMessage,
@@ -32,9 +35,6 @@ from rmqha.protocol.message import (
     parse_offset_msg_id,
 )
 from rmqha.protocol.command import RemotingCommand
-
-if TYPE_CHECKING:
-    from rmqha.client.producer import Producer
 
 log = logging.getLogger(__name__)
 
@@ -74,19 +74,15 @@ class TransactionSendResult:
         return self.send_result.msg_id
 
 
-def delay_properties(props: dict[str, str], delay_level: int | None,
-                     deliver_at: int | None) -> None:
-    """Add DELAY (a level, 1..N) or TIMER_DELIVER_MS (epoch ms) to a message's properties."""
-    if delay_level is not None and deliver_at is not None:
-        raise ClientError("give delay_level or deliver_at, not both")
-    if delay_level is not None:
-        if delay_level < 1:
-            raise ClientError(f"delay_level must be at least 1, got {delay_level}")
-        props[Prop.DELAY] = str(int(delay_level))
-    elif deliver_at is not None:
-        if deliver_at <= 0:
-            raise ClientError(f"deliver_at must be an epoch time in ms, got {deliver_at}")
-        props[Prop.TIMER_DELIVER_MS] = str(int(deliver_at))
+def prepared_request(requests: RequestBuilder, topic: str, message: Message,
+                     queue_id: int | None) -> SendRequest:
+    """The SEND_MESSAGE_V2 of a prepared (half) message: marked TRAN_MSG with the
+    producer group in its properties and in sysFlag, invisible until committed."""
+    props = requests.properties(message)
+    props[Prop.TRANSACTION_PREPARED] = "true"
+    props[Prop.PRODUCER_GROUP] = requests.group
+    return requests.message(topic, message, props, queue_id,
+                            sys_flag=int(SysFlag.TRANSACTION_PREPARED))
 
 
 async def _resolve(value: StateOrAwaitable) -> LocalTransactionState:
@@ -99,17 +95,19 @@ async def _resolve(value: StateOrAwaitable) -> LocalTransactionState:
 
 
 class TransactionSupport:
-    """A producer's transactional half: sends, END_TRANSACTION, check-backs, heartbeats."""
+    """A producer's transactional half: sends, END_TRANSACTION, check-backs, heartbeats.
+    Sends, routes and connections are ``sender``'s."""
 
-    def __init__(self, producer: Producer, heartbeat_interval_s: float = 5.0) -> None:
-        self.producer = producer
+    def __init__(self, sender: Sender, heartbeat_interval_s: float = 5.0) -> None:
+        self.sender = sender
+        self.group = sender.requests.group
         self.heartbeat_interval_s = heartbeat_interval_s
         host = socket.gethostbyname(socket.gethostname())
         self.client_id = f"{host}@{os.getpid()}#txn#{time.monotonic_ns()}"
         self.check_listener: CheckListener | None = None
         self._topics: set[str] = set()
         self._task: asyncio.Task[None] | None = None
-        producer.session.on_check_transaction = self._on_check
+        sender.session.on_check_transaction = self._on_check
 
     def set_check_listener(self, listener: CheckListener, topics: Iterable[str] = ()) -> None:
         """Register the listener; with ``topics``, start heartbeating their brokers now (a
@@ -134,7 +132,6 @@ class TransactionSupport:
 
     async def send(self, topic: str, message: Message, local_transaction: LocalTransaction,
                    arg: Any, queue_id: int | None) -> TransactionSendResult:
-        p = self.producer
         if self.check_listener is None:
             raise ClientError("set a check listener (set_transaction_check_listener) before "
                               "sending transactional messages: the broker asks it when an "
@@ -145,12 +142,8 @@ class TransactionSupport:
             await self._heartbeat_all()
             if self._task is None:
                 self._start_heartbeats()
-        props = p._properties(message)
-        props[Prop.TRANSACTION_PREPARED] = "true"
-        props[Prop.PRODUCER_GROUP] = p.group
-        req = p._message_request(topic, message, props, queue_id,
-                                 sys_flag=int(SysFlag.TRANSACTION_PREPARED))
-        sent = (await p._send_with_retries(req))[0]
+        req = prepared_request(self.sender.requests, topic, message, queue_id)
+        sent = (await self.sender.send(req))[0]
         if not sent.ok:
             state = LocalTransactionState.ROLLBACK_MESSAGE  # RocketMQ: never run it
         else:
@@ -166,22 +159,21 @@ class TransactionSupport:
     async def _end(self, sent: SendResult, state: LocalTransactionState) -> bool:
         if state is LocalTransactionState.UNKNOW:
             return False
-        p = self.producer
-        route = await p.session.route(sent.queue.topic)
+        sender = self.sender
+        route = await sender.session.route(sent.queue.topic)
         bd = route.broker_datas.get(sent.queue.broker_name)
         addr = bd.master if bd is not None else None
         if addr is None:
             return False
         _, commit_offset = parse_offset_msg_id(sent.offset_msg_id)
-        header = {
-            "producerGroup": p.group, "tranStateTableOffset": sent.queue_offset,
-            "commitLogOffset": commit_offset, "commitOrRollback": _END_CODE[state],
-            "fromTransactionCheck": "false", "msgId": sent.msg_id,
-            "transactionId": sent.msg_id,
-        }
+        header = EndTransactionHeader(
+            producer_group=self.group, tran_state_table_offset=sent.queue_offset,
+            commit_log_offset=commit_offset, commit_or_rollback=_END_CODE[state],
+            from_transaction_check=False, msg_id=sent.msg_id, transaction_id=sent.msg_id,
+        ).build()
         try:
-            resp = await p.session.request(addr, RemotingCommand.request(
-                RequestCode.END_TRANSACTION, header), p.send_timeout_s)
+            resp = await sender.session.request(addr, RemotingCommand.request(
+                RequestCode.END_TRANSACTION, header), sender.send_timeout_s)
         except RemotingError as exc:
             log.warning("END_TRANSACTION of %s not confirmed (%s): the broker will check back",
                         sent.msg_id, exc)
@@ -196,8 +188,8 @@ class TransactionSupport:
         """CHECK_TRANSACTION_STATE from a broker: ask the listener, answer one-way."""
         if self.check_listener is None:
             return None
-        ext = cmd.ext_fields
         try:
+            check = CheckTransactionStateHeader.parse(cmd.ext_fields)
             msg, _ = decode_record(cmd.body or b"")
             state = await _resolve(self.check_listener(msg))
         except (ProtocolError, ClientError) as exc:
@@ -207,13 +199,12 @@ class TransactionSupport:
         except Exception as exc:  # the user's listener: unknown, asked again later
             log.warning("transaction check listener raised %r", exc)
             return None
-        header = {
-            "producerGroup": self.producer.group,
-            "tranStateTableOffset": ext.get("tranStateTableOffset", "0"),
-            "commitLogOffset": ext.get("commitLogOffset", "0"),
-            "commitOrRollback": _END_CODE[state], "fromTransactionCheck": "true",
-            "msgId": ext.get("msgId", ""), "transactionId": ext.get("transactionId", ""),
-        }
+        header = EndTransactionHeader(
+            producer_group=self.group, tran_state_table_offset=check.tran_state_table_offset,
+            commit_log_offset=check.commit_log_offset, commit_or_rollback=_END_CODE[state],
+            from_transaction_check=True, msg_id=check.msg_id,
+            transaction_id=check.transaction_id,
+        ).build()
         try:
             await conn.send(RemotingCommand.request(RequestCode.END_TRANSACTION, header,
                                                     oneway=True))
@@ -233,18 +224,17 @@ class TransactionSupport:
     async def _heartbeat_all(self) -> None:
         """Tell every broker of our topics (slaves too: one may be master tomorrow) that
         this client is a producer of the group, on the connection checks come back on."""
-        p = self.producer
-        body = {"clientID": self.client_id, "consumerDataSet": [],
-                "producerDataSet": [{"groupName": p.group}]}
+        sender = self.sender
+        body = HeartbeatData(self.client_id, producer_groups=[self.group]).build()
         addrs: set[str] = set()
         for topic in self._topics:
             try:
-                addrs.update((await p._route(topic, refresh=True)).addresses())
+                addrs.update((await sender.route(topic, refresh=True)).addresses())
             except ClientError as exc:
                 log.debug("no route for %s: %s", topic, exc)
         for addr in sorted(addrs):
             try:
-                await p.session.request(addr, RemotingCommand.request(
-                    RequestCode.HEART_BEAT, None, body), p.send_timeout_s)
+                await sender.session.request(addr, RemotingCommand.request(
+                    RequestCode.HEART_BEAT, None, body), sender.send_timeout_s)
             except RemotingError as exc:
                 log.debug("producer heartbeat to %s failed: %s", addr, exc)

@@ -15,7 +15,12 @@ from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, RmqhaError
 from rmqha.messaging.clients import mq_json, parse_mq_set
 from rmqha.messaging.context import Handler, MessagingContext
-from rmqha.protocol.headers import req_str
+from rmqha.protocol.headers import (
+    ConsumerIdsChangedHeader,
+    ConsumerListHeader,
+    HeartbeatData,
+    UnregisterClientHeader,
+)
 from rmqha.protocol.topics import RETRY_GROUP_TOPIC_PREFIX
 from rmqha.protocol.command import RemotingCommand
 
@@ -44,12 +49,10 @@ class ClientRequests:
 
     async def on_heartbeat(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
         try:
-            data = json.loads(cmd.body or b"{}")
-            if not isinstance(data, dict):
-                raise ValueError("not an object")
-            info = self.ctx.clients.heartbeat(data, conn)
-        except ValueError as exc:
+            data = HeartbeatData.parse(json.loads(cmd.body or b"{}"))
+        except (ValueError, ProtocolError) as exc:
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"bad heartbeat: {exc}")
+        info = self.ctx.clients.heartbeat(data, conn)
         if conn is not None and hasattr(conn, "add_close_callback") and not getattr(
                 conn, "attributes", {}).get("rmqha_client_watch"):
             conn.attributes["rmqha_client_watch"] = True
@@ -64,15 +67,14 @@ class ClientRequests:
             self.ctx.locks.release_client(client_id)
 
     async def on_unregister(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
-        ext = cmd.ext_fields
-        client_id, group = ext.get("clientID", ""), ext.get("consumerGroup", "")
-        self.ctx.clients.unregister(client_id, group, ext.get("producerGroup", ""))
-        if client_id and group:
-            self.ctx.locks.release_client(client_id, group)
+        h = UnregisterClientHeader.parse(cmd.ext_fields)
+        self.ctx.clients.unregister(h.client_id, h.consumer_group, h.producer_group)
+        if h.client_id and h.consumer_group:
+            self.ctx.locks.release_client(h.client_id, h.consumer_group)
         return cmd.response(ResponseCode.SUCCESS, None, {})
 
     async def on_consumer_list(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
-        group = req_str(cmd.ext_fields, "consumerGroup")
+        group = ConsumerListHeader.parse(cmd.ext_fields).consumer_group
         ids = [c.client_id for c in self.ctx.clients.consumers(group)]
         if not ids:
             # RocketMQ's ConsumerManageProcessor answers an unknown or empty group so.
@@ -90,7 +92,8 @@ class ClientRequests:
             if conn is None or getattr(conn, "closed", True):
                 continue
             req = RemotingCommand.request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED,
-                                          {"consumerGroup": group}, oneway=True)
+                                          ConsumerIdsChangedHeader(consumer_group=group).build(),
+                                          oneway=True)
             task = loop.create_task(self._notify(conn, req))
             self.ctx.tasks.add(task)
             task.add_done_callback(self.ctx.tasks.discard)

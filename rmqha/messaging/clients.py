@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rmqha.protocol.headers import HeartbeatData
+
 #: A RocketMQ MessageQueue: (topic, brokerName, queueId).
 MQ = tuple[str, str, int]
 
@@ -45,11 +47,9 @@ class ClientRegistry:
         self._on_group_change = on_group_change
         self._clock = clock
 
-    def heartbeat(self, data: dict[str, Any], connection: Any = None) -> ClientInfo:
-        """Record a HEART_BEAT body (C++ ordinals or Java names, both accepted)."""
-        client_id = str(data.get("clientID") or data.get("clientId") or "")
-        if not client_id:
-            raise ValueError("heartbeat without clientID")
+    def heartbeat(self, data: HeartbeatData, connection: Any = None) -> ClientInfo:
+        """Record a HEART_BEAT body."""
+        client_id = data.client_id
         now = self._clock()
         info = self._clients.get(client_id)
         before = set() if info is None else set(info.consumer_groups)
@@ -58,23 +58,12 @@ class ClientRegistry:
         info.last_seen = now
         if connection is not None:
             info.connection = connection
-        groups: set[str] = set()
-        subs: dict[str, dict[str, str]] = {}
-        for cd in _list(data.get("consumerDataSet")):
-            if not isinstance(cd, dict) or not cd.get("groupName"):
-                continue
-            group = str(cd["groupName"])
-            groups.add(group)
-            subs[group] = {
-                str(s.get("topic")): str(s.get("subString", "*"))
-                for s in _list(cd.get("subscriptionDataSet")) if isinstance(s, dict)
-            }
+        subs = {c.group: {s.topic: s.expression for s in c.subscriptions}
+                for c in data.consumers}
+        groups = set(subs)
         info.consumer_groups = groups
         info.subscriptions = subs
-        info.producer_groups = {
-            str(p["groupName"]) for p in _list(data.get("producerDataSet"))
-            if isinstance(p, dict) and p.get("groupName")
-        }
+        info.producer_groups = set(data.producer_groups)
         for group in groups ^ before:
             self._changed(group)
         return info

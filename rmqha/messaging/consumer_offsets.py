@@ -14,7 +14,7 @@ from typing import Any
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import StoreError
 from rmqha.messaging.context import Handler, MessagingContext
-from rmqha.protocol.headers import req_int, req_str
+from rmqha.protocol.headers import QueryConsumerOffsetHeader, UpdateConsumerOffsetHeader
 from rmqha.messaging.state import offsets_record
 from rmqha.messaging.state_replication import StateReplication
 from rmqha.protocol.command import RemotingCommand
@@ -59,9 +59,8 @@ class ConsumerOffsets:
             self._offset_flush.cancel()
 
     async def on_query_offset(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
-        ext = cmd.ext_fields
-        group, topic = req_str(ext, "consumerGroup"), req_str(ext, "topic")
-        qid = req_int(ext, "queueId")
+        h = QueryConsumerOffsetHeader.parse(cmd.ext_fields)
+        group, topic, qid = h.consumer_group, h.topic, h.queue_id
         offset = self.ctx.state.offsets.get(group, topic, qid)
         if offset is not None:
             return cmd.response(ResponseCode.SUCCESS, None, {"offset": offset})
@@ -69,7 +68,7 @@ class ConsumerOffsets:
         # client apply its consumeFromWhere (CONSUME_FROM_LAST_OFFSET: start at the max);
         # a queue whose first message is still at queue offset 0 and "in memory" (a young
         # queue) answers 0 so a new group on a new topic misses nothing.
-        if ext.get("setZeroIfNotFound", "").lower() != "false" and self._young_queue(topic, qid):
+        if h.set_zero_if_not_found is not False and self._young_queue(topic, qid):
             return cmd.response(ResponseCode.SUCCESS, None, {"offset": 0})
         return cmd.response(ResponseCode.QUERY_NOT_FOUND,
                             "Not found, maybe this group consumer boot first", {})
@@ -86,11 +85,9 @@ class ConsumerOffsets:
         return behind <= _IN_MEMORY_BYTES
 
     async def on_update_offset(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
-        ext = cmd.ext_fields
-        group, topic = req_str(ext, "consumerGroup"), req_str(ext, "topic")
-        qid, offset = req_int(ext, "queueId"), req_int(ext, "commitOffset")
-        if offset >= 0:
-            self.commit(group, topic, qid, offset, immediate=True)
+        h = UpdateConsumerOffsetHeader.parse(cmd.ext_fields)
+        if h.commit_offset >= 0:
+            self.commit(h.consumer_group, h.topic, h.queue_id, h.commit_offset, immediate=True)
         return cmd.response(ResponseCode.SUCCESS, None, {})
 
     def commit(self, group: str, topic: str, queue_id: int, offset: int, *,

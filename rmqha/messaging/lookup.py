@@ -25,15 +25,13 @@ from typing import Any
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, StoreError
 from rmqha.messaging.context import Handler, MessagingContext
-from rmqha.protocol.headers import opt_bool, opt_int, req_str
+from rmqha.protocol.headers import QueryMessageHeader
 from rmqha.store.message_index import FoundMessage, MessageIndex, record_matches
 from rmqha.messaging.state import STATE_TOPIC
 from rmqha.protocol.command import RemotingCommand
 
 log = logging.getLogger(__name__)
 
-#: RocketMQ's ``MixAll.UNIQUE_MSG_QUERY_FLAG`` ext field.
-UNIQUE_KEY_QUERY_FIELD = "_UNIQUE_KEY_QUERY"
 #: RocketMQ's defaultQueryMaxNum: the most records one answer carries.
 MAX_QUERY_RESULTS = 32
 #: Candidates read per query at most (a hot key with many hash-colliding neighbours must
@@ -121,19 +119,14 @@ class MessageLookup:
         return out
 
     async def on_query_message(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
-        ext = cmd.ext_fields
         try:
-            topic, key = req_str(ext, "topic"), req_str(ext, "key")
-            max_num = opt_int(ext, "maxNum", MAX_QUERY_RESULTS)
-            begin = opt_int(ext, "beginTimestamp", 0)
-            end = opt_int(ext, "endTimestamp", 2**63 - 1)
+            h = QueryMessageHeader.parse(cmd.ext_fields)
         except ProtocolError as exc:
             return cmd.response(ResponseCode.INVALID_PARAMETER, str(exc))
-        unique = opt_bool(ext, UNIQUE_KEY_QUERY_FIELD)
-        if unique or max_num <= 0:
-            max_num = MAX_QUERY_RESULTS
-        found = self.find(topic, key, unique=unique, max_num=min(max_num, MAX_QUERY_RESULTS),
-                          begin_ts=begin, end_ts=end)
+        unique = bool(h.unique_key)
+        max_num = MAX_QUERY_RESULTS if unique or h.max_num <= 0 else h.max_num
+        found = self.find(h.topic, h.key, unique=unique, max_num=min(max_num, MAX_QUERY_RESULTS),
+                          begin_ts=h.begin_timestamp, end_ts=h.end_timestamp)
         head = {"indexLastUpdateTimestamp": self.index.last_update_ts,
                 "indexLastUpdatePhyoffset": self.index.indexed_offset}
         if not found:

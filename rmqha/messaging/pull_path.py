@@ -122,7 +122,7 @@ class PullPath:
     async def on_pull(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
         ctx = self.ctx
         try:
-            h = PullHeader.from_ext(cmd.ext_fields)
+            h = PullHeader.parse(cmd.ext_fields)
         except ProtocolError as exc:
             return cmd.response(ResponseCode.INVALID_PARAMETER, str(exc), {})
         if h.sys_flag & PULL_COMMIT_OFFSET and h.commit_offset >= 0:

@@ -6,7 +6,7 @@ from typing import Any
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, StoreError
 from rmqha.messaging.context import Handler, MessagingContext
-from rmqha.protocol.headers import opt_int, req_int, req_str
+from rmqha.protocol.headers import ViewMessageHeader, opt_int, req_int, req_str
 from rmqha.protocol.command import RemotingCommand
 
 
@@ -68,7 +68,7 @@ class QueueQueries:
         return cmd.response(ResponseCode.SUCCESS, None, {"timestamp": ts})
 
     async def on_view_message(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
-        offset = req_int(cmd.ext_fields, "offset")
+        offset = ViewMessageHeader.parse(cmd.ext_fields).offset
         try:
             body = self.ctx.read_record(offset)
         except (StoreError, ProtocolError) as exc:

@@ -256,7 +256,7 @@ class SendPath:
         ctx = self.ctx
         v2 = cmd.code in (RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE)
         try:
-            h = SendHeader.from_ext(cmd.ext_fields, v2=v2)
+            h = SendHeader.parse(cmd.ext_fields, v2=v2)
         except ProtocolError as exc:
             raise Refused(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
         batch = h.batch or cmd.code == RequestCode.SEND_BATCH_MESSAGE

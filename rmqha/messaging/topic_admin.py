@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ConfigError, ProtocolError
 from rmqha.messaging.context import Handler, MessagingContext, Refused
-from rmqha.protocol.headers import opt_int, req_str
+from rmqha.protocol.headers import CreateTopicHeader, DeleteTopicHeader
 from rmqha.messaging.state import STATE_TOPIC, topic_delete_record, topic_put_record
 from rmqha.protocol.topics import (
     DEFAULT_TOPIC,
@@ -80,18 +80,15 @@ class TopicAdmin:
             raise Refused(ResponseCode.NO_PERMISSION, "admin token missing or wrong")
 
     async def on_create_topic(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
-        ext = cmd.ext_fields
         try:
             self._check_admin(cmd)
             self.ctx.check_writable()
-            topic = req_str(ext, "topic")
-            if topic == STATE_TOPIC:
-                raise Refused(ResponseCode.NO_PERMISSION, f"topic {topic} is internal")
-            read_n = opt_int(ext, "readQueueNums", 8)
-            cfg = TopicConfig(topic, read_n, opt_int(ext, "writeQueueNums", read_n),
-                              opt_int(ext, "perm", PERM_READ_WRITE),
-                              opt_int(ext, "topicSysFlag", 0),
-                              ext.get("order", "false").lower() == "true")
+            h = CreateTopicHeader.parse(cmd.ext_fields)
+            if h.topic == STATE_TOPIC:
+                raise Refused(ResponseCode.NO_PERMISSION, f"topic {h.topic} is internal")
+            write_n = h.read_queue_nums if h.write_queue_nums is None else h.write_queue_nums
+            cfg = TopicConfig(h.topic, h.read_queue_nums, write_n, h.perm, h.topic_sys_flag,
+                              h.order)
         except Refused as r:
             return cmd.response(r.code, r.remark, r.ext)
         except (ConfigError, ProtocolError) as exc:
@@ -107,7 +104,7 @@ class TopicAdmin:
         try:
             self._check_admin(cmd)
             ctx.check_writable()
-            topic = req_str(cmd.ext_fields, "topic")
+            topic = DeleteTopicHeader.parse(cmd.ext_fields).topic
         except Refused as r:
             return cmd.response(r.code, r.remark, r.ext)
         if topic == STATE_TOPIC:

@@ -38,7 +38,7 @@ from rmqha.messaging.background import BackgroundJob
 from rmqha.store.consume_queue import ScannedRecord
 from rmqha.messaging.context import Handler, MessagingContext, Refused
 from rmqha.messaging.delayed_delivery import DelayedDelivery
-from rmqha.protocol.headers import req_int, req_str
+from rmqha.protocol.headers import CheckTransactionStateHeader, EndTransactionHeader
 from rmqha.messaging.log_writer import LogWriter
 from rmqha.protocol.message import Prop, SysFlag, decode_record, offset_msg_id
 from rmqha.messaging.topic_admin import TopicAdmin
@@ -219,16 +219,14 @@ class Transactions:
     # --- END_TRANSACTION ---------------------------------------------------------------------
 
     async def on_end_transaction(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand | None:
-        ext = cmd.ext_fields
         try:
             self.ctx.check_writable()
-            group = req_str(ext, "producerGroup")
-            commit_offset = req_int(ext, "commitLogOffset")
-            kind = req_int(ext, "commitOrRollback")
+            h = EndTransactionHeader.parse(cmd.ext_fields)
         except Refused as r:
             return cmd.response(r.code, r.remark, r.ext)
         except ProtocolError as exc:
             return cmd.response(ResponseCode.INVALID_PARAMETER, str(exc))
+        kind = h.commit_or_rollback
         if kind == SysFlag.TRANSACTION_COMMIT:
             outcome = Outcome.COMMIT
         elif kind == SysFlag.TRANSACTION_ROLLBACK:
@@ -238,7 +236,7 @@ class Transactions:
             # as RocketMQ).
             return None
         try:
-            code, remark = await self.end(group, commit_offset, outcome)
+            code, remark = await self.end(h.producer_group, h.commit_log_offset, outcome)
         except Refused as r:
             return cmd.response(r.code, r.remark, r.ext)
         return cmd.response(code, remark, {})
@@ -393,13 +391,13 @@ class Transactions:
                      p.group)
             return
         queue_offset = ctx.queue_offset_at(offset)
-        header = {
-            "tranStateTableOffset": queue_offset, "commitLogOffset": offset,
-            "msgId": props.get(Prop.UNIQ_KEY, p.transaction_id),
-            "transactionId": p.transaction_id,
-            "offsetMsgId": offset_msg_id(ctx.config.broker_address, offset),
-            "topic": p.real_topic, "brokerName": ctx.broker_name,
-        }
+        header = CheckTransactionStateHeader(
+            tran_state_table_offset=queue_offset, commit_log_offset=offset,
+            msg_id=props.get(Prop.UNIQ_KEY, p.transaction_id),
+            transaction_id=p.transaction_id,
+            offset_msg_id=offset_msg_id(ctx.config.broker_address, offset),
+            topic=p.real_topic, broker_name=ctx.broker_name,
+        ).build()
         req = RemotingCommand.request(RequestCode.CHECK_TRANSACTION_STATE, header,
                                       bytes(ctx.log.read(offset, size)), oneway=True)
         conn = random.choice(producers).connection

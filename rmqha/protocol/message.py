@@ -16,19 +16,23 @@ import socket
 import struct
 import time
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import IntEnum, IntFlag
 
 import lz4.frame
 
-from rmqha._core.records_py import find_property as find_property  # raw lookups, re-exported
+# The properties codec is the records twins' (one codec, one behaviour), re-exported here.
+from rmqha._core.records_py import NAME_VALUE_SEPARATOR as NAME_VALUE_SEPARATOR
+from rmqha._core.records_py import PROPERTY_SEPARATOR as PROPERTY_SEPARATOR
+from rmqha._core.records_py import decode_properties as decode_properties
+from rmqha._core.records_py import encode_properties as encode_properties
+from rmqha._core.records_py import find_property as find_property
 from rmqha.errors import ProtocolError
 
 # --- properties ---------------------------------------------------------------------------
-
-NAME_VALUE_SEP = "\x01"
-PROPERTY_SEP = "\x02"
+# One codec for broker, store and client: the hot-path layer's (RocketMQ's
+# MessageDecoder.messageProperties2String / string2messageProperties), re-exported here.
 
 
 class Prop:
@@ -58,40 +62,6 @@ class Prop:
     TIMER_DELAY_MS = "TIMER_DELAY_MS"
     TIMER_OUT_MS = "TIMER_OUT_MS"
     TIMER_ENQUEUE_MS = "TIMER_ENQUEUE_MS"
-
-
-def encode_properties(props: Mapping[str, str] | None) -> str:
-    """``k\\x01v\\x02`` pairs, keys sorted (as the C++ client writes them); empty values
-    are left out because RocketMQ's parsers drop them anyway."""
-    if not props:
-        return ""
-    parts = []
-    for key in sorted(props):
-        value = props[key]
-        if value is None or value == "":
-            continue
-        k, v = str(key), str(value)
-        if NAME_VALUE_SEP in k or PROPERTY_SEP in k or NAME_VALUE_SEP in v or PROPERTY_SEP in v:
-            raise ProtocolError(f"property {k!r} contains a separator character")
-        parts.append(f"{k}{NAME_VALUE_SEP}{v}{PROPERTY_SEP}")
-    return "".join(parts)
-
-
-def decode_properties(text: str | bytes | None) -> dict[str, str]:
-    """Parse a properties string; pairs that are not exactly ``name\\x01value`` are skipped
-    like RocketMQ's parsers skip them."""
-    if not text:
-        return {}
-    if isinstance(text, (bytes, bytearray, memoryview)):
-        text = bytes(text).decode("utf-8", errors="replace")
-    out: dict[str, str] = {}
-    for pair in text.split(PROPERTY_SEP):
-        if not pair:
-            continue
-        name, sep, value = pair.partition(NAME_VALUE_SEP)
-        if sep and name and value:
-            out[name] = value
-    return out
 
 
 # --- sysFlag and compression ----------------------------------------------------------------
@@ -238,8 +208,8 @@ class BatchItem:
 
 def encode_batch(items: Iterable[BatchItem]) -> bytes:
     """The batch body: per message TOTALSIZE MAGIC BODYCRC FLAG BODYLEN body PROPLEN props."""
-    return encode_batch_entries((item.body, encode_properties(item.properties).encode("utf-8"),
-                                 item.flag) for item in items)
+    return encode_batch_entries((item.body, encode_properties(item.properties), item.flag)
+                                for item in items)
 
 
 def encode_batch_entries(entries: Iterable[tuple[bytes, bytes, int]]) -> bytes:

@@ -55,8 +55,8 @@ class Spy:
         self.fast: list[Attempt] = []
         self.looped: list[Attempt] = []
         self.loop_runs = 0
-        sender = producer._loop.sender()
-        assert sender is not None
+        mine = producer._loop.this_thread()
+        assert mine is not None
         real_link_request = BlockingLink.request
 
         def link_request(link: BlockingLink, cmd: RemotingCommand,
@@ -70,7 +70,7 @@ class Spy:
             return resp
 
         monkeypatch.setattr(BlockingLink, "request", link_request)
-        session = sender.producer.session
+        session = mine.producer.session
         real_session_request = session.request
 
         async def session_request(addr: str, cmd: RemotingCommand,
@@ -86,13 +86,13 @@ class Spy:
             return resp
 
         monkeypatch.setattr(session, "request", session_request)
-        real_run = sender.loop.run_until_complete
+        real_run = mine.loop.run_until_complete
 
         def run(future: Any) -> Any:
             self.loop_runs += 1
             return real_run(future)
 
-        monkeypatch.setattr(sender.loop, "run_until_complete", run)
+        monkeypatch.setattr(mine.loop, "run_until_complete", run)
 
 
 def create_topic(cluster: Cluster, broker: BrokerProc, topic: str, queues: int) -> None:
@@ -123,13 +123,13 @@ def read_back(cluster: Cluster, group: str, topic: str, want: set[str],
 def stale_route(producer: BlockingProducer, topic: str, group: str, master: str) -> None:
     """Make this thread's cached route of ``topic`` name ``master`` as the master of
     ``group`` (as a route fetched before a failover would)."""
-    sender = producer._loop.sender()
-    assert sender is not None
-    route = sender.producer.session.fresh_route(topic)
+    mine = producer._loop.this_thread()
+    assert mine is not None
+    route = mine.producer.session.fresh_route(topic)
     assert route is not None, "send once first: the route is cached by the retry loop"
     brokers = dict(route.broker_datas)
     brokers[group] = BrokerData(brokers[group].cluster, group, {0: master})
-    sender.producer.session._routes[topic] = TopicRoute(topic, route.queue_datas, brokers)
+    mine.producer.session._routes[topic] = TopicRoute(topic, route.queue_datas, brokers)
 
 
 @pytest.fixture(scope="module")
@@ -247,8 +247,8 @@ def test_a_broker_that_stops_answering_times_out_then_another_group_takes_it(
         assert 0.45 <= took < 10.0, took
         (retry,) = spy.looped
         assert retry.uniq_key == fast.uniq_key == r.msg_id  # it may be stored twice: one id
-        sender = p._loop.sender()
-        assert sender is not None and a_master.address not in sender.links
+        mine = p._loop.this_thread()
+        assert mine is not None and a_master.address not in mine.links
 
 
 def malformed_broker(frame: bytes) -> FakeServer:
@@ -303,7 +303,7 @@ def test_threads_have_their_own_links_and_close_closes_them(cluster: Cluster) ->
             assert p.send("Fast", b"warm").ok
             for i in range(8):
                 assert p.send("Fast", b"t%d" % i).attempts == 1
-            mine = p._loop.sender()
+            mine = p._loop.this_thread()
             assert mine is not None
             links = list(mine.links.values())
             ports = {link._sock.getsockname()[1] for link in links if link._sock is not None}

@@ -131,7 +131,9 @@ def test_round_trip_identical_bytes_both_twins(msgs) -> None:
                         placed.append((off, topic, body, qid, props))
                 for off, topic, body, qid, props in placed:
                     m = log.read_message(off)
-                    assert (m.topic, m.body, m.queue_id, m.properties) == (topic, body, qid, props)
+                    # A pair with an empty value is left out (RocketMQ's readers drop it).
+                    stored = {k: v for k, v in props.items() if v}
+                    assert (m.topic, m.body, m.queue_id, m.properties) == (topic, body, qid, stored)
                 assert [m.physical_offset for m in log.iter_messages()] == [p[0] for p in placed]
             finally:
                 log.close()

@@ -137,7 +137,7 @@ def test_bad_delay_requests_are_refused(tmp_path: Path) -> None:
                                      ({Prop.DELAY: "x"}, "DELAY")):
                     resp = await rc.request(RemotingCommand.request(
                         RequestCode.SEND_MESSAGE_V2, {"a": "p", "b": "bad", "e": 0, "f": 0,
-                                                      "i": encode_properties(props),
+                                                      "i": encode_properties(props).decode(),
                                                       "m": "false"}, b"x"))
                     assert resp.code == ResponseCode.MESSAGE_ILLEGAL, props
                     assert named in resp.remark

@@ -62,12 +62,20 @@ SEGMENT = 64 * 1024
 # --- codec ---------------------------------------------------------------------------------
 
 
-def test_properties_round_trip_sorted_and_skip_empty() -> None:
-    text = encode_properties({"b": "2", "a": "1", "empty": ""})
-    assert text == "a\x011\x02b\x012\x02"
-    assert decode_properties(text) == {"a": "1", "b": "2"}
-    # RocketMQ parsers drop pairs without exactly name and value.
-    assert decode_properties("a\x011\x02junk\x02\x01x\x02") == {"a": "1"}
+def test_properties_keep_their_order_and_skip_empty_values() -> None:
+    """One codec (RocketMQ's MessageDecoder): pairs in the map's order, a pair with an
+    empty value left out, since every RocketMQ reader drops it."""
+    raw = encode_properties({"b": "2", "a": "1", "empty": ""})
+    assert raw == b"b\x012\x02a\x011\x02"
+    assert encode_properties([("b", "2"), ("a", "1"), ("empty", "")]) == raw  # pairs, in order
+    assert decode_properties(raw) == decode_properties(raw.decode()) == {"b": "2", "a": "1"}
+    # string2messageProperties drops pairs without a name, a value or a separator; the
+    # value runs to the next \x02, so it keeps any further \x01 (the last pair needs no
+    # closing \x02).
+    assert decode_properties("a\x011\x02junk\x02\x01x\x02k\x01\x02") == {"a": "1"}
+    assert decode_properties("a\x011\x012\x02a\x013\x02b\x014") == {"a": "3", "b": "4"}
+    assert decode_properties("a\x011\x012\x02") == {"a": "1\x012"}
+    assert decode_properties(b"") == decode_properties(None) == {}
 
 
 def test_tag_hash_is_java_string_hashcode() -> None:
@@ -812,7 +820,7 @@ def test_flush_sync_send_whose_fsync_fails_is_not_acknowledged(tmp_path: Path,
 
 def test_master_address_is_read_from_a_refusal_remark() -> None:
     """The broker's own write guard names the master in its remark only."""
-    from rmqha.client.producer import _master_in_remark
+    from rmqha.client.sender import _master_in_remark
 
     remark = "broker 127.0.0.1:4000 is a slave; the master of broker-a is 127.0.0.1:10911"
     assert _master_in_remark(remark) == "127.0.0.1:10911"

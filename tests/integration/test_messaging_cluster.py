@@ -85,8 +85,8 @@ def _stacks(thread: threading.Thread, producers: list[BlockingProducer]) -> str:
     else:
         out.append("producer thread: ended")
     for p in producers:
-        for loop, _, _ in list(p._loop._all):
-            for task in list(asyncio.all_tasks(loop)):
+        for mine in list(p._loop._all):
+            for task in list(asyncio.all_tasks(mine.loop)):
                 out.append(f"task {task!r} awaits:")
                 c: Any = task.get_coro()
                 while c is not None:

@@ -2,17 +2,21 @@
 default (RocketMQ's clients never compress a batch), ``compress_batches`` still works, and
 BlockingProducer sends from several threads at once and from inside a running loop, and
 answers transaction check-backs while its caller does nothing.  Also, built locally: a
-batch's entries and ids."""
+batch's entries and ids, and the client package's imports (one way, protocol and net
+below it)."""
 from __future__ import annotations
 
+import ast
 import asyncio
 import re
 import struct
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import rmqha.client
 from cluster import Cluster
 from rmqha.client import BlockingConsumer, BlockingProducer, LocalTransactionState, Message, Producer
 from rmqha.protocol.codes import RequestCode
@@ -206,17 +210,17 @@ def test_auto_batch_failure_reaches_every_caller(one_broker: Cluster) -> None:
 def test_batch_entry_shortcut_writes_what_the_general_path_writes() -> None:
     """A message with no properties of its own skips building and sorting a property map;
     its entry, id and chunk size are what the general path makes of it."""
-    p = Producer("127.0.0.1:9", "g")  # never connects: entries are built locally
+    build = Producer("127.0.0.1:9", "g").sender.requests  # never connects
     msgs = [Message(b"a"), Message(b"b" * 300, flag=7), Message(b"")]
     for msg, uid in zip(msgs, new_uniq_keys(len(msgs))):
-        props = p._properties(msg, uid)  # the general path: a map, sorted and encoded
-        general = ((msg.body, encode_properties(props).encode(), msg.flag), uid,
+        props = build.properties(msg, uid)  # the general path: a map (in key order), encoded
+        general = ((msg.body, encode_properties(props), msg.flag), uid,
                    22 + len(msg.body) + 4 * sum(len(k) + len(v) + 2 for k, v in props.items()))
-        assert p._batch_entry(msg, uid) == general
+        assert build.batch_entry(msg, uid) == general
     # Bodies alone and the same bodies as messages: the same request body.
     bodies = [b"one", b"", b"three" * 50]
-    plain = next(p._batch_requests("T", bodies, None))
-    wrapped = next(p._batch_requests("T", [Message(b) for b in bodies], None))
+    plain = next(build.batches("T", bodies, None))
+    wrapped = next(build.batches("T", [Message(b) for b in bodies], None))
     uid_free = [(e.body, {k: v for k, v in e.properties.items() if k != "UNIQ_KEY"}, e.flag)
                 for e in decode_batch(plain.body)]
     assert uid_free == [(b, {"WAIT": "true"}, 0) for b in bodies]
@@ -225,7 +229,7 @@ def test_batch_entry_shortcut_writes_what_the_general_path_writes() -> None:
     assert [e.properties["UNIQ_KEY"] for e in decode_batch(plain.body)] == plain.uniq_keys
     # Tags, keys or properties of its own: the general path, and its own UNIQ_KEY stays.
     own = Message(b"x", tags="t", keys="k", properties={"UNIQ_KEY": "MINE", "a": "b"})
-    entry, uid, _ = p._batch_entry(own, "UNUSED")
+    entry, uid, _ = build.batch_entry(own, "UNUSED")
     assert uid == "MINE"
     assert decode_batch(encode_batch_entries([entry]))[0].properties == {
         "UNIQ_KEY": "MINE", "a": "b", "TAGS": "t", "KEYS": "k", "WAIT": "true"}
@@ -253,17 +257,17 @@ def test_uniq_keys_of_a_batch_are_distinct_ids_of_this_process() -> None:
 def test_single_request_shortcut_writes_what_the_general_path_writes() -> None:
     """A single send with no properties of its own takes the same shortcut as a batch
     entry; its header is what the general path makes for the same id."""
-    p = Producer("127.0.0.1:9", "g")
+    build = Producer("127.0.0.1:9", "g").sender.requests
     for msg in (Message(b"body"), Message(b"flagged", flag=5)):
-        fast = p._single_request("T", msg, 3)
+        fast = build.single("T", msg, 3)
         uid = fast.uniq_keys[0]
-        general = p._message_request("T", msg, p._properties(msg, uid), 3)
+        general = build.message("T", msg, build.properties(msg, uid), 3)
         assert re.fullmatch(r"[0-9A-F]{32}", uid)
         assert {**fast.header, "g": ""} == {**general.header, "g": ""}  # "g": born time
         assert (fast.body, fast.uniq_keys, fast.code, fast.queue_id) == (
             general.body, general.uniq_keys, general.code, general.queue_id)
     # Delayed or carrying tags: the general path (the delay is a property).
-    delayed = p._single_request("T", Message(b"x"), None, delay_level=2)
+    delayed = build.single("T", Message(b"x"), None, delay_level=2)
     assert "DELAY\x012\x02" in delayed.header["i"]
 
 
@@ -278,7 +282,7 @@ def test_auto_batch_requests_are_what_send_and_send_batch_make() -> None:
         sent.append(req)
         raise ClientError("captured, not sent")
 
-    p._send_with_retries = capture  # type: ignore[method-assign]
+    p.sender.send = capture  # type: ignore[method-assign]
     msgs = [Message(b"plain"), Message(b"flagged", flag=5), b"a body alone",
             Message(b"own", tags="t", keys="k", properties={"UNIQ_KEY": "MINE", "a": "b"})]
 
@@ -291,13 +295,78 @@ def test_auto_batch_requests_are_what_send_and_send_batch_make() -> None:
     assert batch.code == RequestCode.SEND_BATCH_MESSAGE and len(batch.uniq_keys) == 4
     assert batch.uniq_keys[3] == "MINE" and len(set(batch.uniq_keys)) == 4
     as_messages = [m if isinstance(m, Message) else Message(m) for m in msgs]
-    entries = [p._batch_entry(m, uid)[0] for m, uid in zip(as_messages, batch.uniq_keys)]
-    general = p._chunk_request("T", entries, batch.uniq_keys, None)
+    requests = p.sender.requests
+    entries = [requests.batch_entry(m, uid)[0] for m, uid in zip(as_messages, batch.uniq_keys)]
+    general = requests.chunk("T", entries, batch.uniq_keys, None)
     assert batch.body == general.body == encode_batch_entries(entries)
     assert {**batch.header, "g": ""} == {**general.header, "g": ""}  # "g": born time
     (uid,) = alone.uniq_keys
-    single = p._message_request("T", Message(b"alone", flag=2),
-                                p._properties(Message(b"alone"), uid), None)
+    single = requests.message("T", Message(b"alone", flag=2),
+                              requests.properties(Message(b"alone"), uid), None)
     assert alone.code == RequestCode.SEND_MESSAGE_V2
     assert {**alone.header, "g": ""} == {**single.header, "g": ""}
     assert (alone.body, alone.uniq_keys) == (single.body, single.uniq_keys)
+
+
+# --- the client package's imports ------------------------------------------------------------
+
+#: What the client may import besides itself: the wire protocol, transports, errors, the
+#: hot paths (never the broker's packages).
+_CLIENT_MAY_IMPORT = ("rmqha.protocol", "rmqha.net", "rmqha.errors", "rmqha._core",
+                      "rmqha.client")
+#: A client module imports only modules of a lower rank: the producer's pieces run one
+#: way (producer -> transaction/accumulator -> sender -> send_request), as aiokafka's
+#: producer package does, and consumer-side modules do not reach into them.
+_CLIENT_RANK = {
+    "model": 0, "route": 1, "blocking_link": 1,
+    "send_request": 2, "consumer": 2, "message_query": 2, "admin": 2,
+    "sender": 3, "accumulator": 4, "transaction": 4, "producer": 5, "blocking_producer": 6,
+    "__init__": 7,
+}
+
+
+def _import_problems(module: str, source: str) -> list[str]:
+    """What client ``module`` (its source) imports that it must not."""
+    problems = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module == "rmqha":
+            targets = [f"rmqha.{a.name}" for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            targets = [node.module]
+        elif isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        else:
+            continue
+        for target in targets:
+            parts = target.split(".")
+            if parts[0] != "rmqha":
+                continue
+            if not any(target == p or target.startswith(p + ".") for p in _CLIENT_MAY_IMPORT):
+                problems.append(f"{module} imports {target}")
+            elif len(parts) > 2 and parts[1] == "client" and (
+                    _CLIENT_RANK[parts[2]] >= _CLIENT_RANK[module]):
+                problems.append(f"{module} imports {target} (same or higher rank)")
+    return problems
+
+
+def test_client_imports_run_one_way() -> None:
+    root = Path(rmqha.client.__path__[0])
+    # Every module has a rank (a new one gets its place here).
+    assert sorted(f.stem for f in root.glob("*.py")) == sorted(_CLIENT_RANK)
+    sources = {name: (root / f"{name}.py").read_text() for name in _CLIENT_RANK}
+    assert [p for name, src in sources.items() for p in _import_problems(name, src)] == []
+    # Negative controls: the checker fires on the imports this layout forbids.
+    bad = ("from rmqha.client.producer import Producer\n"
+           "from rmqha.messaging.state import STATE_TOPIC\n"
+           "import rmqha.client.accumulator\n"
+           "from rmqha import config\n"
+           "def lazy():\n    from rmqha.client.transaction import TransactionSupport\n")
+    assert _import_problems("sender", bad) == [
+        "sender imports rmqha.client.producer (same or higher rank)",
+        "sender imports rmqha.messaging.state",
+        "sender imports rmqha.client.accumulator (same or higher rank)",
+        "sender imports rmqha.config",
+        "sender imports rmqha.client.transaction (same or higher rank)",
+    ]
+    assert _import_problems("transaction", "from rmqha.client.accumulator import X") == [
+        "transaction imports rmqha.client.accumulator (same or higher rank)"]

@@ -1,0 +1,263 @@
+"""Gets send requests stored: which queue and broker each attempt goes to, and the retries.
+
+A send is retried, with a fresh route and a bounded exponential backoff, when the broker
+refuses the write (slave or fenced broker, too few in-sync replicas, busy), when the
+connection is lost, or when it times out; a refused write names the master's address,
+which the next attempt goes to directly.  Answers that mean "stored but not yet safe"
+(FLUSH_SLAVE_TIMEOUT, FLUSH_DISK_TIMEOUT) are not retried: they come back as the result's
+status.  A topic nobody has created yet is sent to TBW102's brokers, as RocketMQ's clients
+do (brokers with auto-create on make it at the first send).
+
+:class:`Sender` is what the producer's pieces share: ``Producer`` and the auto-batching
+accumulator hand it requests (:meth:`Sender.send`), transactions ask it for routes, and
+``BlockingProducer`` makes a first attempt over a blocking socket with
+:meth:`Sender.cached_target`, :meth:`Sender.command` and :meth:`Sender.answer`, then hands
+the same request and what that attempt learned (:class:`Attempts`) to :meth:`Sender.send`.
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from dataclasses import dataclass
+
+from rmqha.client.model import MessageQueue, SendResult, SendStatus
+from rmqha.client.route import ClientSession, QueueData, TopicRoute
+from rmqha.client.send_request import RequestBuilder, SendRequest
+from rmqha.errors import (
+    ClientError,
+    ProtocolError,
+    RemotingError,
+    RemotingTimeoutError,
+    SendError,
+    TopicNotFoundError,
+)
+from rmqha.protocol.codes import ResponseCode
+from rmqha.protocol.command import RemotingCommand, next_opaque
+from rmqha.protocol.headers import SEND_V2_QUEUE_ID
+from rmqha.protocol.topics import DEFAULT_TOPIC
+
+_STATUS: dict[int, SendStatus] = {
+    ResponseCode.SUCCESS: SendStatus.SEND_OK,
+    ResponseCode.FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
+    ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
+    ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
+}
+#: Broker answers after which another attempt (maybe elsewhere) can succeed.
+_RETRYABLE = {
+    ResponseCode.SYSTEM_ERROR, ResponseCode.SYSTEM_BUSY, ResponseCode.SERVICE_NOT_AVAILABLE,
+    ResponseCode.NO_PERMISSION, ResponseCode.TOPIC_NOT_EXIST, ResponseCode.GO_AWAY,
+}
+
+
+# "... the master of broker-a is 127.0.0.1:10911": how a refusal may name the master when
+# it carries no masterAddress field.
+_MASTER_REMARK = re.compile(r"\bmaster\b.*\bis (\d{1,3}(?:\.\d{1,3}){3}:\d{1,5})\b")
+
+
+def _master_in_remark(remark: str) -> str:
+    m = _MASTER_REMARK.search(remark)
+    return m.group(1) if m else ""
+
+
+@dataclass
+class Attempts:
+    """What the attempts of one send learned so far: how many were made, where the next
+    one goes (a master a slave named, away from a broker that failed) and the last
+    failure, which a SendError reports.  BlockingProducer's first attempt, made over a
+    blocking socket, hands it to the retry loop, which counts that attempt and follows it."""
+
+    deadline: float
+    #: Attempts counted so far (the retry loop counts one that found no route too).
+    made: int = 0
+    #: A broker group not to pick again if another one can take the message.
+    avoid: str | None = None
+    #: The address the next attempt goes to (a master a refusal named).
+    redirect: str | None = None
+    #: Ask the name server for the route again before the next attempt.
+    refresh: bool = False
+    #: A refusal that no other attempt can change: stop.
+    final: bool = False
+    last_code: int | None = None
+    last_status: str = ""
+    last_error: str = ""
+
+    def no_route(self, exc: ClientError) -> None:
+        self.last_error, self.last_status, self.refresh = str(exc), "NO_ROUTE", True
+
+    def lost(self, exc: RemotingError | ProtocolError, broker_name: str) -> None:
+        """No answer (timeout, lost connection, malformed frame).  A timed-out send may
+        have been stored: the retry keeps the UNIQ_KEYs, so readers can drop the duplicate."""
+        timed_out = isinstance(exc, RemotingTimeoutError)
+        self.last_error, self.last_status = str(exc), "TIMEOUT" if timed_out else "CONNECTION"
+        self.refresh, self.avoid = True, broker_name
+
+    def refused(self, resp: RemotingCommand, addr: str, broker_name: str) -> None:
+        """An answer that is not a send status (see ``_STATUS``)."""
+        self.last_code, self.last_error = resp.code, resp.remark or ""
+        self.last_status = resp.ext_fields.get("putStatus", "")
+        if resp.code not in _RETRYABLE:
+            self.final = True
+            return
+        self.refresh = True
+        master = resp.ext_fields.get("masterAddress", "") or _master_in_remark(resp.remark or "")
+        if master and master != addr:
+            self.redirect = master  # a slave named its master: go there directly
+        else:
+            self.avoid = broker_name
+
+    def error(self, topic: str) -> SendError:
+        return SendError(
+            f"send to {topic} failed after {self.made} attempt(s): "
+            f"{self.last_status or self.last_code} {self.last_error}".strip(),
+            self.last_code, self.last_status)
+
+
+class Sender:
+    """Routes, queue choice and retries of one producer (see the module docstring)."""
+
+    def __init__(self, session: ClientSession, requests: RequestBuilder, *,
+                 send_timeout_s: float, max_attempts: int, backoff_s: float,
+                 max_backoff_s: float, retry_deadline_s: float) -> None:
+        self.session = session
+        #: Builds the requests this sender sends (the accumulator and transactions use it).
+        self.requests = requests
+        self.send_timeout_s = send_timeout_s
+        self.max_attempts = max(1, max_attempts)
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.retry_deadline_s = retry_deadline_s
+        self._counter = 0
+        #: topic -> (the TBW102 route it was derived from, the derived route)
+        self._fallback_routes: dict[str, tuple[TopicRoute, TopicRoute]] = {}
+
+    async def route(self, topic: str, refresh: bool = False) -> TopicRoute:
+        """The topic's route; for a topic nobody has yet, TBW102's brokers (as RocketMQ
+        clients do), where brokers with auto-create on make it at the first send."""
+        try:
+            return await self.session.route(topic, refresh=refresh)
+        except TopicNotFoundError:
+            fallback = await self.session.route(DEFAULT_TOPIC, refresh=refresh)
+            cached = self._fallback_routes.get(topic)
+            if cached is not None and cached[0] is fallback:
+                return cached[1]  # built from the same TBW102 route: reuse its queue list
+            queues = [QueueData(q.broker_name, min(4, q.read_queue_nums),
+                                min(4, q.write_queue_nums), q.perm)
+                      for q in fallback.queue_datas]
+            route = TopicRoute(topic, queues, fallback.broker_datas, fallback.fetched_at)
+            self._fallback_routes[topic] = (fallback, route)
+            return route
+
+    def _pick(self, route: TopicRoute, avoid: str | None,
+              queue_id: int | None) -> MessageQueue:
+        queues = route.publish_queues()
+        if not queues:
+            raise ClientError(f"topic {route.topic} has no writable queue with a master")
+        if queue_id is not None:
+            for q in queues:
+                if q.queue_id == queue_id and q.broker_name != avoid:
+                    return q
+            for q in queues:
+                if q.queue_id == queue_id:
+                    return q
+        self._counter += 1
+        for i in range(len(queues)):
+            q = queues[(self._counter + i) % len(queues)]
+            if q.broker_name != avoid:
+                return q
+        return queues[self._counter % len(queues)]
+
+    def attempts(self) -> Attempts:
+        """The state of a new send: its retry deadline starts now."""
+        return Attempts(time.monotonic() + self.retry_deadline_s)
+
+    def _target(self, route: TopicRoute, req: SendRequest,
+                tried: Attempts) -> tuple[str, MessageQueue]:
+        """Where the next attempt goes: a queue of the route, at its master or at the
+        address the last refusal named.  ClientError if the route has no writable queue."""
+        mq = self._pick(route, tried.avoid, req.queue_id)
+        addr = tried.redirect or route.broker_datas[mq.broker_name].master
+        tried.redirect = None
+        assert addr is not None  # publish_queues() holds only groups with a master
+        return addr, mq
+
+    def cached_target(self, req: SendRequest,
+                      tried: Attempts) -> tuple[str, MessageQueue] | None:
+        """Where the next attempt goes by the cached route, without I/O; None if the route
+        is not cached, stale or without a writable queue (:meth:`send` asks the name server)."""
+        route = self.session.fresh_route(req.topic)
+        if route is None:
+            return None
+        try:
+            return self._target(route, req, tried)
+        except ClientError:
+            return None
+
+    @staticmethod
+    def command(req: SendRequest, mq: MessageQueue) -> RemotingCommand:
+        """The request of one attempt, to queue ``mq``."""
+        # A fresh header dict per attempt, handed over as is: every value is a str.
+        return RemotingCommand(code=req.code, opaque=next_opaque(),
+                               ext_fields={**req.header, SEND_V2_QUEUE_ID: str(mq.queue_id)},
+                               body=req.body)
+
+    def answer(self, resp: RemotingCommand, addr: str, mq: MessageQueue, req: SendRequest,
+               tried: Attempts) -> list[SendResult] | None:
+        """The results if ``resp`` is a send status; else None, with the refusal noted in
+        ``tried`` (``tried.final`` when no retry can help)."""
+        status = _STATUS.get(resp.code)
+        if status is not None:
+            return self._results(resp, status, mq, req.uniq_keys, tried.made)
+        tried.refused(resp, addr, mq.broker_name)
+        return None
+
+    async def send(self, req: SendRequest, tried: Attempts | None = None) -> list[SendResult]:
+        """Attempts until one is answered with a send status; SendError after a refusal
+        no retry can change, ``max_attempts`` or ``retry_deadline_s``.  ``tried`` carries
+        on from attempts made elsewhere (BlockingProducer's first one)."""
+        if tried is None:
+            tried = self.attempts()
+        for attempt in range(tried.made + 1, self.max_attempts + 1):
+            tried.made = attempt
+            if attempt > 1:
+                delay = min(self.max_backoff_s, self.backoff_s * (2 ** (attempt - 2)))
+                if time.monotonic() + delay > tried.deadline:
+                    break
+                await asyncio.sleep(delay)
+            try:
+                route = None if tried.refresh else self.session.fresh_route(req.topic)
+                if route is None:
+                    route = await self.route(req.topic, tried.refresh)
+                addr, mq = self._target(route, req, tried)
+            except ClientError as exc:
+                tried.no_route(exc)
+                continue
+            try:
+                resp = await self.session.request(addr, self.command(req, mq),
+                                                  self.send_timeout_s)
+            except RemotingError as exc:
+                tried.lost(exc, mq.broker_name)
+                continue
+            results = self.answer(resp, addr, mq, req, tried)
+            if results is not None:
+                return results
+            if tried.final:
+                break
+        raise tried.error(req.topic)
+
+    def _results(self, resp: RemotingCommand, status: SendStatus, mq: MessageQueue,
+                 uniq_keys: list[str], attempts: int) -> list[SendResult]:
+        ext = resp.ext_fields
+        try:
+            queue_id = int(ext.get("queueId", mq.queue_id))
+            first = int(ext["queueOffset"])
+        except (KeyError, ValueError) as exc:
+            raise ProtocolError(f"send response without queueOffset: {ext}") from exc
+        ids = ext.get("msgId", "").split(",")
+        # The picked queue itself unless the broker stored elsewhere (a frozen dataclass
+        # costs a microsecond to make, on every send).
+        queue = mq if queue_id == mq.queue_id else MessageQueue(mq.topic, mq.broker_name, queue_id)
+        return [
+            SendResult(status, uid, ids[i] if i < len(ids) else "", queue, first + i, attempts)
+            for i, uid in enumerate(uniq_keys)
+        ]
