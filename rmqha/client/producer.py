@@ -68,6 +68,7 @@ from rmqha.protocol.message import (
     new_uniq_keys,
 )
 from rmqha.protocol.topics import DEFAULT_TOPIC
+from rmqha.net.client_security import ClientSecurity, TlsOption
 from rmqha.net.loop import EventLoopThread
 from rmqha.protocol.command import RemotingCommand, next_opaque
 
@@ -216,9 +217,13 @@ class Producer:
         compress_batches: bool = False,
         auto_batch: bool = False,
         auto_batch_max_bytes: int = DEFAULT_AUTO_BATCH_BYTES,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        tls: TlsOption = None,
     ) -> None:
         self.group = group
-        self.session = ClientSession(namesrv, rpc_timeout_s=send_timeout_s)
+        self.session = ClientSession(namesrv, rpc_timeout_s=send_timeout_s, security=ClientSecurity.from_options(
+            access_key=access_key, secret_key=secret_key, tls=tls))
         self.send_timeout_s = send_timeout_s
         self.max_attempts = max(1, max_attempts)
         self.backoff_s = backoff_s
@@ -564,7 +569,7 @@ class _ThreadSender:
             tried.made = 1
             link = self.links.get(addr)
             if link is None:
-                link = self.links[addr] = BlockingLink(addr)
+                link = self.links[addr] = BlockingLink(addr, security=producer.session.security)
             try:
                 resp = link.request(producer._command(req, mq), producer.send_timeout_s)
             except (RemotingError, ProtocolError) as exc:
