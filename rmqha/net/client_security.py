@@ -67,9 +67,9 @@ class Credentials:
         if not ak and not sk:
             return None
         if not ak or not sk:
-            missing = "access key" if not ak else "secret key"
-            raise ConfigError(f"a {'secret' if ak else 'access'} key was given without the "
-                              f"{missing} (argument, or ${ENV_ACCESS_KEY} / ${ENV_SECRET_KEY})")
+            given, missing = ("an access key", "secret key") if ak else ("a secret key", "access key")
+            raise ConfigError(f"{given} was given without the {missing} (argument, or "
+                              f"${ENV_ACCESS_KEY} / ${ENV_SECRET_KEY})")
         return cls(ak, sk)
 
     def sign(self, cmd: RemotingCommand) -> None:
