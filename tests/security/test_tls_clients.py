@@ -11,9 +11,12 @@ pair serves a plaintext and a TLS producer alike.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,7 @@ from rmqha.net.server import RemotingServer
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.command import RemotingCommand
 from rmqha.security.tls import ClientAuth, TlsMode, TlsSettings
+from rmqha.security.tls import client_context as ssl_client_context
 from rmqha.testing.local_cluster import free_port
 
 TOPIC = "TopicTls"
@@ -209,3 +213,37 @@ def test_blocking_link_over_tls_keeps_its_deadline(pki: Pki) -> None:
 
 async def _ok(cmd: RemotingCommand, conn: Any) -> RemotingCommand:
     return cmd.response(ResponseCode.SUCCESS, str(conn.peer_identity))
+
+
+def _get(url: str, context: ssl.SSLContext | None) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=5, context=context) as resp:
+            return resp.read().decode()
+    except (urllib.error.URLError, ConnectionError, ssl.SSLError) as exc:
+        return f"failed: {exc}"
+
+
+def test_status_page_over_https(pki: Pki) -> None:
+    """``https_enable``: the status page takes HTTPS with the name server's certificate
+    (client certificates as the remoting port asks), and plain HTTP no longer."""
+    tls = server_tls(pki.good, NAMESRV, pki.ca)
+    port = free_port()
+
+    async def main() -> list[str]:
+        ns = NameServer(NamesrvConfig(listen_port=free_port(), status_port=port, https_enable=True,
+                                      **config_keys(tls)))
+        await ns.start()
+        try:
+            loop = asyncio.get_running_loop()
+            url = f"https://127.0.0.1:{port}/status.json"
+            with_cert = ssl_client_context(client_tls(pki.good, CLIENT, pki.ca))
+            without = ssl_client_context(client_tls(pki.good, None, pki.ca))
+            return [await loop.run_in_executor(None, _get, url, with_cert),
+                    await loop.run_in_executor(None, _get, url, without),
+                    await loop.run_in_executor(None, _get, url.replace("https", "http"), None)]
+        finally:
+            await ns.stop()
+
+    good, no_cert, plain = run(main())
+    assert good.startswith("{") and "groups" in good, good[:300]
+    assert no_cert.startswith("failed") and plain.startswith("failed")
