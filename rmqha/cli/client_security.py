@@ -16,7 +16,12 @@ import os
 from typing import Any
 
 from rmqha.errors import ConfigError
-from rmqha.net.client_security import ENV_ACCESS_KEY, ENV_SECRET_KEY, ClientSecurity, TlsOption
+from rmqha.net.client_security import (
+    ENV_ACCESS_KEY,
+    ENV_SECRET_KEY,
+    ClientSecurity,
+    TlsOption,
+)
 from rmqha.security.tls import TlsSettings
 
 

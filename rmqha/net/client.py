@@ -10,6 +10,7 @@ from rmqha.net.client_security import ClientSecurity, current
 from rmqha.net.connection import Connection, Dispatcher, Handler
 from rmqha.protocol.command import DEFAULT_MAX_FRAME_BYTES, RemotingCommand
 
+
 def split_address(addr: str) -> tuple[str, int]:
     host, sep, port = addr.rpartition(":")
     if not sep or not host or not port.isdigit():

@@ -24,7 +24,6 @@ import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Union
 
 from rmqha.errors import ConfigError
 from rmqha.protocol.command import RemotingCommand
@@ -38,9 +37,9 @@ ENV_SECRET_KEY = "RMQHA_SECRET_KEY"
 RpcHook = Callable[[RemotingCommand], None]
 
 #: What a client's ``tls`` argument may be (see the module docstring).
-TlsOption = Union[bool, str, Path, TlsSettings, ssl.SSLContext, ReloadingContext, None]
+TlsOption = bool | str | Path | TlsSettings | ssl.SSLContext | ReloadingContext | None
 
-ContextSource = Union[ssl.SSLContext, ReloadingContext]
+ContextSource = ssl.SSLContext | ReloadingContext
 
 
 @dataclass(frozen=True)

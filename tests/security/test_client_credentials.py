@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from test_messaging import Env, consume, run
 
 from rmqha.client import BlockingProducer, Message, Producer, SendStatus
@@ -159,7 +158,7 @@ def _cli_send(namesrv: str, *flags: str, env: dict[str, str] | None = None) -> s
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "rmqha", "send", "-n", namesrv, "-t", TOPIC,
                            "--timeout", "2", "--retry-deadline-s", "2", *flags, "from the cli"],
-                          capture_output=True, text=True, timeout=60, env=full_env)
+                          capture_output=True, text=True, timeout=60, check=False, env=full_env)
 
 
 def test_cli_send_with_credentials(tmp_path: Path, acl: Path) -> None:

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from cluster import Cluster, free_port
 from tls_pki import client_tls, config_keys, server_tls
 

@@ -18,6 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tls_pki import (
+    BROKER,
+    CLIENT,
+    CONTROLLER,
+    NAMESRV,
+    Pki,
+    client_tls,
+    make_pki,
+    server_tls,
+)
 
 from rmqha.errors import ConfigError, RemotingError
 from rmqha.net import loop as event_loop
@@ -31,8 +41,6 @@ from rmqha.protocol.command import RemotingCommand
 from rmqha.security import certs
 from rmqha.security.identity import Role
 from rmqha.security.tls import ClientAuth, TlsMode, TlsSettings
-
-from tls_pki import BROKER, CLIENT, CONTROLLER, NAMESRV, Pki, client_tls, make_pki, server_tls
 
 PING = RequestCode.GET_BROKER_HA_STATUS
 
