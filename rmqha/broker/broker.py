@@ -294,7 +294,8 @@ class Broker:
         if self.metrics is not None:
             self.metrics_port = self.metrics.serve(cfg.metrics_port, cfg.metrics_host,
                                                    tls=self.tls if cfg.https_enable else None)
-            log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, self.metrics_port)
+            log.info("metrics on %s://%s:%d/metrics", "https" if cfg.https_enable else "http",
+                     cfg.metrics_host, self.metrics_port)
 
         await self.replicas.start()
         loop = asyncio.get_running_loop()

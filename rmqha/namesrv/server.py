@@ -151,7 +151,8 @@ class NameServer:
         if self.metrics is not None:
             self.metrics_port = self.metrics.serve(self.config.metrics_port, self.config.metrics_host,
                                                    tls=self.tls if self.config.https_enable else None)
-            log.info("metrics on http://%s:%d/metrics", self.config.metrics_host, self.metrics_port)
+            log.info("metrics on %s://%s:%d/metrics", "https" if self.config.https_enable else "http",
+                     self.config.metrics_host, self.metrics_port)
         if self.status_page is not None and self.view is not None:
             await self.status_page.start()
             self.view.start()
