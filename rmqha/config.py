@@ -146,12 +146,27 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+def _dotted(cls: type, values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``values`` with TOML tables that are not a field flattened to dotted keys: TOML reads
+    RocketMQ's ``tls.server.mode = "enforcing"`` (or ``[tls.server] mode = ...``) as
+    nested tables, and the field's alias is the dotted key."""
+    index = _key_index(cls)
+    out: dict[str, Any] = {}
+    for key, raw in values.items():
+        full = prefix + key
+        if isinstance(raw, Mapping) and full not in index and camel_to_snake(full) not in index:
+            out.update(_dotted(cls, raw, full + "."))
+        else:
+            out[full] = raw
+    return out
+
+
 def apply_values(config: T, values: Mapping[str, Any], source: str) -> T:
     """Set fields of ``config`` from a mapping (any key spelling); ConfigError on a bad key
     or value, naming both and ``source``."""
     cls = type(config)
     hints = _hints(cls)
-    for key, raw in values.items():
+    for key, raw in _dotted(cls, values).items():
         name = resolve_key(cls, key, source)
         try:
             setattr(config, name, convert(raw, hints[name]))

@@ -3,10 +3,12 @@
 Each process (or each in-process node in tests) owns one :class:`MetricsRegistry`, so two
 nodes in one interpreter never collide on series names.  Names follow
 ``rmqha_<area>_<name>_<unit>`` in base units; prometheus_client appends ``_total`` to
-counters itself.  ``serve`` exposes the registry over HTTP on the configured port.
+counters itself.  ``serve`` exposes the registry over HTTP on the configured port, or over
+HTTPS with the process's ``tls.server.*`` certificate (its files are read once, at start).
 """
 from __future__ import annotations
 
+import ssl
 import threading
 from typing import Any
 
@@ -14,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import disable_created_metrics, start_http_server
 
 from rmqha.errors import ConfigError
+from rmqha.security.tls import ClientAuth, TlsSettings
 
 disable_created_metrics()
 
@@ -56,10 +59,13 @@ class MetricsRegistry:
     ) -> Histogram:
         return self._get(Histogram, name, doc, labels, buckets=buckets)
 
-    def serve(self, port: int, host: str = "127.0.0.1") -> int:
-        """Serve /metrics on host:port (0 picks a free port); returns the bound port."""
+    def serve(self, port: int, host: str = "127.0.0.1", tls: TlsSettings | None = None) -> int:
+        """Serve /metrics on host:port (0 picks a free port); returns the bound port.
+        With ``tls``: HTTPS with its server certificate, and client certificates checked
+        against its trust file when ``tls.server.need.client.auth`` asks for them."""
         try:
-            self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+            self._server, self._thread = start_http_server(port, addr=host, registry=self.registry,
+                                                           **_https_options(tls))
         except OSError as exc:
             raise ConfigError(f"metrics_port {port} on {host} cannot be bound: {exc.strerror}") from exc
         return int(self._server.server_port)
@@ -69,3 +75,19 @@ class MetricsRegistry:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+def _https_options(tls: TlsSettings | None) -> dict[str, Any]:
+    """``start_http_server``'s TLS arguments for ``tls`` (none for plain HTTP)."""
+    if tls is None:
+        return {}
+    if not tls.server_cert_path or not tls.server_key_path:
+        raise ConfigError("https_enable needs tls.server.certPath and tls.server.keyPath")
+    if tls.server_key_password:
+        raise ConfigError("https_enable: /metrics cannot use a key with tls.server.keyPassword; "
+                          "give it an unencrypted key file (mode 600)")
+    wants_certs = tls.server_need_client_auth is not ClientAuth.NONE
+    return {"certfile": tls.server_cert_path, "keyfile": tls.server_key_path,
+            "client_cafile": tls.server_trust_cert_path if wants_certs else None,
+            "client_auth_required": tls.server_need_client_auth is ClientAuth.REQUIRE,
+            "tls_min_version": ssl.TLSVersion.TLSv1_2}

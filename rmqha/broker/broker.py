@@ -48,9 +48,11 @@ from rmqha.ha import HAConfig, HAMaster, HASlave
 from rmqha.messaging import MessageService
 from rmqha.metrics import MetricsRegistry
 from rmqha.net.client import RemotingClient, split_address
+from rmqha.net.client_security import ClientSecurity
 from rmqha.net.connection import Connection
 from rmqha.net.server import RemotingServer
 from rmqha.protocol.command import RemotingCommand
+from rmqha.security.tls import TlsSettings
 from rmqha.store.disk_usage import directory_usage
 
 log = logging.getLogger(__name__)
@@ -183,6 +185,9 @@ class Broker:
         self.ha_slave: HASlave | None = None
         self.replication = Replication(self)
         self._controller_client = controller_client
+        #: The client port's TLS (tls.server.*) and this broker's own links' (tls.client.*).
+        self.tls = TlsSettings.from_config(config, "broker config")
+        self._links = ClientSecurity.for_links(self.tls)
         self.replicas: ReplicasManager | None = None
         self.server: RemotingServer | None = None
         self._ns_clients: dict[str, RemotingClient] = {}
@@ -231,7 +236,7 @@ class Broker:
         cfg = self.config
         self.store_dir.mkdir(parents=True, exist_ok=True)
         controller = self._controller_client or ControllerClient(
-            cfg.controller_addr, request_timeout=cfg.rpc_timeout_ms / 1000)
+            cfg.controller_addr, request_timeout=cfg.rpc_timeout_ms / 1000, security=self._links)
         self.replicas = ReplicasManager(cfg, controller, self, on_task_failed=self._task_done)
         # Refuse a wrong identity before touching the store or any network peer.
         self.replicas.identity.read_meta()
@@ -267,7 +272,8 @@ class Broker:
         # Every write code gets the role guard, even one the messaging layer does not serve.
         handlers: dict[int, Any] = {int(code): None for code in WRITE_CODES}
         handlers.update({int(code): h for code, h in self.message_service.handlers().items()})
-        self.server = RemotingServer(cfg.listen_host, cfg.listen_port, max_frame_bytes=cfg.max_frame_bytes)
+        self.server = RemotingServer(cfg.listen_host, cfg.listen_port, max_frame_bytes=cfg.max_frame_bytes,
+                                     tls=self.tls)
         if cfg.acl_enable:
             self.server.dispatcher.guard = acl_guard(cfg.acl_file)
         if self._served_bytes is not None and handlers.get(int(RequestCode.PULL_MESSAGE)) is not None:
@@ -287,8 +293,10 @@ class Broker:
                  self.server.address)
 
         if self.metrics is not None:
-            self.metrics_port = self.metrics.serve(cfg.metrics_port, cfg.metrics_host)
-            log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, self.metrics_port)
+            self.metrics_port = self.metrics.serve(cfg.metrics_port, cfg.metrics_host,
+                                                   tls=self.tls if cfg.https_enable else None)
+            log.info("metrics on %s://%s:%d/metrics", "https" if cfg.https_enable else "http",
+                     cfg.metrics_host, self.metrics_port)
 
         await self.replicas.start()
         loop = asyncio.get_running_loop()
@@ -598,7 +606,7 @@ class Broker:
         address from the name server.  Asking the master works without a name server;
         if it does not answer, its default (client port + 1) is used.
         """
-        client = RemotingClient(master_address, connect_timeout=1.0)
+        client = RemotingClient(master_address, connect_timeout=1.0, security=self._links)
         try:
             for _ in range(3):
                 try:
@@ -659,7 +667,8 @@ class Broker:
     async def _register_one(self, addr: str, ext: dict[str, Any], body: dict[str, Any]) -> None:
         client = self._ns_clients.get(addr)
         if client is None:
-            client = self._ns_clients[addr] = RemotingClient(addr, connect_timeout=1.0)
+            client = self._ns_clients[addr] = RemotingClient(addr, connect_timeout=1.0,
+                                                             security=self._links)
         try:
             resp = await client.request(RemotingCommand.request(RequestCode.REGISTER_BROKER, ext, body),
                                         self.config.rpc_timeout_ms / 1000)

@@ -18,6 +18,7 @@ import os
 import sys
 from typing import Any
 
+from rmqha.cli.client_security import add_flags, client_security
 from rmqha.cli.lookup import group_names
 from rmqha.cli.output import add_json_flag, emit, reports_errors
 from rmqha.config import ConfigError, camel_to_snake, resolve_key
@@ -33,6 +34,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=3.0, help="per-request timeout in seconds")
     p.add_argument("--admin-token", default=os.environ.get("RMQHA_ADMIN_TOKEN"),
                    help="the cluster's admin token (default: $RMQHA_ADMIN_TOKEN)")
+    add_flags(p, credentials=False)
 
 
 def _client(args: argparse.Namespace, *, leader: bool = False) -> BlockingControllerClient:
@@ -40,7 +42,7 @@ def _client(args: argparse.Namespace, *, leader: bool = False) -> BlockingContro
     unreachable address or a group without a leader fails at once instead of after the
     client's leader-search retries."""
     client = BlockingControllerClient(args.controller_address, request_timeout=args.timeout,
-                                      admin_token=args.admin_token)
+                                      admin_token=args.admin_token, security=client_security(args))
     if leader:
         try:
             meta = client.get_metadata()
@@ -127,7 +129,8 @@ def get_sync_state_set(args: argparse.Namespace) -> int:
             print("-c/--cluster-name needs -n/--namesrv-addr to find the cluster's broker groups",
                   file=sys.stderr)
             return 2
-        names += [n for n in group_names(args.namesrv, args.cluster_name, args.timeout) if n not in names]
+        names += [n for n in group_names(args.namesrv, args.cluster_name, args.timeout,
+                                         client_security(args)) if n not in names]
     if not names:
         print("name broker groups with -b BROKER_NAME or a cluster with -c CLUSTER -n NAMESRV",
               file=sys.stderr)

@@ -21,6 +21,7 @@ from typing import Any
 
 from rmqha.broker.broker import run_broker
 from rmqha.broker.config import BrokerConfig, load_broker_config
+from rmqha.cli.client_security import add_flags, client_security
 from rmqha.cli.ha_watch import ask_each, watch
 from rmqha.cli.lookup import is_address, members
 from rmqha.cli.output import Block, add_json_flag, emit, reports_errors, table
@@ -30,6 +31,7 @@ from rmqha.config import check_port_free
 from rmqha import log as rmqha_log
 from rmqha.log import configure_logging
 from rmqha.net.blocking import BlockingRemotingClient
+from rmqha.net.client_security import ClientSecurity
 from rmqha.protocol.command import RemotingCommand
 
 
@@ -51,6 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="name server addresses, host:port;host:port")
         add_json_flag(q)
         q.add_argument("--timeout", type=float, default=3.0, help="per-request timeout in seconds")
+        add_flags(q)
         if fn is _ha_status:
             q.add_argument("--watch", action="store_true",
                            help="refresh until Ctrl-C (live on a terminal, appended rounds in a pipe, "
@@ -86,8 +89,8 @@ def _run(args: argparse.Namespace) -> int:
     return serve_until_signalled(lambda stop: run_broker(config, stop))
 
 
-def _query(addr: str, code: int, timeout: float) -> Any:
-    with BlockingRemotingClient(addr, connect_timeout=timeout) as client:
+def _query(addr: str, code: int, timeout: float, security: ClientSecurity | None = None) -> Any:
+    with BlockingRemotingClient(addr, connect_timeout=timeout, security=security) as client:
         resp = client.request(RemotingCommand.request(code), timeout)
     resp.check_success(code)
     return resp.json_body()
@@ -105,7 +108,8 @@ def _targets(args: argparse.Namespace) -> list[str] | None:
         print(f"rmqha {args.command}: a broker name or cluster needs -n/--namesrv-addr", file=sys.stderr)
         return None
     found = members(args.namesrv, cluster=args.cluster_name,
-                    broker_names=[args.broker] if args.broker else None, timeout=args.timeout)
+                    broker_names=[args.broker] if args.broker else None, timeout=args.timeout,
+                    security=client_security(args))
     return [m.address for m in found]
 
 
@@ -117,7 +121,8 @@ def _ask_each(args: argparse.Namespace, code: int, render: Callable[[str, dict[s
     targets = _targets(args)
     if targets is None:
         return 2
-    answers = {addr: _query(addr, code, args.timeout) for addr in targets}
+    security = client_security(args)
+    answers = {addr: _query(addr, code, args.timeout, security) for addr in targets}
     lines: list[Block] = []
     for addr, data in answers.items():
         if lines:
@@ -200,5 +205,6 @@ def _ha_status(args: argparse.Namespace) -> int:
     def targets() -> list[str]:
         return first if single else (_targets(args) or [])
 
-    ask = ask_each(targets, lambda addr: _query(addr, RequestCode.GET_BROKER_HA_STATUS, args.timeout))
+    security = client_security(args)
+    ask = ask_each(targets, lambda addr: _query(addr, RequestCode.GET_BROKER_HA_STATUS, args.timeout, security))
     return watch(args, ask, _ha_lines, lambda answers: answers.get(first[0]) if single else answers)

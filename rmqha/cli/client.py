@@ -6,7 +6,9 @@
 (``a;b``), prints a table by default and JSON with ``--json``.  Topic changes go to the
 masters of the groups named with ``-b`` (comma-separated), of a cluster with ``-c``, or of
 every group; the admin token (when brokers have one) comes from ``--admin-token`` or
-``RMQHA_ADMIN_TOKEN``.
+``RMQHA_ADMIN_TOKEN``.  Every command takes the credential and TLS flags of
+:mod:`rmqha.cli.client_security` (``--access-key``/``--secret-key``, ``--tls``,
+``--tls-ca``, ``--tls-cert``/``--tls-key``).
 """
 from __future__ import annotations
 
@@ -16,12 +18,14 @@ import sys
 from typing import Any
 
 from rmqha.net import loop as event_loop
+from rmqha.cli.client_security import add_flags, client_options, client_security
 from rmqha.cli.lookup import cluster_info, split_addresses
 from rmqha.cli.output import add_json_flag, emit, reports_errors, table, write_blocks
 from rmqha.client.admin import TopicAdmin, TopicChange
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import RemotingError
 from rmqha.net.blocking import BlockingRemotingClient
+from rmqha.net.client_security import ClientSecurity
 from rmqha.protocol.command import RemotingCommand
 
 
@@ -31,6 +35,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="name server addresses, host:port;host:port (default: $RMQHA_NAMESRV_ADDR)")
     add_json_flag(p)
     p.add_argument("--timeout", type=float, default=3.0, help="per-request timeout in seconds")
+    add_flags(p)
 
 
 def _groups(value: str | None) -> list[str] | None:
@@ -47,7 +52,8 @@ def _changes(args: argparse.Namespace, changes: list[TopicChange], extra: dict[s
 @reports_errors("namesrv")
 def _update_topic(args: argparse.Namespace) -> int:
     async def run() -> list[TopicChange]:
-        async with TopicAdmin(args.namesrv, admin_token=args.admin_token, timeout_s=args.timeout) as admin:
+        async with TopicAdmin(args.namesrv, admin_token=args.admin_token, timeout_s=args.timeout,
+                              **client_options(args)) as admin:
             return await admin.create_topic(args.topic, args.read_queue_nums,
                                             args.write_queue_nums, perm=args.perm,
                                             groups=_groups(args.broker_names),
@@ -58,7 +64,8 @@ def _update_topic(args: argparse.Namespace) -> int:
 @reports_errors("namesrv")
 def _delete_topic(args: argparse.Namespace) -> int:
     async def run() -> list[TopicChange]:
-        async with TopicAdmin(args.namesrv, admin_token=args.admin_token, timeout_s=args.timeout) as admin:
+        async with TopicAdmin(args.namesrv, admin_token=args.admin_token, timeout_s=args.timeout,
+                              **client_options(args)) as admin:
             return await admin.delete_topic(args.topic, groups=_groups(args.broker_names),
                                             cluster=args.cluster)
     changes = event_loop.run(run())
@@ -69,7 +76,8 @@ def _delete_topic(args: argparse.Namespace) -> int:
     namesrv: dict[str, str] = {}
     for addr in split_addresses(args.namesrv):
         try:
-            with BlockingRemotingClient(addr, connect_timeout=args.timeout) as client:
+            with BlockingRemotingClient(addr, connect_timeout=args.timeout,
+                                        security=client_security(args)) as client:
                 resp = client.request(RemotingCommand.request(RequestCode.DELETE_TOPIC_IN_NAMESRV, ext),
                                       args.timeout)
             namesrv[addr] = "OK" if resp.code == ResponseCode.SUCCESS else f"FAILED {resp.remark}"
@@ -86,7 +94,8 @@ def _ns_request(args: argparse.Namespace, code: int) -> Any:
     errors = []
     for addr in split_addresses(args.namesrv):
         try:
-            with BlockingRemotingClient(addr, connect_timeout=args.timeout) as client:
+            with BlockingRemotingClient(addr, connect_timeout=args.timeout,
+                                        security=client_security(args)) as client:
                 resp = client.request(RemotingCommand.request(code), args.timeout)
         except (RemotingError, TimeoutError) as exc:
             errors.append(f"{addr}: {exc or type(exc).__name__}")
@@ -103,9 +112,9 @@ def _topic_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _broker_status(addr: str, timeout: float) -> dict[str, Any] | None:
+def _broker_status(addr: str, timeout: float, security: ClientSecurity | None) -> dict[str, Any] | None:
     try:
-        with BlockingRemotingClient(addr, connect_timeout=timeout) as client:
+        with BlockingRemotingClient(addr, connect_timeout=timeout, security=security) as client:
             resp = client.request(RemotingCommand.request(RequestCode.GET_BROKER_HA_STATUS), timeout)
     except (RemotingError, TimeoutError):
         return None
@@ -114,7 +123,8 @@ def _broker_status(addr: str, timeout: float) -> dict[str, Any] | None:
 
 @reports_errors("namesrv")
 def _cluster_list(args: argparse.Namespace) -> int:
-    info = cluster_info(args.namesrv, args.timeout)
+    security = client_security(args)
+    info = cluster_info(args.namesrv, args.timeout, security)
     brokers = info.get("brokerAddrTable") or {}
     clusters = info.get("clusterAddrTable") or {}
     out: list[dict[str, Any]] = []
@@ -124,7 +134,7 @@ def _cluster_list(args: argparse.Namespace) -> int:
         for name in sorted(clusters[cluster]):
             addrs = (brokers.get(name) or {}).get("brokerAddrs") or {}
             for bid, addr in sorted(addrs.items(), key=lambda kv: int(kv[0])):
-                st = _broker_status(str(addr), min(args.timeout, 1.0)) or {}
+                st = _broker_status(str(addr), min(args.timeout, 1.0), security) or {}
                 out.append({"cluster": cluster, "brokerName": name, "brokerId": int(bid), "address": addr,
                             "role": st.get("role"), "controllerBrokerId": st.get("controllerBrokerId"),
                             "masterEpoch": st.get("masterEpoch"), "maxOffset": st.get("maxOffset"),
@@ -141,7 +151,7 @@ def _topic_route(args: argparse.Namespace) -> int:
     from rmqha.client.route import ClientSession
 
     async def run() -> Any:
-        session = ClientSession(args.namesrv)
+        session = ClientSession(args.namesrv, security=client_security(args))
         try:
             route = await session.route(args.topic, refresh=True)
         finally:
@@ -173,7 +183,7 @@ def _send(args: argparse.Namespace) -> int:
     lines = args.message or [line.rstrip("\n") for line in sys.stdin]
     results = []
     with BlockingProducer(args.namesrv, send_timeout_s=args.timeout,
-                          retry_deadline_s=args.retry_deadline_s) as p:
+                          retry_deadline_s=args.retry_deadline_s, **client_options(args)) as p:
         for text in lines:
             r = p.send(args.topic, Message(text.encode("utf-8"), tags=args.tags, keys=args.keys))
             results.append({"status": r.status.value, "msgId": r.msg_id, "offsetMsgId": r.offset_msg_id,
@@ -193,7 +203,8 @@ def _consume(args: argparse.Namespace) -> int:
     seen = 0
     if not args.json:
         write_blocks(table(("#BrokerName", "#QueueId", "#QueueOffset", "#MsgId", "#Body"), []))
-    with BlockingConsumer(args.namesrv, args.group, args.topic, tags=args.tags) as c:
+    with BlockingConsumer(args.namesrv, args.group, args.topic, tags=args.tags,
+                          **client_options(args)) as c:
         idle = 0.0
         while (args.count <= 0 or seen < args.count) and idle < args.idle_s:
             msgs = c.poll(1.0)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from rmqha.protocol.codes import RequestCode
 from rmqha.errors import ClientError, RemotingError
 from rmqha.net.blocking import BlockingRemotingClient
+from rmqha.net.client_security import ClientSecurity
 from rmqha.protocol.command import RemotingCommand
 
 
@@ -27,13 +28,13 @@ def split_addresses(value: str) -> list[str]:
     return [a.strip() for a in value.replace(",", ";").split(";") if a.strip()]
 
 
-def cluster_info(namesrv: str, timeout: float = 3.0) -> dict:
+def cluster_info(namesrv: str, timeout: float = 3.0, security: ClientSecurity | None = None) -> dict:
     """The ClusterInfo body (brokerAddrTable, clusterAddrTable) of the first name server
     that answers; RemotingError naming every address tried when none does."""
     errors = []
     for addr in split_addresses(namesrv):
         try:
-            with BlockingRemotingClient(addr, connect_timeout=timeout) as client:
+            with BlockingRemotingClient(addr, connect_timeout=timeout, security=security) as client:
                 resp = client.request(RemotingCommand.request(RequestCode.GET_BROKER_CLUSTER_INFO), timeout)
         except (RemotingError, TimeoutError) as exc:
             errors.append(f"{addr}: {exc or type(exc).__name__}")
@@ -44,9 +45,9 @@ def cluster_info(namesrv: str, timeout: float = 3.0) -> dict:
 
 
 def members(namesrv: str, *, cluster: str | None = None, broker_names: list[str] | None = None,
-            timeout: float = 3.0) -> list[Member]:
+            timeout: float = 3.0, security: ClientSecurity | None = None) -> list[Member]:
     """Every live broker of the named groups (or of a cluster, or of all), master first."""
-    info = cluster_info(namesrv, timeout)
+    info = cluster_info(namesrv, timeout, security)
     table = info.get("brokerAddrTable") or {}
     names = set(table)
     if cluster is not None:
@@ -68,9 +69,11 @@ def members(namesrv: str, *, cluster: str | None = None, broker_names: list[str]
     return out
 
 
-def group_names(namesrv: str, cluster: str, timeout: float = 3.0) -> list[str]:
+def group_names(namesrv: str, cluster: str, timeout: float = 3.0,
+                security: ClientSecurity | None = None) -> list[str]:
     """The broker group names of ``cluster``."""
-    return sorted({m.broker_name for m in members(namesrv, cluster=cluster, timeout=timeout)})
+    return sorted({m.broker_name for m in members(namesrv, cluster=cluster, timeout=timeout,
+                                                  security=security)})
 
 
 def is_address(value: str) -> bool:

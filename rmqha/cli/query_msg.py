@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 from rmqha.net import loop as event_loop
+from rmqha.cli.client_security import add_flags, client_options
 from rmqha.cli.output import add_json_flag, emit, reports_errors, table
 from rmqha.client.message_query import MAX_RESULTS, MessageQuery
 from rmqha.protocol.message import ReceivedMessage
@@ -29,6 +30,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="name server addresses, host:port;host:port (default: $RMQHA_NAMESRV_ADDR)")
     add_json_flag(p)
     p.add_argument("--timeout", type=float, default=3.0, help="per-request timeout in seconds")
+    add_flags(p)
 
 
 def _time(ms: int) -> str:
@@ -52,7 +54,7 @@ def _rows(msgs: list[ReceivedMessage]) -> list[str]:
 @reports_errors("namesrv")
 def _by_key(args: argparse.Namespace) -> int:
     async def run() -> list[ReceivedMessage]:
-        async with MessageQuery(args.namesrv, timeout_s=args.timeout) as q:
+        async with MessageQuery(args.namesrv, timeout_s=args.timeout, **client_options(args)) as q:
             return await q.by_key(args.topic, args.key, max_num=args.max_num,
                                   begin_ms=args.begin, end_ms=args.end)
     msgs = event_loop.run(run())
@@ -66,7 +68,7 @@ def _by_id(args: argparse.Namespace) -> int:
     ids = [i.strip() for i in args.msg_id.split(",") if i.strip()]
 
     async def run() -> dict[str, list[ReceivedMessage]]:
-        async with MessageQuery(args.namesrv, timeout_s=args.timeout) as q:
+        async with MessageQuery(args.namesrv, timeout_s=args.timeout, **client_options(args)) as q:
             return {i: await q.by_id(i, args.topic) for i in ids}
     found = event_loop.run(run())
     lines: list[str] = []

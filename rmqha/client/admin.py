@@ -14,6 +14,7 @@ from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ClientError, RemotingError
 from rmqha.protocol.headers import CreateTopicHeader, DeleteTopicHeader
 from rmqha.protocol.topics import PERM_READ_WRITE
+from rmqha.net.client_security import ClientSecurity, TlsOption
 from rmqha.protocol.command import RemotingCommand
 
 
@@ -31,8 +32,10 @@ class TopicAdmin:
     """Create and delete topics on broker groups found through the name servers."""
 
     def __init__(self, namesrv: str | list[str], *, admin_token: str | None = None,
-                 timeout_s: float = 5.0) -> None:
-        self.session = ClientSession(namesrv, rpc_timeout_s=timeout_s)
+                 timeout_s: float = 5.0, access_key: str | None = None,
+                 secret_key: str | None = None, tls: TlsOption = None) -> None:
+        self.session = ClientSession(namesrv, rpc_timeout_s=timeout_s, security=ClientSecurity.from_options(
+            access_key=access_key, secret_key=secret_key, tls=tls))
         self.admin_token = admin_token
         self.timeout_s = timeout_s
 

@@ -25,16 +25,23 @@ One request is in flight at a time, so every frame but the awaited response is s
 Any failure closes the socket (after a timeout the late answer must not be taken for the
 next request's, and after a malformed frame the stream has no frame boundary left); the
 next request connects again.  A link belongs to one thread: it is not thread-safe.
+
+With a :class:`~rmqha.net.client_security.ClientSecurity` a link signs each request with
+its hook, as :class:`~rmqha.net.client.RemotingClient` does, and speaks TLS when it has a
+context; a TLS link keeps its deadline with the socket's own timeout instead of
+SO_RCVTIMEO (an SSL read retries a kernel timeout in place, never giving up).
 """
 from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import struct
 import time
 
 from rmqha.errors import ProtocolError, RemotingError, RemotingTimeoutError
 from rmqha.net.client import split_address
+from rmqha.net.client_security import ClientSecurity, current
 from rmqha.protocol.command import (
     DEFAULT_MAX_FRAME_BYTES,
     FrameDecoder,
@@ -54,8 +61,10 @@ _RECV_BYTES = 64 * 1024
 class BlockingLink:
     """A blocking connection to one remoting server, connected on first use."""
 
-    def __init__(self, addr: str, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+    def __init__(self, addr: str, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 security: ClientSecurity | None = None) -> None:
         self.addr = addr
+        self.security = security
         self.host, self.port = split_address(addr)
         self.max_frame_bytes = max_frame_bytes
         self._sock: socket.socket | None = None
@@ -74,6 +83,8 @@ class BlockingLink:
         the server sends a malformed frame; each closes the socket."""
         if cmd.is_oneway or cmd.is_response:
             raise ValueError("request() needs a two-way request command")
+        if self.security is not None and self.security.rpc_hook is not None:
+            self.security.rpc_hook(cmd)
         frame = encode(cmd)  # a header that cannot be encoded is our error: the link stays
         deadline = time.monotonic() + timeout
         done = False
@@ -124,6 +135,10 @@ class BlockingLink:
             raise RemotingError(f"cannot connect to {self.addr}: {exc}") from exc
         # A request is one small write answered at once: Nagle would hold it back.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        context = current(self.security.ssl_context) if self.security is not None else None
+        if context is not None:
+            self._sock = self._tls(sock, context)
+            return self._sock
         # Blocking mode: the deadline is kept by the kernel's send and receive timeouts
         # (see _arm), not by Python's per-call poll() (settimeout costs an ioctl per call
         # and a poll() before every send and recv: four system calls of the six a request
@@ -131,6 +146,18 @@ class BlockingLink:
         sock.settimeout(None)
         self._sock = sock
         return sock
+
+    def _tls(self, sock: socket.socket, context: ssl.SSLContext) -> ssl.SSLSocket:
+        """``sock`` after a TLS handshake within its connect timeout (the socket closed
+        and RemotingError when the handshake fails)."""
+        try:
+            return context.wrap_socket(sock, server_hostname=self.host)
+        except ssl.SSLError as exc:
+            sock.close()
+            raise RemotingError(f"TLS handshake with {self.addr} failed: {exc}") from exc
+        except BaseException:
+            sock.close()
+            raise
 
     def _arm(self, sock: socket.socket, deadline: float) -> None:
         """Make the socket's next blocking send or recv give up by ``deadline``.
@@ -141,6 +168,9 @@ class BlockingLink:
         ms = int((deadline - time.monotonic()) * 1000)
         if ms <= 0:  # (0 would mean "wait forever" to the kernel)
             raise TimeoutError
+        if isinstance(sock, ssl.SSLSocket):
+            sock.settimeout(ms / 1000)
+            return
         if ms != self._timeout_ms:
             timeval = _TIMEVAL.pack(ms // 1000, ms % 1000 * 1000)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)

@@ -73,7 +73,7 @@ class _ThreadProducer:
             tried.made = 1
             link = self.links.get(addr)
             if link is None:
-                link = self.links[addr] = BlockingLink(addr)
+                link = self.links[addr] = BlockingLink(addr, security=sender.session.security)
             try:
                 resp = link.request(sender.command(req, mq), sender.send_timeout_s)
             except (RemotingError, ProtocolError) as exc:

@@ -41,6 +41,7 @@ from rmqha.protocol.headers import (
     UpdateConsumerOffsetHeader,
 )
 from rmqha.protocol.message import decode_records, parse_subscription
+from rmqha.net.client_security import ClientSecurity, TlsOption
 from rmqha.net.loop import EventLoopThread
 from rmqha.protocol.command import RemotingCommand
 
@@ -100,6 +101,9 @@ class Consumer:
         heartbeat_interval_s: float = 10.0,
         rpc_timeout_s: float = 3.0,
         buffer_messages: int = 4096,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        tls: TlsOption = None,
     ) -> None:
         self.group = group
         self.topics = [topics] if isinstance(topics, str) else list(topics)
@@ -113,7 +117,8 @@ class Consumer:
         self.rebalance_interval_s = rebalance_interval_s
         self.heartbeat_interval_s = heartbeat_interval_s
         self.rpc_timeout_s = rpc_timeout_s
-        self.session = ClientSession(namesrv, rpc_timeout_s=rpc_timeout_s)
+        self.session = ClientSession(namesrv, rpc_timeout_s=rpc_timeout_s, security=ClientSecurity.from_options(
+            access_key=access_key, secret_key=secret_key, tls=tls))
         self.session.on_consumer_ids_changed = self._ids_changed
         self._queues: dict[MessageQueue, _QueueState] = {}
         self._buffer: asyncio.Queue[ReceivedMessage] = asyncio.Queue(buffer_messages)

@@ -22,6 +22,7 @@ from rmqha.protocol.message import (
     decode_records,
     parse_offset_msg_id,
 )
+from rmqha.net.client_security import ClientSecurity, TlsOption
 from rmqha.net.loop import EventLoopThread
 from rmqha.protocol.command import RemotingCommand
 
@@ -33,8 +34,11 @@ _FOREVER_MS = 2**63 - 1
 class MessageQuery:
     """Lookups through the name servers (use as ``async with``)."""
 
-    def __init__(self, namesrv: str | list[str], *, timeout_s: float = 5.0) -> None:
-        self.session = ClientSession(namesrv, rpc_timeout_s=timeout_s)
+    def __init__(self, namesrv: str | list[str], *, timeout_s: float = 5.0,
+                 access_key: str | None = None, secret_key: str | None = None,
+                 tls: TlsOption = None) -> None:
+        self.session = ClientSession(namesrv, rpc_timeout_s=timeout_s, security=ClientSecurity.from_options(
+            access_key=access_key, secret_key=secret_key, tls=tls))
         self.timeout_s = timeout_s
 
     async def close(self) -> None:

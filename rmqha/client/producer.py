@@ -31,6 +31,7 @@ from rmqha.client.transaction import (
     TransactionSendResult,
     TransactionSupport,
 )
+from rmqha.net.client_security import ClientSecurity, TlsOption
 from rmqha.protocol.message import DEFAULT_COMPRESS_OVER_BYTES, CompressionType
 
 
@@ -53,9 +54,13 @@ class Producer:
         compress_batches: bool = False,
         auto_batch: bool = False,
         auto_batch_max_bytes: int = DEFAULT_AUTO_BATCH_BYTES,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        tls: TlsOption = None,
     ) -> None:
         self.group = group
-        self.session = ClientSession(namesrv, rpc_timeout_s=send_timeout_s)
+        security = ClientSecurity.from_options(access_key=access_key, secret_key=secret_key, tls=tls)
+        self.session = ClientSession(namesrv, rpc_timeout_s=send_timeout_s, security=security)
         requests = RequestBuilder(group, compress_over_bytes=compress_over_bytes,
                                   compression=compression, max_batch_bytes=max_batch_bytes,
                                   compress_batches=compress_batches)

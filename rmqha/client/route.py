@@ -25,6 +25,7 @@ from rmqha.errors import (
 from rmqha.protocol.headers import ConsumerIdsChangedHeader, RouteInfoHeader
 from rmqha.protocol.topics import PERM_READ, PERM_WRITE
 from rmqha.net.client import RemotingClient
+from rmqha.net.client_security import ClientSecurity
 from rmqha.protocol.command import RemotingCommand
 
 log = logging.getLogger(__name__)
@@ -124,8 +125,10 @@ class ClientSession:
     """Shared connections, route cache and server-push handling of one client."""
 
     def __init__(self, namesrv: str | list[str], *, route_ttl_s: float = 30.0,
-                 rpc_timeout_s: float = 3.0) -> None:
+                 rpc_timeout_s: float = 3.0, security: ClientSecurity | None = None) -> None:
         self.namesrv = parse_namesrv(namesrv)
+        #: TLS and request signing of every connection (name servers and brokers).
+        self.security = security
         self.route_ttl_s = route_ttl_s
         self.rpc_timeout_s = rpc_timeout_s
         self._clients: dict[str, RemotingClient] = {}
@@ -142,7 +145,7 @@ class ClientSession:
             c = self._clients[addr] = RemotingClient(
                 addr, handler={RequestCode.NOTIFY_CONSUMER_IDS_CHANGED: self._on_ids_changed,
                                RequestCode.CHECK_TRANSACTION_STATE: self._on_check_transaction},
-                connect_timeout=self.rpc_timeout_s)
+                connect_timeout=self.rpc_timeout_s, security=self.security)
         return c
 
     async def _on_ids_changed(self, cmd: RemotingCommand, conn: Any) -> None:

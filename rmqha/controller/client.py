@@ -22,6 +22,7 @@ from typing import Any
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ControllerError, RemoteCommandError, RemotingError
 from rmqha.net.client import RemotingClient
+from rmqha.net.client_security import ClientSecurity
 from rmqha.net.loop import EventLoopThread
 from rmqha.protocol.command import RemotingCommand
 
@@ -127,7 +128,7 @@ class ControllerClient:
     """Async client of a controller group; ``addresses`` as a list or ``a;b;c`` text."""
 
     def __init__(self, addresses: Iterable[str] | str, *, request_timeout: float = 3.0,
-                 admin_token: str | None = None) -> None:
+                 admin_token: str | None = None, security: ClientSecurity | None = None) -> None:
         if isinstance(addresses, str):
             addresses = [a.strip() for a in addresses.replace(",", ";").split(";") if a.strip()]
         self.addresses: list[str] = list(dict.fromkeys(addresses))
@@ -135,13 +136,16 @@ class ControllerClient:
             raise ControllerError("no controller address given")
         self.request_timeout = request_timeout
         self.admin_token = admin_token
+        #: TLS (and a request hook) of the connections to the controllers.
+        self.security = security
         self.leader: str | None = None
         self._clients: dict[str, RemotingClient] = {}
 
     def _client(self, addr: str) -> RemotingClient:
         client = self._clients.get(addr)
         if client is None:
-            client = self._clients[addr] = RemotingClient(addr, connect_timeout=self.request_timeout)
+            client = self._clients[addr] = RemotingClient(addr, connect_timeout=self.request_timeout,
+                                                          security=self.security)
         return client
 
     async def close(self) -> None:

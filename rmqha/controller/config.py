@@ -20,11 +20,16 @@ UPDATE_BLACKLIST: frozenset[str] = frozenset({
     "controller_store_path", "config_store_path", "config_black_list", "controller_peers",
     "controller_self_id", "controller_group", "raft_peers", "raft_port_offset",
     "raft_password", "admin_token", "listen_host", "metrics_port", "metrics_host",
-    "raft_fast", "raft_durable",
+    "raft_fast", "raft_durable", "tls_server_mode", "tls_server_cert_path",
+    "tls_server_key_path", "tls_server_key_password", "tls_server_trust_cert_path",
+    "tls_server_need_client_auth", "tls_enable", "tls_client_cert_path", "tls_client_key_path",
+    "tls_client_key_password", "tls_client_trust_cert_path", "tls_client_auth_server",
+    "tls_config_file", "https_enable",
 })
 
 #: Values never shown by GET_CONTROLLER_CONFIG.
-SECRET_KEYS: frozenset[str] = frozenset({"raft_password", "admin_token"})
+SECRET_KEYS: frozenset[str] = frozenset({"raft_password", "admin_token",
+                                         "tls_server_key_password", "tls_client_key_password"})
 
 
 @dataclass(frozen=True)
@@ -80,9 +85,37 @@ class ControllerConfig:
     raft_heartbeat_interval: int = 50
     commit_timeout: int = 5000
     max_frame_bytes: int = 16 * 1024 * 1024
+
+    # --- TLS (RocketMQ's tls.* keys; TOML may nest them: [tls.server] mode = ...) ----------
+    #: This process's remoting port: disabled (plaintext), permissive (TLS and plaintext on
+    #: one port, told apart by the first byte) or enforcing (TLS only).
+    tls_server_mode: str = field(default="disabled", metadata={"aliases": ("tls.server.mode",)})
+    #: PEM certificate (chain) and key of this process's TLS ports (`rmqha certs issue`);
+    #: re-read when the files change, for new connections.
+    tls_server_cert_path: str = field(default="", metadata={"aliases": ("tls.server.certPath",)})
+    tls_server_key_path: str = field(default="", metadata={"aliases": ("tls.server.keyPath",)})
+    tls_server_key_password: str = field(default="", metadata={"aliases": ("tls.server.keyPassword",)})
+    #: CA certificate(s) client certificates are checked against.
+    tls_server_trust_cert_path: str = field(default="", metadata={"aliases": ("tls.server.trustCertPath",)})
+    #: Client certificates: none, optional (checked when sent) or require.
+    tls_server_need_client_auth: str = field(default="none", metadata={"aliases": ("tls.server.need.client.auth",)})
+    #: This process's own links to other cluster processes use TLS, with the tls.client.* files.
+    tls_enable: bool = field(default=False, metadata={"aliases": ("tls.enable",)})
+    tls_client_cert_path: str = field(default="", metadata={"aliases": ("tls.client.certPath",)})
+    tls_client_key_path: str = field(default="", metadata={"aliases": ("tls.client.keyPath",)})
+    tls_client_key_password: str = field(default="", metadata={"aliases": ("tls.client.keyPassword",)})
+    #: CA certificate(s) servers are checked against (by the rmqha identity they name).
+    tls_client_trust_cert_path: str = field(default="", metadata={"aliases": ("tls.client.trustCertPath",)})
+    #: Check the server's certificate (false trusts any server: never in production).
+    tls_client_auth_server: bool = field(default=True, metadata={"aliases": ("tls.client.authServer",)})
+    #: A RocketMQ tls.properties file of tls.* keys, read at start; its values win.
+    tls_config_file: str = field(default="", metadata={"aliases": ("tls.config.file",)})
     #: Prometheus exporter port (0 = off).
     metrics_port: int = field(default=0, metadata={"aliases": ("metricsPromExporterPort",)})
     metrics_host: str = field(default="127.0.0.1", metadata={"aliases": ("metricsPromExporterHost",)})
+    #: Serve /metrics over HTTPS with the tls.server.* certificate (and client certificates
+    #: as tls.server.need.client.auth asks); read at start.
+    https_enable: bool = field(default=False, metadata={"aliases": ("httpsEnable",)})
 
     def validate(self) -> None:
         peers = self.peers()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from rmqha.protocol.codes import ResponseCode, code_name
 from rmqha.metrics import MetricsRegistry
+from rmqha.security.tls import TlsSettings
 
 
 class ControllerMetrics:
@@ -65,8 +66,8 @@ class ControllerMetrics:
     def brokers(self, count: int) -> None:
         self.active_brokers.labels(**self._common).set(count)
 
-    def start_http(self, host: str, port: int) -> int:
-        return self.metrics.serve(port, host)
+    def start_http(self, host: str, port: int, tls: TlsSettings | None = None) -> int:
+        return self.metrics.serve(port, host, tls=tls)
 
     def stop(self) -> None:
         if self._owns_registry:

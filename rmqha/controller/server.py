@@ -43,9 +43,11 @@ from rmqha.errors import ConfigError, ControllerError, NotLeaderError, ProtocolE
 from rmqha.metrics import MetricsRegistry
 from rmqha.controller.raft import RaftNode, RaftRole, RaftSettings
 from rmqha.net.client import RemotingClient
+from rmqha.net.client_security import ClientSecurity
 from rmqha.net.connection import Connection
 from rmqha.net.server import RemotingServer
 from rmqha.protocol.command import RemotingCommand
+from rmqha.security.tls import TlsSettings
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +75,11 @@ class ControllerServer:
         self.logic = ControllerLogic(self.state, self.heartbeats, config.enable_elect_unclean_master)
         self.metrics = ControllerMetrics(config.controller_group, self.self_peer.id, metrics_registry)
         host, _, port = self.self_peer.rpc_address.rpartition(":")
-        self.remoting = RemotingServer(config.listen_host, int(port), None, config.max_frame_bytes)
+        #: The RPC port's TLS (tls.server.*) and the role notices' links (tls.client.*).
+        self.tls = TlsSettings.from_config(config, "controller config")
+        self._links = ClientSecurity.for_links(self.tls)
+        self.remoting = RemotingServer(config.listen_host, int(port), None, config.max_frame_bytes,
+                                       tls=self.tls)
         self.raft = RaftNode(
             RaftSettings(
                 self_address=self.self_peer.raft_address,
@@ -122,7 +128,8 @@ class ControllerServer:
             raise ConfigError(f"cannot listen on {self.address}: {exc}") from exc
         self.raft.start()
         if self.config.metrics_port:
-            self.metrics.start_http(self.config.metrics_host, self.config.metrics_port)
+            self.metrics.start_http(self.config.metrics_host, self.config.metrics_port,
+                                    tls=self.tls if self.config.https_enable else None)
         self._spawn(self._scan_heartbeats_loop())
         self._spawn(self._rescan_masters_loop())
         self._spawn(self._raft_metrics_loop())
@@ -633,7 +640,8 @@ class ControllerServer:
         try:
             client = self._notify_clients.get(addr)
             if client is None:
-                client = self._notify_clients[addr] = RemotingClient(addr, connect_timeout=3.0)
+                client = self._notify_clients[addr] = RemotingClient(addr, connect_timeout=3.0,
+                                                                     security=self._links)
             await asyncio.wait_for(client.oneway(cmd), 3.0)
         except (asyncio.TimeoutError, OSError, RmqhaError) as exc:
             log.info("role-change notice to %s failed: %s", addr, exc)

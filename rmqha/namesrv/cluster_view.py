@@ -26,6 +26,7 @@ from rmqha.protocol.codes import RequestCode
 from rmqha.errors import RmqhaError
 from rmqha.namesrv.route_table import MASTER_ID, BrokerRegistration, RouteTable
 from rmqha.net.client import RemotingClient
+from rmqha.net.client_security import ClientSecurity
 from rmqha.protocol.command import RemotingCommand
 
 log = logging.getLogger(__name__)
@@ -96,8 +97,10 @@ class ClusterView:
     """The status page's data, refreshed in the background from registrations and brokers."""
 
     def __init__(self, routes: RouteTable, *, poll_ms: int, request_timeout_s: float = 1.0,
-                 clock: Callable[[], int] = wall_ms) -> None:
+                 clock: Callable[[], int] = wall_ms, security: ClientSecurity | None = None) -> None:
         self.routes = routes
+        #: TLS of the connections to the brokers (the name server's tls.client.*).
+        self.security = security
         self.poll_ms = poll_ms
         self.request_timeout_s = request_timeout_s
         self._clock = clock
@@ -170,7 +173,8 @@ class ClusterView:
     async def _status(self, address: str) -> dict[str, Any]:
         client = self._clients.get(address)
         if client is None:
-            client = self._clients[address] = RemotingClient(address, connect_timeout=self.request_timeout_s)
+            client = self._clients[address] = RemotingClient(address, connect_timeout=self.request_timeout_s,
+                                                             security=self.security)
         cmd = RemotingCommand.request(RequestCode.GET_BROKER_HA_STATUS)
         resp = await asyncio.wait_for(client.request(cmd, self.request_timeout_s), self.request_timeout_s * 2)
         resp.check_success(RequestCode.GET_BROKER_HA_STATUS)

@@ -33,6 +33,31 @@ class NamesrvConfig:
     #: Admin writes (topic deletion from the route table) need this token when set.
     admin_token: str = ""
 
+    # --- TLS (RocketMQ's tls.* keys; TOML may nest them: [tls.server] mode = ...) ----------
+    #: This process's remoting port: disabled (plaintext), permissive (TLS and plaintext on
+    #: one port, told apart by the first byte) or enforcing (TLS only).
+    tls_server_mode: str = field(default="disabled", metadata=_alias("tls.server.mode"))
+    #: PEM certificate (chain) and key of this process's TLS ports (`rmqha certs issue`);
+    #: re-read when the files change, for new connections.
+    tls_server_cert_path: str = field(default="", metadata=_alias("tls.server.certPath"))
+    tls_server_key_path: str = field(default="", metadata=_alias("tls.server.keyPath"))
+    tls_server_key_password: str = field(default="", metadata=_alias("tls.server.keyPassword"))
+    #: CA certificate(s) client certificates are checked against.
+    tls_server_trust_cert_path: str = field(default="", metadata=_alias("tls.server.trustCertPath"))
+    #: Client certificates: none, optional (checked when sent) or require.
+    tls_server_need_client_auth: str = field(default="none", metadata=_alias("tls.server.need.client.auth"))
+    #: This process's own links to other cluster processes use TLS, with the tls.client.* files.
+    tls_enable: bool = field(default=False, metadata=_alias("tls.enable"))
+    tls_client_cert_path: str = field(default="", metadata=_alias("tls.client.certPath"))
+    tls_client_key_path: str = field(default="", metadata=_alias("tls.client.keyPath"))
+    tls_client_key_password: str = field(default="", metadata=_alias("tls.client.keyPassword"))
+    #: CA certificate(s) servers are checked against (by the rmqha identity they name).
+    tls_client_trust_cert_path: str = field(default="", metadata=_alias("tls.client.trustCertPath"))
+    #: Check the server's certificate (false trusts any server: never in production).
+    tls_client_auth_server: bool = field(default=True, metadata=_alias("tls.client.authServer"))
+    #: A RocketMQ tls.properties file of tls.* keys, read at start; its values win.
+    tls_config_file: str = field(default="", metadata=_alias("tls.config.file"))
+
     enable_controller_in_namesrv: bool = field(default=False, metadata=_alias("enableControllerInNamesrv"))
     controller_config_file: str = ""
     #: ``[controller]`` table of a TOML file: controller settings (any key spelling).
@@ -48,6 +73,9 @@ class NamesrvConfig:
     status_host: str = field(default="127.0.0.1", metadata=_alias("statusHost"))
     #: How often the page's data is refreshed from the brokers (and the page polls it).
     status_poll_ms: int = field(default=1000, metadata=_alias("statusPollMs"))
+    #: Serve /metrics and the status page over HTTPS with the tls.server.* certificate (and client certificates
+    #: as tls.server.need.client.auth asks); read at start.
+    https_enable: bool = field(default=False, metadata=_alias("httpsEnable"))
     log_level: str = "INFO"
     #: Append JSON-line logs to this file instead of stderr; empty = stderr.
     log_file: str = ""

@@ -39,9 +39,11 @@ from rmqha.namesrv.cluster_view import ClusterView
 from rmqha.namesrv.config import NamesrvConfig
 from rmqha.namesrv.route_table import BrokerRegistration, RouteTable, TopicConfig
 from rmqha.namesrv.status_page import StatusPageServer
+from rmqha.net.client_security import ClientSecurity
 from rmqha.net.connection import Connection
 from rmqha.net.server import RemotingServer
 from rmqha.protocol.command import RemotingCommand
+from rmqha.security.tls import TlsSettings, server_context
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +81,10 @@ class NameServer:
     def __init__(self, config: NamesrvConfig) -> None:
         self.config = config
         self.routes = RouteTable(config.broker_expire_ms)
-        self.server = RemotingServer(config.listen_host, config.listen_port, max_frame_bytes=config.max_frame_bytes)
+        #: The port's TLS (tls.server.*) and the status page's links to brokers (tls.client.*).
+        self.tls = TlsSettings.from_config(config, "name server config")
+        self.server = RemotingServer(config.listen_host, config.listen_port, max_frame_bytes=config.max_frame_bytes,
+                                     tls=self.tls)
         self.controller: Any = None
         # (broker_name, broker_addr) -> the connection it last registered over
         self._reg_conn: dict[tuple[str, str], Connection] = {}
@@ -90,9 +95,11 @@ class NameServer:
         self.view: ClusterView | None = None
         self.status_page: StatusPageServer | None = None
         if config.status_port > 0:
-            self.view = ClusterView(self.routes, poll_ms=config.status_poll_ms)
+            self.view = ClusterView(self.routes, poll_ms=config.status_poll_ms,
+                                    security=ClientSecurity.for_links(self.tls))
             self.status_page = StatusPageServer(config.status_host, config.status_port,
-                                                lambda: self.view.snapshot(self.address) if self.view else {})
+                                                lambda: self.view.snapshot(self.address) if self.view else {},
+                                                ssl_context=server_context(self.tls) if config.https_enable else None)
         if self.metrics is not None:
             self._register_metrics(self.metrics)
         for code, handler in (
@@ -142,8 +149,10 @@ class NameServer:
             raise ConfigError(f"listen_port: cannot listen on {self.config.listen_host}:"
                               f"{self.config.listen_port}: {exc.strerror or exc}") from exc
         if self.metrics is not None:
-            self.metrics_port = self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
-            log.info("metrics on http://%s:%d/metrics", self.config.metrics_host, self.metrics_port)
+            self.metrics_port = self.metrics.serve(self.config.metrics_port, self.config.metrics_host,
+                                                   tls=self.tls if self.config.https_enable else None)
+            log.info("metrics on %s://%s:%d/metrics", "https" if self.config.https_enable else "http",
+                     self.config.metrics_host, self.metrics_port)
         if self.status_page is not None and self.view is not None:
             await self.status_page.start()
             self.view.start()

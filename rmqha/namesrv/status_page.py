@@ -8,6 +8,8 @@ Content-Security-Policy that allows exactly its own script and style); its scrip
 A deliberately small HTTP/1.1 server on asyncio streams, read-only: GET only (405 with
 ``Allow: GET`` otherwise), two paths (404 otherwise), no request body, the request head
 capped at 8 KiB and 5 s, a bounded number of connections, one response per connection.
+With ``https_enable`` it is served over HTTPS with the name server's ``tls.server.*``
+certificate (read at start).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import hashlib
 import ipaddress
 import json
 import logging
+import ssl
 from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
@@ -197,8 +200,11 @@ _CSP = (f"default-src 'none'; script-src {_csp_hash(_SCRIPT)}; style-src {_csp_h
 class StatusPageServer:
     """Serves the page and ``snapshot()`` as JSON on ``host:port`` (port 0: any free port)."""
 
-    def __init__(self, host: str, port: int, snapshot: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, host: str, port: int, snapshot: Callable[[], dict[str, Any]],
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.host, self.port = host, port
+        #: HTTPS when set.
+        self.ssl_context = ssl_context
         self._snapshot = snapshot
         self._server: asyncio.Server | None = None
         self._open = 0
@@ -210,12 +216,15 @@ class StatusPageServer:
     async def start(self) -> None:
         try:
             self._server = await asyncio.start_server(self._serve, self.host, self.port,
-                                                      limit=MAX_HEAD_BYTES)
+                                                      limit=MAX_HEAD_BYTES, ssl=self.ssl_context,
+                                                      ssl_handshake_timeout=HEAD_TIMEOUT_S
+                                                      if self.ssl_context else None)
         except OSError as exc:
             raise ConfigError(f"status_port: cannot listen on {self.host}:{self.port}: "
                               f"{exc.strerror or exc}") from exc
         self.port = self._server.sockets[0].getsockname()[1]
-        log.info("status page on http://%s:%d/", self.host, self.port)
+        log.info("status page on %s://%s:%d/", "https" if self.ssl_context else "http",
+                 self.host, self.port)
         if not _is_loopback(self.host):
             log.warning("status page bound to %s: reachable from other hosts, and it has no login "
                         "(it is read-only; put it behind something that authenticates)", self.host)

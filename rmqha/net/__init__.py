@@ -5,7 +5,9 @@
 - :mod:`~rmqha.net.server`: :class:`RemotingServer`;
 - :mod:`~rmqha.net.client`: :class:`RemotingClient` and :func:`split_address`;
 - :mod:`~rmqha.net.blocking`: :class:`BlockingRemotingClient`;
+- :mod:`~rmqha.net.client_security`: :class:`ClientSecurity` (a client's TLS and its
+  request hook) and :class:`Credentials` (RocketMQ ACL 1.0 signing);
 - :mod:`~rmqha.net.loop`: which event loop runs everything, and :class:`EventLoopThread`.
 
-It imports :mod:`rmqha.protocol` and :mod:`rmqha.errors` only.
+It imports :mod:`rmqha.protocol`, :mod:`rmqha.security` and :mod:`rmqha.errors` only.
 """

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from rmqha.net.client import RemotingClient
+from rmqha.net.client_security import ClientSecurity
 from rmqha.net.loop import EventLoopThread
 from rmqha.protocol.command import RemotingCommand
 
@@ -9,9 +10,10 @@ from rmqha.protocol.command import RemotingCommand
 class BlockingRemotingClient:
     """Blocking façade over :class:`RemotingClient` (its loop runs on a private thread)."""
 
-    def __init__(self, addr: str, *, connect_timeout: float = 3.0) -> None:
+    def __init__(self, addr: str, *, connect_timeout: float = 3.0,
+                 security: ClientSecurity | None = None) -> None:
         self._loop = EventLoopThread(f"rmqha-remoting-{addr}")
-        self._client = RemotingClient(addr, connect_timeout=connect_timeout)
+        self._client = RemotingClient(addr, connect_timeout=connect_timeout, security=security)
         self.addr = addr
 
     def request(self, cmd: RemotingCommand, timeout: float = 3.0) -> RemotingCommand:

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Mapping
 
 from rmqha.errors import RemotingError, RemotingTimeoutError
+from rmqha.net.client_security import ClientSecurity, current
 from rmqha.net.connection import Connection, Dispatcher, Handler
 from rmqha.protocol.command import DEFAULT_MAX_FRAME_BYTES, RemotingCommand
 
@@ -20,6 +22,8 @@ class RemotingClient:
     """Client of one address: one reused connection, reconnected on demand.
 
     ``handler`` (optional) answers requests the server sends over this connection.
+    ``security`` (optional, :class:`~rmqha.net.client_security.ClientSecurity`): TLS for
+    new connections, and a hook that sees (and signs) every request before it is sent.
     """
 
     def __init__(
@@ -29,8 +33,11 @@ class RemotingClient:
         connect_timeout: float = 3.0,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         handler: Handler | Mapping[int, Handler] | None = None,
+        security: ClientSecurity | None = None,
     ) -> None:
         self.addr = addr
+        self.security = security
+        self._hook = security.rpc_hook if security is not None else None
         self.host, self.port = split_address(addr)
         self.connect_timeout = connect_timeout
         self.max_frame_bytes = max_frame_bytes
@@ -52,15 +59,19 @@ class RemotingClient:
             if self._conn is not None and not self._conn.closed:
                 return self._conn
             loop = asyncio.get_running_loop()
+            context = current(self.security.ssl_context) if self.security is not None else None
             try:
                 transport, conn = await asyncio.wait_for(
                     loop.create_connection(
                         lambda: Connection(self._dispatcher, self.max_frame_bytes, name=self.addr),
-                        self.host, self.port),
+                        self.host, self.port, ssl=context,
+                        ssl_handshake_timeout=self.connect_timeout if context else None),
                     self.connect_timeout,
                 )
             except asyncio.TimeoutError:
                 raise RemotingTimeoutError(f"connect to {self.addr} timed out") from None
+            except ssl.SSLError as exc:
+                raise RemotingError(f"TLS handshake with {self.addr} failed: {exc}") from exc
             except OSError as exc:
                 raise RemotingError(f"cannot connect to {self.addr}: {exc}") from exc
             # Some loops (uvloop) call connection_made a turn after create_connection
@@ -73,10 +84,14 @@ class RemotingClient:
         conn = self._conn
         if conn is None or conn.closed:
             conn = await self.connection()
+        if self._hook is not None:
+            self._hook(cmd)
         return await conn.request(cmd, timeout)
 
     async def oneway(self, cmd: RemotingCommand) -> None:
         conn = await self.connection()
+        if self._hook is not None:
+            self._hook(cmd)
         await conn.oneway(cmd)
 
     async def close(self) -> None:

@@ -5,16 +5,24 @@
 (:class:`Dispatcher`, code -> handler), matches responses to pending requests by
 ``opaque`` and writes with back-pressure.  A malformed frame closes that one connection
 with a logged reason.
+
+Over TLS a connection knows who is on the other end: :attr:`Connection.peer_identity` is
+the rmqha identity (``rmqha:broker/C/G/N``, ...) of the peer's *verified* certificate, on
+both the accepting and the dialling side, and None for plaintext or a peer without such a
+certificate.  A handler that must know its peer (a broker registers only as itself) calls
+:meth:`Connection.require_peer`, which refuses with NO_PERMISSION.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any, Union, cast
 
 from rmqha.errors import (
+    PeerIdentityError,
     ProtocolError,
     RemoteCommandError,
     RemotingError,
@@ -30,6 +38,8 @@ from rmqha.protocol.command import (
     encode,
     not_supported,
 )
+from rmqha.security.identity import Identity, Role, authorize
+from rmqha.security.tls import verified_identity
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +171,10 @@ class Connection(asyncio.Protocol):
         self.close_reason: str | None = None
         #: Free-form per-connection state for handlers (e.g. which broker this is).
         self.attributes: dict[str, Any] = {}
+        #: Whether the connection runs over TLS.
+        self.tls = False
+        #: The identity in the peer's verified TLS certificate; None without one.
+        self.peer_identity: Identity | None = None
 
     # --- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -174,6 +188,9 @@ class Connection(asyncio.Protocol):
         peer = stream.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.name = self._given_name or self.peer
+        ssl_object = transport.get_extra_info("ssl_object")
+        self.tls = isinstance(ssl_object, (ssl.SSLObject, ssl.SSLSocket))
+        self.peer_identity = verified_identity(ssl_object) if self.tls else None
         if self._on_made is not None:
             self._on_made(self)
 
@@ -303,6 +320,21 @@ class Connection(asyncio.Protocol):
     def in_flight(self) -> int:
         """Requests from the peer being handled now (this one included, in a handler)."""
         return len(self._tasks) + self._immediate
+
+    def require_peer(self, *, roles: Collection[Role] | None = None,
+                     expected: Identity | None = None, cluster: str | None = None,
+                     group: str | None = None) -> Identity:
+        """The peer's certificate identity if it passes
+        :func:`~rmqha.security.identity.authorize`; otherwise RemoteCommandError
+        NO_PERMISSION naming why (a handler raising it answers the request with it)."""
+        try:
+            if self.peer_identity is None:
+                raise PeerIdentityError(f"connection {self.name} has no verified certificate "
+                                        "naming an rmqha identity")
+            return authorize(self.peer_identity, roles=roles, expected=expected,
+                             cluster=cluster, group=group)
+        except PeerIdentityError as exc:
+            raise RemoteCommandError(ResponseCode.NO_PERMISSION, str(exc)) from None
 
     async def wait_closed(self) -> None:
         await asyncio.shield(self._closed)

@@ -1,9 +1,21 @@
-"""The asyncio TCP server of remoting frames (broker, name server and controller ports)."""
+"""The asyncio TCP server of remoting frames (broker, name server and controller ports).
+
+Without TLS (``tls`` None or ``tls.server.mode=disabled``) the loop's own server accepts.
+With TLS the server accepts by itself and looks at each connection's first byte before
+serving it (:func:`rmqha.security.tls.accept_connection`): PERMISSIVE serves a TLS
+handshake over TLS and anything else as plaintext, ENFORCING closes plaintext.  Each TLS
+connection gets the context as it is at its handshake, so renewed certificate files serve
+the next connection without a restart.
+"""
 from __future__ import annotations
 
 import asyncio
+import logging
+import socket
+import ssl
 from collections.abc import Callable, Mapping
 
+from rmqha.errors import AuthenticationError
 from rmqha.net.connection import (
     DEFAULT_FRAME_READ_TIMEOUT_S,
     Connection,
@@ -12,6 +24,13 @@ from rmqha.net.connection import (
     ImmediateHandler,
 )
 from rmqha.protocol.command import DEFAULT_MAX_FRAME_BYTES
+from rmqha.security.tls import ReloadingContext, TlsMode, TlsSettings, accept_connection
+
+log = logging.getLogger(__name__)
+
+#: A new connection must open (and finish its TLS handshake) within this many seconds.
+HANDSHAKE_TIMEOUT_S = 10.0
+
 
 
 class RemotingServer:
@@ -20,7 +39,10 @@ class RemotingServer:
     ``handler`` is either one callable ``handler(cmd, conn) -> awaitable response|None``
     used for every code not registered with :meth:`register`, or a mapping code ->
     handler; without a handler for a code the answer is REQUEST_CODE_NOT_SUPPORTED.
-    ``conn`` (a :class:`Connection`) can also send requests and one-ways back to the peer.
+    ``conn`` (a :class:`Connection`) can also send requests and one-ways back to the peer;
+    over TLS, ``conn.peer_identity`` names the peer by its certificate.
+    ``tls``: the port's TLS settings (``tls.server.*``); their files are checked here, so
+    a missing certificate fails the constructor with a ConfigError naming its key.
     """
 
     def __init__(
@@ -30,6 +52,7 @@ class RemotingServer:
         handler: Handler | Mapping[int, Handler] | None = None,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         frame_read_timeout: float | None = DEFAULT_FRAME_READ_TIMEOUT_S,
+        tls: TlsSettings | None = None,
     ) -> None:
         self.host = host
         self.port = port
@@ -39,6 +62,13 @@ class RemotingServer:
         self.connections: set[Connection] = set()
         self._server: asyncio.base_events.Server | None = None
         self._connect_callbacks: list[Callable[[Connection], None]] = []
+        self.tls_mode = tls.server_mode if tls is not None else TlsMode.DISABLED
+        #: The port's TLS context, rebuilt when its files change (None: plaintext only).
+        self.tls_context = (ReloadingContext.server(tls)
+                            if tls is not None and tls.serves_tls else None)
+        self._listener: socket.socket | None = None
+        self._accepting: asyncio.Task[None] | None = None
+        self._handshakes: set[asyncio.Task[None]] = set()
 
     def register(self, code: int, handler: Handler) -> None:
         self.dispatcher.register(code, handler)
@@ -53,17 +83,25 @@ class RemotingServer:
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
+    def _connection(self) -> Connection:
+        return Connection(self.dispatcher, self.max_frame_bytes,
+                          frame_read_timeout=self.frame_read_timeout, on_made=self._accept)
+
     async def start(self) -> None:
-        self._server = await asyncio.get_running_loop().create_server(
-            lambda: Connection(self.dispatcher, self.max_frame_bytes,
-                               frame_read_timeout=self.frame_read_timeout, on_made=self._accept),
-            self.host, self.port)
-        sock = self._server.sockets[0]
+        if self.tls_context is None:
+            self._server = await asyncio.get_running_loop().create_server(
+                self._connection, self.host, self.port)
+            sock = self._server.sockets[0]
+        else:
+            sock = self._listener = _listen(self.host, self.port)
+            self._accepting = asyncio.get_running_loop().create_task(
+                self._accept_loop(sock), name=f"accept-{self.host}:{sock.getsockname()[1]}")
         self.port = sock.getsockname()[1]
 
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+        await self._stop_accepting()
         for conn in list(self.connections):
             await conn.close("server stopping")
         if self._server is not None:
@@ -82,3 +120,56 @@ class RemotingServer:
         conn.add_close_callback(self.connections.discard)
         for cb in self._connect_callbacks:
             cb(conn)
+
+    # --- accepting by the first byte (TLS on) --------------------------------------------
+
+    async def _accept_loop(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(listener)
+            except OSError as exc:  # out of descriptors, say: the listener itself is fine
+                log.warning("accept on %s failed: %s", self.address, exc)
+                await asyncio.sleep(0.1)
+                continue
+            task = loop.create_task(self._serve_accepted(sock))
+            self._handshakes.add(task)
+            task.add_done_callback(self._handshakes.discard)
+
+    async def _serve_accepted(self, sock: socket.socket) -> None:
+        peer = _peer_text(sock)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            await accept_connection(sock, self._connection, self.tls_mode, self.tls_context,
+                                    timeout=HANDSHAKE_TIMEOUT_S)
+        except AuthenticationError as exc:
+            log.info("%s: closed connection from %s: %s", self.address, peer, exc)
+        except (ssl.SSLError, ConnectionError, TimeoutError, OSError) as exc:
+            log.info("%s: TLS handshake with %s failed: %s", self.address, peer,
+                     exc or type(exc).__name__)
+
+    async def _stop_accepting(self) -> None:
+        tasks = [t for t in (self._accepting, *self._handshakes) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._accepting = None
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A non-blocking listening socket on ``host:port`` (an IPv6 literal listens on v6)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family, backlog=100)
+    sock.setblocking(False)
+    return sock
+
+
+def _peer_text(sock: socket.socket) -> str:
+    try:
+        peer = sock.getpeername()
+    except OSError:
+        return "?"
+    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)

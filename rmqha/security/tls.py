@@ -31,6 +31,7 @@ import asyncio
 import dataclasses
 import enum
 import logging
+import re
 import socket
 import ssl
 import time
@@ -104,13 +105,13 @@ class TlsSettings:
     server_mode: TlsMode = TlsMode.DISABLED
     server_cert_path: str = ""
     server_key_path: str = ""
-    server_key_password: str = ""
+    server_key_password: str = dataclasses.field(default="", repr=False)
     server_trust_cert_path: str = ""
     server_need_client_auth: ClientAuth = ClientAuth.NONE
     client_enable: bool = False
     client_cert_path: str = ""
     client_key_path: str = ""
-    client_key_password: str = ""
+    client_key_password: str = dataclasses.field(default="", repr=False)
     client_trust_cert_path: str = ""
     client_auth_server: bool = True
 
@@ -132,11 +133,63 @@ class TlsSettings:
         values.pop("server_auth_client", None)  # accepted for RocketMQ files; always on here
         return cls(**values)
 
+    @classmethod
+    def from_config(cls, config: object, source: str = "configuration") -> TlsSettings:
+        """Settings from a process's config dataclass: each key's field (see
+        :func:`config_field`) where the dataclass has one, then the ``tls.*`` keys of
+        ``tls_config_file`` (RocketMQ's ``tls.config.file``; its values win, as there)."""
+        props = {key: _as_text(getattr(config, config_field(key)))
+                 for key in _KEYS if hasattr(config, config_field(key))}
+        tls_file = str(getattr(config, "tls_config_file", "") or "")
+        if tls_file:
+            props.update(read_tls_file(tls_file))
+            source = f"{source} and {tls_file}"
+        return cls.from_properties(props, source)
+
+    @property
+    def serves_tls(self) -> bool:
+        """Whether a server with these settings takes TLS connections at all."""
+        return self.server_mode is not TlsMode.DISABLED
+
     def for_identity_files(self, cert: str, key: str, ca: str) -> TlsSettings:
         """These settings with one process's certificate pair and CA on both sides."""
         return dataclasses.replace(self, server_cert_path=cert, server_key_path=key,
                                  server_trust_cert_path=ca, client_cert_path=cert,
                                  client_key_path=key, client_trust_cert_path=ca)
+
+
+_CAPITAL = re.compile(r"([A-Z])")
+
+
+def config_field(key: str) -> str:
+    """The config dataclass field a ``tls.*`` key sets: ``tls.server.certPath`` ->
+    ``tls_server_cert_path``, ``tls.enable`` -> ``tls_enable``."""
+    return _CAPITAL.sub(r"_\1", key).lower().replace(".", "_")
+
+
+def _as_text(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "" if value is None else str(value)
+
+
+def read_tls_file(path: str | Path) -> dict[str, str]:
+    """The ``key=value`` lines of a RocketMQ ``tls.properties`` file (``#``/``!``
+    comments); ConfigError naming the file when it cannot be read or a line is not one."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"tls.config.file={path} cannot be read: {exc}") from None
+    props: dict[str, str] = {}
+    for lineno, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if not stripped or stripped[0] in "#!":
+            continue
+        key, sep, value = stripped.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{path}:{lineno}: expected key=value, got {stripped!r}")
+        props[key.strip()] = value.strip()
+    return props
 
 
 def _convert(key: str, attr: str, value: str, source: str) -> Any:
@@ -360,6 +413,19 @@ def peer_identity(ssl_object: ssl.SSLObject | ssl.SSLSocket) -> Identity:
         return identity_from_uris(uris, "the TLS peer's certificate")
     except ConfigError as exc:
         raise AuthenticationError(str(exc)) from None
+
+
+def verified_identity(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> Identity | None:
+    """:func:`peer_identity`, or None for a plaintext connection, a peer without a
+    verified certificate or a certificate that names no single rmqha identity (an
+    application's certificate from the same CA, say)."""
+    if ssl_object is None:
+        return None
+    try:
+        return peer_identity(ssl_object)
+    except AuthenticationError as exc:
+        log.debug("TLS peer without an rmqha identity: %s", exc)
+        return None
 
 
 def require_peer(ssl_object: ssl.SSLObject | ssl.SSLSocket, *,

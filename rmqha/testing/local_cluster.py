@@ -52,6 +52,7 @@ from typing import Any, TypeVar
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import LocalClusterError, RemotingError
 from rmqha.net.client import RemotingClient
+from rmqha.net.client_security import ClientSecurity
 from rmqha.net.loop import EventLoopThread
 from rmqha.protocol.command import RemotingCommand
 
@@ -498,6 +499,8 @@ class Cluster:
         self.embedded_controllers: list[str] = []
         self._loop: EventLoopThread | None = None
         self._clients: dict[str, RemotingClient] = {}
+        #: TLS of the harness's own requests (set it before the first for a TLS cluster).
+        self.client_security: ClientSecurity | None = None
 
     # --- context manager ------------------------------------------------------------------
 
@@ -751,7 +754,8 @@ class Cluster:
             self._loop = EventLoopThread("cluster-client")
         client = self._clients.get(addr)
         if client is None:
-            client = self._clients[addr] = RemotingClient(addr, connect_timeout=1.0)
+            client = self._clients[addr] = RemotingClient(addr, connect_timeout=1.0,
+                                                          security=self.client_security)
         cmd = RemotingCommand.request(code, ext, body)
         return self._loop.run(client.request(cmd, timeout), timeout + 2)
 

@@ -198,8 +198,10 @@ class LocalBroker:
     def __init__(self, base: Path, name: str, namesrv: str | None, *, broker_id: int = 0,
                  role: str = "master", master_address: str | None = None,
                  ns_id: int | None = None, immediate: bool = True, acl_file: Path | None = None,
-                 **cfg: Any) -> None:
+                 tls: Any = None, links: Any = None, **cfg: Any) -> None:
         self.base = base
+        #: The client port's TlsSettings and the name-server link's ClientSecurity.
+        self.tls, self.links = tls, links
         #: plain_acl.yml guarding the client port as the broker process's aclEnable does.
         self.acl_file = acl_file
         #: Sends taken without a task (as the broker process registers them), or only
@@ -234,7 +236,7 @@ class LocalBroker:
                                   replication=None, on_topics_changed=self._changed,
                                   metrics=self.metrics)
         self.svc.set_role(self.role, self.master_address)
-        self.server = RemotingServer("127.0.0.1", self.port, self.svc.handlers())
+        self.server = RemotingServer("127.0.0.1", self.port, self.svc.handlers(), tls=self.tls)
         if self.acl_file is not None:
             self.server.dispatcher.guard = acl_guard(self.acl_file)
         if self.immediate:
@@ -242,7 +244,7 @@ class LocalBroker:
                 self.server.register_immediate(code, now)
         await self.server.start()
         if self.namesrv:
-            self._ns = RemotingClient(self.namesrv)
+            self._ns = RemotingClient(self.namesrv, security=self.links)
             self._kick = asyncio.Event()
             await self.register()
             self._task = asyncio.get_running_loop().create_task(self._register_loop())

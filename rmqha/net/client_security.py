@@ -1,0 +1,124 @@
+"""What a client adds to its connections: TLS, and RocketMQ ACL 1.0 credentials.
+
+:class:`ClientSecurity` is handed to :class:`~rmqha.net.client.RemotingClient` (and on
+through ``ClientSession``, ``Producer``, ``Consumer`` ...):
+
+- ``ssl_context``: connections are made over TLS with it (a
+  :class:`~rmqha.security.tls.ReloadingContext` gives each new connection the files as
+  they are now, so a renewed client certificate is used from the next connection on);
+- ``rpc_hook``: called with every outgoing request just before it is written (RocketMQ's
+  ``RPCHook.doBeforeRequest``); :meth:`Credentials.sign` is the one rmqha has, adding
+  ``AccessKey`` and the ``Signature`` over the final ext fields and body.
+
+:meth:`ClientSecurity.from_options` turns an application's arguments into one: credentials
+given, else ``RMQHA_ACCESS_KEY`` / ``RMQHA_SECRET_KEY`` from the environment, and ``tls``
+as ``True`` (the system's CA store, the host name checked), a CA file's path (a cluster
+CA made with ``rmqha certs``: the server's certificate is checked against it, not against
+the host name, since brokers move between addresses), :class:`TlsSettings` (a client
+certificate too, for servers that require one) or a ready ``ssl.SSLContext``.
+"""
+from __future__ import annotations
+
+import os
+import ssl
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rmqha.errors import ConfigError
+from rmqha.protocol.command import RemotingCommand
+from rmqha.security.signature import sign
+from rmqha.security.tls import ReloadingContext, TlsSettings
+
+ENV_ACCESS_KEY = "RMQHA_ACCESS_KEY"
+ENV_SECRET_KEY = "RMQHA_SECRET_KEY"
+
+#: ``hook(request)``: may change the request's ext fields in place before it is written.
+RpcHook = Callable[[RemotingCommand], None]
+
+#: What a client's ``tls`` argument may be (see the module docstring).
+TlsOption = bool | str | Path | TlsSettings | ssl.SSLContext | ReloadingContext | None
+
+ContextSource = ssl.SSLContext | ReloadingContext
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """An account of the brokers' ``plain_acl.yml``; the secret never shows in a repr."""
+
+    access_key: str
+    secret_key: str = field(repr=False)
+    security_token: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.access_key or not self.secret_key:
+            raise ConfigError("credentials need both an access key and a secret key")
+
+    @classmethod
+    def resolve(cls, access_key: str | None = None, secret_key: str | None = None,
+                env: Mapping[str, str] | None = None) -> Credentials | None:
+        """The credentials given, else those of the environment; None when neither has
+        any.  ConfigError when only one half is there (a send would be refused anyway,
+        and later, with a less clear reason)."""
+        environ = os.environ if env is None else env
+        ak = access_key or environ.get(ENV_ACCESS_KEY, "")
+        sk = secret_key or environ.get(ENV_SECRET_KEY, "")
+        if not ak and not sk:
+            return None
+        if not ak or not sk:
+            given, missing = ("an access key", "secret key") if ak else ("a secret key", "access key")
+            raise ConfigError(f"{given} was given without the {missing} (argument, or "
+                              f"${ENV_ACCESS_KEY} / ${ENV_SECRET_KEY})")
+        return cls(ak, sk)
+
+    def sign(self, cmd: RemotingCommand) -> None:
+        """An :data:`RpcHook`: sign ``cmd`` the RocketMQ ACL 1.0 way."""
+        cmd.ext_fields = sign(cmd.ext_fields, cmd.body, self.access_key, self.secret_key,
+                              self.security_token)
+
+
+def client_context(tls: TlsOption) -> ContextSource | None:
+    """The context (or reloading context) a ``tls`` argument asks for; None for plaintext."""
+    if tls is None or tls is False:
+        return None
+    if tls is True:
+        return ssl.create_default_context()  # the system's CAs, and host names checked
+    if isinstance(tls, (ssl.SSLContext, ReloadingContext)):
+        return tls
+    if isinstance(tls, (str, Path)):
+        tls = TlsSettings(client_enable=True, client_trust_cert_path=str(tls))
+    if isinstance(tls, TlsSettings):
+        return ReloadingContext.client(tls)
+    raise ConfigError(f"tls={tls!r}: expected True, a CA file's path, TlsSettings or an SSLContext")
+
+
+def current(source: ContextSource | None) -> ssl.SSLContext | None:
+    """The context to give a new connection (a reloading one is checked for new files)."""
+    return source.get() if isinstance(source, ReloadingContext) else source
+
+
+@dataclass(frozen=True)
+class ClientSecurity:
+    """TLS and the request hook of a client's connections (both optional)."""
+
+    ssl_context: ContextSource | None = None
+    rpc_hook: RpcHook | None = None
+
+    @classmethod
+    def from_options(cls, *, access_key: str | None = None, secret_key: str | None = None,
+                     tls: TlsOption = None, env: Mapping[str, str] | None = None
+                     ) -> ClientSecurity | None:
+        """An application's options (None when they ask for nothing)."""
+        creds = Credentials.resolve(access_key, secret_key, env)
+        context = client_context(tls)
+        if creds is None and context is None:
+            return None
+        return cls(context, creds.sign if creds is not None else None)
+
+    @classmethod
+    def for_links(cls, settings: TlsSettings) -> ClientSecurity | None:
+        """A cluster process's own outgoing links (to controllers, name servers and
+        brokers): TLS with the ``tls.client.*`` files when ``tls.enable`` is on."""
+        if not settings.client_enable:
+            return None
+        return cls(ReloadingContext.client(settings))

@@ -1,0 +1,199 @@
+"""rmqha's own clients with RocketMQ ACL 1.0 credentials against a broker with ``aclEnable``.
+
+A name server and a broker guarded by ``plain_acl.yml`` run in the test's loop (the
+messaging tests' :class:`Env`).  ``Producer`` / ``Consumer`` / ``BlockingProducer`` /
+``TopicAdmin`` sign every request when given ``access_key`` / ``secret_key`` (or
+``RMQHA_ACCESS_KEY`` / ``RMQHA_SECRET_KEY``); the same calls with a wrong secret or without
+credentials are refused and store nothing, which shows the broker really checks what the
+right secret passes.  ``rmqha send`` takes ``--access-key`` / ``--secret-key`` and the
+environment.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_messaging import Env, consume, run
+
+from rmqha.client import BlockingProducer, Message, Producer, SendStatus
+from rmqha.client.admin import TopicAdmin
+from rmqha.errors import ClientError, ConfigError, RemotingError
+from rmqha.net.client_security import Credentials
+
+TOPIC = "TopicAcl"
+ACL = """\
+accounts:
+  - accessKey: app-access
+    secretKey: app-secret-1
+    defaultTopicPerm: DENY
+    defaultGroupPerm: DENY
+    topicPerms: [TopicAcl=PUB|SUB]
+    groupPerms: [g-acl=SUB]
+  - accessKey: admin-access
+    secretKey: admin-secret-1
+    admin: true
+"""
+APP = {"access_key": "app-access", "secret_key": "app-secret-1"}
+WRONG = {"access_key": "app-access", "secret_key": "not-the-secret"}
+ADMIN = {"access_key": "admin-access", "secret_key": "admin-secret-1"}
+FAST_FAIL = {"retry_deadline_s": 2.0, "max_attempts": 2, "send_timeout_s": 2.0}
+
+
+@pytest.fixture
+def acl(tmp_path: Path) -> Path:
+    path = tmp_path / "plain_acl.yml"
+    path.write_text(ACL)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def no_ambient_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RMQHA_ACCESS_KEY", raising=False)
+    monkeypatch.delenv("RMQHA_SECRET_KEY", raising=False)
+
+
+async def _create_topic(env: Env, **creds: str) -> str:
+    try:
+        async with TopicAdmin(env.namesrv, timeout_s=3, **creds) as admin:
+            changes = await admin.create_topic(TOPIC, 2, 2)
+    except (ClientError, RemotingError) as exc:
+        return f"failed: {exc}"
+    return "ok" if changes and all(c.ok for c in changes) else f"failed: {changes}"
+
+
+async def _send(env: Env, body: bytes, **creds: str) -> str:
+    try:
+        async with Producer(env.namesrv, **creds, **FAST_FAIL) as p:
+            return (await p.send(TOPIC, Message(body))).status.value
+    except (ClientError, RemotingError) as exc:
+        return f"failed: {exc}"
+
+
+def test_signed_clients_work_and_wrong_secrets_are_refused(tmp_path: Path, acl: Path) -> None:
+    async def main() -> dict[str, Any]:
+        async with Env(tmp_path) as env:
+            b = await env.broker(acl_file=acl)
+            out: dict[str, Any] = {"create as app": await _create_topic(env, **APP),
+                                   "create as admin": await _create_topic(env, **ADMIN)}
+            before = b.log.max_offset
+            out["wrong"] = await _send(env, b"wrong", **WRONG)
+            out["none"] = await _send(env, b"none")
+            out["stored after refusals"] = b.log.max_offset - before
+            out["right"] = await _send(env, b"right", **APP)
+            out["stored after right"] = b.log.max_offset - before
+            out["consumed wrong"] = await _consume(env, **WRONG)
+            out["consumed right"] = await _consume(env, **APP)
+            return out
+
+    out = run(main())
+    assert out["create as admin"] == "ok"
+    assert out["create as app"].startswith("failed") and "admin" in out["create as app"].lower()
+    assert out["wrong"].startswith("failed") and "signature" in out["wrong"].lower(), out["wrong"]
+    assert out["none"].startswith("failed") and "AccessKey" in out["none"], out["none"]
+    assert out["stored after refusals"] == 0
+    assert out["right"] == SendStatus.SEND_OK.value and out["stored after right"] > 0
+    assert out["consumed wrong"] == [] and out["consumed right"] == [b"right"]
+
+
+async def _consume(env: Env, **creds: str) -> list[bytes]:
+    try:
+        got = await consume(env.namesrv, "g-acl", TOPIC, 1, timeout=4.0, **creds)
+    except (ClientError, RemotingError):
+        return []
+    return [m.body for m in got]
+
+
+def test_credentials_from_the_environment(tmp_path: Path, acl: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    async def main() -> list[str]:
+        async with Env(tmp_path) as env:
+            await env.broker(acl_file=acl)
+            assert await _create_topic(env, **ADMIN) == "ok"
+            monkeypatch.setenv("RMQHA_ACCESS_KEY", "app-access")
+            monkeypatch.setenv("RMQHA_SECRET_KEY", "not-the-secret")
+            wrong = await _send(env, b"env wrong")
+            monkeypatch.setenv("RMQHA_SECRET_KEY", "app-secret-1")
+            return [wrong, await _send(env, b"env right")]
+
+    wrong, right = run(main())
+    assert wrong.startswith("failed") and right == SendStatus.SEND_OK.value
+
+
+def test_blocking_producer_signs_on_its_blocking_links(tmp_path: Path, acl: Path) -> None:
+    """After the first send the route is cached and sends go over a blocking socket, a
+    path of its own: it signs too (three sends, one blocking link)."""
+    async def main() -> tuple[list[str], int, str]:
+        async with Env(tmp_path) as env:
+            await env.broker(acl_file=acl)
+            assert await _create_topic(env, **ADMIN) == "ok"
+
+            def send(creds: dict[str, str], n: int) -> tuple[list[str], int]:
+                with BlockingProducer(env.namesrv, **creds, **FAST_FAIL) as p:
+                    statuses = []
+                    for i in range(n):
+                        try:
+                            statuses.append(p.send(TOPIC, Message(b"b%d" % i)).status.value)
+                        except ClientError as exc:
+                            statuses.append(f"failed: {exc}")
+                    # The thread's own blocking links: the send path this test is about.
+                    mine = getattr(p._loop._local, "mine", None)
+                    return statuses, len(mine.links) if mine else 0
+
+            loop = asyncio.get_running_loop()
+            statuses, links = await loop.run_in_executor(None, send, APP, 3)
+            wrong, _ = await loop.run_in_executor(None, send, WRONG, 1)
+            return statuses, links, wrong[0]
+
+    statuses, links, wrong = run(main())
+    assert statuses == [SendStatus.SEND_OK.value] * 3 and links == 1
+    assert wrong.startswith("failed")
+
+
+def _cli_send(namesrv: str, *flags: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("RMQHA_")}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "rmqha", "send", "-n", namesrv, "-t", TOPIC,
+                           "--timeout", "2", "--retry-deadline-s", "2", *flags, "from the cli"],
+                          capture_output=True, text=True, timeout=60, check=False, env=full_env)
+
+
+def test_cli_send_with_credentials(tmp_path: Path, acl: Path) -> None:
+    async def main() -> dict[str, subprocess.CompletedProcess[str]]:
+        async with Env(tmp_path) as env:
+            await env.broker(acl_file=acl)
+            assert await _create_topic(env, **ADMIN) == "ok"
+            loop = asyncio.get_running_loop()
+            ns = env.namesrv
+
+            async def cli(*flags: str, env: dict[str, str] | None = None) -> Any:
+                return await loop.run_in_executor(None, lambda: _cli_send(ns, *flags, env=env))
+            return {
+                "flags": await cli("--access-key", "app-access", "--secret-key", "app-secret-1"),
+                "wrong": await cli("--access-key", "app-access", "--secret-key", "not-the-secret"),
+                "none": await cli(),
+                "env": await cli(env={"RMQHA_ACCESS_KEY": "app-access",
+                                      "RMQHA_SECRET_KEY": "app-secret-1"}),
+                "half": await cli("--access-key", "app-access"),
+            }
+
+    r = run(main())
+    for case in ("flags", "env"):
+        assert r[case].returncode == 0 and "SEND_OK" in r[case].stdout, (case, r[case].stderr[-2000:])
+    for case in ("wrong", "none"):
+        assert r[case].returncode != 0 and "SEND_OK" not in r[case].stdout, case
+    assert r["half"].returncode != 0 and "an access key was given without the secret key" in r["half"].stderr
+
+
+def test_credentials_are_whole_and_keep_the_secret_out_of_repr() -> None:
+    creds = Credentials.resolve("ak-1234567", "sk-1234567", env={})
+    assert creds is not None and "sk-1234567" not in repr(creds)
+    assert Credentials.resolve(env={}) is None
+    with pytest.raises(ConfigError, match="a secret key was given without the access key"):
+        Credentials.resolve(secret_key="sk-1234567", env={})
+    env = {"RMQHA_ACCESS_KEY": "ak-env-123", "RMQHA_SECRET_KEY": "sk-env-123"}
+    assert Credentials.resolve(env=env) == Credentials("ak-env-123", "sk-env-123")
