@@ -25,6 +25,7 @@ from rmqha.messaging.pop_logic import (
     select,
 )
 from rmqha.messaging.pop_state import (
+    COMPACT_EVERY,
     InFlight,
     PopQueue,
     PopState,
@@ -419,3 +420,19 @@ def test_any_batch_ack_body_parses_or_raises_protocol_error(body: bytes) -> None
         parse_batch_ack_body(body)
     except ProtocolError:
         pass
+
+
+def test_stale_deadlines_are_compacted_away() -> None:
+    """A slave folds pops and acks but never takes anything due: the deadline heap must not
+    grow with every pop ever made."""
+    s = PopState()
+    for i in range(3 * COMPACT_EVERY):
+        s.apply("pop_batch", batch_record(i, 10**9, 1, False, [[G, "T", 0, i, i + 1, [[i, 0]]]]))
+        s.apply("pop_ack", ack_record([[G, "T", 0, i, i]]))
+    live = 5
+    for i in range(live):
+        off = 10**6 + i
+        s.apply("pop_batch", batch_record(1, 10, 1, False, [[G, "T", 1, off, off + 1, [[off, 0]]]]))
+    assert len(s._due) <= COMPACT_EVERY + live
+    # Compaction keeps what is live.
+    assert len(list(s.due(10**12))) == live
