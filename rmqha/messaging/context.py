@@ -103,6 +103,17 @@ class MessagingConfig:
     #: How often the consume queues are fdatasync-ed and checkpointed (RocketMQ
     #: ``flushIntervalConsumeQueue``); a crash re-dispatches about this much of the log.
     consume_queue_flush_interval_s: float = 1.0
+    #: How often the master looks for popped messages whose invisible time ran out
+    #: (RocketMQ ``reviveInterval``).
+    pop_revive_interval_ms: int = 1000
+    #: An expired pop goes to the retry topic after RocketMQ's backoff (delay level 3 +
+    #: its retry count); off: visible there at once.
+    pop_revive_backoff: bool = True
+    #: A pop of a group nobody created uses RocketMQ's default group settings (RocketMQ
+    #: ``autoCreateSubscriptionGroup``); off: SUBSCRIPTION_GROUP_NOT_EXIST.
+    auto_create_subscription_group: bool = True
+    #: Sends to a topic with a ``message.type`` attribute must be of that type.
+    topic_message_type_check: bool = True
 
     @classmethod
     def from_broker_config(cls, cfg: Any) -> MessagingConfig:
