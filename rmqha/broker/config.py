@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rmqha.broker.master_lease import lease_ms_for, min_margin_ms
+from rmqha.cluster_secret import check_optional_secret, resolve_secret
 from rmqha.config import load_config
 from rmqha.errors import ConfigError
 
@@ -46,6 +47,13 @@ class BrokerConfig:
     rpc_timeout_ms: int = 3000
     #: Admin writes (topic changes, config updates) need this token when it is set.
     admin_token: str = ""
+    #: The cluster's shared secret (env RMQHA_CLUSTER_SECRET): signs this broker's requests
+    #: to controllers and name servers; role notices must carry the controller's HMAC.
+    cluster_secret: str = field(default="", metadata=_alias("clusterSecret"))
+    #: A file whose first line is the cluster secret (a mounted Secret); cluster_secret wins.
+    cluster_secret_file: str = field(default="", metadata=_alias("clusterSecretFile"))
+    #: Listen off loopback without a cluster secret (role notices then go unchecked).
+    allow_insecure: bool = field(default=False, metadata=_alias("allowInsecure"))
 
     # --- controller mode ------------------------------------------------------------------
     #: Accepted for RocketMQ config compatibility; rmqha brokers always run in controller mode.
@@ -232,6 +240,17 @@ class BrokerConfig:
                 f"heartbeat round would find it expired; raise controller_heartbeat_timeout_ms")
 
     # --- derived --------------------------------------------------------------------------
+
+    def secret(self) -> str | None:
+        """The cluster secret (cluster_secret, else cluster_secret_file), or None."""
+        return resolve_secret(self.cluster_secret, self.cluster_secret_file or None)
+
+    def check_security(self) -> str | None:
+        """The cluster secret; ConfigError if this broker may not run without one."""
+        secret = self.secret()
+        check_optional_secret(secret, self.allow_insecure, [self.listen_host],
+                              f"broker {self.broker_name} ({self.broker_address})")
+        return secret
 
     @property
     def master_lease_ms_in_force(self) -> int:

@@ -22,6 +22,7 @@ from rmqha.protocol.topics import (
     TopicConfig,
 )
 from rmqha.protocol.command import RemotingCommand
+from rmqha.protocol.request_auth import tokens_match
 
 if TYPE_CHECKING:
     from rmqha.messaging.log_writer import LogWriter
@@ -76,7 +77,7 @@ class TopicAdmin:
 
     def _check_admin(self, cmd: RemotingCommand) -> None:
         token = self.ctx.config.admin_token
-        if token and cmd.ext_fields.get("adminToken") != token:
+        if token and not tokens_match(cmd.ext_fields.get("adminToken"), token):
             raise Refused(ResponseCode.NO_PERMISSION, "admin token missing or wrong")
 
     async def on_create_topic(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
