@@ -15,11 +15,11 @@ import time
 from typing import Any
 
 import pytest
-
 from cluster import Cluster
+from security_wire import WRONG_SECRET, HeartbeatFlood, RawClient, ask, frame
+
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.request_auth import CONTROLLER_SIGNED_CODES
-from security_wire import WRONG_SECRET, HeartbeatFlood, RawClient, ask, frame
 
 GROUP = "broker-a"
 ATTACKER = "10.6.6.6:10911"

@@ -20,10 +20,10 @@ import zlib
 from pathlib import Path
 
 import pytest
-
 from cluster import Cluster, free_port
-from rmqha.protocol.codes import RequestCode, ResponseCode
 from security_wire import ask
+
+from rmqha.protocol.codes import RequestCode, ResponseCode
 
 
 class _TouchMarker:
@@ -83,7 +83,7 @@ def _run_controller(tmp_path: Path, extra: str) -> subprocess.CompletedProcess[s
                    f'controller_store_path = "{tmp_path / "store"}"\n{extra}')
     env = {k: v for k, v in os.environ.items() if not k.startswith("RMQHA_CLUSTER_SECRET")}
     return subprocess.run([sys.executable, "-m", "rmqha", "controller", "--config", str(cfg)],
-                          capture_output=True, text=True, timeout=60, env=env)
+                          capture_output=True, text=True, timeout=60, env=env, check=False)
 
 
 def test_controller_without_secret_refuses_to_start_naming_the_key(tmp_path):

@@ -14,7 +14,12 @@ import pytest
 
 from rmqha.broker.config import BrokerConfig
 from rmqha.broker.replicas_manager import ReplicasManager
-from rmqha.cluster_secret import check_optional_secret, read_secret_file, require_controller_secret, resolve_secret
+from rmqha.cluster_secret import (
+    check_optional_secret,
+    read_secret_file,
+    require_controller_secret,
+    resolve_secret,
+)
 from rmqha.controller.config import ControllerConfig
 from rmqha.controller.heartbeat import BrokerHeartbeatManager
 from rmqha.controller.logic import ControllerLogic
@@ -23,8 +28,15 @@ from rmqha.errors import ConfigError, RequestAuthError
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.command import RemotingCommand, decode, encode
 from rmqha.protocol.request_auth import (
-    NONCE_FIELD, SIGNATURE_FIELD, TIMESTAMP_FIELD, NonceCache, OpenAuth, SharedSecretAuth, check,
-    request_auth, tokens_match,
+    NONCE_FIELD,
+    SIGNATURE_FIELD,
+    TIMESTAMP_FIELD,
+    NonceCache,
+    OpenAuth,
+    SharedSecretAuth,
+    check,
+    request_auth,
+    tokens_match,
 )
 
 SECRET = "unit-secret"
@@ -247,7 +259,7 @@ def test_signed_heartbeats_must_come_newer_per_broker():
 
 
 class _NoController:
-    addresses: list[str] = []
+    addresses: tuple[str, ...] = ()
 
 
 def test_master_lease_shrinks_to_the_shortest_timeout_a_controller_applies(tmp_path):
