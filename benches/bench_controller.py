@@ -48,7 +48,7 @@ def cluster(request, tmp_path_factory):
     client = None
     try:
         group.start()
-        client = BlockingControllerClient(group.addresses, request_timeout=5)
+        client = BlockingControllerClient(group.addresses, request_timeout=5, cluster_secret=group.secret)
         yield mode, group, client
     finally:
         if client is not None:
@@ -102,7 +102,8 @@ def test_concurrent_writers_throughput(benchmark, cluster):
 
     async def run() -> float:
         tag = next(run_no)
-        clients = [ControllerClient(group.addresses, request_timeout=10) for _ in range(writers)]
+        clients = [ControllerClient(group.addresses, request_timeout=10, cluster_secret=group.secret)
+                   for _ in range(writers)]
         try:
             async def writer(w: int) -> None:
                 c = clients[w]

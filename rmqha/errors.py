@@ -86,6 +86,11 @@ class RemotingTimeoutError(RemotingError):
     """An RPC got no answer in time."""
 
 
+class RequestAuthError(RmqhaError):
+    """A control request lacks valid proof that its sender holds the cluster secret
+    (missing, wrong or stale signature, or a replayed nonce); the message says which."""
+
+
 class RemoteCommandError(RmqhaError):
     """The remote side answered a request with a non-success code."""
 

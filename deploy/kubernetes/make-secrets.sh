@@ -4,7 +4,7 @@
 #   rmqha-tls      ca.crt, and a certificate and key per pod named after the pod
 #                  (rmqha-controller-0.crt, rmqha-broker-a-2.key, rmqha-namesrv.crt, ...)
 #   rmqha-acl      plain_acl.yml (brokers' ACL 1.0 accounts; see deploy/plain_acl.example.yml)
-#   rmqha-secrets  raft-password (made once, kept afterwards)
+#   rmqha-secrets  cluster-secret (made once, kept afterwards)
 #
 #   deploy/kubernetes/make-secrets.sh PKI_DIR PLAIN_ACL_YML [NAMESPACE]
 #
@@ -38,5 +38,5 @@ kubectl -n "$ns" create secret generic rmqha-acl --from-file=plain_acl.yml="$acl
   --dry-run=client -o yaml | kubectl -n "$ns" apply -f -
 if ! kubectl -n "$ns" get secret rmqha-secrets >/dev/null 2>&1; then
   kubectl -n "$ns" create secret generic rmqha-secrets \
-    --from-literal=raft-password="$(openssl rand -hex 16)"
+    --from-literal=cluster-secret="$(openssl rand -hex 32)"
 fi

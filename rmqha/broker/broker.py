@@ -14,6 +14,10 @@
 - registration with every name server every ``register_name_server_period_ms`` and at once
   after every role change (as id 0 when master, with the master epoch as state version).
 
+With a cluster secret its requests to controllers and name servers are signed and role
+notices must be signed by a controller (:mod:`rmqha.protocol.request_auth`); without one
+it listens on loopback only unless told ``allow_insecure`` (:mod:`rmqha.security.secret_policy`).
+
 Until the controller has told it its role the broker is fenced: every write code is
 refused with SERVICE_NOT_AVAILABLE, and it does not register with name servers.  A master
 also needs its lease from the controller (:mod:`rmqha.broker.master_lease`) to take and
@@ -53,6 +57,7 @@ from rmqha.net.connection import Connection
 from rmqha.net.server import RemotingServer
 from rmqha.protocol.command import RemotingCommand
 from rmqha.security.tls import TlsSettings
+from rmqha.protocol.request_auth import OpenAuth, RequestAuthenticator, request_auth
 from rmqha.store.disk_usage import directory_usage
 
 log = logging.getLogger(__name__)
@@ -188,6 +193,8 @@ class Broker:
         #: The client port's TLS (tls.server.*) and this broker's own links' (tls.client.*).
         self.tls = TlsSettings.from_config(config, "broker config")
         self._links = ClientSecurity.for_links(self.tls)
+        #: Signs this broker's control requests, checks the role notices it gets.
+        self.auth: RequestAuthenticator = OpenAuth()
         self.replicas: ReplicasManager | None = None
         self.server: RemotingServer | None = None
         self._ns_clients: dict[str, RemotingClient] = {}
@@ -234,10 +241,13 @@ class Broker:
         from rmqha.store import EpochMap
 
         cfg = self.config
+        self.auth = request_auth(cfg.check_security())
         self.store_dir.mkdir(parents=True, exist_ok=True)
         controller = self._controller_client or ControllerClient(
-            cfg.controller_addr, request_timeout=cfg.rpc_timeout_ms / 1000, security=self._links)
-        self.replicas = ReplicasManager(cfg, controller, self, on_task_failed=self._task_done)
+            cfg.controller_addr, request_timeout=cfg.rpc_timeout_ms / 1000, security=self._links,
+            auth=self.auth)
+        self.replicas = ReplicasManager(cfg, controller, self, on_task_failed=self._task_done,
+                                        auth=self.auth)
         # Refuse a wrong identity before touching the store or any network peer.
         self.replicas.identity.read_meta()
         self.replicas.identity.read_temp()
@@ -671,8 +681,8 @@ class Broker:
             client = self._ns_clients[addr] = RemotingClient(addr, connect_timeout=1.0,
                                                              security=self._links)
         try:
-            resp = await client.request(RemotingCommand.request(RequestCode.REGISTER_BROKER, ext, body),
-                                        self.config.rpc_timeout_ms / 1000)
+            cmd = self.auth.sign(RemotingCommand.request(RequestCode.REGISTER_BROKER, ext, body))
+            resp = await client.request(cmd, self.config.rpc_timeout_ms / 1000)
         except RemotingError as exc:
             log.debug("register to name server %s failed: %s", addr, exc)
             return
@@ -684,7 +694,8 @@ class Broker:
                "clusterName": self.config.cluster, "brokerId": self.namesrv_broker_id}
         for addr, client in self._ns_clients.items():
             try:
-                await client.request(RemotingCommand.request(RequestCode.UNREGISTER_BROKER, ext), 1.0)
+                cmd = self.auth.sign(RemotingCommand.request(RequestCode.UNREGISTER_BROKER, ext))
+                await client.request(cmd, 1.0)
             except RemotingError as exc:
                 log.debug("unregister from %s failed: %s", addr, exc)
 
@@ -737,6 +748,7 @@ class Broker:
             "syncStateSet": sorted(st.sync_state_set) if st else [],
             "syncStateSetEpoch": st.sync_state_set_epoch if st else 0,
             "staleNoticesIgnored": st.stale_notices_ignored if st else 0,
+            "unconfirmedNoticesIgnored": st.unconfirmed_notices_ignored if st else 0,
             "lastEpoch": self.epoch_map.last_epoch() if self.epoch_map is not None else -1,
             "maxOffset": int(self.commitlog.max_offset) if self.commitlog is not None else 0,
             "confirmOffset": self.replication.confirm_offset() if self.commitlog is not None else 0,

@@ -15,6 +15,7 @@ from pathlib import Path
 from rmqha.broker.master_lease import lease_ms_for, min_margin_ms
 from rmqha.config import load_config
 from rmqha.errors import ConfigError
+from rmqha.security.secret_policy import check_optional_secret, resolve_secret
 
 INT32_MAX = 2**31 - 1
 
@@ -75,6 +76,15 @@ class BrokerConfig:
     tls_client_auth_server: bool = field(default=True, metadata=_alias("tls.client.authServer"))
     #: A RocketMQ tls.properties file of tls.* keys, read at start; its values win.
     tls_config_file: str = field(default="", metadata=_alias("tls.config.file"))
+
+    # --- cluster secret ---------------------------------------------------------------
+    #: The cluster's shared secret (env RMQHA_CLUSTER_SECRET): signs this broker's requests
+    #: to controllers and name servers; role notices must carry the controller's HMAC.
+    cluster_secret: str = field(default="", metadata=_alias("clusterSecret"))
+    #: A file whose first line is the cluster secret (a mounted Secret); cluster_secret wins.
+    cluster_secret_file: str = field(default="", metadata=_alias("clusterSecretFile"))
+    #: Listen off loopback without a cluster secret (role notices then go unchecked).
+    allow_insecure: bool = field(default=False, metadata=_alias("allowInsecure"))
 
     # --- controller mode ------------------------------------------------------------------
     #: Accepted for RocketMQ config compatibility; rmqha brokers always run in controller mode.
@@ -277,6 +287,17 @@ class BrokerConfig:
                 f"heartbeat round would find it expired; raise controller_heartbeat_timeout_ms")
 
     # --- derived --------------------------------------------------------------------------
+
+    def secret(self) -> str | None:
+        """The cluster secret (cluster_secret, else cluster_secret_file), or None."""
+        return resolve_secret(self.cluster_secret, self.cluster_secret_file or None)
+
+    def check_security(self) -> str | None:
+        """The cluster secret; ConfigError if this broker may not run without one."""
+        secret = self.secret()
+        check_optional_secret(secret, self.allow_insecure, [self.listen_host],
+                              f"broker {self.broker_name} ({self.broker_address})")
+        return secret
 
     @property
     def master_lease_ms_in_force(self) -> int:

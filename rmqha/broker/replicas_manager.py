@@ -19,7 +19,13 @@ asyncio loop; role changes are serialised by one lock.
   until a renewal names it master of the same epoch again.
 - Replica info is polled every ``sync_broker_metadata_period_ms``; NOTIFY_BROKER_ROLE_CHANGED
   pushes are taken at once.  Either way only a master epoch *newer* than the one held
-  changes anything; stale notices are logged and ignored.
+  changes anything; stale notices are logged and ignored.  A notice must carry the
+  controller's signature when the broker has the cluster secret, and one that names this
+  broker master is confirmed with the controller leader (GET_REPLICA_INFO) before the role
+  is taken: the leader's record is what the broker acts on.
+- The controller caps the heartbeat timeout a broker asks for and says what it applies;
+  the master lease is shortened to end ``master_lease_margin_ms`` before the smallest
+  timeout any controller applies.
 - SyncStateSet changes proposed by the HA master go to the controller with
   AlterSyncStateSet; a FENCED answer (2000/2001: our epoch or set epoch is old) re-reads
   replica info, which applies whatever newer state the controller has.
@@ -46,6 +52,7 @@ from rmqha.errors import (
 )
 from rmqha.net.connection import Connection
 from rmqha.protocol.command import RemotingCommand
+from rmqha.protocol.request_auth import OpenAuth, RefusalLog, RequestAuthenticator, check
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +101,8 @@ class ReplicasStatus:
     sync_state_set_epoch: int = 0
     registered: bool = False
     stale_notices_ignored: int = 0
+    #: Notices naming this broker master that the controller leader did not confirm.
+    unconfirmed_notices_ignored: int = 0
 
 
 def _opt_int(value: Any) -> int | None:
@@ -106,9 +115,17 @@ class ReplicasManager:
     """Drives one broker's identity, registration, heartbeats and role from the controller."""
 
     def __init__(self, config: BrokerConfig, controller: Any, listener: RoleListener,
-                 on_task_failed: Callable[[asyncio.Task[None]], None] | None = None) -> None:
+                 on_task_failed: Callable[[asyncio.Task[None]], None] | None = None,
+                 auth: RequestAuthenticator | None = None) -> None:
         self.config = config
         self.controller = controller  # rmqha.controller.client.ControllerClient
+        #: Checks that role notices come from a controller (holder of the cluster secret).
+        self.auth: RequestAuthenticator = auth if auth is not None else OpenAuth()
+        self._refusals = RefusalLog(log)
+        #: The heartbeat timeout each controller says it applies to us (ms).
+        self._applied_timeouts: dict[str, int] = {}
+        #: Signing time of the last heartbeat round (each round's is later).
+        self._round_ms = 0
         self.listener = listener
         self.identity = IdentityStore(config.store_dir, config.cluster, config.broker_name)
         self.status = ReplicasStatus()
@@ -280,20 +297,24 @@ class ReplicasManager:
         # Taken before anything is sent: the lease must end before the controller's view of
         # this heartbeat does, and the controller cannot have received it any earlier.
         sent_at = time.monotonic()
+        # One signing time for the round: a copy sent to one controller is never newer
+        # than what another controller already took from us.
+        self._round_ms = max(int(time.time() * 1000), self._round_ms + 1)
         loop = asyncio.get_running_loop()
         started = []
         for addr in self.controller.addresses:
             pending = self._heartbeats_pending.get(addr)
             if pending is not None and not pending.done():
                 continue
-            task = loop.create_task(self._heartbeat_one(addr, sent_at, epoch, max_offset, confirm_offset),
+            task = loop.create_task(self._heartbeat_one(addr, sent_at, epoch, max_offset, confirm_offset,
+                                                        self._round_ms),
                                     name=f"heartbeat-{addr}")
             self._heartbeats_pending[addr] = task
             started.append(task)
         return started
 
     async def _heartbeat_one(self, addr: str, sent_at: float, epoch: int, max_offset: int,
-                             confirm_offset: int) -> None:
+                             confirm_offset: int, round_ms: int) -> None:
         try:
             answer = await self.controller.heartbeat_to(
                 addr, self.config.cluster, self.config.broker_name, self.broker_id, self.config.broker_address,
@@ -301,11 +322,13 @@ class ReplicasManager:
                 timeout_ms=self.config.controller_heartbeat_timeout_ms,
                 priority=self.config.broker_election_priority,
                 timeout=self.config.send_heartbeat_timeout_ms / 1000,
+                round_ms=round_ms,
             )
         except (RmqhaError, OSError, ValueError, asyncio.TimeoutError) as exc:
             # That controller is down, slow or not the leader: the others still hear us.
             log.debug("heartbeat to controller %s failed: %s", addr, exc)
             return
+        self._fit_lease(addr, getattr(answer, "heartbeat_timeout_ms", None))
         grant = LeaseGrant(answer.lease_granted, answer.master_broker_id, answer.master_epoch)
         held = self.lease.holds(self.status.master_epoch)
         if self.lease.on_answer(grant, sent_at, self.broker_id):
@@ -315,6 +338,25 @@ class ReplicasManager:
             log.warning("controller %s names master %s at epoch %d: master lease of epoch %d revoked",
                         addr, grant.master_id, grant.master_epoch, self.status.master_epoch)
         self._watch_lease()
+
+    def _fit_lease(self, addr: str, applied_ms: int | None) -> None:
+        """A controller judges us by the timeout it applies (it caps what we ask for): the
+        lease must end the margin before the shortest one any controller applies."""
+        if applied_ms is None or not self.lease.enabled:
+            return
+        self._applied_timeouts[addr] = applied_ms
+        shortest = min(self._applied_timeouts.values())
+        configured = self.config.master_lease_ms_in_force
+        lease_ms = max(0, min(configured, shortest - self.config.master_lease_margin_ms))
+        if round(self.lease.lease_s * 1000) == lease_ms:
+            return
+        if lease_ms < configured:
+            log.warning("controllers apply a %d ms heartbeat timeout (this broker asks for %d): master "
+                        "lease shortened from %d to %d ms%s", shortest,
+                        self.config.controller_heartbeat_timeout_ms, configured, lease_ms,
+                        "; no lease is possible: raise broker_heartbeat_timeout on the controllers"
+                        if lease_ms <= self.config.broker_heartbeat_interval_ms else "")
+        self.lease.lease_s = lease_ms / 1000
 
     async def _send_heartbeats_and_wait(self) -> None:
         tasks = self._send_heartbeats()
@@ -416,7 +458,12 @@ class ReplicasManager:
     # --- notifications --------------------------------------------------------------------
 
     async def handle_notify(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
-        """NOTIFY_BROKER_ROLE_CHANGED (1008) from the controller."""
+        """NOTIFY_BROKER_ROLE_CHANGED (1008) from the controller: signed (with a secret),
+        and confirmed with the controller leader before it makes this broker master."""
+        refused = check(self.auth, cmd, conn)
+        if refused is not None:
+            self._refusals.note(cmd, conn.peer, refused.remark or "")
+            return refused
         ext = cmd.ext_fields
         body = cmd.json_body() or {}
         try:
@@ -432,8 +479,28 @@ class ReplicasManager:
         if self.status.broker_id is None or not self.status.registered:
             log.info("ignoring role notification (epoch %d): not registered yet", state.master_epoch)
             return cmd.response(ResponseCode.SUCCESS)
-        await self.change_role(state, source="notification")
+        if state.master_id == self.status.broker_id and state.master_epoch > self.status.master_epoch:
+            await self._take_confirmed(state)
+        else:
+            await self.change_role(state, source="notification")
         return cmd.response(ResponseCode.SUCCESS)
+
+    async def _take_confirmed(self, notice: GroupState) -> None:
+        """A notice makes this broker master only if the controller leader's record says
+        so at the notice's epoch or later; the role taken is the leader's record."""
+        try:
+            record = _group_state(await self.controller.get_replica_info(self.config.broker_name))
+        except (RmqhaError, OSError, asyncio.TimeoutError) as exc:
+            log.warning("role notice names this broker master at epoch %d but the controller could "
+                        "not confirm it (%s); the replica info poll decides", notice.master_epoch, exc)
+            return
+        if record.master_epoch < notice.master_epoch:
+            self.status.unconfirmed_notices_ignored += 1
+            log.warning("ignoring a role notice naming this broker master at epoch %d: the controller "
+                        "leader's record is master %s at epoch %d", notice.master_epoch,
+                        record.master_id, record.master_epoch)
+            return
+        await self.change_role(record, source="notification (confirmed)")
 
     # --- role changes ---------------------------------------------------------------------
 

@@ -8,7 +8,10 @@ an unreachable address (named, with what to check; no traceback).
 ``get-sync-state-set`` takes broker names (``-b``, repeatable) or ``-c CLUSTER -n NAMESRV``
 (the cluster's groups, resolved through the name server as mqadmin does).
 The admin token (when the controllers have one) comes from ``--admin-token`` or the
-environment variable ``RMQHA_ADMIN_TOKEN``.
+environment variable ``RMQHA_ADMIN_TOKEN``.  Writes (elect, clean, config update) are
+signed with the cluster secret, from ``RMQHA_CLUSTER_SECRET`` or the file named by
+``--cluster-secret-file`` / ``RMQHA_CLUSTER_SECRET_FILE`` (never a command-line value:
+other users can read those).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from rmqha.config import ConfigError, camel_to_snake, resolve_key
 from rmqha.controller.client import BlockingControllerClient
 from rmqha.controller.config import UPDATE_BLACKLIST, ControllerConfig
 from rmqha.errors import ControllerError
+from rmqha.security.secret_policy import resolve_secret
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -35,14 +39,20 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--admin-token", default=os.environ.get("RMQHA_ADMIN_TOKEN"),
                    help="the cluster's admin token (default: $RMQHA_ADMIN_TOKEN)")
     add_flags(p, credentials=False)
+    p.add_argument("--cluster-secret-file", default=None,
+                   help="file holding the cluster secret that signs writes "
+                        "(default: $RMQHA_CLUSTER_SECRET, else $RMQHA_CLUSTER_SECRET_FILE)")
 
 
 def _client(args: argparse.Namespace, *, leader: bool = False) -> BlockingControllerClient:
     """A client; with ``leader`` it first asks GET_METADATA_INFO (as mqadmin does), so an
     unreachable address or a group without a leader fails at once instead of after the
     client's leader-search retries."""
+    secret = resolve_secret(None if args.cluster_secret_file else os.environ.get("RMQHA_CLUSTER_SECRET"),
+                            args.cluster_secret_file or os.environ.get("RMQHA_CLUSTER_SECRET_FILE"))
     client = BlockingControllerClient(args.controller_address, request_timeout=args.timeout,
-                                      admin_token=args.admin_token, security=client_security(args))
+                                      admin_token=args.admin_token, security=client_security(args),
+                                      cluster_secret=secret)
     if leader:
         try:
             meta = client.get_metadata()

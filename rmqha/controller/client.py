@@ -10,6 +10,11 @@ is unknown, has moved, or does not answer.  Heartbeats go to every controller (R
 Methods return dataclasses; a refusal raises :class:`rmqha.errors.RemoteCommandError`
 carrying RocketMQ's response code (``exc.code``) and remark, except where a method says
 otherwise (``elect_master`` also returns on MASTER_STILL_EXIST).
+
+With the cluster secret (``cluster_secret=``, or an ``auth=`` authenticator) every request
+that changes the controllers' state is signed (:mod:`rmqha.protocol.request_auth`); each
+round of heartbeats carries one signed timestamp for every controller, later than the
+round before.
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from rmqha.net.client import RemotingClient
 from rmqha.net.client_security import ClientSecurity
 from rmqha.net.loop import EventLoopThread
 from rmqha.protocol.command import RemotingCommand
+from rmqha.protocol.request_auth import RequestAuthenticator, request_auth
 
 
 @dataclass
@@ -60,6 +66,8 @@ class HeartbeatAnswer:
     lease_granted: bool
     master_broker_id: int | None
     master_epoch: int
+    #: The heartbeat timeout the controller applies to this broker (ms; None if it did not say).
+    heartbeat_timeout_ms: int | None = None
 
 
 @dataclass
@@ -128,16 +136,22 @@ class ControllerClient:
     """Async client of a controller group; ``addresses`` as a list or ``a;b;c`` text."""
 
     def __init__(self, addresses: Iterable[str] | str, *, request_timeout: float = 3.0,
-                 admin_token: str | None = None, security: ClientSecurity | None = None) -> None:
+                 admin_token: str | None = None, security: ClientSecurity | None = None,
+                 cluster_secret: str | None = None,
+                 auth: RequestAuthenticator | None = None) -> None:
         if isinstance(addresses, str):
             addresses = [a.strip() for a in addresses.replace(",", ";").split(";") if a.strip()]
         self.addresses: list[str] = list(dict.fromkeys(addresses))
         if not self.addresses:
             raise ControllerError("no controller address given")
+        if auth is not None and cluster_secret:
+            raise ValueError("give cluster_secret or auth, not both")
         self.request_timeout = request_timeout
         self.admin_token = admin_token
         #: TLS (and a request hook) of the connections to the controllers.
         self.security = security
+        self.auth: RequestAuthenticator = auth if auth is not None else request_auth(cluster_secret)
+        self._last_round_ms = 0
         self.leader: str | None = None
         self._clients: dict[str, RemotingClient] = {}
 
@@ -163,9 +177,15 @@ class ControllerClient:
 
     async def request_to(self, addr: str, code: int, ext: Mapping[str, Any] | None = None,
                          body: Any = b"", timeout: float | None = None) -> RemotingCommand:
-        """One request to one controller, no leader logic."""
-        cmd = RemotingCommand.request(code, ext, body)
+        """One request to one controller, no leader logic (signed when its code needs it)."""
+        cmd = self.auth.sign(RemotingCommand.request(code, ext, body))
         return await self._client(addr).request(cmd, timeout or self.request_timeout)
+
+    def heartbeat_round_ms(self) -> int:
+        """A signing time for one round of heartbeats: now, and always later than the last
+        round's (the controllers take a broker's heartbeats only with rising times)."""
+        self._last_round_ms = max(int(time.time() * 1000), self._last_round_ms + 1)
+        return self._last_round_ms
 
     async def get_metadata(self, addr: str | None = None) -> ControllerMetadata:
         """GET_METADATA_INFO from ``addr`` (or the first controller that answers)."""
@@ -272,9 +292,11 @@ class ControllerClient:
                "brokerAddr": broker_address, "epoch": epoch, "maxOffset": max_offset,
                "confirmOffset": confirm_offset, "heartbeatTimeoutMills": timeout_ms,
                "electionPriority": priority}
+        round_ms = self.heartbeat_round_ms()
 
         async def one(addr: str) -> None:
-            cmd = RemotingCommand.request(RequestCode.BROKER_HEARTBEAT, ext, oneway=True)
+            cmd = self.auth.sign(RemotingCommand.request(RequestCode.BROKER_HEARTBEAT, ext, oneway=True),
+                                 timestamp_ms=round_ms)
             try:
                 await asyncio.wait_for(self._client(addr).oneway(cmd), self.request_timeout)
             except (RemotingError, asyncio.TimeoutError):
@@ -286,14 +308,18 @@ class ControllerClient:
                            broker_address: str, *, epoch: int = -1, max_offset: int = -1,
                            confirm_offset: int = -1, timeout_ms: int = 10000,
                            priority: int | None = None,
-                           timeout: float | None = None) -> HeartbeatAnswer:
+                           timeout: float | None = None,
+                           round_ms: int | None = None) -> HeartbeatAnswer:
         """BROKER_HEARTBEAT to one controller, answered: the leader's answer grants the
-        master lease (``leaseGranted``) with its record of the group's master."""
+        master lease (``leaseGranted``) with its record of the group's master.  Every
+        heartbeat of one round should share ``round_ms`` (:meth:`heartbeat_round_ms`)."""
         ext = {"clusterName": cluster, "brokerName": broker_name, "brokerId": broker_id,
                "brokerAddr": broker_address, "epoch": epoch, "maxOffset": max_offset,
                "confirmOffset": confirm_offset, "heartbeatTimeoutMills": timeout_ms,
                "electionPriority": priority}
-        resp = await self.request_to(addr, RequestCode.BROKER_HEARTBEAT, ext, timeout=timeout)
+        cmd = self.auth.sign(RemotingCommand.request(RequestCode.BROKER_HEARTBEAT, ext),
+                             timestamp_ms=round_ms if round_ms is not None else self.heartbeat_round_ms())
+        resp = await self._client(addr).request(cmd, timeout or self.request_timeout)
         resp.check_success(RequestCode.BROKER_HEARTBEAT)
         out = resp.ext_fields
         return HeartbeatAnswer(
@@ -301,6 +327,7 @@ class ControllerClient:
             lease_granted=str(out.get("leaseGranted", "false")).lower() == "true",
             master_broker_id=_opt_int(out.get("masterBrokerId")),
             master_epoch=int(out.get("masterEpoch", 0) or 0),
+            heartbeat_timeout_ms=_opt_int(out.get("heartbeatTimeoutMills")),
         )
 
     async def get_replica_info(self, broker_name: str) -> ReplicaInfo:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rmqha.errors import ConfigError
+from rmqha.security.secret_policy import require_controller_secret, resolve_secret
 
 #: Keys UPDATE_CONTROLLER_CONFIG refuses: they would redirect storage, change the Raft
 #: membership or weaken security.  (RocketMQ's configBlackList, extended.)
@@ -24,11 +25,11 @@ UPDATE_BLACKLIST: frozenset[str] = frozenset({
     "tls_server_key_path", "tls_server_key_password", "tls_server_trust_cert_path",
     "tls_server_need_client_auth", "tls_enable", "tls_client_cert_path", "tls_client_key_path",
     "tls_client_key_password", "tls_client_trust_cert_path", "tls_client_auth_server",
-    "tls_config_file", "https_enable",
+    "tls_config_file", "https_enable", "cluster_secret", "cluster_secret_file", "allow_insecure",
 })
 
 #: Values never shown by GET_CONTROLLER_CONFIG.
-SECRET_KEYS: frozenset[str] = frozenset({"raft_password", "admin_token",
+SECRET_KEYS: frozenset[str] = frozenset({"raft_password", "admin_token", "cluster_secret",
                                          "tls_server_key_password", "tls_client_key_password"})
 
 
@@ -63,8 +64,17 @@ class ControllerConfig:
     controller_store_path: Path = field(default_factory=lambda: Path.home() / "rmqha" / "controller")
     config_store_path: Path | None = None
     config_black_list: str = "configBlackList;configStorePath"
-    #: pysyncobj ``password``; required when any peer is not on loopback.
-    raft_password: str | None = field(default=None, metadata={"aliases": ("clusterSecret",)})
+    #: The secret the whole cluster shares (env RMQHA_CLUSTER_SECRET): control requests
+    #: carry an HMAC under it, and Raft traffic is encrypted with it unless raft_password
+    #: is set.  Required unless allow_insecure; never shown by GET_CONTROLLER_CONFIG.
+    cluster_secret: str | None = field(default=None, metadata={"aliases": ("clusterSecret",)})
+    #: A file whose first line is the cluster secret (a mounted Secret); cluster_secret wins.
+    cluster_secret_file: Path | None = field(default=None, metadata={"aliases": ("clusterSecretFile",)})
+    #: Run without a cluster secret: only when every Raft peer and listen_host are loopback.
+    allow_insecure: bool = field(default=False, metadata={"aliases": ("allowInsecure",)})
+    #: pysyncobj ``password`` when it must differ from the cluster secret; alone it is the
+    #: cluster secret too.
+    raft_password: str | None = None
     #: When set, admin writes (elect, clean, config update) must carry it (extField adminToken).
     admin_token: str | None = None
     scan_not_active_broker_interval: int = 5000
@@ -72,7 +82,8 @@ class ControllerConfig:
     elect_master_max_retry_count: int = 3
     enable_elect_unclean_master: bool = False
     notify_broker_role_changed: bool = True
-    #: Heartbeat timeout assumed when a broker's heartbeat does not say (ms).
+    #: Heartbeat timeout assumed when a broker's heartbeat does not say, and the longest
+    #: one a broker may ask for (ms; its answers say what is in force).
     broker_heartbeat_timeout: int = 10000
     #: A new leader waits this long for fresh heartbeats before electing anyone (ms).
     new_leader_heartbeat_wait: int = 3000
@@ -126,6 +137,25 @@ class ControllerConfig:
             )
         if self.raft_min_timeout <= 0 or self.raft_max_timeout < self.raft_min_timeout:
             raise ConfigError("raft_min_timeout must be > 0 and <= raft_max_timeout")
+
+    def secret(self) -> str | None:
+        """The cluster secret: cluster_secret, else cluster_secret_file, else raft_password."""
+        return resolve_secret(self.cluster_secret, self.cluster_secret_file, self.raft_password)
+
+    def raft_secret(self) -> str | None:
+        """pysyncobj's password: raft_password, else the cluster secret."""
+        return self.raft_password or self.secret()
+
+    def check_security(self) -> str | None:
+        """The cluster secret; ConfigError (naming the keys) if this controller may not run
+        as configured without one (see :mod:`rmqha.security.secret_policy`)."""
+        secret = self.secret()
+        addresses = [self.listen_host]
+        for p in self.peers():
+            addresses += (p.rpc_address, p.raft_address)
+        require_controller_secret(secret, self.allow_insecure, addresses,
+                                  f"controller {self.controller_self_id}")
+        return secret
 
     def peers(self) -> list[Peer]:
         rpc = _parse_peer_list(self.controller_peers, "controller_peers")

@@ -76,6 +76,8 @@ class BrokerHeartbeatManager:
         #: When set, a closed connection only starts a check of the broker (the server
         #: tries its address); without it a close is taken as the broker's death.
         self.close_probe: CloseProbe | None = None
+        #: The newest signed timestamp (ms) of each broker's heartbeats taken here.
+        self._signed_ms: dict[tuple[str, int], int] = {}
 
     def add_inactive_listener(self, fn: InactiveListener) -> None:
         """fn(cluster, broker_name, broker_id) when a broker times out or disconnects."""
@@ -127,14 +129,26 @@ class BrokerHeartbeatManager:
 
     # --- input -----------------------------------------------------------------------
 
+    def is_newer(self, broker_name: str, broker_id: int, signed_ms: int | None) -> bool:
+        """Whether a heartbeat signed at ``signed_ms`` is newer than every heartbeat taken
+        from that broker (an unsigned one, None, is not judged).  A broker signs each round
+        of heartbeats once, for every controller: the copy it sent another controller is
+        never newer here, so replaying it cannot keep a dead broker alive."""
+        if signed_ms is None:
+            return True
+        return signed_ms > self._signed_ms.get((broker_name, broker_id), -1)
+
     def on_heartbeat(
         self, cluster: str, broker_name: str, broker_id: int, address: str, *,
         epoch: int | None = None, max_offset: int | None = None,
         confirm_offset: int | None = None, timeout_ms: int | None = None,
         priority: int | None = None, conn: Any = None, default_timeout_ms: int = 10000,
+        signed_ms: int | None = None,
     ) -> None:
         now = self._clock()
         key = (broker_name, broker_id)
+        if signed_ms is not None:
+            self._signed_ms[key] = max(signed_ms, self._signed_ms.get(key, -1))
         timeout_s = (timeout_ms if timeout_ms and timeout_ms > 0 else default_timeout_ms) / 1000
         prev = self._table.get(key)
         self._closed.discard(key)
@@ -211,6 +225,8 @@ class BrokerHeartbeatManager:
         for key in [k for k in self._timeouts if k[0] == broker_name and (ids is None or k[1] in ids)]:
             del self._timeouts[key]
             self._closed.discard(key)
+        for key in [k for k in self._signed_ms if k[0] == broker_name and (ids is None or k[1] in ids)]:
+            del self._signed_ms[key]
 
     # --- queries ---------------------------------------------------------------------
 

@@ -119,6 +119,27 @@ class ControllerLogic:
             }
         return Decision(body={"replicasInfoTable": table})
 
+    def heartbeat_refusal(self, name: str, broker_id: int, address: str,
+                          epoch: int | None) -> Decision | None:
+        """Why a heartbeat must not be recorded, or None.  A broker heartbeats only as
+        itself: an id registered in its group, from the address it registered, at an epoch
+        the group has reached (a higher one would rank it first in the next election)."""
+        g = self.state.group(name)
+        if g is None or broker_id not in g.brokers:
+            return Decision(ResponseCode.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED,
+                            f"broker id {broker_id} is not registered in broker-set {name}; "
+                            "heartbeat refused")
+        registered = g.brokers[broker_id].address
+        if registered != address:
+            return Decision(ResponseCode.CONTROLLER_BROKER_ID_INVALID,
+                            f"broker id {broker_id} of {name} is registered at {registered}; "
+                            f"heartbeat from {address} refused (register at the new address first)")
+        if epoch is not None and epoch > g.master_epoch:
+            return Decision(ResponseCode.NO_PERMISSION,
+                            f"heartbeat of {name}/{broker_id} claims epoch {epoch}, above the "
+                            f"group's master epoch {g.master_epoch}; refused")
+        return None
+
     # --- writes ----------------------------------------------------------------------
 
     def apply_broker_id(self, ext: dict[str, str]) -> Decision:

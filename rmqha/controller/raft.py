@@ -6,6 +6,10 @@ What this module owns:
   for log compaction (our own JSON snapshot inside), no fork, and the *fast* commit mode;
 * the security rule: pysyncobj peers exchange pickle, so a node whose peers are not all on
   loopback refuses to start unless a cluster secret (pysyncobj's ``password``) is set;
+  with one, pysyncobj authenticates every frame (Fernet: HMAC-SHA256, checked before
+  anything is unpickled) and drops a connection whose frame fails.  The controller asks
+  for more (:mod:`rmqha.security.secret_policy`): a secret even on loopback unless told
+  ``allow_insecure``;
 * the commit path: :meth:`RaftNode.submit` takes a small dict, commits it as JSON text and
   resolves a future with what the state machine's ``apply`` returned for it.  Nothing
   arbitrary from the network is ever committed; the state machine sees plain dicts.
@@ -29,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import ipaddress
 import json
 import logging
 import threading
@@ -47,6 +50,7 @@ from pysyncobj import syncobj as pysyncobj_syncobj
 from pysyncobj.journal import FileJournal
 from pysyncobj.transport import TCPTransport
 
+from rmqha.security.secret_policy import SECRET_KEYS_TEXT, is_loopback
 from rmqha.errors import ConfigError, ControllerError, NotLeaderError
 from rmqha.controller.raft_journal import DurableJournal, SyncHook
 
@@ -96,16 +100,6 @@ class RaftRole(enum.IntEnum):
 _ROLE_OF_STATE = {0: RaftRole.FOLLOWER, 1: RaftRole.CANDIDATE, 2: RaftRole.LEADER}
 
 
-def is_loopback(address: str) -> bool:
-    host = address.rpartition(":")[0] or address
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a DNS name: assume it leaves the machine
-
-
 @dataclass
 class RaftSettings:
     """How one Raft node runs.  ``fast=False`` is pysyncobj's default timing (baseline)."""
@@ -140,8 +134,7 @@ class RaftSettings:
             raise ConfigError(
                 "Raft peers on non-loopback addresses "
                 f"({', '.join(remote)}) need a cluster secret: pysyncobj exchanges pickle, "
-                "so set the cluster secret (controllerRaftPassword / raft_password) or "
-                "keep every peer on 127.0.0.1"
+                f"so set {SECRET_KEYS_TEXT} (or raft_password), or keep every peer on 127.0.0.1"
             )
         if self.password:
             try:

@@ -20,6 +20,14 @@ Request handling (RocketMQ's controller codes, see :mod:`rmqha.protocol.codes`):
   live brokers of the group at their registered addresses.
 * Admin writes (designated elections, clean, config updates) need ``adminToken`` in the
   header when the controller has an ``admin_token``.
+* Security (:mod:`rmqha.protocol.request_auth`, :mod:`rmqha.security.secret_policy`): a controller
+  starts only with a cluster secret, or ``allow_insecure`` on loopback.  With the secret
+  every request that changes state (apply id, register, heartbeat, alter SyncStateSet,
+  elect, clean, config update) must carry its HMAC, else NO_PERMISSION; role notices are
+  signed.  A heartbeat is taken only for a registered id from its registered address, at
+  an epoch the group has reached and, when signed, newer than the broker's last one; the
+  timeout it asks for is capped at ``broker_heartbeat_timeout`` (the answer says what is
+  in force, so the broker's master lease fits it).
 """
 from __future__ import annotations
 
@@ -33,6 +41,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rmqha.protocol.codes import RequestCode, ResponseCode
+from rmqha.protocol.request_auth import (
+    CONTROLLER_SIGNED_CODES, RefusalLog, check, request_auth, signed_timestamp_ms, tokens_match,
+)
 from rmqha.config import apply_values, check_port_free, resolve_key, to_dict
 from rmqha.controller.config import SECRET_KEYS, UPDATE_BLACKLIST, ControllerConfig, Peer
 from rmqha.controller.heartbeat import BrokerHeartbeatManager, BrokerLiveInfo
@@ -67,6 +78,9 @@ class ControllerServer:
     def __init__(self, config: ControllerConfig, metrics_registry: MetricsRegistry | None = None) -> None:
         config.validate()
         self.config = config
+        # Before anything listens: no secret, no controller (unless allowed on loopback).
+        self.auth = request_auth(config.check_security())
+        self._refusals = RefusalLog(log)
         self.peers: list[Peer] = config.peers()
         self.self_peer = config.self_peer()
         self.state = ReplicasState()
@@ -85,7 +99,7 @@ class ControllerServer:
                 self_address=self.self_peer.raft_address,
                 peers=[p.raft_address for p in self.peers],
                 journal_file=config.journal_file,
-                password=config.raft_password,
+                password=config.raft_secret(),
                 fast=config.raft_fast,
                 durable=config.raft_durable,
                 raft_min_timeout=config.raft_min_timeout / 1000,
@@ -133,8 +147,10 @@ class ControllerServer:
         self._spawn(self._scan_heartbeats_loop())
         self._spawn(self._rescan_masters_loop())
         self._spawn(self._raft_metrics_loop())
-        log.info("controller %s serving %s (raft %s, group %s)", self.self_peer.id, self.address,
-                 self.self_peer.raft_address, self.config.controller_group)
+        log.info("controller %s serving %s (raft %s, group %s; control requests %s)",
+                 self.self_peer.id, self.address, self.self_peer.raft_address,
+                 self.config.controller_group,
+                 "signed" if self.auth.enabled else "NOT authenticated (allow_insecure)")
 
     async def stop(self) -> None:
         for handle in self._rechecks.values():
@@ -221,7 +237,19 @@ class ControllerServer:
                 after=self._after_clean),
         }
         for code, fn in table.items():
+            if code in CONTROLLER_SIGNED_CODES:
+                fn = self._authenticated(fn)
             self.remoting.register(code, self._metered(int(code), fn))
+
+    def _authenticated(self, fn: Callable[[RemotingCommand, Connection], Awaitable[RemotingCommand]]):
+        """``fn`` behind the proof check: a request without valid proof changes nothing."""
+        async def handler(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+            refused = check(self.auth, cmd, conn)
+            if refused is not None:
+                self._refusals.note(cmd, conn.peer, refused.remark or "")
+                return refused
+            return await fn(cmd, conn)
+        return handler
 
     def _metered(self, code: int, fn: Callable[[RemotingCommand, Connection], Awaitable[RemotingCommand]]):
         async def handler(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
@@ -246,7 +274,7 @@ class ControllerServer:
 
     def _check_admin(self, cmd: RemotingCommand) -> RemotingCommand | None:
         token = self.config.admin_token
-        if token and cmd.ext_fields.get("adminToken") != token:
+        if token and not tokens_match(cmd.ext_fields.get("adminToken"), token):
             return cmd.response(ResponseCode.NO_PERMISSION,
                                 "this admin operation needs the cluster's admin token")
         return None
@@ -401,21 +429,31 @@ class ControllerServer:
                 raise BadRequest(f"header field {key} is not an integer: {raw!r}") from None
 
         name, broker_id, address = ext.get("brokerName", ""), int(num("brokerId") or 0), ext.get("brokerAddr", "")
-        await self._settle_holder(name, broker_id, address)
-        live = self.heartbeats.info(name, broker_id)
-        if live is not None and live.address != address and self.heartbeats.is_alive(name, broker_id):
-            # Another live process holds this id: its liveness must not be refreshed (or
-            # moved) by an impostor's heartbeats.
-            return cmd.response(ResponseCode.CONTROLLER_BROKER_ID_INVALID,
-                                f"broker id {broker_id} of {name} is held by the live broker at "
-                                f"{live.address}; heartbeat from {address} ignored")
+        # Only as itself: its registered id and address (an impostor must not refresh, or
+        # move, another broker's liveness), at an epoch the group has reached.
+        refused = self.logic.heartbeat_refusal(name, broker_id, address, num("epoch"))
+        if refused is not None:
+            return cmd.response(refused.code, refused.remark)
+        signed_ms = signed_timestamp_ms(cmd) if self.auth.enabled else None
+        if not self.heartbeats.is_newer(name, broker_id, signed_ms):
+            return cmd.response(ResponseCode.NO_PERMISSION,
+                                f"heartbeat of {name}/{broker_id} signed at {signed_ms} is not newer "
+                                "than the last one taken (a replayed copy?); refused")
+        timeout_ms = self._heartbeat_timeout_ms(num("heartbeatTimeoutMills"))
         self.heartbeats.on_heartbeat(
             ext.get("clusterName", ""), name, broker_id, address, epoch=num("epoch"), max_offset=num("maxOffset"),
-            confirm_offset=num("confirmOffset"), timeout_ms=num("heartbeatTimeoutMills"),
+            confirm_offset=num("confirmOffset"), timeout_ms=timeout_ms,
             priority=num("electionPriority"), conn=conn,
-            default_timeout_ms=self.config.broker_heartbeat_timeout,
+            default_timeout_ms=self.config.broker_heartbeat_timeout, signed_ms=signed_ms,
         )
-        return cmd.response(remark="Heart beat success", ext_fields=self._lease_answer(name))
+        answer = {**self._lease_answer(name), "heartbeatTimeoutMills": timeout_ms}
+        return cmd.response(remark="Heart beat success", ext_fields=answer)
+
+    def _heartbeat_timeout_ms(self, asked: int | None) -> int:
+        """The timeout a broker gets: what it asked for, at most ``broker_heartbeat_timeout``
+        (a sender must not keep itself alive for as long as it likes)."""
+        cap = self.config.broker_heartbeat_timeout
+        return cap if asked is None or asked <= 0 else min(asked, cap)
 
     def _lease_answer(self, broker_name: str) -> dict[str, Any]:
         """The master lease part of a heartbeat answer (rmqha.broker.master_lease).
@@ -631,8 +669,8 @@ class ControllerServer:
             previous = self._notify_tasks.get(addr)
             if previous is not None and not previous.done():
                 previous.cancel()  # a newer epoch supersedes a pending notice
-            cmd = RemotingCommand.request(RequestCode.NOTIFY_BROKER_ROLE_CHANGED, header, body,
-                                          oneway=True)
+            cmd = self.auth.sign(RemotingCommand.request(RequestCode.NOTIFY_BROKER_ROLE_CHANGED,
+                                                         header, body, oneway=True))
             self._notify_tasks[addr] = asyncio.ensure_future(self._send_notify(addr, cmd))
 
     async def _send_notify(self, addr: str, cmd: RemotingCommand) -> None:

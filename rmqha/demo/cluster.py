@@ -24,6 +24,10 @@ Freezing the slaves (SIGSTOP) would not do: on one machine the master's bytes wa
 kernel's socket buffers, which outlive a SIGKILL, and the slaves read them once resumed,
 so the new master would hold the whole tail and nothing would be cut.
 
+The cluster runs as a production one does: with a cluster secret generated for it (Raft
+traffic encrypted, control requests signed; the file is ``cluster.secret`` in the working
+directory, for admin commands against the demo: ``--cluster-secret-file``).
+
 This module owns the demo's scenario and its output; processes are
 :mod:`rmqha.testing.local_cluster`'s.
 """
@@ -63,6 +67,7 @@ from rmqha.testing.local_cluster import (
     port_open,
 )
 from rmqha.protocol.message import parse_offset_msg_id
+from rmqha.protocol.request_auth import generate_secret
 from rmqha.net.loop import EventLoopThread
 
 TOPIC = "DemoTopic"
@@ -691,7 +696,7 @@ class Demo:
                 self._stall_cap = stall_cap_s(broker_defaults, QUICK_CONTROLLER)
                 self.links = ReplicationLinks()
             self.cluster = Cluster(base, cluster_name="rmqha-demo", broker_defaults=broker_defaults,
-                                   controller_defaults=QUICK_CONTROLLER)
+                                   controller_defaults=QUICK_CONTROLLER, cluster_secret=generate_secret())
             self.loop = EventLoopThread("demo-clients")
             self._start_cluster()
             self._create_topic()

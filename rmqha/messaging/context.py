@@ -25,6 +25,7 @@ from rmqha.protocol.message import MAGIC_V1
 from rmqha.messaging.state import BrokerState
 from rmqha.protocol.topics import TopicTable
 from rmqha.protocol.command import RemotingCommand
+from rmqha.protocol.request_auth import tokens_match
 
 log = logging.getLogger(__name__)
 
@@ -270,3 +271,11 @@ class MessagingContext:
         host, _, port = (getattr(conn, "peer", "") or "").rpartition(":")
         return (host, int(port)) if host and port.isdigit() and host.count(".") == 3 else (
             "127.0.0.1", 0)
+
+
+def check_admin_token(config: MessagingConfig, cmd: RemotingCommand) -> None:
+    """Refuse an admin write without the broker's ``admin_token`` (when one is set); the
+    comparison takes the same time however much of a guess is right."""
+    token = config.admin_token
+    if token and not tokens_match(cmd.ext_fields.get("adminToken"), token):
+        raise Refused(ResponseCode.NO_PERMISSION, "admin token missing or wrong")

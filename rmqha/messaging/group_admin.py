@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from rmqha.errors import ConfigError, ProtocolError
-from rmqha.messaging.context import Handler, MessagingContext, Refused
+from rmqha.messaging.context import Handler, MessagingContext, Refused, check_admin_token
 from rmqha.messaging.log_writer import LogWriter
 from rmqha.messaging.state import group_delete_record, group_put_record
 from rmqha.messaging.state_replication import StateReplication
@@ -40,14 +40,9 @@ class GroupAdmin:
             rc.DELETE_SUBSCRIPTIONGROUP: self.on_delete_group,
         }
 
-    def _check_admin(self, cmd: RemotingCommand) -> None:
-        token = self.ctx.config.admin_token
-        if token and cmd.ext_fields.get("adminToken") != token:
-            raise Refused(ResponseCode.NO_PERMISSION, "admin token missing or wrong")
-
     async def on_update_group(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
         try:
-            self._check_admin(cmd)
+            check_admin_token(self.ctx.config, cmd)
             self.ctx.check_writable()
             try:
                 data = json.loads(cmd.body or b"null")
@@ -65,7 +60,7 @@ class GroupAdmin:
 
     async def on_delete_group(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
         try:
-            self._check_admin(cmd)
+            check_admin_token(self.ctx.config, cmd)
             self.ctx.check_writable()
             name = req_str(cmd.ext_fields, "groupName")
         except Refused as r:

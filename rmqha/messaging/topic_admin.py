@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ConfigError, ProtocolError
-from rmqha.messaging.context import Handler, MessagingContext, Refused
+from rmqha.messaging.context import check_admin_token, Handler, MessagingContext, Refused
 from rmqha.protocol.headers import CreateTopicHeader, DeleteTopicHeader
 from rmqha.protocol.topic_attributes import (
     TopicMessageType,
@@ -83,14 +83,9 @@ class TopicAdmin:
         ctx.topics_changed()
         return cfg
 
-    def _check_admin(self, cmd: RemotingCommand) -> None:
-        token = self.ctx.config.admin_token
-        if token and cmd.ext_fields.get("adminToken") != token:
-            raise Refused(ResponseCode.NO_PERMISSION, "admin token missing or wrong")
-
     async def on_create_topic(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
         try:
-            self._check_admin(cmd)
+            check_admin_token(self.ctx.config, cmd)
             self.ctx.check_writable()
             h = CreateTopicHeader.parse(cmd.ext_fields)
             if h.topic == STATE_TOPIC:
@@ -121,7 +116,7 @@ class TopicAdmin:
     async def on_delete_topic(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
         ctx = self.ctx
         try:
-            self._check_admin(cmd)
+            check_admin_token(self.ctx.config, cmd)
             ctx.check_writable()
             topic = DeleteTopicHeader.parse(cmd.ext_fields).topic
         except Refused as r:

@@ -12,6 +12,7 @@ from typing import Any
 
 from rmqha.config import load_config
 from rmqha.errors import ConfigError
+from rmqha.security.secret_policy import check_optional_secret, resolve_secret
 
 
 def _alias(*names: str) -> dict[str, tuple[str, ...]]:
@@ -32,6 +33,14 @@ class NamesrvConfig:
     max_frame_bytes: int = 16 * 1024 * 1024
     #: Admin writes (topic deletion from the route table) need this token when set.
     admin_token: str = ""
+    #: The cluster's shared secret (env RMQHA_CLUSTER_SECRET): REGISTER_BROKER and
+    #: UNREGISTER_BROKER must then carry an HMAC under it.  An embedded controller without
+    #: a secret of its own uses this one.
+    cluster_secret: str = field(default="", metadata=_alias("clusterSecret"))
+    #: A file whose first line is the cluster secret (a mounted Secret); cluster_secret wins.
+    cluster_secret_file: str = field(default="", metadata=_alias("clusterSecretFile"))
+    #: Listen off loopback without a cluster secret (registrations then go unchecked).
+    allow_insecure: bool = field(default=False, metadata=_alias("allowInsecure"))
 
     # --- TLS (RocketMQ's tls.* keys; TOML may nest them: [tls.server] mode = ...) ----------
     #: This process's remoting port: disabled (plaintext), permissive (TLS and plaintext on
@@ -105,6 +114,17 @@ class NamesrvConfig:
     @property
     def address(self) -> str:
         return f"{self.listen_host}:{self.listen_port}"
+
+    def secret(self) -> str | None:
+        """The cluster secret (cluster_secret, else cluster_secret_file), or None."""
+        return resolve_secret(self.cluster_secret, self.cluster_secret_file or None)
+
+    def check_security(self) -> str | None:
+        """The cluster secret; ConfigError if this name server may not run without one."""
+        secret = self.secret()
+        check_optional_secret(secret, self.allow_insecure, [self.listen_host],
+                              f"name server {self.address}")
+        return secret
 
 
 def load_namesrv_config(path: str | Path | None = None, **overrides: object) -> NamesrvConfig:

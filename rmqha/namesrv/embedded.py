@@ -4,7 +4,8 @@ RocketMQ can embed its DLedger controller in the NameServer; the controller then
 on its own peer port, not the name server's.  Here the name server builds a
 :class:`rmqha.controller.config.ControllerConfig` from ``controller_config_file`` and/or
 the ``[controller]`` table of its own config and runs a
-:class:`rmqha.controller.server.ControllerServer` on the same event loop.
+:class:`rmqha.controller.server.ControllerServer` on the same event loop.  A controller
+configured without a cluster secret takes the name server's (and its ``allow_insecure``).
 """
 from __future__ import annotations
 
@@ -31,6 +32,10 @@ async def start_embedded_controller(config: NamesrvConfig,
         config.controller_config_file or None,
         overrides=dict(config.controller) or None,
     )
+    if ccfg.secret() is None:
+        # One secret per cluster: the name server's, unless the controller names its own.
+        ccfg.cluster_secret = config.secret()
+        ccfg.allow_insecure = ccfg.allow_insecure or config.allow_insecure
     server = ControllerServer(ccfg, metrics)
     await server.start()
     log.info("embedded controller %s serving %s", ccfg.controller_self_id, server.address)

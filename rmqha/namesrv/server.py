@@ -7,7 +7,8 @@ Answers (RocketMQ codes and shapes):
   ``topicConfigSerializeWrapper.dataVersion.stateVersion`` is the broker's master epoch
   (RocketMQ #6316).  Reply header ``haServerAddr, masterAddr``, body ``{"table":{}}``.
   A stale master's claim on id 0 is refused with SYSTEM_ERROR naming the holder.
-- UNREGISTER_BROKER (104).
+- UNREGISTER_BROKER (104): only over the connection the broker registered on (a broker
+  removes itself, nobody else).
 - GET_ROUTEINFO_BY_TOPIC (105): ``TopicRouteData`` (ints as JSON numbers, brokerAddrs keys
   quoted) or TOPIC_NOT_EXIST (17).
 - GET_BROKER_CLUSTER_INFO (106): ``ClusterInfo``.
@@ -16,6 +17,11 @@ Answers (RocketMQ codes and shapes):
 - GET_ALL_TOPIC_LIST_FROM_NAMESERVER (206): ``{"topicList": [...]}``.
 - DELETE_TOPIC_IN_NAMESRV (216): drop a topic from the routes until a broker registers it
   again (needs ``adminToken`` when the name server has an ``admin_token``).
+
+With a cluster secret (``cluster_secret``) REGISTER_BROKER and UNREGISTER_BROKER must carry
+its HMAC (:mod:`rmqha.protocol.request_auth`): anything else is answered NO_PERMISSION and
+changes no route.  Without one the name server runs on loopback only, unless told
+``allow_insecure`` (:mod:`rmqha.security.secret_policy`).
 
 Other codes get REQUEST_CODE_NOT_SUPPORTED and the connection stays open.  With
 ``status_port`` set the process also serves a read-only status page
@@ -26,7 +32,6 @@ as RocketMQ's embedded DLedger controller listens on its own peer port).
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import time
@@ -44,6 +49,9 @@ from rmqha.net.connection import Connection
 from rmqha.net.server import RemotingServer
 from rmqha.protocol.command import RemotingCommand
 from rmqha.security.tls import TlsSettings, server_context
+from rmqha.protocol.request_auth import (
+    NAMESRV_SIGNED_CODES, RefusalLog, check, request_auth, tokens_match,
+)
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +88,8 @@ class NameServer:
 
     def __init__(self, config: NamesrvConfig) -> None:
         self.config = config
+        self.auth = request_auth(config.check_security())
+        self._refusals = RefusalLog(log)
         self.routes = RouteTable(config.broker_expire_ms)
         #: The port's TLS (tls.server.*) and the status page's links to brokers (tls.client.*).
         self.tls = TlsSettings.from_config(config, "name server config")
@@ -111,7 +121,19 @@ class NameServer:
             (RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER, self._topic_list),
             (RequestCode.DELETE_TOPIC_IN_NAMESRV, self._delete_topic),
         ):
+            if code in NAMESRV_SIGNED_CODES:
+                handler = self._authenticated(handler)
             self.server.register(code, self._metered(int(code), handler))
+
+    def _authenticated(self, handler: Any) -> Any:
+        """``handler`` behind the proof check: without it no route changes."""
+        async def checked(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+            refused = check(self.auth, cmd, conn)
+            if refused is not None:
+                self._refusals.note(cmd, conn.peer, refused.remark or "")
+                return refused
+            return await handler(cmd, conn)
+        return checked
 
     @property
     def address(self) -> str:
@@ -246,6 +268,12 @@ class NameServer:
     async def _unregister_broker(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
         ext = cmd.ext_fields
         name, addr = ext.get("brokerName", ""), ext.get("brokerAddr", "")
+        registered_on = self._reg_conn.get((name, addr))
+        if registered_on is not None and registered_on is not conn:
+            # Only the broker itself leaves: a stranger must not drop live brokers from routes.
+            return cmd.response(ResponseCode.NO_PERMISSION,
+                                f"UNREGISTER_BROKER of {addr} ({name}) must come over the "
+                                "connection it registered on; refused")
         self._reg_conn.pop((name, addr), None)
         self.routes.unregister(name, addr)
         return cmd.response(ResponseCode.SUCCESS)
@@ -275,7 +303,7 @@ class NameServer:
 
     async def _delete_topic(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
         token = self.config.admin_token
-        if token and not hmac.compare_digest(cmd.ext_fields.get("adminToken", ""), token):
+        if token and not tokens_match(cmd.ext_fields.get("adminToken"), token):
             return cmd.response(ResponseCode.NO_PERMISSION, "admin token missing or wrong")
         topic = cmd.ext_fields.get("topic", "")
         removed = self.routes.delete_topic(topic)

@@ -8,6 +8,8 @@ Modules and what each owns:
   ``authorize`` (is this peer allowed here?); shared by ``tls`` and ``link_auth``.
 - ``secret``: the cluster secret (config / ``RMQHA_CLUSTER_SECRET`` / file), kept out of
   logs; ``constant_time_equals``.
+- ``secret_policy``: where a process's secret comes from, and when a controller, name
+  server or broker may run without one (loopback, ``allow_insecure``).
 - ``signature``: RocketMQ ACL 1.0 request signatures (HMAC-SHA1), checking and signing.
 - ``address_pattern``: RocketMQ's remote-address patterns (``192.168.*.*``, ``{1,2}``, ...).
 - ``acl``: ``plain_acl.yml`` (reloaded when it changes), the permission each request code

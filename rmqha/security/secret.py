@@ -76,19 +76,30 @@ def generate_secret_text() -> str:
     return secrets.token_urlsafe(32)
 
 
-def read_secret_file(path: str | Path) -> ClusterSecret:
-    """The secret in a file (surrounding whitespace stripped).  A file that others may read
-    is used all the same, with a warning naming the file (never its content)."""
+def read_secret_text(path: Path | str, key: str = "cluster_secret_file") -> str:
+    """The secret in ``path``: its first line, surrounding whitespace dropped.  ConfigError
+    names ``key`` for a missing, unreadable or empty file; a file that others may read is
+    used all the same, with a warning naming the file (never its content)."""
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        text = p.read_text(encoding="utf-8")
         mode = p.stat().st_mode
-    except OSError as exc:
-        raise ConfigError(f"cannot read the cluster secret file {p}: {exc.strerror}") from None
+    except FileNotFoundError:
+        raise ConfigError(f"{key}: {p} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{key}: cannot read {p}: {exc}") from exc
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         log.warning("cluster secret file %s can be read by group or others (mode %o); "
                     "chmod 600 it", p, stat.S_IMODE(mode))
-    return ClusterSecret(raw.strip(), f"file {p}")
+    lines = text.strip().splitlines()
+    if not lines or not lines[0].strip():
+        raise ConfigError(f"{key}: {p} is empty")
+    return lines[0].strip()
+
+
+def read_secret_file(path: str | Path) -> ClusterSecret:
+    """The secret in a file, as :func:`read_secret_text` reads it."""
+    return ClusterSecret(read_secret_text(path).encode(), f"file {path}")
 
 
 def load_cluster_secret(value: str | None = None, file: str | Path | None = None,

@@ -49,8 +49,8 @@ def signed_content(ext_fields: Mapping[str, str], body: bytes | None,
     """The bytes RocketMQ's server signs for a request with these fields and body
     (``version``: the frame's; None for a client that signs every field)."""
     skip_unique = version is not None and version <= V4_9_3
-    parts = [ext_fields[k] for k in _sorted_keys(ext_fields)
-             if k != SIGNATURE and not (skip_unique and k == UNIQUE_KEY_QUERY)]
+    unsigned = {SIGNATURE, UNIQUE_KEY_QUERY} if skip_unique else {SIGNATURE}
+    parts = [ext_fields[k] for k in _sorted_keys(ext_fields) if k not in unsigned]
     content = "".join(parts).encode("utf-8")
     return content + body if body else content
 
@@ -75,7 +75,8 @@ def sign(ext_fields: Mapping[str, str], body: bytes | None, access_key: str, sec
          security_token: str | None = None) -> dict[str, str]:
     """The ext fields a client sends: the given ones plus ``AccessKey`` (and
     ``SecurityToken``) and the ``Signature`` over all of them and the body."""
-    fields = {k: v for k, v in ext_fields.items() if k != SIGNATURE}
+    fields = dict(ext_fields)
+    fields.pop(SIGNATURE, None)  # a stale one is replaced, never signed
     fields[ACCESS_KEY] = access_key
     if security_token is not None:
         fields[SECURITY_TOKEN] = security_token

@@ -7,6 +7,8 @@ controller that says it leads; ``kill(i)`` sends SIGKILL, ``pause(i)`` / ``resum
 SIGSTOP/SIGCONT (a partition that keeps sockets open), ``restart(i)`` starts a stopped node
 again on the same journal and ports.  ``stop()`` always ends everything it started; use it
 in a ``finally`` or as a context manager.  Starting, logs and waiting are local_cluster's.
+The group runs with a cluster secret (generated, or ``cluster_secret``): a client of it
+signs with :attr:`ControllerGroup.secret`.
 """
 from __future__ import annotations
 
@@ -29,11 +31,13 @@ GROUP_TIMERS: dict[str, Any] = {**QUICK_CONTROLLER, "scan_inactive_master_interv
 class ControllerGroup:
     def __init__(self, directory: Path, size: int = 3, settings: dict[str, Any] | None = None,
                  python: str = sys.executable,
-                 per_node: dict[int, dict[str, Any]] | None = None) -> None:
+                 per_node: dict[int, dict[str, Any]] | None = None,
+                 cluster_secret: str | None = None, insecure: bool = False) -> None:
         self.directory = Path(directory)
         self.size = size
         self.per_node = per_node or {}
-        self.cluster = Cluster(self.directory, python=python, controller_defaults=GROUP_TIMERS)
+        self.cluster = Cluster(self.directory, python=python, controller_defaults=GROUP_TIMERS,
+                               cluster_secret=cluster_secret, insecure=insecure)
         self.nodes: list[ControllerProc] = self.cluster.add_controllers(
             size, per_node=self.per_node, controller_group="test-group", **(settings or {}))
 
@@ -44,6 +48,11 @@ class ControllerGroup:
     @property
     def address_list(self) -> str:
         return ";".join(self.addresses)
+
+    @property
+    def secret(self) -> str | None:
+        """The cluster secret the group runs with (None when insecure): clients need it."""
+        return self.cluster.cluster_secret
 
     def start(self, wait: bool = True) -> ControllerGroup:
         for i in range(self.size):

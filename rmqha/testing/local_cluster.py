@@ -13,6 +13,13 @@ gracefully first (SIGTERM, then SIGKILL after a deadline).
 Timers default to :data:`QUICK_BROKER`, :data:`QUICK_NAMESRV` and :data:`QUICK_CONTROLLER`,
 so a killed master is replaced within about a second.
 
+Security: a cluster runs with a cluster secret generated for it (or the one given as
+``cluster_secret``), written to ``<base_dir>/cluster.secret`` (mode 0600) and named by every
+process's ``cluster_secret_file``, so Raft traffic is encrypted and control requests are
+signed as in production.  :meth:`Cluster.request` signs the requests that need it, as an
+operator holding the secret would; tools get the file (:attr:`Cluster.secret_file`).
+``insecure=True`` runs without a secret (controllers get ``allow_insecure``).
+
 Typical use::
 
     with Cluster(tmp_dir) as c:
@@ -55,6 +62,7 @@ from rmqha.net.client import RemotingClient
 from rmqha.net.client_security import ClientSecurity
 from rmqha.net.loop import EventLoopThread
 from rmqha.protocol.command import RemotingCommand
+from rmqha.protocol.request_auth import RequestAuthenticator, generate_secret, request_auth
 
 T = TypeVar("T")
 
@@ -246,8 +254,10 @@ class Process:
         write_toml(self.config_path, self.config)
         full_env = dict(os.environ)
         full_env.update({"PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"})
-        # Failpoints of an earlier start must not leak into this one.
-        full_env.pop("RMQHA_FAILPOINTS", None)
+        # Failpoints of an earlier start must not leak into this one, nor a secret of the
+        # caller's shell into a cluster that has its own (``env`` may still set one).
+        for name in ("RMQHA_FAILPOINTS", "RMQHA_CLUSTER_SECRET", "RMQHA_CLUSTER_SECRET_FILE"):
+            full_env.pop(name, None)
         full_env.update(self.env)
         if env:
             full_env.update(env)
@@ -482,10 +492,25 @@ class Cluster:
                  broker_defaults: Mapping[str, Any] = QUICK_BROKER,
                  namesrv_defaults: Mapping[str, Any] = QUICK_NAMESRV,
                  controller_defaults: Mapping[str, Any] = QUICK_CONTROLLER,
-                 python: str = sys.executable) -> None:
+                 python: str = sys.executable, cluster_secret: str | None = None,
+                 insecure: bool = False) -> None:
         self.base_dir = Path(base_dir)
         self.log_dir = self.base_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        if insecure and cluster_secret:
+            raise LocalClusterError("a cluster is either insecure or has a cluster_secret, not both")
+        self.insecure = insecure
+        #: The secret every process of this cluster shares (None when insecure).
+        self.cluster_secret: str | None = None if insecure else (cluster_secret or generate_secret())
+        #: The file holding it, named by every process's ``cluster_secret_file``.
+        self.secret_file: Path | None = None
+        if self.cluster_secret is not None:
+            self.secret_file = self.base_dir / "cluster.secret"
+            self.secret_file.touch(mode=0o600)
+            self.secret_file.chmod(0o600)
+            self.secret_file.write_text(self.cluster_secret + "\n", encoding="utf-8")
+        #: Signs what :meth:`request` sends, as a holder of the secret.
+        self.auth: RequestAuthenticator = request_auth(self.cluster_secret)
         self.cluster_name = cluster_name
         self.broker_defaults = dict(broker_defaults)
         self.namesrv_defaults = dict(namesrv_defaults)
@@ -577,6 +602,12 @@ class Cluster:
 
     # --- starting processes ---------------------------------------------------------------
 
+    def secret_settings(self, kind: str) -> dict[str, Any]:
+        """The security keys a process of ``kind`` ("controller", "namesrv", "broker") gets."""
+        if self.secret_file is not None:
+            return {"cluster_secret_file": str(self.secret_file)}
+        return {"allow_insecure": True} if kind == "controller" else {}
+
     @property
     def controller_addresses(self) -> list[str]:
         return [c.address for c in self.controllers] + self.embedded_controllers
@@ -599,7 +630,8 @@ class Cluster:
             name = f"controller{len(self.controllers)}"
             config = controller_config(self.base_dir / name, self_id=f"n{i}", peers=peers,
                                        raft_peers=raft_peers,
-                                       **{**self.controller_defaults, **overrides,
+                                       **{**self.secret_settings("controller"),
+                                          **self.controller_defaults, **overrides,
                                           **(per_node or {}).get(i, {})})
             proc = ControllerProc(self, name, "controller", config, self.base_dir / name)
             self.controllers.append(proc)
@@ -618,7 +650,8 @@ class Cluster:
 
     def start_namesrv(self, *, wait: bool = True, **overrides: Any) -> NamesrvProc:
         name = f"namesrv{len(self.namesrvs)}"
-        config = {"listen_port": free_port(), **self.namesrv_defaults, **overrides}
+        config = {"listen_port": free_port(), **self.secret_settings("namesrv"),
+                  **self.namesrv_defaults, **overrides}
         proc = NamesrvProc(self, name, "namesrv", config, self.base_dir / name)
         self.namesrvs.append(proc)
         self.processes.append(proc)
@@ -633,7 +666,8 @@ class Cluster:
         rpc, raft = free_port(), free_port()
         controller = controller_config(self.base_dir / name / "controller", self_id="n0",
                                        peers=f"n0-127.0.0.1:{rpc}", raft_peers=f"n0-127.0.0.1:{raft}",
-                                       **self.controller_defaults)
+                                       **{**self.secret_settings("controller"),
+                                          **self.controller_defaults})
         proc = self.start_namesrv(wait=False, enable_controller_in_namesrv=True, controller=controller, **overrides)
         self.embedded_controllers.append(f"127.0.0.1:{rpc}")
         self.wait_for(lambda: port_open(proc.address), what=f"{proc.name} listening", process=proc)
@@ -649,6 +683,7 @@ class Cluster:
             "listen_port": free_port_pair(),
             "controller_addr": self.controller_addresses,
             "namesrv_addr": self.namesrv_addresses,
+            **self.secret_settings("broker"),
             **self.broker_defaults,
         }
         config.update(overrides)
@@ -749,14 +784,15 @@ class Cluster:
 
     def request(self, addr: str, code: int, ext: Mapping[str, Any] | None = None,
                 body: Any = b"", timeout: float = 3.0) -> RemotingCommand:
-        """Send one request to ``addr`` and return the response (any code)."""
+        """Send one request to ``addr`` and return the response (any code); one that needs
+        proof of the cluster secret is signed with it."""
         if self._loop is None:
             self._loop = EventLoopThread("cluster-client")
         client = self._clients.get(addr)
         if client is None:
             client = self._clients[addr] = RemotingClient(addr, connect_timeout=1.0,
                                                           security=self.client_security)
-        cmd = RemotingCommand.request(code, ext, body)
+        cmd = self.auth.sign(RemotingCommand.request(code, ext, body))
         return self._loop.run(client.request(cmd, timeout), timeout + 2)
 
     def controller_metadata(self, addr: str, timeout: float = 1.0) -> dict[str, str] | None:

@@ -37,7 +37,8 @@ def loop():
 def make_config(cluster: Cluster, tmp_path, group: str = "broker-a", **overrides) -> BrokerConfig:
     cfg = BrokerConfig()
     values = dict(FAST_BROKER, cluster=cluster.cluster_name, broker_name=group, store_dir=str(tmp_path / "store"),
-                  listen_port=free_port_pair(), controller_addr=cluster.controller_addresses, log_level="INFO")
+                  listen_port=free_port_pair(), controller_addr=cluster.controller_addresses, log_level="INFO",
+                  **cluster.secret_settings("broker"))
     values.update(overrides)
     apply_values(cfg, values, "test")
     cfg.validate()

@@ -264,7 +264,8 @@ def test_master_cut_off_from_the_controller_fences_itself_and_unfences_at_the_sa
     ha-status; once its heartbeats pass again it is renewed and writes at the same epoch."""
     from tcp_proxy import TcpProxy
 
-    cluster.start_controllers(1)
+    # The controller applies at most its own broker_heartbeat_timeout to the broker's ask.
+    cluster.start_controllers(1, broker_heartbeat_timeout=6000)
     host, _, port = cluster.controller_addresses[0].rpartition(":")
     proxy = TcpProxy(host, int(port))
     proxy.start()

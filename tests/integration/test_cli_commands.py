@@ -23,7 +23,10 @@ TOPIC = "CliTopic"
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    with Cluster(tmp_path_factory.mktemp("cli"), cluster_name="cli-cluster") as c:
+    with Cluster(tmp_path_factory.mktemp("cli"), cluster_name="cli-cluster") as c, \
+            pytest.MonkeyPatch.context() as env:
+        # As an operator's shell would: admin writes are signed with the cluster secret.
+        env.setenv("RMQHA_CLUSTER_SECRET_FILE", str(c.secret_file))
         c.start_controllers(1, admin_token=TOKEN)
         c.start_namesrv(admin_token=TOKEN)
         a, b = c.start_group("broker-a", 2, in_sync=True, admin_token=TOKEN)

@@ -54,7 +54,7 @@ def _master_config(cluster: Cluster, tmp_path, ha_proxy_port: int) -> BrokerConf
                   store_dir=str(tmp_path / "master-store"), listen_port=free_port_pair(),
                   controller_addr=cluster.controller_addresses, log_level="INFO",
                   all_ack_in_sync_state_set=True, slave_timeout_ms=20_000,
-                  ha_advertised_address=f"127.0.0.1:{ha_proxy_port}")
+                  ha_advertised_address=f"127.0.0.1:{ha_proxy_port}", **cluster.secret_settings("broker"))
     apply_values(cfg, values, "test")
     cfg.validate()
     return cfg

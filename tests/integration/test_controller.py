@@ -3,7 +3,8 @@
 Brokers are simulated by :class:`FakeBroker`: its own ControllerClient (so closing it
 closes the broker's connections, which the leader treats as the broker dying), a
 heartbeat loop, and a RemotingServer at its registered address that records
-NOTIFY_BROKER_ROLE_CHANGED pushes.
+NOTIFY_BROKER_ROLE_CHANGED pushes.  Every group runs with the cluster secret
+:data:`SECRET` and every client signs with it (tests/security covers what happens without).
 """
 from __future__ import annotations
 
@@ -26,9 +27,16 @@ from rmqha.net.client import RemotingClient
 from rmqha.net.connection import Connection
 from rmqha.net.server import RemotingServer
 from rmqha.protocol.command import RemotingCommand
+from rmqha.protocol.request_auth import request_auth
 
 TOKEN = "t0ken"
 CLUSTER = "c1"
+SECRET = "controller-tests-secret"
+
+
+def client(addresses, **kwargs) -> ControllerClient:
+    """A controller client holding the cluster secret (as every broker and tool does)."""
+    return ControllerClient(addresses, cluster_secret=SECRET, **kwargs)
 
 
 class FakeBroker:
@@ -55,7 +63,7 @@ class FakeBroker:
     async def start(self) -> FakeBroker:
         await self.server.start()
         self._serving = True
-        self.client = ControllerClient(self.addresses, request_timeout=2)
+        self.client = client(self.addresses, request_timeout=2)
         return self
 
     async def register(self) -> int:
@@ -104,7 +112,7 @@ class FakeBroker:
         if self._serving:
             await self.server.stop()
             self._serving = False
-        self.client = ControllerClient(self.addresses, request_timeout=2)
+        self.client = client(self.addresses, request_timeout=2)
 
     async def stop(self) -> None:
         await self.die()
@@ -125,7 +133,7 @@ async def wait_until(pred, timeout: float, what: str):
 @pytest.fixture(scope="module")
 def group(tmp_path_factory):
     g = ControllerGroup(tmp_path_factory.mktemp("ctl"), 3, settings={"admin_token": TOKEN},
-                        per_node={0: {"metrics_port": free_port()}})
+                        per_node={0: {"metrics_port": free_port()}}, cluster_secret=SECRET)
     try:
         g.start()
         yield g
@@ -134,7 +142,7 @@ def group(tmp_path_factory):
 
 
 def admin(addresses) -> ControllerClient:
-    return ControllerClient(addresses, request_timeout=2, admin_token=TOKEN)
+    return client(addresses, request_timeout=2, admin_token=TOKEN)
 
 
 # --- registration ------------------------------------------------------------------------
@@ -228,17 +236,18 @@ def test_election_rules_one_by_one(group):
             assert json.loads(note.body) == {"syncStateSet": [3], "syncStateSetEpoch": 3}
 
             # Only SyncStateSet members are candidates: b2 comes back with the best offset
-            # but is not in {1, 3}; b3 dies; b1 wins.
+            # but is not in {1, 3}; b3 dies; b1 wins.  (A heartbeat may claim at most the
+            # group's master epoch, 2 here.)
             await c.alter_sync_state_set(name, 3, 2, [1, 3], 3)
-            b2.epoch, b2.offset = 5, 10_000
+            b2.epoch, b2.offset = 2, 10_000
             await b2.start_heartbeats()
             await b3.die()
             info = await wait_until(lambda: master_is(1), 10, "b1 elected")
             assert (info.master_epoch, info.sync_state_set) == (3, [1])
 
             # Equal epoch and offset: lower election priority wins.
-            b3.epoch, b3.offset, b3.priority = 5, 10_000, 1
-            b2.priority = 7
+            b3.epoch, b3.offset, b3.priority = 3, 10_000, 1
+            b2.epoch, b2.priority = 3, 7
             await b3.start_heartbeats()
             await b2.beat_once()
             await wait_alive(c, name, {1, 2, 3})
@@ -256,7 +265,7 @@ def test_election_rules_one_by_one(group):
             with pytest.raises(RemoteCommandError) as info2:
                 await c.elect_master(CLUSTER, name, 1, designate=True)
             assert info2.value.code == ResponseCode.CONTROLLER_ELECT_MASTER_FAILED
-            async with ControllerClient(group.addresses, request_timeout=2) as no_token:
+            async with client(group.addresses, request_timeout=2) as no_token:
                 with pytest.raises(RemoteCommandError) as info2:
                     await no_token.elect_master(CLUSTER, name, 3, designate=True)
                 assert info2.value.code == ResponseCode.NO_PERMISSION
@@ -273,7 +282,7 @@ def test_election_rules_one_by_one(group):
 
             # Unclean elections (runtime switch): any live replica may take over.
             await c.update_controller_config({"enableElectUncleanMaster": "true"})
-            b1.epoch = 9
+            b1.epoch = 6
             await b1.start_heartbeats()
             info = await wait_until(lambda: master_is(1), 10, "unclean b1 elected")
             assert (info.master_epoch, info.sync_state_set) == (7, [1])
@@ -361,7 +370,7 @@ def test_clean_broker_data(group):
             await c.clean_broker_data(name, [2], cluster=CLUSTER)
             table = await c.get_sync_state_data([name])
             assert [r.broker_id for r in table[name].not_in_sync_replicas] == [1]
-            async with ControllerClient(group.addresses, request_timeout=2) as no_token:
+            async with client(group.addresses, request_timeout=2) as no_token:
                 with pytest.raises(RemoteCommandError) as info:
                     await no_token.clean_broker_data(name, [1], clean_living_broker=True)
                 assert info.value.code == ResponseCode.NO_PERMISSION
@@ -382,7 +391,7 @@ def test_followers_redirect_and_metadata_anywhere(group):
     async def main() -> None:
         leader = group.wait_leader()
         follower = group.addresses[(leader + 1) % 3]
-        async with ControllerClient([follower]) as c:
+        async with client([follower]) as c:
             resp = await c.request_to(follower, RequestCode.CONTROLLER_GET_NEXT_BROKER_ID,
                                       {"clusterName": CLUSTER, "brokerName": "x"})
             assert resp.code == ResponseCode.CONTROLLER_NOT_LEADER
@@ -403,8 +412,9 @@ def test_unknown_codes_and_malformed_frames(group):
         async with RemotingClient(addr) as client:
             resp = await client.request(RemotingCommand.request(4321), 2)
             assert resp.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
-            resp = await client.request(RemotingCommand.request(RequestCode.BROKER_HEARTBEAT,
-                                                                {"brokerName": "x"}), 2)
+            signed = request_auth(SECRET).sign(
+                RemotingCommand.request(RequestCode.BROKER_HEARTBEAT, {"brokerName": "x"}))
+            resp = await client.request(signed, 2)
             assert resp.code == ResponseCode.CONTROLLER_INVALID_REQUEST
             for junk in (struct.pack(">i", 1 << 30) + b"zz", struct.pack(">ii", 9, 5) + b"{oops",
                          struct.pack(">ii", 6, 2) + b"[]"):
@@ -433,7 +443,7 @@ def test_config_get_update_and_refusals(group):
                 assert info.value.code == ResponseCode.NO_PERMISSION
             with pytest.raises(RemoteCommandError, match="unknown configuration key"):
                 await c.update_controller_config({"noSuchKey": "1"})
-        async with ControllerClient(group.addresses) as c:
+        async with client(group.addresses) as c:
             with pytest.raises(RemoteCommandError) as info:
                 await c.update_controller_config({"notifyBrokerRoleChanged": "true"})
             assert info.value.code == ResponseCode.NO_PERMISSION
@@ -452,7 +462,7 @@ def test_metrics_exported(group):
 
 
 async def _touch(group):
-    async with ControllerClient([group.addresses[0]]) as c:
+    async with client([group.addresses[0]]) as c:
         await c.get_metadata(group.addresses[0])
 
 
@@ -482,7 +492,7 @@ def test_admin_cli(group, capsys):
 
 
 async def _state_of(addresses, names):
-    async with ControllerClient(addresses, request_timeout=2) as c:
+    async with client(addresses, request_timeout=2) as c:
         table = await c.get_sync_state_data(names)
         nxt = {n: await c.get_next_broker_id(CLUSTER, n) for n in names}
         return {n: (s.master_broker_id, s.master_epoch, s.sync_state_set_epoch,
@@ -492,7 +502,7 @@ async def _state_of(addresses, names):
 
 
 def test_leader_kill_and_full_restart_keep_state(tmp_path):
-    group = ControllerGroup(tmp_path, 3)
+    group = ControllerGroup(tmp_path, 3, cluster_secret=SECRET)
     try:
         group.start()
 
@@ -532,7 +542,7 @@ def test_leader_kill_and_full_restart_keep_state(tmp_path):
 
 
 def test_minority_cannot_commit(tmp_path):
-    group = ControllerGroup(tmp_path, 3, settings={"commit_timeout": 1500})
+    group = ControllerGroup(tmp_path, 3, settings={"commit_timeout": 1500}, cluster_secret=SECRET)
     try:
         group.start()
         leader = group.wait_leader()
@@ -542,7 +552,7 @@ def test_minority_cannot_commit(tmp_path):
         try:
             async def attempt() -> list[int]:
                 codes = []
-                async with ControllerClient([group.addresses[leader]], request_timeout=3) as c:
+                async with client([group.addresses[leader]], request_timeout=3) as c:
                     for n in range(3):
                         resp = await c.request_to(
                             group.addresses[leader], RequestCode.CONTROLLER_APPLY_BROKER_ID,
@@ -578,16 +588,18 @@ def test_refuses_busy_port_and_remote_peers_without_secret(tmp_path):
         port = busy.getsockname()[1]
         cfg = tmp_path / "c.conf"
         cfg.write_text(f"controllerDLegerPeers=n0-127.0.0.1:{port}\ncontrollerDLegerSelfId=n0\n"
-                       f"controllerStorePath={tmp_path / 's'}\n")
+                       f"controllerStorePath={tmp_path / 's'}\nallowInsecure=true\n")
         assert controller_main(["--config", str(cfg)]) == 1
+    # allow_insecure covers loopback only.
     cfg.write_text(f"controllerDLegerPeers=n0-127.0.0.1:{free_port()};n1-10.9.9.9:9878\n"
-                   f"controllerDLegerSelfId=n0\ncontrollerStorePath={tmp_path / 's'}\n")
+                   f"controllerDLegerSelfId=n0\ncontrollerStorePath={tmp_path / 's'}\nallowInsecure=true\n")
     assert controller_main(["--config", str(cfg)]) == 1
 
 
 def test_group_with_cluster_secret_commits(tmp_path):
     # pysyncobj encrypts its peer traffic with the secret; the group must still elect and commit.
-    group = ControllerGroup(tmp_path, 3, settings={"raft_password": "s3cret-for-tests"})
+    group = ControllerGroup(tmp_path, 3, settings={"raft_password": "s3cret-for-tests"},
+                            cluster_secret=SECRET)
     try:
         group.start()
         group.wait_leader()
@@ -604,7 +616,7 @@ def test_group_with_cluster_secret_commits(tmp_path):
 
 def test_controller_client_gives_up_without_leader(tmp_path):
     async def main() -> None:
-        async with ControllerClient([f"127.0.0.1:{free_port()}"], request_timeout=0.3) as c:
+        async with client([f"127.0.0.1:{free_port()}"], request_timeout=0.3) as c:
             with pytest.raises(ControllerError, match="no controller"):
                 await c.get_next_broker_id(CLUSTER, "x")
 
@@ -612,7 +624,7 @@ def test_controller_client_gives_up_without_leader(tmp_path):
 
 
 def test_new_leader_keeps_a_live_master_and_detects_a_dead_one(tmp_path):
-    group = ControllerGroup(tmp_path, 3)
+    group = ControllerGroup(tmp_path, 3, cluster_secret=SECRET)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()

@@ -9,7 +9,7 @@ its engine is not), so images are not built here.  What can be checked is checke
   loader, with the environment the containers set;
 - the configs start for real: three controllers, a name server and a group of three
   brokers run from them on loopback (addresses and ports rewritten, as a container
-  network would give them), with the Raft secret and broker IPs from the environment as
+  network would give them), with the cluster secret and broker IPs from the environment as
   compose and Kubernetes pass them;
 - a broker rescheduled with a new IP (127.0.0.2, another loopback address) keeps its
   broker id from its volume and re-registers at its new address, which is what the
@@ -150,6 +150,9 @@ def test_compose_file_runs_three_controllers_a_namesrv_and_a_group_of_three(tmp_
     assert ids == {"n0", "n1", "n2"}
     assert len({services[n]["volumes"][0] for n in kinds["broker"]}) == 3
     assert len({services[n]["environment"]["RMQHA_BROKER_IP"] for n in kinds["broker"]}) == 3
+    # Every server gets the cluster secret, and compose refuses to start without it.
+    for name in kinds["controller"] + kinds["namesrv"] + kinds["broker"]:
+        assert "${RMQHA_CLUSTER_SECRET:?" in services[name]["environment"]["RMQHA_CLUSTER_SECRET"], name
     # The brokers' ACL file is a compose secret, not a file of the image.
     acl_target = tomllib.loads((CONF / "broker.toml").read_text())["acl_file"]
     for n in kinds["broker"]:
@@ -166,14 +169,15 @@ def test_compose_file_runs_three_controllers_a_namesrv_and_a_group_of_three(tmp_
 
 @pytest.mark.parametrize("name", sorted(CONFIG_CLASSES))
 def test_deploy_configs_load_with_the_container_environment(name):
-    env = {"RMQHA_RAFT_PASSWORD": "s3cret", "RMQHA_BROKER_IP": "10.1.2.3", "RMQHA_CONTROLLER_SELF_ID": "n2"}
+    env = {"RMQHA_CLUSTER_SECRET": "s3cret", "RMQHA_BROKER_IP": "10.1.2.3", "RMQHA_CONTROLLER_SELF_ID": "n2"}
     cfg = load_config(CONFIG_CLASSES[name], CONF / name, env=env)
+    assert cfg.secret() == "s3cret" and cfg.check_security() == "s3cret"
     if name == "broker.toml":
         # A group of three keeps two copies of every acknowledged message (issue 13.3).
         assert cfg.min_in_sync_replicas == 2 and cfg.all_ack_in_sync_state_set
         assert cfg.broker_address == "10.1.2.3:10911"
     if name == "controller.toml":
-        assert cfg.raft_password == "s3cret" and cfg.self_peer().id == "n2"
+        assert cfg.raft_secret() == "s3cret" and cfg.self_peer().id == "n2"
 
 
 # --- Kubernetes -------------------------------------------------------------------------------
@@ -217,10 +221,12 @@ def test_kubernetes_manifests_give_each_broker_a_volume_and_its_pod_ip():
     argv = shlex.split(command[2].replace("${HOSTNAME##*-}", "1"))
     assert argv[:2] == ["exec", "rmqha"]
     _check_command(argv[2:])
-    ctrl_env = controller["spec"]["template"]["spec"]["containers"][0]["env"]
-    assert any(e["name"] == "RMQHA_RAFT_PASSWORD" and "secretKeyRef" in e["valueFrom"] for e in ctrl_env)
     namesrv = by_kind["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]
     _check_command(namesrv["args"])
+    # Every process takes the cluster secret from the Secret.
+    for pod_container in (controller["spec"]["template"]["spec"]["containers"][0], namesrv, container):
+        assert any(e["name"] == "RMQHA_CLUSTER_SECRET" and "secretKeyRef" in e["valueFrom"]
+                   for e in pod_container["env"]), pod_container["name"]
 
 
 # --- secure by default ------------------------------------------------------------------------
@@ -248,7 +254,9 @@ def _exposure_problems(cfg: Any, name: str) -> list[str]:
     if isinstance(cfg, BrokerConfig) and not cfg.acl_enable:
         problems.append(f"{where} without acl_enable")
     if isinstance(cfg, ControllerConfig) and cfg.raft_password:
-        problems.append(f"{name}: the Raft password is written in the file (use RMQHA_RAFT_PASSWORD)")
+        problems.append(f"{name}: the Raft password is written in the file (use RMQHA_CLUSTER_SECRET)")
+    if getattr(cfg, "cluster_secret", ""):
+        problems.append(f"{name}: the cluster secret is written in the file (use RMQHA_CLUSTER_SECRET)")
     return problems
 
 
@@ -432,7 +440,7 @@ case "$*" in *" get secret "*) exit 1;; *" apply "*) cat >/dev/null;; esac
                                                          "rmqha-broker-a-1")
     assert stat.S_IMODE(stored["rmqha-broker-a-1.key"].stat().st_mode) == 0o600
     assert any("create secret generic rmqha-acl --from-file=plain_acl.yml=" in c for c in calls)
-    assert any("create secret generic rmqha-secrets --from-literal=raft-password=" in c for c in calls)
+    assert any("create secret generic rmqha-secrets --from-literal=cluster-secret=" in c for c in calls)
 
 
 # --- the configs, started ---------------------------------------------------------------------
@@ -493,14 +501,18 @@ def test_deploy_configs_start_a_cluster_and_a_rescheduled_broker_keeps_its_id(tm
     admin = TlsSettings(client_enable=True, client_cert_path=str(pki / "admin-admin.crt"),
                         client_key_path=str(pki / "admin-admin.key"),
                         client_trust_cert_path=str(pki / certs.CA_CERT))
+    secret = "deploy-test-secret"
+    # Controllers and brokers take the secret only from RMQHA_CLUSTER_SECRET, as compose and
+    # the Secret pass it (not from the harness's file, which holds the same one).
     with Cluster(tmp_path, broker_defaults={**broker, **QUICK_BROKER, **loopback},
                  namesrv_defaults={**namesrv, **QUICK_NAMESRV, **loopback},
-                 controller_defaults={**controller, **QUICK_CONTROLLER, **loopback}) as c:
+                 controller_defaults={**controller, **QUICK_CONTROLLER, **loopback},
+                 cluster_secret=secret) as c:
         c.client_security = ClientSecurity(client_context(admin),
                                            Credentials("deploy-admin", "deploy-admin-secret").sign)
-        ctrls = c.add_controllers(3)
+        ctrls = c.add_controllers(3, cluster_secret_file="")
         for i, proc in enumerate(ctrls):
-            proc.env["RMQHA_RAFT_PASSWORD"] = "deploy-test-secret"  # as compose and the Secret pass it
+            proc.env["RMQHA_CLUSTER_SECRET"] = secret
             proc.env.update(_compose_certs(f"controller-{i}"))
             proc.start()
         c.wait_for(lambda: c.controller_leader() is not None, what="a controller leader")
@@ -508,7 +520,8 @@ def test_deploy_configs_start_a_cluster_and_a_rescheduled_broker_keeps_its_id(tm
                            for var, path in _compose_certs("namesrv").items()})
         brokers = []
         for i in range(3):
-            b = c.add_broker("broker-a")
+            b = c.add_broker("broker-a", cluster_secret_file="")
+            b.env["RMQHA_CLUSTER_SECRET"] = secret
             b.env["RMQHA_BROKER_IP"] = "127.0.0.1"  # the pod IP of this scheduling
             b.env.update(_compose_certs(f"broker-a-{i}"))
             b.start()

@@ -126,7 +126,8 @@ def test_route_answer_is_what_the_cpp_client_parses(cluster):
 
 
 def test_register_answer_ext_fields_are_strings(cluster):
-    ns = cluster.start_namesrv()
+    # A Java broker signs nothing: a name server without a cluster secret (loopback only).
+    ns = cluster.start_namesrv(cluster_secret_file="")
     header = {"code": 103, "language": "JAVA", "version": 475, "opaque": 7, "flag": 0,
               "extFields": {"brokerName": "g1", "brokerAddr": "127.0.0.1:1", "clusterName": "c1",
                             "haServerAddr": "127.0.0.1:2", "brokerId": 0, "compressed": "false"}}
@@ -166,7 +167,8 @@ def test_broker_dropped_when_its_connection_closes(cluster):
         client = RemotingClient(ns.address)
         ext = {"brokerName": "g1", "brokerAddr": "127.0.0.1:30911", "clusterName": "c1", "brokerId": 0,
                "haServerAddr": "127.0.0.1:30912"}
-        resp = loop.run(client.request(RemotingCommand.request(RequestCode.REGISTER_BROKER, ext), 3))
+        cmd = cluster.auth.sign(RemotingCommand.request(RequestCode.REGISTER_BROKER, ext))
+        resp = loop.run(client.request(cmd, 3))
         assert resp.code == 0
         assert cluster.group_route("g1")["brokerAddrs"] == {"0": "127.0.0.1:30911"}
         loop.run(client.close())

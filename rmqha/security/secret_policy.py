@@ -1,0 +1,95 @@
+"""The cluster secret as configuration: where a process gets it and when it may run without.
+
+Every process (controller, name server, broker) reads the same secret from, in order:
+``cluster_secret`` (a config file key, or the environment variable
+``RMQHA_CLUSTER_SECRET``, which the config loader maps onto it), else the first line of
+``cluster_secret_file`` (``RMQHA_CLUSTER_SECRET_FILE``: a mounted Kubernetes Secret or a
+Docker secret).  A controller also takes its legacy ``raft_password`` as the secret.  The
+secret never appears in logs, answers or error messages.
+
+Without a secret:
+
+* a **controller** refuses to start unless ``allow_insecure = true``, and even then only
+  when every Raft peer and its listen address are on loopback: pysyncobj unpickles what
+  its peers send, and only the secret makes it authenticate that first;
+* a **name server** or **broker** runs unauthenticated (logging a warning) when everything
+  it listens on is loopback, and refuses otherwise unless ``allow_insecure = true``.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+from rmqha.errors import ConfigError
+from rmqha.security.secret import read_secret_text
+
+log = logging.getLogger(__name__)
+
+#: How the error messages name the keys (snake_case, RocketMQ spelling, environment).
+SECRET_KEYS_TEXT = ("cluster_secret (clusterSecret, env RMQHA_CLUSTER_SECRET) or "
+                    "cluster_secret_file (clusterSecretFile, env RMQHA_CLUSTER_SECRET_FILE)")
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``host`` or ``host:port`` is a loopback address (a DNS name other than
+    localhost is assumed to leave the machine)."""
+    host = _host(address)
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _host(address: str) -> str:
+    if address.startswith("["):  # [v6]:port
+        return address[1:address.find("]")] if "]" in address else address
+    if address.count(":") == 1:  # host:port
+        return address.rpartition(":")[0]
+    return address  # a bare host, or a bare IPv6 address
+
+
+def resolve_secret(value: str | None, path: Path | str | None, *fallbacks: str | None) -> str | None:
+    """``value``, else the content of ``path``, else the first non-empty fallback."""
+    if value:
+        return value
+    if path is not None and str(path):
+        return read_secret_text(path)
+    return next((f for f in fallbacks if f), None)
+
+
+def require_controller_secret(secret: str | None, allow_insecure: bool,
+                              addresses: Iterable[str], who: str) -> None:
+    """ConfigError naming the keys to set unless a controller may run as configured."""
+    if secret:
+        return
+    if not allow_insecure:
+        raise ConfigError(
+            f"{who} has no cluster secret: set {SECRET_KEYS_TEXT} (or raft_password) to the "
+            "secret every controller, name server and broker of the cluster shares; "
+            "allow_insecure = true runs without one, on loopback only")
+    remote = sorted({a for a in addresses if not is_loopback(a)})
+    if remote:
+        raise ConfigError(
+            f"{who}: allow_insecure = true is refused because {', '.join(remote)} "
+            f"{'is' if len(remote) == 1 else 'are'} not loopback (pysyncobj would unpickle "
+            f"whatever reaches its port): set {SECRET_KEYS_TEXT}")
+
+
+def check_optional_secret(secret: str | None, allow_insecure: bool,
+                          addresses: Iterable[str], who: str) -> None:
+    """For a name server or broker: ConfigError when it would listen off loopback
+    without a secret (unless ``allow_insecure``); a warning when it runs without one."""
+    if secret:
+        return
+    remote = sorted({a for a in addresses if not is_loopback(a)})
+    if remote and not allow_insecure:
+        raise ConfigError(
+            f"{who} has no cluster secret and listens on {', '.join(remote)}: anyone who "
+            f"reaches it could change routes or roles; set {SECRET_KEYS_TEXT}, or "
+            "allow_insecure = true to run unauthenticated anyway")
+    log.warning("%s runs without a cluster secret: control requests are not authenticated "
+                "(set %s)", who, SECRET_KEYS_TEXT)
