@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if PROJECT_ROOT not in sys.path:
     # spark_bench lives at the repository root (not inside the rmqha package).
     sys.path.insert(0, PROJECT_ROOT)

@@ -174,7 +174,7 @@ def extent_dir(tmp_path) -> Iterator[Path]:
     """A directory on a filesystem with unwritten extents: pytest's own, else /var/tmp,
     else the repository's (where /tmp is a tmpfs, the other two are usually a real disk);
     none of them is a skip locally and a failure under CI (see :mod:`needs`)."""
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     for parent in (tmp_path, Path("/var/tmp"), repo):
         try:
             directory = Path(tempfile.mkdtemp(prefix="rmqha-extents-", dir=parent))
