@@ -69,6 +69,15 @@ class ProtocolError(RmqhaError):
     """A frame on the wire is malformed: out of bounds, unknown type, short body, ..."""
 
 
+class ReceiptError(ProtocolError):
+    """A pop receipt handle that may not ack or change its message: forged, expired,
+    already acked, ... (``status`` names which; see rmqha.messaging.receipt)."""
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class RemotingError(RmqhaError):
     """An RPC failed at the transport level (connection lost, closed)."""
 

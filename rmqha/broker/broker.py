@@ -381,6 +381,7 @@ class Broker:
             broker_name=self.config.broker_name, broker_id=broker_id, replication=self.replication,
             on_segments_deleted=self._on_segments_deleted, on_topics_changed=self.topics_changed,
             metrics=self.metrics,
+            epoch=lambda: self.replicas.master_epoch if self.replicas is not None else 0,
         )
 
     def _count_served(self, handler: Any) -> Any:

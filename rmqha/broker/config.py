@@ -149,6 +149,14 @@ class BrokerConfig:
     transaction_check_interval_ms: int = field(default=30000, metadata=_alias("transactionCheckInterval"))
     #: Check-backs before an unresolved half message is discarded.
     transaction_check_max: int = field(default=15, metadata=_alias("transactionCheckMax"))
+    #: How often the master revives popped messages whose invisible time ran out.
+    pop_revive_interval_ms: int = field(default=1000, metadata=_alias("reviveInterval"))
+    #: Revived pops wait RocketMQ's retry backoff (delay level 3 + retry count) in the retry topic.
+    pop_revive_backoff: bool = True
+    #: Pops of a group nobody created use default group settings (else SUBSCRIPTION_GROUP_NOT_EXIST).
+    auto_create_subscription_group: bool = field(default=True, metadata=_alias("autoCreateSubscriptionGroup"))
+    #: Sends to a topic with a message.type attribute must be of that type.
+    topic_message_type_check: bool = True
 
     # --- operations -----------------------------------------------------------------------
     #: Prometheus /metrics port; 0 = off (as the controller's metricsPromExporterPort).
@@ -186,7 +194,8 @@ class BrokerConfig:
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be positive, got {getattr(self, key)}")
         for key in ("timer_precision_ms", "timer_max_delay_s", "transaction_timeout_ms",
-                    "transaction_check_interval_ms", "transaction_check_max"):
+                    "transaction_check_interval_ms", "transaction_check_max",
+                    "pop_revive_interval_ms"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be positive, got {getattr(self, key)}")
         from rmqha.messaging.delayed_delivery import parse_delay_levels

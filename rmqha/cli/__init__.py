@@ -19,6 +19,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "rmqha.cli.controller",
     "rmqha.cli.admin",
     "rmqha.cli.client",
+    "rmqha.cli.groups",
     "rmqha.cli.query_msg",
     "rmqha.cli.config_keys",
     "rmqha.cli.scrub",

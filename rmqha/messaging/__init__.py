@@ -6,8 +6,10 @@ thin dispatcher over one piece per concern, all sharing one ``MessagingContext``
 path (``pull_path``), queue lookups (``queue_queries``), consumer offsets
 (``consumer_offsets``), topic admin (``topic_admin``), the replicated state
 (``state_replication`` folding the records of ``state``), client requests
-(``client_requests`` over the tables of ``clients``), consumer retries (``send_back``) and
-retention (``retention``).  The message codec, topics and request headers it shares with
+(``client_requests`` over the tables of ``clients``), consumer retries (``send_back``),
+retention (``retention``), subscription groups (``group_admin``) and pop consumption
+(``pop_path``, ``pop_acks``, ``pop_revive`` over ``pop_ledger``, ``pop_logic``,
+``pop_state`` and ``receipt``).  The message codec, topics and request headers it shares with
 the client are in :mod:`rmqha.protocol`.
 """
 from __future__ import annotations

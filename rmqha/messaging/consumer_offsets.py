@@ -69,12 +69,12 @@ class ConsumerOffsets:
         # client apply its consumeFromWhere (CONSUME_FROM_LAST_OFFSET: start at the max);
         # a queue whose first message is still at queue offset 0 and "in memory" (a young
         # queue) answers 0 so a new group on a new topic misses nothing.
-        if ext.get("setZeroIfNotFound", "").lower() != "false" and self._young_queue(topic, qid):
+        if ext.get("setZeroIfNotFound", "").lower() != "false" and self.young_queue(topic, qid):
             return cmd.response(ResponseCode.SUCCESS, None, {"offset": 0})
         return cmd.response(ResponseCode.QUERY_NOT_FOUND,
                             "Not found, maybe this group consumer boot first", {})
 
-    def _young_queue(self, topic: str, queue_id: int) -> bool:
+    def young_queue(self, topic: str, queue_id: int) -> bool:
         """RocketMQ's ``minOffset <= 0 && checkInMemByConsumeOffset(topic, queue, 0, 1)``:
         the queue still starts at 0 and its first record lies within the part of the log
         RocketMQ counts as in memory (accessMessageInMemoryMaxRatio, 40% of RAM, from the

@@ -98,6 +98,17 @@ class MessagingConfig:
     transaction_check_interval_ms: int = 30000
     #: Check-backs before a half message is discarded (RocketMQ ``transactionCheckMax``).
     transaction_check_max: int = 15
+    #: How often the master looks for popped messages whose invisible time ran out
+    #: (RocketMQ ``reviveInterval``).
+    pop_revive_interval_ms: int = 1000
+    #: An expired pop goes to the retry topic after RocketMQ's backoff (delay level 3 +
+    #: its retry count); off: visible there at once.
+    pop_revive_backoff: bool = True
+    #: A pop of a group nobody created uses RocketMQ's default group settings (RocketMQ
+    #: ``autoCreateSubscriptionGroup``); off: SUBSCRIPTION_GROUP_NOT_EXIST.
+    auto_create_subscription_group: bool = True
+    #: Sends to a topic with a ``message.type`` attribute must be of that type.
+    topic_message_type_check: bool = True
 
     @classmethod
     def from_broker_config(cls, cfg: Any) -> MessagingConfig:

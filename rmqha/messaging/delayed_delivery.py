@@ -37,7 +37,7 @@ from rmqha.messaging.background import BackgroundJob
 from rmqha.store.consume_queue import ScannedRecord
 from rmqha.messaging.context import MessagingContext, Refused
 from rmqha.messaging.log_writer import LogWriter
-from rmqha.protocol.message import Prop, decode_record, find_property
+from rmqha.protocol.message import Prop, decode_record, find_property, record_properties
 from rmqha.messaging.state import timer_done_record
 from rmqha.messaging.state_replication import StateReplication
 from rmqha.messaging.topic_admin import TopicAdmin
@@ -183,7 +183,7 @@ class DelayedDelivery:
             return
         try:
             raw = self.ctx.log.read(rec.commit_offset, rec.size)
-            due_raw = find_property(_properties_of(raw), b"TIMER_OUT_MS")
+            due_raw = find_property(record_properties(raw), b"TIMER_OUT_MS")
             due = int(due_raw) if due_raw else 0
         except (StoreError, ValueError, ProtocolError) as exc:
             log.error("timer record at %d unreadable: %s", rec.commit_offset, exc)
@@ -333,14 +333,3 @@ class DelayedDelivery:
         self.delivered += 1
         if ctx.metrics is not None:
             ctx.metrics.delayed_delivered.inc()
-
-
-def _properties_of(raw: memoryview | bytes) -> bytes:
-    """The properties bytes of a V1 record (no full decode)."""
-    view = memoryview(raw)
-    body_len = int.from_bytes(view[84:88], "big", signed=True)
-    t = 88 + body_len
-    topic_len = view[t]
-    p = t + 1 + topic_len
-    props_len = int.from_bytes(view[p : p + 2], "big")
-    return bytes(view[p + 2 : p + 2 + props_len])

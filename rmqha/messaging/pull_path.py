@@ -1,7 +1,8 @@
 """The pull path: PULL_MESSAGE with long polling.
 
 Reads go through the consume-queue index, which never passes the confirm offset, so any
-replica can serve pulls.  A pull that finds nothing is held until the index grows for its
+replica can serve pulls.  The broker's state topic is not served (it holds the pop
+receipt-handle key).  A pull that finds nothing is held until the index grows for its
 queue (:meth:`PullPath.wake`) or its suspend timeout ends.  Records whose CRC fails are
 never served; lz4 bodies are re-compressed with zlib for clients that cannot inflate lz4.
 """
@@ -17,6 +18,7 @@ from typing import Any
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError
 from rmqha.messaging.context import Handler, MessagingContext
+from rmqha.messaging.state import STATE_TOPIC
 from rmqha.protocol.headers import (
     PULL_COMMIT_OFFSET,
     PULL_SUBSCRIPTION,
@@ -48,7 +50,7 @@ _I32 = struct.Struct(">i")
 OffsetCommitter = Callable[..., None]
 
 
-def _reads_lz4(cmd: RemotingCommand) -> bool:
+def reads_lz4(cmd: RemotingCommand) -> bool:
     """Whether the client that sent ``cmd`` can inflate lz4 bodies (Java clients from 4.9.4
     and rmqha's own); C++ 1.2.x aborts on anything but zlib."""
     if cmd.language == "PYTHON":
@@ -56,7 +58,7 @@ def _reads_lz4(cmd: RemotingCommand) -> bool:
     return cmd.language == "JAVA" and java_reads_lz4(cmd.version)
 
 
-def _lz4_to_zlib(body: bytes) -> bytes:
+def lz4_to_zlib(body: bytes) -> bytes:
     """Re-compress lz4 bodies of the records in a pull body with zlib (other records are
     passed through as they are stored)."""
     pos, n = 0, len(body)
@@ -125,6 +127,9 @@ class PullPath:
             h = PullHeader.from_ext(cmd.ext_fields)
         except ProtocolError as exc:
             return cmd.response(ResponseCode.INVALID_PARAMETER, str(exc), {})
+        if h.topic == STATE_TOPIC:
+            # Replicas read it from the log; clients never (it holds the pop handle key).
+            return cmd.response(ResponseCode.NO_PERMISSION, f"topic {h.topic} is internal", {})
         if h.sys_flag & PULL_COMMIT_OFFSET and h.commit_offset >= 0:
             self._commit_offset(h.consumer_group, h.topic, h.queue_id, h.commit_offset,
                                 immediate=False)
@@ -227,8 +232,8 @@ class PullPath:
         if ctx.metrics is not None:
             ctx.metrics.messages_served.inc(taken)
         body = b"".join(parts)
-        if not _reads_lz4(cmd):
-            body = _lz4_to_zlib(body)
+        if not reads_lz4(cmd):
+            body = lz4_to_zlib(body)
         return self._pull_response(cmd, ResponseCode.SUCCESS, next_begin, lo, hi, body)
 
     def _first_bad_record(self, runs: list[tuple[int, int]]) -> int | None:

@@ -6,13 +6,16 @@ from typing import Any
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, StoreError
 from rmqha.messaging.context import Handler, MessagingContext
+from rmqha.messaging.state import STATE_TOPIC
 from rmqha.protocol.headers import opt_int, req_int, req_str
+from rmqha.protocol.message import decode_record
 from rmqha.protocol.command import RemotingCommand
 
 
 class QueueQueries:
     """GET_MAX/MIN_OFFSET, SEARCH_OFFSET_BY_TIMESTAMP, GET_EARLIEST_MSG_STORETIME,
-    VIEW_MESSAGE_BY_ID (all answered from the index, so never past the confirm offset)."""
+    VIEW_MESSAGE_BY_ID (all answered from the index, so never past the confirm offset;
+    the broker's own state records are not shown)."""
 
     def __init__(self, ctx: MessagingContext) -> None:
         self.ctx = ctx
@@ -71,6 +74,10 @@ class QueueQueries:
         offset = req_int(cmd.ext_fields, "offset")
         try:
             body = self.ctx.read_record(offset)
+            topic = decode_record(body, inflate=False)[0].topic
         except (StoreError, ProtocolError) as exc:
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"no message at {offset}: {exc}")
+        if topic == STATE_TOPIC:
+            # The broker's own state (it holds the pop receipt-handle key).
+            return cmd.response(ResponseCode.NO_PERMISSION, f"the record at {offset} is internal")
         return cmd.response(ResponseCode.SUCCESS, None, {}, body)

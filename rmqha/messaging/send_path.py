@@ -1,7 +1,7 @@
 """The send path: SEND_MESSAGE, SEND_MESSAGE_V2 and SEND_BATCH_MESSAGE.
 
 A send is checked (master, enough in-sync replicas, a writable topic, created on first
-use when allowed), appended through the :class:`~rmqha.messaging.log_writer.LogWriter`
+use when allowed, of the topic's ``message.type`` when it declares one), appended through the :class:`~rmqha.messaging.log_writer.LogWriter`
 and answered once it is durable by the broker's ack and flush policies.
 """
 from __future__ import annotations
@@ -41,6 +41,12 @@ from rmqha.protocol.message import (
 )
 from rmqha.messaging.state import STATE_TOPIC
 from rmqha.messaging.topic_admin import TopicAdmin
+from rmqha.protocol.topic_attributes import (
+    TopicMessageType,
+    message_type_of,
+    topic_message_type,
+    type_mismatch,
+)
 from rmqha.protocol.topics import PERM_WRITE, validate_topic_name
 from rmqha.messaging.transactions import (
     CHECK_MAX_TOPIC,
@@ -79,6 +85,15 @@ def _without_mark(props: str | dict[str, str]) -> str | dict[str, str]:
     elif COMMITTED_MARK not in props:
         return props
     return {k: v for k, v in props.items() if k != COMMITTED_MARK}
+
+
+def _check_type(expected: TopicMessageType, props: dict[str, str], sys_flag: int) -> None:
+    """RocketMQ 5's topic message type check (its proxy's, applied by the broker)."""
+    actual = message_type_of(
+        props, prepared=transaction_type(sys_flag) == SysFlag.TRANSACTION_PREPARED)
+    refusal = type_mismatch(expected, actual)
+    if refusal is not None:
+        raise Refused(ResponseCode.MESSAGE_ILLEGAL, refusal)
 
 
 @dataclass(slots=True)
@@ -278,6 +293,7 @@ class SendPath:
         reply_queue_id = queue_id
         born_host = group.born_host if group is not None else ctx.born_host(conn)
         born_ts = h.born_timestamp or int(time.time() * 1000)
+        expected = self._expected_type(cfg)
         if batch:
             body = cmd.body
             sys_flag = h.sys_flag
@@ -288,6 +304,8 @@ class SendPath:
                 except DecompressError as exc:
                     raise Refused(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
                 sys_flag = strip_compression(sys_flag)
+            if expected is not None:
+                self._check_batch_type(expected, body, sys_flag)
             if not transaction_type(sys_flag):
                 count = _records.batch_plain(body, MAX_BATCH_ITEMS, _RESERVED_KEYS,
                                              _RESERVED_PREFIXES)
@@ -313,10 +331,28 @@ class SendPath:
         else:
             sys_flag = h.sys_flag
             topic, props = h.topic, h.properties
+            if expected is not None:
+                _check_type(expected, decode_properties(props), sys_flag)
             if transaction_type(sys_flag) or asks_for_delay(props) or COMMITTED_MARK in props:
                 topic, queue_id, sys_flag, props = self._divert(h, queue_id)
             rows = [(cmd.body, props, h.flag, h.reconsume_times)]
         return _Send(topic, queue_id, reply_queue_id, rows, sys_flag, born_ts, born_host)
+
+    def _expected_type(self, cfg: Any) -> TopicMessageType | None:
+        """The message type sends to this topic must have (None: any)."""
+        if not cfg.attributes or not self.ctx.config.topic_message_type_check:
+            return None
+        return topic_message_type(cfg.attributes)
+
+    @staticmethod
+    def _check_batch_type(expected: TopicMessageType, body: bytes | memoryview,
+                          sys_flag: int) -> None:
+        try:
+            items = decode_batch(body, max_items=MAX_BATCH_ITEMS)
+        except ProtocolError as exc:
+            raise Refused(ResponseCode.MESSAGE_ILLEGAL, f"bad batch body: {exc}") from None
+        for item in items:
+            _check_type(expected, item.properties, sys_flag)
 
     def _writable_topic(self, topic: str) -> Any:
         """The config of a topic a producer may send to (created on first use when

@@ -17,7 +17,14 @@ MessagingContext` (store, settings, replication, tables) and the pieces that sha
   the log;
 - :mod:`~rmqha.messaging.client_requests` answers heartbeats and queue locks,
   :mod:`~rmqha.messaging.send_back` consumer retries, :mod:`~rmqha.messaging.retention`
-  deletes old segments.
+  deletes old segments;
+- :mod:`~rmqha.messaging.group_admin` keeps subscription groups in the state log;
+- pop consumption (RocketMQ 5): :mod:`~rmqha.messaging.pop_path` (POP_MESSAGE),
+  :mod:`~rmqha.messaging.pop_acks` (ACK, BATCH_ACK, CHANGE_INVISIBLETIME),
+  :mod:`~rmqha.messaging.pop_revive` (expired messages to the retry topic or DLQ), sharing
+  :mod:`~rmqha.messaging.pop_ledger`; the rules are in :mod:`~rmqha.messaging.pop_logic`,
+  the replicated state in :mod:`~rmqha.messaging.pop_state`, receipt handles in
+  :mod:`~rmqha.messaging.receipt`.
 
 This class owns what ties them together: the broker's role changes, the confirm offset
 advancing (index, then wake held pulls) and truncation.
@@ -50,6 +57,11 @@ from rmqha.messaging.context import (
 from rmqha.messaging.delayed_delivery import TIMER_TOPIC, DelayedDelivery
 from rmqha.messaging.log_writer import LogWriter
 from rmqha.messaging.lookup import MessageLookup
+from rmqha.messaging.group_admin import GroupAdmin
+from rmqha.messaging.pop_acks import PopAcks
+from rmqha.messaging.pop_ledger import PopLedger
+from rmqha.messaging.pop_path import PopPath
+from rmqha.messaging.pop_revive import PopReviver
 from rmqha.messaging.pull_path import PullPath
 from rmqha.messaging.queue_queries import QueueQueries
 from rmqha.messaging.retention import Retention
@@ -84,7 +96,9 @@ class MessageService:
         on_segments_deleted: Callable[[int], None] | None = None,
         on_topics_changed: Callable[[], None] | None = None,
         metrics: Any = None,
+        epoch: Callable[[], int] | None = None,
     ) -> None:
+        """``epoch``: the broker's current master epoch (named in pop receipt handles)."""
         cfg = MessagingConfig.from_broker_config(config)
         if hasattr(config, "broker_address") and not isinstance(config, MessagingConfig):
             cfg.broker_address = config.broker_address
@@ -121,6 +135,12 @@ class MessageService:
         self._consumer_modes = ConsumerModes()
         self._send_back = SendBack(ctx, self._writer, self._topic_admin, self.delayed)
         self._retention = Retention(ctx, self._state_log, self._writer, on_segments_deleted)
+        self._groups = GroupAdmin(ctx, self._state_log, self._writer)
+        self._pop_ledger = PopLedger(ctx, self._state_log, epoch=epoch or (lambda: 0))
+        self._pops = PopPath(ctx, self._pop_ledger, self._offsets.young_queue)
+        self._pop_acks = PopAcks(ctx, self._pop_ledger, self._writer)
+        self.pop_reviver = PopReviver(ctx, self._pop_ledger, self._writer, self._topic_admin,
+                                      self.delayed)
         #: Index scans hand records of these topics to the piece that folds them.
         self._watchers = {
             STATE_TOPIC: self._state_log.on_record,
@@ -186,7 +206,8 @@ class MessageService:
         out: dict[int, Handler] = {}
         for piece in (self._send, self._pulls, self._offsets, self._queries, self._clients,
                       self._send_back, self._topic_admin, self.transactions,
-                      self._consumer_modes, self._lookup):
+                      self._consumer_modes, self._lookup, self._groups, self._pops,
+                      self._pop_acks):
             out.update(piece.handlers())
         return out
 
@@ -210,9 +231,12 @@ class MessageService:
             self._offsets.on_master()
             self.delayed.start()
             self.transactions.start()
+            self._pop_ledger.on_master()
+            self.pop_reviver.start()
         else:
             self.delayed.stop()
             self.transactions.stop()
+            self.pop_reviver.stop()
         # Every replica deletes its own old segments (a slave waits for the master's
         # state checkpoint before deleting state records).
         self._retention.start()
@@ -249,6 +273,7 @@ class MessageService:
             log.error("indexing up to %d failed: %s", offset, exc)
             return
         self._pulls.wake(grown)
+        self._pops.wake(grown)
         self._lookup.on_confirm()
 
     def on_truncate(self, offset: int) -> None:
@@ -275,6 +300,8 @@ class MessageService:
         self._lookup.close()
         self.delayed.stop()
         self.transactions.stop()
+        self.pop_reviver.stop()
+        self._pop_ledger.close()
         for task in list(self.ctx.tasks):
             task.cancel()
 

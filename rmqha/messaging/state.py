@@ -1,4 +1,4 @@
-"""Broker state that must survive a failover: topic configs and consumer group offsets.
+"""Broker state that must survive a failover: topics, consumer groups, offsets, pop progress.
 
 Both are written as records to an internal topic of the commitlog (``STATE_TOPIC``,
 queue 0), so HA replication carries them to the slaves like any message and a new master
@@ -9,9 +9,13 @@ already knows every topic and committed offset.  Each record body is one JSON ob
 - ``{"op": "offsets", "entries": [[group, topic, queue_id, offset], ...]}``
 - ``{"op": "timer_done", "offsets": [q, ...]}`` — timer-queue offsets whose messages were
   delivered (timer messages are due out of order, so progress is a set above a low mark);
-- ``{"op": "checkpoint", "topics": [...], "offsets": [...], "timer": {...}}`` — the whole
-  state; written before retention deletes segments, so the state never depends on deleted
-  records.
+- ``{"op": "group_put", "config": <RocketMQ SubscriptionGroupConfig>}``,
+  ``{"op": "group_delete", "group": G}`` — subscription groups (``mqadmin updateSubGroup``);
+- ``pop_batch``, ``pop_ack``, ``pop_change``, ``pop_revive``, ``pop_key`` — pop
+  consumption (see :mod:`rmqha.messaging.pop_state`);
+- ``{"op": "checkpoint", "topics": [...], "offsets": [...], "timer": {...}, "groups": [...],
+  "pop": {...}}`` — the whole state; written before retention deletes segments, so the
+  state never depends on deleted records.
 
 The state is the fold of these records in log order (a checkpoint replaces everything);
 records are applied as the index passes them (up to the confirm offset), and a master
@@ -26,6 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rmqha.errors import ConfigError, ProtocolError
+from rmqha.messaging.pop_state import POP_OPS, PopState
+from rmqha.protocol.groups import GroupTable, SubscriptionGroupConfig
 from rmqha.protocol.topics import TopicConfig, TopicTable
 
 log = logging.getLogger(__name__)
@@ -126,6 +132,19 @@ def timer_done_record(offsets: Iterable[int], low: int) -> bytes:
     return _dump({"op": "timer_done", "offsets": sorted(offsets), "low": low})
 
 
+def group_put_record(config: SubscriptionGroupConfig) -> bytes:
+    return _dump({"op": "group_put", "config": config.to_rocketmq()})
+
+
+def group_delete_record(group: str) -> bytes:
+    return _dump({"op": "group_delete", "group": group})
+
+
+def pop_record(data: dict[str, Any]) -> bytes:
+    """The body of a pop record built by :mod:`rmqha.messaging.pop_state`."""
+    return _dump(data)
+
+
 def _dump(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode("utf-8")
 
@@ -141,12 +160,14 @@ def decode_record(body: bytes | memoryview) -> StateRecord:
 
 
 class BrokerState:
-    """Topics and offsets, the fold of the state log."""
+    """Topics, groups, offsets and pop progress: the fold of the state log."""
 
     def __init__(self, topics: TopicTable) -> None:
         self.topics = topics
         self.offsets = OffsetTable()
         self.timer = TimerProgress()
+        self.groups = GroupTable()
+        self.pop = PopState()
 
     def checkpoint_record(self) -> bytes:
         return _dump({
@@ -154,7 +175,15 @@ class BrokerState:
             "topics": [c.to_rocketmq() for _, c in sorted(self.topics.items())],
             "offsets": self.offsets.entries(),
             "timer": self.timer.to_json(),
+            "groups": [c.to_rocketmq() for _, c in self.groups.items()],
+            "pop": self.pop.to_json(),
         })
+
+    def clear(self) -> None:
+        """Forget what the log folded (the topic table is the caller's to reset)."""
+        self.offsets.clear()
+        self.groups.replace_all([])
+        self.pop.clear()
 
     def apply(self, body: bytes | memoryview, *, persist: bool = True) -> StateRecord | None:
         """Apply one record; a bad record is logged and skipped (it cannot be fixed here)."""
@@ -170,9 +199,16 @@ class BrokerState:
         d = rec.data
         if rec.op == "topic_put":
             self.topics.put(TopicConfig.from_rocketmq(d["config"]), persist=persist)
+        elif rec.op in POP_OPS:
+            self.pop.apply(rec.op, d)
         elif rec.op == "topic_delete":
             self.topics.remove(str(d["topic"]), persist=persist)
             self.offsets.drop_topic(str(d["topic"]))
+            self.pop.drop_topic(str(d["topic"]))
+        elif rec.op == "group_put":
+            self.groups.put(SubscriptionGroupConfig.from_rocketmq(d["config"]))
+        elif rec.op == "group_delete":
+            self.groups.remove(str(d["group"]))
         elif rec.op == "offsets":
             for group, topic, queue_id, offset in d["entries"]:
                 self.offsets.set(str(group), str(topic), int(queue_id), int(offset))
@@ -183,6 +219,9 @@ class BrokerState:
             for group, topic, queue_id, offset in d["offsets"]:
                 self.offsets.set(str(group), str(topic), int(queue_id), int(offset))
             self.timer.load(d.get("timer"))
+            self.groups.replace_all([SubscriptionGroupConfig.from_rocketmq(c)
+                                     for c in d.get("groups", [])])
+            self.pop.load(d.get("pop"))
         elif rec.op == "timer_done":
             self.timer.mark(d["offsets"])
             self.timer.advance_low(int(d.get("low", 0)))

@@ -1,4 +1,4 @@
-"""Folding the replicated state log (topics, consumer offsets) into the broker's tables.
+"""Folding the replicated state log (topics, groups, offsets, pop progress) into the broker's tables.
 
 The records themselves are defined in :mod:`rmqha.messaging.state`; this module writes
 them (master only; a master applies its own writes at once), applies the ones other
@@ -56,13 +56,16 @@ class StateReplication:
             self.write_state(self.ctx.state.checkpoint_record())
 
     def on_truncate(self, offset: int) -> None:
-        self._self_applied = {o for o in self._self_applied if o < offset}
         # State records past the cut are gone: fold the state again from what is left.
+        # The fold covers the indexed records only, so records this process wrote and
+        # applied that survive the cut but are not indexed yet must be applied when they
+        # are (they are no longer in the rebuilt state).
+        self._self_applied = set()
         self.rebuild_state()
 
     def rebuild_state(self) -> None:
         ctx = self.ctx
-        ctx.state.offsets.clear()
+        ctx.state.clear()
         ctx.topics.replace_all([], persist=False)
         seed_default_topic(ctx)
         self.last_checkpoint_offset = -1

@@ -1,5 +1,8 @@
 """Topic administration: creating topics (by request or on first use), deleting, listing.
 
+A create or update may carry RocketMQ 5's ``attributes`` (``+message.type=FIFO``), merged
+into the topic's by RocketMQ's rules (:mod:`rmqha.protocol.topic_attributes`).
+
 Every change is a state record (see :mod:`rmqha.messaging.state`), written by the master
 and applied at once, so topic configs replicate with the log.
 """
@@ -12,6 +15,12 @@ from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ConfigError, ProtocolError
 from rmqha.messaging.context import Handler, MessagingContext, Refused
 from rmqha.protocol.headers import opt_int, req_str
+from rmqha.protocol.topic_attributes import (
+    TopicMessageType,
+    alter,
+    parse_modification,
+    topic_message_type,
+)
 from rmqha.messaging.state import STATE_TOPIC, topic_delete_record, topic_put_record
 from rmqha.protocol.topics import (
     DEFAULT_TOPIC,
@@ -91,7 +100,8 @@ class TopicAdmin:
             cfg = TopicConfig(topic, read_n, opt_int(ext, "writeQueueNums", read_n),
                               opt_int(ext, "perm", PERM_READ_WRITE),
                               opt_int(ext, "topicSysFlag", 0),
-                              ext.get("order", "false").lower() == "true")
+                              ext.get("order", "false").lower() == "true",
+                              self._attributes(topic, ext.get("attributes")))
         except Refused as r:
             return cmd.response(r.code, r.remark, r.ext)
         except (ConfigError, ProtocolError) as exc:
@@ -101,6 +111,16 @@ class TopicAdmin:
         self.ctx.topics_changed()
         code, status = await self.writer.await_durable(offset + size)
         return cmd.response(code, None if code == ResponseCode.SUCCESS else status, {})
+
+    def _attributes(self, topic: str, modification: str | None) -> dict[str, str]:
+        """The topic's attributes after a request's ``attributes`` (``+k=v,-k``; RocketMQ's
+        rules, see :mod:`rmqha.protocol.topic_attributes`); ConfigError says why not."""
+        current = self.ctx.topics.get(topic)
+        out = alter({} if current is None else current.attributes,
+                    parse_modification(modification), create=current is None)
+        if topic_message_type(out) is TopicMessageType.MIXED:
+            raise ConfigError("MIXED message type is not supported.")
+        return out
 
     async def on_delete_topic(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
         ctx = self.ctx

@@ -98,6 +98,15 @@ class RequestCode(IntEnum):
     QUERY_ASSIGNMENT = 400
     SET_MESSAGE_REQUEST_MODE = 401
     GET_BROKER_MEMBER_GROUP = 901
+    # Pop consumption (RocketMQ 5): the broker keeps the consume progress and in-flight
+    # messages; receipt handles (``extraInfo``) ack them.
+    POP_MESSAGE = 200050
+    ACK_MESSAGE = 200051
+    PEEK_MESSAGE = 200052
+    CHANGE_MESSAGE_INVISIBLETIME = 200053
+    NOTIFICATION = 200054
+    POLLING_INFO = 200055
+    BATCH_ACK_MESSAGE = 200151
     GET_BROKER_HA_STATUS = 907
 
     # --- rmqha's own codes (>= 10000) ---------------------------------------------------
@@ -135,6 +144,8 @@ class ResponseCode(IntEnum):
     INVALID_PARAMETER = 29
     CONSUMER_NOT_ONLINE = 206
     NO_MESSAGE = 208
+    POLLING_FULL = 209
+    POLLING_TIMEOUT = 210
     NOT_LEADER_FOR_QUEUE = 501
     GO_AWAY = 1500
 

@@ -141,3 +141,65 @@ class PullHeader:
             suspend_timeout_ms=opt_int(ext, "suspendTimeoutMillis", 0),
             subscription=ext.get("subscription"),
         )
+
+
+@dataclass
+class PopHeader:
+    """POP_MESSAGE request header (RocketMQ's ``PopMessageRequestHeader``)."""
+
+    consumer_group: str
+    topic: str
+    #: -1: any readable queue of the topic.
+    queue_id: int
+    max_msg_nums: int
+    invisible_time: int
+    poll_time: int
+    born_time: int
+    init_mode: int
+    exp_type: str | None
+    exp: str | None
+    order: bool
+    attempt_id: str | None
+
+    @classmethod
+    def from_ext(cls, ext: Ext) -> PopHeader:
+        queue_id = req_int(ext, "queueId")
+        return cls(
+            consumer_group=req_str(ext, "consumerGroup"),
+            topic=req_str(ext, "topic"),
+            queue_id=-1 if queue_id < 0 else queue_id,
+            max_msg_nums=req_int(ext, "maxMsgNums"),
+            invisible_time=req_int(ext, "invisibleTime"),
+            poll_time=opt_int(ext, "pollTime", 0),
+            born_time=opt_int(ext, "bornTime", 0),
+            init_mode=opt_int(ext, "initMode", 0),
+            exp_type=ext.get("expType") or None,
+            exp=ext.get("exp") or None,
+            order=opt_bool(ext, "order"),
+            attempt_id=ext.get("attemptId") or None,
+        )
+
+
+@dataclass
+class AckHeader:
+    """ACK_MESSAGE (``AckMessageRequestHeader``) and CHANGE_MESSAGE_INVISIBLETIME
+    (``ChangeInvisibleTimeRequestHeader``, which adds ``invisibleTime``) request headers."""
+
+    consumer_group: str
+    topic: str
+    queue_id: int
+    extra_info: str
+    offset: int
+    #: Only CHANGE_MESSAGE_INVISIBLETIME carries it.
+    invisible_time: int | None = None
+
+    @classmethod
+    def from_ext(cls, ext: Ext, *, change: bool = False) -> AckHeader:
+        return cls(
+            consumer_group=req_str(ext, "consumerGroup"),
+            topic=req_str(ext, "topic"),
+            queue_id=req_int(ext, "queueId"),
+            extra_info=req_str(ext, "extraInfo"),
+            offset=req_int(ext, "offset"),
+            invisible_time=req_int(ext, "invisibleTime") if change else None,
+        )

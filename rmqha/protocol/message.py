@@ -477,3 +477,44 @@ def reencode_record(raw: bytes | memoryview, body: bytes, sys_flag: int) -> byte
     out += body
     out += tail
     return bytes(out)
+
+
+def rewrite_record(raw: bytes | memoryview, properties: Mapping[str, str], *,
+                   topic: str | None = None, reconsume_times: int | None = None) -> bytes:
+    """A copy of one V1 record with other properties (and optionally another topic and
+    reconsume times), body and every other field kept: how a broker hands a popped message
+    its receipt handle (RocketMQ re-encodes pop retry messages under their original topic
+    the same way)."""
+    mv = memoryview(raw)
+    (body_len,) = struct.unpack_from(">i", mv, 84)
+    t = 88 + body_len
+    old_topic = bytes(mv[t + 1 : t + 1 + mv[t]])
+    topic_b = old_topic if topic is None else topic.encode("utf-8")
+    if len(topic_b) > 127:
+        raise ProtocolError(f"topic {topic!r} is longer than 127 bytes")
+    props_b = encode_properties(properties).encode("utf-8")
+    if len(props_b) > 32767:
+        raise ProtocolError(f"properties of {len(props_b)} bytes exceed 32767")
+    out = bytearray(mv[:t])
+    out.append(len(topic_b))
+    out += topic_b
+    out += struct.pack(">H", len(props_b))
+    out += props_b
+    struct.pack_into(">i", out, 0, len(out))
+    if reconsume_times is not None:
+        struct.pack_into(">i", out, 72, reconsume_times)
+    return bytes(out)
+
+
+def record_reconsume_times(raw: bytes | memoryview) -> int:
+    """The reconsume times field of a V1 record."""
+    return int(struct.unpack_from(">i", raw, 72)[0])
+
+
+def record_properties(raw: bytes | memoryview) -> bytes:
+    """The properties bytes of a V1 record (no full decode)."""
+    view = memoryview(raw)
+    body_len = int.from_bytes(view[84:88], "big", signed=True)
+    t = 88 + body_len
+    p = t + 1 + view[t]
+    return bytes(view[p + 2 : p + 2 + int.from_bytes(view[p : p + 2], "big")])

@@ -1,8 +1,9 @@
 """Topic configurations of a broker: queue counts, permissions, and their file.
 
 A :class:`TopicConfig` carries RocketMQ's fields (``topicName``, ``readQueueNums``,
-``writeQueueNums``, ``perm``, ``topicSysFlag``, ``order``) and renders them the way the
-name server and RocketMQ's tools expect.  :class:`TopicTable` is the broker's table; it is
+``writeQueueNums``, ``perm``, ``topicSysFlag``, ``order``, ``attributes``; see
+:mod:`rmqha.protocol.topic_attributes`) and renders them the way the name server and
+RocketMQ's tools expect.  :class:`TopicTable` is the broker's table; it is
 saved to ``topics.json`` atomically (temp file, fsync, rename, directory fsync) after every
 change.  The replicated truth is the state log (see :mod:`rmqha.messaging.state`); the file
 is the local copy an operator reads and the seed used before the log says anything.
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,8 @@ def validate_topic_name(topic: str) -> None:
 
 
 def rocketmq_topic_config(topic_name: str, read_queue_nums: int, write_queue_nums: int, perm: int,
-                          topic_sys_flag: int, order: bool) -> dict[str, Any]:
+                          topic_sys_flag: int, order: bool,
+                          attributes: dict[str, str] | None = None) -> dict[str, Any]:
     """RocketMQ's ``TopicConfig`` JSON, as brokers register it and the name server serves it."""
     return {
         "topicName": topic_name,
@@ -51,7 +53,7 @@ def rocketmq_topic_config(topic_name: str, read_queue_nums: int, write_queue_num
         "topicFilterType": "SINGLE_TAG",
         "topicSysFlag": topic_sys_flag,
         "order": order,
-        "attributes": {},
+        "attributes": dict(attributes or {}),
     }
 
 
@@ -65,6 +67,8 @@ class TopicConfig:
     perm: int = PERM_READ_WRITE
     topic_sys_flag: int = 0
     order: bool = False
+    #: RocketMQ 5 topic attributes with plain keys (``{"message.type": "FIFO"}``).
+    attributes: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         validate_topic_name(self.topic_name)
@@ -84,7 +88,7 @@ class TopicConfig:
     def to_rocketmq(self) -> dict[str, Any]:
         """RocketMQ's ``TopicConfig`` JSON (what ``topicConfigTable`` holds)."""
         return rocketmq_topic_config(self.topic_name, self.read_queue_nums, self.write_queue_nums,
-                                     self.perm, self.topic_sys_flag, self.order)
+                                     self.perm, self.topic_sys_flag, self.order, self.attributes)
 
     @classmethod
     def from_rocketmq(cls, data: dict[str, Any]) -> TopicConfig:
@@ -96,9 +100,18 @@ class TopicConfig:
                 perm=int(data.get("perm", PERM_READ_WRITE)),
                 topic_sys_flag=int(data.get("topicSysFlag", 0)),
                 order=str(data.get("order", False)).lower() == "true",
+                attributes=_attributes(data.get("attributes")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"bad topic config {data!r}: {exc}") from exc
+
+
+def _attributes(raw: Any) -> dict[str, str]:
+    if not raw:
+        return {}
+    if not isinstance(raw, dict):
+        raise TypeError(f"attributes must be an object, got {raw!r}")
+    return {str(k): str(v) for k, v in raw.items()}
 
 
 def write_atomically(path: Path, data: bytes) -> None:
