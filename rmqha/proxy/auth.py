@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rmqha.errors import ProxyError
+from rmqha.proxy.status import Code
 from rmqha.security.acl import (
     AclConfig,
     Perm,
@@ -31,7 +32,6 @@ from rmqha.security.acl import (
     retry_topic,
 )
 from rmqha.security.address_pattern import parse_ip
-from rmqha.proxy.status import Code
 
 AUTHORIZATION = "authorization"
 DATE_TIME = "x-mq-date-time"

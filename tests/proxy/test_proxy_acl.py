@@ -8,8 +8,17 @@ from typing import Any
 
 import grpc
 import pytest
-from proxy_harness import closing, configuration, create_topic, message, producer, simple_consumer
-from proxy_harness import receive_until, start_cluster, start_proxy
+from proxy_harness import (
+    closing,
+    configuration,
+    create_topic,
+    message,
+    producer,
+    receive_until,
+    simple_consumer,
+    start_cluster,
+    start_proxy,
+)
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
