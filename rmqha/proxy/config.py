@@ -29,6 +29,7 @@ class ProxyConfig:
     namesrv_addr: str = ""
     #: Only ``cluster`` (brokers are separate processes reached over remoting).
     proxy_mode: str = "cluster"
+    #: The port RocketMQ 5 clients connect to (their endpoints).
     grpc_server_port: int = 8081
     #: Address the gRPC server binds (rmqha's key; RocketMQ binds every address).
     grpc_server_host: str = "127.0.0.1"
@@ -36,28 +37,44 @@ class ProxyConfig:
     use_endpoint_port_from_request: bool = False
 
     # --- limits checked before anything reaches a broker (RocketMQ's defaults) ----------
+    #: Largest message body a send may carry (MESSAGE_BODY_TOO_LARGE above); also told to producers.
     max_message_size: int = 4 * 1024 * 1024
+    #: An empty body is refused (MESSAGE_BODY_EMPTY).
     enable_message_body_empty_check: bool = True
+    #: Bytes of user properties, tag and keys of one message (MESSAGE_PROPERTIES_TOO_LARGE above).
     max_user_property_size: int = 16 * 1024
+    #: User properties of one message at most.
     user_property_max_num: int = 128
+    #: A FIFO message group must be shorter than this many bytes (ILLEGAL_MESSAGE_GROUP).
     max_message_group_size: int = 64
+    #: Furthest a delayed message's delivery time may lie ahead (ILLEGAL_DELIVERY_TIME).
     max_delay_time_mills: int = DAY_MS
+    #: Longest orphaned-transaction recovery time a message may ask for (BAD_REQUEST above).
     max_transaction_recovery_second: int = 3600
     #: A send whose message type differs from its topic's ``message.type`` is refused.
     enable_topic_message_type_check: bool = True
+    #: Shortest invisible time a receive may ask for (ILLEGAL_INVISIBLE_TIME).
     min_invisible_time_mills_for_recv: int = 10_000
+    #: Longest invisible time a receive or change may ask for (ILLEGAL_INVISIBLE_TIME).
     max_invisible_time_mills: int = 12 * 3600 * 1000
     #: Invisible time of a receive that asks the proxy to renew (push consumers): the proxy
     #: does not renew, so a delivery stays invisible this long.
     default_invisible_time_mills: int = 60_000
 
     # --- settings answered to clients over Telemetry ------------------------------------
+    #: Send attempts a producer makes (told over Telemetry).
     grpc_client_producer_max_attempts: int = 3
+    #: A producer's first pause between attempts.
     grpc_client_producer_backoff_initial_millis: int = 10
+    #: A producer's longest pause between attempts.
     grpc_client_producer_backoff_max_millis: int = 1000
+    #: Growth of a producer's pause per attempt.
     grpc_client_producer_backoff_multiplier: float = 2.0
+    #: Shortest time a receive waits for messages.
     grpc_client_consumer_min_long_polling_timeout_millis: int = 5000
+    #: Longest time a receive waits for messages (told to consumers as their long-polling timeout).
     grpc_client_consumer_max_long_polling_timeout_millis: int = 20_000
+    #: Messages a push consumer asks for per receive (told over Telemetry).
     grpc_client_consumer_long_polling_batch_size: int = 32
 
     # --- talking to the cluster (rmqha's keys) -------------------------------------------
@@ -82,11 +99,14 @@ class ProxyConfig:
     #: The account the proxy signs its own broker requests with (brokers with aclEnable);
     #: empty: unsigned.
     inner_access_key: str = ""
+    #: The secret key of inner_access_key.
     inner_secret_key: str = ""
 
+    #: DEBUG, INFO, WARNING, ERROR or CRITICAL.
     log_level: str = "INFO"
     #: Append JSON-line logs to this file instead of stderr; empty = stderr.
     log_file: str = ""
+    #: JSON lines (else plain text).
     log_json: bool = True
 
     def validate(self) -> None:
