@@ -65,7 +65,8 @@ $(PROXY_STAMP): $(PROXY_PY) pyproject.toml setup.py
 	$(PROXY_PY) -m pip install --quiet -e '.[proxy]' "pytest>=8" "pytest-timeout>=2.3"
 	touch $(PROXY_STAMP)
 
-test-proxy: build $(PROXY_STAMP)
+test-proxy: $(PROXY_STAMP)
+	$(PROXY_PY) setup.py --quiet build_ext --inplace
 	$(PROXY_PY) -m pytest --confcutdir=tests/proxy tests/proxy $(PYTEST_ARGS)
 
 # The same suite with the pure-Python twins forced.
