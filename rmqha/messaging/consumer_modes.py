@@ -9,8 +9,11 @@ A Java consumer asks before it starts and while it rebalances:
 * QUERY_ASSIGNMENT (400), sent only by a push consumer with ``clientRebalance = false``
   (pop consumption): rmqha rebalances on the client only and answers
   REQUEST_CODE_NOT_SUPPORTED naming that, so the client logs why it got no queues.
-* SET_MESSAGE_REQUEST_MODE (401), an admin request: PULL (what rmqha does) is accepted,
-  POP is refused with REQUEST_CODE_NOT_SUPPORTED.
+* SET_MESSAGE_REQUEST_MODE (401), an admin request: PULL is accepted; POP (a push
+  consumer switched to pop by the broker's queue assignment) is refused with
+  REQUEST_CODE_NOT_SUPPORTED.  POP_MESSAGE itself is served (:mod:`rmqha.messaging.pop_path`)
+  to clients that pick their queues themselves: RocketMQ 5's proxy, or a pop with
+  ``queueId=-1``.
 """
 from __future__ import annotations
 
@@ -73,4 +76,6 @@ class ConsumerModes:
         if mode == "PULL":
             return cmd.response(ResponseCode.SUCCESS, None, {})
         return cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
-                            f"message request mode {mode} is not supported; rmqha serves PULL only")
+                            f"message request mode {mode} is not supported: rmqha does not "
+                            f"assign queues to pop consumers (QUERY_ASSIGNMENT); POP_MESSAGE "
+                            f"with queueId -1 pops from every queue")

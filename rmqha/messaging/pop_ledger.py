@@ -144,8 +144,10 @@ class PopLedger:
     # --- records -----------------------------------------------------------------------
 
     def write(self, data: dict[str, Any]) -> tuple[int, int]:
-        """Append a pop record, then apply it; StoreError leaves the state unchanged."""
-        placed = self.state_log.write_state(pop_record(data))
+        """Append a pop record, then apply it; StoreError leaves the state unchanged.  No
+        fsync here (with flush = sync): acks and changes await their durability, a pop
+        needs none (lost, it is delivered again)."""
+        placed = self.state_log.write_state(pop_record(data), wait_flush=False)
         self.pop.apply(str(data["op"]), data)
         return placed
 

@@ -201,7 +201,7 @@ class PopPath:
             fut = self.ledger.waiter(topics)
             try:
                 await asyncio.wait_for(fut, remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             finally:
                 self.ledger.forget(fut, topics)
@@ -311,7 +311,7 @@ class PopPath:
         assert q is not None
         pq = self.ledger.pop.queue((req.name, base.topic, base.queue_id))
         assert pq is not None
-        wanted = []
+        wanted: list[tuple[int, int, int]] = []
         for off in offsets:
             entry = q.get(off)
             if entry is None:

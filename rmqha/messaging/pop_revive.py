@@ -86,9 +86,10 @@ class PopReviver:
             plan = revive_plan(entry, self.ledger.retry_max(key[0]),
                                backoff=self.ctx.config.pop_revive_backoff,
                                max_level=self.delayed.max_level)
-            if plan.action is ReviveAction.LEAVE:
+            if plan.action is ReviveAction.LEAVE and self._stored(key, offset):
                 continue
             try:
+                # A FIFO message deleted by retention is dropped (its queue would wait forever).
                 end = max(end, self._copy(key, offset, entry, plan))
             except (StoreError, ProtocolError, ConfigError) as exc:
                 log.error("pop revive of %s/%s/%d offset %d failed (retried): %s",
@@ -129,14 +130,21 @@ class PopReviver:
             raise StoreError(f"cannot create {target}: this broker is not master")
         return target
 
+    def _stored(self, key: QueueKey, offset: int) -> Any:
+        """The index entry of an in-flight message, None once retention deleted it."""
+        q = self.ctx.index.queue(key[1], key[2])
+        found = None if q is None else q.get(offset)
+        if found is None or found.commit_offset < self.ctx.log.min_offset:
+            return None
+        return found
+
     def _copy(self, key: QueueKey, offset: int, entry: InFlight, plan: RevivePlan) -> int:
         """Append the retry or dead-letter copy of an expired message; the end of what was
         written (0: the message is gone, nothing to copy)."""
         group, topic, queue_id = key
         ctx = self.ctx
-        q = ctx.index.queue(topic, queue_id)
-        found = None if q is None else q.get(offset)
-        if found is None or found.commit_offset < ctx.log.min_offset:
+        found = self._stored(key, offset)
+        if found is None or plan.action is ReviveAction.LEAVE:
             log.warning("popped message %s/%d/%d of group %s is gone (retention or a deleted "
                         "topic): not revived", topic, queue_id, offset, group)
             return 0

@@ -38,6 +38,8 @@ from rmqha.errors import ProtocolError
 QueueKey = tuple[str, str, int]  # consumer group, the queue's topic, queue id
 
 POP_OPS = frozenset({"pop_batch", "pop_ack", "pop_change", "pop_revive", "pop_key"})
+#: Heap pushes between checks for stale heap entries.
+COMPACT_EVERY = 4096
 
 
 @dataclass(slots=True)
@@ -74,8 +76,10 @@ class PopState:
         #: The broker group's HMAC key for receipt handles (None until a master made one).
         self.key: bytes | None = None
         #: (deadline, group, topic, queue, offset, pop time): entries may be stale (acked,
-        #: changed); :meth:`due` skips those.
+        #: changed); :meth:`due` skips those, and :meth:`_put` compacts them away now and
+        #: then (a slave never takes anything out).
         self._due: list[tuple[int, str, str, int, int, int]] = []
+        self._pushes = 0
 
     # --- reads -------------------------------------------------------------------------
 
@@ -144,6 +148,16 @@ class PopState:
         pq.inflight[offset] = entry
         heapq.heappush(self._due, (entry.deadline, key[0], key[1], key[2], offset,
                                    entry.pop_time))
+        self._pushes += 1
+        if self._pushes % COMPACT_EVERY == 0 and len(self._due) > 2 * self.in_flight_count():
+            self._compact()
+
+    def _compact(self) -> None:
+        """The heap of the live entries only (FIFO entries left in place come back: harmless,
+        their plan is to stay)."""
+        self._due = [(e.deadline, g, t, q, off, e.pop_time)
+                     for (g, t, q), pq in self.queues.items() for off, e in pq.inflight.items()]
+        heapq.heapify(self._due)
 
     def _remove(self, key: QueueKey, offset: int, pop_time: int) -> None:
         pq = self.queues.get(key)

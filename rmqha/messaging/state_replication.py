@@ -104,8 +104,9 @@ class StateReplication:
         if {n for n, _ in ctx.topics.items()} != before:
             ctx.topics_changed()
 
-    def write_state(self, body: bytes) -> tuple[int, int]:
-        """Append a state record (master only) and apply it at once."""
-        offset, size = self.ctx.log.append(STATE_TOPIC, body, 0)
+    def write_state(self, body: bytes, *, wait_flush: bool = True) -> tuple[int, int]:
+        """Append a state record (master only) and apply it at once.  ``wait_flush=False``:
+        with flush = sync, the caller awaits durability itself (or needs none)."""
+        offset, size = self.ctx.log.append(STATE_TOPIC, body, 0, wait_flush=wait_flush)
         self._self_applied.add(offset)
         return offset, size

@@ -4,8 +4,11 @@ wire pieces (batch-ack bit sets, subscription groups)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rmqha.errors import ConfigError, ProtocolError, ReceiptError
 from rmqha.messaging.pop_logic import (
@@ -22,6 +25,7 @@ from rmqha.messaging.pop_logic import (
     select,
 )
 from rmqha.messaging.pop_state import (
+    COMPACT_EVERY,
     InFlight,
     PopQueue,
     PopState,
@@ -59,9 +63,10 @@ G = "grp"
 
 
 def handle(**kw: object) -> ReceiptHandle:
-    fields = dict(ck_offset=5, pop_time=1_000, invisible_time=30_000, revive_qid=0, retry="0",
-                  broker_name="broker-a", queue_id=2, offset=7, epoch=3, retry_count=0,
-                  topic="T")
+    fields: dict[str, object] = {
+        "ck_offset": 5, "pop_time": 1_000, "invisible_time": 30_000, "revive_qid": 0,
+        "retry": "0", "broker_name": "broker-a", "queue_id": 2, "offset": 7, "epoch": 3,
+        "retry_count": 0, "topic": "T"}
     fields.update(kw)
     return ReceiptHandle(**fields)  # type: ignore[arg-type]
 
@@ -70,7 +75,7 @@ def handle(**kw: object) -> ReceiptHandle:
 
 
 def test_initial_cursor_per_init_mode() -> None:
-    common = dict(committed=None, retry_topic=False, young=False)
+    common: dict[str, Any] = {"committed": None, "retry_topic": False, "young": False}
     assert initial_cursor(ConsumeInitMode.MIN, 3, 10, **common) == 3
     # MAX pops the newest message (RocketMQ: max - 1), and an empty queue starts at its start.
     assert initial_cursor(ConsumeInitMode.MAX, 3, 10, **common) == 9
@@ -332,8 +337,8 @@ def test_batch_ack_body_and_java_bitset() -> None:
     broker, entries = parse_batch_ack_body(body)
     assert broker == "broker-a" and entries[0].offsets == [100, 102, 109]
     assert entries[0].handles == ["h1"] and entries[0].group == G
-    for bad in (b"[]", b'{"acks": [{"c": "g"}]}', b'{"acks": [{"c": "g", "t": "T", "so": 1,'
-                b' "q": 0, "pt": 1, "it": 1, "b": "%%"}]}', b"nope"):
+    bad_bitset = b'{"acks": [{"c": "g", "t": "T", "so": 1, "q": 0, "pt": 1, "it": 1, "b": "%%"}]}'
+    for bad in (b"[]", b'{"acks": [{"c": "g"}]}', bad_bitset, b"nope"):
         with pytest.raises(ProtocolError):
             parse_batch_ack_body(bad)
 
@@ -388,3 +393,46 @@ def test_parse_refuses_unsigned_and_malformed() -> None:
     with pytest.raises(ReceiptError):
         parse("1 2 3 4 5 b 6 7")
     assert parse(handle().sign(KEY, G)).topic == "T"
+
+
+# --- garbage in --------------------------------------------------------------------------------
+
+FUZZ = settings(max_examples=200, deadline=None)
+
+
+@FUZZ
+@given(st.text(max_size=200))
+def test_any_text_as_a_handle_is_refused_with_a_receipt_error(text: str) -> None:
+    try:
+        verify(text, KEY, G, "broker-a")
+    except ReceiptError as exc:
+        assert exc.status in {r.value for r in Refusal}
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=300), st.builds(
+    lambda acks: json.dumps({"acks": acks}).encode(),
+    st.lists(st.dictionaries(st.sampled_from(["c", "t", "so", "q", "pt", "it", "b", "rh", "r"]),
+                             st.one_of(st.integers(), st.text(max_size=8), st.none(),
+                                       st.lists(st.integers(), max_size=2))), max_size=3))))
+def test_any_batch_ack_body_parses_or_raises_protocol_error(body: bytes) -> None:
+    try:
+        parse_batch_ack_body(body)
+    except ProtocolError:
+        pass
+
+
+def test_stale_deadlines_are_compacted_away() -> None:
+    """A slave folds pops and acks but never takes anything due: the deadline heap must not
+    grow with every pop ever made."""
+    s = PopState()
+    for i in range(3 * COMPACT_EVERY):
+        s.apply("pop_batch", batch_record(i, 10**9, 1, False, [[G, "T", 0, i, i + 1, [[i, 0]]]]))
+        s.apply("pop_ack", ack_record([[G, "T", 0, i, i]]))
+    live = 5
+    for i in range(live):
+        off = 10**6 + i
+        s.apply("pop_batch", batch_record(1, 10, 1, False, [[G, "T", 1, off, off + 1, [[off, 0]]]]))
+    assert len(s._due) <= COMPACT_EVERY + live
+    # Compaction keeps what is live.
+    assert len(list(s.due(10**12))) == live
