@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rmqha-installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv build browser lint test test-pure demo bench bench-quick bench-peers trends chaos soak wheel-check clean
+.PHONY: all venv build browser lint test test-proxy test-pure demo bench bench-quick bench-peers trends chaos soak wheel-check clean
 
 all: build
 
@@ -48,6 +48,26 @@ lint: build
 
 test: build browser lint
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(MAKE) test-proxy
+
+# `rmqha proxy` and its tests run in a venv of their own: the proxy extra's
+# rocketmq-python-client installs a top-level `rocketmq`, as does the dev extra's
+# rocketmq 0.4.4.  tests/proxy has its own conftest (the suite's root one needs the dev extra).
+PROXY_VENV  := .venv-rmq5
+PROXY_PY    := $(PROXY_VENV)/bin/python
+PROXY_STAMP := $(PROXY_VENV)/.rmqha-installed
+
+$(PROXY_PY):
+	$(PYTHON) -m venv $(PROXY_VENV)
+	$(PROXY_PY) -m pip install --quiet --upgrade pip "setuptools>=77" wheel "Cython>=3.1,<4"
+
+$(PROXY_STAMP): $(PROXY_PY) pyproject.toml setup.py
+	$(PROXY_PY) -m pip install --quiet -e '.[proxy]' "pytest>=8" "pytest-timeout>=2.3"
+	touch $(PROXY_STAMP)
+
+test-proxy: $(PROXY_STAMP)
+	$(PROXY_PY) setup.py --quiet build_ext --inplace
+	$(PROXY_PY) -m pytest --confcutdir=tests/proxy tests/proxy $(PYTEST_ARGS)
 
 # The same suite with the pure-Python twins forced.
 test-pure: build browser

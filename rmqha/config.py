@@ -4,8 +4,9 @@ A process describes its settings as a dataclass (``rmqha/<process>/config.py``);
 module fills one from, in increasing precedence:
 
 1. the dataclass defaults,
-2. a file: TOML (``*.toml``, read with :mod:`tomllib`) or a RocketMQ ``key=value``
-   properties file (any other suffix; ``#``/``!`` comments),
+2. a file: TOML (``*.toml``, read with :mod:`tomllib`), a JSON object (``*.json``, as
+   RocketMQ's ``rmq-proxy.json``) or a RocketMQ ``key=value`` properties file (any other
+   suffix; ``#``/``!`` comments),
 3. environment variables ``RMQHA_<UPPER_SNAKE_KEY>`` for keys the dataclass has,
 4. explicit overrides (command-line flags).
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import os
 import re
 import socket
@@ -190,13 +192,26 @@ def read_properties(path: Path) -> dict[str, str]:
     return values
 
 
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object of keys (RocketMQ's ``rmq-proxy.json``)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"configuration file {path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"configuration file {path} must hold a JSON object of keys")
+    return data
+
+
 def read_file(path: str | Path) -> dict[str, Any]:
-    """The raw key -> value mapping of a TOML or properties file."""
+    """The raw key -> value mapping of a TOML, JSON or properties file."""
     p = Path(path)
     try:
         if p.suffix.lower() == ".toml":
             with p.open("rb") as fh:
                 return tomllib.load(fh)
+        if p.suffix.lower() == ".json":
+            return read_json(p)
         return read_properties(p)
     except FileNotFoundError:
         raise ConfigError(f"configuration file {p} does not exist") from None

@@ -193,3 +193,20 @@ class AclAuthenticationError(AclError):
 class AclPermissionError(AclError):
     """The account is known and the signature good, but it lacks the permission asked for
     (a topic or group perm, or admin for an admin request code)."""
+
+
+# --- the gRPC proxy ----------------------------------------------------------------------
+
+
+class ProxyError(RmqhaError):
+    """The proxy refuses or fails a gRPC request with a RocketMQ 5 status code.
+
+    ``code`` is a number of ``apache.rocketmq.v2.Code`` (:class:`rmqha.proxy.status.Code`):
+    the client sees it in the response's ``status`` with this message, as RocketMQ's proxy
+    answers (ILLEGAL_TOPIC, TOPIC_NOT_FOUND, MESSAGE_BODY_TOO_LARGE, FORBIDDEN, ...).
+    """
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message

@@ -16,6 +16,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "rmqha.cli.demo",
     "rmqha.cli.namesrv",
     "rmqha.cli.broker",
+    "rmqha.cli.proxy",
     "rmqha.cli.controller",
     "rmqha.cli.admin",
     "rmqha.cli.client",

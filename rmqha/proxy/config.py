@@ -1,0 +1,167 @@
+"""ProxyConfig: settings of an ``rmqha proxy`` process.
+
+Keys are RocketMQ's ``ProxyConfig`` names where RocketMQ has one, so its ``rmq-proxy.json``
+works as it is (``rocketMQClusterName``, ``namesrvAddr``, ``grpcServerPort``, the
+``grpcClient*`` settings handed to clients, the message limits, ...); TOML and
+``key=value`` files take the same keys (:mod:`rmqha.config`).  rmqha's own keys say where
+the server binds, how long routes and topic settings are cached, the ACL, and logging.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rmqha.config import load_config
+from rmqha.errors import ConfigError
+
+DAY_MS = 24 * 3600 * 1000
+
+
+def _alias(*names: str) -> dict[str, tuple[str, ...]]:
+    return {"aliases": names}
+
+
+@dataclass
+class ProxyConfig:
+    #: The cluster whose brokers this proxy serves (RocketMQ's ``rocketMQClusterName``).
+    rocketmq_cluster_name: str = field(default="DefaultCluster", metadata=_alias("rocketMQClusterName"))
+    #: Name servers, ``host:port`` joined by ``;`` (required).
+    namesrv_addr: str = ""
+    #: Only ``cluster`` (brokers are separate processes reached over remoting).
+    proxy_mode: str = "cluster"
+    #: The port RocketMQ 5 clients connect to (their endpoints).
+    grpc_server_port: int = 8081
+    #: Address the gRPC server binds (rmqha's key; RocketMQ binds every address).
+    grpc_server_host: str = "127.0.0.1"
+    #: Routes point clients at the port they connected to instead of grpc_server_port.
+    use_endpoint_port_from_request: bool = False
+
+    # --- limits checked before anything reaches a broker (RocketMQ's defaults) ----------
+    #: Largest message body a send may carry (MESSAGE_BODY_TOO_LARGE above); also told to producers.
+    max_message_size: int = 4 * 1024 * 1024
+    #: An empty body is refused (MESSAGE_BODY_EMPTY).
+    enable_message_body_empty_check: bool = True
+    #: Bytes of user properties, tag and keys of one message (MESSAGE_PROPERTIES_TOO_LARGE above).
+    max_user_property_size: int = 16 * 1024
+    #: User properties of one message at most.
+    user_property_max_num: int = 128
+    #: A FIFO message group must be shorter than this many bytes (ILLEGAL_MESSAGE_GROUP).
+    max_message_group_size: int = 64
+    #: Furthest a delayed message's delivery time may lie ahead (ILLEGAL_DELIVERY_TIME).
+    max_delay_time_mills: int = DAY_MS
+    #: Longest orphaned-transaction recovery time a message may ask for (BAD_REQUEST above).
+    max_transaction_recovery_second: int = 3600
+    #: A send whose message type differs from its topic's ``message.type`` is refused.
+    enable_topic_message_type_check: bool = True
+    #: Shortest invisible time a receive may ask for (ILLEGAL_INVISIBLE_TIME).
+    min_invisible_time_mills_for_recv: int = 10_000
+    #: Longest invisible time a receive or change may ask for (ILLEGAL_INVISIBLE_TIME).
+    max_invisible_time_mills: int = 12 * 3600 * 1000
+    #: Invisible time of a receive that asks the proxy to renew (push consumers): the proxy
+    #: does not renew, so a delivery stays invisible this long.
+    default_invisible_time_mills: int = 60_000
+
+    # --- settings answered to clients over Telemetry ------------------------------------
+    #: Send attempts a producer makes (told over Telemetry).
+    grpc_client_producer_max_attempts: int = 3
+    #: A producer's first pause between attempts.
+    grpc_client_producer_backoff_initial_millis: int = 10
+    #: A producer's longest pause between attempts.
+    grpc_client_producer_backoff_max_millis: int = 1000
+    #: Growth of a producer's pause per attempt.
+    grpc_client_producer_backoff_multiplier: float = 2.0
+    #: Shortest time a receive waits for messages.
+    grpc_client_consumer_min_long_polling_timeout_millis: int = 5000
+    #: Longest time a receive waits for messages (told to consumers as their long-polling timeout).
+    grpc_client_consumer_max_long_polling_timeout_millis: int = 20_000
+    #: Messages a push consumer asks for per receive (told over Telemetry).
+    grpc_client_consumer_long_polling_batch_size: int = 32
+
+    # --- talking to the cluster (rmqha's keys) -------------------------------------------
+    #: How long a topic route from the name servers is used; a broker error refreshes it
+    #: at once, so a failover is followed without waiting for this.
+    route_ttl_ms: int = 10_000
+    #: How long topic configs (message types) and subscription groups read from the
+    #: masters are used.
+    metadata_ttl_ms: int = 5000
+    #: Timeout of one remoting request to a name server or broker (a receive adds its
+    #: polling time).
+    rpc_timeout_ms: int = 3000
+    #: How often the producer groups of connected transactional producers are announced
+    #: to the masters (check-backs reach the proxy through them).
+    transaction_heartbeat_period_second: int = 10
+
+    # --- ACL ---------------------------------------------------------------------------
+    #: Check every gRPC request's ``authorization`` against ``acl_file`` (RocketMQ ACL 1.0).
+    acl_enable: bool = field(default=False, metadata=_alias("aclEnable"))
+    #: The brokers' ``plain_acl.yml``; a relative path is beside the config file.
+    acl_file: Path = field(default=Path("plain_acl.yml"), metadata=_alias("aclFile"))
+    #: The account the proxy signs its own broker requests with (brokers with aclEnable);
+    #: empty: unsigned.
+    inner_access_key: str = ""
+    #: The secret key of inner_access_key.
+    inner_secret_key: str = ""
+
+    #: DEBUG, INFO, WARNING, ERROR or CRITICAL.
+    log_level: str = "INFO"
+    #: Append JSON-line logs to this file instead of stderr; empty = stderr.
+    log_file: str = ""
+    #: JSON lines (else plain text).
+    log_json: bool = True
+
+    def validate(self) -> None:
+        self._validate_cluster()
+        self._validate_positive()
+        self._validate_polling()
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ConfigError(f"log_level {self.log_level!r} is not DEBUG, INFO, WARNING, ERROR or CRITICAL")
+        if bool(self.inner_access_key) != bool(self.inner_secret_key):
+            raise ConfigError("inner_access_key and inner_secret_key are set together (or neither)")
+
+    def _validate_cluster(self) -> None:
+        if not self.namesrv_addr.strip():
+            raise ConfigError("namesrvAddr is required: the name servers the proxy finds brokers through")
+        if self.proxy_mode.lower() != "cluster":
+            raise ConfigError(f"proxyMode {self.proxy_mode!r} is not supported: rmqha's proxy runs in "
+                              f"cluster mode (brokers are separate processes)")
+        if not self.rocketmq_cluster_name:
+            raise ConfigError("rocketMQClusterName must not be empty")
+        if not 0 < self.grpc_server_port < 65536:
+            raise ConfigError(f"grpcServerPort {self.grpc_server_port} is out of range 1-65535")
+
+    def _validate_positive(self) -> None:
+        for key in ("max_message_size", "max_user_property_size", "user_property_max_num",
+                    "max_message_group_size", "min_invisible_time_mills_for_recv",
+                    "max_invisible_time_mills", "default_invisible_time_mills",
+                    "grpc_client_producer_max_attempts", "route_ttl_ms", "metadata_ttl_ms",
+                    "rpc_timeout_ms", "transaction_heartbeat_period_second",
+                    "grpc_client_consumer_long_polling_batch_size"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"{key} must be positive, got {getattr(self, key)}")
+
+    def _validate_polling(self) -> None:
+        low = self.grpc_client_consumer_min_long_polling_timeout_millis
+        high = self.grpc_client_consumer_max_long_polling_timeout_millis
+        if not 0 < low <= high:
+            raise ConfigError(f"grpc_client_consumer_min_long_polling_timeout_millis ({low}) must be "
+                              f"positive and at most grpc_client_consumer_max_long_polling_timeout_millis "
+                              f"({high})")
+        if self.min_invisible_time_mills_for_recv > self.max_invisible_time_mills:
+            raise ConfigError("min_invisible_time_mills_for_recv is above max_invisible_time_mills")
+
+    @property
+    def namesrv_list(self) -> list[str]:
+        return [a.strip() for a in self.namesrv_addr.replace(",", ";").split(";") if a.strip()]
+
+    @property
+    def address(self) -> str:
+        return f"{self.grpc_server_host}:{self.grpc_server_port}"
+
+
+def load_proxy_config(path: str | Path | None = None, **overrides: object) -> ProxyConfig:
+    """The proxy's config from ``path`` (JSON, TOML or key=value), the environment and
+    ``overrides``; a relative ``acl_file`` is taken beside the config file."""
+    cfg = load_config(ProxyConfig, path, overrides=overrides or None)
+    if path is not None and not cfg.acl_file.is_absolute():
+        cfg.acl_file = Path(path).resolve().parent / cfg.acl_file
+    return cfg

@@ -1,0 +1,63 @@
+"""The proxy process: the gRPC server and the background work, started and stopped in order.
+
+:func:`run_proxy` binds ``grpcServerHost:grpcServerPort`` (grpc.aio), serves
+:class:`~rmqha.proxy.service.MessagingService` and announces producer groups to the
+masters (:class:`~rmqha.proxy.transactions.TransactionRelay`) until ``stop`` is set; then
+it stops taking calls, lets running ones end for a moment, and closes its broker
+connections.  The proxy keeps nothing on disk.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from rocketmq.grpc_protocol import service_pb2_grpc
+
+from rmqha.errors import ConfigError
+from rmqha.proxy.client_activity import ClientActivity
+from rmqha.proxy.clients import ClientRegistry
+from rmqha.proxy.cluster import ClusterAccess
+from rmqha.proxy.config import ProxyConfig
+from rmqha.proxy.consuming import Consuming
+from rmqha.proxy.producing import Producing
+from rmqha.proxy.service import MessagingService
+from rmqha.proxy.transactions import TransactionRelay, proxy_client_id
+from rmqha.security.acl import AclValidator
+
+log = logging.getLogger(__name__)
+
+#: RocketMQ's ``grpcMaxInboundMessageSize``: a request may carry a batch of large bodies.
+MAX_INBOUND_BYTES = 130 * 1024 * 1024
+GRACE_S = 1.0
+
+
+def build_service(cfg: ProxyConfig) -> tuple[MessagingService, ClusterAccess, TransactionRelay]:
+    cluster = ClusterAccess(cfg)
+    clients = ClientRegistry()
+    relay = TransactionRelay(cluster, clients, proxy_client_id(cfg.grpc_server_port),
+                             cfg.transaction_heartbeat_period_second)
+    acl = AclValidator(cfg.acl_file) if cfg.acl_enable else None
+    service = MessagingService(ClientActivity(cfg, cluster, clients, relay),
+                               Producing(cfg, cluster), Consuming(cfg, cluster), clients, acl)
+    return service, cluster, relay
+
+
+async def run_proxy(cfg: ProxyConfig, stop: asyncio.Event) -> None:
+    """Serve until ``stop`` is set."""
+    service, cluster, relay = build_service(cfg)
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_INBOUND_BYTES)])
+    service_pb2_grpc.add_MessagingServiceServicer_to_server(service, server)
+    if server.add_insecure_port(cfg.address) == 0:
+        raise ConfigError(f"grpcServerPort: cannot bind {cfg.address}")
+    await server.start()
+    log.info("proxy serving gRPC on %s for cluster %s (name servers %s)", cfg.address,
+             cfg.rocketmq_cluster_name, cfg.namesrv_addr)
+    announcing = asyncio.create_task(relay.run(stop))
+    try:
+        await stop.wait()
+    finally:
+        announcing.cancel()
+        await server.stop(GRACE_S)
+        await cluster.close()
+        log.info("proxy stopped")
