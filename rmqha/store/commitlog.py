@@ -31,9 +31,9 @@ import time
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
-from types import ModuleType
 
 from rmqha import _core
+from rmqha._core._protocols import RecordsTwin
 from rmqha.errors import (
     ConfigError,
     DiskFullError,
@@ -114,8 +114,8 @@ class CommitLog(ReceivePath):
         if not isinstance(prefault_window_bytes, int) or prefault_window_bytes < 2 * PAGE:
             raise ConfigError(f"prefault_window_bytes must be an int >= {2 * PAGE}, "
                               f"got {prefault_window_bytes!r}")
-        self._codec: ModuleType = (_core.load("records") if implementation is None
-                                   else _core.load_twin("records", implementation))
+        self._codec: RecordsTwin = (_core.load("records") if implementation is None
+                                    else _core.load_twin("records", implementation))
         self.implementation = "python" if self._codec.__name__.endswith("_py") else "cython"
         self._dir = os.fspath(directory)
         os.makedirs(self._dir, exist_ok=True)
@@ -299,7 +299,7 @@ class CommitLog(ReceivePath):
                 self._topics[topic] = tb
         if type(body) is not bytes and not isinstance(body, (bytearray, memoryview)):
             raise InvalidMessageError(f"body must be bytes-like, got {type(body).__name__}")
-        if type(properties) is bytes:
+        if isinstance(properties, bytes):
             # Already encoded (a send's header carries them so): stored as they are when
             # canonical, so the record is what encoding their map would have made.
             pb = properties
@@ -413,7 +413,8 @@ class CommitLog(ReceivePath):
 
         def next_size(done: int) -> int:
             # A record is its entry plus what a record adds to an entry.
-            return _ENTRY_SIZE.unpack_from(batch, src)[0] - 22 + codec.FIXED_SIZE + len(tb)
+            entry: int = _ENTRY_SIZE.unpack_from(batch, src)[0]
+            return entry - 22 + codec.FIXED_SIZE + len(tb)
 
         q0, done, end_offset = self._append_records((tb, queue_id), count, write, next_size,
                                                     wait_flush)
@@ -665,7 +666,7 @@ class CommitLog(ReceivePath):
 
     # --- flushing ------------------------------------------------------------------------
 
-    def flush_future(self, offset: int) -> Future:
+    def flush_future(self, offset: int) -> Future[int]:
         """A future done when ``flushed_offset >= offset`` (result: the flushed offset).
 
         In sync mode it asks for a flush at once; in async mode the next timed flush does it.

@@ -251,7 +251,7 @@ class QueueIndex:
         phys, size, tag = self._owner.checked_unit(self, queue_offset)
         return IndexEntry(queue_offset, phys, size, tag)
 
-    def slice(self, queue_offset: int, count: int) -> tuple[array, array, array]:
+    def slice(self, queue_offset: int, count: int) -> tuple[array[int], array[int], array[int]]:
         """Up to ``count`` entries from ``queue_offset`` (which must be within the index),
         each checked against its record (a damaged queue is rebuilt first)."""
         return self._owner.checked_slice(self, queue_offset, count)
@@ -510,7 +510,8 @@ class ConsumeQueueIndex:
             raise StoreError(f"consume queue {q.topic}/{q.queue_id} no longer holds {k}")
         return phys[0], sizes[0], tags[0]
 
-    def checked_slice(self, q: QueueIndex, k: int, count: int) -> tuple[array, array, array]:
+    def checked_slice(self, q: QueueIndex, k: int, count: int,
+                      ) -> tuple[array[int], array[int], array[int]]:
         for _attempt in range(2):
             raw = q.files.units(k, count)
             why = self._first_bad(q, k, raw)

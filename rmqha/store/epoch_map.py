@@ -23,7 +23,6 @@ import os
 import threading
 import zlib
 from collections.abc import Iterable
-from types import ModuleType
 from typing import Any, Callable, TypeVar
 
 from rmqha import _core
@@ -32,7 +31,7 @@ from rmqha.failpoints import Failpoint, hit
 
 log = logging.getLogger(__name__)
 
-_impl: ModuleType = _core.load("epoch_map")
+_impl = _core.load("epoch_map")
 
 #: End of the last entry while the log's max offset is not known (Java Long.MAX_VALUE).
 OPEN_END: int = (1 << 63) - 1
@@ -342,7 +341,7 @@ class EpochMap:
             return NotImplemented
         return self.entries() == other.entries()
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # mutable: equal maps, no hash
 
     def __repr__(self) -> str:
         where = f", path={self._path!r}" if self._path else ""

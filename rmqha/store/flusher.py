@@ -79,7 +79,7 @@ class Flusher:
         self._flusher_cond = threading.Condition(self.lock)  # wakes the flusher
         self._wanted = 0     # offset a waiter needs flushed (sync mode: flush at once)
         self._requested = 0  # offset asked for without a waiter (sync mode: flush lazily)
-        self._futures: list[tuple[int, int, Future]] = []
+        self._futures: list[tuple[int, int, Future[int]]] = []
         self._future_seq = itertools.count()
         self.count = 0                    # fdatasync rounds done (group-commit evidence)
         self.flushed_offset = 0
@@ -133,8 +133,8 @@ class Flusher:
                     raise StoreClosedError("commitlog closed before the record was flushed")
                 self._flushed_cond.wait()
 
-    def future(self, offset: int) -> Future:
-        fut: Future = Future()
+    def future(self, offset: int) -> Future[int]:
+        fut: Future[int] = Future()
         with self.lock:
             if self.flushed_offset >= offset:
                 fut.set_result(self.flushed_offset)

@@ -7,7 +7,8 @@ import socket
 import struct
 from dataclasses import dataclass
 from array import array
-from types import ModuleType
+from rmqha._core._protocols import RecordsTwin
+from typing import Any
 
 from rmqha.errors import InvalidMessageError
 
@@ -52,7 +53,7 @@ class BatchAppendResult:
     its queue offset ``first_queue_offset + i``.
     """
 
-    offsets: array
+    offsets: array[int]
     first_queue_offset: int
     count: int
     overhead: int
@@ -64,8 +65,8 @@ class EntriesAppendResult:
     """Where ``append_batch_entries`` put the entries of a batch body: record i at
     ``offsets[i]``, ``sizes[i]`` bytes long, with queue offset ``first_queue_offset + i``."""
 
-    offsets: array
-    sizes: array
+    offsets: array[int]
+    sizes: array[int]
     first_queue_offset: int
     count: int
     end_offset: int
@@ -92,7 +93,7 @@ def _check_int(name: str, value: int, lo: int, hi: int) -> None:
         raise InvalidMessageError(f"{name} must be an int in [{lo}, {hi}], got {value!r}")
 
 
-def topic_bytes(codec: ModuleType, topic: str | bytes) -> bytes:
+def topic_bytes(codec: RecordsTwin, topic: str | bytes) -> bytes:
     """The topic as the record stores it (UTF-8), or InvalidMessageError naming the fault."""
     if isinstance(topic, str):
         try:
@@ -125,7 +126,7 @@ def check_fields(queue_id: int, flag: int, sys_flag: int, reconsume_times: int,
         _check_int("born_timestamp", born_timestamp, 0, (1 << 63) - 1)
 
 
-def to_message(codec: ModuleType, names: dict[bytes, object], f: tuple) -> StoredMessage:
+def to_message(codec: RecordsTwin, names: dict[bytes, object], f: tuple[Any, ...]) -> StoredMessage:
     """A :class:`StoredMessage` from the codec's decoded fields ``f``; ``names`` caches
     decoded topics and hosts (they repeat from record to record: decode each once)."""
     topic = names.get(f[15])

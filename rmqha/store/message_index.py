@@ -112,6 +112,11 @@ class Hit:
 class IndexFile:
     """One memory-mapped hash-table file (see the module docstring for the layout)."""
 
+    # Read from the header with struct (untyped): declared here for the checker.
+    capacity: int
+    reserved: int
+    _entries_at: int
+
     def __init__(self, path: Path, mm: mmap.mmap, fd: int) -> None:
         self.path = path
         self._mm = mm

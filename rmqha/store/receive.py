@@ -17,8 +17,8 @@ import os
 import struct
 import threading
 from collections.abc import Callable
-from types import ModuleType
 
+from rmqha._core._protocols import RecordsTwin
 from rmqha.errors import CorruptRecordError, OffsetMismatchError, StoreError
 from rmqha.store.flusher import Flusher, FlushMode
 from rmqha.store.segments import PrefaultWindow, Segment
@@ -32,7 +32,7 @@ class ReceivePath:
 
     # The log's writer state (set by CommitLog.__init__).
     _lock: threading.RLock
-    _codec: ModuleType
+    _codec: RecordsTwin
     _sb: int
     _max_offset: int
     _whole_offset: int

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
-from types import ModuleType
 
+from rmqha._core._protocols import RecordsTwin
 from rmqha.errors import MissingSegmentError, StoreError
 from rmqha.store.checkpoint import Checkpoint
 from rmqha.store.queue_offsets import QueueOffsets
@@ -22,7 +22,7 @@ from rmqha.store.segments import SEGMENT_NAME, Segment, fsync_dir, segment_path
 log = logging.getLogger(__name__)
 
 
-def recover(directory: str, segment_bytes: int, codec: ModuleType,
+def recover(directory: str, segment_bytes: int, codec: RecordsTwin,
             segments: dict[int, Segment], queues: QueueOffsets, checkpoint: Checkpoint,
             *, use_snapshot: bool = True) -> tuple[int, int, int]:
     """Open the log in ``directory`` into ``segments`` and ``queues``; returns where it
@@ -129,7 +129,7 @@ def recover(directory: str, segment_bytes: int, codec: ModuleType,
     return end, start, since
 
 
-def _tiles(codec: ModuleType, seg: Segment, lo: int, hi: int, base: int, flushed: int) -> bool:
+def _tiles(codec: RecordsTwin, seg: Segment, lo: int, hi: int, base: int, flushed: int) -> bool:
     """Whether whole records (and a blank ending the segment) fill ``[lo, hi)``."""
     S = codec.ScanStop
     pos, stop, _ = codec.scan(seg.mm, lo, hi, base, flushed, None)

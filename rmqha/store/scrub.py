@@ -17,10 +17,10 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any
 
 from rmqha import _core
+from rmqha._core._protocols import RecordsTwin
 
 _SEGMENT_NAME = re.compile(r"^[0-9]{20}$")
 #: Stops that end a segment's data cleanly.
@@ -50,7 +50,7 @@ class ScrubReport:
         return not self.bad
 
 
-def bad_records(codec: ModuleType, buf: Any, start: int, end: int, base: int) -> tuple[list[BadRecord], int]:
+def bad_records(codec: RecordsTwin, buf: Any, start: int, end: int, base: int) -> tuple[list[BadRecord], int]:
     """Check every record of ``buf[start:end]`` (a whole segment mapping; ``base`` is its
     global offset); returns the bad ones and how many records were checked.  A record with
     a bad CRC but an intact header is stepped over; anything else ends the walk there."""
@@ -81,7 +81,7 @@ def _segments(directory: str) -> Iterator[tuple[int, str]]:
             yield int(name), os.path.join(directory, name)
 
 
-def scrub_store(directory: str | os.PathLike[str], codec: ModuleType | None = None) -> ScrubReport:
+def scrub_store(directory: str | os.PathLike[str], codec: RecordsTwin | None = None) -> ScrubReport:
     """Check every record in every segment of a ``commitlog/`` directory, read-only."""
     codec = codec or _core.load("records")
     report = ScrubReport(str(directory))

@@ -27,8 +27,9 @@ import re
 import threading
 from collections.abc import Callable
 from queue import SimpleQueue
-from types import ModuleType
+from typing import Any
 
+from rmqha._core._protocols import RecordsTwin
 from rmqha.errors import StoreError
 
 log = logging.getLogger(__name__)
@@ -156,7 +157,7 @@ class PrefaultWindow:
     and ``closing`` read the log's max offset and closing flag.
     """
 
-    def __init__(self, directory: str, segment_bytes: int, codec: ModuleType,
+    def __init__(self, directory: str, segment_bytes: int, codec: RecordsTwin,
                  segments: dict[int, Segment], io_lock: threading.Lock,
                  writer_offset: Callable[[], int], closing: Callable[[], bool], *,
                  window: int, enabled: bool, sync_ahead: bool = False) -> None:
@@ -173,7 +174,7 @@ class PrefaultWindow:
         self.synced_chunks = 0  # chunks written ahead of the writer (evidence for tests)
         self.lock = threading.RLock()
         self.ready: dict[int, Segment] = {}
-        self._queue: SimpleQueue = SimpleQueue()
+        self._queue: SimpleQueue[tuple[Any, ...]] = SimpleQueue()
         self._idle = threading.Event()
         self._idle.set()
         self._pending = 0
@@ -247,7 +248,7 @@ class PrefaultWindow:
     def wait(self, timeout: float | None = None) -> bool:
         return self._idle.wait(timeout)
 
-    def _request(self, job: tuple) -> None:
+    def _request(self, job: tuple[Any, ...]) -> None:
         if not self._enabled:
             return
         with self.lock:
