@@ -73,9 +73,13 @@ def next_opaque() -> int:
 
 
 def ext_value(value: Any) -> str:
-    """How a header field travels in ``extFields``: always a string (Java's rendering)."""
+    """How a header field travels in ``extFields``: always a string (Java's rendering).
+    Bytes are refused: ``str()`` would send their repr (``b'...'``), which the peer takes
+    as the value."""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        raise ProtocolError(f"a header field is {type(value).__name__}; decode it to str first")
     return str(value)
 
 

@@ -284,7 +284,7 @@ def send_header(plan: SendPlan, queue_id: int) -> dict[str, Any]:
     m = plan.messages[0]
     return {"a": plan.topic, "b": plan.topic, "c": "TBW102", "d": 4, "e": queue_id,
             "f": m.sys_flag, "g": m.born_timestamp, "h": 0,
-            "i": encode_properties(m.properties), "j": 0, "m": False}
+            "i": encode_properties(m.properties).decode(), "j": 0, "m": False}
 
 
 def batch_header(plan: SendPlan, queue_id: int) -> dict[str, Any]:

@@ -469,3 +469,11 @@ def test_binary_request_to_a_real_name_server_is_answered_in_binary(tmp_path):
     assert resp.serialize_type == 1
     assert resp.opaque == 77 and resp.flag & FLAG_RESPONSE
     assert resp.code == ResponseCode.TOPIC_NOT_EXIST and "NoSuchTopic" in (resp.remark or "")
+
+
+def test_a_bytes_header_field_is_refused_not_sent_as_its_repr() -> None:
+    """str(b"x") is "b'x'": a header built from encoded bytes would carry that text."""
+    with pytest.raises(ProtocolError, match="bytes; decode it to str first"):
+        RemotingCommand.request(RequestCode.SEND_MESSAGE, {"properties": b"TAGS\x01a\x02"})
+    ok = RemotingCommand.request(RequestCode.SEND_MESSAGE, {"properties": "TAGS\x01a\x02"})
+    assert ok.ext_fields["properties"] == "TAGS\x01a\x02"
