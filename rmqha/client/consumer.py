@@ -47,6 +47,9 @@ from rmqha.protocol.command import RemotingCommand
 
 log = logging.getLogger(__name__)
 
+#: The first retry of a subscribed topic's missing route.
+_ROUTE_RETRY_MIN_S = 0.1
+
 _PULL_SUSPEND_AND_SUBSCRIPTION = PULL_SUSPEND | PULL_SUBSCRIPTION
 
 
@@ -125,6 +128,8 @@ class Consumer:
         self._handed: list[ReceivedMessage] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._rebalance_now = asyncio.Event()
+        #: How soon a topic without a route is asked for again (doubles while it has none).
+        self._route_retry_s = _ROUTE_RETRY_MIN_S
         self._rebalance_lock = asyncio.Lock()
         self._routes: dict[str, TopicRoute] = {}
         self._closed = False
@@ -362,10 +367,10 @@ class Consumer:
         last_commit = last_rebalance = last_heartbeat = time.monotonic()
         while not self._closed:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._rebalance_now.wait(),
-                                       min(self.commit_interval_s, 1.0))
+                await asyncio.wait_for(self._rebalance_now.wait(), self._housekeeping_wait())
             now = time.monotonic()
             try:
+                await self._retry_missing_routes()
                 if now - last_commit >= self.commit_interval_s:
                     last_commit = now
                     for st in list(self._queues.values()):
@@ -381,6 +386,26 @@ class Consumer:
                     await self._rebalance()
             except (ClientError, RemotingError, ProtocolError) as exc:
                 log.warning("consumer housekeeping: %s", exc)
+
+    def _housekeeping_wait(self) -> float:
+        wait = min(self.commit_interval_s, 1.0)
+        if any(t not in self._routes for t in self.topics):
+            wait = min(wait, self._route_retry_s)
+        return wait
+
+    async def _retry_missing_routes(self) -> None:
+        """A topic without a route yet (a producer's first send created it a moment ago and
+        the broker's registration is on its way) is asked for again soon, backing off, so
+        the consumer starts within a fraction of a second instead of at the next heartbeat."""
+        if all(t in self._routes for t in self.topics):
+            self._route_retry_s = _ROUTE_RETRY_MIN_S
+            return
+        await self._refresh_routes()
+        if all(t in self._routes for t in self.topics):
+            await self._heartbeat_all()
+            self._rebalance_now.set()
+        else:
+            self._route_retry_s = min(self._route_retry_s * 2, self.heartbeat_interval_s)
 
     # --- internals: pulling -------------------------------------------------------------
 

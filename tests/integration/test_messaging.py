@@ -902,3 +902,43 @@ def test_slave_index_waits_for_the_confirm_offset(tmp_path: Path) -> None:
             assert [m.body for m in decode_records(r2.body)] == [b"r2"]
 
     run(main())
+
+
+async def _consume_a_topic_created_after_the_consumer(env: Env, topic: str) -> list[Any]:
+    """A consumer subscribed before its topic exists (no route yet), then the topic's first
+    sends: what the consumer gets within 3 s (its heartbeat and rebalance are 30 s away)."""
+    got: list[Any] = []
+    async with Consumer(env.namesrv, "late-group", topic, heartbeat_interval_s=30.0,
+                        rebalance_interval_s=30.0) as c:
+        await c.poll(0.2)  # started, found no route
+        async with Producer(env.namesrv) as p:
+            await p.send(topic, b"first")
+        deadline = time.monotonic() + 3.0
+        while not got and time.monotonic() < deadline:
+            got += await c.poll(0.2)
+    return got
+
+
+def test_a_consumer_started_before_its_topic_has_a_route_reads_it_soon(tmp_path: Path) -> None:
+    async def main() -> list[Any]:
+        async with Env(tmp_path) as env:
+            await env.broker()
+            return await _consume_a_topic_created_after_the_consumer(env, "late-topic")
+
+    got = run(main())
+    assert [m.body for m in got] == [b"first"]
+
+
+def test_negative_control_without_route_retries_the_late_topic_waits(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def no_retry(self: Consumer) -> None:
+        return None
+
+    monkeypatch.setattr(Consumer, "_retry_missing_routes", no_retry)
+
+    async def main() -> list[Any]:
+        async with Env(tmp_path) as env:
+            await env.broker()
+            return await _consume_a_topic_created_after_the_consumer(env, "late-topic")
+
+    assert run(main()) == []
