@@ -115,7 +115,8 @@ class ProxyConfig:
         self._validate_polling()
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ConfigError(f"log_level {self.log_level!r} is not DEBUG, INFO, WARNING, ERROR or CRITICAL")
-        if bool(self.inner_access_key) != bool(self.inner_secret_key):
+        halves = [k for k in (self.inner_access_key, self.inner_secret_key) if k]
+        if len(halves) == 1:
             raise ConfigError("inner_access_key and inner_secret_key are set together (or neither)")
 
     def _validate_cluster(self) -> None:
