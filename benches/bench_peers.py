@@ -3,7 +3,7 @@
 ``make bench-peers`` installs what is missing and runs this; by hand::
 
     .venv/bin/python benches/bench_peers.py [--systems rmqha,nats,redis,rabbitmq]
-        [--scale 1.0] [--write-into docs/benchmarks.md] [--flush-sync]
+        [--scale 1.0] [--write-into docs/benchmarks.md] [--flush-sync] [--security]
 
 Every workload runs on every system before the next workload starts (round robin), so
 machine noise hits all of them alike.  1 KiB bodies; "copies" is how many servers hold a
@@ -11,6 +11,11 @@ message when it is acked (3: the replicated destination, 1: a single-copy one). 
 table goes to stdout and, with ``--write-into FILE``, between the ``peers-table`` markers
 of that Markdown file (``docs/benchmarks.md``).  Every server this starts is stopped at the
 end, also on errors and Ctrl-C.
+
+``--security`` then measures what rmqha's security costs (``peers/security_cost.py``): the
+3-copy produce workloads with mutual TLS and ACL signatures on, beside the same cluster
+with them off, into the ``security-table`` markers.  ``--systems none`` skips the peers
+(``make bench-peers PEERS_ARGS="--systems none --security"`` runs only that).
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from peers import security_cost  # noqa: E402
 from peers.base import MESSAGE_BYTES, Measurement, PeerSystem, run_workload  # noqa: E402
 
 BEGIN, END = "<!-- peers-table:begin -->", "<!-- peers-table:end -->"
@@ -135,28 +141,25 @@ def semantics(instances: dict[str, PeerSystem]) -> str:
                      for s in instances.values())
 
 
-def write_table(path: Path, text: str) -> None:
-    """Replace what stands between the peers-table markers of ``path`` with ``text``."""
+def check_markers(path: Path, begin: str = BEGIN, end: str = END) -> str:
+    """The text of ``path``; SystemExit unless it has both markers (checked before a run
+    too, so a long run never ends with nowhere to write)."""
     doc = path.read_text()
-    if BEGIN not in doc or END not in doc:
-        raise SystemExit(f"{path} has no {BEGIN} ... {END} markers")
-    before, rest = doc.split(BEGIN, 1)
-    _, after = rest.split(END, 1)
-    path.write_text(f"{before}{BEGIN}\n{text}\n{END}{after}")
+    if begin not in doc or end not in doc:
+        raise SystemExit(f"{path} has no {begin} ... {end} markers")
+    return doc
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--systems", default="rmqha,nats,redis,rabbitmq")
-    ap.add_argument("--scale", type=float, default=1.0, help="multiply message counts")
-    ap.add_argument("--write-into", type=Path, metavar="FILE",
-                    help="write the table between the peers-table markers of this Markdown file")
-    ap.add_argument("--flush-sync", action="store_true",
-                    help="also measure rmqha with flush = sync (one at a time)")
-    ap.add_argument("--no-failover", action="store_true")
-    args = ap.parse_args(argv)
-    names = [s.strip() for s in args.systems.split(",") if s.strip()]
-    body = os.urandom(MESSAGE_BYTES // 2).hex().encode()
+def write_table(path: Path, text: str, begin: str = BEGIN, end: str = END) -> None:
+    """Replace what stands between the ``begin`` and ``end`` markers of ``path`` with ``text``."""
+    doc = check_markers(path, begin, end)
+    before, rest = doc.split(begin, 1)
+    _, after = rest.split(end, 1)
+    path.write_text(f"{before}{begin}\n{text}\n{end}{after}")
+
+
+def compare_peers(args: argparse.Namespace, names: list[str], body: bytes) -> None:
+    """The peer table: every workload on every system, round robin."""
     instances: dict[str, PeerSystem] = {}
     results: dict[tuple[str, object], dict[str, Measurement]] = {}
     failovers: dict[str, float | None] = {}
@@ -199,6 +202,49 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.write_into:
         write_table(args.write_into, text)
+
+
+def compare_security(args: argparse.Namespace, body: bytes) -> None:
+    """The security table: rmqha's produce workloads with TLS and ACL on and off."""
+    with tempfile.TemporaryDirectory(prefix="bench-security-") as tmp:
+        results = security_cost.measure(Path(tmp), args.scale, body, args.security_rounds,
+                                        log=lambda line: print(line, flush=True))
+    text = security_cost.table(results, args.scale, args.security_rounds)
+    print(text)
+    if args.write_into:
+        write_table(args.write_into, text, security_cost.BEGIN, security_cost.END)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--systems", default="rmqha,nats,redis,rabbitmq",
+                    help="systems of the peer table, or 'none' to skip it")
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply message counts")
+    ap.add_argument("--write-into", type=Path, metavar="FILE",
+                    help="write the tables between their markers of this Markdown file")
+    ap.add_argument("--flush-sync", action="store_true",
+                    help="also measure rmqha with flush = sync (one at a time)")
+    ap.add_argument("--no-failover", action="store_true")
+    ap.add_argument("--security", action="store_true",
+                    help="also measure rmqha's produce workloads with TLS + ACL on vs off")
+    ap.add_argument("--security-rounds", type=int, default=security_cost.ROUNDS,
+                    help="rounds per workload of --security (the side going first alternates)")
+    args = ap.parse_args(argv)
+    names = [s.strip() for s in args.systems.split(",") if s.strip() and s.strip() != "none"]
+    if not names and not args.security:
+        raise SystemExit("nothing to run: --systems none without --security")
+    if args.security_rounds < 1:
+        raise SystemExit(f"--security-rounds {args.security_rounds}: at least 1")
+    if args.write_into:
+        if names:
+            check_markers(args.write_into)
+        if args.security:
+            check_markers(args.write_into, security_cost.BEGIN, security_cost.END)
+    body = os.urandom(MESSAGE_BYTES // 2).hex().encode()
+    if names:
+        compare_peers(args, names, body)
+    if args.security:
+        compare_security(args, body)
     return 0
 
 

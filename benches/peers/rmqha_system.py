@@ -5,6 +5,11 @@ Topic ``Bench3`` lives on ``broker-a`` (master + 2 slaves, ``all_ack_in_sync_sta
 a send is answered once all three hold it), ``Bench1`` on ``broker-b`` (one broker).  With
 ``flush_sync`` a third group ``broker-c`` (3 brokers, ``flush = "sync"``) serves
 ``BenchSync``, for the sync-flush vs async-flush latency ratio.
+
+With a :class:`~peers.rmqha_secure.SecureSetup` every port is mutual TLS, brokers check
+ACL 1.0 signatures and the producers sign as an account with PUB on the topics
+(``benches/peers/security_cost.py`` runs one such cluster beside a plain one); ``copies``
+then says which groups to start (``(3,)``: broker-a only).
 """
 from __future__ import annotations
 
@@ -14,13 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from peers.base import PeerSystem, wait_until
+from peers.rmqha_secure import SecureSetup
 
 from rmqha.net import loop as event_loop
 from rmqha.client import BlockingProducer, Consumer, Producer
 from rmqha.protocol.codes import RequestCode
-from rmqha.testing.local_cluster import Cluster
+from rmqha.security.identity import Identity
+from rmqha.testing.local_cluster import BrokerProc, Cluster
 
 TOPICS = {1: "Bench1", 3: "Bench3", "sync": "BenchSync"}
+CLUSTER = "rmqha-bench"
 
 
 class RmqhaSystem(PeerSystem):
@@ -30,8 +38,11 @@ class RmqhaSystem(PeerSystem):
     fsync_semantics = ("flush = async (RocketMQ's default): page cache, flushed every 500 ms; "
                        "flush = sync: the master's fsync overlaps the replication round trip")
 
-    def __init__(self, flush_sync: bool = False) -> None:
+    def __init__(self, flush_sync: bool = False, *, security: SecureSetup | None = None,
+                 copies: tuple[int, ...] = (3, 1)) -> None:
         self.flush_sync = flush_sync
+        self.security = security
+        self.copies = copies
         self.cluster: Cluster | None = None
         self.loop = event_loop.new_event_loop()
         self.producer: Producer | None = None
@@ -40,15 +51,14 @@ class RmqhaSystem(PeerSystem):
         self.blocking: BlockingProducer | None = None
 
     def start(self, workdir: Path) -> None:
-        c = self.cluster = Cluster(workdir / "rmqha", cluster_name="rmqha-bench")
-        c.start_controllers(1)
-        c.start_namesrv()
-        cfg: dict[str, Any] = {"all_ack_in_sync_state_set": True, "log_level": "WARNING"}
-        groups = [("broker-a", 3, cfg, TOPICS[3]), ("broker-b", 1, cfg, TOPICS[1])]
-        if self.flush_sync:
-            groups.append(("broker-c", 3, {**cfg, "flush": "sync"}, TOPICS["sync"]))
-        for group, n, conf, topic in groups:
-            brokers = c.start_group(group, n, in_sync=True, timeout=60, **conf)
+        c = self.cluster = Cluster(workdir / "rmqha", cluster_name=CLUSTER)
+        sec = self.security
+        if sec is not None:
+            c.client_security = sec.harness_security()
+        c.start_controllers(1, **(sec.process_keys(Identity.controller("n0")) if sec else {}))
+        c.start_namesrv(**(sec.process_keys(Identity.namesrv("ns0")) if sec else {}))
+        for group, n, conf, topic in self.groups():
+            brokers = self._start_group(group, n, conf)
             resp = c.request(brokers[0].address, RequestCode.UPDATE_AND_CREATE_TOPIC,
                              {"topic": topic, "readQueueNums": 8, "writeQueueNums": 8})
             assert resp.code == 0, resp.remark
@@ -56,17 +66,44 @@ class RmqhaSystem(PeerSystem):
         self.producer = self.loop.run_until_complete(self._make_producer())
         self.auto_producer = self.loop.run_until_complete(self._make_producer(auto_batch=True))
         self.blocking = BlockingProducer(c.namesrv_addresses, "bench_blocking",
-                                         send_timeout_s=10.0)
-        for topic in TOPICS.values():
-            if topic != TOPICS["sync"] or self.flush_sync:
-                self.blocking.send(topic, b"warm-up")
-                self.loop.run_until_complete(self.producer.send(topic, b"warm-up"))
-                self.loop.run_until_complete(self.auto_producer.send(topic, b"warm-up"))
+                                         send_timeout_s=10.0, **self._client_options())
+        for _, _, _, topic in self.groups():
+            self.blocking.send(topic, b"warm-up")
+            self.loop.run_until_complete(self.producer.send(topic, b"warm-up"))
+            self.loop.run_until_complete(self.auto_producer.send(topic, b"warm-up"))
+
+    def groups(self) -> list[tuple[str, int, dict[str, Any], str]]:
+        """(group, brokers, config, topic) of each destination this system serves."""
+        cfg: dict[str, Any] = {"all_ack_in_sync_state_set": True, "log_level": "WARNING"}
+        groups = [("broker-a", 3, cfg, TOPICS[3]), ("broker-b", 1, cfg, TOPICS[1])]
+        groups = [g for g in groups if g[1] in self.copies]
+        if self.flush_sync:
+            groups.append(("broker-c", 3, {**cfg, "flush": "sync"}, TOPICS["sync"]))
+        return groups
+
+    def _start_group(self, group: str, n: int, conf: dict[str, Any]) -> list[BrokerProc]:
+        """``Cluster.start_group``, each broker with its own certificate when secure."""
+        c, sec = self.cluster, self.security
+        assert c is not None
+        if sec is None:
+            return c.start_group(group, n, in_sync=True, timeout=60, **conf)
+        brokers = [c.start_broker(group, **conf, **sec.broker_keys(group, f"{group}-{i}"))
+                   for i in range(n)]
+        c.wait_role(brokers[0], "master", 60)
+        for b in brokers[1:]:
+            c.wait_role(b, "slave", 60)
+        ids = sorted(b.broker_id() or 0 for b in brokers)
+        c.wait_for(lambda: (info := c.replica_info(group)) is not None
+                   and info.sync_state_set == ids, 60, what=f"SyncStateSet {ids} of {group}")
+        return brokers
+
+    def _client_options(self) -> dict[str, Any]:
+        return self.security.client_options() if self.security is not None else {}
 
     async def _make_producer(self, auto_batch: bool = False) -> Producer:
         assert self.cluster is not None
         return Producer(self.cluster.namesrv_addresses, "bench_async", send_timeout_s=10.0,
-                        auto_batch=auto_batch)
+                        auto_batch=auto_batch, **self._client_options())
 
     def stop(self) -> None:
         if self.blocking is not None:
@@ -103,18 +140,30 @@ class RmqhaSystem(PeerSystem):
 
     def window(self, copies: int, n: int, window: int, body: bytes,
                auto_batch: bool = False) -> None:
-        self.loop.run_until_complete(self._window(TOPICS[copies], n, window, body, auto_batch))
+        self.loop.run_until_complete(self._window(TOPICS[copies], n, window, body, auto_batch,
+                                                  None))
+
+    def timed_window(self, copies: int, n: int, window: int, body: bytes) -> list[float]:
+        """:meth:`window`, answering each send's time from call to ack (the peer table
+        has no latencies for windows, so it uses :meth:`window`)."""
+        lat: list[float] = []
+        self.loop.run_until_complete(self._window(TOPICS[copies], n, window, body, False, lat))
+        return lat
 
     async def _window(self, topic: str, n: int, window: int, body: bytes,
-                      auto_batch: bool) -> None:
+                      auto_batch: bool, lat: list[float] | None) -> None:
         producer = self.auto_producer if auto_batch else self.producer
         assert producer is not None
         send = producer.send
         todo = iter(range(n))
+        clock = time.perf_counter
 
         async def worker() -> None:
             for _ in todo:
+                t0 = clock()
                 r = await send(topic, body)
+                if lat is not None:
+                    lat.append(clock() - t0)
                 assert r.ok, r.status
 
         await asyncio.gather(*(worker() for _ in range(window)))

@@ -29,6 +29,13 @@ The check (``PlainPermissionManager.validate`` + ``PlainPermissionChecker.check`
 7. each resource the request names needs its permission (the topic's or group's own entry,
    else the default; a group is checked as its retry topic ``%RETRY%<group>``).
 
+Pop consumption: POP_MESSAGE, ACK_MESSAGE and CHANGE_MESSAGE_INVISIBLETIME need SUB on
+the header's topic and group, BATCH_ACK_MESSAGE SUB on those of every entry of its body (a
+pop retry topic ``%RETRY%<group>_<topic>`` counts as ``<topic>``).  RocketMQ's remoting
+ACL 1.0 names no resource for these codes (only its gRPC path does, the same SUB pair);
+rmqha checks them, as ACL 2.0 does for the single-message codes.  Subscription group
+changes (UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, DELETE_SUBSCRIPTIONGROUP) are admin codes.
+
 RocketMQ's broker answers every refusal with SYSTEM_ERROR (1); the raised
 :class:`~rmqha.errors.AclError` carries that code and the remark.
 """
@@ -113,6 +120,10 @@ class Code(enum.IntEnum):
     ADD_WRITE_PERM_OF_BROKER = 327  # not in rmqha.protocol.codes
     UPDATE_CONTROLLER_CONFIG = 1009
     CLEAN_BROKER_DATA = 1011
+    POP_MESSAGE = 200050
+    ACK_MESSAGE = 200051
+    CHANGE_MESSAGE_INVISIBLETIME = 200053
+    BATCH_ACK_MESSAGE = 200151
 
 
 #: ``Permission.ADMIN_CODE``: the codes RocketMQ's ACL keeps for admin accounts.
@@ -337,6 +348,45 @@ def _group_field(fields: Mapping[str, str], key: str) -> str | None:
     return retry_topic(group) if group else None
 
 
+def _consumed_topic(topic: str | None, group: str | None) -> str | None:
+    """The topic a pop consumer of ``group`` reads: a pop retry topic of that group
+    (``%RETRY%<group>_<topic>``, or ``+`` in version 2) stands for ``<topic>``, so acking a
+    redelivered message needs what acking the first delivery needed, not a grant on a
+    group named ``<group>_<topic>``."""
+    if topic and group:
+        for sep in ("_", "+"):
+            prefix = f"{RETRY_PREFIX}{group}{sep}"
+            if topic.startswith(prefix) and len(topic) > len(prefix):
+                return topic[len(prefix):]
+    return topic
+
+
+def _pop_needs(topic: str | None, group: str | None) -> list[tuple[str | None, Perm]]:
+    # What RocketMQ's gRPC ReceiveMessage / AckMessage / ChangeInvisibleDuration need in
+    # ACL 1.0, and its remoting pop headers in ACL 2.0 (@RocketMQAction SUB on both).
+    return [(_consumed_topic(topic, group), Perm.SUB),
+            (retry_topic(group) if group else None, Perm.SUB)]
+
+
+def _batch_ack_needs(body: bytes | None) -> list[tuple[str | None, Perm]]:
+    """SUB on the topic and group of every entry of a BatchAckMessageRequestBody (short
+    keys ``t`` / ``c`` as fastjson writes them, or the long names).  RocketMQ checks no
+    resource for this code; rmqha does, or a batch ack would settle what a single ack
+    may not."""
+    try:
+        acks = json.loads(body or b"null")["acks"]
+        needs: list[tuple[str | None, Perm]] = []
+        for entry in acks:
+            group = entry.get("c", entry.get("consumerGroup"))
+            topic = entry.get("t", entry.get("topic"))
+            if not isinstance(group, str) or not isinstance(topic, str):
+                raise TypeError("an entry names no topic or group")
+            needs += _pop_needs(topic, group)
+        return needs
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise AclError(f"batch ack body cannot be read for the ACL check: {exc!r}") from None
+
+
 _NEEDS: dict[int, Callable[[Mapping[str, str], bytes | None], list[tuple[str | None, Perm]]]] = {
     Code.SEND_MESSAGE: lambda f, b: _send_needs(f.get("topic"), f.get("group")),
     Code.SEND_MESSAGE_V2: lambda f, b: _send_needs(f.get("b"), f.get("a")),
@@ -350,6 +400,11 @@ _NEEDS: dict[int, Callable[[Mapping[str, str], bytes | None], list[tuple[str | N
     Code.GET_CONSUMER_LIST_BY_GROUP: lambda f, b: [(_group_field(f, "consumerGroup"), Perm.SUB)],
     Code.UPDATE_CONSUMER_OFFSET: lambda f, b: [(_group_field(f, "consumerGroup"), Perm.SUB),
                                                (f.get("topic"), Perm.SUB)],
+    Code.POP_MESSAGE: lambda f, b: _pop_needs(f.get("topic"), f.get("consumerGroup")),
+    Code.ACK_MESSAGE: lambda f, b: _pop_needs(f.get("topic"), f.get("consumerGroup")),
+    Code.CHANGE_MESSAGE_INVISIBLETIME: lambda f, b: _pop_needs(f.get("topic"),
+                                                               f.get("consumerGroup")),
+    Code.BATCH_ACK_MESSAGE: lambda f, b: _batch_ack_needs(b),
 }
 
 

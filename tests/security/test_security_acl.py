@@ -240,6 +240,90 @@ def test_required_access_per_request_code() -> None:
         need(Code.HEART_BEAT, {}, b"{not json")
 
 
+def _batch_body(*entries: tuple[str, str], long_names: bool = False) -> bytes:
+    """A BatchAckMessageRequestBody naming (group, topic) per entry."""
+    g, t = ("consumerGroup", "topic") if long_names else ("c", "t")
+    return json.dumps({"brokerName": "broker-a", "acks": [
+        {g: group, t: topic, "r": "0", "so": 5, "q": 0, "rq": 0, "pt": 1, "it": 30000,
+         "b": "AQ==", "rh": ["handle"]} for group, topic in entries]}).encode()
+
+
+@pytest.mark.parametrize("code", [Code.POP_MESSAGE, Code.ACK_MESSAGE,
+                                  Code.CHANGE_MESSAGE_INVISIBLETIME])
+def test_pop_codes_need_sub_on_topic_and_group(code: Code) -> None:
+    def need(fields: dict[str, str]) -> dict[str, Perm]:
+        return dict(required_access(code, fields, None).resources)
+
+    assert need({"consumerGroup": "CG", "topic": "T", "queueId": "-1"}) == {
+        "T": Perm.SUB, "%RETRY%CG": Perm.SUB}
+    # A redelivered message comes from the group's pop retry topic: it stands for T.
+    assert need({"consumerGroup": "CG", "topic": "%RETRY%CG_T"}) == {
+        "T": Perm.SUB, "%RETRY%CG": Perm.SUB}
+    assert need({"consumerGroup": "CG", "topic": "%RETRY%CG+T"}) == {
+        "T": Perm.SUB, "%RETRY%CG": Perm.SUB}
+    # Another group's retry topic is that group's: checked as it.
+    assert need({"consumerGroup": "CG", "topic": "%RETRY%other_T"}) == {
+        "%RETRY%other_T": Perm.SUB, "%RETRY%CG": Perm.SUB}
+    assert need({"consumerGroup": "CG", "topic": "%RETRY%CG"}) == {"%RETRY%CG": Perm.SUB}
+
+
+def test_batch_ack_needs_sub_on_every_entry() -> None:
+    def need(body: bytes | None) -> dict[str, Perm]:
+        return dict(required_access(Code.BATCH_ACK_MESSAGE, {}, body).resources)
+
+    assert need(_batch_body(("CG", "T1"), ("CG2", "%RETRY%CG2_T2"))) == {
+        "T1": Perm.SUB, "%RETRY%CG": Perm.SUB, "T2": Perm.SUB, "%RETRY%CG2": Perm.SUB}
+    assert need(_batch_body(("CG", "T1"), long_names=True)) == {
+        "T1": Perm.SUB, "%RETRY%CG": Perm.SUB}
+    for bad in [b"{not json", b"[]", b'{"acks": 3}', b'{"acks": [{"c": "CG"}]}',
+                b'{"acks": [{"c": 1, "t": "T"}]}', b'{"acks": ["x"]}', None]:
+        with pytest.raises(AclError, match="batch ack body cannot be read"):
+            need(bad)
+
+
+def test_pop_requests_are_checked_against_the_accounts_perms() -> None:
+    config = AclConfig.parse(PLAIN_ACL)
+
+    def check(code: int, fields: dict[str, str], body: bytes | None = None) -> None:
+        check_request(config, *_signed(code, fields, body), "172.16.0.9")
+
+    pop = {"consumerGroup": "groupC", "topic": "topicC", "queueId": "-1", "maxMsgNums": "32",
+           "invisibleTime": "30000"}
+    check(Code.POP_MESSAGE, pop)
+    check(Code.ACK_MESSAGE, {**pop, "topic": "%RETRY%groupC_topicC"})
+    check(Code.BATCH_ACK_MESSAGE, {}, _batch_body(("groupC", "topicC"), ("groupB", "topicB")))
+    for code in (Code.POP_MESSAGE, Code.ACK_MESSAGE, Code.CHANGE_MESSAGE_INVISIBLETIME):
+        with pytest.raises(AclPermissionError, match="no SUB permission for topic:topicA"):
+            check(code, {**pop, "topic": "topicA"})
+        with pytest.raises(AclPermissionError, match="no SUB permission for group:groupA"):
+            check(code, {**pop, "consumerGroup": "groupA"})
+        with pytest.raises(AclPermissionError, match="no SUB default permission for topic:other"):
+            check(code, {**pop, "topic": "other"})
+    # One entry the account may not settle refuses the whole batch.
+    with pytest.raises(AclPermissionError, match="no SUB permission for topic:topicA"):
+        check(Code.BATCH_ACK_MESSAGE, {}, _batch_body(("groupC", "topicC"), ("groupC", "topicA")))
+    with pytest.raises(AclPermissionError, match="no SUB permission for group:groupA"):
+        check(Code.BATCH_ACK_MESSAGE, {}, _batch_body(("groupA", "topicC")))
+
+
+@pytest.mark.parametrize("code", [Code.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+                                  Code.DELETE_SUBSCRIPTIONGROUP])
+@pytest.mark.parametrize("admin_codes", [ROCKETMQ_ADMIN_CODES, None])
+def test_subscription_group_changes_need_an_admin(code: Code,
+                                                  admin_codes: frozenset[int] | None) -> None:
+    config = AclConfig.parse(PLAIN_ACL)
+    kw = {} if admin_codes is None else {"admin_codes": admin_codes}
+    body = json.dumps({"groupName": "groupB"}).encode()
+    fields = {"groupName": "groupB"}
+    # groupB is PUB|SUB for RocketMQ, yet changing the group is an admin's.
+    with pytest.raises(AclPermissionError, match=f"request code {int(code)} needs an admin"):
+        check_request(config, *_signed(code, fields, body), "172.16.0.9", **kw)
+    check_request(config, *_signed(code, fields, body, ak="rocketmq2"), "172.16.0.9", **kw)
+    # Negative control: the same account lists the groups (not an admin code).
+    check_request(config, *_signed(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, {}), "172.16.0.9",
+                  **kw)
+
+
 def _signed(code: int, fields: dict[str, str], body: bytes | None = None,
             ak: str = "RocketMQ", sk: str = "12345678") -> tuple[int, dict[str, str], bytes | None]:
     return code, sign(fields, body, ak, sk), body
