@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rmqha.errors import ControllerError
+from rmqha.errors import AuthenticationError, ControllerError
 from rmqha.ha.auth import HAAuth
 from rmqha.ha.config import HAConfig
 from rmqha.ha.master import HAMaster
@@ -40,6 +40,7 @@ from rmqha.ha.slave import HASlave
 from rmqha.security.identity import Identity
 from rmqha.security.secret import ENV_SECRET, ENV_SECRET_FILE, ClusterSecret, generate_secret_text
 from rmqha.store import CommitLog, EpochMap
+from rmqha.testing.sealed_script import ScriptedAuth, SealedReader, SealedWriter
 
 EPOCH_FILE = "epochFileCheckpoint"
 #: The broker group of every HA object these helpers build, and its cluster (the default
@@ -189,12 +190,40 @@ async def slave_running(slave: HASlave) -> AsyncIterator[HASlave]:
         await slave.stop()
 
 
+#: ``scripted_master(auth=...)`` default: authenticate as master 1 with :data:`TEST_SECRET`.
+_MASTER_1: Any = object()
+
+
 @asynccontextmanager
 async def scripted_master(
-    handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+    handler: Callable[[Any, Any], Awaitable[None]], *, auth: HAAuth | None = _MASTER_1,
 ) -> AsyncIterator[int]:
-    """A TCP server on 127.0.0.1 playing a master with ``handler``; yields its port."""
-    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    """A TCP server on 127.0.0.1 playing a master with ``handler``; yields its port.
+
+    Each connection first authenticates as master ``auth`` (default broker 1 with
+    :data:`TEST_SECRET`; None: the link runs unauthenticated); ``handler`` then reads and
+    writes plain frames, sealed and checked underneath (:mod:`rmqha.testing.sealed_script`).
+    A connection that does not complete the handshake is closed without calling it."""
+    who = auth_for(1) if auth is _MASTER_1 else auth
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if who is None:
+            await handler(reader, writer)
+            return
+        script = ScriptedAuth(who)
+
+        async def send(data: bytes) -> None:
+            writer.write(data)
+            await writer.drain()
+
+        try:
+            await script.accept(reader.readexactly, send)
+        except (asyncio.IncompleteReadError, ConnectionError, AuthenticationError):
+            writer.close()  # a slave stopped mid-handshake, or refused this master
+            return
+        await handler(SealedReader(reader, script), SealedWriter(writer, script))
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
     try:
         yield server.sockets[0].getsockname()[1]
     finally:
@@ -202,7 +231,7 @@ async def scripted_master(
         await server.wait_closed()
 
 
-async def read_frames(reader: asyncio.StreamReader, decoder: Any, got: list[Any], count: int) -> None:
+async def read_frames(reader: Any, decoder: Any, got: list[Any], count: int) -> None:
     """Feed ``decoder`` from ``reader`` until ``got`` holds ``count`` frames.
 
     A slave that closes first raises ConnectionResetError: a read at end of stream returns
