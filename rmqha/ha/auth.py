@@ -140,7 +140,7 @@ async def authenticate(link: Link, auth: HAAuth, timeout: float) -> FrameMac:
     await link.send([PREFACE + _message(hello)], timeout)
     try:
         answer = await _read_message(link, timeout)
-    except LinkClosed:
+    except (LinkClosed, ConnectionResetError):
         raise AuthenticationError(
             "the master closed the link during authentication: it has another cluster secret, "
             "none, or does not know this broker's cluster and group") from None

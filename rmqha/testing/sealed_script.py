@@ -196,10 +196,14 @@ class SealedWriter:
 
     def __init__(self, writer: Any, script: ScriptedAuth) -> None:
         self._writer = writer
-        self._script = script
+        self.script = script
 
     def write(self, data: bytes) -> None:
-        self._writer.write(self._script.seal(data))
+        self._writer.write(self.script.seal(data))
+
+    def write_raw(self, data: bytes) -> None:
+        """Bytes as they are: a sealed frame altered, replayed or out of turn."""
+        self._writer.write(data)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._writer, name)  # drain, close, wait_closed, get_extra_info
