@@ -11,7 +11,9 @@ manager and always kills (SIGKILL) what it started; :meth:`Cluster.stop_all` sto
 gracefully first (SIGTERM, then SIGKILL after a deadline).
 
 Timers default to :data:`QUICK_BROKER`, :data:`QUICK_NAMESRV` and :data:`QUICK_CONTROLLER`,
-so a killed master is replaced within about a second.
+so a killed master is replaced within about a second.  Brokers authenticate their HA links
+with a cluster secret made for each cluster directory (``base_dir/cluster.secret``, passed
+as ``cluster_secret_file``); ``Cluster(..., cluster_secret=False)`` runs them without one.
 
 Typical use::
 
@@ -54,6 +56,7 @@ from rmqha.errors import LocalClusterError, RemotingError
 from rmqha.net.client import RemotingClient
 from rmqha.net.loop import EventLoopThread
 from rmqha.protocol.command import RemotingCommand
+from rmqha.security.secret import generate_secret_text, write_secret_file
 
 T = TypeVar("T")
 
@@ -481,10 +484,13 @@ class Cluster:
                  broker_defaults: Mapping[str, Any] = QUICK_BROKER,
                  namesrv_defaults: Mapping[str, Any] = QUICK_NAMESRV,
                  controller_defaults: Mapping[str, Any] = QUICK_CONTROLLER,
-                 python: str = sys.executable) -> None:
+                 python: str = sys.executable, cluster_secret: bool = True) -> None:
         self.base_dir = Path(base_dir)
         self.log_dir = self.base_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        #: The cluster secret every broker authenticates its HA links with (a fresh random
+        #: one per cluster directory, mode 600); None with ``cluster_secret=False``.
+        self.secret_file: Path | None = self._secret_file() if cluster_secret else None
         self.cluster_name = cluster_name
         self.broker_defaults = dict(broker_defaults)
         self.namesrv_defaults = dict(namesrv_defaults)
@@ -498,6 +504,12 @@ class Cluster:
         self.embedded_controllers: list[str] = []
         self._loop: EventLoopThread | None = None
         self._clients: dict[str, RemotingClient] = {}
+
+    def _secret_file(self) -> Path:
+        path = self.base_dir / "cluster.secret"
+        if not path.exists():  # a Cluster opened again on its directory keeps its secret
+            write_secret_file(path, generate_secret_text())
+        return path
 
     # --- context manager ------------------------------------------------------------------
 
@@ -646,6 +658,7 @@ class Cluster:
             "listen_port": free_port_pair(),
             "controller_addr": self.controller_addresses,
             "namesrv_addr": self.namesrv_addresses,
+            **({"cluster_secret_file": str(self.secret_file)} if self.secret_file is not None else {}),
             **self.broker_defaults,
         }
         config.update(overrides)
