@@ -12,6 +12,13 @@ context ``"ha"``, its three messages framed on the raw socket as::
     slave  -> master              u16 length || CLIENT_AUTH
     ... then the framed dialect, every frame followed by its 16-byte tag
 
+The tags are those of the link_auth session; the GMAC keys of the blocks' data
+(:mod:`rmqha.ha.frame_mac`) are, per direction, the two halves of
+``HKDF-SHA256(cluster secret, salt = SHA-256(u16 len || HELLO || u16 len || SERVER_AUTH),
+info = "rmqha ha block keys v1", 64 bytes)``: slave-to-master first.  The handshake's
+messages carry both sides' fresh nonces, so every link has keys of its own, and only
+holders of the secret can compute them.
+
 ``PREFACE`` (``80 72 48 41``) read as the first int32 of a connection is negative: neither
 a framed length nor the rocketmq HANDSHAKE state, so a master of either kind tells an
 authenticating slave from a plain hello by its first four bytes (a master without this
@@ -32,9 +39,13 @@ checks the master's identity before its own proof goes out.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import struct
 from dataclasses import dataclass
+
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from rmqha.errors import AuthenticationError, ConfigError
 from rmqha.ha import frames as fr
@@ -83,6 +94,14 @@ def _message(body: bytes) -> bytes:
     return _LENGTH.pack(len(body)) + body
 
 
+def block_keys(secret: ClusterSecret, hello: bytes, server_auth: bytes) -> tuple[bytes, bytes]:
+    """The (slave-to-master, master-to-slave) GMAC keys of one link's blocks."""
+    salt = hashlib.sha256(_message(hello) + _message(server_auth)).digest()
+    okm = HKDF(algorithm=hashes.SHA256(), length=64, salt=salt, info=b"rmqha ha block keys v1")
+    keys = okm.derive(secret.reveal())
+    return keys[:32], keys[32:]
+
+
 async def _read_message(link: Link, timeout: float) -> bytes:
     (n,) = _LENGTH.unpack(await link.recv_exactly(_LENGTH.size, timeout))
     if not 0 < n <= MAX_MESSAGE_BYTES:
@@ -119,13 +138,15 @@ async def admit(link: Link, auth: HAAuth | None, timeout: float) -> tuple[FrameM
 async def _serve_handshake(link: Link, auth: HAAuth, timeout: float) -> FrameMac:
     hs = Handshake.server(auth.secret, auth.identity, context=CONTEXT)
     hs.start()
-    reply = hs.receive(await _read_message(link, timeout))
+    hello = await _read_message(link, timeout)
+    reply = hs.receive(hello)
     assert reply is not None
     await link.send([_message(reply)], timeout)
     hs.receive(await _read_message(link, timeout))
     session = hs.session()
     auth.authorize(session.peer)
-    return FrameMac(session)
+    from_slave, to_slave = block_keys(auth.secret, hello, reply)
+    return FrameMac(session, to_slave, from_slave)
 
 
 # --- slave ---------------------------------------------------------------------------------------
@@ -149,4 +170,5 @@ async def authenticate(link: Link, auth: HAAuth, timeout: float) -> FrameMac:
     session = hs.session()
     auth.authorize(session.peer)
     await link.send([_message(proof)], timeout)
-    return FrameMac(session)
+    to_master, from_master = block_keys(auth.secret, hello, answer)
+    return FrameMac(session, to_master, from_master)

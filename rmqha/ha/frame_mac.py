@@ -8,23 +8,31 @@ frame's *MAC input*).  So a frame injected, altered, dropped, replayed or reorde
 its tag, and the side that reads it closes the link before anything of the frame is used.
 
 The MAC input of a frame is the frame itself, except for TRANSFER_DATA, where it is the
-48-byte header followed by the SHA-256 of the block's data::
+48-byte header followed by a GMAC of the block's data::
 
-    mac_input(frame) = frame                                   (types 1-5, 7)
-    mac_input(frame) = frame[:48] || SHA-256(frame[48:])       (TRANSFER_DATA, 6)
+    mac_input(frame) = frame                                        (types 1-5, 7)
+    mac_input(frame) = frame[:48] || GMAC(k_dir, n, frame[48:])     (TRANSFER_DATA, 6)
 
-which is as strong (SHA-256 is collision resistant) and lets each side hash a block where
-it lies: the master from its mmap views (or the pages it hands to ``sendfile``), the slave
-from its receive buffer or from the commitlog mapping a large block was received into.
-SHA-256 runs on OpenSSL (SHA-NI where the CPU has it), which measured faster here than
-BLAKE2b (0.53 ms against 1.14 ms per 256 KiB, 2-core EPYC), and hashing the data once
-costs the same as an HMAC over it.
+GMAC is AES-256-GCM with no plaintext and the data as associated data (its 16-byte tag);
+``k_dir`` is the link's key for the direction (:func:`rmqha.ha.auth.block_keys`: fresh per
+link, derived from the cluster secret and the handshake), ``n`` is 4 zero bytes and the
+8-byte count of TRANSFER_DATA frames sent before in that direction, so no nonce repeats
+under a key.  A changed block changes its GMAC (forging one without the key is hopeless),
+hence the MAC input, hence fails the tag.  Each side takes the GMAC where the block lies:
+the master from its mmap views (or through one for a ``sendfile`` range), the slave from
+its receive buffer or from the commitlog mapping a large block was received into.
+
+Why GMAC: it is what costs least per byte here.  Measured on the 2-core EPYC these
+benchmarks run on, per 256 KiB: GMAC 0.012 ms (AES-NI and carry-less multiply through
+OpenSSL), SHA-256 0.145 ms (SHA-NI), BLAKE2b (keyed or not) 0.28 ms, HMAC-SHA256 about as
+SHA-256; a SHA-256 of every block on both sides cut loopback catch-up from 1264 to 799 MB/s.
 """
 from __future__ import annotations
 
-import hashlib
 import struct
 from typing import Any
+
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from rmqha.errors import ProtocolError
 from rmqha.ha import frames as fr
@@ -38,16 +46,30 @@ _HEADER = fr.TRANSFER_HEADER_SIZE
 _PEEK = struct.Struct(">ii")  # a framed frame's length and type
 
 
-def _block_input(header: Any, data: Any) -> bytes:
-    return bytes(header) + hashlib.sha256(data).digest()
+class BlockDigest:
+    """The GMACs of one direction's blocks, in order (see the module docstring)."""
+
+    def __init__(self, key: bytes) -> None:
+        self._aead = AESGCM(key)
+        self._count = 0
+
+    def input(self, header: Any, data: Any) -> bytes:
+        """The MAC input of the next TRANSFER_DATA frame: ``header || GMAC(data)``."""
+        nonce = b"\0\0\0\0" + self._count.to_bytes(8, "big")
+        self._count += 1
+        return bytes(header) + self._aead.encrypt(nonce, b"", data)
 
 
 class FrameMac:
-    """Tags frames going out and checks frames coming in, for one authenticated link."""
+    """Tags frames going out and checks frames coming in, for one authenticated link:
+    ``session`` from the handshake, and the block keys of what this side sends and
+    receives."""
 
-    def __init__(self, session: LinkSession) -> None:
+    def __init__(self, session: LinkSession, send_key: bytes, receive_key: bytes) -> None:
         self._sealer = session.sealer
         self._opener = session.opener
+        self._sent_blocks = BlockDigest(send_key)
+        self._received_blocks = BlockDigest(receive_key)
         #: Who the peer proved to be.
         self.peer: Identity = session.peer
 
@@ -60,20 +82,21 @@ class FrameMac:
     def block_tag(self, header: Any, data: Any) -> bytes:
         """The tag to send after a TRANSFER_DATA frame: ``header`` then ``data`` (empty for
         a heartbeat).  Tags are numbered: send each one, in the order they were made."""
-        return self._sealer.tag(_block_input(header, data))
+        return self._sealer.tag(self._sent_blocks.input(header, data))
 
     # --- in --------------------------------------------------------------------------------
 
     def check(self, frame: Any, tag: Any) -> None:
         """AuthenticationError unless ``tag`` is the next tag of the whole frame ``frame``."""
         if len(frame) >= _HEADER and _PEEK.unpack_from(frame, 0)[1] == _DATA:
-            self._opener.verify(_block_input(frame[:_HEADER], frame[_HEADER:]), tag)
+            view = memoryview(frame)
+            self.check_block(view[:_HEADER], view[_HEADER:], tag)
         else:
             self._opener.verify(frame, tag)
 
     def check_block(self, header: Any, data: Any, tag: Any) -> None:
         """:meth:`check` for a TRANSFER_DATA frame whose data lies elsewhere."""
-        self._opener.verify(_block_input(header, data), tag)
+        self._opener.verify(self._received_blocks.input(header, data), tag)
 
 
 class FrameUnsealer:

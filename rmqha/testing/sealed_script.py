@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
 from rmqha.ha import frames as fr
-from rmqha.ha.auth import CONTEXT, PREFACE, HAAuth
+from rmqha.ha.auth import CONTEXT, PREFACE, HAAuth, block_keys
 from rmqha.ha.frame_mac import FrameMac, FrameUnsealer
 from rmqha.security.link_auth import Handshake
 
@@ -38,24 +38,32 @@ def _message_steps() -> Generator[_Step, bytes, bytes]:
     return body
 
 
-def _server_steps(hs: Handshake) -> Generator[_Step, bytes, None]:
+#: What a handshake's steps return: its HELLO and SERVER_AUTH (the block keys' salt).
+_Transcript = tuple[bytes, bytes]
+
+
+def _server_steps(hs: Handshake) -> Generator[_Step, bytes, _Transcript]:
     preface = yield ("recv", len(PREFACE))
     if preface != PREFACE:
         raise AssertionError(f"the slave did not authenticate: first bytes {preface!r}")
     hs.start()
-    reply = hs.receive((yield from _message_steps()))
+    hello = yield from _message_steps()
+    reply = hs.receive(hello)
     assert reply is not None
     yield ("send", _LENGTH.pack(len(reply)) + reply)
     hs.receive((yield from _message_steps()))
+    return hello, reply
 
 
-def _client_steps(hs: Handshake) -> Generator[_Step, bytes, None]:
+def _client_steps(hs: Handshake) -> Generator[_Step, bytes, _Transcript]:
     hello = hs.start()
     assert hello is not None
     yield ("send", PREFACE + _LENGTH.pack(len(hello)) + hello)
-    proof = hs.receive((yield from _message_steps()))
+    answer = yield from _message_steps()
+    proof = hs.receive(answer)
     assert proof is not None
     yield ("send", _LENGTH.pack(len(proof)) + proof)
+    return hello, answer
 
 
 def recv_exactly(sock: socket.socket, n: int) -> bytes:
@@ -85,14 +93,15 @@ class ScriptedAuth:
     async def accept(self, recv: Callable[[int], Awaitable[bytes]], send: Callable[[bytes], Awaitable[Any]]) -> None:
         """The master's side of the handshake."""
         hs = Handshake.server(self.auth.secret, self.auth.identity, context=CONTEXT)
-        await self._drive(_server_steps(hs), recv, send)
-        self._ready(hs)
+        hello, server_auth = await self._drive(_server_steps(hs), recv, send)
+        from_slave, to_slave = block_keys(self.auth.secret, hello, server_auth)
+        self._ready(hs, to_slave, from_slave)
 
     async def connect(self, recv: Callable[[int], Awaitable[bytes]], send: Callable[[bytes], Awaitable[Any]]) -> None:
         """The slave's side of the handshake."""
         hs = Handshake.client(self.auth.secret, self.auth.identity, context=CONTEXT)
-        await self._drive(_client_steps(hs), recv, send)
-        self._ready(hs)
+        hello, server_auth = await self._drive(_client_steps(hs), recv, send)
+        self._ready(hs, *block_keys(self.auth.secret, hello, server_auth))
 
     def connect_sync(self, sock: socket.socket) -> None:
         """:meth:`connect` over a blocking socket."""
@@ -103,23 +112,23 @@ class ScriptedAuth:
             while True:
                 kind, arg = steps.send(value)
                 value = recv_exactly(sock, arg) if kind == "recv" else sock.sendall(arg)
-        except StopIteration:
-            pass
-        self._ready(hs)
+        except StopIteration as done:
+            hello, server_auth = done.value
+        self._ready(hs, *block_keys(self.auth.secret, hello, server_auth))
 
     @staticmethod
-    async def _drive(steps: Generator[_Step, bytes, None], recv: Callable[[int], Awaitable[bytes]],
-                     send: Callable[[bytes], Awaitable[Any]]) -> None:
+    async def _drive(steps: Generator[_Step, bytes, _Transcript], recv: Callable[[int], Awaitable[bytes]],
+                     send: Callable[[bytes], Awaitable[Any]]) -> _Transcript:
         value: Any = None
         try:
             while True:
                 kind, arg = steps.send(value)
                 value = await recv(arg) if kind == "recv" else await send(arg)
-        except StopIteration:
-            pass
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
-    def _ready(self, hs: Handshake) -> None:
-        self.mac = FrameMac(hs.session())
+    def _ready(self, hs: Handshake, send_key: bytes, receive_key: bytes) -> None:
+        self.mac = FrameMac(hs.session(), send_key, receive_key)
         self._unsealer = FrameUnsealer(self.mac, self.max_frame_bytes)
 
     # --- the byte stream ---------------------------------------------------------------------

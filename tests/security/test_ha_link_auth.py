@@ -1,7 +1,7 @@
 """HA link authentication: the wire as documented, who is let in, and the config keys.
 
 * The wire: a client written from the documentation of rmqha.ha.auth and rmqha.ha.frame_mac
-  alone (the link_auth building block, ``struct``, ``hashlib``) replicates from a real
+  alone (the link_auth building block, ``struct``, ``hashlib``, ``cryptography``) replicates from a real
   master: it checks every tag the master sends and the master counts its sealed acks.
 * Who: the same secret but another group or cluster is refused by the master (one log
   line, no link); a master of another group is refused by the slave before the slave's
@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from rmqha.broker.config import BrokerConfig
 from rmqha.config import load_config
@@ -56,35 +59,51 @@ OTHER = ClusterSecret(b"another-cluster-secret-0123456789", "test")
 # --- the wire, from the documentation --------------------------------------------------------------
 
 
-def _handshake(sock: socket.socket, who: Identity = Identity.broker(CLUSTER, GROUP, "2")) -> LinkSession:
-    """PREFACE || u16 len || HELLO; u16 len || SERVER_AUTH; u16 len || CLIENT_AUTH."""
+class _Link:
+    """The client's end of an authenticated link: the link_auth session and, per
+    direction, the GMAC key and count of blocks."""
+
+    def __init__(self, session: LinkSession, keys: bytes) -> None:
+        self.session = session
+        self.gmac = {"out": AESGCM(keys[:32]), "in": AESGCM(keys[32:])}
+        self.blocks = {"out": 0, "in": 0}
+
+    def mac_input(self, frame: bytes, way: str) -> bytes:
+        """The frame, or for TRANSFER_DATA (type 6) its 48-byte header || GMAC(data)."""
+        if struct.unpack_from(">i", frame, 4)[0] != 6:
+            return frame
+        nonce = bytes(4) + self.blocks[way].to_bytes(8, "big")
+        self.blocks[way] += 1
+        return frame[:48] + self.gmac[way].encrypt(nonce, b"", frame[48:])
+
+
+def _handshake(sock: socket.socket, who: Identity = Identity.broker(CLUSTER, GROUP, "2")) -> _Link:
+    """PREFACE || u16 len || HELLO; u16 len || SERVER_AUTH; u16 len || CLIENT_AUTH; the
+    block keys from the secret and the first two messages."""
     hs = Handshake.client(TEST_SECRET, who, context="ha")
     hello = hs.start()
     assert hello is not None
     sock.sendall(b"\x80rHA" + struct.pack(">H", len(hello)) + hello)
     (n,) = struct.unpack(">H", recv_exactly(sock, 2))
-    proof = hs.receive(recv_exactly(sock, n))
+    answer = recv_exactly(sock, n)
+    proof = hs.receive(answer)
     assert proof is not None
     sock.sendall(struct.pack(">H", len(proof)) + proof)
-    return hs.session()
+    salt = hashlib.sha256(struct.pack(">H", len(hello)) + hello + struct.pack(">H", n) + answer).digest()
+    keys = HKDF(algorithm=hashes.SHA256(), length=64, salt=salt,
+                info=b"rmqha ha block keys v1").derive(TEST_SECRET.reveal())
+    return _Link(hs.session(), keys)
 
 
-def _mac_input(frame: bytes) -> bytes:
-    """The frame, or for TRANSFER_DATA (type 6) its 48-byte header || SHA-256(data)."""
-    if struct.unpack_from(">i", frame, 4)[0] == 6:
-        return frame[:48] + hashlib.sha256(frame[48:]).digest()
-    return frame
-
-
-def _send(sock: socket.socket, link: LinkSession, ftype: int, payload: bytes) -> None:
+def _send(sock: socket.socket, link: _Link, ftype: int, payload: bytes) -> None:
     frame = struct.pack(">iiqq", 24 + len(payload), ftype, 0, -1) + payload
-    sock.sendall(frame + link.sealer.tag(_mac_input(frame)))
+    sock.sendall(frame + link.session.sealer.tag(link.mac_input(frame, "out")))
 
 
-def _recv_frame(sock: socket.socket, link: LinkSession) -> bytes:
+def _recv_frame(sock: socket.socket, link: _Link) -> bytes:
     (length,) = struct.unpack(">i", head := recv_exactly(sock, 4))
     frame = head + recv_exactly(sock, length - 4)
-    link.opener.verify(_mac_input(frame), recv_exactly(sock, 16))
+    link.session.opener.verify(link.mac_input(frame, "in"), recv_exactly(sock, 16))
     return frame
 
 
