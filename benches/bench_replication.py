@@ -232,7 +232,7 @@ def test_replication_lag_under_steady_load(benchmark: Any, tmp_path: Any) -> Non
     q = statistics.quantiles(lags_ms, n=100)
     p50, p99 = q[49], q[98]
     describe(benchmark, core_implementation(), message_bytes=MESSAGE_BYTES, batch=1, replicas=2,
-             rate_per_s=LAG_RATE, seconds=LAG_SECONDS, authenticated=AUTH, lag_p50_ms=round(p50, 3), lag_p99_ms=round(p99, 3),
-             lag_max_ms=round(max(lags_ms), 3))
+             rate_per_s=LAG_RATE, seconds=LAG_SECONDS, authenticated=AUTH, lag_p50_ms=round(p50, 3),
+             lag_p99_ms=round(p99, 3), lag_max_ms=round(max(lags_ms), 3))
     print(f"\nreplication lag at {LAG_RATE} x {MESSAGE_BYTES} B/s: p50 {p50:.3f} ms, p99 {p99:.3f} ms, "
           f"max {max(lags_ms):.3f} ms over {len(lags_ms)} messages")

@@ -3,7 +3,8 @@
 Every accepted connection goes, in one task, through: the :class:`rmqha.ha.link.Link`
 around the socket; the admission (:func:`rmqha.ha.auth.admit`: with a cluster secret the
 link authenticates first, and a refused one is logged in one line naming the peer and
-why, and closed before it touches anything); the handshake's hello (:meth:`rmqha.ha.handshake.MasterHandshake.introduce`);
+why, and closed before it touches anything); the handshake's hello
+(:meth:`rmqha.ha.handshake.MasterHandshake.introduce`);
 the claim of the slave's id (:meth:`rmqha.ha.sync_service.SyncService.admit`); the rest of
 the handshake and the transfer's start; then the slave's acks until the link ends, when
 the connection is dropped with the reason it ended (logged at WARNING for bad frames and

@@ -16,9 +16,9 @@ never under an epoch newer than the master's) and handed to the owner's ``on_ack
 they mean for the confirm offset and the SyncStateSet is :mod:`rmqha.ha.service`'s job.
 
 On an authenticated link every block is followed by its tag (:mod:`rmqha.ha.frame_mac`:
-the SHA-256 of the block's bytes is taken from the same mmap view the block is sent from,
-or read through one for a ``sendfile`` range), heartbeats too; the slave's acks are
-checked by the codec.
+the GMAC of the block's bytes is taken from the same mmap view the block is sent from, or
+read through one for a ``sendfile`` range), heartbeats too; the slave's acks are checked
+by the codec.
 
 Labels are computed from the live epoch map for every block, so a new epoch appended while
 slaves are connected is picked up at once (RocketMQ #9689 kept a stale epoch per link).

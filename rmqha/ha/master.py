@@ -27,6 +27,7 @@ behalf of producers, and proposes SyncStateSet changes through the broker's asyn
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -43,6 +44,15 @@ from rmqha.ha.sync_service import SyncService
 log = logging.getLogger(__name__)
 
 __all__ = ["AlterCallback", "HAMaster", "LinkState"]
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class HAMaster:
@@ -101,6 +111,9 @@ class HAMaster:
         s = self._service.sync_state
         log.info("HA master %s listening on %s (group %s, set %s epoch %d, %s)", self.broker_id,
                  self.address, self.group, sorted(s.local), s.epoch, self._auth_words())
+        if self.auth is None and not _is_loopback(host):
+            log.warning("HA port %s takes unauthenticated links: whoever reaches it can read the whole "
+                        "log and pose as a slave; set cluster_secret on every broker", self.address)
         return bound
 
     def _auth_words(self) -> str:

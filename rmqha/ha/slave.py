@@ -84,6 +84,10 @@ class HASlave:
                 raise ConfigError(
                     f"the {self.protocol} HA dialect cannot be authenticated: with a cluster secret it "
                     "needs ha_allow_unauthenticated_rocketmq_dialect = true")
+            if self.protocol != "framed":
+                log.warning("HA slave %d speaks the %s dialect, which cannot be authenticated: its link "
+                            "runs without (ha_allow_unauthenticated_rocketmq_dialect)", self.broker_id,
+                            self.protocol)
         self.auth = auth
         self.address = address
         self._master = master_ha_address

@@ -111,7 +111,11 @@ class ScriptedAuth:
         try:
             while True:
                 kind, arg = steps.send(value)
-                value = recv_exactly(sock, arg) if kind == "recv" else sock.sendall(arg)
+                if kind == "recv":
+                    value = recv_exactly(sock, arg)
+                else:
+                    sock.sendall(arg)
+                    value = None
         except StopIteration as done:
             hello, server_auth = done.value
         self._ready(hs, *block_keys(self.auth.secret, hello, server_auth))

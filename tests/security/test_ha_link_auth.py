@@ -29,8 +29,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from rmqha.broker.config import BrokerConfig
 from rmqha.config import load_config
 from rmqha.errors import ConfigError
-from rmqha.ha import HAAuth, frames
-from rmqha.ha.frames import Direction
+from rmqha.ha import HAAuth
 from rmqha.security.identity import Identity
 from rmqha.security.link_auth import Handshake, LinkSession
 from rmqha.security.secret import ClusterSecret, write_secret_file
@@ -77,7 +76,10 @@ class _Link:
         return frame[:48] + self.gmac[way].encrypt(nonce, b"", frame[48:])
 
 
-def _handshake(sock: socket.socket, who: Identity = Identity.broker(CLUSTER, GROUP, "2")) -> _Link:
+SLAVE_2 = Identity.broker(CLUSTER, GROUP, "2")
+
+
+def _handshake(sock: socket.socket, who: Identity = SLAVE_2) -> _Link:
     """PREFACE || u16 len || HELLO; u16 len || SERVER_AUTH; u16 len || CLIENT_AUTH; the
     block keys from the secret and the first two messages."""
     hs = Handshake.client(TEST_SECRET, who, context="ha")
