@@ -417,6 +417,8 @@ class SlaveConnection:
             "broker_id": self.broker_id,
             "address": self.address,
             "protocol": self.codec.name,
+            # Who the slave proved to be (None: the link is not authenticated).
+            "identity": str(self.codec.mac.peer) if self.codec.mac is not None else None,
             "state": self.state.value,
             "async_learner": self.learner,
             "ack_offset": ack,

@@ -204,6 +204,7 @@ class HASlave:
             "broker_id": self.broker_id,
             "master_address": self._master,
             "protocol": self.protocol,
+            "authenticated": self.auth is not None and self.protocol == "framed",
             "async_learner": self.async_learner,
             "state": p.state.value,
             "max_offset": self.commitlog.max_offset,

@@ -190,6 +190,7 @@ def test_impostor_claiming_a_slave_id_gets_nothing_and_changes_nothing(tmp_path,
             assert scl.max_offset >= end
             [link] = m.status()["slaves"]
             assert (link["broker_id"], link["address"]) == (real["broker_id"], real["address"])
+            assert link["identity"] == f"rmqha:broker/{CLUSTER}/{GROUP}/2"
             assert link["ack_offset"] == end
             assert (s.sessions, m.sync_state_set, m.sync_state_set_epoch) == (sessions, *set_before)
 

@@ -243,10 +243,11 @@ def test_control_matching_settings_replicate(tmp_path) -> None:
         fill(mcl, 100_000)
 
         async def run() -> None:
-            async with master_running(ha_master(mcl, mem, CFG)) as port, \
-                    slave_running(ha_slave(scl, sem, port, CFG)) as s:
+            m = ha_master(mcl, mem, CFG)
+            async with master_running(m) as port, slave_running(ha_slave(scl, sem, port, CFG)) as s:
                 await wait_until_async(lambda: scl.max_offset == mcl.max_offset, 10, "replicated")
-                assert s.last_error == ""
+                assert s.last_error == "" and s.status()["authenticated"]
+                assert m.status()["slaves"][0]["identity"] == f"rmqha:broker/{CLUSTER}/{GROUP}/2"
 
         asyncio.run(run())
         assert_same_log(mcl, scl)
