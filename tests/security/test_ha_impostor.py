@@ -13,9 +13,9 @@ holds them.  The negative control runs the same impostor against a master withou
 secret: it gets the log, so the probe does detect a leak.
 
 Then frames altered on an authenticated link: a scripted master that holds the secret
-sends a block whose data, tag or place in the sequence was changed (small blocks through
-the receive buffer, a large one straight into the log); the slave closes the link and
-stores nothing of it.  A scripted slave that holds the secret alters an ack; the master
+sends a block whose data, header or tag was altered, one it never sealed, or sealed blocks
+replayed, dropped or reordered (small blocks through the receive buffer, a large one
+straight into the log); the slave closes the link and stores nothing of it.  A scripted slave that holds the secret alters an ack; the master
 closes the link and does not count it.  The valid frames before them are taken (the
 controls).
 """
@@ -220,14 +220,18 @@ def _flip(data: bytes, at: int) -> bytes:
 
 
 #: What the scripted master does after a valid block A at the slave's log end: returns the
-#: raw bytes to send (in pieces) given seal(), A's sealed bytes and the next block's frame.
-TAMPER: dict[str, Callable[[Callable[[bytes], bytes], bytes, bytes], tuple[bytes, ...]]] = {
-    "altered-data": lambda seal, a, b: (_flip(seal(b), 100),),
-    "altered-header": lambda seal, a, b: (_flip(seal(b), 30),),  # the confirm offset
-    "altered-tag": lambda seal, a, b: (_flip(seal(b), len(b) + 3),),
-    "replayed": lambda seal, a, b: (a,),
-    "dropped": lambda seal, a, b: (seal(b), seal(b))[1:],  # the first sealing is never sent
-    "altered-large-direct": lambda seal, a, b: _pieces(_flip(seal(b), 90_000)),
+#: raw bytes to send (in pieces) given seal(), A's sealed bytes and the frames of the next
+#: two blocks B and C.
+Tamper = Callable[[Callable[[bytes], bytes], bytes, bytes, bytes], tuple[bytes, ...]]
+TAMPER: dict[str, Tamper] = {
+    "altered-data": lambda seal, a, b, c: (_flip(seal(b), 100),),
+    "altered-header": lambda seal, a, b, c: (_flip(seal(b), 30),),  # the confirm offset
+    "altered-tag": lambda seal, a, b, c: (_flip(seal(b), len(b) + 3),),
+    "injected": lambda seal, a, b, c: (b + os.urandom(16),),  # never sealed by the master
+    "replayed": lambda seal, a, b, c: (a,),
+    "dropped": lambda seal, a, b, c: (seal(b), seal(c))[1:],  # B's sealing is never sent
+    "reordered": lambda seal, a, b, c: tuple(reversed((seal(b), seal(c)))),
+    "altered-large-direct": lambda seal, a, b, c: _pieces(_flip(seal(b), 90_000)),
 }
 LARGE = {"altered-large-direct"}
 
@@ -247,6 +251,7 @@ def test_a_tampered_frame_from_the_master_closes_the_link_and_stores_nothing(tmp
         a_data = bytes(ref.read(mx, 3000))
         b_size = 100_000 if case in LARGE else 3000
         b_data = bytes(ref.read(mx + 3000, b_size))
+        c_data = bytes(ref.read(mx + 3000 + b_size, 3000))
         outcome: dict[str, Any] = {}
 
         async def master_script(reader: Any, writer: Any) -> None:
@@ -268,7 +273,9 @@ def test_a_tampered_frame_from_the_master_closes_the_link_and_stores_nothing(tmp
             await writer.drain()
             await wait_until_async(lambda: scl.max_offset == mx + len(a_data), 5, "block A applied")
             outcome["after_a"] = store_digest(scl)
-            for part in TAMPER[case](seal, a, _block(mx + len(a_data), b_data)):
+            b = _block(mx + len(a_data), b_data)
+            c = _block(mx + len(a_data) + len(b_data), c_data)
+            for part in TAMPER[case](seal, a, b, c):
                 writer.write_raw(part)
                 await writer.drain()
                 await asyncio.sleep(0.05)  # the slave sees the frame in pieces
