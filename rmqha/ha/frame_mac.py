@@ -1,6 +1,6 @@
 """The MAC on every frame of an authenticated HA link (:class:`FrameMac`, :class:`FrameUnsealer`).
 
-Once :mod:`rmqha.ha.link_auth` has authenticated a link, every frame of the ``framed``
+Once :mod:`rmqha.ha.auth` has authenticated a link, every frame of the ``framed``
 dialect travels as ``frame || tag`` in both directions: the 16-byte tag of
 :class:`rmqha.security.link_auth.LinkSession` (HMAC-SHA256 under the link's per-direction
 key, over the direction, a sequence number each side counts and never sends, and the
@@ -23,9 +23,10 @@ the master from its mmap views (or through one for a ``sendfile`` range), the sl
 its receive buffer or from the commitlog mapping a large block was received into.
 
 Why GMAC: it is what costs least per byte here.  Measured on the 2-core EPYC these
-benchmarks run on, per 256 KiB: GMAC 0.012 ms (AES-NI and carry-less multiply through
-OpenSSL), SHA-256 0.145 ms (SHA-NI), BLAKE2b (keyed or not) 0.28 ms, HMAC-SHA256 about as
-SHA-256; a SHA-256 of every block on both sides cut loopback catch-up from 1264 to 799 MB/s.
+benchmarks run on, per 256 KiB in cache: GMAC 0.012 ms (AES-NI and carry-less multiply
+through OpenSSL; about 0.04 ms over pages just received), SHA-256 0.145 ms (SHA-NI),
+BLAKE2b (keyed or not) 0.28 ms, HMAC-SHA256 about as SHA-256.  A SHA-256 of every block on
+both sides cut loopback catch-up (benches/bench_replication.py) from 1264 to 799 MB/s.
 """
 from __future__ import annotations
 
