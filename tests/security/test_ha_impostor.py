@@ -15,9 +15,9 @@ secret: it gets the log, so the probe does detect a leak.
 Then frames altered on an authenticated link: a scripted master that holds the secret
 sends a block whose data, header or tag was altered, one it never sealed, or sealed blocks
 replayed, dropped or reordered (small blocks through the receive buffer, a large one
-straight into the log); the slave closes the link and stores nothing of it.  A scripted slave that holds the secret alters an ack; the master
-closes the link and does not count it.  The valid frames before them are taken (the
-controls).
+straight into the log); the slave closes the link and stores nothing of it.  A scripted
+slave that holds the secret alters an ack; the master closes the link and does not count
+it.  The valid frames before them are taken (the controls).
 """
 from __future__ import annotations
 
