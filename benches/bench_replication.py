@@ -13,6 +13,9 @@
   stamped with ``time.monotonic_ns()``; the slave here notes when each record's end
   arrived (commitlog append listener).  p50/p99/max in ms go to ``extra_info``.
 
+With ``RMQHA_BENCH_HA_SECRET=1`` both sides hold a cluster secret: the links authenticate
+and every frame carries a MAC (``extra_info["authenticated"]``); otherwise they run without.
+
 Speed is reported, never asserted.  Run: ``RMQHA_BENCH_QUICK=1 .venv/bin/python -m pytest
 benches/bench_replication.py --benchmark-only -s``.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import bisect
+import os
 import shutil
 import socket
 import statistics
@@ -37,7 +41,7 @@ from benches.conftest import QUICK, describe
 from rmqha import core_implementation
 from rmqha.broker.config import BrokerConfig
 from rmqha.ha import HAConfig, HASlave
-from rmqha.testing.ha import NodeProcess, fill, open_store, wait_until_async
+from rmqha.testing.ha import TEST_SECRET_TEXT, NodeProcess, auth_for, fill, open_store, wait_until_async
 
 LOG_BYTES = (128 if QUICK else 1024) << 20
 SEG = (64 if QUICK else 256) << 20
@@ -49,6 +53,10 @@ MESSAGE_BYTES = 1024
 CFG = HAConfig.from_object(BrokerConfig())
 #: Master block sizes the catch-up runs with: the broker's and 256 KiB.
 CATCHUP_BATCHES = sorted({CFG.ha_transfer_batch_bytes, 256 << 10})
+#: Authenticated links (the master node gets the secret, the slave here its identity).
+AUTH = os.environ.get("RMQHA_BENCH_HA_SECRET", "") not in ("", "0")
+NODE_SECRET = TEST_SECRET_TEXT if AUTH else None
+SLAVE_AUTH = auth_for(2) if AUTH else None
 
 _results: dict[str, float] = {}
 
@@ -78,7 +86,7 @@ def master_node(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixtur
     max_offset = cl.max_offset
     cl.close()
     node = NodeProcess(["--dir", d, "--role", "master", "--broker-id", "1", "--segment-bytes", str(SEG),
-                        "--known", "2", "--batch-bytes", str(batch)])
+                        "--known", "2", "--batch-bytes", str(batch)], secret=NODE_SECRET)
     try:
         yield node, max_offset, batch
     finally:
@@ -150,7 +158,8 @@ def test_slave_catch_up(benchmark: Any, master_node: Any) -> None:
 
     def catch_up(cl: Any, em: Any) -> int:
         async def run() -> None:
-            s = HASlave(cl, em, group="g", broker_id=2, master_ha_address=f"127.0.0.1:{node.port}", config=cfg)
+            s = HASlave(cl, em, group="g", broker_id=2, master_ha_address=f"127.0.0.1:{node.port}", config=cfg,
+                        auth=SLAVE_AUTH)
             await s.start()
             try:
                 await wait_until_async(lambda: cl.max_offset >= max_offset, 600, "catch-up", interval=0.002)
@@ -173,9 +182,10 @@ def test_slave_catch_up(benchmark: Any, master_node: Any) -> None:
     ratio = mbps / raw if raw else None
     describe(benchmark, core_implementation(), message_bytes=MESSAGE_BYTES, batch=batch,
              replicas=2, bytes=max_offset, mb_per_s=round(mbps, 1),
-             broker_default=batch == CFG.ha_transfer_batch_bytes,
+             broker_default=batch == CFG.ha_transfer_batch_bytes, authenticated=AUTH,
              ratio_vs_tcp_raw=round(ratio, 3) if ratio else None)
-    print(f"\ncatch-up with {batch >> 10} KiB blocks: {mbps:.0f} MB/s (best of {ROUNDS})"
+    print(f"\ncatch-up with {batch >> 10} KiB blocks{' (authenticated)' if AUTH else ''}: {mbps:.0f} MB/s "
+          f"(best of {ROUNDS})"
           + (f", {ratio:.0%} of raw loopback TCP ({raw:.0f} MB/s)" if ratio else ""))
 
 
@@ -186,14 +196,15 @@ def test_replication_lag_under_steady_load(benchmark: Any, tmp_path: Any) -> Non
     em.append(1, 0)
     cl.close()
     node = NodeProcess(["--dir", mdir, "--role", "master", "--broker-id", "1", "--segment-bytes", str(SEG),
-                        "--known", "2"])
+                        "--known", "2"], secret=NODE_SECRET)
     scl, sem = open_store(sdir, SEG)
     arrivals: list[tuple[int, int]] = []  # (max offset, monotonic ns) as blocks land
     scl.add_append_listener(lambda mx: arrivals.append((mx, time.monotonic_ns())))
 
     def run_load() -> int:
         async def run() -> int:
-            s = HASlave(scl, sem, group="g", broker_id=2, master_ha_address=f"127.0.0.1:{node.port}", config=CFG)
+            s = HASlave(scl, sem, group="g", broker_id=2, master_ha_address=f"127.0.0.1:{node.port}", config=CFG,
+                        auth=SLAVE_AUTH)
             await s.start()
             try:
                 loop = asyncio.get_running_loop()
@@ -221,7 +232,7 @@ def test_replication_lag_under_steady_load(benchmark: Any, tmp_path: Any) -> Non
     q = statistics.quantiles(lags_ms, n=100)
     p50, p99 = q[49], q[98]
     describe(benchmark, core_implementation(), message_bytes=MESSAGE_BYTES, batch=1, replicas=2,
-             rate_per_s=LAG_RATE, seconds=LAG_SECONDS, lag_p50_ms=round(p50, 3), lag_p99_ms=round(p99, 3),
-             lag_max_ms=round(max(lags_ms), 3))
+             rate_per_s=LAG_RATE, seconds=LAG_SECONDS, authenticated=AUTH, lag_p50_ms=round(p50, 3),
+             lag_p99_ms=round(p99, 3), lag_max_ms=round(max(lags_ms), 3))
     print(f"\nreplication lag at {LAG_RATE} x {MESSAGE_BYTES} B/s: p50 {p50:.3f} ms, p99 {p99:.3f} ms, "
           f"max {max(lags_ms):.3f} ms over {len(lags_ms)} messages")

@@ -49,6 +49,7 @@ from rmqha.errors import (
     BrokerError, ConfigError, MissingSegmentError, RemoteCommandError, RemotingError, StoreError,
 )
 from rmqha.ha import HAConfig, HAMaster, HASlave
+from rmqha.ha.auth import HAAuth
 from rmqha.messaging import MessageService
 from rmqha.metrics import MetricsRegistry
 from rmqha.net.client import RemotingClient, split_address
@@ -58,6 +59,7 @@ from rmqha.net.server import RemotingServer
 from rmqha.protocol.command import RemotingCommand
 from rmqha.security.tls import TlsSettings
 from rmqha.protocol.request_auth import OpenAuth, RequestAuthenticator, request_auth
+from rmqha.security.identity import Identity
 from rmqha.store.disk_usage import directory_usage
 
 log = logging.getLogger(__name__)
@@ -451,6 +453,17 @@ class Broker:
     def _ha_config(self) -> HAConfig:
         return HAConfig.from_object(self.config)
 
+    def _ha_auth(self) -> HAAuth | None:
+        """The cluster secret and this broker's identity for its HA links (None without a
+        secret).  The identity's name is the broker id, which tells members apart."""
+        cfg = self.config
+        secret = cfg.load_cluster_secret()
+        if secret is None:
+            return None
+        assert self.replicas is not None
+        me = Identity.broker(cfg.cluster, cfg.broker_name, str(self.replicas.broker_id))
+        return HAAuth(secret, me, cfg.ha_allow_unauthenticated_rocketmq_dialect)
+
     async def is_known_replica(self, broker_id: int) -> bool:
         """True if the controller knows ``broker_id`` as a member of this group.
 
@@ -558,7 +571,7 @@ class Broker:
             self.commitlog, self.epoch_map, group=self.config.broker_name, broker_id=self.replicas.broker_id,
             config=self._ha_config(), is_known_replica=self.is_known_replica,
             alter_sync_state_set=self.replicas.alter_sync_state_set, on_confirm=self._on_confirm,
-            sync_state_set=set(ids), sync_state_set_epoch=ids_epoch,
+            sync_state_set=set(ids), sync_state_set_epoch=ids_epoch, auth=self._ha_auth(),
         )
         await master.start(self.config.listen_host, self.config.ha_port)
         self.ha_master = master
@@ -605,7 +618,7 @@ class Broker:
             self.commitlog, self.epoch_map, group=self.config.broker_name, broker_id=self.replicas.broker_id,
             master_ha_address=ha_addr, config=self._ha_config(), async_learner=self.config.async_learner,
             protocol=self.config.ha_protocol, on_confirm=self._on_confirm, on_truncate=self._on_truncate,
-            address=self.config.broker_address,
+            address=self.config.broker_address, auth=self._ha_auth(),
         )
         await slave.start()
         self.ha_slave = slave

@@ -15,6 +15,8 @@ from pathlib import Path
 from rmqha.broker.master_lease import lease_ms_for, min_margin_ms
 from rmqha.config import load_config
 from rmqha.errors import ConfigError
+from rmqha.security.identity import Identity
+from rmqha.security.secret import ClusterSecret, load_cluster_secret
 from rmqha.security.secret_policy import check_optional_secret, resolve_secret
 
 INT32_MAX = 2**31 - 1
@@ -51,6 +53,19 @@ class BrokerConfig:
     #: ``acl_file`` (``plain_acl.yml``; a relative path is beside the config file).
     acl_enable: bool = field(default=False, metadata=_alias("aclEnable"))
     acl_file: Path = field(default=Path("plain_acl.yml"), metadata=_alias("aclFile"))
+    #: The secret shared by every process of the cluster (at least 16 bytes; make one with
+    #: ``rmqha certs secret``).  Given, every HA link authenticates both ways (the peer
+    #: must be a broker of this cluster and group) and every HA frame carries a MAC; this
+    #: broker's requests to controllers and name servers are signed with it, and role
+    #: notices must carry the controller's.  Else ``RMQHA_CLUSTER_SECRET``, else the first
+    #: line of ``cluster_secret_file`` (or ``RMQHA_CLUSTER_SECRET_FILE``).  Without any,
+    #: the broker runs on loopback only (see ``allow_insecure``).
+    cluster_secret: str = field(default="", repr=False, metadata=_alias("clusterSecret"))
+    cluster_secret_file: str = field(default="", metadata=_alias("clusterSecretFile"))
+    #: With a cluster secret, also accept (master) or speak (slave) RocketMQ's own HA wire,
+    #: which has no room for authentication: such a link is open to an impostor.
+    ha_allow_unauthenticated_rocketmq_dialect: bool = field(
+        default=False, metadata=_alias("haAllowUnauthenticatedRocketmqDialect"))
 
     # --- TLS (RocketMQ's tls.* keys; TOML may nest them: [tls.server] mode = ...) ----------
     #: This process's remoting port: disabled (plaintext), permissive (TLS and plaintext on
@@ -77,12 +92,7 @@ class BrokerConfig:
     #: A RocketMQ tls.properties file of tls.* keys, read at start; its values win.
     tls_config_file: str = field(default="", metadata=_alias("tls.config.file"))
 
-    # --- cluster secret ---------------------------------------------------------------
-    #: The cluster's shared secret (env RMQHA_CLUSTER_SECRET): signs this broker's requests
-    #: to controllers and name servers; role notices must carry the controller's HMAC.
-    cluster_secret: str = field(default="", metadata=_alias("clusterSecret"))
-    #: A file whose first line is the cluster secret (a mounted Secret); cluster_secret wins.
-    cluster_secret_file: str = field(default="", metadata=_alias("clusterSecretFile"))
+    # --- without a cluster secret ------------------------------------------------------
     #: Listen off loopback without a cluster secret (role notices then go unchecked).
     allow_insecure: bool = field(default=False, metadata=_alias("allowInsecure"))
 
@@ -251,6 +261,7 @@ class BrokerConfig:
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be positive, got {getattr(self, key)}")
         self._check_master_lease()
+        self._check_cluster_secret()
         if self.in_sync_replicas < 1 or self.min_in_sync_replicas < 1:
             raise ConfigError("in_sync_replicas and min_in_sync_replicas must be at least 1")
         if self.segment_bytes < 4096:
@@ -261,6 +272,20 @@ class BrokerConfig:
         from rmqha.ha.config import HAConfig
 
         HAConfig.from_object(self)
+
+    def _check_cluster_secret(self) -> None:
+        """A secret that loads, names this broker can have, and a dialect it can protect."""
+        if self.load_cluster_secret() is None:
+            return
+        Identity.broker(self.cluster, self.broker_name, "0")  # ConfigError names a bad one
+        if self.ha_protocol == "rocketmq" and not self.ha_allow_unauthenticated_rocketmq_dialect:
+            raise ConfigError("ha_protocol = rocketmq cannot be authenticated: with a cluster secret it "
+                              "needs ha_allow_unauthenticated_rocketmq_dialect = true")
+
+    def load_cluster_secret(self) -> ClusterSecret | None:
+        """The cluster secret (``cluster_secret``, ``RMQHA_CLUSTER_SECRET``,
+        ``cluster_secret_file``), or None; ConfigError for a short or unreadable one."""
+        return load_cluster_secret(value=self.cluster_secret or None, file=self.cluster_secret_file or None)
 
     def _check_master_lease(self) -> None:
         if not self.master_lease_enable:

@@ -67,7 +67,7 @@ from rmqha.testing.local_cluster import (
     port_open,
 )
 from rmqha.protocol.message import parse_offset_msg_id
-from rmqha.protocol.request_auth import generate_secret
+from rmqha.security.secret import generate_secret_text
 from rmqha.net.loop import EventLoopThread
 
 TOPIC = "DemoTopic"
@@ -696,7 +696,7 @@ class Demo:
                 self._stall_cap = stall_cap_s(broker_defaults, QUICK_CONTROLLER)
                 self.links = ReplicationLinks()
             self.cluster = Cluster(base, cluster_name="rmqha-demo", broker_defaults=broker_defaults,
-                                   controller_defaults=QUICK_CONTROLLER, cluster_secret=generate_secret())
+                                   controller_defaults=QUICK_CONTROLLER, cluster_secret=generate_secret_text())
             self.loop = EventLoopThread("demo-clients")
             self._start_cluster()
             self._create_topic()

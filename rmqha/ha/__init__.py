@@ -5,7 +5,9 @@ Public names: :class:`HAMaster`, :class:`HASlave`, :class:`HAConfig`, the states
 The two classes are façades over modules split by job (as RocketMQ's ``store/ha/autoswitch``):
 
 * wire: :mod:`~rmqha.ha.frames` (byte layouts), :mod:`~rmqha.ha.dialects` (the two
-  dialects as events), :mod:`~rmqha.ha.link` (one TCP link), :mod:`~rmqha.ha.handshake`
+  dialects as events), :mod:`~rmqha.ha.link` (one TCP link), :mod:`~rmqha.ha.auth` (who
+  may open a link: the cluster-secret handshake, :class:`HAAuth`),
+  :mod:`~rmqha.ha.frame_mac` (the MAC on every frame), :mod:`~rmqha.ha.handshake`
   (both halves of the handshake);
 * master: :mod:`~rmqha.ha.acceptor` (the port), :mod:`~rmqha.ha.connection` (one slave's
   transfer and acks), :mod:`~rmqha.ha.sync_service` (which links count, the confirm offset,
@@ -21,9 +23,10 @@ ARCHITECTURE.md has the data path of a send and of a failover, and the HA frames
 """
 from __future__ import annotations
 
+from rmqha.ha.auth import HAAuth
 from rmqha.ha.config import HAConfig
 from rmqha.ha.dialects import RefuseReason
 from rmqha.ha.master import HAMaster, LinkState
 from rmqha.ha.slave import HASlave, SlaveState
 
-__all__ = ["HAConfig", "HAMaster", "HASlave", "LinkState", "RefuseReason", "SlaveState"]
+__all__ = ["HAAuth", "HAConfig", "HAMaster", "HASlave", "LinkState", "RefuseReason", "SlaveState"]

@@ -1,12 +1,14 @@
 """The HA master's port (:class:`Acceptor`): accept, handshake, then serve the link.
 
 Every accepted connection goes, in one task, through: the :class:`rmqha.ha.link.Link`
-around the socket; the handshake's hello (:meth:`rmqha.ha.handshake.MasterHandshake.introduce`);
+around the socket; the admission (:func:`rmqha.ha.auth.admit`: with a cluster secret the
+link authenticates first, and a refused one is logged in one line naming the peer and
+why, and closed before it touches anything); the handshake's hello
+(:meth:`rmqha.ha.handshake.MasterHandshake.introduce`);
 the claim of the slave's id (:meth:`rmqha.ha.sync_service.SyncService.admit`); the rest of
 the handshake and the transfer's start; then the slave's acks until the link ends, when
 the connection is dropped with the reason it ended (logged at WARNING for bad frames and
-I/O errors, at INFO for closes and silence).  Authenticating HA links belongs between the
-``Link`` and the hello, in :meth:`Acceptor.serve`.
+I/O errors and frames failing their MAC, at INFO for closes and silence).
 """
 from __future__ import annotations
 
@@ -15,8 +17,10 @@ import logging
 import socket
 from typing import Any
 
-from rmqha.errors import ProtocolError, ReplicationError, StoreError
+from rmqha.errors import AuthenticationError, ProtocolError, ReplicationError, StoreError
+from rmqha.ha.auth import HAAuth, admit
 from rmqha.ha.connection import SlaveConnection
+from rmqha.ha.frame_mac import FrameMac
 from rmqha.ha.handshake import MasterHandshake
 from rmqha.ha.link import Link, LinkClosed, LinkTimeout, tune_socket
 from rmqha.ha.sync_service import SyncService
@@ -28,9 +32,10 @@ log = logging.getLogger("rmqha.ha.master")
 class Acceptor:
     """Listens on the HA port and runs one task per connection."""
 
-    def __init__(self, handshake: MasterHandshake, service: SyncService) -> None:
+    def __init__(self, handshake: MasterHandshake, service: SyncService, auth: HAAuth | None = None) -> None:
         self._handshake = handshake
         self._service = service
+        self._auth = auth
         self._server: socket.socket | None = None
         self._accept_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -80,17 +85,23 @@ class Acceptor:
     async def serve(self, sock: socket.socket) -> None:
         """One connection, from accept to its end."""
         link = Link(sock)
-        # An authenticator of HA links goes here: it gets the link before the hello is read.
+        admitted = await self._admit(link)
+        if admitted is None:
+            return
+        mac, head = admitted
         held: list[SlaveConnection] = []  # the link's state once the slave introduced itself
         reason = ""
         try:
-            await self._run(link, held)
+            await self._run(link, held, mac, head)
         except LinkClosed as exc:
             reason = str(exc)
         except LinkTimeout as exc:
             reason = f"housekeeping: {exc}"
         except (ProtocolError, ReplicationError) as exc:
             reason = f"bad frame: {exc}"
+            log.warning("closing HA link %s: %s", link.peer, reason)
+        except AuthenticationError as exc:
+            reason = f"frame failed authentication: {exc}"
             log.warning("closing HA link %s: %s", link.peer, reason)
         except (OSError, StoreError) as exc:
             reason = f"{type(exc).__name__}: {exc}"
@@ -100,10 +111,30 @@ class Acceptor:
             for conn in held:
                 self._service.drop(conn, conn.close_reason or reason)
 
-    async def _run(self, link: Link, held: list[SlaveConnection]) -> None:
+    async def _admit(self, link: Link) -> tuple[FrameMac | None, bytes] | None:
+        """The link's MAC and the hello bytes read, or None when the link is refused
+        (logged and closed: it never reaches the link table)."""
+        try:
+            return await admit(link, self._auth, self._handshake.timeout)
+        except AuthenticationError as exc:
+            why = f"authentication failed: {exc}"
+        except ProtocolError as exc:
+            why = f"bad first bytes: {exc}"
+        except (LinkClosed, LinkTimeout, OSError) as exc:
+            why = f"{type(exc).__name__} before it was admitted: {exc}"
+        except asyncio.CancelledError:
+            link.close()
+            raise
+        # A connection that closes without a byte is a port probe, not an attack.
+        level = logging.WARNING if link.bytes_in else logging.INFO
+        log.log(level, "refusing HA link from %s: %s", link.peer, why)
+        link.close()
+        return None
+
+    async def _run(self, link: Link, held: list[SlaveConnection], mac: FrameMac | None, head: bytes) -> None:
         handshake = self._handshake
         service = self._service
-        intro = await handshake.introduce(link)
+        intro = await handshake.introduce(link, head, mac)
         if intro is None:
             return
         conn = service.admit(link, intro)

@@ -15,6 +15,11 @@ Acks are read by a reader callback in the loop turn that receives them
 never under an epoch newer than the master's) and handed to the owner's ``on_ack``: what
 they mean for the confirm offset and the SyncStateSet is :mod:`rmqha.ha.service`'s job.
 
+On an authenticated link every block is followed by its tag (:mod:`rmqha.ha.frame_mac`:
+the GMAC of the block's bytes is taken from the same mmap view the block is sent from, or
+read through one for a ``sendfile`` range), heartbeats too; the slave's acks are checked
+by the codec.
+
 Labels are computed from the live epoch map for every block, so a new epoch appended while
 slaves are connected is picked up at once (RocketMQ #9689 kept a stale epoch per link).
 """
@@ -209,9 +214,14 @@ class SlaveConnection:
         confirm = self._confirm()
         parts: list[Any] = []
         end = nxt
+        mac = codec.mac
         for epoch, epoch_start, offset, size in self._blocks(nxt, max_offset, PUSH_MAX_BYTES):
-            parts.append(codec.block_header(epoch, epoch_start, offset, confirm, size))
-            parts.append(cl.read(offset, size))
+            header = codec.block_header(epoch, epoch_start, offset, confirm, size)
+            data = cl.read(offset, size)
+            parts.append(header)
+            parts.append(data)
+            if mac is not None:
+                parts.append(mac.block_tag(header, data))
             end = offset + size
         self._mark_sent(max_offset, end)
         try:
@@ -262,12 +272,19 @@ class SlaveConnection:
         confirm = self._confirm()
         parts: list[Any] = []
         end = nxt
+        mac = codec.mac
         for epoch, epoch_start, offset, size in self._blocks(nxt, max_offset, self.config.ha_send_window_bytes):
-            parts.append(codec.block_header(epoch, epoch_start, offset, confirm, size))
+            header = codec.block_header(epoch, epoch_start, offset, confirm, size)
+            parts.append(header)
             if files is not None and size >= _SENDFILE_MIN_BYTES:
                 parts.append(files.range(offset, size))
+                if mac is not None:
+                    parts.append(mac.block_tag(header, cl.read(offset, size)))
             else:
-                parts.append(cl.read(offset, size))
+                data = cl.read(offset, size)
+                parts.append(data)
+                if mac is not None:
+                    parts.append(mac.block_tag(header, data))
             end = offset + size
         self._mark_sent(max_offset, end)
         await self.link.send_parts(parts, send_timeout)
@@ -285,7 +302,9 @@ class SlaveConnection:
             self.state = LinkState.SUSPEND
         idle = time.monotonic() - self.last_send
         if idle >= heartbeat:
-            await self.link.send([self._heartbeat(nxt)], send_timeout)
+            header = self._heartbeat(nxt)
+            mac = self.codec.mac
+            await self.link.send([header] if mac is None else [header, mac.block_tag(header, b"")], send_timeout)
             self.last_send = time.monotonic()
             return
         waker = self.waker
@@ -398,6 +417,8 @@ class SlaveConnection:
             "broker_id": self.broker_id,
             "address": self.address,
             "protocol": self.codec.name,
+            # Who the slave proved to be (None: the link is not authenticated).
+            "identity": str(self.codec.mac.peer) if self.codec.mac is not None else None,
             "state": self.state.value,
             "async_learner": self.learner,
             "ack_offset": ack,

@@ -9,6 +9,10 @@ are written once for both dialects:
   the part of CONFIRM_TRUNCATE);
 * master -> slave: :class:`MasterHello`, :class:`EpochList`, :class:`Block`.
 
+On an authenticated link (framed only) the codec seals what it encodes and checks the tag of
+every frame it decodes (:meth:`_Codec.authenticate`, :mod:`rmqha.ha.frame_mac`); block
+headers are left to their sender, whose tag follows the block's data.
+
 Refusals: the ``framed`` dialect carries a reason code (:class:`RefuseReason`, sent as
 HANDSHAKE_MASTER check_result); the ``rocketmq`` dialect has no field for it, so the
 master logs the reason and closes.
@@ -21,9 +25,9 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
-from rmqha.ha import frames as _frames
-
 from rmqha.errors import ProtocolError
+from rmqha.ha import frames as _frames
+from rmqha.ha.frame_mac import FrameMac, FrameUnsealer
 
 fr: Any = _frames
 M2S = fr.Direction.MASTER_TO_SLAVE
@@ -116,16 +120,41 @@ class _Codec(ABC):
     def __init__(self, max_frame_bytes: int, decoder: Any) -> None:
         self.max_frame_bytes = max_frame_bytes
         self._dec = decoder
+        #: The link's frame MAC once authenticated (None: frames travel bare).
+        self.mac: FrameMac | None = None
+        self._unsealer: FrameUnsealer | None = None
+
+    def authenticate(self, mac: FrameMac) -> None:
+        """From now on seal every frame encoded and check every frame decoded."""
+        if self.name != "framed":
+            raise ProtocolError(f"the {self.name} dialect cannot carry authenticated frames")
+        self.mac = mac
+        self._unsealer = FrameUnsealer(mac, self.max_frame_bytes)
+
+    def _seal(self, frame: bytes) -> bytes:
+        return frame if self.mac is None else self.mac.seal(frame)
+
+    def take_unparsed(self) -> bytes:
+        """Bytes of an incomplete sealed frame held back, handed over to another reader."""
+        return self._unsealer.take_buffered() if self._unsealer is not None else b""
 
     def feed(self, chunk: bytes) -> list[Any]:
         out: list[Any] = []
         events = self._EVENTS
-        for f in self._dec.feed(chunk):
+        for f in self._decode(chunk):
             build = events.get(type(f))
             if build is None:  # for framed the decoder's direction check makes this unreachable
                 raise ProtocolError(f"{self._unit} {type(f).__name__} is not sent by a {self._sender}")
             out.append(build(f))
         return out
+
+    def _decode(self, chunk: bytes) -> list[Any]:
+        if self._unsealer is None:
+            return self._dec.feed(chunk)  # type: ignore[no-any-return]
+        decoded: list[Any] = []
+        for frame in self._unsealer.feed(chunk):
+            decoded.extend(self._dec.feed(frame))
+        return decoded
 
 
 # --- master side -----------------------------------------------------------------------------
@@ -169,12 +198,12 @@ class FramedMaster(MasterCodec):
         self._pack = fr.pack_transfer_header
 
     def hello(self, result: int, max_offset: int, last_epoch: int, pairs: list[tuple[int, int]]) -> bytes:
-        return fr.framed.encode(
+        return self._seal(fr.framed.encode(
             fr.HandshakeMaster(int(result), max_offset, last_epoch, _now_ms(), last_epoch)
-        )
+        ))
 
     def epochs(self, entries: list[tuple[int, int, int]], epoch: int) -> bytes:
-        return fr.framed.encode(fr.ReturnEpoch(tuple(entries), _now_ms(), epoch))
+        return self._seal(fr.framed.encode(fr.ReturnEpoch(tuple(entries), _now_ms(), epoch)))
 
     def block_header(self, epoch: int, epoch_start: int, offset: int, confirm: int, size: int) -> bytes:
         return self._pack(offset, epoch_start, confirm, size, epoch, _now_ms())
@@ -257,23 +286,23 @@ class FramedSlave(SlaveCodec):
 
     @property
     def buffered(self) -> int:
-        """Bytes of an incomplete frame the decoder holds."""
-        return int(self._dec.buffered)
+        """Bytes of an incomplete frame the decoder (or the tag checker) holds."""
+        return int(self._dec.buffered) + (self._unsealer.buffered if self._unsealer is not None else 0)
 
     def hello(self, broker_id: int, segment_bytes: int, address: str, sync_from_last_file: bool,
               async_learner: bool, epoch: int) -> bytes:
-        return fr.framed.encode(fr.HandshakeSlave(
+        return self._seal(fr.framed.encode(fr.HandshakeSlave(
             broker_id, segment_bytes, address, sync_from_last_file, async_learner, _now_ms(), epoch
-        ))
+        )))
 
     def query_epoch(self, epoch: int) -> bytes:
-        return fr.framed.encode(fr.QueryEpoch(_now_ms(), epoch))
+        return self._seal(fr.framed.encode(fr.QueryEpoch(_now_ms(), epoch)))
 
     def confirm(self, offset: int, epoch: int) -> bytes:
-        return fr.framed.encode(fr.ConfirmTruncate(offset, _now_ms(), epoch))
+        return self._seal(fr.framed.encode(fr.ConfirmTruncate(offset, _now_ms(), epoch)))
 
     def ack(self, offset: int, epoch: int) -> bytes:
-        return fr.framed.encode(fr.TransferAck(offset, _now_ms(), epoch))
+        return self._seal(fr.framed.encode(fr.TransferAck(offset, _now_ms(), epoch)))
 
 
 class RocketMQSlave(SlaveCodec):

@@ -18,11 +18,12 @@ Slave (:class:`SlaveHandshake`): hello, the master's answer (a refusal, or a mas
 an older epoch than this slave's, ends the session), the master's epoch entries; then,
 once the session cut its log at the consistent point, the confirm of where it holds.
 
-Authentication of HA links goes in front of both: on the master between the accept and
-:meth:`MasterHandshake.introduce` (:meth:`rmqha.ha.acceptor.Acceptor.serve`), on the slave
-between the connect and :meth:`SlaveHandshake.introduce`
+Authentication of HA links (:mod:`rmqha.ha.auth`) goes in front of both: on the master
+between the accept and :meth:`MasterHandshake.introduce` (:meth:`rmqha.ha.acceptor.Acceptor.serve`),
+on the slave between the connect and :meth:`SlaveHandshake.introduce`
 (:meth:`rmqha.ha.slave_session.SlaveSession.run`); each gets the :class:`Link` before any
-frame of the handshake is read or written.
+frame of the handshake is read or written, and on an authenticated link the codecs seal
+and check every frame of the handshake too.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ from rmqha.ha.dialects import (
     Ack,
     EpochList,
     EpochQuery,
+    FramedMaster,
     MasterCodec,
     MasterHello,
     RefuseReason,
@@ -46,6 +48,7 @@ from rmqha.ha.dialects import (
     TruncateConfirm,
     master_codec,
 )
+from rmqha.ha.frame_mac import FrameMac
 from rmqha.ha.link import Link
 
 # The master half logs under the master side's one name (operators filter on it).
@@ -89,12 +92,19 @@ class MasterHandshake:
         self._is_known = is_known_replica
         self._timeout = config.ha_housekeeping_interval_ms / 1000
 
-    async def introduce(self, link: Link) -> Introduction | None:
-        """Read and judge the slave's hello; None when refused (answered and logged)."""
-        head = b""
-        while len(head) < 4:
-            head += await link.recv(self._timeout)
-        codec = master_codec(head[:4], self.config.max_frame_bytes)
+    @property
+    def timeout(self) -> float:
+        """How long the master waits for each message of a slave's handshake."""
+        return self._timeout
+
+    async def introduce(self, link: Link, head: bytes = b"", mac: FrameMac | None = None) -> Introduction | None:
+        """Read and judge the slave's hello; None when refused (answered and logged).
+        ``head``: bytes of the hello read already; ``mac``: the link authenticated (then
+        the dialect is framed, every frame sealed)."""
+        if mac is None:
+            while len(head) < 4:
+                head += await link.recv(self._timeout)
+        codec = self._codec(head, mac)
         pending: list[Any] = list(codec.feed(head))
         hello = await _read(link, codec, pending, self._timeout)
         if not isinstance(hello, SlaveHello):
@@ -109,6 +119,15 @@ class MasterHandshake:
                 await link.send([reply], self._timeout)
             return None
         return Introduction(codec, hello, reply, pending)
+
+    def _codec(self, head: bytes, mac: FrameMac | None) -> MasterCodec:
+        """The dialect of the link: framed and sealed once authenticated, else told by
+        the hello's first four bytes."""
+        if mac is None:
+            return master_codec(head[:4], self.config.max_frame_bytes)
+        codec = FramedMaster(self.config.max_frame_bytes)
+        codec.authenticate(mac)
+        return codec
 
     async def agree(self, link: Link, intro: Introduction) -> int:
         """Accept the slave and exchange epochs; the offset the slave says it holds."""

@@ -107,6 +107,24 @@ class Link:
             self.bytes_in += len(data)
             return data
 
+    async def recv_exactly(self, nbytes: int, timeout: float | None) -> bytes:
+        """Exactly ``nbytes`` (never a byte more: what follows stays in the socket for
+        whoever reads next); LinkClosed on EOF, LinkTimeout when a wait runs out."""
+        got = b""
+        while len(got) < nbytes:
+            if self.closed:
+                raise LinkClosed("link closed")
+            try:
+                data = self.sock.recv(nbytes - len(got))
+            except (BlockingIOError, InterruptedError):
+                await self._wait(readable=True, timeout=timeout)
+                continue
+            if not data:
+                raise LinkClosed(f"peer {self.peer} closed the link")
+            self.bytes_in += len(data)
+            got += data
+        return got
+
     def try_recv(self) -> bytes:
         """What is queued (at most ``recv_bytes``) without waiting: ``b""`` when nothing is;
         LinkClosed on EOF."""

@@ -4,7 +4,9 @@ One :class:`HAMaster` listens on the broker's HA port and serves every slave tha
 the handshake, in either dialect (told apart by the connection's first four bytes).  The
 work is split by job, as RocketMQ's ``store/ha/autoswitch`` splits it:
 
-* :mod:`rmqha.ha.acceptor`: the port; per connection, handshake then acks until it ends;
+* :mod:`rmqha.ha.acceptor`: the port; per connection, admission (:mod:`rmqha.ha.auth`:
+  with a cluster secret, a slave of this cluster and group proves itself, and every frame
+  carries a MAC), handshake, then acks until it ends;
 * :mod:`rmqha.ha.handshake`: what master and slave say before the transfer;
 * :mod:`rmqha.ha.connection`: one slave's link: the transfer (blocks straight from the
   commitlog, labelled with their epoch), heartbeats, reading and checking its acks
@@ -25,11 +27,13 @@ behalf of producers, and proposes SyncStateSet changes through the broker's asyn
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from rmqha.ha.acceptor import Acceptor
+from rmqha.ha.auth import HAAuth
 from rmqha.ha.config import HAConfig
 from rmqha.ha.confirm import copies_needed, needs_no_wait
 from rmqha.ha.connection import LinkState
@@ -40,6 +44,15 @@ from rmqha.ha.sync_service import SyncService
 log = logging.getLogger(__name__)
 
 __all__ = ["AlterCallback", "HAMaster", "LinkState"]
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class HAMaster:
@@ -63,7 +76,13 @@ class HAMaster:
         sync_state_set: Iterable[int] = (),
         sync_state_set_epoch: int = 0,
         confirm_offset: int | None = None,
+        auth: HAAuth | None = None,
     ) -> None:
+        """``auth``: the cluster secret and this broker's identity; every slave must then
+        authenticate (None: links run unauthenticated, as without a cluster secret)."""
+        if auth is not None:
+            auth.check_group(group)
+        self.auth = auth
         self.commitlog = commitlog
         self.epoch_map = epoch_map
         self.group = group
@@ -76,7 +95,7 @@ class HAMaster:
         )
         handshake = MasterHandshake(commitlog, epoch_map, self.config, group=group, broker_id=self.broker_id,
                                     is_known_replica=is_known_replica)
-        self._acceptor = Acceptor(handshake, self._service)
+        self._acceptor = Acceptor(handshake, self._service, auth)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped = False
         self.address = ""
@@ -90,9 +109,19 @@ class HAMaster:
         self.address = f"{host}:{bound}"
         self._service.start()
         s = self._service.sync_state
-        log.info("HA master %s listening on %s (group %s, set %s epoch %d)", self.broker_id,
-                 self.address, self.group, sorted(s.local), s.epoch)
+        log.info("HA master %s listening on %s (group %s, set %s epoch %d, %s)", self.broker_id,
+                 self.address, self.group, sorted(s.local), s.epoch, self._auth_words())
+        if self.auth is None and not _is_loopback(host):
+            log.warning("HA port %s takes unauthenticated links: whoever reaches it can read the whole "
+                        "log and pose as a slave; set cluster_secret on every broker", self.address)
         return bound
+
+    def _auth_words(self) -> str:
+        auth = self.auth
+        if auth is None:
+            return "links unauthenticated: no cluster secret"
+        rocketmq = "; rocketmq dialect unauthenticated" if auth.allow_unauthenticated_rocketmq else ""
+        return f"links authenticated as {auth.identity}{rocketmq}"
 
     async def stop(self) -> None:
         """Close the port and every link; pending ack waits answer False."""

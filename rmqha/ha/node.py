@@ -10,6 +10,9 @@ Protocol on stdio, one JSON object per line:
 
 * stdout: ``{"event": "ready", "port": P}`` once serving, then a status object after every
   command and every ``--status-ms`` (0 = only on request);
+* the cluster secret, when ``RMQHA_CLUSTER_SECRET`` (or ``RMQHA_CLUSTER_SECRET_FILE``) is
+  set: every HA link then authenticates, this node being broker ``--broker-id`` of
+  ``--cluster`` / ``--group``;
 * stdin commands: ``write COUNT BODY_BYTES`` (append COUNT messages in one batch),
   ``produce RATE SECONDS BODY_BYTES`` (master: a steady load of single appends, each body
   starting with its ``time.monotonic_ns()`` as int64 so a reader can measure lag),
@@ -28,9 +31,12 @@ import time
 from typing import Any
 
 from rmqha.net import loop as event_loop
+from rmqha.ha.auth import HAAuth
 from rmqha.ha.config import HAConfig
 from rmqha.ha.master import HAMaster
 from rmqha.ha.slave import HASlave
+from rmqha.security.identity import Identity
+from rmqha.security.secret import load_cluster_secret
 from rmqha.store import CommitLog, EpochMap
 
 EPOCH_FILE = "epochFileCheckpoint"
@@ -44,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m rmqha.ha.node", description=__doc__.splitlines()[0])
     p.add_argument("--dir", required=True, help="store directory (commitlog/ and the epoch file)")
     p.add_argument("--role", choices=("master", "slave"), required=True)
+    p.add_argument("--cluster", default="DefaultCluster")
     p.add_argument("--group", default="g")
     p.add_argument("--broker-id", type=int, required=True)
     p.add_argument("--segment-bytes", type=int, default=64 << 20)
@@ -78,6 +85,14 @@ def _config(args: argparse.Namespace) -> HAConfig:
     return HAConfig(**over)
 
 
+def _auth(args: argparse.Namespace) -> HAAuth | None:
+    """HA link authentication from the environment's cluster secret (None without one)."""
+    secret = load_cluster_secret()
+    if secret is None:
+        return None
+    return HAAuth(secret, Identity.broker(args.cluster, args.group, str(args.broker_id)))
+
+
 def _emit(obj: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(obj, separators=(",", ":")) + "\n")
     sys.stdout.flush()
@@ -106,6 +121,7 @@ async def _produce(cl: CommitLog, rate: float, seconds: float, body_bytes: int) 
 
 async def run(args: argparse.Namespace) -> int:
     cfg = _config(args)
+    auth = _auth(args)
     cl = CommitLog(os.path.join(args.dir, "commitlog"), segment_bytes=args.segment_bytes, flush=args.flush)
     em = EpochMap.open(os.path.join(args.dir, EPOCH_FILE))
     node: HAMaster | HASlave
@@ -119,12 +135,12 @@ async def run(args: argparse.Namespace) -> int:
                 cl, em, group=args.group, broker_id=args.broker_id, config=cfg,
                 is_known_replica=(lambda i: True) if known is None else known.__contains__,
                 sync_state_set=args.sync_state_set or [args.broker_id],
-                confirm_offset=cl.max_offset,
+                confirm_offset=cl.max_offset, auth=auth,
             )
             port = await node.start("127.0.0.1", args.port)
         else:
             node = HASlave(cl, em, group=args.group, broker_id=args.broker_id,
-                           master_ha_address=args.master, config=cfg, async_learner=args.learner)
+                           master_ha_address=args.master, config=cfg, async_learner=args.learner, auth=auth)
             await node.start()
             port = 0
         _emit({"event": "ready", "port": port, "max_offset": cl.max_offset, "pid": os.getpid()})

@@ -13,6 +13,11 @@ awaiting.  In the framed dialect frames are parsed in place in a receive buffer 
 blocks are received straight into the commitlog's mapping (:meth:`Receiver._receive_direct`,
 validated before they count); the rocketmq dialect goes through its decoder.
 
+On an authenticated link every frame is followed by its tag (:mod:`rmqha.ha.frame_mac`),
+checked before anything of the frame is used: in the receive buffer for buffered blocks,
+and for a block received straight into the log after its last byte and its tag arrived,
+before it is committed (a bad tag zeroes what came, as a bad record does).
+
 Every ack first waits for the epoch entries the blocks opened
 (:class:`rmqha.ha.slave_epochs.EpochWriter`) and, with ``ha_slave_flush_before_ack``, for
 the data's fsync.  The master's silence for ``ha_housekeeping_interval_ms`` ends the
@@ -31,6 +36,7 @@ from rmqha.errors import ProtocolError
 from rmqha.ha.appender import BlockAppender
 from rmqha.ha.config import HAConfig
 from rmqha.ha.dialects import Block, FramedSlave, SlaveCodec, fr
+from rmqha.ha.frame_mac import TAG
 from rmqha.ha.link import Link, LinkTimeout, RecvBuffer
 from rmqha.ha.slave_epochs import EpochWriter
 from rmqha.ha.slave_state import ConfirmTracker, SlaveProgress
@@ -70,6 +76,9 @@ class Receiver:
         self.confirm = confirm
         self.progress = progress
         self.master = appender.master
+        #: The link's frame MAC (None: unauthenticated) and the bytes of tag after each frame.
+        self._mac = codec.mac
+        self._tag = TAG if codec.mac is not None else 0
         #: The offset of the last ack handed to the link in this session.
         self._acked = 0
         #: What the socket did not take of an ack the reader callback sent (the task sends it).
@@ -83,12 +92,14 @@ class Receiver:
         """Receive until the link fails (raises why); ``pending`` are blocks the handshake
         read already."""
         codec = self.codec
-        if isinstance(codec, FramedSlave) and codec.buffered == 0:
-            await self._run_framed(pending)
+        if isinstance(codec, FramedSlave) and (codec.mac is not None or codec.buffered == 0):
+            # An authenticated codec's decoder holds no partial frame: its tag checker
+            # hands what it holds over to the receive buffer.
+            await self._run_framed(pending, codec.take_unparsed())
         else:
             await self._run_stream(pending)
 
-    async def _run_framed(self, pending: list[Any]) -> None:
+    async def _run_framed(self, pending: list[Any], unparsed_bytes: bytes = b"") -> None:
         """TRANSFER in the framed dialect, parsed in place.
 
         Blocks wholly in the receive buffer (small ones: live traffic) go to the commitlog
@@ -108,6 +119,10 @@ class Receiver:
         heartbeat = cfg.ha_send_heartbeat_interval_ms / 1000
         housekeeping = cfg.ha_housekeeping_interval_ms / 1000
         rb = RecvBuffer(_RECV_BUFFER_BYTES)
+        if unparsed_bytes:
+            rb.make_room(len(unparsed_bytes))
+            rb.buf[0 : len(unparsed_bytes)] = unparsed_bytes
+            rb.end = len(unparsed_bytes)
         # A flush before every ack needs awaiting: the callback would hand back every block.
         step = None if cfg.ha_slave_flush_before_ack else functools.partial(self._live_step, rb)
         # Nothing acked yet this session: the first pause tells the master where this log
@@ -123,9 +138,9 @@ class Receiver:
         self.progress.last_read = time.monotonic()
         limit: int | None = None
         turns = 0
-        # Bytes a direct receive read past its block, not parsed yet: they may hold whole
-        # frames, which must not wait for more data to arrive.
-        unparsed = False
+        # Bytes a direct receive read past its block (or the handshake's reader left), not
+        # parsed yet: they may hold whole frames, which must not wait for more data to arrive.
+        unparsed = rb.pending > 0
         while True:
             # What is queued already, without waiting: during bulk catch-up the socket
             # always has more, and acks wait (every _ACK_EVERY_BYTES) so that neither side
@@ -192,11 +207,13 @@ class Receiver:
             limit = None
             self.progress.task_blocks += len(blocks)
         need = partial
-        if partial - header >= _DIRECT_MIN_BYTES:
+        size = partial - header - self._tag
+        if size >= _DIRECT_MIN_BYTES and rb.pending < header + size:
             # A large block needs only its header buffered: once it is, and the pages it
-            # lands on are warm, the rest goes straight into the log.
+            # lands on are warm, the rest goes straight into the log (with its tag, if
+            # it has one, behind it).
             need = header
-            if rb.pending >= header and self._warm_target(rb, partial - header):
+            if rb.pending >= header and self._warm_target(rb, size):
                 self.appender.apply_views(blocks)
                 await self._receive_direct(rb, housekeeping)
                 self.progress.task_blocks += 1
@@ -272,7 +289,7 @@ class Receiver:
         if blocks:
             self.appender.apply_views(blocks)
             self.progress.callback_blocks += len(blocks)
-        if rb.filled or partial - fr.TRANSFER_HEADER_SIZE >= _DIRECT_MIN_BYTES:
+        if rb.filled or partial - fr.TRANSFER_HEADER_SIZE - self._tag >= _DIRECT_MIN_BYTES:
             return False
         if partial:
             rb.make_room(partial)  # a small block in pieces: the rest comes in a later turn
@@ -320,11 +337,14 @@ class Receiver:
         """The whole TRANSFER_DATA frames at the front of ``rb``, consumed from it, as blocks
         whose data are views of the buffer (apply them, then release the views: the
         buffer cannot move or grow while they exist), and the length of the incomplete
-        frame left at the front (0: none, or too little of it to know).  Any other frame,
-        or a length out of bounds, is a ProtocolError before any block is applied."""
+        frame left at the front, its tag included (0: none, or too little of it to know).
+        Any other frame, or a length out of bounds, is a ProtocolError, a bad tag an
+        AuthenticationError, before any block is applied."""
         header = fr.TRANSFER_HEADER_SIZE
         max_frame = self.config.max_frame_bytes
         unpack = fr.unpack_transfer_header
+        mac = self._mac
+        tag = self._tag
         blocks: list[Block] = []
         while rb.pending >= 8:
             length, ftype = _PEEK.unpack_from(rb.buf, rb.start)
@@ -334,12 +354,16 @@ class Receiver:
                 raise ProtocolError(
                     f"TRANSFER_DATA length {length} is outside {header}..{max_frame} (max_frame_bytes)"
                 )
-            if rb.pending < length:
-                return blocks, length
+            if rb.pending < length + tag:
+                return blocks, length + tag
             block, estart, confirm, size, epoch, _ = unpack(rb.buf, rb.start)
             body = rb.start + header
-            blocks.append(Block(epoch, estart, block, confirm, rb.view[body : body + size]))
-            rb.consume(length)
+            data = rb.view[body : body + size]
+            if mac is not None:
+                end = rb.start + length
+                mac.check_block(rb.view[rb.start : body], data, rb.view[end : end + tag])
+            blocks.append(Block(epoch, estart, block, confirm, data))
+            rb.consume(length + tag)
         return blocks, 0
 
     def _warm_target(self, rb: RecvBuffer, size: int) -> bool:
@@ -358,13 +382,15 @@ class Receiver:
         The header is checked before a byte is stored.  The kernel copies the body from
         the socket into the (prefaulted) segment pages, the one copy on this side; bytes
         after the body (the next header, at most _DIRECT_OVERFLOW_BYTES) land in ``rb``.
-        A bad record is zeroed by the commitlog, a link lost mid-block zeroes what came.
+        A bad record is zeroed by the commitlog, a link lost mid-block zeroes what came,
+        and so does a block whose tag (authenticated links) does not check.
         """
         link = self.link
         cl = self.commitlog
         header = fr.TRANSFER_HEADER_SIZE
         self.progress.direct_receives += 1
         offset, estart, confirm, size, epoch, _ = fr.unpack_transfer_header(rb.buf, rb.start)
+        head = bytes(rb.view[rb.start : rb.start + header])  # the buffer is reused below
         b = Block(epoch, estart, offset, confirm, None)
         new_epoch = self.appender.check(b, size)
         view = cl.receive_view(offset, size)
@@ -393,6 +419,10 @@ class Receiver:
                 took = min(n, size - have)
                 have += took
                 rb.end = n - took
+            if self._mac is not None:
+                if lowat != 1:
+                    lowat = link.set_rcvlowat(1)  # a 16-byte tag must wake this task
+                await self._check_direct_tag(rb, head, view, timeout)
             self.progress.last_read = time.monotonic()
             # Flushing before the ack is _ack's business (ha_slave_flush_before_ack).
             cl.commit_received(offset, size, wait_flush=False)
@@ -405,6 +435,20 @@ class Receiver:
             if not committed and have:
                 cl.discard_received(offset, have)
         self.appender.done(b, size, new_epoch)
+
+    async def _check_direct_tag(self, rb: RecvBuffer, head: bytes, data: memoryview, timeout: float) -> None:
+        """Read the tag behind a block received into the log (into ``rb``, where the
+        bytes after the block landed) and check it; AuthenticationError if it is wrong."""
+        assert self._mac is not None
+        while rb.pending < TAG:
+            if rb.try_fill(self.link, _DIRECT_OVERFLOW_BYTES) == 0:
+                try:
+                    await self.link.wait_readable(timeout)
+                except LinkTimeout:
+                    raise LinkTimeout(f"master {self.master} silent for {timeout:.1f}s "
+                                      "before the tag of a block") from None
+        self._mac.check_block(head, data, rb.view[rb.start : rb.start + TAG])
+        rb.consume(TAG)
 
     async def _run_stream(self, pending: list[Any]) -> None:
         """TRANSFER through the dialect's decoder (the rocketmq dialect)."""

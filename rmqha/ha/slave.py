@@ -6,7 +6,8 @@ It walks the connection states of the HA protocol:
 * READY: the store is recovered and the master's HA address known; connect (with an
   exponential backoff, reset once a link worked, kept growing while the disk is full,
   :mod:`rmqha.ha.disk_full`) — this module;
-* HANDSHAKE: introduce itself, get the master's epoch entries, cut the log at the
+* HANDSHAKE: with a cluster secret, authenticate the link both ways (:mod:`rmqha.ha.auth`);
+  introduce itself, get the master's epoch entries, cut the log at the
   consistent point, tell the master where to send from — :mod:`rmqha.ha.slave_session`,
   :mod:`rmqha.ha.handshake`, :mod:`rmqha.ha.truncation`;
 * TRANSFER / SUSPEND: append every block at exactly the log's max offset, record the
@@ -27,7 +28,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rmqha.errors import EpochError, ProtocolError, ReplicationError, StoreError
+from rmqha.errors import AuthenticationError, ConfigError, EpochError, ProtocolError, ReplicationError, StoreError
+from rmqha.ha.auth import HAAuth
 from rmqha.ha.config import HAConfig
 from rmqha.ha.dialects import slave_codec
 from rmqha.ha.disk_full import DiskFullWatch, is_disk_full
@@ -44,7 +46,7 @@ __all__ = ["HASlave", "SlaveState"]
 
 #: What ends a session without ending the slave: it reconnects.
 _SESSION_ERRORS = (LinkClosed, LinkTimeout, ProtocolError, ReplicationError, EpochError, StoreError,
-                   OSError, asyncio.TimeoutError)
+                   AuthenticationError, OSError, asyncio.TimeoutError)
 
 
 class HASlave:
@@ -64,7 +66,10 @@ class HASlave:
         on_confirm: Callable[[int], Any] | None = None,
         on_truncate: Callable[[int], Any] | None = None,
         address: str = "",
+        auth: HAAuth | None = None,
     ) -> None:
+        """``auth``: the cluster secret and this broker's identity, to authenticate every
+        link (None: unauthenticated, as without a cluster secret)."""
         self.commitlog = commitlog
         self.epoch_map = epoch_map
         self.group = group
@@ -73,6 +78,17 @@ class HASlave:
         self.async_learner = async_learner
         self.protocol = protocol or self.config.ha_protocol
         slave_codec(self.protocol, self.config.max_frame_bytes)  # validates the name now
+        if auth is not None:
+            auth.check_group(group)
+            if self.protocol != "framed" and not auth.allow_unauthenticated_rocketmq:
+                raise ConfigError(
+                    f"the {self.protocol} HA dialect cannot be authenticated: with a cluster secret it "
+                    "needs ha_allow_unauthenticated_rocketmq_dialect = true")
+            if self.protocol != "framed":
+                log.warning("HA slave %d speaks the %s dialect, which cannot be authenticated: its link "
+                            "runs without (ha_allow_unauthenticated_rocketmq_dialect)", self.broker_id,
+                            self.protocol)
+        self.auth = auth
         self.address = address
         self._master = master_ha_address
         self._progress = SlaveProgress()
@@ -188,6 +204,7 @@ class HASlave:
             "broker_id": self.broker_id,
             "master_address": self._master,
             "protocol": self.protocol,
+            "authenticated": self.auth is not None and self.protocol == "framed",
             "async_learner": self.async_learner,
             "state": p.state.value,
             "max_offset": self.commitlog.max_offset,
@@ -209,7 +226,7 @@ class HASlave:
         me = Identity(self.broker_id, self.address, self.config.sync_from_last_file, self.async_learner)
         return SlaveSession(self._master, me, commitlog=self.commitlog, config=self.config,
                             protocol=self.protocol, progress=self._progress, confirm=self._confirm,
-                            epochs=self._epochs, truncator=self._truncator, disk=self._disk)
+                            epochs=self._epochs, truncator=self._truncator, disk=self._disk, auth=self.auth)
 
     async def _run(self) -> None:
         cfg = self.config

@@ -1,13 +1,14 @@
 """One connection of an HA slave to its master (:class:`SlaveSession`).
 
-A session walks the slave's connection states once: HANDSHAKE (connect; introduce itself
+A session walks the slave's connection states once: HANDSHAKE (connect; with a cluster
+secret, authenticate the link both ways, :func:`rmqha.ha.auth.authenticate`, after which
+every frame is sealed and checked; introduce itself
 with group id, segment size, flags and last epoch; get the master's epoch entries; cut the
 commitlog and the epoch map at the consistent point, :class:`rmqha.ha.truncation.Truncator`;
 tell the master where to send from, :class:`rmqha.ha.handshake.SlaveHandshake`), then
 TRANSFER and SUSPEND (:class:`rmqha.ha.receive.Receiver`) until the link fails, which
 :meth:`SlaveSession.run` raises.  Reconnecting is the owner's job
-(:class:`rmqha.ha.slave.HASlave`).  Authenticating HA links belongs between the connect and
-the hello, in :meth:`SlaveSession.run`.
+(:class:`rmqha.ha.slave.HASlave`).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any
 
 from rmqha.errors import ReplicationError
 from rmqha.ha.appender import BlockAppender
+from rmqha.ha.auth import HAAuth, authenticate
 from rmqha.ha.config import HAConfig
 from rmqha.ha.dialects import slave_codec
 from rmqha.ha.disk_full import DiskFullWatch
@@ -43,8 +45,9 @@ class SlaveSession:
 
     def __init__(self, master: str, me: Identity, *, commitlog: Any, config: HAConfig, protocol: str,
                  progress: SlaveProgress, confirm: ConfirmTracker, epochs: EpochWriter,
-                 truncator: Truncator, disk: DiskFullWatch) -> None:
+                 truncator: Truncator, disk: DiskFullWatch, auth: HAAuth | None = None) -> None:
         self.master = master
+        self.auth = auth
         self.me = me
         self.commitlog = commitlog
         self.config = config
@@ -72,12 +75,17 @@ class SlaveSession:
         host, port = split_address(self.master)
         sock = await connect(host, port, cfg.ha_connect_timeout_ms / 1000)
         link = self.link = Link(sock)
-        # An authenticator of HA links goes here: it gets the link before the hello is sent.
         codec = slave_codec(self.protocol, cfg.max_frame_bytes)
         self.progress.sessions += 1
         self.progress.state = SlaveState.HANDSHAKE
-        handshake = SlaveHandshake(link, codec, self.master, cfg.ha_housekeeping_interval_ms / 1000,
-                                   on_read=self._read, on_write=self._wrote)
+        timeout = cfg.ha_housekeeping_interval_ms / 1000
+        if self.auth is not None and codec.name == "framed":
+            # (A rocketmq-dialect slave with a secret exists only where that dialect may
+            # run unauthenticated: HASlave checked.)
+            mac = await authenticate(link, self.auth, timeout)
+            codec.authenticate(mac)
+            log.debug("HA link to %s authenticated: master %s", self.master, mac.peer)
+        handshake = SlaveHandshake(link, codec, self.master, timeout, on_read=self._read, on_write=self._wrote)
         offset, pairs = await self._handshake(handshake)
         self.progress.state = SlaveState.TRANSFER
         self.transferring = True

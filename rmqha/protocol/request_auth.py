@@ -78,11 +78,6 @@ _KDF_ROUNDS = 100_000
 _LEN = struct.Struct(">I")
 
 
-def generate_secret() -> str:
-    """A fresh random cluster secret (256 bits, URL-safe text)."""
-    return secrets.token_urlsafe(32)
-
-
 def tokens_match(given: str | None, expected: str) -> bool:
     """Constant-time comparison of a presented token with the configured one (any text)."""
     if given is None:

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from rmqha.errors import ConfigError
-from rmqha.security.secret import read_secret_text
+from rmqha.security.secret import MIN_SECRET_BYTES, read_secret_text
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +61,18 @@ def resolve_secret(value: str | None, path: Path | str | None, *fallbacks: str |
     return next((f for f in fallbacks if f), None)
 
 
+def _long_enough(secret: str, who: str) -> None:
+    """Every process takes the same secrets (a broker's HA links refuse shorter ones)."""
+    if len(secret.encode()) < MIN_SECRET_BYTES:
+        raise ConfigError(f"{who}: the cluster secret has {len(secret.encode())} bytes; at least "
+                          f"{MIN_SECRET_BYTES} are needed (make one with `rmqha certs secret`)")
+
+
 def require_controller_secret(secret: str | None, allow_insecure: bool,
                               addresses: Iterable[str], who: str) -> None:
     """ConfigError naming the keys to set unless a controller may run as configured."""
     if secret:
+        _long_enough(secret, who)
         return
     if not allow_insecure:
         raise ConfigError(
@@ -84,6 +92,7 @@ def check_optional_secret(secret: str | None, allow_insecure: bool,
     """For a name server or broker: ConfigError when it would listen off loopback
     without a secret (unless ``allow_insecure``); a warning when it runs without one."""
     if secret:
+        _long_enough(secret, who)
         return
     remote = sorted({a for a in addresses if not is_loopback(a)})
     if remote and not allow_insecure:

@@ -5,7 +5,10 @@
 * :func:`segments_identical` / :func:`assert_same_log`: byte-for-byte comparison of two
   stores' segment files;
 * :func:`fast_config`: HA timers short enough for tests;
-* :func:`ha_master` / :func:`ha_slave`: HA objects of test group ``g`` on such stores;
+* :data:`TEST_SECRET` / :func:`auth_for`: the cluster secret and identities the helpers
+  authenticate HA links with (``auth=None`` runs a link without a secret);
+* :func:`ha_master` / :func:`ha_slave`: HA objects of test group ``g`` on such stores,
+  authenticated with :data:`TEST_SECRET` unless told ``auth=None``;
   :func:`master_running`, :func:`slave_running` and :func:`scripted_master` start one
   side of a link and always stop it (``async with``, slave before master);
 * :class:`SyncStateAuthority`: the controller's SyncStateSet rules (master id and epoch
@@ -29,15 +32,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rmqha.errors import ControllerError
+from rmqha.errors import AuthenticationError, ControllerError
+from rmqha.ha.auth import HAAuth
 from rmqha.ha.config import HAConfig
 from rmqha.ha.master import HAMaster
 from rmqha.ha.slave import HASlave
+from rmqha.security.identity import Identity
+from rmqha.security.secret import ENV_SECRET, ENV_SECRET_FILE, ClusterSecret, generate_secret_text
 from rmqha.store import CommitLog, EpochMap
+from rmqha.testing.sealed_script import ScriptedAuth, SealedReader, SealedWriter
 
 EPOCH_FILE = "epochFileCheckpoint"
-#: The broker group of every HA object these helpers build.
+#: The broker group of every HA object these helpers build, and its cluster (the default
+#: of ``python -m rmqha.ha.node``).
 GROUP = "g"
+CLUSTER = "DefaultCluster"
+#: The cluster secret of the HA objects and node processes these helpers start (fresh
+#: per test process: nothing outside it knows it).
+TEST_SECRET_TEXT = generate_secret_text()
+TEST_SECRET = ClusterSecret(TEST_SECRET_TEXT.encode(), "the test helpers")
 
 
 def open_store(directory: str, segment_bytes: int, **kwargs: Any) -> tuple[CommitLog, EpochMap]:
@@ -129,18 +142,30 @@ def fast_config(**overrides: Any) -> HAConfig:
                        "ha_reconnect_max_ms": 200, **overrides})
 
 
+def auth_for(broker_id: int, secret: ClusterSecret = TEST_SECRET, *, cluster: str = CLUSTER,
+              group: str = GROUP, allow_rocketmq: bool = True) -> HAAuth:
+    """What broker ``broker_id`` of ``cluster``/``group`` authenticates its HA links with.
+    The rocketmq dialect is let through unauthenticated (``allow_rocketmq``), so the tests
+    of that dialect run beside authenticated framed links as a broker configured so would."""
+    return HAAuth(secret, Identity.broker(cluster, group, str(broker_id)), allow_rocketmq)
+
+
 def ha_master(cl: CommitLog, em: EpochMap, config: HAConfig, *, broker_id: int = 1,
               known: Iterable[int] | None = (2,), **kwargs: Any) -> HAMaster:
-    """A master of group ``g``; ``known`` are the slave ids it accepts (None: no check)."""
+    """A master of group ``g``; ``known`` are the slave ids it accepts (None: no check).
+    Its links authenticate with :data:`TEST_SECRET` unless ``auth`` is given (None: off)."""
     if known is not None:
         ids = frozenset(known)
         kwargs.setdefault("is_known_replica", lambda i: i in ids)
+    kwargs.setdefault("auth", auth_for(broker_id))
     return HAMaster(cl, em, group=GROUP, broker_id=broker_id, config=config, **kwargs)
 
 
 def ha_slave(cl: CommitLog, em: EpochMap, port: int, config: HAConfig, *, broker_id: int = 2,
              **kwargs: Any) -> HASlave:
-    """A slave of group ``g`` following the master at ``127.0.0.1:port``."""
+    """A slave of group ``g`` following the master at ``127.0.0.1:port``, authenticated
+    with :data:`TEST_SECRET` unless ``auth`` is given (None: off)."""
+    kwargs.setdefault("auth", auth_for(broker_id))
     return HASlave(cl, em, group=GROUP, broker_id=broker_id, master_ha_address=f"127.0.0.1:{port}", config=config,
                    **kwargs)
 
@@ -165,12 +190,40 @@ async def slave_running(slave: HASlave) -> AsyncIterator[HASlave]:
         await slave.stop()
 
 
+#: ``scripted_master(auth=...)`` default: authenticate as master 1 with :data:`TEST_SECRET`.
+_MASTER_1: Any = object()
+
+
 @asynccontextmanager
 async def scripted_master(
-    handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+    handler: Callable[[Any, Any], Awaitable[None]], *, auth: HAAuth | None = _MASTER_1,
 ) -> AsyncIterator[int]:
-    """A TCP server on 127.0.0.1 playing a master with ``handler``; yields its port."""
-    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    """A TCP server on 127.0.0.1 playing a master with ``handler``; yields its port.
+
+    Each connection first authenticates as master ``auth`` (default broker 1 with
+    :data:`TEST_SECRET`; None: the link runs unauthenticated); ``handler`` then reads and
+    writes plain frames, sealed and checked underneath (:mod:`rmqha.testing.sealed_script`).
+    A connection that does not complete the handshake is closed without calling it."""
+    who = auth_for(1) if auth is _MASTER_1 else auth
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if who is None:
+            await handler(reader, writer)
+            return
+        script = ScriptedAuth(who)
+
+        async def send(data: bytes) -> None:
+            writer.write(data)
+            await writer.drain()
+
+        try:
+            await script.accept(reader.readexactly, send)
+        except (asyncio.IncompleteReadError, ConnectionError, AuthenticationError):
+            writer.close()  # a slave stopped mid-handshake, or refused this master
+            return
+        await handler(SealedReader(reader, script), SealedWriter(writer, script))
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
     try:
         yield server.sockets[0].getsockname()[1]
     finally:
@@ -178,7 +231,7 @@ async def scripted_master(
         await server.wait_closed()
 
 
-async def read_frames(reader: asyncio.StreamReader, decoder: Any, got: list[Any], count: int) -> None:
+async def read_frames(reader: Any, decoder: Any, got: list[Any], count: int) -> None:
     """Feed ``decoder`` from ``reader`` until ``got`` holds ``count`` frames.
 
     A slave that closes first raises ConnectionResetError: a read at end of stream returns
@@ -281,15 +334,22 @@ async def wait_until_async(pred: Callable[[], bool], timeout: float, what: str =
 
 
 class NodeProcess:
-    """One ``python -m rmqha.ha.node`` child; ``args`` are its command-line flags."""
+    """One ``python -m rmqha.ha.node`` child; ``args`` are its command-line flags.  Its HA
+    links authenticate with ``secret`` (default :data:`TEST_SECRET_TEXT`; None: without)."""
 
-    def __init__(self, args: list[str], *, env: dict[str, str] | None = None, log_path: str | None = None) -> None:
+    def __init__(self, args: list[str], *, env: dict[str, str] | None = None, log_path: str | None = None,
+                 secret: str | None = TEST_SECRET_TEXT) -> None:
         self.args = args
         self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
+        full_env = {**os.environ, **(env or {})}
+        full_env.pop(ENV_SECRET, None)
+        full_env.pop(ENV_SECRET_FILE, None)
+        if secret is not None:
+            full_env[ENV_SECRET] = secret
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rmqha.ha.node", *args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
-            env={**os.environ, **(env or {})},
+            env=full_env,
         )
         self.ready = self._read_line(timeout=30)
         if self.ready.get("event") != "ready":

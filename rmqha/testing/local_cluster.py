@@ -16,7 +16,8 @@ so a killed master is replaced within about a second.
 Security: a cluster runs with a cluster secret generated for it (or the one given as
 ``cluster_secret``), written to ``<base_dir>/cluster.secret`` (mode 0600) and named by every
 process's ``cluster_secret_file``, so Raft traffic is encrypted and control requests are
-signed as in production.  :meth:`Cluster.request` signs the requests that need it, as an
+signed as in production, and brokers authenticate their HA links with it.
+:meth:`Cluster.request` signs the requests that need it, as an
 operator holding the secret would; tools get the file (:attr:`Cluster.secret_file`).
 ``insecure=True`` runs without a secret (controllers get ``allow_insecure``).
 
@@ -62,7 +63,8 @@ from rmqha.net.client import RemotingClient
 from rmqha.net.client_security import ClientSecurity
 from rmqha.net.loop import EventLoopThread
 from rmqha.protocol.command import RemotingCommand
-from rmqha.protocol.request_auth import RequestAuthenticator, generate_secret, request_auth
+from rmqha.protocol.request_auth import RequestAuthenticator, request_auth
+from rmqha.security.secret import generate_secret_text
 
 T = TypeVar("T")
 
@@ -501,7 +503,7 @@ class Cluster:
             raise LocalClusterError("a cluster is either insecure or has a cluster_secret, not both")
         self.insecure = insecure
         #: The secret every process of this cluster shares (None when insecure).
-        self.cluster_secret: str | None = None if insecure else (cluster_secret or generate_secret())
+        self.cluster_secret: str | None = None if insecure else (cluster_secret or generate_secret_text())
         #: The file holding it, named by every process's ``cluster_secret_file``.
         self.secret_file: Path | None = None
         if self.cluster_secret is not None:

@@ -3,6 +3,8 @@
 Master side: a raw socket plays a broken slave against a real HAMaster.  Slave side: a
 scripted master (real frames from rmqha.ha.frames over a real socket) feeds a real HASlave
 one bad frame after a correct handshake.  Both check the store afterwards, byte for byte.
+The links are authenticated (the scripted side holds the cluster secret, and its bad frames
+carry good tags): what is checked is what lies behind the MAC.
 """
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ import pytest
 from rmqha.ha import frames
 from rmqha.ha.frames import Direction
 from rmqha.ha import HAConfig
-from rmqha.testing.ha import (store_digest, assert_same_log, fast_config, fill, ha_master, ha_slave, master_running,
-                              read_frames, replica_stores, scripted_master, slave_running, wait_until_async)
+from rmqha.testing.ha import (auth_for, store_digest, assert_same_log, fast_config, fill, ha_master, ha_slave,
+                              master_running, read_frames, replica_stores, scripted_master, slave_running,
+                              wait_until_async)
+from rmqha.testing.sealed_script import ScriptedAuth
 
 SEG = 1 << 20
 CFG = fast_config(ha_housekeeping_interval_ms=2000, ha_reconnect_min_ms=50, max_frame_bytes=1 << 20)
@@ -31,6 +35,14 @@ def _hello(broker_id: int = 2, seg: int = SEG, epoch: int = -1) -> bytes:
 
 def _hdr(length: int, ftype: int, epoch: int = 1) -> bytes:
     return struct.pack(">iiqq", length, ftype, 0, epoch)
+
+
+def _authenticated(port: int) -> tuple[socket.socket, ScriptedAuth]:
+    """A plain socket to the master, authenticated as slave 2."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    script = ScriptedAuth(auth_for(2), CFG.max_frame_bytes)
+    script.connect_sync(sock)
+    return sock, script
 
 
 def _recv_until_closed(sock: socket.socket, timeout: float) -> bytes:
@@ -61,25 +73,33 @@ MASTER_CASES = {
 }
 
 
+@pytest.mark.parametrize("secret", [True, False], ids=["authenticated", "no-secret"])
 @pytest.mark.parametrize("case", sorted(MASTER_CASES))
-def test_master_closes_on_bad_slave_frames_and_keeps_serving(tmp_path, case: str) -> None:
+def test_master_closes_on_bad_slave_frames_and_keeps_serving(tmp_path, case: str, secret: bool) -> None:
+    """With a cluster secret the bad frames come sealed (good tags); without one, as they are."""
+    auth = {} if secret else {"auth": None}
     with replica_stores(tmp_path, SEG, "m", "s") as [(mcl, mem), (scl, sem)]:
         mem.append(1, 0)
         fill(mcl, 300_000)
         before = store_digest(mcl)
 
         async def run() -> None:
-            m = ha_master(mcl, mem, CFG)
+            m = ha_master(mcl, mem, CFG, **auth)
             async with master_running(m) as port:
                 def bad_client() -> None:
-                    with socket.create_connection(("127.0.0.1", port)) as sock:
+                    if secret:
+                        sock, script = _authenticated(port)
+                        seal = script.seal
+                    else:
+                        sock, seal = socket.create_connection(("127.0.0.1", port)), bytes
+                    with sock:
                         for chunk in MASTER_CASES[case](port):
-                            sock.sendall(chunk)
+                            sock.sendall(seal(chunk))
                         _recv_until_closed(sock, 5)
 
                 await asyncio.get_running_loop().run_in_executor(None, bad_client)
                 assert m.status()["slaves"] == []
-                async with slave_running(ha_slave(scl, sem, port, CFG)):
+                async with slave_running(ha_slave(scl, sem, port, CFG, **auth)):
                     await wait_until_async(lambda: scl.max_offset == mcl.max_offset, 10, "good slave served")
 
         asyncio.run(run())
@@ -97,14 +117,15 @@ def test_master_closes_on_acks_out_of_order(tmp_path) -> None:
         async def run() -> None:
             async with master_running(ha_master(mcl, mem, CFG)) as port:
                 def client(acks: list[int]) -> None:
-                    with socket.create_connection(("127.0.0.1", port)) as sock:
+                    sock, script = _authenticated(port)
+                    with sock:
                         dec = frames.FramedDecoder(Direction.MASTER_TO_SLAVE, 1 << 22)
-                        sock.sendall(_hello() + frames.framed.encode(frames.QueryEpoch()))
-                        sock.sendall(frames.framed.encode(frames.ConfirmTruncate(0)))
+                        sock.sendall(script.seal(_hello() + frames.framed.encode(frames.QueryEpoch())))
+                        sock.sendall(script.seal(frames.framed.encode(frames.ConfirmTruncate(0))))
                         for a in acks:
-                            sock.sendall(frames.framed.encode(frames.TransferAck(a)))
+                            sock.sendall(script.seal(frames.framed.encode(frames.TransferAck(a))))
                         data = _recv_until_closed(sock, 5)
-                        got = dec.feed(data)
+                        got = dec.feed(script.unseal(data))
                         assert isinstance(got[0], frames.HandshakeMaster) and got[0].check_result == 0
 
                 loop = asyncio.get_running_loop()
@@ -242,8 +263,14 @@ def test_master_drops_a_silent_slave_after_housekeeping(tmp_path) -> None:
             m = ha_master(mcl, mem, cfg)
             async with master_running(m) as port:
                 reader, writer = await asyncio.open_connection("127.0.0.1", port)
-                writer.write(_hello() + frames.framed.encode(frames.QueryEpoch()) +
-                             frames.framed.encode(frames.ConfirmTruncate(0)))
+                script = ScriptedAuth(auth_for(2))
+
+                async def send(data: bytes) -> None:
+                    writer.write(data)
+
+                await script.connect(reader.readexactly, send)
+                writer.write(script.seal(_hello() + frames.framed.encode(frames.QueryEpoch()) +
+                                         frames.framed.encode(frames.ConfirmTruncate(0))))
                 await wait_until_async(lambda: len(m.status()["slaves"]) == 1, 5, "slave registered")
                 t0 = time.monotonic()
                 # Never ack: the master must give up after ha_housekeeping_interval_ms.

@@ -11,7 +11,8 @@ one was gone, no link at all), and no send was acknowledged until the slave's li
 happened to fail.
 
 Everything is real: sockets on 127.0.0.1, a real HASlave, stores in temporary directories;
-the delayed attempt is a raw socket speaking the framed dialect.
+the delayed attempt is a raw socket speaking the framed dialect, authenticated as slave 2
+(it is the slave's own attempt: it holds the cluster secret).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from rmqha.ha import HAMaster, SlaveState
 from rmqha.ha.dialects import EpochList, MasterHello, RefuseReason, slave_codec
 from rmqha.ha.link_table import LinkTable
 from rmqha.testing.ha import (
+    auth_for,
     fast_config,
     fill,
     ha_master,
@@ -33,6 +35,7 @@ from rmqha.testing.ha import (
     slave_running,
     wait_until_async,
 )
+from rmqha.testing.sealed_script import ScriptedAuth, SealedReader, SealedWriter
 
 SEG = 1 << 20
 #: The broker's default wait for a send's copies (HAMaster.wait_for_acks).
@@ -48,12 +51,19 @@ class DelayedAttempt:
         self.port = port
         self.epoch = epoch
         self.codec = slave_codec("framed", CFG.max_frame_bytes)
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
+        self.reader: SealedReader | None = None
+        self.writer: SealedWriter | None = None
         self.master_max = -1
 
     async def hello(self) -> None:
-        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        script = ScriptedAuth(auth_for(2))
+
+        async def send(data: bytes) -> None:
+            writer.write(data)
+
+        await script.connect(reader.readexactly, send)
+        self.reader, self.writer = SealedReader(reader, script), SealedWriter(writer, script)
         self.writer.write(self.codec.hello(2, SEG, "127.0.0.1:1", False, False, self.epoch))
         got: list[object] = []
         await read_frames(self.reader, self.codec, got, 1)

@@ -30,6 +30,9 @@ def _slave(cl, em, port: int, config: HAConfig = CFG, **kw) -> HASlave:
 
 #: The master's two ways of sending large blocks (sendmsg of mmap views; sendfile).
 SEND_MODES = pytest.mark.parametrize("sendfile", [False, True], ids=["sendmsg", "sendfile"])
+#: Links authenticated with the test cluster secret (the helpers' default), or run without
+#: a secret on both sides (the mode of a broker configured without one).
+SECRET_MODES = pytest.mark.parametrize("auth", [{}, {"auth": None}], ids=["authenticated", "no-secret"])
 
 
 @SEND_MODES
@@ -61,7 +64,8 @@ def test_slave_catches_up_large_log_byte_identical(tmp_path, sendfile: bool) -> 
         assert sum(1 for _ in scl.iter_messages()) == sum(1 for _ in mcl.iter_messages())
 
 
-def test_slave_started_mid_stream_catches_up(tmp_path) -> None:
+@SECRET_MODES
+def test_slave_started_mid_stream_catches_up(tmp_path, auth: dict) -> None:
     with replica_stores(tmp_path, SEG, "m", "s") as [(mcl, mem), (scl, sem)]:
         mem.append(3, 0)
         fill(mcl, 3 << 20)
@@ -76,12 +80,12 @@ def test_slave_started_mid_stream_catches_up(tmp_path) -> None:
                 written.set()
 
         async def run() -> None:
-            async with master_running(_master(mcl, mem)) as port:
+            async with master_running(_master(mcl, mem, **auth)) as port:
                 t = threading.Thread(target=producer)
                 t.start()
                 try:
                     await asyncio.get_running_loop().run_in_executor(None, written.wait, 10)
-                    async with slave_running(_slave(scl, sem, port)) as s:
+                    async with slave_running(_slave(scl, sem, port, **auth)) as s:
                         await wait_until_async(lambda: scl.max_offset > 5 << 20, 30, "slave received live data")
                         stop.set()
                         await asyncio.get_running_loop().run_in_executor(None, t.join)
@@ -202,7 +206,8 @@ def test_rocketmq_stranger_is_refused(tmp_path) -> None:
         asyncio.run(run())
 
 
-def test_confirm_offset_acks_and_frozen_member(tmp_path) -> None:
+@SECRET_MODES
+def test_confirm_offset_acks_and_frozen_member(tmp_path, auth: dict) -> None:
     """Confirm = min ack over the set; a member without a link freezes it (#6662)."""
     with replica_stores(tmp_path, SEG, "m", "s") as [(mcl, mem), (scl, sem)]:
         mem.append(1, 0)
@@ -211,12 +216,12 @@ def test_confirm_offset_acks_and_frozen_member(tmp_path) -> None:
 
         async def run() -> None:
             m = _master(mcl, mem, sync_state_set=[1, 2], sync_state_set_epoch=1, confirm_offset=0,
-                        on_confirm=confirms.append)
+                        on_confirm=confirms.append, **auth)
             async with master_running(m) as port:
                 assert m.confirm_offset == 0  # member 2 never connected: frozen
                 assert not await m.wait_for_acks(mcl.max_offset, None, timeout=0.2)
                 assert await m.wait_for_acks(mcl.max_offset, 1, timeout=0.2)  # the master alone
-                async with slave_running(_slave(scl, sem, port)) as s:
+                async with slave_running(_slave(scl, sem, port, **auth)) as s:
                     end = fill(mcl, 100_000, seed=1)
                     assert await m.wait_for_acks(end, None, timeout=10)
                     assert await m.wait_for_acks(end, 2, timeout=10)

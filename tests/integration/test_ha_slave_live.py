@@ -2,7 +2,8 @@
 acknowledged by a reader callback in the loop turn that finds them, not by a task.
 
 A scripted master (raw sockets on 127.0.0.1, real frames from rmqha.ha.frames, real records
-from a reference store with the slave's history) drives a real HASlave.  Each test checks
+from a reference store with the slave's history, the link authenticated and every frame
+sealed as a real master's) drives a real HASlave.  Each test checks
 which path applied the blocks (the slave's counters), what the master received, and the
 store byte for byte:
 
@@ -38,8 +39,10 @@ import pytest
 from rmqha.ha import frames
 from rmqha.ha.frames import Direction
 from rmqha.ha import link as ha_link
-from rmqha.testing.ha import (store_digest, EPOCH_FILE, assert_same_log, fast_config, fill, ha_master, ha_slave, master_running,
-                              replica_stores, slave_running, wait_until_async)
+from rmqha.ha.frame_mac import TAG
+from rmqha.testing.ha import (auth_for, store_digest, EPOCH_FILE, assert_same_log, fast_config, fill, ha_master, ha_slave,
+                              master_running, replica_stores, slave_running, wait_until_async)
+from rmqha.testing.sealed_script import ScriptedAuth
 from rmqha.store import CommitLog, EpochMap
 
 SEG = 1 << 20
@@ -47,7 +50,7 @@ SEG = 1 << 20
 #: the link back to the task, which could then read a block itself).
 CFG = fast_config(ha_send_heartbeat_interval_ms=2000, ha_housekeeping_interval_ms=5000,
                   ha_reconnect_min_ms=50, max_frame_bytes=1 << 20)
-ACK_BYTES = 32  # a framed TRANSFER_ACK: 24-byte envelope + offset
+ACK_BYTES = 32 + TAG  # a framed TRANSFER_ACK (24-byte envelope + offset) and its tag
 DEADLINE = 5.0
 
 
@@ -108,6 +111,8 @@ class ScriptedMaster:
         self.reading = asyncio.Event()
         self.reading.set()
         self._task: asyncio.Task[None] | None = None
+        #: The authenticated link's sealing and checking, per session.
+        self.script = ScriptedAuth(auth_for(1), CFG.max_frame_bytes)
 
     async def __aenter__(self) -> ScriptedMaster:
         self._task = asyncio.ensure_future(self._serve())
@@ -144,18 +149,29 @@ class ScriptedMaster:
     async def _session(self, loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
         dec = frames.FramedDecoder(Direction.SLAVE_TO_MASTER, 1 << 20)
         got: list[Any] = []
+        script = self.script = ScriptedAuth(auth_for(1), CFG.max_frame_bytes)
+
+        async def recv_exactly(n: int) -> bytes:
+            data = b""
+            while len(data) < n:
+                chunk = await loop.sock_recv(conn, n - len(data))
+                if not chunk:
+                    raise ConnectionResetError("the slave closed the link")
+                data += chunk
+            return data
 
         async def until(count: int) -> None:
             while len(got) < count:
                 data = await loop.sock_recv(conn, 1 << 16)
                 if not data:
                     raise ConnectionResetError("the slave closed the link")
-                got.extend(dec.feed(data))
+                got.extend(dec.feed(script.unseal(data)))
 
+        await script.accept(recv_exactly, lambda data: loop.sock_sendall(conn, data))
         await until(1)
-        await loop.sock_sendall(conn, frames.framed.encode(frames.HandshakeMaster(0, self.end, 1)))
+        await self.send(frames.framed.encode(frames.HandshakeMaster(0, self.end, 1)))
         await until(2)
-        await loop.sock_sendall(conn, frames.framed.encode(frames.ReturnEpoch(((1, 0, self.end),))))
+        await self.send(frames.framed.encode(frames.ReturnEpoch(((1, 0, self.end),))))
         await until(3)
         assert isinstance(got[2], frames.ConfirmTruncate)
         self.truncated_at.append(got[2].offset)
@@ -169,7 +185,7 @@ class ScriptedMaster:
             data = await loop.sock_recv(conn, 1 << 16)
             if not data:
                 raise ConnectionResetError("the slave closed the link")
-            for f in dec.feed(data):
+            for f in dec.feed(script.unseal(data)):
                 assert isinstance(f, frames.TransferAck), f
                 self.acks.append(f.slave_max_offset)
 
@@ -181,8 +197,9 @@ class ScriptedMaster:
         return True
 
     async def send(self, data: bytes) -> None:
+        """Frames (or pieces of them) to the slave; each frame's tag follows its last byte."""
         assert self.conn is not None
-        await asyncio.get_running_loop().sock_sendall(self.conn, data)
+        await asyncio.get_running_loop().sock_sendall(self.conn, self.script.seal(data))
 
     async def acked(self, offset: int, timeout: float = DEADLINE) -> None:
         await wait_until_async(lambda: self.alive() and bool(self.acks) and self.acks[-1] >= offset, timeout,

@@ -74,7 +74,7 @@ def test_controller_log_file_flag(tmp_path):
          "--raft-peers", f"n0-127.0.0.1:{raft}", "--self-id", "n0", "--store-path", str(tmp_path / "c"),
          "--log-file", str(log)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-        env={**os.environ, "RMQHA_CLUSTER_SECRET": "log-test-secret"})  # no controller runs without one
+        env={**os.environ, "RMQHA_CLUSTER_SECRET": "log-test-secret-of-16"})  # no controller runs without one
     try:
         with Cluster(tmp_path / "probe") as c:
             c.wait_for(lambda: log.exists() and log.stat().st_size > 0

@@ -199,7 +199,10 @@ def test_controller_needs_a_secret_or_allow_insecure_on_loopback():
     with pytest.raises(ConfigError, match="no cluster secret.*cluster_secret.*RMQHA_CLUSTER_SECRET"):
         ControllerConfig(**peers).check_security()
     assert ControllerConfig(**peers, allow_insecure=True).check_security() is None
-    assert ControllerConfig(**peers, raft_password="legacy").check_security() == "legacy"
+    legacy = "legacy-raft-password"
+    assert ControllerConfig(**peers, raft_password=legacy).check_security() == legacy
+    with pytest.raises(ConfigError, match="6 bytes; at least 16"):
+        ControllerConfig(**peers, raft_password="legacy").check_security()
     both = ControllerConfig(**peers, cluster_secret="shared", raft_password="raft-only")
     assert (both.secret(), both.raft_secret()) == ("shared", "raft-only")
     for remote in ({"controller_peers": "n0-127.0.0.1:9878;n1-10.0.0.2:9878"},
@@ -215,7 +218,9 @@ def test_name_server_and_broker_without_secret_stay_on_loopback(caplog):
     with pytest.raises(ConfigError, match="listens on 0.0.0.0.*allow_insecure"):
         check_optional_secret(None, False, ["0.0.0.0"], "name server x")
     check_optional_secret(None, True, ["0.0.0.0"], "name server x")
-    check_optional_secret("s", False, ["0.0.0.0"], "name server x")
+    check_optional_secret("a-secret-of-16-bytes", False, ["0.0.0.0"], "name server x")
+    with pytest.raises(ConfigError, match="1 bytes; at least 16"):
+        check_optional_secret("s", False, ["0.0.0.0"], "name server x")
     with pytest.raises(ConfigError, match="no cluster secret"):
         require_controller_secret(None, False, ["127.0.0.1"], "controller n0")
 
