@@ -169,7 +169,8 @@ def test_compose_file_runs_three_controllers_a_namesrv_and_a_group_of_three(tmp_
 
 @pytest.mark.parametrize("name", sorted(CONFIG_CLASSES))
 def test_deploy_configs_load_with_the_container_environment(name):
-    env = {"RMQHA_CLUSTER_SECRET": "s3cret-of-sixteen-bytes", "RMQHA_BROKER_IP": "10.1.2.3", "RMQHA_CONTROLLER_SELF_ID": "n2"}
+    env = {"RMQHA_CLUSTER_SECRET": "s3cret-of-sixteen-bytes", "RMQHA_BROKER_IP": "10.1.2.3",
+           "RMQHA_CONTROLLER_SELF_ID": "n2"}
     cfg = load_config(CONFIG_CLASSES[name], CONF / name, env=env)
     assert cfg.secret() == "s3cret-of-sixteen-bytes" == cfg.check_security()
     if name == "broker.toml":
