@@ -150,7 +150,7 @@ class _Codec(ABC):
 
     def _decode(self, chunk: bytes) -> list[Any]:
         if self._unsealer is None:
-            return self._dec.feed(chunk)  # type: ignore[no-any-return]
+            return self._dec.feed(chunk)
         decoded: list[Any] = []
         for frame in self._unsealer.feed(chunk):
             decoded.extend(self._dec.feed(frame))
