@@ -304,7 +304,16 @@ _FIELD_LINE = re.compile(r"^\s+(\w+)\s*:")
 
 
 def _field_comments(cls: type) -> dict[str, str]:
-    """The ``#:`` comment lines written above each field in the class source."""
+    """The ``#:`` comment lines written above each field in the class source (and in the
+    sources of the config classes it inherits fields from, such as :class:`TlsKeys`)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            docs.update(_own_field_comments(klass))
+    return docs
+
+
+def _own_field_comments(cls: type) -> dict[str, str]:
     import inspect
 
     try:
@@ -348,3 +357,34 @@ def describe_keys(cls: type) -> list[KeyDoc]:
         out.append(KeyDoc(f.name, aliases, "" if default is None else str(default),
                           comments.get(f.name, "")))
     return out
+
+
+@dataclasses.dataclass
+class TlsKeys:
+    """RocketMQ's ``tls.*`` keys, shared by every process's config (a TOML file may nest
+    them: ``[tls.server] mode = ...``)."""
+
+    #: This process's remoting port: disabled (plaintext), permissive (TLS and plaintext on
+    #: one port, told apart by the first byte) or enforcing (TLS only).
+    tls_server_mode: str = dataclasses.field(default="disabled", metadata={"aliases": ("tls.server.mode",)})
+    #: PEM certificate (chain) and key of this process's TLS ports (`rmqha certs issue`);
+    #: re-read when the files change, for new connections.
+    tls_server_cert_path: str = dataclasses.field(default="", metadata={"aliases": ("tls.server.certPath",)})
+    tls_server_key_path: str = dataclasses.field(default="", metadata={"aliases": ("tls.server.keyPath",)})
+    tls_server_key_password: str = dataclasses.field(default="", metadata={"aliases": ("tls.server.keyPassword",)})
+    #: CA certificate(s) client certificates are checked against.
+    tls_server_trust_cert_path: str = dataclasses.field(default="", metadata={"aliases": ("tls.server.trustCertPath",)})
+    #: Client certificates: none, optional (checked when sent) or require.
+    tls_server_need_client_auth: str = dataclasses.field(
+        default="none", metadata={"aliases": ("tls.server.need.client.auth",)})
+    #: This process's own links to other cluster processes use TLS, with the tls.client.* files.
+    tls_enable: bool = dataclasses.field(default=False, metadata={"aliases": ("tls.enable",)})
+    tls_client_cert_path: str = dataclasses.field(default="", metadata={"aliases": ("tls.client.certPath",)})
+    tls_client_key_path: str = dataclasses.field(default="", metadata={"aliases": ("tls.client.keyPath",)})
+    tls_client_key_password: str = dataclasses.field(default="", metadata={"aliases": ("tls.client.keyPassword",)})
+    #: CA certificate(s) servers are checked against (by the rmqha identity they name).
+    tls_client_trust_cert_path: str = dataclasses.field(default="", metadata={"aliases": ("tls.client.trustCertPath",)})
+    #: Check the server's certificate (false trusts any server: never in production).
+    tls_client_auth_server: bool = dataclasses.field(default=True, metadata={"aliases": ("tls.client.authServer",)})
+    #: A RocketMQ tls.properties file of tls.* keys, read at start; its values win.
+    tls_config_file: str = dataclasses.field(default="", metadata={"aliases": ("tls.config.file",)})

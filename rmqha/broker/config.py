@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rmqha.broker.master_lease import lease_ms_for, min_margin_ms
-from rmqha.config import load_config
+from rmqha.config import TlsKeys, load_config
 from rmqha.errors import ConfigError
 from rmqha.security.identity import Identity
 from rmqha.security.secret import ClusterSecret, load_cluster_secret
@@ -27,7 +27,7 @@ def _alias(*names: str) -> dict[str, tuple[str, ...]]:
 
 
 @dataclass
-class BrokerConfig:
+class BrokerConfig(TlsKeys):
     # --- identity -------------------------------------------------------------------------
     cluster: str = field(default="DefaultCluster", metadata=_alias("brokerClusterName", "cluster_name"))
     broker_name: str = field(default="broker-a", metadata=_alias("brokerName"))
@@ -67,30 +67,6 @@ class BrokerConfig:
     ha_allow_unauthenticated_rocketmq_dialect: bool = field(
         default=False, metadata=_alias("haAllowUnauthenticatedRocketmqDialect"))
 
-    # --- TLS (RocketMQ's tls.* keys; TOML may nest them: [tls.server] mode = ...) ----------
-    #: This process's remoting port: disabled (plaintext), permissive (TLS and plaintext on
-    #: one port, told apart by the first byte) or enforcing (TLS only).
-    tls_server_mode: str = field(default="disabled", metadata=_alias("tls.server.mode"))
-    #: PEM certificate (chain) and key of this process's TLS ports (`rmqha certs issue`);
-    #: re-read when the files change, for new connections.
-    tls_server_cert_path: str = field(default="", metadata=_alias("tls.server.certPath"))
-    tls_server_key_path: str = field(default="", metadata=_alias("tls.server.keyPath"))
-    tls_server_key_password: str = field(default="", metadata=_alias("tls.server.keyPassword"))
-    #: CA certificate(s) client certificates are checked against.
-    tls_server_trust_cert_path: str = field(default="", metadata=_alias("tls.server.trustCertPath"))
-    #: Client certificates: none, optional (checked when sent) or require.
-    tls_server_need_client_auth: str = field(default="none", metadata=_alias("tls.server.need.client.auth"))
-    #: This process's own links to other cluster processes use TLS, with the tls.client.* files.
-    tls_enable: bool = field(default=False, metadata=_alias("tls.enable"))
-    tls_client_cert_path: str = field(default="", metadata=_alias("tls.client.certPath"))
-    tls_client_key_path: str = field(default="", metadata=_alias("tls.client.keyPath"))
-    tls_client_key_password: str = field(default="", metadata=_alias("tls.client.keyPassword"))
-    #: CA certificate(s) servers are checked against (by the rmqha identity they name).
-    tls_client_trust_cert_path: str = field(default="", metadata=_alias("tls.client.trustCertPath"))
-    #: Check the server's certificate (false trusts any server: never in production).
-    tls_client_auth_server: bool = field(default=True, metadata=_alias("tls.client.authServer"))
-    #: A RocketMQ tls.properties file of tls.* keys, read at start; its values win.
-    tls_config_file: str = field(default="", metadata=_alias("tls.config.file"))
 
     # --- without a cluster secret ------------------------------------------------------
     #: Listen off loopback without a cluster secret (role notices then go unchecked).

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rmqha.config import TlsKeys
 from rmqha.errors import ConfigError
 from rmqha.security.secret_policy import require_controller_secret, resolve_secret
 
@@ -52,7 +53,7 @@ def _parse_peer_list(text: str, key: str) -> list[tuple[str, str]]:
 
 
 @dataclass
-class ControllerConfig:
+class ControllerConfig(TlsKeys):
     controller_group: str = field(default="rmqha-controller",
                                   metadata={"aliases": ("controllerDLegerGroup",)})
     controller_peers: str = field(default="n0-127.0.0.1:9878",
@@ -97,30 +98,6 @@ class ControllerConfig:
     commit_timeout: int = 5000
     max_frame_bytes: int = 16 * 1024 * 1024
 
-    # --- TLS (RocketMQ's tls.* keys; TOML may nest them: [tls.server] mode = ...) ----------
-    #: This process's remoting port: disabled (plaintext), permissive (TLS and plaintext on
-    #: one port, told apart by the first byte) or enforcing (TLS only).
-    tls_server_mode: str = field(default="disabled", metadata={"aliases": ("tls.server.mode",)})
-    #: PEM certificate (chain) and key of this process's TLS ports (`rmqha certs issue`);
-    #: re-read when the files change, for new connections.
-    tls_server_cert_path: str = field(default="", metadata={"aliases": ("tls.server.certPath",)})
-    tls_server_key_path: str = field(default="", metadata={"aliases": ("tls.server.keyPath",)})
-    tls_server_key_password: str = field(default="", metadata={"aliases": ("tls.server.keyPassword",)})
-    #: CA certificate(s) client certificates are checked against.
-    tls_server_trust_cert_path: str = field(default="", metadata={"aliases": ("tls.server.trustCertPath",)})
-    #: Client certificates: none, optional (checked when sent) or require.
-    tls_server_need_client_auth: str = field(default="none", metadata={"aliases": ("tls.server.need.client.auth",)})
-    #: This process's own links to other cluster processes use TLS, with the tls.client.* files.
-    tls_enable: bool = field(default=False, metadata={"aliases": ("tls.enable",)})
-    tls_client_cert_path: str = field(default="", metadata={"aliases": ("tls.client.certPath",)})
-    tls_client_key_path: str = field(default="", metadata={"aliases": ("tls.client.keyPath",)})
-    tls_client_key_password: str = field(default="", metadata={"aliases": ("tls.client.keyPassword",)})
-    #: CA certificate(s) servers are checked against (by the rmqha identity they name).
-    tls_client_trust_cert_path: str = field(default="", metadata={"aliases": ("tls.client.trustCertPath",)})
-    #: Check the server's certificate (false trusts any server: never in production).
-    tls_client_auth_server: bool = field(default=True, metadata={"aliases": ("tls.client.authServer",)})
-    #: A RocketMQ tls.properties file of tls.* keys, read at start; its values win.
-    tls_config_file: str = field(default="", metadata={"aliases": ("tls.config.file",)})
     #: Prometheus exporter port (0 = off).
     metrics_port: int = field(default=0, metadata={"aliases": ("metricsPromExporterPort",)})
     metrics_host: str = field(default="127.0.0.1", metadata={"aliases": ("metricsPromExporterHost",)})

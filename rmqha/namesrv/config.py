@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rmqha.config import load_config
+from rmqha.config import TlsKeys, load_config
 from rmqha.errors import ConfigError
 from rmqha.security.secret_policy import check_optional_secret, resolve_secret
 
@@ -20,7 +20,7 @@ def _alias(*names: str) -> dict[str, tuple[str, ...]]:
 
 
 @dataclass
-class NamesrvConfig:
+class NamesrvConfig(TlsKeys):
     listen_host: str = "127.0.0.1"
     listen_port: int = field(default=9876, metadata=_alias("listenPort"))
     #: A broker not renewed for this long is dropped (RocketMQ: 120 s).
@@ -42,30 +42,6 @@ class NamesrvConfig:
     #: Listen off loopback without a cluster secret (registrations then go unchecked).
     allow_insecure: bool = field(default=False, metadata=_alias("allowInsecure"))
 
-    # --- TLS (RocketMQ's tls.* keys; TOML may nest them: [tls.server] mode = ...) ----------
-    #: This process's remoting port: disabled (plaintext), permissive (TLS and plaintext on
-    #: one port, told apart by the first byte) or enforcing (TLS only).
-    tls_server_mode: str = field(default="disabled", metadata=_alias("tls.server.mode"))
-    #: PEM certificate (chain) and key of this process's TLS ports (`rmqha certs issue`);
-    #: re-read when the files change, for new connections.
-    tls_server_cert_path: str = field(default="", metadata=_alias("tls.server.certPath"))
-    tls_server_key_path: str = field(default="", metadata=_alias("tls.server.keyPath"))
-    tls_server_key_password: str = field(default="", metadata=_alias("tls.server.keyPassword"))
-    #: CA certificate(s) client certificates are checked against.
-    tls_server_trust_cert_path: str = field(default="", metadata=_alias("tls.server.trustCertPath"))
-    #: Client certificates: none, optional (checked when sent) or require.
-    tls_server_need_client_auth: str = field(default="none", metadata=_alias("tls.server.need.client.auth"))
-    #: This process's own links to other cluster processes use TLS, with the tls.client.* files.
-    tls_enable: bool = field(default=False, metadata=_alias("tls.enable"))
-    tls_client_cert_path: str = field(default="", metadata=_alias("tls.client.certPath"))
-    tls_client_key_path: str = field(default="", metadata=_alias("tls.client.keyPath"))
-    tls_client_key_password: str = field(default="", metadata=_alias("tls.client.keyPassword"))
-    #: CA certificate(s) servers are checked against (by the rmqha identity they name).
-    tls_client_trust_cert_path: str = field(default="", metadata=_alias("tls.client.trustCertPath"))
-    #: Check the server's certificate (false trusts any server: never in production).
-    tls_client_auth_server: bool = field(default=True, metadata=_alias("tls.client.authServer"))
-    #: A RocketMQ tls.properties file of tls.* keys, read at start; its values win.
-    tls_config_file: str = field(default="", metadata=_alias("tls.config.file"))
 
     enable_controller_in_namesrv: bool = field(default=False, metadata=_alias("enableControllerInNamesrv"))
     controller_config_file: str = ""
