@@ -1287,7 +1287,7 @@ def _rows(s: DemoSummary) -> Iterator[tuple[str, str, str]]:
         yield "sends repeated by the demo", f"{s.send_retries:,}", \
             "after the client's own attempts failed" if s.send_retries else ""
         yield "receives failed / acks refused", f"{s.receive_errors:,} / {s.acks_refused:,}", \
-            "a refused ack's message comes again" if s.acks_refused else ""
+            "their messages are delivered again after their invisible time" if s.acks_refused else ""
     yield "failover: election", _s(f.election_s), "SIGKILL -> controller names a new master"
     yield "failover: first acked write", _s(f.first_ack_s), "SIGKILL -> new master acknowledges"
     yield "master epoch", f"{f.old_epoch} -> {f.new_epoch}", \
