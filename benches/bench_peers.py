@@ -5,6 +5,11 @@
     .venv/bin/python benches/bench_peers.py [--systems rmqha,nats,redis,rabbitmq]
         [--scale 1.0] [--write-into docs/benchmarks.md] [--flush-sync]
 
+``--proxy`` adds rmqha through ``rmqha proxy`` with RocketMQ 5's official Python client
+(``rmqha-proxy``, its own cluster as rmqha's); that client lives in the proxy's venv, so
+run this with ``.venv-rmq5/bin/python`` then (the peers' clients go there too if wanted:
+``pip install -e '.[peers]'``).
+
 Every workload runs on every system before the next workload starts (round robin), so
 machine noise hits all of them alike.  1 KiB bodies; "copies" is how many servers hold a
 message when it is acked (3: the replicated destination, 1: a single-copy one).  The
@@ -24,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peers.base import MESSAGE_BYTES, Measurement, PeerSystem, run_workload  # noqa: E402
+from peers.base import MESSAGE_BYTES, Measurement, NotOffered, PeerSystem, run_workload  # noqa: E402
 
 BEGIN, END = "<!-- peers-table:begin -->", "<!-- peers-table:end -->"
 AUTO_WINDOW = "window of 256, rmqha auto_batch"
@@ -43,6 +48,9 @@ def make_system(name: str, flush_sync: bool) -> PeerSystem:
     if name == "rabbitmq":
         from peers.rabbitmq_system import RabbitSystem
         return RabbitSystem()
+    if name == "rmqha-proxy":
+        from peers.proxy_system import ProxySystem
+        return ProxySystem()
     raise SystemExit(f"unknown system {name!r}")
 
 
@@ -154,8 +162,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flush-sync", action="store_true",
                     help="also measure rmqha with flush = sync (one at a time)")
     ap.add_argument("--no-failover", action="store_true")
+    ap.add_argument("--proxy", action="store_true",
+                    help="also rmqha through `rmqha proxy` with RocketMQ 5's Python client "
+                         "(run with .venv-rmq5/bin/python)")
     args = ap.parse_args(argv)
     names = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if args.proxy and "rmqha-proxy" not in names:
+        names.append("rmqha-proxy")
+    if "rmqha-proxy" in names:
+        from peers.proxy_system import client_module
+        client_module()  # before any server starts: without the client, stop here
     body = os.urandom(MESSAGE_BYTES // 2).hex().encode()
     instances: dict[str, PeerSystem] = {}
     results: dict[tuple[str, object], dict[str, Measurement]] = {}
@@ -173,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
                         continue
                     try:
                         m = run_one(system, workload, copies, messages, param, body)
+                    except NotOffered as exc:
+                        m = Measurement(name, workload, copies, 0, 0.0, 0.0,  # type: ignore[arg-type]
+                                        note=str(exc))
                     except Exception as exc:  # noqa: BLE001 - one peer failing keeps the table
                         traceback.print_exc()
                         m = Measurement(name, workload, copies, 0, 0.0, 0.0,  # type: ignore[arg-type]
