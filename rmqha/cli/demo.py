@@ -95,7 +95,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 _MIN_CLUSTER_BODY = 10
 #: The defaults of --messages and --in-flight: the 5.x client sends one message per
 #: request (no batches), so the gRPC demo sends fewer with more in flight.
-_MESSAGES, _GRPC_MESSAGES = 100_000, 20_000
+_MESSAGES, _GRPC_MESSAGES = 100_000, 10_000
 _IN_FLIGHT, _GRPC_IN_FLIGHT = 4, 64
 
 
