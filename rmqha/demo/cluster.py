@@ -1301,7 +1301,7 @@ def _rows(s: DemoSummary) -> Iterator[tuple[str, str, str]]:
     yield "produce throughput", f"{s.produce_msgs_per_s:,.0f} msg/s", \
         f"{s.produce_mb_per_s:.1f} MB/s of bodies over {s.produce_s:.1f} s, failover included"
     yield "consume throughput", f"{s.consume_msgs_per_s:,.0f} msg/s", f"over {s.consume_s:.1f} s" + (
-        "" if s.proxy is None else ", from before the first send (paced by the producer)")
+        "" if s.proxy is None else ", from before the first send to the last message received")
     left = len(s.leftover_processes)
     ports = ", ".join(map(str, s.leftover_ports)) or "none"
     yield "processes stopped", f"{s.processes_started - left} of {s.processes_started}", \
