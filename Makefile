@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rmqha-installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv build browser lint test test-proxy test-pure demo bench bench-quick bench-peers trends chaos soak wheel-check clean
+.PHONY: all venv build browser lint test test-proxy test-pure demo demo-grpc bench bench-quick bench-proxy bench-peers trends chaos soak wheel-check clean
 
 all: build
 
@@ -68,6 +68,21 @@ $(PROXY_STAMP): $(PROXY_PY) pyproject.toml setup.py
 test-proxy: $(PROXY_STAMP)
 	$(PROXY_PY) setup.py --quiet build_ext --inplace
 	$(PROXY_PY) -m pytest --confcutdir=tests/proxy tests/proxy $(PYTEST_ARGS)
+
+# `make demo` with the load through `rmqha proxy` and RocketMQ 5's official Python client
+# (Producer and SimpleConsumer over gRPC), in the proxy's venv.
+demo-grpc: $(PROXY_STAMP)
+	$(PROXY_PY) setup.py --quiet build_ext --inplace
+	$(PROXY_PY) -m rmqha demo --grpc $(DEMO_ARGS)
+
+# The official client through the proxy beside rmqha's client over remoting, and an idle
+# consumer's request rate at the proxy (benches/bench_proxy.py), in the proxy's venv;
+# RMQHA_BENCH_QUICK=1 and RMQHA_BENCH_PROXY_SCALE shrink it.  Not part of `make bench`.
+bench-proxy: $(PROXY_STAMP)
+	$(PROXY_PY) setup.py --quiet build_ext --inplace
+	$(PROXY_PY) -m pip install --quiet "pytest-benchmark>=5"
+	$(PROXY_PY) -m pytest benches/bench_proxy.py --benchmark-only --benchmark-autosave \
+		--benchmark-storage=file://.benchmarks --benchmark-disable-gc -s $(BENCH_ARGS)
 
 # The same suite with the pure-Python twins forced.
 test-pure: build browser

@@ -1,4 +1,9 @@
 """rmqha side by side with NATS JetStream, Redis and RabbitMQ, each a real 3-node group here.
+``--proxy`` adds rmqha through ``rmqha proxy`` with RocketMQ 5's official Python client
+(``rmqha-proxy``, its own cluster as rmqha's); that client lives in the proxy's venv, so
+run this with ``.venv-rmq5/bin/python`` then (the peers' clients go there too if wanted:
+``pip install -e '.[peers]'``).
+
 
 ``make bench-peers`` installs what is missing and runs this; by hand::
 
@@ -30,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from peers import security_cost  # noqa: E402
-from peers.base import MESSAGE_BYTES, Measurement, PeerSystem, run_workload  # noqa: E402
+from peers.base import MESSAGE_BYTES, Measurement, NotOffered, PeerSystem, run_workload  # noqa: E402
 
 BEGIN, END = "<!-- peers-table:begin -->", "<!-- peers-table:end -->"
 AUTO_WINDOW = "window of 256, rmqha auto_batch"
@@ -49,6 +54,9 @@ def make_system(name: str, flush_sync: bool) -> PeerSystem:
     if name == "rabbitmq":
         from peers.rabbitmq_system import RabbitSystem
         return RabbitSystem()
+    if name == "rmqha-proxy":
+        from peers.proxy_system import ProxySystem
+        return ProxySystem()
     raise SystemExit(f"unknown system {name!r}")
 
 
@@ -176,6 +184,9 @@ def compare_peers(args: argparse.Namespace, names: list[str], body: bytes) -> No
                         continue
                     try:
                         m = run_one(system, workload, copies, messages, param, body)
+                    except NotOffered as exc:
+                        m = Measurement(name, workload, copies, 0, 0.0, 0.0,  # type: ignore[arg-type]
+                                        note=str(exc))
                     except Exception as exc:  # noqa: BLE001 - one peer failing keeps the table
                         traceback.print_exc()
                         m = Measurement(name, workload, copies, 0, 0.0, 0.0,  # type: ignore[arg-type]
@@ -225,12 +236,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flush-sync", action="store_true",
                     help="also measure rmqha with flush = sync (one at a time)")
     ap.add_argument("--no-failover", action="store_true")
+    ap.add_argument("--proxy", action="store_true",
+                    help="also rmqha through `rmqha proxy` with RocketMQ 5's Python client "
+                         "(run with .venv-rmq5/bin/python)")
     ap.add_argument("--security", action="store_true",
                     help="also measure rmqha's produce workloads with TLS + ACL on vs off")
     ap.add_argument("--security-rounds", type=int, default=security_cost.ROUNDS,
                     help="rounds per workload of --security (the side going first alternates)")
     args = ap.parse_args(argv)
     names = [s.strip() for s in args.systems.split(",") if s.strip() and s.strip() != "none"]
+    if args.proxy and "rmqha-proxy" not in names:
+        names.append("rmqha-proxy")
+    if "rmqha-proxy" in names:
+        from peers.proxy_system import client_module
+        client_module()  # before any server starts: without the client, stop here
     if not names and not args.security:
         raise SystemExit("nothing to run: --systems none without --security")
     if args.security_rounds < 1:

@@ -50,6 +50,10 @@ def wait_until(condition, timeout: float, what: str, interval: float = 0.05):  #
     raise TimeoutError(f"{what} not reached within {timeout:g}s (last: {last!r})")
 
 
+class NotOffered(Exception):
+    """The system's client has no such operation (the table names why)."""
+
+
 @dataclass
 class Measurement:
     system: str

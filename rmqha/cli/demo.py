@@ -18,6 +18,7 @@ from pathlib import Path
 from rmqha import _core
 from rmqha.demo import cluster as cluster_demo
 from rmqha.demo.cluster import DemoOptions, run_demo
+from rmqha.demo.grpc_load import client_missing
 from rmqha.demo.store import run_twin
 
 
@@ -65,6 +66,13 @@ def cmd_demo_store(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.grpc and (missing := client_missing()) is not None:
+        print(missing, file=sys.stderr)
+        return 2
+    if args.messages is None:
+        args.messages = _GRPC_MESSAGES if args.grpc else _MESSAGES
+    if args.in_flight is None:
+        args.in_flight = _GRPC_IN_FLIGHT if args.grpc else _IN_FLIGHT
     if args.messages < 2 or args.size < _MIN_CLUSTER_BODY or args.batch <= 0 or args.in_flight <= 0:
         print(f"rmqha demo: --messages must be >= 2, --size >= {_MIN_CLUSTER_BODY}, "
               "--batch and --in-flight > 0", file=sys.stderr)
@@ -80,11 +88,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(DemoOptions(
         messages=args.messages, body_bytes=args.size, batch=args.batch, in_flight=args.in_flight,
         kill_at=args.kill_at, directory=Path(args.dir) if args.dir else None, keep=args.keep,
-        json=args.json, stall=args.stall))
+        json=args.json, stall=args.stall, grpc=args.grpc))
 
 
 #: Bodies start with a 10-digit sequence number.
 _MIN_CLUSTER_BODY = 10
+#: The defaults of --messages and --in-flight: the 5.x client sends one message per
+#: request (no batches), so the gRPC demo sends fewer with more in flight.
+_MESSAGES, _GRPC_MESSAGES = 100_000, 10_000
+_IN_FLIGHT, _GRPC_IN_FLIGHT = 4, 64
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -93,10 +105,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "demo", help="run a 3-controller, 3-broker cluster here, kill its master under load, "
                      "check nothing acknowledged is lost",
         description=doc.split("\n\n")[1] if doc else None)
-    p.add_argument("--messages", type=int, default=100_000, help="messages to produce (default 100000)")
+    p.add_argument("--messages", type=int, default=None,
+                   help=f"messages to produce (default {_MESSAGES}; {_GRPC_MESSAGES} with --grpc)")
     p.add_argument("--size", type=int, default=256, help="body bytes per message (default 256)")
-    p.add_argument("--batch", type=int, default=32, help="messages per send (default 32)")
-    p.add_argument("--in-flight", type=int, default=4, help="sends in flight at once (default 4)")
+    p.add_argument("--batch", type=int, default=32,
+                   help="messages per send (default 32; --grpc sends one per request)")
+    p.add_argument("--in-flight", type=int, default=None,
+                   help=f"sends in flight at once (default {_IN_FLIGHT}; {_GRPC_IN_FLIGHT} with --grpc)")
+    p.add_argument("--grpc", action="store_true",
+                   help="send and receive through an `rmqha proxy` with RocketMQ 5's official Python "
+                        "client (rocketmq-python-client: run `make demo-grpc`, which has it)")
     p.add_argument("--kill-at", type=float, default=0.4,
                    help="kill the master once this fraction is acknowledged (default 0.4)")
     p.add_argument("--no-stall", dest="stall", action="store_false",

@@ -28,6 +28,9 @@ The cluster runs as a production one does: with a cluster secret generated for i
 traffic encrypted, control requests signed; the file is ``cluster.secret`` in the working
 directory, for admin commands against the demo: ``--cluster-secret-file``).
 
+With ``--grpc`` the same scenario runs with the load going through an ``rmqha proxy``
+and RocketMQ 5's official Python client (:mod:`rmqha.demo.grpc_load`).
+
 This module owns the demo's scenario and its output; processes are
 :mod:`rmqha.testing.local_cluster`'s.
 """
@@ -38,6 +41,7 @@ import json
 import re
 import shutil
 import signal
+import struct
 import sys
 import tempfile
 import threading
@@ -54,6 +58,8 @@ from rich.console import Console as RichConsole
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn
 
 from rmqha.ha import frames
+from rmqha.ha.auth import PREFACE
+from rmqha.ha.frame_mac import TAG as FRAME_TAG_BYTES
 from rmqha.client import Consumer, Message, Producer
 from rmqha.client.admin import TopicAdmin
 from rmqha.errors import LocalClusterError, ProtocolError, RemotingError, RmqhaError, SendError
@@ -144,6 +150,9 @@ class DemoOptions:
     #: How long the links stall at least before the kill (the producer keeps sending
     #: meanwhile); longer, up to stall_cap_s, until the master holds writes no slave has.
     stall_s: float = 0.3
+    #: The load goes through an ``rmqha proxy`` with RocketMQ 5's official client
+    #: (:mod:`rmqha.demo.grpc_load`) instead of rmqha's own over remoting.
+    grpc: bool = False
 
 
 @dataclass
@@ -227,6 +236,14 @@ class DemoSummary:
     lost: int = 0
     lost_sample: list[int] = field(default_factory=list)
     unacked_but_stored: int = 0
+    #: Which clients carried the load, and the proxy they went through (gRPC demo).
+    client: str = "rmqha Producer and Consumer over remoting"
+    proxy: str | None = None
+    #: gRPC demo: sends the demo repeated after the client's own attempts failed, receives
+    #: that failed, and acks the proxy refused (those messages come again).
+    send_retries: int = 0
+    receive_errors: int = 0
+    acks_refused: int = 0
     produce_s: float = 0.0
     produce_msgs_per_s: float = 0.0
     produce_mb_per_s: float = 0.0
@@ -328,7 +345,7 @@ class Console:
             self.bar = None
 
 
-def _warn(text: str) -> None:
+def warn(text: str) -> None:
     print(f"rmqha demo: {text}", file=sys.stderr, flush=True)
 
 
@@ -343,12 +360,12 @@ def _s(seconds: float | None) -> str:
 # --- the producer ---------------------------------------------------------------------------
 
 
-def _body(seq: int, size: int) -> bytes:
+def numbered_body(seq: int, size: int) -> bytes:
     head = str(seq).zfill(_SEQ_DIGITS).encode()
     return head + b"." * max(0, size - len(head))
 
 
-def _seq_of(body: bytes) -> int | None:
+def seq_of(body: bytes) -> int | None:
     head = body[:_SEQ_DIGITS]
     return int(head) if len(head) == _SEQ_DIGITS and head.isdigit() else None
 
@@ -356,6 +373,9 @@ def _seq_of(body: bytes) -> int | None:
 class ProduceLoad:
     """Numbered messages sent in batches by ``in_flight`` concurrent senders of one
     :class:`Producer`, on the demo's client loop; counters read from the main thread."""
+
+    #: How the first send acknowledged after the kill got there (the demo says it).
+    after_kill_note = "the producer retried by itself"
 
     def __init__(self, loop: EventLoopThread, namesrv: list[str], opts: DemoOptions) -> None:
         self.loop = loop
@@ -422,13 +442,11 @@ class ProduceLoad:
         try:
             self.loop.run(cancel(), timeout + 1)
         except (TimeoutError, RuntimeError) as exc:  # a stuck close must not stop the clean-up
-            _warn(f"the producer did not stop cleanly: {exc!r}")
+            warn(f"the producer did not stop cleanly: {exc!r}")
 
     async def _run(self) -> None:
         self._task = asyncio.current_task()
-        self._producer = Producer(self.namesrv, "demo-producer", send_timeout_s=3.0,
-                                  backoff_s=0.02, max_backoff_s=0.2, retry_deadline_s=30.0,
-                                  compress_over_bytes=-1)
+        await self._open()
         try:
             self._tasks = [asyncio.ensure_future(self._sender()) for _ in range(self.opts.in_flight)]
             await asyncio.gather(*self._tasks)
@@ -436,24 +454,39 @@ class ProduceLoad:
             for task in self._tasks:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
-            await self._producer.close()
+            await self._close()
             self.finished_at = time.monotonic()
 
-    async def _sender(self) -> None:
-        assert self._producer is not None
-        opts = self.opts
-        while self._next < opts.messages and not self._stopping:
+    async def _open(self) -> None:
+        self._producer = Producer(self.namesrv, "demo-producer", send_timeout_s=3.0,
+                                  backoff_s=0.02, max_backoff_s=0.2, retry_deadline_s=30.0,
+                                  compress_over_bytes=-1)
+
+    async def _close(self) -> None:
+        if self._producer is not None:
+            await self._producer.close()
+
+    async def _take(self, n: int) -> range | None:
+        """The next ``n`` sequence numbers to send (fewer at the end), counted as sent;
+        None once all are taken or the load stops.  Waits at :attr:`hold_at`."""
+        while self._next < self.opts.messages and not self._stopping:
             if self.hold_at is not None and self._next >= self.hold_at \
                     and not self._released.is_set():
                 await self._released.wait()
                 continue
-            first = self._next
-            seqs = range(first, min(first + opts.batch, opts.messages))
+            seqs = range(self._next, min(self._next + n, self.opts.messages))
             self._next = seqs.stop
             self.sent += len(seqs)
+            return seqs
+        return None
+
+    async def _sender(self) -> None:
+        assert self._producer is not None
+        opts = self.opts
+        while (seqs := await self._take(opts.batch)) is not None:
             try:
                 results = await self._producer.send_batch(
-                    TOPIC, [Message(_body(s, opts.body_bytes)) for s in seqs])
+                    TOPIC, [Message(numbered_body(s, opts.body_bytes)) for s in seqs])
             except SendError as exc:
                 self.send_errors += len(seqs)
                 self.last_error = str(exc)
@@ -516,12 +549,16 @@ class _Link:
         # Any block a broker may send (its own limit is configurable): the relay only counts.
         self._to_slave_frames = frames.framed.decoder(frames.Direction.MASTER_TO_SLAVE, max_frame_bytes=1 << 30)
         self._to_master_frames: Any = frames.framed.decoder(frames.Direction.SLAVE_TO_MASTER)
+        # An authenticated link (the cluster secret) wraps the frames: the relay has no keys,
+        # so it reads past the handshake and the tags (the two ends check them).
+        self._from_slave = _SealedView(messages=2)
+        self._to_slave: _SealedView | None = None
 
     def saw_from_slave(self, data: bytes) -> None:
         if self._to_master_frames is None:
             return
         try:
-            for frame in self._to_master_frames.feed(data):
+            for frame in self._to_master_frames.feed(self._from_slave.feed(data)):
                 if isinstance(frame, frames.HandshakeSlave):
                     self.slave_id = frame.broker_id
                     self._to_master_frames = None  # all it was read for
@@ -533,13 +570,61 @@ class _Link:
     def forwarded_to_slave(self, data: bytes) -> None:
         if self.forwarded_end is None:
             return
+        if self._to_slave is None:
+            self._to_slave = _SealedView(messages=1, sealed=self._from_slave.sealed)
         try:
-            for frame in self._to_slave_frames.feed(data):
+            for frame in self._to_slave_frames.feed(self._to_slave.feed(data)):
                 if type(frame) is frames.TransferData and len(frame.data):
                     self.forwarded_end = max(self.forwarded_end,
                                              frame.block_start_offset + len(frame.data))
         except ProtocolError:
             self.forwarded_end = None
+
+
+class _SealedView:
+    """The framed-dialect bytes of one direction of an HA link, as a relay without the keys
+    sees them: an authenticated link (it opens with :data:`rmqha.ha.auth.PREFACE`) carries
+    length-prefixed handshake messages, then every frame followed by its MAC tag; the view
+    drops those and passes the frames on.  A link that does not open with the preface is
+    passed through as it is."""
+
+    def __init__(self, messages: int, sealed: bool | None = None) -> None:
+        self.sealed = sealed
+        self._messages = messages
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> bytes:
+        buf = self._buf
+        buf += data
+        if self.sealed is None:
+            if len(buf) < len(PREFACE):
+                return b""
+            self.sealed = bytes(buf[:len(PREFACE)]) == PREFACE
+            if self.sealed:
+                del buf[:len(PREFACE)]
+        if not self.sealed:
+            out = bytes(buf)
+            buf.clear()
+            return out
+        return self._frames(buf)
+
+    def _frames(self, buf: bytearray) -> bytes:
+        out = bytearray()
+        while self._messages and len(buf) >= 2:
+            (n,) = struct.unpack_from(">H", buf, 0)
+            if len(buf) < 2 + n:
+                return bytes(out)
+            del buf[:2 + n]
+            self._messages -= 1
+        while not self._messages and len(buf) >= 4:
+            (n,) = struct.unpack_from(">i", buf, 0)
+            if n < 4:
+                raise ProtocolError(f"an authenticated HA frame of {n} bytes")
+            if len(buf) < n + FRAME_TAG_BYTES:
+                break
+            out += buf[:n]
+            del buf[:n + FRAME_TAG_BYTES]
+        return bytes(out)
 
 
 class ReplicationLinks:
@@ -605,7 +690,7 @@ class ReplicationLinks:
         try:
             self._loop.run(close(), 10)
         except (TimeoutError, RuntimeError, OSError) as exc:
-            _warn(f"the replication links did not close cleanly: {exc!r}")
+            warn(f"the replication links did not close cleanly: {exc!r}")
         self._loop.stop()
 
     async def _accept(self, slave_reader: asyncio.StreamReader, slave_writer: asyncio.StreamWriter,
@@ -713,7 +798,7 @@ class Demo:
             s.error = text.splitlines()[0]
             out.end_progress()
             out.say(f"\nthe demo failed: {s.error}")
-            _warn(text)
+            warn(text)
         finally:
             # A second Ctrl-C must not cut the clean-up short.
             if threading.current_thread() is threading.main_thread():
@@ -795,14 +880,14 @@ class Demo:
         c, out, opts, s = self._c, self.out, self.opts, self.summary
         kill_after = max(1, min(opts.messages - 1, int(opts.messages * opts.kill_at)))
         out.say(f"\n[3/5] Producing {opts.messages:,} messages of {opts.body_bytes} bytes "
-                f"(batches of {opts.batch}, {opts.in_flight} in flight); a send is "
-                f"acknowledged once every replica in the SyncStateSet has it.")
+                f"({self._load_shape()}); a send is acknowledged once every replica in the "
+                f"SyncStateSet has it.")
         if self.links is not None:
             out.say(f"      After {kill_after:,} acknowledged messages the links to the slaves stall "
                     f"for a moment, then the master gets SIGKILL.")
         else:
             out.say(f"      The master gets SIGKILL after {kill_after:,} acknowledged messages.")
-        load = self.load = ProduceLoad(self._l, c.namesrv_addresses, opts)
+        load = self.load = self._new_load()
         load.hold_at = kill_after
         bar = out.progress("produce", opts.messages)
         before = self._replica_info()
@@ -841,6 +926,12 @@ class Demo:
             extra = f"; {s.send_errors:,} failed after the producer's retries ({load.last_error})"
         out.say(f"      {s.acked:,} of {s.sent:,} acknowledged in {s.produce_s:.1f} s "
                 f"({s.produce_msgs_per_s:,.0f} msg/s, failover included){extra}")
+
+    def _load_shape(self) -> str:
+        return f"batches of {self.opts.batch}, {self.opts.in_flight} in flight"
+
+    def _new_load(self) -> ProduceLoad:
+        return ProduceLoad(self._l, self._c.namesrv_addresses, self.opts)
 
     def _stall_links(self, master: BrokerProc, load: ProduceLoad, bar: ProgressBar) -> None:
         """Stall the master's links to its slaves for stall_s while the producer keeps
@@ -927,8 +1018,8 @@ class Demo:
             lines = self._poll_view(t0)
             if f.first_ack_s is None and load.first_ack_after_kill is not None:
                 f.first_ack_s = load.first_ack_after_kill - t0
-                lines.append((f.first_ack_s, "first write acknowledged by the new master (the "
-                                             "producer retried by itself)"))
+                lines.append((f.first_ack_s, f"first write acknowledged by the new master "
+                                             f"({load.after_kill_note})"))
             self._say_at(lines)
             if f.election_s is not None and (f.first_ack_s is not None or load.done):
                 return
@@ -1081,7 +1172,7 @@ class Demo:
             r.truncated_at = epoch_start
 
     def _consume(self) -> None:
-        c, out, opts, s = self._c, self.out, self.opts, self.summary
+        c, out, opts = self._c, self.out, self.opts
         assert self.load is not None
         acked = self.load.acked
         out.say(f"\n[5/5] Reading {TOPIC} back with a new consumer group")
@@ -1101,7 +1192,7 @@ class Demo:
                     if got:
                         idle_since = now
                     for m in got:
-                        seq = _seq_of(m.body)
+                        seq = seq_of(m.body)
                         if seq is not None:
                             counts[seq] += 1
                     missing = len(acked) - sum(1 for q in acked if q in counts) if not got else -1
@@ -1130,10 +1221,17 @@ class Demo:
                 try:
                     fut.result(10)
                 except (TimeoutError, CancelledError, RmqhaError, OSError) as exc:
-                    _warn(f"the consumer did not stop cleanly: {exc!r}")
+                    warn(f"the consumer did not stop cleanly: {exc!r}")
         bar.update(min(len(counts), bar.total))
         out.end_progress()
-        s.consume_s = time.monotonic() - t0
+        self._record_reads(counts, time.monotonic() - t0)
+
+    def _record_reads(self, counts: Counter[int], seconds: float) -> None:
+        """What was read (sequence number -> times), against what was acknowledged."""
+        s = self.summary
+        assert self.load is not None
+        acked = self.load.acked
+        s.consume_s = seconds
         s.consumed = len(counts)
         s.consume_msgs_per_s = s.consumed / s.consume_s if s.consume_s > 0 else 0.0
         s.duplicates = sum(n - 1 for n in counts.values())
@@ -1153,7 +1251,7 @@ class Demo:
             try:
                 self.loop.run(_cancel_other_tasks(), 10)
             except (TimeoutError, RuntimeError) as exc:
-                _warn(f"client tasks did not stop cleanly: {exc!r}")
+                warn(f"client tasks did not stop cleanly: {exc!r}")
             self.loop.stop()
         if self.cluster is not None:
             s.processes_started = len(self.cluster.processes)
@@ -1231,11 +1329,20 @@ def _rows(s: DemoSummary) -> Iterator[tuple[str, str, str]]:
     yield "acknowledged (all-ack)", f"{s.acked:,}", "every replica in the SyncStateSet had it"
     yield "not acknowledged", f"{s.not_acked + s.send_errors:,}", \
         "failed after the producer's retries, or replicas too slow" if s.not_acked + s.send_errors else ""
-    yield "consumed (distinct)", f"{s.consumed:,}", ""
-    yield "duplicates", f"{s.duplicates:,}", "a retried send stored twice (same message id)" if s.duplicates else ""
+    yield "consumed (distinct)" if s.proxy is None else "received (distinct)", f"{s.consumed:,}", \
+        "" if s.proxy is None else "by the SimpleConsumer, from the first send on"
+    twice = "a retried send stored twice (same message id)" if s.proxy is None else \
+        "a repeated send stored twice, or a delivery whose ack did not hold"
+    yield "duplicates", f"{s.duplicates:,}", twice if s.duplicates else ""
     yield "lost (acknowledged, not read)", f"{s.lost:,}", "MUST be 0" if s.lost else ""
     if s.unacked_but_stored:
         yield "stored without an ack", f"{s.unacked_but_stored:,}", "its ack was lost in the failover"
+    if s.proxy is not None:
+        yield "client", "RocketMQ 5", f"{s.client} via {s.proxy}, the only address they know"
+        yield "sends repeated by the demo", f"{s.send_retries:,}", \
+            "after the client's own attempts failed" if s.send_retries else ""
+        yield "receives failed / acks refused", f"{s.receive_errors:,} / {s.acks_refused:,}", \
+            "their messages are delivered again after their invisible time" if s.acks_refused else ""
     yield "failover: election", _s(f.election_s), "SIGKILL -> controller names a new master"
     yield "failover: first acked write", _s(f.first_ack_s), "SIGKILL -> new master acknowledges"
     yield "master epoch", f"{f.old_epoch} -> {f.new_epoch}", \
@@ -1248,7 +1355,8 @@ def _rows(s: DemoSummary) -> Iterator[tuple[str, str, str]]:
     yield "old master cut on rejoin", cut, f"back in sync after {_s(r.in_sync_s)}"
     yield "produce throughput", f"{s.produce_msgs_per_s:,.0f} msg/s", \
         f"{s.produce_mb_per_s:.1f} MB/s of bodies over {s.produce_s:.1f} s, failover included"
-    yield "consume throughput", f"{s.consume_msgs_per_s:,.0f} msg/s", f"over {s.consume_s:.1f} s"
+    yield "consume throughput", f"{s.consume_msgs_per_s:,.0f} msg/s", f"over {s.consume_s:.1f} s" + (
+        "" if s.proxy is None else ", from before the first send to the last message received")
     left = len(s.leftover_processes)
     ports = ", ".join(map(str, s.leftover_ports)) or "none"
     yield "processes stopped", f"{s.processes_started - left} of {s.processes_started}", \
@@ -1285,7 +1393,12 @@ def verdict(s: DemoSummary) -> str:
 
 def run_demo(opts: DemoOptions) -> int:
     """Run the demo; the process exit code (0 ok, 1 failed, 130 interrupted)."""
-    s = Demo(opts).run()
+    if opts.grpc:
+        from rmqha.demo.grpc_load import GrpcDemo  # it imports this module
+
+        s = GrpcDemo(opts).run()
+    else:
+        s = Demo(opts).run()
     if opts.json:
         print(json.dumps(s.to_json(), indent=None, sort_keys=True), flush=True)
     else:

@@ -8,6 +8,8 @@
   non-zero number of bytes, none of them acknowledged;
 - SIGINT while the brokers start or while messages flow makes it stop everything and
   exit 130, again leaving nothing behind;
+- ``--grpc`` without RocketMQ 5's client (never in this venv) stops at once, naming
+  ``make demo-grpc``;
 - through a pipe the output has no escape codes and the progress bar is one final line
   (no redraws); on a terminal the bar is drawn live by rich and cleared at the end.
 """
@@ -314,3 +316,12 @@ def test_progress_bar_on_a_terminal_is_live_then_leaves_one_line() -> None:
     assert "100/200" in out and "━" in out  # the live bar showed the update
     plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out)
     assert plain.rstrip("\n").splitlines()[-1] == "consume     50% 100/200 5 msg/s"
+
+
+def test_grpc_flag_without_the_rocketmq5_client_names_make_demo_grpc(tmp_path: Path) -> None:
+    # This venv has the dev extra's rocketmq 0.4.4, never the 5.x client (see the Makefile).
+    proc = _demo(["--grpc", "--messages", "100", "--dir", str(tmp_path / "demo")])
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, f"stdout:\n{out}\nstderr:\n{err}"
+    assert "make demo-grpc" in err and "rocketmq-python-client" in err
+    assert out == "" and not (tmp_path / "demo").exists()  # stopped before anything started

@@ -3,8 +3,9 @@ Python client (``rocketmq-python-client``) pointed at it.
 
 :func:`start_cluster` starts a name server hosting a controller and one broker group (a
 master and a slave, in sync) with timers for tests (pops revived without backoff,
-transactions checked back after a second); :func:`start_proxy` a proxy process on a free
-port, tracked by the cluster like its other processes (killed when it closes).
+transactions checked back after a second); :func:`start_proxy` a proxy process
+(:mod:`rmqha.testing.local_proxy`) with the tests' settings, tracked by the cluster like
+its other processes (killed when it closes).
 :func:`create_topic` and :func:`update_group` are mqadmin's updateTopic (with RocketMQ 5's
 ``message.type``) and updateSubGroup against every master.  The client factories return
 started clients; :func:`closing` shuts them down at the end of a ``with`` block.
@@ -17,9 +18,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from cluster import FAST_BROKER, Cluster, Process, free_port, port_open
+from cluster import FAST_BROKER, Cluster
 
 from rmqha.protocol.codes import RequestCode, ResponseCode
+from rmqha.testing import local_proxy
+from rmqha.testing.local_proxy import ProxyProc
 
 #: Brokers for proxy tests: expired pops go back to the group at once, open transactions
 #: are checked back after a second.
@@ -42,15 +45,6 @@ PROXY_DEFAULTS: dict[str, Any] = {
 }
 
 
-class ProxyProc(Process):
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.config['grpc_server_port']}"
-
-    def ports(self) -> list[int]:
-        return [int(self.config["grpc_server_port"]), *super().ports()]
-
-
 def start_cluster(base: Path, *, replicas: int = 2, **broker: Any) -> Cluster:
     cluster = Cluster(base, broker_defaults={**PROXY_BROKER, **broker})
     try:
@@ -63,15 +57,7 @@ def start_cluster(base: Path, *, replicas: int = 2, **broker: Any) -> Cluster:
 
 
 def start_proxy(cluster: Cluster, **overrides: Any) -> ProxyProc:
-    config = {"namesrv_addr": ";".join(cluster.namesrv_addresses),
-              "rocketmq_cluster_name": cluster.cluster_name,
-              "grpc_server_port": free_port(), **PROXY_DEFAULTS, **overrides}
-    proc = ProxyProc(cluster, f"proxy{len(cluster.processes)}", "proxy", config,
-                     cluster.base_dir / "proxy")
-    cluster.processes.append(proc)
-    proc.start()
-    cluster.wait_for(lambda: port_open(proc.address), what="the proxy listening", process=proc)
-    return proc
+    return local_proxy.start_proxy(cluster, **{**PROXY_DEFAULTS, **overrides})
 
 
 def masters(cluster: Cluster) -> list[str]:
