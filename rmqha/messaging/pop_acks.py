@@ -99,14 +99,8 @@ class PopAcks:
             placed = self.ledger.write(ack_record([[h.consumer_group, handle.topic,
                                                     handle.queue_id, handle.offset,
                                                     handle.pop_time]]))
-        except ReceiptError as exc:
-            return _refused(cmd, exc)
-        except ProtocolError as exc:
-            return cmd.response(ResponseCode.INVALID_PARAMETER, str(exc), {})
-        except Refused as r:
-            return cmd.response(r.code, r.remark, r.ext)
-        except StoreError as exc:
-            return cmd.response(ResponseCode.SYSTEM_ERROR, f"ack not recorded: {exc}", {})
+        except (ReceiptError, ProtocolError, Refused, StoreError) as exc:
+            return _not_settled(cmd, exc, "ack")
         if entry.fifo:
             self.ledger.wake([handle.topic])
         return await self._durable(cmd, placed)
@@ -116,8 +110,7 @@ class PopAcks:
     async def on_change(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
         try:
             h = AckHeader.from_ext(cmd.ext_fields, change=True)
-            assert h.invisible_time is not None
-            if h.invisible_time <= 0:
+            if h.invisible_time is None or h.invisible_time <= 0:
                 raise ProtocolError(f"invisibleTime must be positive, got {h.invisible_time}")
             await self._admit()
             handle, entry = self._settle(h)
@@ -125,14 +118,8 @@ class PopAcks:
             placed = self.ledger.write(change_record([[
                 h.consumer_group, handle.topic, handle.queue_id, handle.offset,
                 handle.pop_time, pop_time, h.invisible_time]]))
-        except ReceiptError as exc:
-            return _refused(cmd, exc)
-        except ProtocolError as exc:
-            return cmd.response(ResponseCode.INVALID_PARAMETER, str(exc), {})
-        except Refused as r:
-            return cmd.response(r.code, r.remark, r.ext)
-        except StoreError as exc:
-            return cmd.response(ResponseCode.SYSTEM_ERROR, f"change not recorded: {exc}", {})
+        except (ReceiptError, ProtocolError, Refused, StoreError) as exc:
+            return _not_settled(cmd, exc, "change")
         if entry.fifo:
             self.ledger.wake([handle.topic])
         renewed = handle.renewed(pop_time, h.invisible_time, self.ledger.epoch())
@@ -228,6 +215,17 @@ def _result(topic: str, queue_id: int, offset: int, exc: ReceiptError) -> dict[s
     code, remark, status = describe_refusal(exc)
     return {"topic": topic, "queueId": queue_id, "offset": offset, "status": status,
             "code": code, "remark": remark}
+
+
+def _not_settled(cmd: RemotingCommand, exc: Exception, what: str) -> RemotingCommand:
+    """The answer to an ack or change that changed nothing, by why."""
+    if isinstance(exc, ReceiptError):
+        return _refused(cmd, exc)
+    if isinstance(exc, Refused):
+        return cmd.response(exc.code, exc.remark, exc.ext)
+    if isinstance(exc, ProtocolError):
+        return cmd.response(ResponseCode.INVALID_PARAMETER, str(exc), {})
+    return cmd.response(ResponseCode.SYSTEM_ERROR, f"{what} not recorded: {exc}", {})
 
 
 def _refused(cmd: RemotingCommand, exc: ReceiptError) -> RemotingCommand:
