@@ -166,6 +166,24 @@ def port_open(addr: str, timeout: float = 0.2) -> bool:
         return False
 
 
+def live_processes_naming(directory: Path) -> list[tuple[int, str]]:
+    """(pid, command line) of every live process but this one whose command line names
+    ``directory`` (Linux /proc; zombies left out): what a test checks a run left behind."""
+    needle = str(directory).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            continue
+        if needle in cmdline and state != "Z":
+            found.append((int(entry.name), cmdline.replace(b"\0", b" ").decode(errors="replace")))
+    return found
+
+
 def _children_naming(directory: Path) -> tuple[list[int], list[int]]:
     """Pids of this process's children running ``-m rmqha ... --config <directory>/...``,
     and pids of its children whose command line is not readable yet (Linux /proc;

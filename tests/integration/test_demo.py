@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from rmqha.testing.local_cluster import live_processes_naming
+
 from rich.console import Console as RichConsole
 
 from rmqha.demo.cluster import HA_ADVERTISED_KEY, ProgressBar
@@ -46,27 +48,9 @@ def _demo(args: list[str], **kw: object) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, **kw)
 
 
-def _running_under(directory: Path) -> list[tuple[int, str]]:
-    """(pid, command line) of live processes that name ``directory`` (the demo's children
-    get ``--config <directory>/...``), this process and zombies left out."""
-    needle = str(directory).encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            state = (entry / "stat").read_text().split(") ", 1)[1][:1]
-        except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
-            continue
-        if needle in cmdline and state != "Z":
-            found.append((int(entry.name), cmdline.replace(b"\0", b" ").decode(errors="replace")))
-    return found
-
-
 def _processes_under(directory: Path) -> list[str]:
     """Command lines of running processes that name ``directory``."""
-    return [cmdline for _, cmdline in _running_under(directory)]
+    return [cmdline for _, cmdline in live_processes_naming(directory)]
 
 
 def _configured_ports(directory: Path) -> list[int]:
@@ -150,7 +134,7 @@ def _kill_leftovers(directory: Path) -> list[str]:
     demo's children, each in a process group of its own, outlive a killed demo); their
     command lines, for the failure message."""
     killed = []
-    for pid, cmdline in _running_under(directory):
+    for pid, cmdline in live_processes_naming(directory):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:

@@ -26,25 +26,13 @@ import pytest
 from rmqha.demo import grpc_load
 from rmqha.demo.cluster import DemoOptions, verdict
 from rmqha.demo.grpc_load import GrpcDemo, client_missing
+from rmqha.testing.local_cluster import live_processes_naming
 
 MESSAGES = 600
 
 
 def _processes_under(directory: Path) -> list[int]:
-    """Pids of live processes whose command line names ``directory`` (zombies left out)."""
-    needle = str(directory).encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            state = (entry / "stat").read_text().split(") ", 1)[1][:1]
-        except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
-            continue
-        if needle in cmdline and state != "Z":
-            found.append(int(entry.name))
-    return found
+    return [pid for pid, _ in live_processes_naming(directory)]
 
 
 def _run_demo(work: Path, timeout: float) -> tuple[int, str, str]:
