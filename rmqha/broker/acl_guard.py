@@ -6,9 +6,11 @@ must be that account's HMAC-SHA1 of the request, and the account must hold the p
 the request code needs (:mod:`rmqha.security.acl`).  A refusal answers RocketMQ's code for
 it (SYSTEM_ERROR with the reason as remark) and changes nothing.
 
-Requests one cluster process sends another (a role notice from the controller, a slave
-asking for the master's epochs) carry no client credentials: they are left to the cluster
-secret's own check and never reach a client handler.
+A role notice from the controller carries no client credentials: it is left to the
+cluster secret's and the certificate's own checks and never reaches a client handler.
+GET_BROKER_EPOCH_CACHE needs an admin account (:data:`rmqha.security.acl.RMQHA_ADMIN_CODES`),
+or, over TLS, a certificate naming a cluster process or an operator (broker, controller,
+admin): the cluster's own tools ask with their certificate.
 """
 from __future__ import annotations
 
@@ -19,12 +21,14 @@ from rmqha.net.connection import Connection, Guard
 from rmqha.protocol.codes import RequestCode
 from rmqha.protocol.command import RemotingCommand
 from rmqha.security.acl import AclValidator
+from rmqha.security.identity import Role
 
 #: Codes only cluster processes send to a broker (not a client's request).
-CLUSTER_CODES = frozenset({
-    int(RequestCode.NOTIFY_BROKER_ROLE_CHANGED),
-    int(RequestCode.GET_BROKER_EPOCH_CACHE),
-})
+CLUSTER_CODES = frozenset({int(RequestCode.NOTIFY_BROKER_ROLE_CHANGED)})
+#: Admin codes a cluster process or operator may also send by certificate alone.
+BY_CERTIFICATE = frozenset({int(RequestCode.GET_BROKER_EPOCH_CACHE)})
+#: The certificate roles :data:`BY_CERTIFICATE` takes.
+CLUSTER_ROLES = frozenset({Role.BROKER, Role.CONTROLLER, Role.ADMIN})
 
 
 def acl_guard(acl_file: Path, *, recheck_interval_s: float = 1.0) -> Guard:
@@ -32,7 +36,7 @@ def acl_guard(acl_file: Path, *, recheck_interval_s: float = 1.0) -> Guard:
     validator = AclValidator(acl_file, recheck_interval_s=recheck_interval_s)
 
     def guard(cmd: RemotingCommand, conn: Connection) -> None:
-        if cmd.code in CLUSTER_CODES:
+        if cmd.code in CLUSTER_CODES or _cluster_peer(cmd, conn):
             return
         try:
             validator.check(cmd.code, cmd.ext_fields, cmd.body, _host(conn.peer),
@@ -41,6 +45,11 @@ def acl_guard(acl_file: Path, *, recheck_interval_s: float = 1.0) -> Guard:
             raise RemoteCommandError(exc.response_code, exc.remark, cmd.code) from None
 
     return guard
+
+
+def _cluster_peer(cmd: RemotingCommand, conn: Connection) -> bool:
+    identity = conn.peer_identity
+    return cmd.code in BY_CERTIFICATE and identity is not None and identity.role in CLUSTER_ROLES
 
 
 def _host(peer: str) -> str:

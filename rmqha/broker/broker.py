@@ -15,7 +15,8 @@
   after every role change (as id 0 when master, with the master epoch as state version).
 
 With a cluster secret its requests to controllers and name servers are signed and role
-notices must be signed by a controller (:mod:`rmqha.protocol.request_auth`); without one
+notices must be signed by a controller (:mod:`rmqha.protocol.request_auth`), and over mutual
+TLS come from a controller's certificate (:mod:`rmqha.net.peer_check`); without one
 it listens on loopback only unless told ``allow_insecure`` (:mod:`rmqha.security.secret_policy`).
 
 Until the controller has told it its role the broker is fenced: every write code is
@@ -55,11 +56,13 @@ from rmqha.metrics import MetricsRegistry
 from rmqha.net.client import RemotingClient, split_address
 from rmqha.net.client_security import ClientSecurity
 from rmqha.net.connection import Connection
+from rmqha.net.peer_check import Need, PeerCheck
 from rmqha.net.server import RemotingServer
 from rmqha.protocol.command import RemotingCommand
 from rmqha.security.tls import TlsSettings
 from rmqha.protocol.request_auth import OpenAuth, RequestAuthenticator, request_auth
 from rmqha.security.identity import Identity
+from rmqha.security.identity import Role as IdentityRole
 from rmqha.store.disk_usage import directory_usage
 
 log = logging.getLogger(__name__)
@@ -68,6 +71,8 @@ COMMITLOG_DIR = "commitlog"
 EPOCH_FILE = "epochFileCheckpoint"
 #: Java Long.MAX_VALUE: RocketMQ's wire value for the open end of the last epoch.
 OPEN_END = (1 << 63) - 1
+#: Who may send NOTIFY_BROKER_ROLE_CHANGED, by TLS certificate (rmqha.net.peer_check).
+FROM_CONTROLLER = Need(frozenset({IdentityRole.CONTROLLER}))
 
 #: Codes that write messages: refused unless this broker is master (fencing, #6508).
 WRITE_CODES = frozenset({
@@ -294,7 +299,10 @@ class Broker:
             self.server.register(code, self._guard(code, handler))
         for code, now in self.message_service.immediate_handlers().items():
             self.server.register_immediate(code, self._guard_now(now))
-        self.server.register(RequestCode.NOTIFY_BROKER_ROLE_CHANGED, self.replicas.handle_notify)
+        # Over mutual TLS a role notice comes only from a controller's certificate.
+        self.server.register(RequestCode.NOTIFY_BROKER_ROLE_CHANGED,
+                             PeerCheck(self.tls).guarded(lambda cmd: FROM_CONTROLLER,
+                                                         self.replicas.handle_notify))
         self.server.register(RequestCode.GET_BROKER_EPOCH_CACHE, self._handle_epoch_cache)
         self.server.register(RequestCode.GET_BROKER_HA_STATUS, self._handle_ha_status)
         try:

@@ -28,6 +28,10 @@ Request handling (RocketMQ's controller codes, see :mod:`rmqha.protocol.codes`):
   an epoch the group has reached and, when signed, newer than the broker's last one; the
   timeout it asks for is capped at ``broker_heartbeat_timeout`` (the answer says what is
   in force, so the broker's master lease fits it).
+* Over mutual TLS the sender's certificate identity must fit the request too
+  (:mod:`rmqha.controller.peer_rules`): a broker registers, heartbeats, alters its
+  SyncStateSet and asks for an election only as its own cluster and group; clean, config
+  updates and designated elections need an admin or controller certificate.
 """
 from __future__ import annotations
 
@@ -49,6 +53,7 @@ from rmqha.controller.config import SECRET_KEYS, UPDATE_BLACKLIST, ControllerCon
 from rmqha.controller.heartbeat import BrokerHeartbeatManager, BrokerLiveInfo
 from rmqha.controller.logic import BadRequest, ControllerLogic, Decision
 from rmqha.controller.metrics import ControllerMetrics
+from rmqha.controller.peer_rules import need_for
 from rmqha.controller.state import ReplicasState
 from rmqha.errors import ConfigError, ControllerError, NotLeaderError, ProtocolError, RmqhaError
 from rmqha.metrics import MetricsRegistry
@@ -56,6 +61,7 @@ from rmqha.controller.raft import RaftNode, RaftRole, RaftSettings
 from rmqha.net.client import RemotingClient
 from rmqha.net.client_security import ClientSecurity
 from rmqha.net.connection import Connection
+from rmqha.net.peer_check import PeerCheck
 from rmqha.net.server import RemotingServer
 from rmqha.protocol.command import RemotingCommand
 from rmqha.security.tls import TlsSettings
@@ -92,6 +98,8 @@ class ControllerServer:
         #: The RPC port's TLS (tls.server.*) and the role notices' links (tls.client.*).
         self.tls = TlsSettings.from_config(config, "controller config")
         self._links = ClientSecurity.for_links(self.tls)
+        #: Who may send what, by certificate identity (rmqha.controller.peer_rules).
+        self.peer_check = PeerCheck(self.tls)
         self.remoting = RemotingServer(config.listen_host, int(port), None, config.max_frame_bytes,
                                        tls=self.tls)
         self.raft = RaftNode(
@@ -239,6 +247,7 @@ class ControllerServer:
         for code, fn in table.items():
             if code in CONTROLLER_SIGNED_CODES:
                 fn = self._authenticated(fn)
+            fn = self._identified(fn)
             self.remoting.register(code, self._metered(int(code), fn))
 
     def _authenticated(self, fn: Callable[[RemotingCommand, Connection], Awaitable[RemotingCommand]]):
@@ -250,6 +259,12 @@ class ControllerServer:
                 return refused
             return await fn(cmd, conn)
         return handler
+
+    def _identified(self, fn: Callable[[RemotingCommand, Connection], Awaitable[RemotingCommand]]):
+        """``fn`` behind the certificate identity check: a broker acts only as itself,
+        admin requests need an admin or controller (rmqha.controller.peer_rules)."""
+        return self.peer_check.guarded(lambda cmd: need_for(cmd, self.state), fn,
+                                       lambda cmd, conn, why: self._refusals.note(cmd, conn.peer, why))
 
     def _metered(self, code: int, fn: Callable[[RemotingCommand, Connection], Awaitable[RemotingCommand]]):
         async def handler(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:

@@ -20,7 +20,9 @@ Answers (RocketMQ codes and shapes):
 
 With a cluster secret (``cluster_secret``) REGISTER_BROKER and UNREGISTER_BROKER must carry
 its HMAC (:mod:`rmqha.protocol.request_auth`): anything else is answered NO_PERMISSION and
-changes no route.  Without one the name server runs on loopback only, unless told
+changes no route.  Over mutual TLS the sender's certificate must name a broker of the
+cluster and group the request names (:mod:`rmqha.net.peer_check`), else NO_PERMISSION.
+Without one the name server runs on loopback only, unless told
 ``allow_insecure`` (:mod:`rmqha.security.secret_policy`).
 
 Other codes get REQUEST_CODE_NOT_SUPPORTED and the connection stays open.  With
@@ -46,6 +48,7 @@ from rmqha.namesrv.route_table import BrokerRegistration, RouteTable, TopicConfi
 from rmqha.namesrv.status_page import StatusPageServer
 from rmqha.net.client_security import ClientSecurity
 from rmqha.net.connection import Connection
+from rmqha.net.peer_check import Need, PeerCheck
 from rmqha.net.server import RemotingServer
 from rmqha.protocol.command import RemotingCommand
 from rmqha.security.tls import TlsSettings, server_context
@@ -67,6 +70,11 @@ def _int(ext: dict[str, str], key: str, default: int) -> int:
     if raw in (None, "", "null"):
         return default
     return int(raw)
+
+
+def _broker_named(cmd: RemotingCommand) -> Need:
+    """Who may send a registration: a broker of the cluster and group it names."""
+    return Need.broker(cmd.ext_fields.get("clusterName"), cmd.ext_fields.get("brokerName", ""))
 
 
 def parse_register_body(body: bytes) -> tuple[dict[str, TopicConfig], int]:
@@ -95,6 +103,8 @@ class NameServer:
         self.tls = TlsSettings.from_config(config, "name server config")
         self.server = RemotingServer(config.listen_host, config.listen_port, max_frame_bytes=config.max_frame_bytes,
                                      tls=self.tls)
+        #: Over mutual TLS a broker registers and unregisters only as itself.
+        self.peer_check = PeerCheck(self.tls)
         self.controller: Any = None
         # (broker_name, broker_addr) -> the connection it last registered over
         self._reg_conn: dict[tuple[str, str], Connection] = {}
@@ -122,7 +132,7 @@ class NameServer:
             (RequestCode.DELETE_TOPIC_IN_NAMESRV, self._delete_topic),
         ):
             if code in NAMESRV_SIGNED_CODES:
-                handler = self._authenticated(handler)
+                handler = self._identified(self._authenticated(handler))
             self.server.register(code, self._metered(int(code), handler))
 
     def _authenticated(self, handler: Any) -> Any:
@@ -134,6 +144,12 @@ class NameServer:
                 return refused
             return await handler(cmd, conn)
         return checked
+
+    def _identified(self, handler: Any) -> Any:
+        """``handler`` behind the certificate check: the broker the request names
+        (``clusterName``, ``brokerName``) must be the one the sender's certificate names."""
+        return self.peer_check.guarded(_broker_named, handler,
+                                       lambda cmd, conn, why: self._refusals.note(cmd, conn.peer, why))
 
     @property
     def address(self) -> str:

@@ -118,6 +118,7 @@ class Code(enum.IntEnum):
     UPDATE_NAMESRV_CONFIG = 318  # not in rmqha.protocol.codes
     SEND_BATCH_MESSAGE = 320
     ADD_WRITE_PERM_OF_BROKER = 327  # not in rmqha.protocol.codes
+    GET_BROKER_EPOCH_CACHE = 1007
     UPDATE_CONTROLLER_CONFIG = 1009
     CLEAN_BROKER_DATA = 1011
     POP_MESSAGE = 200050
@@ -133,12 +134,15 @@ ROCKETMQ_ADMIN_CODES: frozenset[int] = frozenset({
 })
 
 #: Further codes rmqha keeps for admin accounts (RocketMQ lets any signed account send
-#: them): offset resets, route and write-permission changes, configuration updates.
+#: them): offset resets, route and write-permission changes, configuration updates, and
+#: GET_BROKER_EPOCH_CACHE (``mqadmin getBrokerEpoch``: a broker's epochs and log end are
+#: for operators and the cluster's own processes, which the broker lets in by certificate,
+#: see ``rmqha.broker.acl_guard``).
 RMQHA_ADMIN_CODES: frozenset[int] = ROCKETMQ_ADMIN_CODES | frozenset({
     Code.INVOKE_BROKER_TO_RESET_OFFSET, Code.DELETE_TOPIC_IN_NAMESRV,
     Code.WIPE_WRITE_PERM_OF_BROKER, Code.ADD_WRITE_PERM_OF_BROKER,
     Code.UPDATE_NAMESRV_CONFIG, Code.PUT_KV_CONFIG, Code.DELETE_KV_CONFIG,
-    Code.UPDATE_CONTROLLER_CONFIG, Code.CLEAN_BROKER_DATA,
+    Code.UPDATE_CONTROLLER_CONFIG, Code.CLEAN_BROKER_DATA, Code.GET_BROKER_EPOCH_CACHE,
 })
 
 

@@ -43,6 +43,8 @@ from rmqha.net.client_security import ClientSecurity, client_context
 from rmqha.net.server import RemotingServer
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.command import RemotingCommand
+from rmqha.security import certs
+from rmqha.security.identity import Identity
 from rmqha.security.tls import ClientAuth, TlsMode, TlsSettings
 from rmqha.security.tls import client_context as ssl_client_context
 from rmqha.testing.local_cluster import free_port
@@ -52,9 +54,16 @@ TOPIC = "TopicTls"
 FAST_FAIL = {"retry_deadline_s": 2.0, "max_attempts": 2, "send_timeout_s": 2.0}
 
 
+#: The broker test_messaging's LocalBroker registers as (cluster "c"): the name server
+#: takes a registration only from the broker its certificate names.
+LINK_BROKER = Identity.broker("c", "broker-a", "broker-a-0")
+
+
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("pki"))
+    made = make_pki(tmp_path_factory.mktemp("pki"))
+    certs.issue(made.good, LINK_BROKER, ips=["127.0.0.1"])
+    return made
 
 
 class TlsEnv:
@@ -71,7 +80,7 @@ class TlsEnv:
         self.ns = NameServer(NamesrvConfig(listen_port=free_port(), drop_on_disconnect=False,
                                            **config_keys(ns_tls)))
         await self.ns.start()
-        links = ClientSecurity(client_context(client_tls(self.pki.good, BROKER, self.pki.ca)))
+        links = ClientSecurity(client_context(client_tls(self.pki.good, LINK_BROKER, self.pki.ca)))
         self.broker = LocalBroker(self.base, "broker-a", self.ns.address, links=links,
                                   tls=server_tls(self.pki.good, BROKER, self.pki.ca,
                                                  mode=self.mode, client_auth=self.auth))
