@@ -89,10 +89,13 @@ test-pure: build browser
 	RMQHA_NO_EXTENSIONS=1 $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # Every chaos scenario and negative control on a real cluster, with the table at the end
-# (also written to reports/chaos.md); a reduced schedule runs in `make test`.
+# (also written to reports/chaos.md); a reduced schedule runs in `make test`.  Here the
+# cluster runs with security on (mutual TLS on every port, certificates from `rmqha certs`,
+# ACL on the brokers: tests/chaos/secure_mode.py); `make chaos CHAOS_SECURITY=` runs it without.
+CHAOS_SECURITY ?= tls-acl
 chaos: build
-	$(PY) -m pytest tests/chaos -p no:cacheprovider $(PYTEST_ARGS); status=$$?; \
-		cat reports/chaos.md 2>/dev/null; exit $$status
+	RMQHA_CHAOS_SECURITY=$(CHAOS_SECURITY) $(PY) -m pytest tests/chaos -p no:cacheprovider $(PYTEST_ARGS); \
+		status=$$?; cat reports/chaos.md 2>/dev/null; exit $$status
 
 # The other slow runs: the controller commit soak with leader kills, long failover cycles.
 soak: build

@@ -19,9 +19,11 @@ again, every process is stopped and the final stores are read.
 
 The evidence is judged by the pure functions of :mod:`judge` (see there for each check and
 why it is sound); tests/chaos/test_judge.py feeds each one evidence that must make it
-fire.  The end-to-end negative controls (all-ack off, unclean election, the lease off)
-must come out as loss, uncovered acknowledgements or two ackers: otherwise the checkers
-are blind.
+fire.  With ``RMQHA_CHAOS_SECURITY=tls-acl`` (``make chaos``) the cluster runs with mutual
+TLS on every port and ACL on the brokers, and the workload and the harness present
+certificates and accounts (:mod:`secure_mode`).  The end-to-end negative controls (all-ack
+off, unclean election, the lease off) must come out as loss, uncovered acknowledgements or
+two ackers: otherwise the checkers are blind.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ from typing import Any
 import pytest
 
 from cluster import BrokerProc, Cluster, free_port_pair
+from secure_mode import SecureCluster, mode as security_mode
 from judge import (
     TABLE_HEAD,
     Evidence,
@@ -62,6 +65,8 @@ from tcp_proxy import TcpProxy
 
 GROUP = "broker-a"
 TOPIC = "chaos"
+#: The tailing consumer's group.
+TAIL_GROUP = "chaos-tail"
 #: Where the probes write (see ChaosRun._probe).
 PROBE_TOPIC = "chaos-probe"
 #: The settings that make the guarantee: every SyncStateSet member, and never fewer than two.
@@ -95,13 +100,22 @@ class ChaosRun:
                  controller: dict[str, Any] | None = None, producers: int = 3, seed: int = 1,
                  broker_env: dict[int, dict[str, str]] | None = None,
                  tmpfs_store: tuple[int, int] | None = None, expect_failover: bool = False) -> None:
-        self.name = name
+        tls_acl = security_mode() == "tls-acl"
+        self.name = name = f"{name} [tls+acl]" if tls_acl else name
         #: (broker index, bytes): that broker's store is a tmpfs of that size (disk full).
         self.tmpfs_store = tmpfs_store
         self.mounts: list[Path] = []
         #: Environment for the first start of broker i (failpoints armed from the start).
         self.broker_env = broker_env or {}
         self.cluster = Cluster(base)
+        #: RMQHA_CHAOS_SECURITY=tls-acl: certificates and accounts (see secure_mode).
+        self.secure = SecureCluster.make(base / "security", cluster=self.cluster.cluster_name, group=GROUP,
+                                         brokers=3, controllers=3, topic=TOPIC,
+                                         consumer_group=TAIL_GROUP) if tls_acl else None
+        #: What the workload's producers and consumer add (credentials, TLS).
+        self.client_options: dict[str, Any] = self.secure.client_options() if self.secure else {}
+        if self.secure is not None:
+            self.cluster.client_security = self.secure.harness_security()
         self.acks = dict(SAFE_ACKS if acks is None else acks)
         self.controller_overrides = controller or {}
         self.producers = producers
@@ -120,8 +134,10 @@ class ChaosRun:
 
     def start(self) -> None:
         c = self.cluster
-        c.start_controllers(3, **self.controller_overrides)
-        c.start_namesrv()
+        secure = self.secure
+        c.start_controllers(3, **self.controller_overrides,
+                            **({"per_node": secure.controller_keys(3)} if secure else {}))
+        c.start_namesrv(**(secure.namesrv_keys() if secure else {}))
         for i in range(3):
             listen = free_port_pair()
             ha = TcpProxy("127.0.0.1", listen + 1)
@@ -130,7 +146,8 @@ class ChaosRun:
             for p in ctl:
                 p.start()
             b = c.add_broker(GROUP, listen_port=listen, ha_advertised_address=f"127.0.0.1:{ha.port}",
-                             controller_addr=[f"127.0.0.1:{p.port}" for p in ctl], **self.acks)
+                             controller_addr=[f"127.0.0.1:{p.port}" for p in ctl], **self.acks,
+                             **(secure.broker_keys(GROUP, f"{GROUP}-{i}") if secure else {}))
             self.ha_proxies[b.name] = ha
             self.ctl_proxies[b.name] = ctl
             if self.tmpfs_store is not None and self.tmpfs_store[0] == i:
@@ -142,6 +159,9 @@ class ChaosRun:
         ids = sorted(b.broker_id() or 0 for b in self.brokers)
         c.wait_for(lambda: (i := c.replica_info(GROUP)) is not None and i.sync_state_set == ids, 30,
                    what="the whole group in sync")
+        if secure is not None:  # the run is as secured as its name says, or it is no evidence
+            problems = secure.check_enforced(self.brokers[0].address)
+            assert not problems, problems
         self.record_ids()
 
     def record_ids(self) -> None:
@@ -201,7 +221,8 @@ class ChaosRun:
 
     def _produce(self, ns: list[str], pid: int) -> None:
         seq = 0
-        with BlockingProducer(ns, group=f"chaos-p{pid}", retry_deadline_s=8.0, send_timeout_s=2.0) as p:
+        with BlockingProducer(ns, group=f"chaos-p{pid}", retry_deadline_s=8.0, send_timeout_s=2.0,
+                              **self.client_options) as p:
             while not self._stop.is_set():
                 value = f"p{pid}-{seq:07d}"
                 seq += 1
@@ -244,8 +265,8 @@ class ChaosRun:
     def _tail(self, ns: list[str]) -> None:
         consumer: BlockingConsumer | None = None
         try:
-            consumer = BlockingConsumer(ns, "chaos-tail", TOPIC, long_poll_s=1.0, rebalance_interval_s=1.0,
-                                        heartbeat_interval_s=1.0)
+            consumer = BlockingConsumer(ns, TAIL_GROUP, TOPIC, long_poll_s=1.0, rebalance_interval_s=1.0,
+                                        heartbeat_interval_s=1.0, **self.client_options)
             while not self._stop.is_set():
                 for m in consumer.poll(timeout=0.5):
                     with self._lock:
