@@ -10,9 +10,12 @@ someone else: broker ``broker-b-0`` of group ``broker-b``, a client, an admin.  
 certificate identity is the only thing that stops each probe.  Each refusal is
 NO_PERMISSION naming the certificate and who was expected, and nothing changes; each has a
 negative control, the same signed request with a certificate that fits, which goes through.
+A certificate of the CA naming no rmqha identity (an application's) is refused too: the
+ports enforce mutual TLS.
 """
 from __future__ import annotations
 
+import datetime as dt
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +23,10 @@ from typing import Any
 
 import pytest
 from cluster import Cluster
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from security_wire import RawClient, frame
 from tls_pki import client_tls, config_keys, server_tls
 
@@ -29,6 +36,7 @@ from rmqha.protocol.command import FrameDecoder, RemotingCommand
 from rmqha.protocol.request_auth import SIGNATURE_FIELD
 from rmqha.security import certs
 from rmqha.security.identity import Identity
+from rmqha.security.tls import TlsSettings
 from rmqha.security.tls import client_context as ssl_client_context
 
 CLUSTER = "sec"
@@ -67,13 +75,42 @@ def _hook(creds: Credentials) -> Any:
     return hook
 
 
+def _application_cert(pki: Path) -> Path:
+    """A certificate of the cluster's CA naming no rmqha identity (an application's, say:
+    only a DNS name); its pair is written as ``app-cert.crt`` / ``.key`` in ``pki``."""
+    ca = certs.load_ca(pki)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "an application")]))
+            .issuer_name(ca.cert.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("app.example")]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(ca.key, hashes.SHA256()))
+    stem = pki / "app-cert"
+    stem.with_suffix(".key").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    stem.with_suffix(".crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return stem
+
+
 class TlsRawClient(RawClient):
     """:class:`RawClient` over TLS with one certificate: a peer that shares no code with
-    rmqha's clients but holds a certificate of the cluster's CA."""
+    rmqha's clients but holds a certificate of the cluster's CA (``identity`` None: one
+    naming no rmqha identity, see :func:`_application_cert`)."""
 
-    def __init__(self, address: str, pki: Path, identity: Identity, timeout: float = 5.0) -> None:
+    def __init__(self, address: str, pki: Path, identity: Identity | None, timeout: float = 5.0) -> None:
         host, _, port = address.rpartition(":")
-        context = ssl_client_context(client_tls(pki, identity, pki / certs.CA_CERT))
+        if identity is None:
+            stem = _application_cert(pki)
+            settings = TlsSettings(client_enable=True, client_cert_path=f"{stem}.crt",
+                                   client_key_path=f"{stem}.key",
+                                   client_trust_cert_path=str(pki / certs.CA_CERT))
+        else:
+            settings = client_tls(pki, identity, pki / certs.CA_CERT)
+        context = ssl_client_context(settings)
         raw = socket.create_connection((host, int(port)), timeout=timeout)
         self.sock = context.wrap_socket(raw)
         self._decoder = FrameDecoder()
@@ -118,7 +155,7 @@ def ns(live: Cluster) -> str:
     return live.namesrvs[0].address
 
 
-def ask_as(live: Cluster, identity: Identity, address: str, code: int, ext: dict[str, Any],
+def ask_as(live: Cluster, identity: Identity | None, address: str, code: int, ext: dict[str, Any],
            body: Any = b"", *, signed: bool = True) -> RemotingCommand:
     """One request over TLS with ``identity``'s certificate, signed with the cluster secret."""
     with TlsRawClient(address, live.pki, identity) as client:  # type: ignore[attr-defined]
@@ -266,3 +303,25 @@ def test_role_notices_come_only_from_a_controller_certificate(live: Cluster) -> 
     status = live.broker_status(b)
     assert status["unconfirmedNoticesIgnored"] == 1
     assert (status["role"], status["masterEpoch"]) == ("slave", epoch)
+
+
+def test_a_certificate_without_an_rmqha_identity_is_refused_under_enforcing_mtls(live: Cluster) -> None:
+    """A certificate of the cluster's CA that names nobody (an application's) passes the TLS
+    handshake, but no control request: the ports enforce mutual TLS, so the sender must be
+    named.  (The tests above are its negative control: the same signed requests with a
+    certificate that names the right process go through.)"""
+    before = view(live)
+    ext, body = _broker_writes(live)[RequestCode.BROKER_HEARTBEAT]
+    registration = _register(GROUP, "127.0.0.1:3", 0, 1)
+    epoch = live.replica_info(GROUP).master_epoch  # type: ignore[union-attr]
+    for address, code, e, b in [
+        (ctl(live), RequestCode.BROKER_HEARTBEAT, ext, body),
+        (ctl(live), RequestCode.UPDATE_CONTROLLER_CONFIG, {}, b"enableElectUncleanMaster=true\n"),
+        (ns(live), RequestCode.REGISTER_BROKER, *registration),
+        (live.b.address, RequestCode.NOTIFY_BROKER_ROLE_CHANGED, *_notice(2, live.b.address, epoch + 1)),
+    ]:
+        resp = ask_as(live, None, address, code, e, b)
+        assert resp.code == ResponseCode.NO_PERMISSION, (code, resp.code, resp.remark)
+        assert "has none with an rmqha identity" in (resp.remark or ""), resp.remark
+    assert view(live) == before
+    assert live.broker_status(live.b)["role"] == "slave"
