@@ -20,8 +20,12 @@ Answers (RocketMQ codes and shapes):
 
 With a cluster secret (``cluster_secret``) REGISTER_BROKER and UNREGISTER_BROKER must carry
 its HMAC (:mod:`rmqha.protocol.request_auth`): anything else is answered NO_PERMISSION and
-changes no route.  Without one the name server runs on loopback only, unless told
-``allow_insecure`` (:mod:`rmqha.security.secret_policy`).
+changes no route; and they are taken only over an authenticated channel
+(:mod:`rmqha.net.channel`: the secret's handshake, then a MAC on every frame both ways, so
+the answers are authenticated too) or over TLS with a verified certificate, from a broker
+for its own cluster and group (or an admin tool).  Read-only requests (routes, cluster
+info) stay open to plain RocketMQ clients.  Without a secret the name server runs on
+loopback only, unless told ``allow_insecure`` (:mod:`rmqha.security.secret_policy`).
 
 Other codes get REQUEST_CODE_NOT_SUPPORTED and the connection stays open.  With
 ``status_port`` set the process also serves a read-only status page
@@ -48,6 +52,8 @@ from rmqha.net.client_security import ClientSecurity
 from rmqha.net.connection import Connection
 from rmqha.net.server import RemotingServer
 from rmqha.protocol.command import RemotingCommand
+from rmqha.security.channel_auth import channel_refusal, key_from_text
+from rmqha.security.identity import Identity, Role
 from rmqha.security.tls import TlsSettings, server_context
 from rmqha.protocol.request_auth import (
     NAMESRV_SIGNED_CODES, RefusalLog, check, request_auth, tokens_match,
@@ -56,6 +62,8 @@ from rmqha.protocol.request_auth import (
 log = logging.getLogger(__name__)
 
 _CONN_KEY = "namesrv_registrations"
+#: Who may register or unregister brokers (over a channel or TLS).
+_REGISTRARS = (Role.BROKER, Role.ADMIN)
 
 
 def now_ms() -> int:
@@ -88,13 +96,15 @@ class NameServer:
 
     def __init__(self, config: NamesrvConfig) -> None:
         self.config = config
-        self.auth = request_auth(config.check_security())
+        secret = config.check_security()
+        self.auth = request_auth(secret)
         self._refusals = RefusalLog(log)
         self.routes = RouteTable(config.broker_expire_ms)
         #: The port's TLS (tls.server.*) and the status page's links to brokers (tls.client.*).
         self.tls = TlsSettings.from_config(config, "name server config")
+        channels = key_from_text(secret, Identity.namesrv("namesrv"), _REGISTRARS) if secret else None
         self.server = RemotingServer(config.listen_host, config.listen_port, max_frame_bytes=config.max_frame_bytes,
-                                     tls=self.tls)
+                                     tls=self.tls, channels=channels)
         self.controller: Any = None
         # (broker_name, broker_addr) -> the connection it last registered over
         self._reg_conn: dict[tuple[str, str], Connection] = {}
@@ -126,14 +136,23 @@ class NameServer:
             self.server.register(code, self._metered(int(code), handler))
 
     def _authenticated(self, handler: Any) -> Any:
-        """``handler`` behind the proof check: without it no route changes."""
+        """``handler`` behind the proof check (and, with the secret, the channel check):
+        without them no route changes."""
         async def checked(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
-            refused = check(self.auth, cmd, conn)
+            refused = check(self.auth, cmd, conn) or self._channel_check(cmd, conn)
             if refused is not None:
                 self._refusals.note(cmd, conn.peer, refused.remark or "")
                 return refused
             return await handler(cmd, conn)
         return checked
+
+    def _channel_check(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        if not self.auth.enabled:
+            return None
+        reason = channel_refusal(conn.channel_peer or conn.peer_identity, cmd.ext_fields, _REGISTRARS)
+        if reason is None:
+            return None
+        return cmd.response(ResponseCode.NO_PERMISSION, f"{code_name(cmd.code)} refused: {reason}")
 
     @property
     def address(self) -> str:
