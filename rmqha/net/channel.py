@@ -88,13 +88,20 @@ async def dial(conn: Connection, key: ChannelKey, timeout: float) -> None:
         await asyncio.wait_for(asyncio.shield(layer.ready), timeout)
     except asyncio.TimeoutError:
         await conn.close("channel handshake timed out")
-        raise RemotingError(f"{conn.name}: no channel handshake answer within {timeout:g}s") from None
+        raise _refused(conn, f"no channel handshake answer within {timeout:g}s") from None
     except AuthenticationError as exc:
         await conn.close(f"channel authentication failed: {exc}")
-        raise RemotingError(f"{conn.name}: channel authentication failed: {exc}") from exc
+        raise _refused(conn, f"channel authentication failed: {exc}") from exc
     except RemotingError as exc:
-        raise RemotingError(f"{exc} (the peer has another cluster secret, none, or no "
-                            "authenticated channels)") from None
+        raise _refused(conn, f"{exc} (the peer has another cluster secret, none, or no "
+                             "authenticated channels)") from None
+
+
+def _refused(conn: Connection, reason: str) -> RemotingError:
+    """The error of a failed dial, logged as a warning: a peer that cannot prove the secret
+    is a misconfiguration or an impostor, and either needs an operator."""
+    log.warning("authenticated channel to %s refused: %s", conn.name, reason)
+    return RemotingError(f"{conn.name}: {reason}")
 
 
 def accepting_layer(key: ChannelKey) -> Callable[[Connection], ChannelLayer]:

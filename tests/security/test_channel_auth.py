@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from security_wire import Relay
 
-from rmqha.errors import AuthenticationError, PeerIdentityError, ProtocolError, RemotingError
+from rmqha.errors import AuthenticationError, PeerIdentityError, ProtocolError, RemotingError, RmqhaError
 from rmqha.net.client import RemotingClient
 from rmqha.net.client_security import ClientSecurity
 from rmqha.net.connection import Connection
@@ -153,6 +155,25 @@ def test_acceptor_passes_a_plain_client_through_and_bounds_lengths():
     _, acceptor = _endpoints()
     with pytest.raises(AuthenticationError, match="handshake message of 0 bytes"):
         acceptor.feed(PREFACE + b"\0\0")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=400), st.sampled_from(["preface", "established", "dialler"]))
+def test_garbage_is_refused_with_our_errors_only(data, where):
+    """Whatever arrives, at any point: a frame list, or AuthenticationError/ProtocolError."""
+    dialler, acceptor = _endpoints()
+    target = acceptor
+    if where == "preface":
+        data = PREFACE + data
+    elif where == "established":
+        _connect(dialler, acceptor)
+    else:
+        target = dialler
+        dialler.start()
+    try:
+        target.feed(data)
+    except RmqhaError:
+        pass
 
 
 def test_channel_refusal_rules():
