@@ -23,10 +23,12 @@ from security_wire import WRONG_SECRET, HeartbeatFlood, RawClient, Relay, ask, f
 
 from rmqha.controller.client import ControllerClient
 from rmqha.errors import RemotingError
+from rmqha.net.loop import EventLoopThread
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.request_auth import CONTROLLER_SIGNED_CODES
 from rmqha.security.channel_auth import key_from_text
 from rmqha.security.identity import Identity
+from rmqha.testing.local_cluster import port_open
 
 GROUP = "broker-a"
 ATTACKER = "10.6.6.6:10911"
@@ -337,6 +339,31 @@ def test_forged_controller_answer_never_reaches_the_broker(live):
                 await channel.close()
 
     asyncio.run(main())
+
+
+def test_a_broker_behind_a_forging_relay_takes_nothing_until_the_forging_stops(live):
+    """A real broker whose controller link runs through a man in the middle that turns every
+    answer's code into another: its channels close, it takes no id and no role (and does
+    not serve).  Negative control: once the relay only relays, the same process comes up
+    as master."""
+    loop = EventLoopThread("mitm-relay")
+    relay = Relay(ctl(live), rewrite=lambda chunk: chunk.replace(b'"code":0', b'"code":1'))
+    loop.run(relay.__aenter__())
+    c = None
+    try:
+        c = live.start_broker("mitm-g", wait=False, controller_addr=relay.address)
+        live.wait_for(lambda: c.log_contains("authentication failed"), 20,
+                      what="the broker's channel to close on a forged answer", process=c)
+        live.holds(lambda: c.broker_id() is None and not port_open(c.address), 1.0,
+                   what="no id settled, nothing served")
+        assert relay.rewritten > 0
+        relay.rewrite = lambda chunk: chunk  # the relay stops forging
+        live.wait_role(c, "master", 30)
+    finally:
+        if c is not None:
+            c.stop()
+        loop.run(relay.__aexit__())
+        loop.stop()
 
 
 # --- attack 2: forged role notices (these change roles: they come last) -----------------------
