@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -61,8 +62,10 @@ from rmqha.net.server import RemotingServer
 from rmqha.protocol.command import RemotingCommand
 from rmqha.security.tls import TlsSettings
 from rmqha.protocol.request_auth import OpenAuth, RequestAuthenticator, request_auth
+from rmqha.security.channel_auth import ChannelKey
 from rmqha.security.identity import Identity
 from rmqha.security.identity import Role as IdentityRole
+from rmqha.security.identity import Role as SecurityRole
 from rmqha.store.disk_usage import directory_usage
 
 log = logging.getLogger(__name__)
@@ -200,6 +203,8 @@ class Broker:
         #: The client port's TLS (tls.server.*) and this broker's own links' (tls.client.*).
         self.tls = TlsSettings.from_config(config, "broker config")
         self._links = ClientSecurity.for_links(self.tls)
+        #: The name servers' links: ``_links`` and, with the secret, authenticated channels.
+        self._ns_links = self._links
         #: Signs this broker's control requests, checks the role notices it gets.
         self.auth: RequestAuthenticator = OpenAuth()
         self.replicas: ReplicasManager | None = None
@@ -250,9 +255,13 @@ class Broker:
         cfg = self.config
         self.auth = request_auth(cfg.check_security())
         self.store_dir.mkdir(parents=True, exist_ok=True)
+        channel = self._channel_key()
+        if channel is not None:
+            self._ns_links = (self._links or ClientSecurity()).with_channel(
+                channel.expecting((SecurityRole.NAMESRV,)))
         controller = self._controller_client or ControllerClient(
             cfg.controller_addr, request_timeout=cfg.rpc_timeout_ms / 1000, security=self._links,
-            auth=self.auth)
+            auth=self.auth, channel=channel)
         self.replicas = ReplicasManager(cfg, controller, self, on_task_failed=self._task_done,
                                         auth=self.auth)
         # Refuse a wrong identity before touching the store or any network peer.
@@ -460,6 +469,16 @@ class Broker:
 
     def _ha_config(self) -> HAConfig:
         return HAConfig.from_object(self.config)
+
+    def _channel_key(self) -> ChannelKey | None:
+        """What proves this broker on its channels to controllers and name servers (None
+        without a secret); named by its address (its id is not settled yet)."""
+        cfg = self.config
+        secret = cfg.load_cluster_secret()
+        if secret is None:
+            return None
+        name = "b-" + re.sub(r"[^A-Za-z0-9._-]", "_", cfg.broker_address)[:60]
+        return ChannelKey(secret, Identity.broker(cfg.cluster, cfg.broker_name, name))
 
     def _ha_auth(self) -> HAAuth | None:
         """The cluster secret and this broker's identity for its HA links (None without a
@@ -700,7 +719,7 @@ class Broker:
         client = self._ns_clients.get(addr)
         if client is None:
             client = self._ns_clients[addr] = RemotingClient(addr, connect_timeout=1.0,
-                                                             security=self._links)
+                                                             security=self._ns_links)
         try:
             cmd = self.auth.sign(RemotingCommand.request(RequestCode.REGISTER_BROKER, ext, body))
             resp = await client.request(cmd, self.config.rpc_timeout_ms / 1000)

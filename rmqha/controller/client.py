@@ -14,7 +14,11 @@ otherwise (``elect_master`` also returns on MASTER_STILL_EXIST).
 With the cluster secret (``cluster_secret=``, or an ``auth=`` authenticator) every request
 that changes the controllers' state is signed (:mod:`rmqha.protocol.request_auth`); each
 round of heartbeats carries one signed timestamp for every controller, later than the
-round before.
+round before.  Its connections are then authenticated channels (:mod:`rmqha.net.channel`):
+the secret's handshake with each controller, and a MAC on every frame both ways, so an
+answer (register, elect, heartbeat's lease) that is not the controller's closes the
+connection instead of reaching the caller.  ``channel=`` names the caller (a broker gives
+its own identity); with only ``cluster_secret`` it is an admin tool's.
 """
 from __future__ import annotations
 
@@ -31,6 +35,11 @@ from rmqha.net.client_security import ClientSecurity
 from rmqha.net.loop import EventLoopThread
 from rmqha.protocol.command import RemotingCommand
 from rmqha.protocol.request_auth import RequestAuthenticator, request_auth
+from rmqha.security.channel_auth import ChannelKey, key_from_text
+from rmqha.security.identity import Identity, Role
+
+#: Who a client of the controllers proves to be when it has only the secret.
+ADMIN_IDENTITY = Identity.admin("controller-client")
 
 
 @dataclass
@@ -138,7 +147,8 @@ class ControllerClient:
     def __init__(self, addresses: Iterable[str] | str, *, request_timeout: float = 3.0,
                  admin_token: str | None = None, security: ClientSecurity | None = None,
                  cluster_secret: str | None = None,
-                 auth: RequestAuthenticator | None = None) -> None:
+                 auth: RequestAuthenticator | None = None,
+                 channel: ChannelKey | None = None) -> None:
         if isinstance(addresses, str):
             addresses = [a.strip() for a in addresses.replace(",", ";").split(";") if a.strip()]
         self.addresses: list[str] = list(dict.fromkeys(addresses))
@@ -148,8 +158,12 @@ class ControllerClient:
             raise ValueError("give cluster_secret or auth, not both")
         self.request_timeout = request_timeout
         self.admin_token = admin_token
-        #: TLS (and a request hook) of the connections to the controllers.
-        self.security = security
+        if channel is None and cluster_secret:
+            channel = key_from_text(cluster_secret, ADMIN_IDENTITY)
+        #: TLS, the authenticated channel (only a controller may answer) and a request
+        #: hook of the connections to the controllers.
+        self.security = (security or ClientSecurity()).with_channel(
+            channel.expecting((Role.CONTROLLER,))) if channel is not None else security
         self.auth: RequestAuthenticator = auth if auth is not None else request_auth(cluster_secret)
         self._last_round_ms = 0
         self.leader: str | None = None

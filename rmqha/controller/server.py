@@ -32,6 +32,11 @@ Request handling (RocketMQ's controller codes, see :mod:`rmqha.protocol.codes`):
   (:mod:`rmqha.controller.peer_rules`): a broker registers, heartbeats, alters its
   SyncStateSet and asks for an election only as its own cluster and group; clean, config
   updates and designated elections need an admin or controller certificate.
+* Channels (:mod:`rmqha.net.channel`): with the secret the RPC port also takes
+  authenticated channels (the secret's handshake, then a MAC on every frame both ways,
+  answers included), and a state-changing request is taken only over one (or over TLS with
+  a verified certificate), from a broker for its own group, an admin tool or a controller;
+  read-only requests stay open to plain connections.
 """
 from __future__ import annotations
 
@@ -44,7 +49,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from rmqha.protocol.codes import RequestCode, ResponseCode
+from rmqha.protocol.codes import RequestCode, ResponseCode, code_name
 from rmqha.protocol.request_auth import (
     CONTROLLER_SIGNED_CODES, RefusalLog, check, request_auth, signed_timestamp_ms, tokens_match,
 )
@@ -64,6 +69,8 @@ from rmqha.net.connection import Connection
 from rmqha.net.peer_check import PeerCheck
 from rmqha.net.server import RemotingServer
 from rmqha.protocol.command import RemotingCommand
+from rmqha.security.channel_auth import channel_refusal, key_from_text
+from rmqha.security.identity import Identity, Role
 from rmqha.security.tls import TlsSettings
 
 log = logging.getLogger(__name__)
@@ -71,6 +78,9 @@ log = logging.getLogger(__name__)
 #: Codes answered without the leader.
 #: Most requests validated and committed as one Raft entry.
 _MAX_BATCH = 256
+
+#: Who may send a state-changing request over a channel (or TLS).
+_WRITERS = (Role.BROKER, Role.ADMIN, Role.CONTROLLER)
 
 _ANY_NODE = {RequestCode.CONTROLLER_GET_METADATA_INFO, RequestCode.BROKER_HEARTBEAT,
              RequestCode.GET_CONTROLLER_CONFIG, RequestCode.UPDATE_CONTROLLER_CONFIG}
@@ -85,10 +95,13 @@ class ControllerServer:
         config.validate()
         self.config = config
         # Before anything listens: no secret, no controller (unless allowed on loopback).
-        self.auth = request_auth(config.check_security())
+        secret = config.check_security()
+        self.auth = request_auth(secret)
         self._refusals = RefusalLog(log)
         self.peers: list[Peer] = config.peers()
         self.self_peer = config.self_peer()
+        channels = (key_from_text(secret, Identity.controller(self.self_peer.id), _WRITERS)
+                    if secret else None)
         self.state = ReplicasState()
         self.heartbeats = BrokerHeartbeatManager(config.new_leader_heartbeat_wait / 1000,
                                                  default_timeout_s=config.broker_heartbeat_timeout / 1000)
@@ -101,7 +114,7 @@ class ControllerServer:
         #: Who may send what, by certificate identity (rmqha.controller.peer_rules).
         self.peer_check = PeerCheck(self.tls)
         self.remoting = RemotingServer(config.listen_host, int(port), None, config.max_frame_bytes,
-                                       tls=self.tls)
+                                       tls=self.tls, channels=channels)
         self.raft = RaftNode(
             RaftSettings(
                 self_address=self.self_peer.raft_address,
@@ -251,9 +264,10 @@ class ControllerServer:
             self.remoting.register(code, self._metered(int(code), fn))
 
     def _authenticated(self, fn: Callable[[RemotingCommand, Connection], Awaitable[RemotingCommand]]):
-        """``fn`` behind the proof check: a request without valid proof changes nothing."""
+        """``fn`` behind the proof check: a request without valid proof, or (with the
+        secret) not over an authenticated channel or TLS, changes nothing."""
         async def handler(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
-            refused = check(self.auth, cmd, conn)
+            refused = check(self.auth, cmd, conn) or self._channel_check(cmd, conn)
             if refused is not None:
                 self._refusals.note(cmd, conn.peer, refused.remark or "")
                 return refused
@@ -265,6 +279,14 @@ class ControllerServer:
         admin requests need an admin or controller (rmqha.controller.peer_rules)."""
         return self.peer_check.guarded(lambda cmd: need_for(cmd, self.state), fn,
                                        lambda cmd, conn, why: self._refusals.note(cmd, conn.peer, why))
+
+    def _channel_check(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        if not self.auth.enabled:
+            return None
+        reason = channel_refusal(conn.channel_peer or conn.peer_identity, cmd.ext_fields, _WRITERS)
+        if reason is None:
+            return None
+        return cmd.response(ResponseCode.NO_PERMISSION, f"{code_name(cmd.code)} refused: {reason}")
 
     def _metered(self, code: int, fn: Callable[[RemotingCommand, Connection], Awaitable[RemotingCommand]]):
         async def handler(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:

@@ -20,10 +20,14 @@ Answers (RocketMQ codes and shapes):
 
 With a cluster secret (``cluster_secret``) REGISTER_BROKER and UNREGISTER_BROKER must carry
 its HMAC (:mod:`rmqha.protocol.request_auth`): anything else is answered NO_PERMISSION and
-changes no route.  Over mutual TLS the sender's certificate must name a broker of the
-cluster and group the request names (:mod:`rmqha.net.peer_check`), else NO_PERMISSION.
-Without one the name server runs on loopback only, unless told
-``allow_insecure`` (:mod:`rmqha.security.secret_policy`).
+changes no route; and they are taken only over an authenticated channel
+(:mod:`rmqha.net.channel`: the secret's handshake, then a MAC on every frame both ways, so
+the answers are authenticated too) or over TLS with a verified certificate, from a broker
+for its own cluster and group (or an admin tool).  Over mutual TLS the sender's
+certificate must name a broker of the cluster and group the request names
+(:mod:`rmqha.net.peer_check`), else NO_PERMISSION.  Read-only requests (routes, cluster
+info) stay open to plain RocketMQ clients.  Without a secret the name server runs on
+loopback only, unless told ``allow_insecure`` (:mod:`rmqha.security.secret_policy`).
 
 Other codes get REQUEST_CODE_NOT_SUPPORTED and the connection stays open.  With
 ``status_port`` set the process also serves a read-only status page
@@ -51,6 +55,8 @@ from rmqha.net.connection import Connection
 from rmqha.net.peer_check import Need, PeerCheck
 from rmqha.net.server import RemotingServer
 from rmqha.protocol.command import RemotingCommand
+from rmqha.security.channel_auth import channel_refusal, key_from_text
+from rmqha.security.identity import Identity, Role
 from rmqha.security.tls import TlsSettings, server_context
 from rmqha.protocol.request_auth import (
     NAMESRV_SIGNED_CODES, RefusalLog, check, request_auth, tokens_match,
@@ -59,6 +65,8 @@ from rmqha.protocol.request_auth import (
 log = logging.getLogger(__name__)
 
 _CONN_KEY = "namesrv_registrations"
+#: Who may register or unregister brokers (over a channel or TLS).
+_REGISTRARS = (Role.BROKER, Role.ADMIN)
 
 
 def now_ms() -> int:
@@ -96,13 +104,15 @@ class NameServer:
 
     def __init__(self, config: NamesrvConfig) -> None:
         self.config = config
-        self.auth = request_auth(config.check_security())
+        secret = config.check_security()
+        self.auth = request_auth(secret)
         self._refusals = RefusalLog(log)
         self.routes = RouteTable(config.broker_expire_ms)
         #: The port's TLS (tls.server.*) and the status page's links to brokers (tls.client.*).
         self.tls = TlsSettings.from_config(config, "name server config")
+        channels = key_from_text(secret, Identity.namesrv("namesrv"), _REGISTRARS) if secret else None
         self.server = RemotingServer(config.listen_host, config.listen_port, max_frame_bytes=config.max_frame_bytes,
-                                     tls=self.tls)
+                                     tls=self.tls, channels=channels)
         #: Over mutual TLS a broker registers and unregisters only as itself.
         self.peer_check = PeerCheck(self.tls)
         self.controller: Any = None
@@ -136,9 +146,10 @@ class NameServer:
             self.server.register(code, self._metered(int(code), handler))
 
     def _authenticated(self, handler: Any) -> Any:
-        """``handler`` behind the proof check: without it no route changes."""
+        """``handler`` behind the proof check (and, with the secret, the channel check):
+        without them no route changes."""
         async def checked(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
-            refused = check(self.auth, cmd, conn)
+            refused = check(self.auth, cmd, conn) or self._channel_check(cmd, conn)
             if refused is not None:
                 self._refusals.note(cmd, conn.peer, refused.remark or "")
                 return refused
@@ -150,6 +161,14 @@ class NameServer:
         (``clusterName``, ``brokerName``) must be the one the sender's certificate names."""
         return self.peer_check.guarded(_broker_named, handler,
                                        lambda cmd, conn, why: self._refusals.note(cmd, conn.peer, why))
+
+    def _channel_check(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        if not self.auth.enabled:
+            return None
+        reason = channel_refusal(conn.channel_peer or conn.peer_identity, cmd.ext_fields, _REGISTRARS)
+        if reason is None:
+            return None
+        return cmd.response(ResponseCode.NO_PERMISSION, f"{code_name(cmd.code)} refused: {reason}")
 
     @property
     def address(self) -> str:

@@ -6,6 +6,7 @@ import ssl
 from collections.abc import Mapping
 
 from rmqha.errors import RemotingError, RemotingTimeoutError
+from rmqha.net.channel import dial
 from rmqha.net.client_security import ClientSecurity, current
 from rmqha.net.connection import Connection, Dispatcher, Handler
 from rmqha.protocol.command import DEFAULT_MAX_FRAME_BYTES, RemotingCommand
@@ -23,7 +24,9 @@ class RemotingClient:
 
     ``handler`` (optional) answers requests the server sends over this connection.
     ``security`` (optional, :class:`~rmqha.net.client_security.ClientSecurity`): TLS for
-    new connections, and a hook that sees (and signs) every request before it is sent.
+    new connections, an authenticated channel (its handshake done before the connection
+    is used; a connection whose handshake fails is closed and the call raises
+    RemotingError), and a hook that sees (and signs) every request before it is sent.
     """
 
     def __init__(
@@ -77,6 +80,8 @@ class RemotingClient:
             # Some loops (uvloop) call connection_made a turn after create_connection
             # returns; the connection must be usable now.
             conn.connection_made(transport)
+            if self.security is not None and self.security.channel is not None:
+                await dial(conn, self.security.channel, self.connect_timeout)
             self._conn = conn
             return conn
 

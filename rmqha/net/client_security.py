@@ -6,6 +6,9 @@ through ``ClientSession``, ``Producer``, ``Consumer`` ...):
 - ``ssl_context``: connections are made over TLS with it (a
   :class:`~rmqha.security.tls.ReloadingContext` gives each new connection the files as
   they are now, so a renewed client certificate is used from the next connection on);
+- ``channel``: a :class:`~rmqha.security.channel_auth.ChannelKey`: each new connection is
+  an authenticated channel (:mod:`rmqha.net.channel`), proved by the cluster secret, and
+  every answer must carry its MAC (a cluster process's control links);
 - ``rpc_hook``: called with every outgoing request just before it is written (RocketMQ's
   ``RPCHook.doBeforeRequest``); :meth:`Credentials.sign` is the one rmqha has, adding
   ``AccessKey`` and the ``Signature`` over the final ext fields and body.
@@ -27,6 +30,7 @@ from pathlib import Path
 
 from rmqha.errors import ConfigError
 from rmqha.protocol.command import RemotingCommand
+from rmqha.security.channel_auth import ChannelKey
 from rmqha.security.signature import sign
 from rmqha.security.tls import ReloadingContext, TlsSettings
 
@@ -99,10 +103,16 @@ def current(source: ContextSource | None) -> ssl.SSLContext | None:
 
 @dataclass(frozen=True)
 class ClientSecurity:
-    """TLS and the request hook of a client's connections (both optional)."""
+    """TLS, the authenticated channel and the request hook of a client's connections
+    (each optional)."""
 
     ssl_context: ContextSource | None = None
     rpc_hook: RpcHook | None = None
+    channel: ChannelKey | None = None
+
+    def with_channel(self, key: ChannelKey | None) -> ClientSecurity:
+        """These settings, and connections made as authenticated channels with ``key``."""
+        return ClientSecurity(self.ssl_context, self.rpc_hook, key)
 
     @classmethod
     def from_options(cls, *, access_key: str | None = None, secret_key: str | None = None,

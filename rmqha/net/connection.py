@@ -11,6 +11,11 @@ the rmqha identity (``rmqha:broker/C/G/N``, ...) of the peer's *verified* certif
 both the accepting and the dialling side, and None for plaintext or a peer without such a
 certificate.  A handler that must know its peer (a broker registers only as itself) calls
 :meth:`Connection.require_peer`, which refuses with NO_PERMISSION.
+
+A connection may have a *frame layer* (:meth:`Connection.use_layer`, e.g. the
+authenticated channel of :mod:`rmqha.net.channel`): it decodes what arrives in place of
+the plain decoder and seals every frame that leaves.  Plain connections have none and pay
+nothing for it.
 """
 from __future__ import annotations
 
@@ -19,9 +24,10 @@ import logging
 import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Mapping
-from typing import Any, Union, cast
+from typing import Any, Protocol, Union, cast
 
 from rmqha.errors import (
+    AuthenticationError,
     PeerIdentityError,
     ProtocolError,
     RemoteCommandError,
@@ -51,6 +57,24 @@ Handler = Callable[[RemotingCommand, "Connection"], Awaitable[Union[RemotingComm
 
 #: Bytes queued in a connection's transport above which a sender waits for the kernel.
 _WRITE_HIGH_WATER = 1 << 20
+
+
+class FrameLayer(Protocol):
+    """What a connection's frame layer does (see :meth:`Connection.use_layer`)."""
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held of a frame not yet complete."""
+        ...
+
+    def feed(self, data: bytes) -> list[RemotingCommand]:
+        """The commands whose bytes are complete (ProtocolError / AuthenticationError:
+        close the connection, dispatch nothing)."""
+        ...
+
+    def seal(self, frame: bytes) -> bytes:
+        """The bytes to write for one encoded frame."""
+        ...
 
 
 class _Expired(Exception):
@@ -138,7 +162,10 @@ class Connection(asyncio.Protocol):
         self._stall_timer: asyncio.TimerHandle | None = None
         self._last_data = 0.0
         self._dispatcher = dispatcher
-        self._decoder = FrameDecoder(max_frame_bytes)
+        self.max_frame_bytes = max_frame_bytes
+        self._decoder: FrameDecoder | FrameLayer = FrameDecoder(max_frame_bytes)
+        #: The frame layer's seal (None: frames leave as encoded).
+        self._seal: Callable[[bytes], bytes] | None = None
         self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
         #: opaque -> loop time its request times out (see request()).
         self._deadlines: dict[int, float] = {}
@@ -175,6 +202,9 @@ class Connection(asyncio.Protocol):
         self.tls = False
         #: The identity in the peer's verified TLS certificate; None without one.
         self.peer_identity: Identity | None = None
+        #: The identity the peer proved with the cluster secret on an authenticated channel
+        #: (:mod:`rmqha.net.channel`); None on a plain connection.
+        self.channel_peer: Identity | None = None
 
     # --- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -201,6 +231,11 @@ class Connection(asyncio.Protocol):
             commands = self._decoder.feed(data)
         except ProtocolError as exc:
             reason = f"malformed frame: {exc}"
+            log.warning("closing connection %s: %s", self.name, reason)
+            self._mark_closed(reason)
+            return
+        except AuthenticationError as exc:
+            reason = f"authentication failed: {exc}"
             log.warning("closing connection %s: %s", self.name, reason)
             self._mark_closed(reason)
             return
@@ -316,6 +351,15 @@ class Connection(asyncio.Protocol):
     def closed(self) -> bool:
         return self._closed.done()
 
+    def use_layer(self, layer: FrameLayer) -> None:
+        """Decode and seal through ``layer`` from now on (before any frame went either way)."""
+        self._decoder = layer
+        self._seal = layer.seal
+
+    def write_raw(self, data: bytes) -> None:
+        """Write bytes outside any frame (a frame layer's handshake)."""
+        self._write(data)
+
     @property
     def in_flight(self) -> int:
         """Requests from the peer being handled now (this one included, in a handler)."""
@@ -365,6 +409,8 @@ class Connection(asyncio.Protocol):
         if self.closed:
             raise RemotingError(f"connection {self.name} is closed ({self.close_reason})")
         data = encode(cmd)
+        if self._seal is not None:
+            data = self._seal(data)  # here, in the order frames reach the wire
         if self._cork is not None:
             self._cork.append(data)
         elif others or len(self._pending) > 1:

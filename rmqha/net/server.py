@@ -6,6 +6,10 @@ serving it (:func:`rmqha.security.tls.accept_connection`): PERMISSIVE serves a T
 handshake over TLS and anything else as plaintext, ENFORCING closes plaintext.  Each TLS
 connection gets the context as it is at its handshake, so renewed certificate files serve
 the next connection without a restart.
+
+With ``channels`` (a :class:`~rmqha.security.channel_auth.ChannelKey`) a connection that
+opens with the channel preface is authenticated by the cluster secret and MACs every frame
+(:mod:`rmqha.net.channel`; ``conn.channel_peer`` names the peer); others are served plain.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import ssl
 from collections.abc import Callable, Mapping
 
 from rmqha.errors import AuthenticationError
+from rmqha.net.channel import accepting_layer
 from rmqha.net.connection import (
     DEFAULT_FRAME_READ_TIMEOUT_S,
     Connection,
@@ -24,6 +29,7 @@ from rmqha.net.connection import (
     ImmediateHandler,
 )
 from rmqha.protocol.command import DEFAULT_MAX_FRAME_BYTES
+from rmqha.security.channel_auth import ChannelKey
 from rmqha.security.tls import ReloadingContext, TlsMode, TlsSettings, accept_connection
 
 log = logging.getLogger(__name__)
@@ -53,6 +59,7 @@ class RemotingServer:
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         frame_read_timeout: float | None = DEFAULT_FRAME_READ_TIMEOUT_S,
         tls: TlsSettings | None = None,
+        channels: ChannelKey | None = None,
     ) -> None:
         self.host = host
         self.port = port
@@ -69,6 +76,7 @@ class RemotingServer:
         self._listener: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
         self._handshakes: set[asyncio.Task[None]] = set()
+        self._channel_layer = accepting_layer(channels) if channels is not None else None
 
     def register(self, code: int, handler: Handler) -> None:
         self.dispatcher.register(code, handler)
@@ -84,8 +92,11 @@ class RemotingServer:
         return f"{self.host}:{self.port}"
 
     def _connection(self) -> Connection:
-        return Connection(self.dispatcher, self.max_frame_bytes,
+        conn = Connection(self.dispatcher, self.max_frame_bytes,
                           frame_read_timeout=self.frame_read_timeout, on_made=self._accept)
+        if self._channel_layer is not None:
+            conn.use_layer(self._channel_layer(conn))
+        return conn
 
     async def start(self) -> None:
         if self.tls_context is None:

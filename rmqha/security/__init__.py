@@ -16,6 +16,8 @@ Modules and what each owns:
   needs, and ``AclValidator.check`` (raises ``rmqha.errors.AclError``).
 - ``link_auth``: shared-secret mutual handshake for internal links without TLS, then a MAC
   on every frame (``Handshake``, ``LinkSession.seal`` / ``open``).
+- ``channel_auth``: that handshake and MAC on a remoting connection (``ChannelEndpoint``,
+  ``ChannelKey``), and ``channel_refusal`` (who may send a state-changing request).
 - ``certs``: the cluster CA and per-process certificates naming their identity (used by
   ``rmqha certs``).
 - ``tls``: ``ssl.SSLContext`` builders from RocketMQ's ``tls.*`` keys, reload on file

@@ -61,6 +61,8 @@ from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import LocalClusterError, RemotingError
 from rmqha.net.client import RemotingClient
 from rmqha.net.client_security import ClientSecurity
+from rmqha.security.channel_auth import key_from_text
+from rmqha.security.identity import Identity, Role
 from rmqha.net.loop import EventLoopThread
 from rmqha.protocol.command import RemotingCommand
 from rmqha.protocol.request_auth import RequestAuthenticator, request_auth
@@ -811,9 +813,20 @@ class Cluster:
         client = self._clients.get(addr)
         if client is None:
             client = self._clients[addr] = RemotingClient(addr, connect_timeout=1.0,
-                                                          security=self.client_security)
+                                                          security=self.control_security(addr))
         cmd = self.auth.sign(RemotingCommand.request(code, ext, body))
         return self._loop.run(client.request(cmd, timeout), timeout + 2)
+
+    def control_security(self, addr: str) -> ClientSecurity | None:
+        """A controller's or name server's link is an authenticated channel when the
+        cluster has a secret (their writes need one); a broker's client port is plain."""
+        control = ({p.address for p in self.controllers} | {p.address for p in self.namesrvs}
+                   | set(self.embedded_controllers))
+        if self.cluster_secret is None or addr not in control:
+            return self.client_security
+        key = key_from_text(self.cluster_secret, Identity.admin("local-cluster"),
+                            (Role.CONTROLLER, Role.NAMESRV))
+        return (self.client_security or ClientSecurity()).with_channel(key)
 
     def controller_metadata(self, addr: str, timeout: float = 1.0) -> dict[str, str] | None:
         """GET_METADATA_INFO of one controller (its ext fields), None if it does not answer."""

@@ -24,10 +24,13 @@ from rmqha.controller.client import ControllerClient
 from rmqha.testing.controllers import ControllerGroup, free_port
 from rmqha.errors import ControllerError, RemoteCommandError
 from rmqha.net.client import RemotingClient
+from rmqha.net.client_security import ClientSecurity
 from rmqha.net.connection import Connection
 from rmqha.net.server import RemotingServer
 from rmqha.protocol.command import RemotingCommand
 from rmqha.protocol.request_auth import request_auth
+from rmqha.security.channel_auth import key_from_text
+from rmqha.security.identity import Identity
 
 TOKEN = "t0ken"
 CLUSTER = "c1"
@@ -409,7 +412,8 @@ def test_unknown_codes_and_malformed_frames(group):
     async def main() -> None:
         addr = group.addresses[0]
         host, port = addr.split(":")
-        async with RemotingClient(addr) as client:
+        channel = ClientSecurity().with_channel(key_from_text(SECRET, Identity.admin("test")))
+        async with RemotingClient(addr, security=channel) as client:
             resp = await client.request(RemotingCommand.request(4321), 2)
             assert resp.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
             signed = request_auth(SECRET).sign(

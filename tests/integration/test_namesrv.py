@@ -164,7 +164,8 @@ def test_broker_dropped_when_its_connection_closes(cluster):
     ns = cluster.start_namesrv()
     loop = EventLoopThread("test-ns")
     try:
-        client = RemotingClient(ns.address)
+        # As a holder of the secret: an authenticated channel, as a broker registers.
+        client = RemotingClient(ns.address, security=cluster.control_security(ns.address))
         ext = {"brokerName": "g1", "brokerAddr": "127.0.0.1:30911", "clusterName": "c1", "brokerId": 0,
                "haServerAddr": "127.0.0.1:30912"}
         cmd = cluster.auth.sign(RemotingCommand.request(RequestCode.REGISTER_BROKER, ext))

@@ -4,22 +4,31 @@ One module-scoped cluster with a cluster secret: a controller, a name server and
 ``broker-a`` (master ``a`` id 1, slave ``b`` id 2, in sync; ``b`` polls the controller only
 once a minute, so a role change reaches it only through a notice).  The attacker builds
 frames with :mod:`rmqha.protocol.command` and sends them over plain sockets
-(:mod:`security_wire`).  Each probe is refused with NO_PERMISSION (or the identity/epoch
-check's code) and the admin API shows nothing stored, changed or elected; each attack has a
-negative control showing the probe works once it carries the right proof (or nothing
-would have stopped it).  Tests that change roles come last.
+(:mod:`security_wire`).  State-changing requests are taken only over an authenticated
+channel (the cluster secret's handshake), so even a valid signature over a plain socket
+changes nothing, and a forged answer closes the channel.  Each probe is refused with
+NO_PERMISSION (or the identity/epoch check's code) and the admin API shows nothing stored,
+changed or elected; each attack has a negative control showing the probe works once it
+carries the right proof (or nothing would have stopped it).  Tests that change roles come last.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 import pytest
 from cluster import Cluster
-from security_wire import WRONG_SECRET, HeartbeatFlood, RawClient, ask, frame
+from security_wire import WRONG_SECRET, HeartbeatFlood, RawClient, Relay, ask, frame
 
+from rmqha.controller.client import ControllerClient
+from rmqha.errors import RemotingError
+from rmqha.net.loop import EventLoopThread
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.request_auth import CONTROLLER_SIGNED_CODES
+from rmqha.security.channel_auth import key_from_text
+from rmqha.security.identity import Identity
+from rmqha.testing.local_cluster import port_open
 
 GROUP = "broker-a"
 ATTACKER = "10.6.6.6:10911"
@@ -101,7 +110,8 @@ def test_unsigned_controller_writes_are_refused_and_change_nothing(live):
 def test_fake_broker_id_registers_once_signed(live):
     """Negative control of the write probes: the fake id applied above gets in with proof."""
     ext, body = _controller_writes(live)[RequestCode.CONTROLLER_APPLY_BROKER_ID]
-    resp = ask(ctl(live), RequestCode.CONTROLLER_APPLY_BROKER_ID, ext, body, secret=live.cluster_secret)
+    resp = ask(ctl(live), RequestCode.CONTROLLER_APPLY_BROKER_ID, ext, body, secret=live.cluster_secret,
+               channel=live.cluster_secret)
     assert resp.code == ResponseCode.SUCCESS, resp.remark
     members = live.sync_state_data(GROUP)["notInSyncReplicas"]
     assert {"brokerId": 3, "brokerAddress": ATTACKER, "alive": False}.items() <= members[0].items()
@@ -111,7 +121,7 @@ def test_replayed_tampered_and_stale_requests_are_refused(live):
     group = {"clusterName": live.cluster_name, "brokerName": "replay-g"}
     apply = {**group, "appliedBrokerId": 1, "registerCheckCode": "127.0.0.1:1;1"}
     signed = frame(RequestCode.CONTROLLER_APPLY_BROKER_ID, apply, secret=live.cluster_secret)
-    with RawClient(ctl(live)) as client:
+    with RawClient(ctl(live), channel=live.cluster_secret) as client:
         assert client.request(signed).code == ResponseCode.SUCCESS  # control: the proof works
         # The same frame again (an APPLY retry with the same code would succeed: idempotent).
         assert refused(client.request(signed), "already used")
@@ -152,18 +162,18 @@ def test_heartbeats_count_only_as_the_broker_itself_at_a_reached_epoch(live):
          ResponseCode.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED, "not registered"),
     ]
     for ext, key, code, words in probes:
-        resp = ask(ctl(live), RequestCode.BROKER_HEARTBEAT, ext, secret=key)
+        resp = ask(ctl(live), RequestCode.BROKER_HEARTBEAT, ext, secret=key, channel=secret)
         assert resp.code == code and words in (resp.remark or ""), (ext, resp.code, resp.remark)
     # A copy signed before the broker's latest heartbeat (replayed from another controller's link).
     old = int(time.time() * 1000) - 5_000
-    with RawClient(ctl(live)) as client:
+    with RawClient(ctl(live), channel=live.cluster_secret) as client:
         resp = client.request(frame(RequestCode.BROKER_HEARTBEAT, _heartbeat(live), secret=secret,
                                     timestamp_ms=old))
     assert refused(resp, "not newer"), resp.remark
     assert controller_view(live) == before
     # Negative control: fresh, from its address, at the group's epoch: taken, with the
     # timeout capped at the controller's broker_heartbeat_timeout (3000 in QUICK_CONTROLLER).
-    resp = ask(ctl(live), RequestCode.BROKER_HEARTBEAT, _heartbeat(live), secret=secret)
+    resp = ask(ctl(live), RequestCode.BROKER_HEARTBEAT, _heartbeat(live), secret=secret, channel=secret)
     assert resp.code == ResponseCode.SUCCESS, resp.remark
     assert resp.ext_fields["heartbeatTimeoutMills"] == "3000"
 
@@ -174,7 +184,7 @@ def test_forged_alter_sync_state_set_is_refused(live):
     secret, name = live.cluster_secret, "alter-g"
     group = {"clusterName": live.cluster_name, "brokerName": name}
     addrs = {i: f"127.0.0.1:{i}" for i in (1, 2, 3)}
-    with RawClient(ctl(live)) as client:
+    with RawClient(ctl(live), channel=live.cluster_secret) as client:
         def send(code: int, ext: dict[str, Any], body: Any = b"", key: str | None = secret):
             return client.request(frame(code, ext, body, secret=key))
 
@@ -233,7 +243,8 @@ def test_route_hijack_by_registering_as_master_is_refused(live):
     # is what stops it): a victim group registered as its master would be.  (Connections
     # stay open: a registration leaves with the connection it came on.)
     victim = "ns-victim"
-    with RawClient(ns(live)) as victim_conn, RawClient(ns(live)) as attacker_conn:
+    with RawClient(ns(live), channel=live.cluster_secret) as victim_conn, \
+            RawClient(ns(live), channel=live.cluster_secret) as attacker_conn:
         ext_v, body_v = _register(victim, "127.0.0.1:1", 0, 1)
         resp = victim_conn.request(frame(RequestCode.REGISTER_BROKER, ext_v, body_v, secret=live.cluster_secret))
         assert resp.code == ResponseCode.SUCCESS, resp.remark
@@ -248,18 +259,111 @@ def test_unregistering_a_live_broker_is_refused(live):
     ext = {"brokerName": GROUP, "brokerAddr": live.b.address, "clusterName": "sec", "brokerId": 2}
     assert refused(ask(ns(live), RequestCode.UNREGISTER_BROKER, ext), "unsigned")
     # Signed, but not over the connection b registered on: only a broker removes itself.
-    assert refused(ask(ns(live), RequestCode.UNREGISTER_BROKER, ext, secret=live.cluster_secret),
+    assert refused(ask(ns(live), RequestCode.UNREGISTER_BROKER, ext, secret=live.cluster_secret,
+                       channel=live.cluster_secret),
                    "connection it registered on")
     assert live.group_route(GROUP)["brokerAddrs"] == {"0": live.a.address, "2": live.b.address}
     # Negative control: a broker leaving over its own connection is removed.
     reg, body = _register("ns-leaver", "127.0.0.1:2", 0, 1)
     leave = {"brokerName": "ns-leaver", "brokerAddr": "127.0.0.1:2", "clusterName": "sec", "brokerId": 0}
-    with RawClient(ns(live)) as broker:
+    with RawClient(ns(live), channel=live.cluster_secret) as broker:
         assert broker.request(frame(RequestCode.REGISTER_BROKER, reg, body, secret=live.cluster_secret)).code == 0
         assert live.group_route("ns-leaver")["brokerAddrs"] == {"0": "127.0.0.1:2"}
         resp = broker.request(frame(RequestCode.UNREGISTER_BROKER, leave, secret=live.cluster_secret))
         assert resp.code == ResponseCode.SUCCESS, resp.remark
     assert not live.group_route("ns-leaver")["brokerAddrs"]
+
+
+# --- channels: writes only over an authenticated channel, answers MACed -----------------------
+
+
+def test_signed_writes_over_a_plain_connection_change_nothing(live):
+    """A holder of a valid signature (say, a copy of a real request) who skips the channel
+    handshake: refused, nothing changed; reads stay open to plain clients."""
+    before, route = controller_view(live), live.group_route(GROUP)
+    for code, (ext, body) in _controller_writes(live).items():
+        resp = ask(ctl(live), code, ext, body, secret=live.cluster_secret)
+        assert refused(resp, "plain connection"), (code, resp.code, resp.remark)
+    ext, body = _register(GROUP, ATTACKER, 0, route["masterEpoch"] + 1)
+    assert refused(ask(ns(live), RequestCode.REGISTER_BROKER, ext, body, secret=live.cluster_secret),
+                   "plain connection")
+    assert controller_view(live) == before and live.group_route(GROUP) == route
+    resp = ask(ns(live), RequestCode.GET_BROKER_MEMBER_GROUP, {"brokerName": GROUP})
+    assert resp.code == ResponseCode.SUCCESS and resp.json_body()["masterAddr"] == live.a.address
+
+
+def test_a_channel_acts_only_for_its_own_broker_group(live):
+    """An insider's channel named as a broker of another group may not heartbeat for this
+    one; one named as a name server is closed at its handshake (no broker registers so)."""
+    stranger = Identity.broker(live.cluster_name, "other-group", "x")
+    ext = _heartbeat(live)
+    with RawClient(ctl(live), channel=live.cluster_secret, identity=stranger) as client:
+        resp = client.request(frame(RequestCode.BROKER_HEARTBEAT, ext, secret=live.cluster_secret))
+    assert refused(resp, "may not act for broker group"), resp.remark
+    reg, body = _register("ns-stranger", "127.0.0.1:3", 0, 1)
+    with RawClient(ns(live), channel=live.cluster_secret, identity=Identity.namesrv("x")) as client:
+        with pytest.raises(ConnectionError):
+            client.request(frame(RequestCode.REGISTER_BROKER, reg, body, secret=live.cluster_secret))
+    assert not live.group_route("ns-stranger")["brokerAddrs"]
+
+
+def test_forged_controller_answer_never_reaches_the_broker(live):
+    """A man in the middle rewrites the master's address in the controller's answers: a
+    broker's channel closes on it; on a plain connection (the negative control) the
+    forged master is what the caller gets."""
+    fake = "127.0.0.6" + live.a.address[len("127.0.0.1"):]
+    assert live.a.address.startswith("127.0.0.1:")
+
+    def forge(chunk: bytes) -> bytes:
+        return chunk.replace(live.a.address.encode(), fake.encode())
+
+    async def main() -> None:
+        key = key_from_text(live.cluster_secret, Identity.broker(live.cluster_name, GROUP, "b"))
+        async with Relay(ctl(live), rewrite=forge) as mitm:
+            plain = ControllerClient([mitm.address], request_timeout=2.0)
+            channel = ControllerClient([mitm.address], request_timeout=2.0, channel=key)
+            try:
+                resp = await plain.request_to(mitm.address, RequestCode.CONTROLLER_GET_REPLICA_INFO,
+                                              {"brokerName": GROUP})
+                assert resp.ext_fields["masterAddress"] == fake  # the attack lands
+                with pytest.raises(RemotingError, match="authentication failed"):
+                    await channel.request_to(mitm.address, RequestCode.CONTROLLER_GET_REPLICA_INFO,
+                                             {"brokerName": GROUP})
+                assert mitm.rewritten == 2
+                # Without the relay, the same client gets the real answer.
+                resp = await channel.request_to(ctl(live), RequestCode.CONTROLLER_GET_REPLICA_INFO,
+                                                {"brokerName": GROUP})
+                assert resp.ext_fields["masterAddress"] == live.a.address
+            finally:
+                await plain.close()
+                await channel.close()
+
+    asyncio.run(main())
+
+
+def test_a_broker_behind_a_forging_relay_takes_nothing_until_the_forging_stops(live):
+    """A real broker whose controller link runs through a man in the middle that turns every
+    answer's code into another: its channels close, it takes no id and no role (and does
+    not serve).  Negative control: once the relay only relays, the same process comes up
+    as master."""
+    loop = EventLoopThread("mitm-relay")
+    relay = Relay(ctl(live), rewrite=lambda chunk: chunk.replace(b'"code":0', b'"code":1'))
+    loop.run(relay.__aenter__())
+    c = None
+    try:
+        c = live.start_broker("mitm-g", wait=False, controller_addr=relay.address)
+        live.wait_for(lambda: c.log_contains("authentication failed"), 20,
+                      what="the broker's channel to close on a forged answer", process=c)
+        live.holds(lambda: c.broker_id() is None and not port_open(c.address), 1.0,
+                   what="no id settled, nothing served")
+        assert relay.rewritten > 0
+        relay.rewrite = lambda chunk: chunk  # the relay stops forging
+        live.wait_role(c, "master", 30)
+    finally:
+        if c is not None:
+            c.stop()
+        loop.run(relay.__aexit__())
+        loop.stop()
 
 
 # --- attack 2: forged role notices (these change roles: they come last) -----------------------
@@ -272,7 +376,8 @@ def _notice(broker_id: int, address: str, epoch: int) -> tuple[dict[str, Any], d
 
 def _set_notify(live: Cluster, on: bool) -> None:
     body = f"notifyBrokerRoleChanged={'true' if on else 'false'}\n"
-    resp = ask(ctl(live), RequestCode.UPDATE_CONTROLLER_CONFIG, {}, body, secret=live.cluster_secret)
+    resp = ask(ctl(live), RequestCode.UPDATE_CONTROLLER_CONFIG, {}, body, secret=live.cluster_secret,
+               channel=live.cluster_secret)
     assert resp.code == ResponseCode.SUCCESS, resp.remark
 
 
@@ -298,7 +403,7 @@ def test_forged_role_notice_does_not_make_a_slave_master(live):
     try:
         resp = ask(live.controller_addresses[0], RequestCode.CONTROLLER_ELECT_MASTER,
                    {"clusterName": live.cluster_name, "brokerName": GROUP, "brokerId": 2,
-                    "designateElect": "true"}, secret=live.cluster_secret)
+                    "designateElect": "true"}, secret=live.cluster_secret, channel=live.cluster_secret)
         assert resp.code == ResponseCode.SUCCESS, resp.remark
         assert live.replica_info(GROUP).master_id == 2
         live.holds(lambda: live.broker_role(b) == "slave", 0.5, what="b waiting for a notice")
@@ -333,7 +438,7 @@ def test_heartbeats_cannot_keep_a_stopped_master_alive(live):
     # within the controller's own timeout (no candidate left: the group has no master).
     epoch = live.replica_info(GROUP).master_epoch
     signed = HeartbeatFlood(ctl(live), _heartbeat(live, brokerId=1, brokerAddr=a.address, epoch=epoch),
-                            secret=live.cluster_secret)
+                            secret=live.cluster_secret, channel=live.cluster_secret)
     a.pause()
     try:
         signed.start()

@@ -72,7 +72,8 @@ def test_probe_is_refused_by_a_controller_with_a_secret(tmp_path):
         # It keeps working: a signed write commits, and the log says nothing was run.
         resp = ask(ctl.address, RequestCode.CONTROLLER_APPLY_BROKER_ID,
                    {"clusterName": "c", "brokerName": "after-probe", "appliedBrokerId": 1,
-                    "registerCheckCode": "127.0.0.1:1;1"}, secret=c.cluster_secret)
+                    "registerCheckCode": "127.0.0.1:1;1"}, secret=c.cluster_secret,
+                   channel=c.cluster_secret)
         assert resp.code == ResponseCode.SUCCESS, resp.remark
         assert ctl.alive and not marker.exists()
 
