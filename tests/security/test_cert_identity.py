@@ -115,6 +115,7 @@ class TlsRawClient(RawClient):
         self.sock = context.wrap_socket(raw)
         self._decoder = FrameDecoder()
         self._ready: list[RemotingCommand] = []
+        self._endpoint = None
 
 
 @pytest.fixture(scope="module")
