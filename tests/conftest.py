@@ -37,6 +37,18 @@ def _twins() -> list[str]:
     return ["python"] if _core.NO_EXTENSIONS else list(_core.TWINS)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # `make test` runs the suite on two workers (pytest-xdist, --dist loadgroup).  A module
+    # stays on one worker, so its module fixtures (clusters) start once and its tests keep
+    # their order; every Spark module goes to one worker, so one JVM serves them all.
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        spark = item.get_closest_marker("spark") is not None
+        item.add_marker(pytest.mark.xdist_group("spark" if spark else item.nodeid.split("::")[0]))
+
+
 @pytest.fixture(params=_twins())
 def twin(request: pytest.FixtureRequest) -> str:
     """The name of a twin ("cython" or "python"); every test using it runs on both."""
