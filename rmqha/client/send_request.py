@@ -11,6 +11,10 @@ on the wire), unless ``compress_batches`` asks for the whole batch body to be co
 A message with no properties of its own (no tags, keys or user properties: most of them)
 takes a shortcut: its properties are a template with its UNIQ_KEY put in, the same bytes
 the general path writes.
+
+An attempt's whole frame is one call of the client send codec (:meth:`SendRequest.frame`,
+``rmqha._core.send_codec``, compiled), the bytes the general codec writes for the same
+command; an attempt that must be signed (ACL) builds the command instead.
 """
 from __future__ import annotations
 
@@ -18,11 +22,14 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from rmqha._core import load
 from rmqha.client.model import Message
 from rmqha.errors import ClientError
 from rmqha.protocol.codes import RequestCode
+from rmqha.protocol.command import VERSION
 from rmqha.protocol.headers import SendHeader
 from rmqha.protocol.message import (
+    UNIQ_KEYS,
     CompressionType,
     Prop,
     compress,
@@ -31,6 +38,11 @@ from rmqha.protocol.message import (
     new_uniq_key,
     new_uniq_keys,
 )
+
+#: The client send codec (compiled unless disabled): a request's frame in one call.
+_CODEC = load("send_codec")
+_BATCH = int(RequestCode.SEND_BATCH_MESSAGE)
+_next_uid = UNIQ_KEYS.next
 
 #: A batch entry: the body, its encoded properties and its flag.
 BatchEntry = tuple[bytes, bytes, int]
@@ -94,17 +106,40 @@ def delay_properties(props: dict[str, str], delay_level: int | None,
 
 @dataclass
 class SendRequest:
-    """One send request as every attempt sends it: the header (UNIQ_KEYs and born
-    timestamp included) and body are built once, so a retry carries the same ids."""
+    """One send request as every attempt sends it: the header's values (UNIQ_KEYs and born
+    timestamp included) and body are fixed once, so a retry carries the same ids; each
+    attempt adds its opaque and queue id (:meth:`frame`, :meth:`header`)."""
 
     topic: str
     code: int
-    #: The send header's ext fields (:meth:`SendHeader.fields`, V2 letters), every value
-    #: the string it travels as; the queue id is added per attempt.
-    header: dict[str, str]
+    group: str
+    sys_flag: int
+    born_ms: int
+    flag: int
+    #: The encoded properties, as the header's ``i`` carries them.
+    properties: str
     body: bytes
     uniq_keys: list[str]
     queue_id: int | None
+
+    @property
+    def batch(self) -> bool:
+        return self.code == _BATCH
+
+    @property
+    def header(self) -> dict[str, str]:
+        """The send header's ext fields (:meth:`SendHeader.fields`, V2 letters), every
+        value the string it travels as; the queue id is added per attempt."""
+        return SendHeader.fields(self.group, self.topic, self.sys_flag, self.born_ms,
+                                 self.flag, self.properties, self.batch)
+
+    def frame(self, opaque: int, queue_id: int) -> bytes:
+        """The whole frame of an attempt to queue ``queue_id``, in one compiled call: the
+        bytes :func:`rmqha.protocol.command.encode` writes for the command
+        ``Sender.command`` makes (unsigned: a signing hook needs the command)."""
+        return _CODEC.encode_send(self.code, opaque, VERSION, self.group, self.topic,
+                                  self.sys_flag, self.born_ms, self.flag, self.properties,
+                                  self.code == _BATCH, queue_id, self.body)
 
 
 class RequestBuilder:
@@ -136,7 +171,7 @@ class RequestBuilder:
         """The request of ``Producer.send`` (BlockingProducer builds it the same way)."""
         msg = as_message(message)
         if delay_level is None and deliver_at is None and is_plain(msg):
-            uid = new_uniq_key()
+            uid = _next_uid()
             return self.encoded(topic, msg, _plain_properties(uid), uid, queue_id)
         props = self.properties(msg)
         if delay_level is not None or deliver_at is not None:
@@ -158,9 +193,9 @@ class RequestBuilder:
         if self.compress_over_bytes >= 0 and len(body) > self.compress_over_bytes:
             body, compressed = compress(body, self.compression)
             sys_flag |= compressed
-        header = SendHeader.fields(self.group, topic, sys_flag, time.time_ns() // 1_000_000,
-                                   msg.flag, properties, False)
-        return SendRequest(topic, RequestCode.SEND_MESSAGE_V2, header, body, [uid], queue_id)
+        return SendRequest(topic, RequestCode.SEND_MESSAGE_V2, self.group, sys_flag,
+                           time.time_ns() // 1_000_000, msg.flag, properties, body, [uid],
+                           queue_id)
 
     def batches(self, topic: str, messages: Sequence[Message | bytes | str],
                 queue_id: int | None) -> Iterator[SendRequest]:
@@ -206,6 +241,5 @@ class RequestBuilder:
                 and len(body) > self.compress_over_bytes):
             # The whole batch travels compressed; the broker inflates it before storing.
             body, sys_flag = compress(body, self.compression)
-        header = SendHeader.fields(self.group, topic, sys_flag, time.time_ns() // 1_000_000, 0,
-                                   _BATCH_PROPS, True)
-        return SendRequest(topic, RequestCode.SEND_BATCH_MESSAGE, header, body, uids, queue_id)
+        return SendRequest(topic, RequestCode.SEND_BATCH_MESSAGE, self.group, sys_flag,
+                           time.time_ns() // 1_000_000, 0, _BATCH_PROPS, body, uids, queue_id)

@@ -31,7 +31,8 @@ from rmqha.client.route import BrokerData, TopicRoute
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, RemotingError, SendError
 from rmqha.protocol.message import Prop, decode_properties
-from rmqha.protocol.command import RemotingCommand
+from rmqha.protocol.command import RemotingCommand, decode
+from rmqha._core.send_codec_py import ANSWER_FIELDS
 
 SEND_CODES = (RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE)
 
@@ -70,6 +71,25 @@ class Spy:
             return resp
 
         monkeypatch.setattr(BlockingLink, "request", link_request)
+        real_link_send = BlockingLink.send
+
+        def link_send(link: BlockingLink, frame: bytes, opaque: int, timeout: float) -> Any:
+            """The encoded path (SendRequest.frame, the send codec's answer), recorded as
+            the commands the frames decode to."""
+            cmd = decode(frame)
+            assert cmd.opaque == opaque
+            try:
+                answer = real_link_send(link, frame, opaque, timeout)
+            except (RemotingError, ProtocolError) as exc:
+                self.fast.append(Attempt(link.addr, cmd, exc))
+                raise
+            code, opaque, flag, remark, *values = answer
+            ext = {k: v for k, v in zip(ANSWER_FIELDS, values) if v is not None}
+            self.fast.append(Attempt(link.addr, cmd, RemotingCommand(
+                code, opaque=opaque, flag=flag, remark=remark, ext_fields=ext)))
+            return answer
+
+        monkeypatch.setattr(BlockingLink, "send", link_send)
         session = mine.producer.session
         real_session_request = session.request
 
