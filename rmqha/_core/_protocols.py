@@ -391,6 +391,7 @@ class SendCodecTwin(Protocol):
     DEFAULT_TOPIC: str
     LANGUAGE: str
     ANSWER_FIELDS: tuple[str, ...]
+    ENTRY_FIXED: int
 
     def UniqKeys(self, prefix: str) -> UniqKeysLike: ...
 
@@ -402,6 +403,9 @@ class SendCodecTwin(Protocol):
 
     def decode_send_answer(self, frame: bytes | bytearray | memoryview,
                            ) -> send_codec_py.Answer | None: ...
+
+    def encode_plain_batch(self, bodies: Sequence[bytes], uids: Sequence[str], head: str,
+                           tail: str, start: int, max_bytes: int) -> tuple[bytes, int]: ...
 
 
 if TYPE_CHECKING:

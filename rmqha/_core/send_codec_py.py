@@ -19,6 +19,8 @@ Owns three things a producer does for every message:
   masterAddress)``, an absent field as ``None``.  ``None`` instead of a tuple when the frame
   is well formed but not one this reads (a binary header, a field of an unexpected JSON
   type): the caller decodes it the general way.  ProtocolError when the frame is broken.
+- :func:`encode_plain_batch`: a SEND_BATCH_MESSAGE body of plain messages (bodies alone,
+  each with its UNIQ_KEY in a properties template), cut where the producer cuts chunks.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import calendar
 import itertools
 import struct
 import time
+from collections.abc import Sequence
 
 import orjson
 
@@ -146,3 +149,39 @@ def _json_header(frame: bytes | bytearray | memoryview) -> dict[str, object] | N
     if type(header) is not dict:
         raise ProtocolError("header JSON is not an object")
     return header
+
+
+_ENTRY_HEAD = struct.Struct(">iiiii")  # total size, magic, body crc, flag, body length
+_PROPS_LENGTH = struct.Struct(">h")
+#: The fixed bytes of a batch entry: its head and its properties length.
+ENTRY_FIXED = 22
+
+
+def encode_plain_batch(bodies: Sequence[bytes], uids: Sequence[str], head: str, tail: str,
+                       start: int, max_bytes: int) -> tuple[bytes, int]:
+    """One SEND_BATCH_MESSAGE body of plain messages: ``bodies[start:end]``, each with flag
+    0 and properties ``head + uid + tail`` (RocketMQ's batch entry: TOTALSIZE MAGIC BODYCRC
+    FLAG BODYLEN body PROPLEN properties), and ``end``.  Entries are taken while the
+    producer's count of the chunk (``22 + len(body) + 4 * len(properties)`` each, the
+    properties counted in characters) stays within ``max_bytes``; the first always is."""
+    if not 0 <= start < len(bodies) or len(uids) != len(bodies):
+        raise ValueError(f"start {start} outside {len(bodies)} bodies with {len(uids)} ids")
+    parts: list[bytes] = []
+    size = 0
+    end = start
+    while end < len(bodies):
+        props = f"{head}{uids[end]}{tail}"
+        body = bodies[end]
+        if type(body) is not bytes:
+            raise TypeError(f"batch body {end} is {type(body).__name__}, not bytes")
+        item = ENTRY_FIXED + len(body) + 4 * len(props)
+        if end > start and size + item > max_bytes:
+            break
+        encoded = props.encode()
+        if len(encoded) > 32767:
+            raise ProtocolError(f"properties of {len(encoded)} bytes exceed 32767")
+        parts += (_ENTRY_HEAD.pack(ENTRY_FIXED + len(body) + len(encoded), 0, 0, 0, len(body)),
+                  body, _PROPS_LENGTH.pack(len(encoded)), encoded)
+        size += item
+        end += 1
+    return b"".join(parts), end

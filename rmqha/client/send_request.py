@@ -169,14 +169,22 @@ class RequestBuilder:
     def single(self, topic: str, message: Message | bytes | str, queue_id: int | None,
                delay_level: int | None = None, deliver_at: int | None = None) -> SendRequest:
         """The request of ``Producer.send`` (BlockingProducer builds it the same way)."""
-        msg = as_message(message)
-        if delay_level is None and deliver_at is None and is_plain(msg):
-            uid = _next_uid()
-            return self.encoded(topic, msg, _plain_properties(uid), uid, queue_id)
+        if delay_level is None and deliver_at is None:
+            if type(message) is bytes:  # a body alone: no Message made for it
+                return self._plain(topic, message, 0, queue_id)
+            msg = as_message(message)
+            if is_plain(msg):
+                return self._plain(topic, msg.body, msg.flag, queue_id)
+        else:
+            msg = as_message(message)
         props = self.properties(msg)
         if delay_level is not None or deliver_at is not None:
             delay_properties(props, delay_level, deliver_at)
         return self.message(topic, msg, props, queue_id)
+
+    def _plain(self, topic: str, body: bytes, flag: int, queue_id: int | None) -> SendRequest:
+        uid = _next_uid()
+        return self._request(topic, body, flag, _plain_properties(uid), uid, queue_id, 0)
 
     def message(self, topic: str, msg: Message, props: dict[str, str],
                 queue_id: int | None, sys_flag: int = 0) -> SendRequest:
@@ -189,12 +197,15 @@ class RequestBuilder:
     def encoded(self, topic: str, msg: Message, properties: str, uid: str,
                 queue_id: int | None, sys_flag: int = 0) -> SendRequest:
         """:meth:`message` with the properties encoded already."""
-        body = msg.body
-        if self.compress_over_bytes >= 0 and len(body) > self.compress_over_bytes:
+        return self._request(topic, msg.body, msg.flag, properties, uid, queue_id, sys_flag)
+
+    def _request(self, topic: str, body: bytes, flag: int, properties: str, uid: str,
+                 queue_id: int | None, sys_flag: int) -> SendRequest:
+        if 0 <= self.compress_over_bytes < len(body):
             body, compressed = compress(body, self.compression)
             sys_flag |= compressed
         return SendRequest(topic, RequestCode.SEND_MESSAGE_V2, self.group, sys_flag,
-                           time.time_ns() // 1_000_000, msg.flag, properties, body, [uid],
+                           time.time_ns() // 1_000_000, flag, properties, body, [uid],
                            queue_id)
 
     def batches(self, topic: str, messages: Sequence[Message | bytes | str],
@@ -203,6 +214,9 @@ class RequestBuilder:
         most ``max_batch_bytes``, each built when the one before it was sent."""
         # Every item checked before the first chunk leaves; a body alone stays as it is.
         msgs = [m if type(m) is bytes else as_message(m) for m in messages]
+        if all(type(m) is bytes for m in msgs):  # bodies alone: the codec writes each chunk
+            yield from self._plain_batches(topic, msgs, queue_id)  # type: ignore[arg-type]
+            return
         chunk: list[BatchEntry] = []
         uids: list[str] = []
         size = 0
@@ -220,6 +234,18 @@ class RequestBuilder:
         if chunk:
             yield self.chunk(topic, chunk, uids, queue_id)
 
+    def _plain_batches(self, topic: str, bodies: list[bytes],
+                       queue_id: int | None) -> Iterator[SendRequest]:
+        """:meth:`batches` of bodies alone: each chunk one codec call (the entries and the
+        cut :meth:`batches` makes of them one by one)."""
+        uids = UNIQ_KEYS.take(len(bodies))
+        start = 0
+        while start < len(bodies):
+            body, end = _CODEC.encode_plain_batch(bodies, uids, _PLAIN_PROPS[0], _PLAIN_PROPS[1],
+                                                  start, self.max_batch_bytes)
+            yield self._batch(topic, body, uids[start:end], queue_id)
+            start = end
+
     def batch_entry(self, msg: Message, uid: str) -> tuple[BatchEntry, str, int]:
         """``msg`` as a batch entry, the UNIQ_KEY it carries (``uid`` unless the message
         names its own) and the upper bound of its encoded size that chunks are cut by
@@ -235,7 +261,10 @@ class RequestBuilder:
     def chunk(self, topic: str, chunk: list[BatchEntry], uids: list[str],
               queue_id: int | None) -> SendRequest:
         """One SEND_BATCH_MESSAGE of these entries (their ids in ``uids``)."""
-        body = encode_batch_entries(chunk)
+        return self._batch(topic, encode_batch_entries(chunk), uids, queue_id)
+
+    def _batch(self, topic: str, body: bytes, uids: list[str],
+               queue_id: int | None) -> SendRequest:
         sys_flag = 0
         if (self.compress_batches and self.compress_over_bytes >= 0
                 and len(body) > self.compress_over_bytes):

@@ -22,7 +22,7 @@ from rmqha._core import load_twin
 from rmqha.client.blocking_link import answer_of
 from rmqha.client.model import Message, MessageQueue
 from rmqha.client.producer import Producer
-from rmqha.client.send_request import SendRequest
+from rmqha.client.send_request import _PLAIN_PROPS, BatchEntry, SendRequest, _plain_entry
 from rmqha.client.sender import Sender
 from rmqha.errors import ProtocolError
 from rmqha.protocol.codes import RequestCode, ResponseCode
@@ -33,7 +33,7 @@ from rmqha.protocol.command import (
     decode_frame,
     encode,
 )
-from rmqha.protocol.message import new_uniq_key
+from rmqha.protocol.message import decode_batch, encode_batch_entries, new_uniq_key, new_uniq_keys
 
 #: Text as a header may carry it: quotes, backslashes, control characters, non-ASCII, emoji
 #: (no lone surrogates: those are refused, tested apart).
@@ -271,3 +271,90 @@ def test_the_process_ids_come_from_one_maker() -> None:
     counters = [int(k[28:], 16) for k in (a, req.uniq_keys[0], b)]
     assert counters[1] == (counters[0] + 1) & 0xFFFF and counters[2] == (counters[1] + 1) & 0xFFFF
     assert orjson.dumps(a)  # ASCII str
+
+
+# --- plain batches ---------------------------------------------------------------------------
+
+
+def reference_chunks(bodies: list[bytes], uids: list[str],
+                     max_bytes: int) -> list[tuple[bytes, int]]:
+    """The producer's general path: one entry per body (_plain_entry), cut by its sizes."""
+    out: list[tuple[bytes, int]] = []
+    chunk: list[BatchEntry] = []
+    size = 0
+    for i, (body, uid) in enumerate(zip(bodies, uids)):
+        entry, item = _plain_entry(body, 0, uid)
+        if chunk and size + item > max_bytes:
+            out.append((encode_batch_entries(chunk), i))
+            chunk, size = [], 0
+        chunk.append(entry)
+        size += item
+    if chunk:
+        out.append((encode_batch_entries(chunk), len(bodies)))
+    return out
+
+
+def codec_chunks(mod: object, bodies: list[bytes], uids: list[str],
+                 max_bytes: int) -> list[tuple[bytes, int]]:
+    out, start = [], 0
+    while start < len(bodies):
+        body, start = mod.encode_plain_batch(  # type: ignore[attr-defined]
+            bodies, uids, _PLAIN_PROPS[0], _PLAIN_PROPS[1], start, max_bytes)
+        out.append((body, start))
+    return out
+
+
+@BOTH
+@settings(max_examples=100, deadline=None)
+@given(bodies=st.lists(st.binary(max_size=300), min_size=1, max_size=40),
+       max_bytes=st.integers(0, 3000))
+def test_plain_batches_are_the_general_paths_chunks(bodies: list[bytes], max_bytes: int) -> None:
+    uids = new_uniq_keys(len(bodies))
+    want = reference_chunks(bodies, uids, max_bytes)
+    for twin in ("cython", "python"):
+        assert codec_chunks(load_twin("send_codec", twin), bodies, uids, max_bytes) == want
+
+
+def test_plain_batch_cut_and_bytes(twin: str) -> None:
+    mod = load_twin("send_codec", twin)
+    bodies = [b"one", b"", "tw\u00f6".encode(), b"x" * 5000]
+    uids = new_uniq_keys(4)
+    item = 22 + 4 * len(_PLAIN_PROPS[0] + uids[0] + _PLAIN_PROPS[1])
+    assert codec_chunks(mod, bodies, uids, 10**9) == reference_chunks(bodies, uids, 10**9)
+    # Two entries fit exactly; the big body goes alone, over the limit (the first always does).
+    limit = 2 * item + 3
+    assert [end for _, end in codec_chunks(mod, bodies, uids, limit)] == [2, 3, 4]
+    body, _ = mod.encode_plain_batch(bodies, uids, _PLAIN_PROPS[0], _PLAIN_PROPS[1], 0, 10**9)
+    assert [(e.body, e.properties["UNIQ_KEY"]) for e in decode_batch(body)] == list(
+        zip(bodies, uids))
+    wrong = bytearray(body)
+    wrong[-1] ^= 1  # negative control: one changed byte is not the general path's bytes
+    assert bytes(wrong) != reference_chunks(bodies, uids, 10**9)[0][0]
+
+
+def test_plain_batch_refusals(twin: str) -> None:
+    mod = load_twin("send_codec", twin)
+    head, tail = _PLAIN_PROPS
+    with pytest.raises(ValueError, match="outside"):
+        mod.encode_plain_batch([b"a"], ["U"], head, tail, 1, 100)
+    with pytest.raises(ValueError, match="outside"):
+        mod.encode_plain_batch([b"a"], [], head, tail, 0, 100)
+    with pytest.raises(TypeError, match="not bytes"):
+        mod.encode_plain_batch([b"a", "b"], ["U", "V"], head, tail, 0, 100)
+    with pytest.raises(ProtocolError, match="exceed 32767"):
+        mod.encode_plain_batch([b"a"], ["U" * 40000], head, tail, 0, 100)
+
+
+def test_send_batch_of_bodies_cuts_as_of_messages() -> None:
+    """RequestBuilder.batches: bodies alone (the codec) and the same bodies as messages
+    (entry by entry) make the same chunks."""
+    rb = Producer("127.0.0.1:9", "g", max_batch_bytes=700).sender.requests
+    bodies = [bytes([65 + i]) * (i * 37 % 200) for i in range(30)]
+    fast = list(rb.batches("T", bodies, None))
+    slow = list(rb.batches("T", [Message(b) for b in bodies], None))
+    assert len(fast) > 3 and [len(r.uniq_keys) for r in fast] == [len(r.uniq_keys) for r in slow]
+    for f in fast:
+        entries = decode_batch(f.body)
+        assert [e.properties["UNIQ_KEY"] for e in entries] == f.uniq_keys
+        assert all(e.properties["WAIT"] == "true" and e.flag == 0 for e in entries)
+    assert [e.body for f in fast for e in decode_batch(f.body)] == bodies
