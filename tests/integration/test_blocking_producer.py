@@ -26,8 +26,9 @@ import pytest
 from cluster import BrokerProc, Cluster
 from fake_remoting import FakeConn, FakeServer
 from rmqha.client import BlockingConsumer, BlockingProducer, Message, Producer, ReceivedMessage
-from rmqha.client.blocking_link import BlockingLink
-from rmqha.client.route import BrokerData, TopicRoute
+from rmqha.client.blocking_link import BlockingLink, answer_of
+from rmqha.client.route import BrokerData, QueueData, TopicRoute
+from rmqha.net.client_security import ClientSecurity
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, RemotingError, SendError
 from rmqha.protocol.message import Prop, decode_properties
@@ -393,3 +394,47 @@ def test_master_killed_between_two_sends_fails_over_with_the_same_id(
         assert nxt.ok and nxt.attempts == 1 and spy.fast[-1].addr == slave.address
     got = read_back(c, "failover-readers", "Failover", {r.msg_id, nxt.msg_id})
     assert got[r.msg_id].body == b"after the kill" and got[nxt.msg_id].body == b"next"
+
+
+class RecordingLink:
+    """A stand-in for a BlockingLink: records which entry point an attempt used."""
+
+    def __init__(self, signs: bool) -> None:
+        self.signs = signs
+        self.calls: list[str] = []
+        answer = RemotingCommand(0, opaque=0).reply(ResponseCode.SUCCESS, None, {
+            "msgId": "M", "queueId": "0", "queueOffset": "5"})
+        self.answer = answer
+
+    def request(self, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
+        self.calls.append("request")
+        assert isinstance(cmd, RemotingCommand)
+        self.answer.opaque = cmd.opaque
+        return self.answer
+
+    def send(self, frame: bytes, opaque: int, timeout: float) -> Any:
+        self.calls.append("send")
+        self.answer.opaque = opaque
+        return answer_of(self.answer)
+
+    def close(self) -> None:
+        self.calls.append("close")
+
+
+@pytest.mark.parametrize("signs, used", [(False, "send"), (True, "request")])
+def test_a_signing_link_gets_the_command_and_others_the_frame(signs: bool, used: str) -> None:
+    """The first attempt goes through the send codec unless the link signs requests (an
+    ACL hook needs the command); no broker involved (the route is put in the cache)."""
+    with BlockingProducer("127.0.0.1:9") as p:  # never connects
+        mine = p._loop.this_thread()
+        assert mine is not None
+        mine.sender.session._routes["T"] = TopicRoute(
+            "T", [QueueData("b", 1, 1, 6)], {"b": BrokerData("c", "b", {0: "127.0.0.1:9"})},
+            time.monotonic())
+        link = RecordingLink(signs)
+        mine.links["127.0.0.1:9"] = link  # type: ignore[assignment]
+        r = p.send("T", b"x")
+    assert r.ok and r.queue_offset == 5 and r.offset_msg_id == "M"
+    assert link.calls == [used, "close"]
+    assert BlockingLink("127.0.0.1:9").signs is False
+    assert BlockingLink("127.0.0.1:9", security=ClientSecurity(None, lambda cmd: None)).signs
