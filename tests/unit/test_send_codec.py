@@ -223,6 +223,29 @@ def test_any_answer_reads_as_the_general_decoder(code: int, opaque: int, remark:
         assert load_twin("send_codec", twin).decode_send_answer(frame) == want, twin
 
 
+def outcome(mod: object, frame: bytes) -> object:
+    try:
+        return mod.decode_send_answer(frame)  # type: ignore[attr-defined]
+    except ProtocolError:
+        return ProtocolError
+
+
+@BOTH
+@settings(max_examples=300, deadline=None)
+@given(edits=st.lists(st.tuples(st.integers(0, 400), st.integers(0, 255)), max_size=4),
+       cut=st.integers(0, 400))
+def test_damaged_answers_read_alike_in_both_twins(edits: list[tuple[int, int]],
+                                                  cut: int) -> None:
+    """Any damage to an answer's header (changed bytes, a short header): the compiled
+    scanner and the pure twin give the same fields, None, or ProtocolError."""
+    header = bytearray(encode(refusal())[8:])
+    for at, value in edits:
+        header[at % len(header)] = value
+    frame = raw(bytes(header[:cut] if cut < len(header) else header))
+    assert outcome(load_twin("send_codec", "cython"), frame) == outcome(
+        load_twin("send_codec", "python"), frame)
+
+
 # --- UNIQ_KEYs -------------------------------------------------------------------------------
 
 PREFIX = "7F0000010A2BDEADBEEF"
