@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from rmqha._core import frames_py, records_py
+    from rmqha._core import frames_py, records_py, send_codec_py
 
 #: A buffer a twin reads records or frames from.
 ReadableBuffer = bytes | bytearray | memoryview | mmap.mmap
@@ -371,6 +371,43 @@ class QueueScanTwin(Protocol):
                    ) -> tuple[int, list[QueueRun], tuple[int, int, int] | None]: ...
 
 
+class UniqKeysLike(Protocol):
+    """A process's UNIQ_KEY maker (``send_codec.UniqKeys`` of either twin)."""
+
+    @property
+    def prefix(self) -> str: ...
+
+    def next(self) -> str: ...
+
+    def take(self, count: int) -> list[str]: ...
+
+
+class SendCodecTwin(Protocol):
+    """``rmqha._core.send_codec`` / ``send_codec_py``: the client's send request encode and
+    send answer decode, and its UNIQ_KEYs."""
+
+    __name__: str
+
+    DEFAULT_TOPIC: str
+    LANGUAGE: str
+    ANSWER_FIELDS: tuple[str, ...]
+    ENTRY_FIXED: int
+
+    def UniqKeys(self, prefix: str) -> UniqKeysLike: ...
+
+    def month_bounds(self, now_ms: int) -> tuple[int, int]: ...
+
+    def encode_send(self, code: int, opaque: int, version: int, group: str, topic: str,
+                    sys_flag: int, born_ms: int, flag: int, properties: str, batch: bool,
+                    queue_id: int, body: bytes) -> bytes: ...
+
+    def decode_send_answer(self, frame: bytes | bytearray | memoryview,
+                           ) -> send_codec_py.Answer | None: ...
+
+    def encode_plain_batch(self, bodies: Sequence[bytes], uids: Sequence[str], head: str,
+                           tail: str, start: int, max_bytes: int) -> tuple[bytes, int]: ...
+
+
 if TYPE_CHECKING:
     # Conformance, checked by mypy: each twin offers its feature's whole API.
     from rmqha._core import (
@@ -384,6 +421,8 @@ if TYPE_CHECKING:
         queue_scan,
         queue_scan_py,
         records,
+        send_codec,
+        send_codec_py,
     )
 
     _records: tuple[RecordsTwin, RecordsTwin] = (records, records_py)
@@ -392,3 +431,4 @@ if TYPE_CHECKING:
     _ha_offsets: tuple[HaOffsetsTwin, HaOffsetsTwin] = (ha_offsets, ha_offsets_py)
     _message_index: tuple[MessageIndexTwin, MessageIndexTwin] = (message_index, message_index_py)
     _queue_scan: tuple[QueueScanTwin, QueueScanTwin] = (queue_scan, queue_scan_py)
+    _send_codec: tuple[SendCodecTwin, SendCodecTwin] = (send_codec, send_codec_py)

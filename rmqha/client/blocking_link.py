@@ -7,7 +7,9 @@ on every call (about 200 us of client CPU a send, one at a time, on the project'
 VM); a blocking ``send`` and ``recv`` are two system calls.
 
 Frames go through rmqha's own codec (:func:`rmqha.protocol.command.encode`,
-:class:`rmqha.protocol.command.FrameDecoder`), so a length read from the socket is checked against
+:func:`rmqha.protocol.command.decode_frame`), or for a send (:meth:`BlockingLink.send`)
+through the client send codec (``rmqha._core.send_codec``: the request encoded already, the
+answer's fields read in one call).  A length read from the socket is checked against
 ``max_frame_bytes`` before anything is buffered for its frame, and a malformed frame is a
 :class:`~rmqha.errors.ProtocolError` as everywhere else.
 
@@ -38,14 +40,18 @@ import socket
 import ssl
 import struct
 import time
+from collections.abc import Callable
 
+from rmqha._core import load
+from rmqha._core.send_codec_py import Answer
 from rmqha.errors import ProtocolError, RemotingError, RemotingTimeoutError
 from rmqha.net.client import split_address
 from rmqha.net.client_security import ClientSecurity, current
 from rmqha.protocol.command import (
     DEFAULT_MAX_FRAME_BYTES,
-    FrameDecoder,
+    FLAG_RESPONSE,
     RemotingCommand,
+    decode_frame,
     encode,
     not_supported,
 )
@@ -56,6 +62,9 @@ log = logging.getLogger(__name__)
 _TIMEVAL = struct.Struct("@ll")
 #: Bytes asked of one recv: a send's answer is a few hundred, a route a few KiB.
 _RECV_BYTES = 64 * 1024
+_LENGTH = struct.Struct(">i")
+#: The client send codec: a send's answer read in one call (:meth:`BlockingLink.send`).
+_CODEC = load("send_codec")
 
 
 class BlockingLink:
@@ -68,7 +77,8 @@ class BlockingLink:
         self.host, self.port = split_address(addr)
         self.max_frame_bytes = max_frame_bytes
         self._sock: socket.socket | None = None
-        self._decoder = FrameDecoder(max_frame_bytes)
+        #: Bytes read but not yet split into frames.
+        self._buf = bytearray()
         #: The socket's SO_RCVTIMEO and SO_SNDTIMEO, in ms (0: not set).
         self._timeout_ms = 0
 
@@ -86,17 +96,37 @@ class BlockingLink:
         if self.security is not None and self.security.rpc_hook is not None:
             self.security.rpc_hook(cmd)
         frame = encode(cmd)  # a header that cannot be encoded is our error: the link stays
+        answer = self._exchange(frame, cmd.opaque, timeout, cmd.describe, False)
+        assert isinstance(answer, RemotingCommand)
+        return answer
+
+    @property
+    def signs(self) -> bool:
+        """Whether requests are signed (a hook that needs the command, not its bytes)."""
+        return self.security is not None and self.security.rpc_hook is not None
+
+    def send(self, frame: bytes, opaque: int, timeout: float) -> Answer:
+        """:meth:`request` of a send request encoded already (``SendRequest.frame``, which
+        must not need signing: see :attr:`signs`), its answer read by the send codec in
+        one call: ``(code, opaque, flag, remark, msgId, queueId, queueOffset, putStatus,
+        masterAddress)``.  The same errors as :meth:`request`."""
+        answer = self._exchange(frame, opaque, timeout, lambda: f"send opaque={opaque}", True)
+        assert isinstance(answer, tuple)
+        return answer
+
+    def _exchange(self, frame: bytes, opaque: int, timeout: float,
+                  describe: Callable[[], str], fields: bool) -> RemotingCommand | Answer:
         deadline = time.monotonic() + timeout
         done = False
         try:
             sock = self._sock if self._sock is not None else self._connect(deadline)
             self._send(sock, frame, deadline)
-            response = self._receive(sock, cmd.opaque, deadline)
+            response = self._receive(sock, opaque, deadline, fields)
             done = True
             return response
         except (TimeoutError, BlockingIOError):  # BlockingIOError: SO_RCVTIMEO/SNDTIMEO ran out
             raise RemotingTimeoutError(
-                f"no response from {self.addr} to {cmd.describe()} within {timeout:.3f}s"
+                f"no response from {self.addr} to {describe()} within {timeout:.3f}s"
             ) from None
         except ProtocolError as exc:
             raise ProtocolError(f"malformed frame from {self.addr} (connection closed): "
@@ -111,7 +141,7 @@ class BlockingLink:
         sock, self._sock = self._sock, None
         self._timeout_ms = 0
         # Bytes of a frame of the old connection mean nothing on the next one.
-        self._decoder = FrameDecoder(self.max_frame_bytes)
+        self._buf = bytearray()
         if sock is not None:
             sock.close()
 
@@ -187,20 +217,53 @@ class BlockingLink:
                 self._arm(sock, deadline)
                 sent += sock.send(view[sent:])
 
-    def _receive(self, sock: socket.socket, opaque: int, deadline: float) -> RemotingCommand:
+    def _receive(self, sock: socket.socket, opaque: int, deadline: float,
+                 fields: bool) -> RemotingCommand | Answer:
+        """The response with ``opaque``: decoded whole, or (``fields``) its fields as the
+        send codec reads them; a frame the codec does not read (a binary header) is
+        decoded whole and its fields taken from the command."""
         while True:
             self._arm(sock, deadline)
             data = sock.recv(_RECV_BYTES)
             if not data:
                 raise RemotingError(f"connection {self.addr} closed by the peer")
-            found: RemotingCommand | None = None
-            for cmd in self._decoder.feed(data):  # ProtocolError past max_frame_bytes
+            found: RemotingCommand | Answer | None = None
+            for frame in self._frames(data):  # ProtocolError past max_frame_bytes
+                answer = _CODEC.decode_send_answer(frame) if fields else None
+                if answer is not None and answer[2] & FLAG_RESPONSE and answer[1] == opaque:
+                    found = answer
+                    continue
+                cmd = decode_frame(frame)
                 if cmd.is_response and cmd.opaque == opaque:
-                    found = cmd
+                    found = answer_of(cmd) if fields else cmd
                 else:
                     self._stray(sock, cmd, deadline)
             if found is not None:
                 return found
+
+    def _frames(self, data: bytes) -> list[bytes]:
+        """The whole frames (without their length) that ``data`` completes; a length
+        below 4 or above ``max_frame_bytes`` is a ProtocolError before anything of its
+        frame is kept (as :class:`~rmqha.protocol.command.FrameDecoder` checks)."""
+        buf = self._buf
+        if not buf and len(data) >= 4:
+            (total,) = _LENGTH.unpack_from(data, 0)
+            if total == len(data) - 4 and 4 <= total <= self.max_frame_bytes:
+                return [data[4:]]  # nearly always: one answer, whole, in one read
+        buf += data
+        out: list[bytes] = []
+        pos = 0
+        while len(buf) - pos >= 4:
+            (total,) = _LENGTH.unpack_from(buf, pos)
+            if total < 4 or total > self.max_frame_bytes:
+                raise ProtocolError(f"frame length {total} outside [4, {self.max_frame_bytes}]")
+            if len(buf) - pos - 4 < total:
+                break
+            out.append(bytes(buf[pos + 4 : pos + 4 + total]))
+            pos += 4 + total
+        if pos:
+            del buf[:pos]
+        return out
 
     def _stray(self, sock: socket.socket, cmd: RemotingCommand, deadline: float) -> None:
         if cmd.is_response:
@@ -212,3 +275,10 @@ class BlockingLink:
             log.debug("%s: answering %s: not supported on a blocking link",
                       self.addr, cmd.describe())
             self._send(sock, encode(not_supported(cmd)), deadline)
+
+
+def answer_of(cmd: RemotingCommand) -> Answer:
+    """A decoded command as the send codec's answer tuple (the fields a producer reads)."""
+    ext = cmd.ext_fields
+    return (cmd.code, cmd.opaque, cmd.flag, cmd.remark, ext.get("msgId"), ext.get("queueId"),
+            ext.get("queueOffset"), ext.get("putStatus"), ext.get("masterAddress"))

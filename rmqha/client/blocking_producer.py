@@ -5,7 +5,9 @@ route cache) and asyncio loop, and in a thread that runs no loop a send's first 
 goes over a blocking socket (:class:`~rmqha.client.blocking_link.BlockingLink`) when the
 topic's route is cached: no loop runs for a message answered with a send status, which is
 nearly all of them (driving a loop with ``run_until_complete`` cost ~200 us of client CPU a
-send).  Any other outcome (no cached route, a refusal, a timeout, a lost connection) hands
+send).  That attempt's frame is one call of the compiled send codec and its answer is read
+by one more (``rmqha._core.send_codec``), unless requests are signed (ACL), which needs the
+command.  Any other outcome (no cached route, a refusal, a timeout, a lost connection) hands
 the same request, UNIQ_KEYs included, and what the attempt learned to the producer's
 :class:`~rmqha.client.sender.Sender` on the thread's loop; a refusal no retry can help
 raises SendError at once, as it does there.
@@ -19,6 +21,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rmqha._core.send_codec_py import Answer
 from rmqha.client.blocking_link import BlockingLink
 from rmqha.client.model import Message, SendResult
 from rmqha.client.producer import Producer
@@ -28,6 +31,7 @@ from rmqha.client.transaction import CheckListener, LocalTransaction, Transactio
 from rmqha.errors import ClientError, ProtocolError, RemotingError
 from rmqha.net import loop as event_loop
 from rmqha.net.loop import EventLoopThread
+from rmqha.protocol.command import RemotingCommand, next_opaque
 
 
 @dataclass(eq=False)
@@ -75,7 +79,13 @@ class _ThreadProducer:
             if link is None:
                 link = self.links[addr] = BlockingLink(addr, security=sender.session.security)
             try:
-                resp = link.request(sender.command(req, mq), sender.send_timeout_s)
+                if link.signs:  # the signing hook needs the command
+                    resp: RemotingCommand | Answer = link.request(sender.command(req, mq),
+                                                                  sender.send_timeout_s)
+                else:  # one compiled call each way
+                    opaque = next_opaque()
+                    resp = link.send(req.frame(opaque, mq.queue_id), opaque,
+                                     sender.send_timeout_s)
             except (RemotingError, ProtocolError) as exc:
                 del self.links[addr]  # it closed its socket; a dead master's goes for good
                 tried.lost(exc, mq.broker_name)

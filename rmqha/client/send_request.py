@@ -11,6 +11,10 @@ on the wire), unless ``compress_batches`` asks for the whole batch body to be co
 A message with no properties of its own (no tags, keys or user properties: most of them)
 takes a shortcut: its properties are a template with its UNIQ_KEY put in, the same bytes
 the general path writes.
+
+An attempt's whole frame is one call of the client send codec (:meth:`SendRequest.frame`,
+``rmqha._core.send_codec``, compiled), the bytes the general codec writes for the same
+command; an attempt that must be signed (ACL) builds the command instead.
 """
 from __future__ import annotations
 
@@ -18,11 +22,14 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from rmqha._core import load
 from rmqha.client.model import Message
 from rmqha.errors import ClientError
 from rmqha.protocol.codes import RequestCode
+from rmqha.protocol.command import VERSION
 from rmqha.protocol.headers import SendHeader
 from rmqha.protocol.message import (
+    UNIQ_KEYS,
     CompressionType,
     Prop,
     compress,
@@ -31,6 +38,11 @@ from rmqha.protocol.message import (
     new_uniq_key,
     new_uniq_keys,
 )
+
+#: The client send codec (compiled unless disabled): a request's frame in one call.
+_CODEC = load("send_codec")
+_BATCH = int(RequestCode.SEND_BATCH_MESSAGE)
+_next_uid = UNIQ_KEYS.next
 
 #: A batch entry: the body, its encoded properties and its flag.
 BatchEntry = tuple[bytes, bytes, int]
@@ -94,17 +106,40 @@ def delay_properties(props: dict[str, str], delay_level: int | None,
 
 @dataclass
 class SendRequest:
-    """One send request as every attempt sends it: the header (UNIQ_KEYs and born
-    timestamp included) and body are built once, so a retry carries the same ids."""
+    """One send request as every attempt sends it: the header's values (UNIQ_KEYs and born
+    timestamp included) and body are fixed once, so a retry carries the same ids; each
+    attempt adds its opaque and queue id (:meth:`frame`, :meth:`header`)."""
 
     topic: str
     code: int
-    #: The send header's ext fields (:meth:`SendHeader.fields`, V2 letters), every value
-    #: the string it travels as; the queue id is added per attempt.
-    header: dict[str, str]
+    group: str
+    sys_flag: int
+    born_ms: int
+    flag: int
+    #: The encoded properties, as the header's ``i`` carries them.
+    properties: str
     body: bytes
     uniq_keys: list[str]
     queue_id: int | None
+
+    @property
+    def batch(self) -> bool:
+        return self.code == _BATCH
+
+    @property
+    def header(self) -> dict[str, str]:
+        """The send header's ext fields (:meth:`SendHeader.fields`, V2 letters), every
+        value the string it travels as; the queue id is added per attempt."""
+        return SendHeader.fields(self.group, self.topic, self.sys_flag, self.born_ms,
+                                 self.flag, self.properties, self.batch)
+
+    def frame(self, opaque: int, queue_id: int) -> bytes:
+        """The whole frame of an attempt to queue ``queue_id``, in one compiled call: the
+        bytes :func:`rmqha.protocol.command.encode` writes for the command
+        ``Sender.command`` makes (unsigned: a signing hook needs the command)."""
+        return _CODEC.encode_send(self.code, opaque, VERSION, self.group, self.topic,
+                                  self.sys_flag, self.born_ms, self.flag, self.properties,
+                                  self.code == _BATCH, queue_id, self.body)
 
 
 class RequestBuilder:
@@ -134,14 +169,22 @@ class RequestBuilder:
     def single(self, topic: str, message: Message | bytes | str, queue_id: int | None,
                delay_level: int | None = None, deliver_at: int | None = None) -> SendRequest:
         """The request of ``Producer.send`` (BlockingProducer builds it the same way)."""
-        msg = as_message(message)
-        if delay_level is None and deliver_at is None and is_plain(msg):
-            uid = new_uniq_key()
-            return self.encoded(topic, msg, _plain_properties(uid), uid, queue_id)
+        if delay_level is None and deliver_at is None:
+            if type(message) is bytes:  # a body alone: no Message made for it
+                return self._plain(topic, message, 0, queue_id)
+            msg = as_message(message)
+            if is_plain(msg):
+                return self._plain(topic, msg.body, msg.flag, queue_id)
+        else:
+            msg = as_message(message)
         props = self.properties(msg)
         if delay_level is not None or deliver_at is not None:
             delay_properties(props, delay_level, deliver_at)
         return self.message(topic, msg, props, queue_id)
+
+    def _plain(self, topic: str, body: bytes, flag: int, queue_id: int | None) -> SendRequest:
+        uid = _next_uid()
+        return self._request(topic, body, flag, _plain_properties(uid), uid, queue_id, 0)
 
     def message(self, topic: str, msg: Message, props: dict[str, str],
                 queue_id: int | None, sys_flag: int = 0) -> SendRequest:
@@ -154,13 +197,16 @@ class RequestBuilder:
     def encoded(self, topic: str, msg: Message, properties: str, uid: str,
                 queue_id: int | None, sys_flag: int = 0) -> SendRequest:
         """:meth:`message` with the properties encoded already."""
-        body = msg.body
-        if self.compress_over_bytes >= 0 and len(body) > self.compress_over_bytes:
+        return self._request(topic, msg.body, msg.flag, properties, uid, queue_id, sys_flag)
+
+    def _request(self, topic: str, body: bytes, flag: int, properties: str, uid: str,
+                 queue_id: int | None, sys_flag: int) -> SendRequest:
+        if 0 <= self.compress_over_bytes < len(body):
             body, compressed = compress(body, self.compression)
             sys_flag |= compressed
-        header = SendHeader.fields(self.group, topic, sys_flag, time.time_ns() // 1_000_000,
-                                   msg.flag, properties, False)
-        return SendRequest(topic, RequestCode.SEND_MESSAGE_V2, header, body, [uid], queue_id)
+        return SendRequest(topic, RequestCode.SEND_MESSAGE_V2, self.group, sys_flag,
+                           time.time_ns() // 1_000_000, flag, properties, body, [uid],
+                           queue_id)
 
     def batches(self, topic: str, messages: Sequence[Message | bytes | str],
                 queue_id: int | None) -> Iterator[SendRequest]:
@@ -168,6 +214,9 @@ class RequestBuilder:
         most ``max_batch_bytes``, each built when the one before it was sent."""
         # Every item checked before the first chunk leaves; a body alone stays as it is.
         msgs = [m if type(m) is bytes else as_message(m) for m in messages]
+        if all(type(m) is bytes for m in msgs):  # bodies alone: the codec writes each chunk
+            yield from self._plain_batches(topic, msgs, queue_id)  # type: ignore[arg-type]
+            return
         chunk: list[BatchEntry] = []
         uids: list[str] = []
         size = 0
@@ -185,6 +234,18 @@ class RequestBuilder:
         if chunk:
             yield self.chunk(topic, chunk, uids, queue_id)
 
+    def _plain_batches(self, topic: str, bodies: list[bytes],
+                       queue_id: int | None) -> Iterator[SendRequest]:
+        """:meth:`batches` of bodies alone: each chunk one codec call (the entries and the
+        cut :meth:`batches` makes of them one by one)."""
+        uids = UNIQ_KEYS.take(len(bodies))
+        start = 0
+        while start < len(bodies):
+            body, end = _CODEC.encode_plain_batch(bodies, uids, _PLAIN_PROPS[0], _PLAIN_PROPS[1],
+                                                  start, self.max_batch_bytes)
+            yield self._batch(topic, body, uids[start:end], queue_id)
+            start = end
+
     def batch_entry(self, msg: Message, uid: str) -> tuple[BatchEntry, str, int]:
         """``msg`` as a batch entry, the UNIQ_KEY it carries (``uid`` unless the message
         names its own) and the upper bound of its encoded size that chunks are cut by
@@ -200,12 +261,14 @@ class RequestBuilder:
     def chunk(self, topic: str, chunk: list[BatchEntry], uids: list[str],
               queue_id: int | None) -> SendRequest:
         """One SEND_BATCH_MESSAGE of these entries (their ids in ``uids``)."""
-        body = encode_batch_entries(chunk)
+        return self._batch(topic, encode_batch_entries(chunk), uids, queue_id)
+
+    def _batch(self, topic: str, body: bytes, uids: list[str],
+               queue_id: int | None) -> SendRequest:
         sys_flag = 0
         if (self.compress_batches and self.compress_over_bytes >= 0
                 and len(body) > self.compress_over_bytes):
             # The whole batch travels compressed; the broker inflates it before storing.
             body, sys_flag = compress(body, self.compression)
-        header = SendHeader.fields(self.group, topic, sys_flag, time.time_ns() // 1_000_000, 0,
-                                   _BATCH_PROPS, True)
-        return SendRequest(topic, RequestCode.SEND_BATCH_MESSAGE, header, body, uids, queue_id)
+        return SendRequest(topic, RequestCode.SEND_BATCH_MESSAGE, self.group, sys_flag,
+                           time.time_ns() // 1_000_000, 0, _BATCH_PROPS, body, uids, queue_id)

@@ -20,7 +20,10 @@ import asyncio
 import re
 import time
 from dataclasses import dataclass
+from typing import Final
 
+from rmqha._core.send_codec_py import Answer
+from rmqha.client.blocking_link import answer_of
 from rmqha.client.model import MessageQueue, SendResult, SendStatus
 from rmqha.client.route import ClientSession, QueueData, TopicRoute
 from rmqha.client.send_request import RequestBuilder, SendRequest
@@ -43,6 +46,12 @@ _STATUS: dict[int, SendStatus] = {
     ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
     ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
 }
+#: Where the send codec's answer tuple (``rmqha._core.send_codec``) holds each field.
+_MSG_ID: Final = 4
+_QUEUE_ID: Final = 5
+_QUEUE_OFFSET: Final = 6
+_PUT_STATUS: Final = 7
+_MASTER: Final = 8
 #: Broker answers after which another attempt (maybe elsewhere) can succeed.
 _RETRYABLE = {
     ResponseCode.SYSTEM_ERROR, ResponseCode.SYSTEM_BUSY, ResponseCode.SERVICE_NOT_AVAILABLE,
@@ -92,15 +101,16 @@ class Attempts:
         self.last_error, self.last_status = str(exc), "TIMEOUT" if timed_out else "CONNECTION"
         self.refresh, self.avoid = True, broker_name
 
-    def refused(self, resp: RemotingCommand, addr: str, broker_name: str) -> None:
+    def refused(self, answer: Answer, addr: str, broker_name: str) -> None:
         """An answer that is not a send status (see ``_STATUS``)."""
-        self.last_code, self.last_error = resp.code, resp.remark or ""
-        self.last_status = resp.ext_fields.get("putStatus", "")
-        if resp.code not in _RETRYABLE:
+        code, remark = answer[0], answer[3] or ""
+        self.last_code, self.last_error = code, remark
+        self.last_status = answer[_PUT_STATUS] or ""
+        if code not in _RETRYABLE:
             self.final = True
             return
         self.refresh = True
-        master = resp.ext_fields.get("masterAddress", "") or _master_in_remark(resp.remark or "")
+        master = answer[_MASTER] or _master_in_remark(remark)
         if master and master != addr:
             self.redirect = master  # a slave named its master: go there directly
         else:
@@ -195,20 +205,24 @@ class Sender:
 
     @staticmethod
     def command(req: SendRequest, mq: MessageQueue) -> RemotingCommand:
-        """The request of one attempt, to queue ``mq``."""
+        """The request of one attempt, to queue ``mq``, as a command (for a transport that
+        encodes commands, or a hook that signs them; :meth:`SendRequest.frame` is the same
+        request encoded)."""
         # A fresh header dict per attempt, handed over as is: every value is a str.
         return RemotingCommand(code=req.code, opaque=next_opaque(),
                                ext_fields={**req.header, SEND_V2_QUEUE_ID: str(mq.queue_id)},
                                body=req.body)
 
-    def answer(self, resp: RemotingCommand, addr: str, mq: MessageQueue, req: SendRequest,
-               tried: Attempts) -> list[SendResult] | None:
-        """The results if ``resp`` is a send status; else None, with the refusal noted in
-        ``tried`` (``tried.final`` when no retry can help)."""
-        status = _STATUS.get(resp.code)
+    def answer(self, resp: RemotingCommand | Answer, addr: str, mq: MessageQueue,
+               req: SendRequest, tried: Attempts) -> list[SendResult] | None:
+        """The results if the answer (a command, or the send codec's decoded fields) is a
+        send status; else None, with the refusal noted in ``tried`` (``tried.final`` when
+        no retry can help)."""
+        answer = resp if type(resp) is tuple else answer_of(resp)  # type: ignore[arg-type]
+        status = _STATUS.get(answer[0])
         if status is not None:
-            return self._results(resp, status, mq, req.uniq_keys, tried.made)
-        tried.refused(resp, addr, mq.broker_name)
+            return self._results(answer, status, mq, req.uniq_keys, tried.made)
+        tried.refused(answer, addr, mq.broker_name)
         return None
 
     async def send(self, req: SendRequest, tried: Attempts | None = None) -> list[SendResult]:
@@ -245,19 +259,23 @@ class Sender:
                 break
         raise tried.error(req.topic)
 
-    def _results(self, resp: RemotingCommand, status: SendStatus, mq: MessageQueue,
+    def _results(self, answer: Answer, status: SendStatus, mq: MessageQueue,
                  uniq_keys: list[str], attempts: int) -> list[SendResult]:
-        ext = resp.ext_fields
+        queue_id_text, offset_text = answer[_QUEUE_ID], answer[_QUEUE_OFFSET]
         try:
-            queue_id = int(ext.get("queueId", mq.queue_id))
-            first = int(ext["queueOffset"])
-        except (KeyError, ValueError) as exc:
-            raise ProtocolError(f"send response without queueOffset: {ext}") from exc
-        ids = ext.get("msgId", "").split(",")
+            queue_id = mq.queue_id if queue_id_text is None else int(queue_id_text)
+            first = int(offset_text)  # type: ignore[arg-type]  # None: TypeError
+        except (TypeError, ValueError) as exc:
+            raise ProtocolError(f"send response without queueOffset: queueId={queue_id_text!r} "
+                                f"queueOffset={offset_text!r}") from exc
+        ids = (answer[_MSG_ID] or "").split(",")
         # The picked queue itself unless the broker stored elsewhere (a frozen dataclass
         # costs a microsecond to make, on every send).
         queue = mq if queue_id == mq.queue_id else MessageQueue(mq.topic, mq.broker_name, queue_id)
+        if len(uniq_keys) == 1:
+            return [SendResult(status, uniq_keys[0], ids[0], queue, first, attempts)]
         return [
             SendResult(status, uid, ids[i] if i < len(ids) else "", queue, first + i, attempts)
             for i, uid in enumerate(uniq_keys)
         ]
+

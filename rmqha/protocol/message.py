@@ -9,18 +9,17 @@ decoding the V1 store records that pull responses carry.
 """
 from __future__ import annotations
 
-import calendar
-import itertools
 import os
 import socket
 import struct
-import time
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum, IntFlag
 
 import lz4.frame
+
+from rmqha._core import load
 
 # The properties codec is the records twins' (one codec, one behaviour), re-exported here.
 from rmqha._core.records_py import NAME_VALUE_SEPARATOR as NAME_VALUE_SEPARATOR
@@ -281,45 +280,25 @@ def parse_offset_msg_id(msg_id: str) -> tuple[str, int]:
     return f"{socket.inet_ntoa(raw[:4])}:{port}", offset
 
 
-_uniq_counter = itertools.count()
 #: ip, pid and a random per-process part, as hex once (the 10 fixed bytes of every id).
 _uniq_prefix_hex = (
     _ipv4_bytes(socket.gethostname()) + struct.pack(">H", os.getpid() & 0xFFFF) + os.urandom(4)
 ).hex().upper()
-#: [start, end) of the current month in epoch ms: ids count ms from the month's start.
-_uniq_month = [0, 0]
-
-
-def _month_bounds(now_ms: int) -> tuple[int, int]:
-    t = time.gmtime(now_ms // 1000)
-    start = calendar.timegm((t.tm_year, t.tm_mon, 1, 0, 0, 0)) * 1000
-    ny, nm = (t.tm_year + 1, 1) if t.tm_mon == 12 else (t.tm_year, t.tm_mon + 1)
-    return start, calendar.timegm((ny, nm, 1, 0, 0, 0)) * 1000
+#: The process's one UNIQ_KEY maker (one counter for every producer of the process), the
+#: client send codec's: 32 upper-case hex laid out like RocketMQ's
+#: ``MessageClientIDSetter``: ip, pid and a random per-process part (fixed), then the
+#: milliseconds since the start of the month and a 16-bit counter.
+UNIQ_KEYS = load("send_codec").UniqKeys(_uniq_prefix_hex)
 
 
 def new_uniq_key() -> str:
-    """A client message id (32 upper-case hex, laid out like RocketMQ's
-    ``MessageClientIDSetter``): ip, pid and a random per-process part (fixed), then the
-    milliseconds since the start of the month and a 16-bit counter.  No lock:
-    ``next()`` on an ``itertools.count`` is atomic under the GIL."""
-    n = next(_uniq_counter)
-    return f"{_uniq_time_hex()}{n & 0xFFFF:04X}"
+    """A client message id (see :data:`UNIQ_KEYS`)."""
+    return UNIQ_KEYS.next()
 
 
 def new_uniq_keys(count: int) -> list[str]:
     """``count`` ids as :func:`new_uniq_key` makes them, reading the clock once (a batch's)."""
-    prefix = _uniq_time_hex()
-    counter = _uniq_counter
-    return [f"{prefix}{next(counter) & 0xFFFF:04X}" for _ in range(count)]
-
-
-def _uniq_time_hex() -> str:
-    """The fixed part of an id and the milliseconds since the start of the month."""
-    now = time.time_ns() // 1_000_000
-    start, end = _uniq_month
-    if not start <= now < end:
-        _uniq_month[:] = start, end = _month_bounds(now)
-    return f"{_uniq_prefix_hex}{(now - start) & 0xFFFFFFFF:08X}"
+    return UNIQ_KEYS.take(count)
 
 
 # --- V1 store records (pull bodies) ---------------------------------------------------------

@@ -13,6 +13,7 @@ import pytest
 
 from fake_remoting import FakeConn, FakeServer
 from rmqha.client.blocking_link import BlockingLink
+from rmqha.client.producer import Producer
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, RemotingError, RemotingTimeoutError
 from rmqha.testing.local_cluster import free_port
@@ -152,3 +153,62 @@ def test_one_way_and_response_commands_are_refused() -> None:
     with pytest.raises(ValueError):
         link.request(RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, oneway=True), 1.0)
     assert not link.connected
+
+
+def sent_frame(opaque: int) -> bytes:
+    """A plain send's frame as the blocking producer sends it (the send codec's)."""
+    req = Producer("127.0.0.1:9", "g").sender.requests.single("T", b"body", None)  # no I/O
+    return req.frame(opaque, 1)
+
+
+def test_send_reads_answers_with_the_codec_and_skips_strays() -> None:
+    """BlockingLink.send: the encoded request reaches the peer as the command it encodes;
+    the answer comes back as the codec's fields, past stray frames and split reads, and a
+    binary-header answer (which the codec leaves alone) gives the same fields."""
+    seen: list[RemotingCommand] = []
+
+    def chatty(conn: FakeConn) -> None:
+        cmd = conn.read()
+        assert cmd is not None
+        seen.append(cmd)
+        stale = cmd.response(ResponseCode.SUCCESS, "stale", {"queueOffset": "1"})
+        stale.opaque = cmd.opaque + 1000
+        asks = RemotingCommand.request(RequestCode.CHECK_TRANSACTION_STATE, {"x": "1"})
+        conn.write(encode(stale) + encode(asks))
+        real = encode(cmd.response(ResponseCode.SUCCESS, None, {
+            "msgId": "M", "queueId": "1", "queueOffset": "42", "putStatus": "PUT_OK"}))
+        conn.write(real[:7])
+        conn.write(real[7:])
+        answer = conn.read()
+        assert answer is not None and answer.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+        while (cmd := conn.read()) is not None:  # then binary-header answers
+            resp = cmd.response(ResponseCode.SLAVE_NOT_AVAILABLE, "slow", {"queueOffset": "7"})
+            resp.serialize_type = SERIALIZE_ROCKETMQ
+            conn.write(encode(resp))
+
+    with FakeServer(chatty) as server, BlockingLink(server.address) as link:
+        assert not link.signs
+        assert link.send(sent_frame(11), 11, 5.0) == (
+            ResponseCode.SUCCESS, 11, 1, None, "M", "1", "42", "PUT_OK", None)
+        assert link.send(sent_frame(12), 12, 5.0) == (
+            ResponseCode.SLAVE_NOT_AVAILABLE, 12, 1, "slow", None, None, "7", None, None)
+        assert server.connections == 1 and not server.errors
+    assert seen[0].code == RequestCode.SEND_MESSAGE_V2 and seen[0].opaque == 11
+    assert seen[0].ext_fields["e"] == "1" and seen[0].body == b"body"
+
+
+@pytest.mark.parametrize("frame, message", [
+    (struct.pack(">i", 0x7FFFFFF0), "frame length 2147483632 outside"),
+    (struct.pack(">ii", 12, (7 << 24) | 8) + b"{}{}{}{}", "serialize type 7 not supported"),
+    (struct.pack(">ii", 12, 8) + b"not json", "header is not JSON"),
+])
+def test_send_of_a_malformed_answer_closes_the_link(frame: bytes, message: str) -> None:
+    def bad(conn: FakeConn) -> None:
+        if conn.read() is not None:
+            conn.write(frame)
+            conn.read()
+
+    with FakeServer(bad) as server, BlockingLink(server.address) as link:
+        with pytest.raises(ProtocolError, match=message) as exc:
+            link.send(sent_frame(5), 5, 10.0)
+        assert server.address in str(exc.value) and not link.connected

@@ -26,12 +26,14 @@ import pytest
 from cluster import BrokerProc, Cluster
 from fake_remoting import FakeConn, FakeServer
 from rmqha.client import BlockingConsumer, BlockingProducer, Message, Producer, ReceivedMessage
-from rmqha.client.blocking_link import BlockingLink
-from rmqha.client.route import BrokerData, TopicRoute
+from rmqha.client.blocking_link import BlockingLink, answer_of
+from rmqha.client.route import BrokerData, QueueData, TopicRoute
+from rmqha.net.client_security import ClientSecurity
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, RemotingError, SendError
 from rmqha.protocol.message import Prop, decode_properties
-from rmqha.protocol.command import RemotingCommand
+from rmqha.protocol.command import RemotingCommand, decode
+from rmqha._core.send_codec_py import ANSWER_FIELDS
 
 SEND_CODES = (RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE)
 
@@ -70,6 +72,25 @@ class Spy:
             return resp
 
         monkeypatch.setattr(BlockingLink, "request", link_request)
+        real_link_send = BlockingLink.send
+
+        def link_send(link: BlockingLink, frame: bytes, opaque: int, timeout: float) -> Any:
+            """The encoded path (SendRequest.frame, the send codec's answer), recorded as
+            the commands the frames decode to."""
+            cmd = decode(frame)
+            assert cmd.opaque == opaque
+            try:
+                answer = real_link_send(link, frame, opaque, timeout)
+            except (RemotingError, ProtocolError) as exc:
+                self.fast.append(Attempt(link.addr, cmd, exc))
+                raise
+            code, opaque, flag, remark, *values = answer
+            ext = {k: v for k, v in zip(ANSWER_FIELDS, values) if v is not None}
+            self.fast.append(Attempt(link.addr, cmd, RemotingCommand(
+                code, opaque=opaque, flag=flag, remark=remark, ext_fields=ext)))
+            return answer
+
+        monkeypatch.setattr(BlockingLink, "send", link_send)
         session = mine.producer.session
         real_session_request = session.request
 
@@ -373,3 +394,47 @@ def test_master_killed_between_two_sends_fails_over_with_the_same_id(
         assert nxt.ok and nxt.attempts == 1 and spy.fast[-1].addr == slave.address
     got = read_back(c, "failover-readers", "Failover", {r.msg_id, nxt.msg_id})
     assert got[r.msg_id].body == b"after the kill" and got[nxt.msg_id].body == b"next"
+
+
+class RecordingLink:
+    """A stand-in for a BlockingLink: records which entry point an attempt used."""
+
+    def __init__(self, signs: bool) -> None:
+        self.signs = signs
+        self.calls: list[str] = []
+        answer = RemotingCommand(0, opaque=0).reply(ResponseCode.SUCCESS, None, {
+            "msgId": "M", "queueId": "0", "queueOffset": "5"})
+        self.answer = answer
+
+    def request(self, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
+        self.calls.append("request")
+        assert isinstance(cmd, RemotingCommand)
+        self.answer.opaque = cmd.opaque
+        return self.answer
+
+    def send(self, frame: bytes, opaque: int, timeout: float) -> Any:
+        self.calls.append("send")
+        self.answer.opaque = opaque
+        return answer_of(self.answer)
+
+    def close(self) -> None:
+        self.calls.append("close")
+
+
+@pytest.mark.parametrize("signs, used", [(False, "send"), (True, "request")])
+def test_a_signing_link_gets_the_command_and_others_the_frame(signs: bool, used: str) -> None:
+    """The first attempt goes through the send codec unless the link signs requests (an
+    ACL hook needs the command); no broker involved (the route is put in the cache)."""
+    with BlockingProducer("127.0.0.1:9") as p:  # never connects
+        mine = p._loop.this_thread()
+        assert mine is not None
+        mine.sender.session._routes["T"] = TopicRoute(
+            "T", [QueueData("b", 1, 1, 6)], {"b": BrokerData("c", "b", {0: "127.0.0.1:9"})},
+            time.monotonic())
+        link = RecordingLink(signs)
+        mine.links["127.0.0.1:9"] = link  # type: ignore[assignment]
+        r = p.send("T", b"x")
+    assert r.ok and r.queue_offset == 5 and r.offset_msg_id == "M"
+    assert link.calls == [used, "close"]
+    assert BlockingLink("127.0.0.1:9").signs is False
+    assert BlockingLink("127.0.0.1:9", security=ClientSecurity(None, lambda cmd: None)).signs
