@@ -185,8 +185,8 @@ class Consumer:
     async def commit(self) -> None:
         """Commit everything handed out so far as processed."""
         self._mark_processed()
-        for st in list(self._queues.values()):
-            await self._commit_queue(st)
+        # One round trip for all queues rather than one after another (close waits on it).
+        await asyncio.gather(*(self._commit_queue(st) for st in list(self._queues.values())))
 
     def assignment(self) -> list[MessageQueue]:
         return sorted(self._queues)
@@ -324,12 +324,16 @@ class Consumer:
                                                  self.client_id))
             for mq in [m for m in self._queues if m not in wanted and m.topic in known_topics]:
                 await self._drop_queue(mq)
-            for mq in sorted(wanted - set(self._queues)):
-                try:
-                    offset = await self._query_offset(mq)
-                except (ClientError, RemotingError) as exc:
-                    log.warning("cannot start %s: %s", mq, exc)
+            new = sorted(wanted - set(self._queues))
+            # Asked all at once: a start waits one round trip, not one per queue.
+            found = await asyncio.gather(*(self._query_offset(mq) for mq in new),
+                                         return_exceptions=True)
+            for mq, offset in zip(new, found):
+                if isinstance(offset, (ClientError, RemotingError)):
+                    log.warning("cannot start %s: %s", mq, offset)
                     continue
+                if isinstance(offset, BaseException):
+                    raise offset
                 st = _QueueState(mq, offset, offset, offset)
                 self._queues[mq] = st
                 st.task = asyncio.get_running_loop().create_task(self._pull_loop(st))
