@@ -3,8 +3,10 @@
 Reads go through the consume-queue index, which never passes the confirm offset, so any
 replica can serve pulls.  The broker's state topic is not served (it holds the pop
 receipt-handle key).  A pull that finds nothing is held until the index grows for its
-queue (:meth:`PullPath.wake`) or its suspend timeout ends.  Records whose CRC fails are
-never served; lz4 bodies are re-compressed with zlib for clients that cannot inflate lz4.
+queue (:meth:`PullPath.wake`) or its suspend timeout ends.  An answer is read in one
+compiled pass (:meth:`QueueIndex.answer`); when it finds a unit or record that fails a check
+the checked path answers instead (:meth:`PullPath._checked_pull`).  Records whose CRC fails
+are never served; lz4 bodies are re-compressed with zlib for clients that cannot inflate lz4.
 """
 from __future__ import annotations
 
