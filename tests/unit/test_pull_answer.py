@@ -9,6 +9,8 @@ import zlib
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rmqha._core import load_twin
 from rmqha.errors import ProtocolError
@@ -239,3 +241,66 @@ def test_decode_refuses_what_is_not_whole_records(twin, cut):
         with pytest.raises(ProtocolError) as want:
             _reference(bytes(data), "")
         assert str(got.value) == str(want.value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1 << 30), st.integers(0, 255)), max_size=6),
+       st.binary(max_size=40))
+def test_both_twins_decode_damaged_bodies_alike(flips, props) -> None:
+    """Property: a pull body with bytes changed (properties of any bytes, UTF-8 or not)
+    decodes to the same messages, or fails with the same error, in both twins and in the
+    record-by-record reference."""
+    data = bytearray(_record(b"T", b"abc", props) + _pull_body())
+    for at, value in flips:
+        data[at % len(data)] = value
+    results = []
+    for decode in (load_twin("pull_answer", "python").decode, _compiled().decode,
+                   lambda d, name, *_: _reference(d, name)):
+        try:
+            results.append(decode(bytes(data), "b", ReceivedMessage, message_mod._inflate, 100))
+        except ProtocolError as exc:
+            results.append(str(exc))
+    assert results[0] == results[1] == results[2]
+
+
+def _log_and_units(n: int) -> tuple[bytes, bytes]:
+    """n records of queue 0 of topic T (offsets 0..n-1) at global offset 4096, with one of
+    another queue between each two, and their consume-queue units."""
+    rec = load_twin("records", "python")
+    host = bytes([127, 0, 0, 1]) + struct.pack(">i", 10911)
+    buf, units, pos = bytearray(n * 400), bytearray(), 0
+    for i in range(n):
+        for qid, qoff in ((0, i), (1, i)):
+            props = b"TAGS\x01%s\x02" % (b"A" if i % 2 else b"B")
+            size = rec.write_message(buf, pos, b"T", b"body%d" % i * (i + 1), props, qid, 0,
+                                     qoff, 4096 + pos, 0, 1, host, 2, host, 0, 0)
+            if qid == 0:
+                units += struct.pack(">qiq", 4096 + pos, size, tag_hash("A" if i % 2 else "B"))
+            pos += size
+    return bytes(buf[:pos]), bytes(units)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 1 << 30), st.integers(0, 255)),
+                max_size=4),
+       st.integers(1, 3000), st.booleans(), st.integers(0, 6))
+def test_both_twins_assemble_damaged_logs_alike(flips, max_bytes, filtered, start) -> None:
+    """Property: with bytes changed in the log or the units, both twins stop at the same
+    unit for the same reason and copy the same records."""
+    view, units = _log_and_units(6)
+    view_b, units_b = bytearray(view), bytearray(units)
+    for in_units, at, value in flips:
+        target = units_b if in_units else view_b
+        target[at % len(target)] = value
+    hashes = {tag_hash("A")} if filtered else None
+    results = [mod.assemble(bytes(view_b), 4096, bytes(units_b), start, 6, 0, 0, b"T", hashes,
+                            max_bytes, 0, start)
+               for mod in (load_twin("pull_answer", "python"), _compiled())]
+    assert results[0] == results[1]
+
+
+def _compiled():
+    try:
+        return load_twin("pull_answer", "cython")
+    except ImportError:  # the pure-only run (RMQHA_NO_EXTENSIONS=1)
+        return load_twin("pull_answer", "python")
