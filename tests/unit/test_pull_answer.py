@@ -3,6 +3,7 @@ answer, byte for byte, as the checked path it replaces; a damaged record or unit
 refused) and decoded on the client (the same messages as decoding record by record)."""
 from __future__ import annotations
 
+import functools
 import struct
 import types
 import zlib
@@ -179,6 +180,7 @@ def _record(topic: bytes, body: bytes, props: bytes, *, sys_flag: int = 0, qoff:
     return head + body + tail
 
 
+@functools.cache
 def _pull_body() -> bytes:
     lz4_body, lz4_flags = compress(b"plain lz4" * 50, CompressionType.LZ4)
     zlib_body, zlib_flags = compress(b"plain zlib" * 50, CompressionType.ZLIB)
@@ -263,6 +265,7 @@ def test_both_twins_decode_damaged_bodies_alike(flips, props) -> None:
     assert results[0] == results[1] == results[2]
 
 
+@functools.cache
 def _log_and_units(n: int) -> tuple[bytes, bytes]:
     """n records of queue 0 of topic T (offsets 0..n-1) at global offset 4096, with one of
     another queue between each two, and their consume-queue units."""
