@@ -34,7 +34,7 @@ COMPRESSED = 0x1
 
 #: How :func:`assemble` stopped (its second result).
 DONE = 0      # every unit up to ``stop`` was checked
-OUTSIDE = 1   # the unit at the returned index lies past the view (or starts before it: no)
+OUTSIDE = 1   # the unit at the returned index ends past the view: go on in the next one
 MISMATCH = 2  # the unit at the returned index does not describe the record it points at
 BAD_RECORD = 3  # the record at the returned index fails its lengths, offset or CRC check
 
