@@ -40,7 +40,8 @@ browser:
 # shows each of the last three failing on the fault it is there for.
 TWIN_MODULES := rmqha._core.records rmqha._core.epoch_map rmqha._core.frames \
 	rmqha._core.ha_offsets rmqha._core.message_index rmqha._core.queue_scan \
-	rmqha._core.send_codec
+	rmqha._core.send_codec \
+	rmqha._core.pull_answer
 lint: build
 	$(PY) -m ruff check .
 	$(PY) -m mypy

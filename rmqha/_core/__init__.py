@@ -23,6 +23,7 @@ from rmqha._core._protocols import (
     FramesTwin,
     HaOffsetsTwin,
     MessageIndexTwin,
+    PullAnswerTwin,
     QueueScanTwin,
     RecordsTwin,
     SendCodecTwin,
@@ -30,13 +31,13 @@ from rmqha._core._protocols import (
 
 #: What a feature named by a plain string (not a literal) loads as.
 AnyTwin = (RecordsTwin | EpochMapTwin | FramesTwin | HaOffsetsTwin | MessageIndexTwin
-           | QueueScanTwin | SendCodecTwin)
+           | QueueScanTwin | SendCodecTwin | PullAnswerTwin)
 
 NO_EXTENSIONS: bool = os.environ.get("RMQHA_NO_EXTENSIONS", "") not in ("", "0")
 
 #: Every hot-path feature; each has ``rmqha/_core/<name>.pyx`` and ``<name>_py.py``.
 FEATURES: tuple[str, ...] = ("records", "epoch_map", "frames", "ha_offsets", "message_index",
-                             "queue_scan", "send_codec")
+                             "queue_scan", "send_codec", "pull_answer")
 
 TWINS: tuple[str, ...] = ("cython", "python")
 
@@ -60,6 +61,8 @@ def load_twin(feature: Literal["message_index"], twin: str) -> MessageIndexTwin:
 def load_twin(feature: Literal["queue_scan"], twin: str) -> QueueScanTwin: ...
 @overload
 def load_twin(feature: Literal["send_codec"], twin: str) -> SendCodecTwin: ...
+@overload
+def load_twin(feature: Literal["pull_answer"], twin: str) -> PullAnswerTwin: ...
 @overload
 def load_twin(feature: str, twin: str) -> AnyTwin: ...
 def load_twin(feature: str, twin: str) -> Any:
@@ -87,6 +90,8 @@ def load(feature: Literal["message_index"]) -> MessageIndexTwin: ...
 def load(feature: Literal["queue_scan"]) -> QueueScanTwin: ...
 @overload
 def load(feature: Literal["send_codec"]) -> SendCodecTwin: ...
+@overload
+def load(feature: Literal["pull_answer"]) -> PullAnswerTwin: ...
 @overload
 def load(feature: str) -> AnyTwin: ...
 def load(feature: str) -> Any:

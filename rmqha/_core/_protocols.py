@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import mmap
 from array import array
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -406,6 +406,29 @@ class SendCodecTwin(Protocol):
 
     def encode_plain_batch(self, bodies: Sequence[bytes], uids: Sequence[str], head: str,
                            tail: str, start: int, max_bytes: int) -> tuple[bytes, int]: ...
+class PullAnswerTwin(Protocol):
+    """``rmqha._core.pull_answer`` / ``pull_answer_py``: a pull answer's body, assembled on
+    the broker and decoded on the client."""
+
+    __name__: str
+
+    MESSAGE_MAGIC: int
+    FIXED_SIZE: int
+    UNIT_SIZE: int
+    CRC_MASK: int
+    COMPRESSED: int
+    DONE: int
+    OUTSIDE: int
+    MISMATCH: int
+    BAD_RECORD: int
+
+    def assemble(self, view: memoryview | bytes, base: int, units: bytes, start: int, stop: int,
+                 first_qoff: int, queue_id: int, topic: bytes, hashes: Container[int] | None,
+                 max_bytes: int, total: int, taken: int) -> tuple[int, int, int, int, bytes]: ...
+
+    def decode(self, data: bytes | memoryview, broker_name: str, make: Callable[..., Any],
+               inflate: Callable[[bytes, int, int], tuple[bytes, str | None]],
+               max_records: int) -> list[Any]: ...
 
 
 if TYPE_CHECKING:
@@ -418,6 +441,8 @@ if TYPE_CHECKING:
         ha_offsets_py,
         message_index,
         message_index_py,
+        pull_answer,
+        pull_answer_py,
         queue_scan,
         queue_scan_py,
         records,
@@ -432,3 +457,4 @@ if TYPE_CHECKING:
     _message_index: tuple[MessageIndexTwin, MessageIndexTwin] = (message_index, message_index_py)
     _queue_scan: tuple[QueueScanTwin, QueueScanTwin] = (queue_scan, queue_scan_py)
     _send_codec: tuple[SendCodecTwin, SendCodecTwin] = (send_codec, send_codec_py)
+    _pull_answer: tuple[PullAnswerTwin, PullAnswerTwin] = (pull_answer, pull_answer_py)

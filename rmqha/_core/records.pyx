@@ -406,6 +406,11 @@ def crc32(data, uint32_t value=0):
     return out
 
 
+cdef uint32_t body_crc_c(const unsigned char* p, size_t n) noexcept nogil:
+    """The masked body CRC for C callers (declared in records.pxd)."""
+    return rmqha_crc32(0, p, n) & 0x7FFFFFFFu
+
+
 def body_crc(body):
     """The record's body CRC: CRC-32 masked with 0x7FFFFFFF (RocketMQ's UtilAll.crc32)."""
     return crc32(body) & 0x7FFFFFFF

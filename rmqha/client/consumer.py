@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rmqha.client.model import MessageQueue, ReceivedMessage
+from rmqha.client.pull_buffer import Handed, PullBuffer
 from rmqha.client.route import ClientSession, TopicRoute
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ClientError, ProtocolError, RemotingError
@@ -124,8 +125,8 @@ class Consumer:
             access_key=access_key, secret_key=secret_key, tls=tls))
         self.session.on_consumer_ids_changed = self._ids_changed
         self._queues: dict[MessageQueue, _QueueState] = {}
-        self._buffer: asyncio.Queue[ReceivedMessage] = asyncio.Queue(buffer_messages)
-        self._handed: list[ReceivedMessage] = []
+        self._buffer: PullBuffer[MessageQueue] = PullBuffer(buffer_messages)
+        self._handed: list[Handed[MessageQueue]] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._rebalance_now = asyncio.Event()
         #: How soon a topic without a route is asked for again (doubles while it has none).
@@ -178,21 +179,14 @@ class Consumer:
         """Messages that arrived (waits up to ``timeout`` for the first one).  Calling it
         again marks the previous batch processed."""
         self._mark_processed()
-        out: list[ReceivedMessage] = []
-        try:
-            out.append(await asyncio.wait_for(self._buffer.get(), timeout))
-        except asyncio.TimeoutError:
-            return out
-        while len(out) < max_messages and not self._buffer.empty():
-            out.append(self._buffer.get_nowait())
-        self._handed = out
+        out, self._handed = await self._buffer.take(timeout, max_messages)
         return out
 
     async def commit(self) -> None:
         """Commit everything handed out so far as processed."""
         self._mark_processed()
-        for st in list(self._queues.values()):
-            await self._commit_queue(st)
+        # One round trip for all queues rather than one after another (close waits on it).
+        await asyncio.gather(*(self._commit_queue(st) for st in list(self._queues.values())))
 
     def assignment(self) -> list[MessageQueue]:
         return sorted(self._queues)
@@ -203,13 +197,13 @@ class Consumer:
     # --- internals: offsets -------------------------------------------------------------
 
     def _mark_processed(self) -> None:
-        for msg in self._handed:
-            st = self._queues.get(MessageQueue(msg.topic, msg.broker_name, msg.queue_id))
+        for mq, size, next_offset in self._handed:
+            st = self._queues.get(mq)
             if st is None:
                 continue
-            st.pending -= 1
-            if msg.queue_offset + 1 > st.processed:
-                st.processed = msg.queue_offset + 1
+            st.pending -= size
+            if next_offset > st.processed:
+                st.processed = next_offset
         self._handed = []
         for st in self._queues.values():
             self._skip_filtered(st)
@@ -330,12 +324,16 @@ class Consumer:
                                                  self.client_id))
             for mq in [m for m in self._queues if m not in wanted and m.topic in known_topics]:
                 await self._drop_queue(mq)
-            for mq in sorted(wanted - set(self._queues)):
-                try:
-                    offset = await self._query_offset(mq)
-                except (ClientError, RemotingError) as exc:
-                    log.warning("cannot start %s: %s", mq, exc)
+            new = sorted(wanted - set(self._queues))
+            # Asked all at once: a start waits one round trip, not one per queue.
+            found = await asyncio.gather(*(self._query_offset(mq) for mq in new),
+                                         return_exceptions=True)
+            for mq, offset in zip(new, found):
+                if isinstance(offset, (ClientError, RemotingError)):
+                    log.warning("cannot start %s: %s", mq, offset)
                     continue
+                if isinstance(offset, BaseException):
+                    raise offset
                 st = _QueueState(mq, offset, offset, offset)
                 self._queues[mq] = st
                 st.task = asyncio.get_running_loop().create_task(self._pull_loop(st))
@@ -354,14 +352,7 @@ class Consumer:
         del self._queues[mq]
         # Buffered messages of the queue were never handed out: the new owner reads them
         # from the committed offset, so keeping them here would only duplicate them.
-        kept = []
-        while not self._buffer.empty():
-            msg = self._buffer.get_nowait()
-            if (msg.topic, msg.broker_name, msg.queue_id) != (mq.topic, mq.broker_name,
-                                                               mq.queue_id):
-                kept.append(msg)
-        for msg in kept:
-            self._buffer.put_nowait(msg)
+        self._buffer.drop(mq)
 
     async def _housekeeping(self) -> None:
         last_commit = last_rebalance = last_heartbeat = time.monotonic()
@@ -465,11 +456,11 @@ class Consumer:
                     if msg.decompress_error:
                         log.error("message %s of %s: %s", msg.queue_offset, st.mq,
                                   msg.decompress_error)
+                if self._tag_set is not None:
                     # Brokers filter on tag hashes; a hash collision is filtered here.
-                    if self._tag_set is not None and msg.tags not in self._tag_set:
-                        continue
-                    st.pending += 1
-                    await self._buffer.put(msg)
+                    msgs = [m for m in msgs if m.tags in self._tag_set]
+                st.pending += len(msgs)
+                await self._buffer.put(st.mq, msgs)
                 st.next_offset = next_begin
                 self._skip_filtered(st)
             elif resp.code in (ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_RETRY_IMMEDIATELY):

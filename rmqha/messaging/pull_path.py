@@ -3,8 +3,10 @@
 Reads go through the consume-queue index, which never passes the confirm offset, so any
 replica can serve pulls.  The broker's state topic is not served (it holds the pop
 receipt-handle key).  A pull that finds nothing is held until the index grows for its
-queue (:meth:`PullPath.wake`) or its suspend timeout ends.  Records whose CRC fails are
-never served; lz4 bodies are re-compressed with zlib for clients that cannot inflate lz4.
+queue (:meth:`PullPath.wake`) or its suspend timeout ends.  An answer is read in one
+compiled pass (:meth:`QueueIndex.answer`); when it finds a unit or record that fails a check
+the checked path answers instead (:meth:`PullPath._checked_pull`).  Records whose CRC fails
+are never served; lz4 bodies are re-compressed with zlib for clients that cannot inflate lz4.
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ from rmqha.protocol.message import (
 )
 from rmqha.protocol.version import java_reads_lz4
 from rmqha.protocol.command import RemotingCommand
+from rmqha.store.consume_queue import QueueIndex
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +195,20 @@ class PullPath:
             return self._pull_response(cmd, ResponseCode.PULL_OFFSET_MOVED, hi, lo, hi)
         if offset == hi or q is None:
             return None
+        fast = q.answer(offset, max_msgs, hashes, ctx.config.max_pull_bytes)
+        if fast is not None:
+            body, taken = fast
+            return self._answer(cmd, offset + taken, lo, hi, taken, body)
+        return self._checked_pull(cmd, h, max_msgs, hashes, q, lo, hi)
+
+    def _checked_pull(self, cmd: RemotingCommand, h: PullHeader, max_msgs: int,
+                      hashes: set[int] | None, q: QueueIndex, lo: int, hi: int,
+                      ) -> RemotingCommand | None:
+        """The answer when the one-pass read found a unit or record that fails a check:
+        the index repairs the queue, a record that changed at rest is named and never
+        served."""
+        ctx = self.ctx
+        offset = h.queue_offset
         phys, sizes, tags = q.slice(offset, max_msgs)
         runs: list[tuple[int, int]] = []
         total = 0
@@ -225,13 +242,17 @@ class PullPath:
                                     f"{ctx.broker_name}/{ctx.broker_id} failed its CRC check and "
                                     f"is not served; run `rmqha scrub` on this store", {})
             return self._try_pull(cmd, h, keep, hashes)
-        parts = [ctx.log.read(a, b - a) for a, b in runs]
-        next_begin = offset + taken
-        if not parts:
+        body = b"".join([ctx.log.read(a, b - a) for a, b in runs])
+        return self._answer(cmd, offset + taken, lo, hi, taken, body)
+
+    def _answer(self, cmd: RemotingCommand, next_begin: int, lo: int, hi: int, taken: int,
+                body: bytes) -> RemotingCommand:
+        """SUCCESS with the records (re-compressed for a zlib-only client), or
+        PULL_RETRY_IMMEDIATELY when the tag filter left none of the ``taken`` units."""
+        if not body:
             return self._pull_response(cmd, ResponseCode.PULL_RETRY_IMMEDIATELY, next_begin, lo, hi)
-        if ctx.metrics is not None:
-            ctx.metrics.messages_served.inc(taken)
-        body = b"".join(parts)
+        if self.ctx.metrics is not None:
+            self.ctx.metrics.messages_served.inc(taken)
         if not reads_lz4(cmd):
             body = lz4_to_zlib(body)
         return self._pull_response(cmd, ResponseCode.SUCCESS, next_begin, lo, hi, body)

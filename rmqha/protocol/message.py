@@ -19,6 +19,7 @@ from enum import IntEnum, IntFlag
 
 import lz4.frame
 
+from rmqha import _core
 from rmqha._core import load
 
 # The properties codec is the records twins' (one codec, one behaviour), re-exported here.
@@ -303,6 +304,8 @@ def new_uniq_keys(count: int) -> list[str]:
 
 # --- V1 store records (pull bodies) ---------------------------------------------------------
 
+_pull_answer = _core.load("pull_answer")
+
 MAGIC_V1 = 0xDAA320A7
 _REC_HEAD = struct.Struct(">iIiiiqqiq4si q4si iqi")
 REC_FIXED = 91  # record size without body, topic and properties
@@ -394,20 +397,19 @@ def decode_record(data: bytes | memoryview, pos: int = 0, *, broker_name: str = 
     return msg, total
 
 
+def _inflate(body: bytes, sys_flag: int, commit_offset: int) -> tuple[bytes, str | None]:
+    """A compressed body's plain bytes, or the raw ones and why they did not inflate."""
+    try:
+        return decompress(body, sys_flag, offset=commit_offset), None
+    except DecompressError as exc:
+        return body, str(exc)
+
+
 def decode_records(data: bytes | memoryview, *, broker_name: str = "",
                    max_records: int = 1 << 20) -> list[ReceivedMessage]:
-    """Decode concatenated V1 store records (a pull body) into messages (see
-    :func:`decode_record`)."""
-    mv = memoryview(data)
-    pos = 0
-    out: list[ReceivedMessage] = []
-    while pos < len(mv):
-        msg, size = decode_record(mv, pos, broker_name=broker_name)
-        out.append(msg)
-        if len(out) > max_records:
-            raise ProtocolError(f"more than {max_records} records in one body")
-        pos += size
-    return out
+    """Decode concatenated V1 store records (a pull body) into messages, as
+    :func:`decode_record` does each, in one call of the ``pull_answer`` twin."""
+    return _pull_answer.decode(data, broker_name, ReceivedMessage, _inflate, max_records)
 
 
 def reencode_record(raw: bytes | memoryview, body: bytes, sys_flag: int) -> bytes:

@@ -38,7 +38,7 @@ import struct
 import threading
 import time
 from array import array
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +67,7 @@ from rmqha.store.segments import fsync_dir
 log = logging.getLogger(__name__)
 
 _queue_scan = _core.load("queue_scan")
+_pull_answer = _core.load("pull_answer")
 _NO_TOPICS: frozenset[bytes] = frozenset()
 _UNIT = struct.Struct(">qiq")
 _PHYS_SIZE = struct.Struct(">qi")
@@ -255,6 +256,12 @@ class QueueIndex:
         """Up to ``count`` entries from ``queue_offset`` (which must be within the index),
         each checked against its record (a damaged queue is rebuilt first)."""
         return self._owner.checked_slice(self, queue_offset, count)
+
+    def answer(self, queue_offset: int, count: int, hashes: Container[int] | None,
+               max_bytes: int) -> tuple[bytes, int] | None:
+        """A pull answer from ``queue_offset`` (within the index) in one checked pass: see
+        :meth:`ConsumeQueueIndex.read_answer`."""
+        return self._owner.read_answer(self, queue_offset, count, hashes, max_bytes)
 
     def entries(self, start: int | None = None) -> Iterator[IndexEntry]:
         """Every entry from ``start`` (default: the first), checked."""
@@ -524,6 +531,39 @@ class ConsumeQueueIndex:
             if not q.min_offset <= k < q.max_offset:
                 break
         return array("q"), array("i"), array("q")
+
+    def read_answer(self, q: QueueIndex, k: int, count: int, hashes: Container[int] | None,
+                    max_bytes: int) -> tuple[bytes, int] | None:
+        """``(records, units covered)`` of a pull answer from queue offset ``k``: up to
+        ``count`` units, records back to back within ``max_bytes`` (the first always), those
+        whose tag hash is in ``hashes`` (when given).  One compiled pass per segment checks
+        every unit against its record as :meth:`checked_slice` does and every record taken
+        as the commitlog's ``verify`` does (lengths, offset, body CRC), and copies them.
+        None when there is nothing to read or any check fails: the caller takes the
+        checked path then (:meth:`checked_slice` repairs the queue, ``verify`` names the
+        bad record), so a damaged store answers exactly as it did before this pass."""
+        log_ = self._log
+        raw = q.files.units(k, count)
+        n = len(raw) // _UNIT.size
+        if log_ is None or not n:
+            return None
+        low, end = log_.min_offset, _log_end(log_)
+        parts: list[bytes] = []
+        i = total = taken = 0
+        while True:
+            phys, size = _PHYS_SIZE.unpack_from(raw, _UNIT.size * i)
+            if size < _FIXED or phys < low or phys + size > end:
+                return None
+            view = log_.read(phys, min(log_.segment_end(phys), end) - phys)
+            j, how, taken, total, part = _pull_answer.assemble(
+                view, phys, raw, i, n, k, q.queue_id, q.raw_topic, hashes, max_bytes, total,
+                taken)
+            parts.append(part)
+            if how == _pull_answer.DONE:
+                return (parts[0] if len(parts) == 1 else b"".join(parts)), taken
+            if how != _pull_answer.OUTSIDE or j == i:
+                return None
+            i = j
 
     def _first_bad(self, q: QueueIndex, k: int, raw: bytes) -> str | None:
         """Why the first of the units ``raw`` (from queue offset ``k``) that does not match
