@@ -25,16 +25,18 @@ from rmqha._core._protocols import (
     MessageIndexTwin,
     QueueScanTwin,
     RecordsTwin,
+    SendFramesTwin,
 )
 
 #: What a feature named by a plain string (not a literal) loads as.
-AnyTwin = RecordsTwin | EpochMapTwin | FramesTwin | HaOffsetsTwin | MessageIndexTwin | QueueScanTwin
+AnyTwin = (RecordsTwin | EpochMapTwin | FramesTwin | HaOffsetsTwin | MessageIndexTwin | QueueScanTwin
+           | SendFramesTwin)
 
 NO_EXTENSIONS: bool = os.environ.get("RMQHA_NO_EXTENSIONS", "") not in ("", "0")
 
 #: Every hot-path feature; each has ``rmqha/_core/<name>.pyx`` and ``<name>_py.py``.
 FEATURES: tuple[str, ...] = ("records", "epoch_map", "frames", "ha_offsets", "message_index",
-                             "queue_scan")
+                             "queue_scan", "send_frames")
 
 TWINS: tuple[str, ...] = ("cython", "python")
 
@@ -56,6 +58,8 @@ def load_twin(feature: Literal["ha_offsets"], twin: str) -> HaOffsetsTwin: ...
 def load_twin(feature: Literal["message_index"], twin: str) -> MessageIndexTwin: ...
 @overload
 def load_twin(feature: Literal["queue_scan"], twin: str) -> QueueScanTwin: ...
+@overload
+def load_twin(feature: Literal["send_frames"], twin: str) -> SendFramesTwin: ...
 @overload
 def load_twin(feature: str, twin: str) -> AnyTwin: ...
 def load_twin(feature: str, twin: str) -> Any:
@@ -81,6 +85,8 @@ def load(feature: Literal["ha_offsets"]) -> HaOffsetsTwin: ...
 def load(feature: Literal["message_index"]) -> MessageIndexTwin: ...
 @overload
 def load(feature: Literal["queue_scan"]) -> QueueScanTwin: ...
+@overload
+def load(feature: Literal["send_frames"]) -> SendFramesTwin: ...
 @overload
 def load(feature: str) -> AnyTwin: ...
 def load(feature: str) -> Any:

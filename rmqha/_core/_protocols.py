@@ -371,6 +371,34 @@ class QueueScanTwin(Protocol):
                    ) -> tuple[int, list[QueueRun], tuple[int, int, int] | None]: ...
 
 
+#: A plain send parsed by ``send_frames``: (code, opaque, serialize_type, topic, queue_id,
+#: sys_flag, born_timestamp, flag, properties, reconsume_times, body, head).
+SendFrame = tuple[int, int, int, str, int, int, int, int, bytes, int, bytes, bytes]
+
+
+class SendFramesTwin(Protocol):
+    """``rmqha._core.send_frames`` / ``send_frames_py``: the broker's plain sends."""
+
+    __name__: str
+
+    SEND_MESSAGE: int
+    SEND_MESSAGE_V2: int
+    TRANSACTION_BITS: int
+    LANGUAGE: str
+    LANGUAGE_CODE: int
+
+    def scan(self, buf: bytes | bytearray | memoryview, max_frame_bytes: int,
+             decode_other: Callable[[memoryview], Any],
+             refuse: tuple[bytes, ...]) -> tuple[list[Any], int]: ...
+
+    def parse_send(self, frame: bytes | bytearray | memoryview,
+                   refuse: tuple[bytes, ...]) -> SendFrame | None: ...
+
+    def encode_send_ok(self, serialize_type: int, opaque: int, version: int, msg_id: str,
+                       queue_id: int, queue_offset: int, status: str,
+                       commit_offset: int) -> bytes: ...
+
+
 if TYPE_CHECKING:
     # Conformance, checked by mypy: each twin offers its feature's whole API.
     from rmqha._core import (
@@ -384,6 +412,8 @@ if TYPE_CHECKING:
         queue_scan,
         queue_scan_py,
         records,
+        send_frames,
+        send_frames_py,
     )
 
     _records: tuple[RecordsTwin, RecordsTwin] = (records, records_py)
@@ -392,3 +422,4 @@ if TYPE_CHECKING:
     _ha_offsets: tuple[HaOffsetsTwin, HaOffsetsTwin] = (ha_offsets, ha_offsets_py)
     _message_index: tuple[MessageIndexTwin, MessageIndexTwin] = (message_index, message_index_py)
     _queue_scan: tuple[QueueScanTwin, QueueScanTwin] = (queue_scan, queue_scan_py)
+    _send_frames: tuple[SendFramesTwin, SendFramesTwin] = (send_frames, send_frames_py)
