@@ -294,6 +294,8 @@ class Broker:
             self.server.register(code, self._guard(code, handler))
         for code, now in self.message_service.immediate_handlers().items():
             self.server.register_immediate(code, self._guard_now(now))
+        plain, refuse = self.message_service.plain_send_handler()
+        self.server.dispatcher.register_plain_send(self._guard_now(plain), refuse)
         self.server.register(RequestCode.NOTIFY_BROKER_ROLE_CHANGED, self.replicas.handle_notify)
         self.server.register(RequestCode.GET_BROKER_EPOCH_CACHE, self._handle_epoch_cache)
         self.server.register(RequestCode.GET_BROKER_HA_STATUS, self._handle_ha_status)
@@ -442,8 +444,9 @@ class Broker:
         return handler
 
     def _guard_now(self, handler: Any) -> Any:
-        """The role guard of :meth:`_guard` for an immediate handler: only a master takes
-        the request now; anything else goes to the guarded task, which refuses it."""
+        """The role guard of :meth:`_guard` for an immediate (or plain send) handler: only
+        a master takes the request now; anything else goes to the guarded task, which
+        refuses it."""
 
         def guarded_now(cmd: RemotingCommand, conn: Connection) -> bool:
             return self.role == Role.MASTER and handler(cmd, conn)
