@@ -383,6 +383,8 @@ class SendFramesTwin(Protocol):
 
     SEND_MESSAGE: int
     SEND_MESSAGE_V2: int
+    SEND_BATCH_MESSAGE: int
+    COMPRESSED: int
     TRANSACTION_BITS: int
     LANGUAGE: str
     LANGUAGE_CODE: int

@@ -9,6 +9,8 @@ from rmqha._core._protocols import SendFrame
 
 SEND_MESSAGE: int
 SEND_MESSAGE_V2: int
+SEND_BATCH_MESSAGE: int
+COMPRESSED: int
 TRANSACTION_BITS: int
 LANGUAGE: str
 LANGUAGE_CODE: int

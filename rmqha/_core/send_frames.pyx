@@ -17,6 +17,8 @@ from rmqha.errors import ProtocolError
 
 SEND_MESSAGE = 10
 SEND_MESSAGE_V2 = 310
+SEND_BATCH_MESSAGE = 320
+COMPRESSED = 0x1
 TRANSACTION_BITS = 0xC
 LANGUAGE = "PYTHON"
 LANGUAGE_CODE = 3
@@ -312,7 +314,7 @@ cdef int _json_header(const unsigned char* h, Py_ssize_t n, Parsed* r) except -2
                 r.code = v
                 if v == SEND_MESSAGE:
                     names = _V1
-                elif v == SEND_MESSAGE_V2:
+                elif v == SEND_MESSAGE_V2 or v == SEND_BATCH_MESSAGE:
                     names = _V2
             elif k == 3:
                 r.opaque = v
@@ -377,7 +379,7 @@ cdef int _binary_header(const unsigned char* h, Py_ssize_t n, Parsed* r) except 
         return NOT_PLAIN
     if r.code == SEND_MESSAGE:
         names = _V1
-    elif r.code == SEND_MESSAGE_V2:
+    elif r.code == SEND_MESSAGE_V2 or r.code == SEND_BATCH_MESSAGE:
         names = _V2
     else:
         return NOT_PLAIN
@@ -499,17 +501,21 @@ cdef object _parse(const unsigned char* raw, Py_ssize_t n, tuple refuse):
         return None
     if rc < 0 or r.flag & 0x3 or not -2147483648 <= r.opaque <= 2147483647:
         return None
-    if r.code != SEND_MESSAGE and r.code != SEND_MESSAGE_V2:
+    if r.code != SEND_MESSAGE and r.code != SEND_MESSAGE_V2 and r.code != SEND_BATCH_MESSAGE:
         return None
     if r.fpos[F_TOPIC] < 0:
         return None
     blen = _value(h, &r, F_BATCH, small, SMALL, json)
     if blen < 0 or not (blen == 0 or (blen == 5 and memcmp_(<const char*>small, b"false", 5))
-                        or (blen == 1 and small[0] == 0x30)):
+                        or (blen == 1 and small[0] == 0x30)
+                        or (r.code == SEND_BATCH_MESSAGE and (
+                            (blen == 4 and memcmp_(<const char*>small, b"true", 4))
+                            or (blen == 1 and small[0] == 0x31)))):
         return None
     if (_int_of(h, &r, F_MAXRT, 0, json, &maxrt) < 0
             or _int_of(h, &r, F_SYSFLAG, 0, json, &sys_flag) < 0
             or sys_flag & TRANSACTION_BITS
+            or (r.code == SEND_BATCH_MESSAGE and sys_flag & COMPRESSED)
             or _int_of(h, &r, F_QUEUE, -1, json, &qid) < 0
             or _int_of(h, &r, F_BORN, 0, json, &born) < 0
             or _int_of(h, &r, F_FLAG, 0, json, &flag) < 0

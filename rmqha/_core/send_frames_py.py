@@ -10,8 +10,8 @@ raises for a malformed one) and its result is put in its place, so the list keep
 frames' order.
 
 A plain send (:func:`parse_send`) is a two-way request (flag has neither the response nor
-the one-way bit) of code SEND_MESSAGE (10, V1 field names) or SEND_MESSAGE_V2 (310, letters)
-with:
+the one-way bit) of code SEND_MESSAGE (10, V1 field names), SEND_MESSAGE_V2 (310, letters)
+or SEND_BATCH_MESSAGE (320, letters) with:
 
 - a header in JSON (serialize type 0) or RocketMQ's binary layout (type 1); the JSON one an
   object of the keys ``code``, ``language``, ``version``, ``opaque``, ``flag``,
@@ -19,9 +19,12 @@ with:
   string or integer values, after ``code``), each at most once, integers without fraction or exponent of at
   most 18 digits, strings strict UTF-8 without lone surrogates; the binary one without a
   remark;
-- a topic, integer fields that are empty or ``-?[0-9]{1,18}``, no batch (the batch field
-  absent, empty, ``false`` or ``0``), no transaction bits in sysFlag (``0xC``), each known
-  field at most once (unknown ones are ignored, as the header parse ignores them);
+- a topic, integer fields that are empty or ``-?[0-9]{1,18}``, no transaction bits in
+  sysFlag (``0xC``), each known field at most once (unknown ones are ignored, as the
+  header parse ignores them);
+- for 10 and 310 the batch field absent, empty, ``false`` or ``0`` (no batch); for 320
+  (a batch whatever it says) one of those or ``true``, ``1``, and no compression bit in
+  sysFlag (``0x1``: the body would need inflating first);
 - properties containing none of ``refuse`` (the caller's: what asks for a delay or marks a
   committed transaction);
 - an opaque that fits an int32.
@@ -52,6 +55,9 @@ from rmqha.errors import ProtocolError
 
 SEND_MESSAGE = 10
 SEND_MESSAGE_V2 = 310
+SEND_BATCH_MESSAGE = 320
+#: sysFlag's compression bit.
+COMPRESSED = 0x1
 #: sysFlag's transaction type bits (prepared 0x4, commit 0x8, rollback 0xC).
 TRANSACTION_BITS = 0xC
 #: The answer's language: rmqha's (``PYTHON``, code 3 in RocketMQ's LanguageCode).
@@ -141,13 +147,14 @@ def _parse(raw: bytes, refuse: tuple[bytes, ...]) -> SendFrame:
     if topic is None or not topic:
         raise _NotPlain
     batch = fields[F_BATCH]
-    if batch not in (None, b"", b"false", b"0"):
+    if batch not in (None, b"", b"false", b"0") and (
+            code != SEND_BATCH_MESSAGE or batch not in (b"true", b"1")):
         raise _NotPlain
     maxrt = fields[F_MAXRT]
     if maxrt:
         _int_of(maxrt, 0)
     sys_flag = _int_of(fields[F_SYSFLAG], 0)
-    if sys_flag & TRANSACTION_BITS:
+    if sys_flag & TRANSACTION_BITS or (code == SEND_BATCH_MESSAGE and sys_flag & COMPRESSED):
         raise _NotPlain
     props = fields[F_PROPS] or b""
     for bad in refuse:
@@ -162,7 +169,7 @@ def _fields(code: int, ext: list[tuple[bytes, bytes]]) -> list[bytes | None]:
     """The known fields' values (UTF-8 bytes) by field number; a repeated one is not plain."""
     if code == SEND_MESSAGE:
         names = V1_FIELDS
-    elif code == SEND_MESSAGE_V2:
+    elif code in (SEND_MESSAGE_V2, SEND_BATCH_MESSAGE):
         names = V2_FIELDS
     else:
         raise _NotPlain

@@ -125,6 +125,12 @@ class _Send:
     batch_count: int = 0
 
 
+def _request_of(send: SendFrame) -> RemotingCommand:
+    """A stand-in for a plain send's request, enough to answer it (code, opaque, serialize
+    type: all an answer takes from its request)."""
+    return RemotingCommand(send[0], opaque=send[1], serialize_type=send[2])
+
+
 @dataclass(slots=True)
 class _Answer:
     """A send stored by :meth:`SendPath.on_send_now` (``cmd``) or
@@ -285,16 +291,48 @@ class SendPath:
         if queue_id < 0:
             queue_id = random.randrange(cfg.write_queue_nums)
         queue_id %= cfg.write_queue_nums
+        born = send[6] or int(time.time() * 1000)
+        if send[0] == RequestCode.SEND_BATCH_MESSAGE:
+            return self._take_plain_batch(send, conn, group, queue_id, born, started)
         try:
             placed = self.writer.append_plain_now(
-                topic, queue_id, send[10], send[8], send[7], send[5],
-                send[6] or int(time.time() * 1000), group.born_host, send[9])
+                topic, queue_id, send[10], send[8], send[7], send[5], born, group.born_host,
+                send[9])
         except (StoreError, InvalidMessageError):
             return False  # nothing stored: the ordinary way meets it again and answers it
         rows = [placed]
         self._stored(rows, conn)
         group.answers.append(_Answer(None, queue_id, rows, started, send))
         return True
+
+    def _take_plain_batch(self, send: SendFrame, conn: Any, group: _SendGroup, queue_id: int,
+                          born: int, started: float) -> bool:
+        """A SEND_BATCH_MESSAGE whose entries are all stored as they came (``batch_plain``),
+        as :meth:`_prepare` and :meth:`_store` do it."""
+        body = send[10]
+        count = _records.batch_plain(body, MAX_BATCH_ITEMS, _RESERVED_KEYS, _RESERVED_PREFIXES)
+        if count <= 0:
+            return False
+        try:
+            placed = self.writer.append_batch_now(send[3], queue_id, body, count, send[5], born,
+                                                  group.born_host)
+        except DiskFullError as exc:
+            # Entries before it may be stored: answered here, as _store refuses it.
+            self._refuse_plain(send, conn, ResponseCode.SERVICE_NOT_AVAILABLE, str(exc), started)
+            return True
+        except StoreError as exc:
+            self._refuse_plain(send, conn, ResponseCode.MESSAGE_ILLEGAL, str(exc), started)
+            return True
+        self._stored(placed, conn)
+        group.answers.append(_Answer(None, queue_id, placed, started, send))
+        return True
+
+    def _refuse_plain(self, send: SendFrame, conn: Any, code: int, remark: str,
+                      started: float) -> None:
+        cmd = _request_of(send)
+        resp = cmd.response(code, remark)
+        self._observe(resp, started)
+        conn.answer(cmd, resp)
 
     def _plain_topic(self, topic: str) -> Any:
         """The config of an existing topic a plain send may go to as it is (no refusal
@@ -342,8 +380,7 @@ class SendPath:
                     conn.answer_frame(self._plain_ok(plain, a, st))
                     self._observe_status(st, a.started)
                     continue
-                cmd = a.cmd if plain is None else RemotingCommand(
-                    plain[0], opaque=plain[1], serialize_type=plain[2])
+                cmd = a.cmd if plain is None else _request_of(plain)
                 assert cmd is not None
                 resp = self._answer(cmd, a.reply_queue_id, a.placed, c, st)
                 self._observe(resp, a.started)
@@ -353,10 +390,13 @@ class SendPath:
 
     def _plain_ok(self, send: SendFrame, a: _Answer, status: str) -> bytes:
         """The SUCCESS answer of a plain send, as :meth:`_answer` would make it."""
-        offset = a.placed[0][0]
-        return _send_frames.encode_send_ok(
-            send[2], send[1], VERSION, f"{self._msg_id_prefix}{offset:016X}", a.reply_queue_id,
-            self.ctx.queue_offset_at(offset), status, offset)
+        placed = a.placed
+        offset = placed[0][0]
+        prefix = self._msg_id_prefix
+        ids = (f"{prefix}{offset:016X}" if len(placed) == 1
+               else ",".join([f"{prefix}{off:016X}" for off, _ in placed]))
+        return _send_frames.encode_send_ok(send[2], send[1], VERSION, ids, a.reply_queue_id,
+                                           self.ctx.queue_offset_at(offset), status, offset)
 
     def _observe(self, resp: RemotingCommand, started: float) -> None:
         if self.ctx.metrics is not None:

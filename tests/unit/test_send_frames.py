@@ -60,8 +60,8 @@ def expected(frame: bytes) -> tuple | None:
 
 
 @pytest.mark.parametrize("st", [SERIALIZE_JSON, SERIALIZE_ROCKETMQ], ids=["json", "binary"])
-@pytest.mark.parametrize("code", [RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2],
-                         ids=["v1", "v2"])
+@pytest.mark.parametrize("code", [RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2,
+                                  RequestCode.SEND_BATCH_MESSAGE], ids=["v1", "v2", "batch"])
 def test_a_plain_send_parses_as_the_codec_reads_it(twin: str, st: int, code: int) -> None:
     mod = load_twin("send_frames", twin)
     frame = frame_of(send_cmd(code, st, body=b"x" * 300))
@@ -179,7 +179,8 @@ def test_odd_or_malformed_frames_are_not_plain(twin: str) -> None:
 def test_twins_agree_with_each_other_and_the_codec_on_mutated_frames() -> None:
     pure, comp = load_twin("send_frames", "python"), load_twin("send_frames", "cython")
     rng = random.Random(29)
-    seeds = [frame_of(send_cmd(code, st)) for code in (10, 310) for st in (0, 1)]
+    seeds = [frame_of(send_cmd(code, st)) for code in (10, 310, 320) for st in (0, 1)]
+    seeds.append(frame_of(send_cmd(320, m="true")))
     seeds.append(raw_json(b'{"code":310,"extFields":{"b":"T","e":"1","i":"A\\u0001b\\u0002"}}'))
     taken = 0
     for _ in range(6000):
@@ -251,6 +252,19 @@ def test_the_answer_refuses_an_unknown_serialize_type(twin: str) -> None:
     mod = load_twin("send_frames", twin)
     with pytest.raises(ProtocolError, match="serialize type 2"):
         mod.encode_send_ok(2, 1, VERSION, "X", 0, 0, "PUT_OK", 0)
+
+
+@pytest.mark.parametrize("st", [SERIALIZE_JSON, SERIALIZE_ROCKETMQ], ids=["json", "binary"])
+def test_a_batch_is_plain_only_as_send_batch_message_and_uncompressed(twin: str, st: int) -> None:
+    mod = load_twin("send_frames", twin)
+    batch = RequestCode.SEND_BATCH_MESSAGE
+    for value in ("true", "1", "false", "0", ""):
+        frame = frame_of(send_cmd(batch, st, m=value))
+        assert mod.parse_send(frame, REFUSE) == expected(frame), value
+    for fields in (dict(m="yes"), dict(f="1"), dict(f="5"), dict(f="4")):
+        assert mod.parse_send(frame_of(send_cmd(batch, st, **fields)), REFUSE) is None, fields
+    # The control: compression keeps only a batch off (a single message is stored as it came).
+    assert mod.parse_send(frame_of(send_cmd(st=st, f="1")), REFUSE) is not None
 
 
 def test_a_one_way_flag_is_what_keeps_a_frame_off(twin: str) -> None:
