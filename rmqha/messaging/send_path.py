@@ -125,6 +125,10 @@ class _Send:
     batch_count: int = 0
 
 
+#: The connection attribute holding its peer as a born host.
+_BORN_HOST = "send_path.born_host"
+
+
 def _request_of(send: SendFrame) -> RemotingCommand:
     """A stand-in for a plain send's request, enough to answer it (code, opaque, serialize
     type: all an answer takes from its request)."""
@@ -247,7 +251,14 @@ class SendPath:
         replication = self.ctx.replication
         if replication is not None and replication.awaiting_first_lease():
             return None
-        group = self._group = _SendGroup(conn, self.ctx.born_host(conn))
+        # A connection's peer never changes: its born host is parsed once.
+        attributes = getattr(conn, "attributes", None)
+        host = attributes.get(_BORN_HOST) if attributes is not None else None
+        if host is None:
+            host = self.ctx.born_host(conn)
+            if attributes is not None:
+                attributes[_BORN_HOST] = host
+        group = self._group = _SendGroup(conn, host)
         return group
 
     def on_plain_send(self, send: SendFrame, conn: Any) -> bool:
