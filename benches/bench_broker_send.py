@@ -3,7 +3,8 @@
 A real send path (MessageService on a real CommitLog, no replicas) behind a real
 Connection whose transport only collects what is written; one round feeds it ``SENDS``
 SEND_MESSAGE_V2 requests of 1 KiB the way a socket delivers them (one read each, then
-``PIPELINED`` in one read) and runs the loop until every answer is written.  So a round
+``PIPELINED`` in one read; or as many SEND_BATCH_MESSAGE requests of 32) and runs the loop
+until every answer is written.  So a round
 costs what the broker's process spends from the bytes of a request to the bytes of its
 answer (decode, checks, append, the group's wait, the answer's encode, the loop turns,
 and the consume-queue indexing the send triggers), without a socket or a client.  Speed
@@ -25,6 +26,7 @@ from rmqha.net.connection import Connection, Dispatcher
 from rmqha.protocol.codes import RequestCode
 from rmqha.protocol.command import SERIALIZE_JSON, SERIALIZE_ROCKETMQ, RemotingCommand, encode
 from rmqha.protocol.headers import SendHeader
+from rmqha.protocol.message import encode_batch_entries
 from rmqha.store import CommitLog
 
 SENDS = 64
@@ -55,13 +57,19 @@ class _Sink(asyncio.Transport):
         pass
 
 
-def _frames(serialize_type: int) -> tuple[list[bytes], bytes]:
+def _frames(serialize_type: int, batch: int) -> tuple[list[bytes], bytes]:
+    """``SENDS`` reads of one request and one read of ``PIPELINED``; with ``batch`` > 1 each
+    request is a SEND_BATCH_MESSAGE of that many messages."""
     def one(i: int) -> bytes:
+        props = f"KEYS\x01k{i}\x02UNIQ_KEY\x01AC1100{i:010X}\x02WAIT\x01true\x02"
         ext = SendHeader.fields("pg", "BenchTopic", 0, 1700000000000 + i, 0,
-                                f"KEYS\x01k{i}\x02UNIQ_KEY\x01AC1100{i:010X}\x02WAIT\x01true\x02",
-                                False)
+                                "" if batch > 1 else props, batch > 1)
         ext["e"] = str(i % 4)
-        cmd = RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, ext, BODY)
+        if batch > 1:
+            body = encode_batch_entries((BODY, props.encode(), 0) for _ in range(batch))
+            cmd = RemotingCommand.request(RequestCode.SEND_BATCH_MESSAGE, ext, body)
+        else:
+            cmd = RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, ext, BODY)
         cmd.serialize_type = serialize_type
         return encode(cmd)
 
@@ -80,7 +88,7 @@ class _Broker:
             d.register_immediate(code, now)
         if fast:
             d.register_plain_send(*self.svc.plain_send_handler())
-        self.conn = Connection(d, 16 << 20)
+        self.conn = Connection(d, 64 << 20)
         self.sink = _Sink()
         self.conn.connection_made(self.sink)
 
@@ -99,13 +107,15 @@ class _Broker:
 
 
 @pytest.mark.benchmark(group="broker-send-cpu")
+@pytest.mark.parametrize("batch", [1, 32])
 @pytest.mark.parametrize("serialize", ["json", "binary"])
 @pytest.mark.parametrize("lane", ["fast", "ordinary"])
-def test_broker_cpu_per_send(benchmark: Any, lane: str, serialize: str) -> None:
-    describe(benchmark, lane, message_bytes=len(BODY), batch=1, replicas=1)
+def test_broker_cpu_per_send(benchmark: Any, lane: str, serialize: str, batch: int) -> None:
+    describe(benchmark, lane, message_bytes=len(BODY), batch=batch, replicas=1)
     benchmark.extra_info["serialize"] = serialize
-    benchmark.extra_info["sends_per_round"] = SENDS + PIPELINED
-    singles, pipelined = _frames(SERIALIZE_JSON if serialize == "json" else SERIALIZE_ROCKETMQ)
+    benchmark.extra_info["requests_per_round"] = SENDS + PIPELINED
+    singles, pipelined = _frames(SERIALIZE_JSON if serialize == "json" else SERIALIZE_ROCKETMQ,
+                                 batch)
     loop = asyncio.new_event_loop()
     with tempfile.TemporaryDirectory() as tmp:
         broker = loop.run_until_complete(_make(Path(tmp), lane == "fast"))
