@@ -154,7 +154,7 @@ class _SendGroup:
     answered together.  One waiter instead of one per send, and the checks every send of
     the group would repeat (writable, the topic's config) done once per group."""
 
-    __slots__ = ("conn", "answers", "topics", "writable", "born_host")
+    __slots__ = ("conn", "answers", "topics", "plain_topics", "writable", "born_host")
 
     def __init__(self, conn: Any, born_host: tuple[str, int]) -> None:
         self.conn = conn
@@ -162,6 +162,8 @@ class _SendGroup:
         self.answers: list[_Answer] = []
         #: Topic -> its config, once a send to it passed the topic checks in this group.
         self.topics: dict[str, Any] = {}
+        #: The same for plain sends: topics that exist and declare no message type.
+        self.plain_topics: dict[str, Any] = {}
         self.writable = False
 
 
@@ -282,7 +284,7 @@ class SendPath:
                 conn.at_end_of_dispatch(partial(self._close_group, group))
 
     def _take_plain(self, send: SendFrame, conn: Any, group: _SendGroup) -> bool:
-        started = time.perf_counter()
+        started = time.perf_counter() if self.ctx.metrics is not None else 0.0
         topic = send[3]
         if not group.writable:
             try:
@@ -290,14 +292,12 @@ class SendPath:
             except Refused:
                 return False
             group.writable = True
-        cfg = group.topics.get(topic)
+        cfg = group.plain_topics.get(topic)
         if cfg is None:
-            cfg = self._plain_topic(topic)
-            if cfg is None:
+            cfg = group.topics.get(topic) or self._plain_topic(topic)
+            if cfg is None or self._expected_type(cfg) is not None:
                 return False
-            group.topics[topic] = cfg
-        if self._expected_type(cfg) is not None:
-            return False
+            group.plain_topics[topic] = cfg
         queue_id = send[4]
         if queue_id < 0:
             queue_id = random.randrange(cfg.write_queue_nums)
@@ -389,7 +389,8 @@ class SendPath:
                 plain = a.plain
                 if plain is not None and c == ResponseCode.SUCCESS:
                     conn.answer_frame(self._plain_ok(plain, a, st))
-                    self._observe_status(st, a.started)
+                    if ctx.metrics is not None:
+                        self._observe_status(st, a.started)
                     continue
                 cmd = a.cmd if plain is None else _request_of(plain)
                 assert cmd is not None

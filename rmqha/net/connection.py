@@ -412,7 +412,7 @@ class Connection(asyncio.Protocol):
     def answer_frame(self, data: bytes) -> None:
         """:meth:`answer` with the answer's frame encoded already (a plain send's)."""
         self._immediate -= 1
-        if self.closed:
+        if self._closed.done():
             return
         try:
             self._queue_bytes(data, len(self._tasks) + self._immediate > 0)
