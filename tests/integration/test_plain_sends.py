@@ -259,3 +259,21 @@ def test_a_guard_sees_every_send(tmp_path: Path, guarded: bool) -> None:
         assert seen == [1000, 1001, 1002] and side.taken == 0
     else:
         assert seen == [] and side.taken == 2
+
+
+def test_a_failing_plain_send_handler_answers_system_error_and_keeps_the_link(
+        tmp_path: Path) -> None:
+    def broken(send: Any, conn: Any) -> bool:
+        if send[1] == 1001:
+            raise RuntimeError("boom")
+        return False  # the others go the ordinary way
+
+    async def script(sides: tuple[Side, ...]) -> None:
+        sides[0].conn._dispatcher.register_plain_send(broken, ())  # type: ignore[union-attr]
+        await feed(sides[0], [send(0, queue_id=0), send(1, queue_id=0) + send(2, queue_id=0)])
+
+    (side,) = in_loop(lambda: (Side(tmp_path, True),), script)
+    got = {a.opaque: a for a in answers(side)}
+    assert got[1001].code == ResponseCode.SYSTEM_ERROR and got[1001].remark == "RuntimeError: boom"
+    assert got[1000].code == got[1002].code == ResponseCode.SUCCESS
+    assert not side.conn.closed and side.conn.in_flight == 0
