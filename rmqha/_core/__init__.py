@@ -27,17 +27,18 @@ from rmqha._core._protocols import (
     QueueScanTwin,
     RecordsTwin,
     SendCodecTwin,
+    SendFramesTwin,
 )
 
 #: What a feature named by a plain string (not a literal) loads as.
 AnyTwin = (RecordsTwin | EpochMapTwin | FramesTwin | HaOffsetsTwin | MessageIndexTwin
-           | QueueScanTwin | SendCodecTwin | PullAnswerTwin)
+           | QueueScanTwin | SendCodecTwin | PullAnswerTwin | SendFramesTwin)
 
 NO_EXTENSIONS: bool = os.environ.get("RMQHA_NO_EXTENSIONS", "") not in ("", "0")
 
 #: Every hot-path feature; each has ``rmqha/_core/<name>.pyx`` and ``<name>_py.py``.
 FEATURES: tuple[str, ...] = ("records", "epoch_map", "frames", "ha_offsets", "message_index",
-                             "queue_scan", "send_codec", "pull_answer")
+                             "queue_scan", "send_codec", "pull_answer", "send_frames")
 
 TWINS: tuple[str, ...] = ("cython", "python")
 
@@ -63,6 +64,8 @@ def load_twin(feature: Literal["queue_scan"], twin: str) -> QueueScanTwin: ...
 def load_twin(feature: Literal["send_codec"], twin: str) -> SendCodecTwin: ...
 @overload
 def load_twin(feature: Literal["pull_answer"], twin: str) -> PullAnswerTwin: ...
+@overload
+def load_twin(feature: Literal["send_frames"], twin: str) -> SendFramesTwin: ...
 @overload
 def load_twin(feature: str, twin: str) -> AnyTwin: ...
 def load_twin(feature: str, twin: str) -> Any:
@@ -92,6 +95,8 @@ def load(feature: Literal["queue_scan"]) -> QueueScanTwin: ...
 def load(feature: Literal["send_codec"]) -> SendCodecTwin: ...
 @overload
 def load(feature: Literal["pull_answer"]) -> PullAnswerTwin: ...
+@overload
+def load(feature: Literal["send_frames"]) -> SendFramesTwin: ...
 @overload
 def load(feature: str) -> AnyTwin: ...
 def load(feature: str) -> Any:

@@ -406,6 +406,8 @@ class SendCodecTwin(Protocol):
 
     def encode_plain_batch(self, bodies: Sequence[bytes], uids: Sequence[str], head: str,
                            tail: str, start: int, max_bytes: int) -> tuple[bytes, int]: ...
+
+
 class PullAnswerTwin(Protocol):
     """``rmqha._core.pull_answer`` / ``pull_answer_py``: a pull answer's body, assembled on
     the broker and decoded on the client."""
@@ -431,6 +433,36 @@ class PullAnswerTwin(Protocol):
                max_records: int) -> list[Any]: ...
 
 
+#: A plain send parsed by ``send_frames``: (code, opaque, serialize_type, topic, queue_id,
+#: sys_flag, born_timestamp, flag, properties, reconsume_times, body, head).
+SendFrame = tuple[int, int, int, str, int, int, int, int, bytes, int, bytes, bytes]
+
+
+class SendFramesTwin(Protocol):
+    """``rmqha._core.send_frames`` / ``send_frames_py``: the broker's plain sends."""
+
+    __name__: str
+
+    SEND_MESSAGE: int
+    SEND_MESSAGE_V2: int
+    SEND_BATCH_MESSAGE: int
+    COMPRESSED: int
+    TRANSACTION_BITS: int
+    LANGUAGE: str
+    LANGUAGE_CODE: int
+
+    def scan(self, buf: bytes | bytearray | memoryview, max_frame_bytes: int,
+             decode_other: Callable[[memoryview], Any],
+             refuse: tuple[bytes, ...]) -> tuple[list[Any], int]: ...
+
+    def parse_send(self, frame: bytes | bytearray | memoryview,
+                   refuse: tuple[bytes, ...]) -> SendFrame | None: ...
+
+    def encode_send_ok(self, serialize_type: int, opaque: int, version: int, msg_id: str,
+                       queue_id: int, queue_offset: int, status: str,
+                       commit_offset: int) -> bytes: ...
+
+
 if TYPE_CHECKING:
     # Conformance, checked by mypy: each twin offers its feature's whole API.
     from rmqha._core import (
@@ -448,6 +480,8 @@ if TYPE_CHECKING:
         records,
         send_codec,
         send_codec_py,
+        send_frames,
+        send_frames_py,
     )
 
     _records: tuple[RecordsTwin, RecordsTwin] = (records, records_py)
@@ -458,3 +492,4 @@ if TYPE_CHECKING:
     _queue_scan: tuple[QueueScanTwin, QueueScanTwin] = (queue_scan, queue_scan_py)
     _send_codec: tuple[SendCodecTwin, SendCodecTwin] = (send_codec, send_codec_py)
     _pull_answer: tuple[PullAnswerTwin, PullAnswerTwin] = (pull_answer, pull_answer_py)
+    _send_frames: tuple[SendFramesTwin, SendFramesTwin] = (send_frames, send_frames_py)

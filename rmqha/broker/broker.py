@@ -308,6 +308,8 @@ class Broker:
             self.server.register(code, self._guard(code, handler))
         for code, now in self.message_service.immediate_handlers().items():
             self.server.register_immediate(code, self._guard_now(now))
+        plain, refuse = self.message_service.plain_send_handler()
+        self.server.dispatcher.register_plain_send(self._guard_now(plain), refuse)
         # Over mutual TLS a role notice comes only from a controller's certificate.
         self.server.register(RequestCode.NOTIFY_BROKER_ROLE_CHANGED,
                              PeerCheck(self.tls).guarded(lambda cmd: FROM_CONTROLLER,
@@ -459,8 +461,9 @@ class Broker:
         return handler
 
     def _guard_now(self, handler: Any) -> Any:
-        """The role guard of :meth:`_guard` for an immediate handler: only a master takes
-        the request now; anything else goes to the guarded task, which refuses it."""
+        """The role guard of :meth:`_guard` for an immediate (or plain send) handler: only
+        a master takes the request now; anything else goes to the guarded task, which
+        refuses it."""
 
         def guarded_now(cmd: RemotingCommand, conn: Connection) -> bool:
             return self.role == Role.MASTER and handler(cmd, conn)

@@ -87,6 +87,19 @@ class LogWriter:
         hit(Failpoint.AFTER_APPEND)
         return placed
 
+    def append_plain_now(self, topic: str, queue_id: int, body: bytes, properties: bytes,
+                         flag: int, sys_flag: int, born_timestamp: int,
+                         born_host: tuple[str, int], reconsume_times: int) -> tuple[int, int]:
+        """One plain send's record, with its properties' bytes as they came: (offset,
+        size).  InvalidMessageError when they are not canonical (nothing is stored)."""
+        with self._append_lock:
+            placed = self.ctx.log.append(
+                topic, body, queue_id, properties, flag=flag, sys_flag=sys_flag,
+                born_timestamp=born_timestamp, born_host=born_host,
+                reconsume_times=reconsume_times, wait_flush=False)
+        hit(Failpoint.AFTER_APPEND)
+        return placed
+
     def append_batch_now(self, topic: str, queue_id: int, batch: bytes | memoryview, count: int,
                          sys_flag: int, born_timestamp: int,
                          born_host: tuple[str, int]) -> list[tuple[int, int]]:

@@ -14,8 +14,15 @@ from functools import partial
 from typing import Any
 
 from rmqha import _core
+from rmqha._core._protocols import SendFrame
 from rmqha.protocol.codes import RequestCode, ResponseCode
-from rmqha.errors import ConfigError, DiskFullError, ProtocolError, StoreError
+from rmqha.errors import (
+    ConfigError,
+    DiskFullError,
+    InvalidMessageError,
+    ProtocolError,
+    StoreError,
+)
 from rmqha.messaging.context import (
     MAX_INFLATED_BATCH_BYTES,
     PUT_STATUS_FIELD,
@@ -57,9 +64,10 @@ from rmqha.messaging.transactions import (
     Transactions,
     transaction_type,
 )
-from rmqha.protocol.command import RemotingCommand
+from rmqha.protocol.command import VERSION, RemotingCommand
 
 _records = _core.load("records")
+_send_frames = _core.load("send_frames")
 #: As RocketMQ's MessageDecoder: at most this many messages in one batch body.
 MAX_BATCH_ITEMS = 65536
 #: Property keys that keep a batch off the stored-as-it-came path: a delay (refused in a
@@ -69,6 +77,9 @@ _RESERVED_PREFIXES = (b"TIMER_",)
 #: Topics only the broker writes (RocketMQ's NOT_ALLOWED_SEND_TOPIC_SET, and rmqha's state).
 INTERNAL_TOPICS = frozenset({STATE_TOPIC, SCHEDULE_TOPIC, TIMER_TOPIC, HALF_TOPIC, OP_TOPIC,
                              CHECK_MAX_TOPIC})
+#: What a plain send's properties must not contain (the decoder's ``plain_sends``): what
+#: asks for a delay (as ``asks_for_delay`` reads it) or marks a committed transaction.
+PLAIN_SEND_REFUSE = (b"DELAY\x01", b"TIMER_", COMMITTED_MARK.encode())
 
 
 def _asks_for_delay(props: str | dict[str, str]) -> bool:
@@ -114,14 +125,26 @@ class _Send:
     batch_count: int = 0
 
 
+#: The connection attribute holding its peer as a born host.
+_BORN_HOST = "send_path.born_host"
+
+
+def _request_of(send: SendFrame) -> RemotingCommand:
+    """A stand-in for a plain send's request, enough to answer it (code, opaque, serialize
+    type: all an answer takes from its request)."""
+    return RemotingCommand(send[0], opaque=send[1], serialize_type=send[2])
+
+
 @dataclass(slots=True)
 class _Answer:
-    """A send stored by :meth:`SendPath.on_send_now` and not answered yet."""
+    """A send stored by :meth:`SendPath.on_send_now` (``cmd``) or
+    :meth:`SendPath.on_plain_send` (``plain``, its frame's fields) and not answered yet."""
 
-    cmd: RemotingCommand
-    send: _Send
+    cmd: RemotingCommand | None
+    reply_queue_id: int
     placed: list[tuple[int, int]]
     started: float
+    plain: SendFrame | None = None
 
 
 class _SendGroup:
@@ -131,7 +154,7 @@ class _SendGroup:
     answered together.  One waiter instead of one per send, and the checks every send of
     the group would repeat (writable, the topic's config) done once per group."""
 
-    __slots__ = ("conn", "answers", "topics", "writable", "born_host")
+    __slots__ = ("conn", "answers", "topics", "plain_topics", "writable", "born_host")
 
     def __init__(self, conn: Any, born_host: tuple[str, int]) -> None:
         self.conn = conn
@@ -139,6 +162,8 @@ class _SendGroup:
         self.answers: list[_Answer] = []
         #: Topic -> its config, once a send to it passed the topic checks in this group.
         self.topics: dict[str, Any] = {}
+        #: The same for plain sends: topics that exist and declare no message type.
+        self.plain_topics: dict[str, Any] = {}
         self.writable = False
 
 
@@ -162,6 +187,8 @@ class SendPath:
         self._latency: dict[str, Any] = {}
         #: The sends being dispatched (see _SendGroup), None between dispatches.
         self._group: _SendGroup | None = None
+        #: Topic names a plain send may use (valid, not internal): checked once each.
+        self._plain_names: set[str] = set()
 
     def handlers(self) -> dict[int, Handler]:
         rc = RequestCode
@@ -174,6 +201,11 @@ class SendPath:
     def immediate_handlers(self) -> dict[int, Any]:
         """The same codes without a task (see :meth:`on_send_now`)."""
         return {code: self.on_send_now for code in self.handlers()}
+
+    def plain_send_handler(self) -> tuple[Any, tuple[bytes, ...]]:
+        """The handler of plain sends parsed from their frames and what their properties
+        must not hold (:meth:`rmqha.net.connection.Dispatcher.register_plain_send`)."""
+        return self.on_plain_send, PLAIN_SEND_REFUSE
 
     async def on_send(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
         started = time.perf_counter()
@@ -193,10 +225,9 @@ class SendPath:
         group = self._group
         opened = group is None or group.conn is not conn
         if opened:
-            replication = self.ctx.replication
-            if replication is not None and replication.awaiting_first_lease():
+            group = self._open_group(conn)
+            if group is None:
                 return False
-            group = self._group = _SendGroup(conn, self.ctx.born_host(conn))
         assert group is not None
         started = time.perf_counter()
         try:
@@ -207,7 +238,7 @@ class SendPath:
             self._observe(resp, started)
             conn.answer(cmd, resp)
         else:
-            group.answers.append(_Answer(cmd, send, placed, started))
+            group.answers.append(_Answer(cmd, send.reply_queue_id, placed, started))
         finally:
             if opened:
                 # After the first send is in (outside a dispatch, a direct call, this closes
@@ -215,6 +246,122 @@ class SendPath:
                 # connection's later sends.
                 conn.at_end_of_dispatch(partial(self._close_group, group))
         return True
+
+    def _open_group(self, conn: Any) -> _SendGroup | None:
+        """A new group for ``conn``'s sends of this dispatch; None for a master still
+        waiting for its first lease (its sends go to the task-based handler)."""
+        replication = self.ctx.replication
+        if replication is not None and replication.awaiting_first_lease():
+            return None
+        # A connection's peer never changes: its born host is parsed once.
+        attributes = getattr(conn, "attributes", None)
+        host = attributes.get(_BORN_HOST) if attributes is not None else None
+        if host is None:
+            host = self.ctx.born_host(conn)
+            if attributes is not None:
+                attributes[_BORN_HOST] = host
+        group = self._group = _SendGroup(conn, host)
+        return group
+
+    def on_plain_send(self, send: SendFrame, conn: Any) -> bool:
+        """A plain send straight from its frame's fields (see
+        :mod:`rmqha._core.send_frames`): :meth:`on_send_now` without a command, a header
+        object or a row, in the same group as the sends dispatched with it, answered with
+        a frame encoded in one call.  False leaves it to the ordinary way (which makes the
+        same checks and answers any refusal): anything a check does not pass, a topic that
+        does not exist yet or declares a message type, and whatever on_send_now leaves."""
+        group = self._group
+        opened = group is None or group.conn is not conn
+        if opened:
+            group = self._open_group(conn)
+            if group is None:
+                return False
+        assert group is not None
+        try:
+            return self._take_plain(send, conn, group)
+        finally:
+            if opened:
+                conn.at_end_of_dispatch(partial(self._close_group, group))
+
+    def _take_plain(self, send: SendFrame, conn: Any, group: _SendGroup) -> bool:
+        started = time.perf_counter() if self.ctx.metrics is not None else 0.0
+        topic = send[3]
+        if not group.writable:
+            try:
+                self.ctx.check_writable()
+            except Refused:
+                return False
+            group.writable = True
+        cfg = group.plain_topics.get(topic)
+        if cfg is None:
+            cfg = group.topics.get(topic) or self._plain_topic(topic)
+            if cfg is None or self._expected_type(cfg) is not None:
+                return False
+            group.plain_topics[topic] = cfg
+        queue_id = send[4]
+        if queue_id < 0:
+            queue_id = random.randrange(cfg.write_queue_nums)
+        queue_id %= cfg.write_queue_nums
+        born = send[6] or int(time.time() * 1000)
+        if send[0] == RequestCode.SEND_BATCH_MESSAGE:
+            return self._take_plain_batch(send, conn, group, queue_id, born, started)
+        try:
+            placed = self.writer.append_plain_now(
+                topic, queue_id, send[10], send[8], send[7], send[5], born, group.born_host,
+                send[9])
+        except (StoreError, InvalidMessageError):
+            return False  # nothing stored: the ordinary way meets it again and answers it
+        rows = [placed]
+        self._stored(rows, conn)
+        group.answers.append(_Answer(None, queue_id, rows, started, send))
+        return True
+
+    def _take_plain_batch(self, send: SendFrame, conn: Any, group: _SendGroup, queue_id: int,
+                          born: int, started: float) -> bool:
+        """A SEND_BATCH_MESSAGE whose entries are all stored as they came (``batch_plain``),
+        as :meth:`_prepare` and :meth:`_store` do it."""
+        body = send[10]
+        count = _records.batch_plain(body, MAX_BATCH_ITEMS, _RESERVED_KEYS, _RESERVED_PREFIXES)
+        if count <= 0:
+            return False
+        try:
+            placed = self.writer.append_batch_now(send[3], queue_id, body, count, send[5], born,
+                                                  group.born_host)
+        except DiskFullError as exc:
+            # Entries before it may be stored: answered here, as _store refuses it.
+            self._refuse_plain(send, conn, ResponseCode.SERVICE_NOT_AVAILABLE, str(exc), started)
+            return True
+        except StoreError as exc:
+            self._refuse_plain(send, conn, ResponseCode.MESSAGE_ILLEGAL, str(exc), started)
+            return True
+        self._stored(placed, conn)
+        group.answers.append(_Answer(None, queue_id, placed, started, send))
+        return True
+
+    def _refuse_plain(self, send: SendFrame, conn: Any, code: int, remark: str,
+                      started: float) -> None:
+        cmd = _request_of(send)
+        resp = cmd.response(code, remark)
+        self._observe(resp, started)
+        conn.answer(cmd, resp)
+
+    def _plain_topic(self, topic: str) -> Any:
+        """The config of an existing topic a plain send may go to as it is (no refusal
+        to answer, nothing to create), else None."""
+        if topic not in self._plain_names:
+            try:
+                validate_topic_name(topic)
+            except ConfigError:
+                return None
+            if topic in INTERNAL_TOPICS:
+                return None
+            if len(self._plain_names) >= 4096:
+                self._plain_names.clear()
+            self._plain_names.add(topic)
+        cfg = self.ctx.topics.get(topic)
+        if cfg is None or not cfg.perm & PERM_WRITE:
+            return None
+        return cfg
 
     def _close_group(self, group: _SendGroup) -> None:
         """The group's sends are all stored: push them and wait for the end of the last."""
@@ -239,16 +386,38 @@ class SendPath:
                     off, size = a.placed[-1]
                     if off + size < end and replication.replicated_now(off + size):
                         c, st = ResponseCode.SUCCESS, "PUT_OK"
-                resp = self._answer(a.cmd, a.send, a.placed, c, st)
+                plain = a.plain
+                if plain is not None and c == ResponseCode.SUCCESS:
+                    conn.answer_frame(self._plain_ok(plain, a, st))
+                    if ctx.metrics is not None:
+                        self._observe_status(st, a.started)
+                    continue
+                cmd = a.cmd if plain is None else _request_of(plain)
+                assert cmd is not None
+                resp = self._answer(cmd, a.reply_queue_id, a.placed, c, st)
                 self._observe(resp, a.started)
-                conn.answer(a.cmd, resp)
+                conn.answer(cmd, resp)
 
         self.writer.when_durable(end, durable)
 
+    def _plain_ok(self, send: SendFrame, a: _Answer, status: str) -> bytes:
+        """The SUCCESS answer of a plain send, as :meth:`_answer` would make it."""
+        placed = a.placed
+        offset = placed[0][0]
+        prefix = self._msg_id_prefix
+        ids = (f"{prefix}{offset:016X}" if len(placed) == 1
+               else ",".join([f"{prefix}{off:016X}" for off, _ in placed]))
+        return _send_frames.encode_send_ok(send[2], send[1], VERSION, ids, a.reply_queue_id,
+                                           self.ctx.queue_offset_at(offset), status, offset)
+
     def _observe(self, resp: RemotingCommand, started: float) -> None:
+        if self.ctx.metrics is not None:
+            self._observe_status(resp.ext_fields.get(PUT_STATUS_FIELD) or str(resp.code),
+                                 started)
+
+    def _observe_status(self, status: str, started: float) -> None:
         m = self.ctx.metrics
         if m is not None:
-            status = resp.ext_fields.get(PUT_STATUS_FIELD) or str(resp.code)
             child = self._latency.get(status)
             if child is None:  # labels() costs a lock and a lookup: once per status
                 child = self._latency[status] = m.send_latency.labels(status)
@@ -264,7 +433,7 @@ class SendPath:
         last_offset, last_size = placed[-1]
         code, status = await self.writer.await_durable(last_offset + last_size,
                                                        index_now=False)
-        return self._answer(cmd, send, placed, code, status)
+        return self._answer(cmd, send.reply_queue_id, placed, code, status)
 
     def _prepare(self, cmd: RemotingCommand, conn: Any, group: _SendGroup | None = None) -> _Send:
         """Check a send and decide what to store where; Refused says why not.  ``group``:
@@ -374,7 +543,6 @@ class SendPath:
 
     def _store(self, send: _Send, conn: Any) -> list[tuple[int, int]]:
         """Append the send's rows and start them towards the slaves."""
-        ctx = self.ctx
         try:
             if send.batch is not None:
                 placed = self.writer.append_batch_now(send.topic, send.queue_id, send.batch,
@@ -390,21 +558,26 @@ class SendPath:
             raise Refused(ResponseCode.SERVICE_NOT_AVAILABLE, str(exc)) from None
         except StoreError as exc:
             raise Refused(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
+        self._stored(placed, conn)
+        return placed
+
+    def _stored(self, placed: list[tuple[int, int]], conn: Any) -> None:
+        """Start what was appended towards the slaves, and count it."""
+        ctx = self.ctx
         if ctx.replication is not None and getattr(conn, "in_flight", 0) <= 1:
             ctx.replication.push_now()  # alone on its connection: no turn to share
         if ctx.metrics is not None:
             ctx.metrics.messages_stored.inc(len(placed))
             ctx.metrics.bytes_stored.inc(sum(size for _, size in placed))
-        return placed
 
-    def _answer(self, cmd: RemotingCommand, send: _Send, placed: list[tuple[int, int]],
+    def _answer(self, cmd: RemotingCommand, reply_queue_id: int, placed: list[tuple[int, int]],
                 code: int, status: str) -> RemotingCommand:
         ctx = self.ctx
         first_offset, _ = placed[0]
         queue_offset = ctx.queue_offset_at(first_offset)
         prefix = self._msg_id_prefix
         ids = ",".join([f"{prefix}{off:016X}" for off, _ in placed])
-        ext = {"msgId": ids, "queueId": str(send.reply_queue_id),
+        ext = {"msgId": ids, "queueId": str(reply_queue_id),
                "queueOffset": str(queue_offset), PUT_STATUS_FIELD: status,
                "commitLogOffset": str(first_offset)}
         if code == ResponseCode.SUCCESS:

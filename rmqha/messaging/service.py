@@ -228,6 +228,11 @@ class MessageService:
         :class:`rmqha.net.connection.Dispatcher`): the send path."""
         return self._send.immediate_handlers()
 
+    def plain_send_handler(self) -> tuple[Callable[[Any, Any], bool], tuple[bytes, ...]]:
+        """The send path's handler of plain sends parsed from their frames, and what their
+        properties must not hold (see :meth:`rmqha.net.connection.Dispatcher.register_plain_send`)."""
+        return self._send.plain_send_handler()
+
     def set_role(self, role: str, master_address: str | None = None) -> None:
         if role not in ("master", "slave", "fenced"):
             raise ValueError(f"unknown role {role!r}")

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import ssl
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol, Union, cast
 
 from rmqha.errors import (
@@ -41,6 +41,8 @@ from rmqha.protocol.command import (
     FLAG_RESPONSE,
     FrameDecoder,
     RemotingCommand,
+    SendFrame,
+    command_of,
     encode,
     not_supported,
 )
@@ -96,6 +98,12 @@ Guard = Callable[[RemotingCommand, "Connection"], None]
 #: the code's ordinary task-based handler (False).
 ImmediateHandler = Callable[[RemotingCommand, "Connection"], bool]
 
+#: ``handler(send, conn) -> bool``: takes a plain send parsed from its frame (no command
+#: made; see :class:`~rmqha.protocol.command.FrameDecoder`) and answers it with
+#: :meth:`Connection.answer_frame` or :meth:`Connection.answer` (True), or leaves it to
+#: the ordinary way, as the command its frame decodes to (False).
+PlainSendHandler = Callable[[SendFrame, "Connection"], bool]
+
 
 class Dispatcher:
     """Request code -> handler, with an optional fallback handler for other codes.
@@ -110,6 +118,9 @@ class Dispatcher:
         self.immediate: dict[int, ImmediateHandler] = {}
         #: Checked before every request (:data:`Guard`); None lets everything through.
         self.guard: Guard | None = None
+        #: Plain sends taken from their frames (see :meth:`register_plain_send`).
+        self.plain_send: PlainSendHandler | None = None
+        self.plain_send_refuse: tuple[bytes, ...] = ()
         if isinstance(fallback, Mapping):
             for code, fn in fallback.items():
                 self.register(code, fn)
@@ -121,6 +132,13 @@ class Dispatcher:
 
     def register_immediate(self, code: int, handler: ImmediateHandler) -> None:
         self.immediate[int(code)] = handler
+
+    def register_plain_send(self, handler: PlainSendHandler, refuse: tuple[bytes, ...]) -> None:
+        """Connections made from now on parse plain sends from their frames (properties
+        holding none of ``refuse``) and give them to ``handler`` before any other
+        handler; with a :attr:`guard` they go the ordinary way (the guard reads commands)."""
+        self.plain_send = handler
+        self.plain_send_refuse = refuse
 
     async def __call__(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand | None:
         handler = self._handlers.get(cmd.code, self._fallback)
@@ -163,7 +181,11 @@ class Connection(asyncio.Protocol):
         self._last_data = 0.0
         self._dispatcher = dispatcher
         self.max_frame_bytes = max_frame_bytes
-        self._decoder: FrameDecoder | FrameLayer = FrameDecoder(max_frame_bytes)
+        plain = dispatcher is not None and dispatcher.plain_send is not None
+        decoder = FrameDecoder(max_frame_bytes, dispatcher.plain_send_refuse if plain and dispatcher else None)
+        self._decoder: FrameDecoder | FrameLayer = decoder
+        self._feed: Callable[[bytes], Sequence[RemotingCommand | SendFrame]] = (
+            decoder.feed_sends if plain else decoder.feed)
         #: The frame layer's seal (None: frames leave as encoded).
         self._seal: Callable[[bytes], bytes] | None = None
         self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
@@ -188,7 +210,7 @@ class Connection(asyncio.Protocol):
         #: dispatched (None outside a dispatch; see at_end_of_dispatch()).
         self._end_of_dispatch: list[Callable[[], None]] | None = None
         #: Commands of a read beyond DISPATCH_BUDGET, dispatched in later loop turns.
-        self._backlog: deque[RemotingCommand] = deque()
+        self._backlog: deque[RemotingCommand | SendFrame] = deque()
         self._drain_scheduled = False
         self._reading_paused = False
         self._on_made = on_made
@@ -228,7 +250,7 @@ class Connection(asyncio.Protocol):
         if self._closed.done():
             return
         try:
-            commands = self._decoder.feed(data)
+            commands = self._feed(data)
         except ProtocolError as exc:
             reason = f"malformed frame: {exc}"
             log.warning("closing connection %s: %s", self.name, reason)
@@ -251,7 +273,7 @@ class Connection(asyncio.Protocol):
                 self._stall_timer = self._loop.call_at(
                     self._last_data + self._frame_read_timeout, self._check_stall)
 
-    def _dispatch(self, commands: list[RemotingCommand]) -> None:
+    def _dispatch(self, commands: Sequence[RemotingCommand | SendFrame]) -> None:
         """Dispatch commands that arrived together, then what they asked to run after."""
         self._end_of_dispatch = []
         try:
@@ -354,6 +376,7 @@ class Connection(asyncio.Protocol):
     def use_layer(self, layer: FrameLayer) -> None:
         """Decode and seal through ``layer`` from now on (before any frame went either way)."""
         self._decoder = layer
+        self._feed = layer.feed
         self._seal = layer.seal
 
     def write_raw(self, data: bytes) -> None:
@@ -408,7 +431,9 @@ class Connection(asyncio.Protocol):
         of them, instead of one per frame."""
         if self.closed:
             raise RemotingError(f"connection {self.name} is closed ({self.close_reason})")
-        data = encode(cmd)
+        self._queue_bytes(encode(cmd), others)
+
+    def _queue_bytes(self, data: bytes, others: bool) -> None:
         if self._seal is not None:
             data = self._seal(data)  # here, in the order frames reach the wire
         if self._cork is not None:
@@ -430,6 +455,16 @@ class Connection(asyncio.Protocol):
             self._queue_frame(response, len(self._tasks) + self._immediate > 0)
         except RemotingError as exc:
             log.debug("could not answer %s: %s", request.describe(), exc)
+
+    def answer_frame(self, data: bytes) -> None:
+        """:meth:`answer` with the answer's frame encoded already (a plain send's)."""
+        self._immediate -= 1
+        if self._closed.done():
+            return
+        try:
+            self._queue_bytes(data, len(self._tasks) + self._immediate > 0)
+        except RemotingError as exc:
+            log.debug("could not answer a send: %s", exc)
 
     @staticmethod
     def _stamp(request: RemotingCommand, response: RemotingCommand) -> None:
@@ -547,7 +582,10 @@ class Connection(asyncio.Protocol):
             except Exception:  # a broken callback must not stop the others
                 log.exception("close callback of %s failed", self.name)
 
-    def _on_command(self, cmd: RemotingCommand) -> None:
+    def _on_command(self, cmd: RemotingCommand | SendFrame) -> None:
+        if isinstance(cmd, tuple):
+            self._on_plain_send(cmd)
+            return
         if cmd.is_response:
             fut = self._pending.get(cmd.opaque)
             if fut is not None and not fut.done():
@@ -565,6 +603,24 @@ class Connection(asyncio.Protocol):
         task = self._loop.create_task(self._handle(cmd))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _on_plain_send(self, send: SendFrame) -> None:
+        """A plain send to its handler, or (not taken, or a guard to pass first) the
+        ordinary way; either way in its place among the connection's requests."""
+        dispatcher = self._dispatcher
+        handler = dispatcher.plain_send if dispatcher is not None else None
+        if handler is not None and dispatcher is not None and dispatcher.guard is None:
+            self._immediate += 1
+            try:
+                if handler(send, self):
+                    return
+            except Exception as exc:  # a handler bug answers SYSTEM_ERROR, never kills the link
+                cmd = command_of(send)
+                log.exception("plain send handler for %s from %s failed", cmd.describe(), self.name)
+                self.answer(cmd, cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}"))
+                return
+            self._immediate -= 1
+        self._on_command(command_of(send))
 
     def _admitted(self, guard: Guard, cmd: RemotingCommand) -> bool:
         """Whether ``guard`` lets ``cmd`` through; a refusal is answered here."""

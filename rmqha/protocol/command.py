@@ -33,6 +33,8 @@ from typing import Any
 
 import orjson
 
+from rmqha import _core
+from rmqha._core._protocols import SendFrame as SendFrame
 from rmqha.errors import ProtocolError, RemoteCommandError
 from rmqha.protocol.codes import ResponseCode, code_name
 from rmqha.protocol.version import ADVERTISED
@@ -63,6 +65,7 @@ _BIN_FIXED = struct.Struct(">hbhii")
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
 _OPAQUE_MASK = 0x7FFFFFFF
+_send_frames = _core.load("send_frames")
 _opaque_counter = itertools.count(1)
 
 
@@ -368,11 +371,31 @@ class FrameDecoder:
 
     A length below 4 or above ``max_frame_bytes`` raises ProtocolError before anything is
     buffered for that frame; after an error the decoder must be discarded.
+
+    With ``plain_sends`` (a broker's client port) a read is split in one compiled call
+    (:mod:`rmqha._core.send_frames`): a plain send comes out as its parsed
+    :data:`~rmqha._core._protocols.SendFrame` tuple instead of a command (``plain_sends``
+    is what its properties must not contain), every other frame as a command, in order.
     """
 
-    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 plain_sends: tuple[bytes, ...] | None = None) -> None:
         self.max_frame_bytes = max_frame_bytes
         self._buf = bytearray()
+        self._plain_sends = plain_sends
+
+    def feed_sends(self, data: bytes) -> list[RemotingCommand | SendFrame]:
+        """:meth:`feed` with the plain sends parsed (see above); :meth:`feed` without
+        ``plain_sends``."""
+        if self._plain_sends is None:
+            return list(self.feed(data))
+        buf = self._buf
+        buf += data
+        items, pos = _send_frames.scan(buf, self.max_frame_bytes, decode_frame,
+                                       self._plain_sends or ())
+        if pos:
+            del buf[:pos]
+        return items
 
     @property
     def buffered(self) -> int:
@@ -396,6 +419,11 @@ class FrameDecoder:
         if pos:
             del buf[:pos]
         return out
+
+
+def command_of(send: SendFrame) -> RemotingCommand:
+    """The command a plain send's frame decodes to (its head and body are the frame)."""
+    return decode_frame(send[11] + send[10])
 
 
 def not_supported(cmd: RemotingCommand) -> RemotingCommand:

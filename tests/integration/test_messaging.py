@@ -242,6 +242,7 @@ class LocalBroker:
         if self.immediate:
             for code, now in self.svc.immediate_handlers().items():
                 self.server.register_immediate(code, now)
+            self.server.dispatcher.register_plain_send(*self.svc.plain_send_handler())
         await self.server.start()
         if self.namesrv:
             self._ns = RemotingClient(self.namesrv, security=self.links)

@@ -1,0 +1,23 @@
+"""Types of the compiled twin ``rmqha._core.send_frames`` (send_frames.pyx); the API is send_frames_py's.
+
+Checked against :class:`rmqha._core._protocols.SendFramesTwin` by mypy.
+"""
+from collections.abc import Callable
+from typing import Any
+
+from rmqha._core._protocols import SendFrame
+
+SEND_MESSAGE: int
+SEND_MESSAGE_V2: int
+SEND_BATCH_MESSAGE: int
+COMPRESSED: int
+TRANSACTION_BITS: int
+LANGUAGE: str
+LANGUAGE_CODE: int
+
+def scan(buf: bytes | bytearray | memoryview, max_frame_bytes: int,
+         decode_other: Callable[[memoryview], Any],
+         refuse: tuple[bytes, ...]) -> tuple[list[Any], int]: ...
+def parse_send(frame: bytes | bytearray | memoryview, refuse: tuple[bytes, ...]) -> SendFrame | None: ...
+def encode_send_ok(serialize_type: int, opaque: int, version: int, msg_id: str, queue_id: int,
+                   queue_offset: int, status: str, commit_offset: int) -> bytes: ...

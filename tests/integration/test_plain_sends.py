@@ -1,0 +1,279 @@
+"""The broker's plain-send fast lane answers as the ordinary path does, byte for byte.
+
+Two real send paths (MessageService on a real CommitLog) behind real Connections whose
+transport records what they write: one with the fast lane (plain sends parsed from their
+frames, no command made), one without.  The same reads go to both, mixing plain sends
+(JSON and binary, V1 and V2) with what is not plain (a new topic, a delay, a one-way send,
+another request, refusals), and both must write the same bytes and store the same
+records, with the fast lane taking the plain ones.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_send_groups import ScriptedReplication
+
+from rmqha.messaging.context import MessagingConfig
+from rmqha.messaging.service import MessageService
+from rmqha.net.connection import Connection, Dispatcher
+from rmqha.protocol.codes import RequestCode, ResponseCode
+from rmqha.protocol.command import (
+    FLAG_ONEWAY,
+    SERIALIZE_ROCKETMQ,
+    FrameDecoder,
+    RemotingCommand,
+    encode,
+)
+from rmqha.protocol.headers import SendHeader
+from rmqha.protocol.message import BatchItem, encode_batch
+from rmqha.store import CommitLog
+
+
+class RecordingTransport(asyncio.Transport):
+    """What a connection writes, and a fixed peer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.out = bytearray()
+
+    def write(self, data: Any) -> None:
+        self.out += data
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 40000) if name == "peername" else default
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+class Side:
+    """A send path behind a connection, with or without the fast lane."""
+
+    def __init__(self, base: Path, fast: bool, replication: Any = None,
+                 guard: Callable[..., None] | None = None, **cfg: Any) -> None:
+        self.log = CommitLog(base / "cl", segment_bytes=1 << 22, prefault=False,
+                             store_host=("127.0.0.1", 10911))
+        self.svc = MessageService(self.log, store_dir=base, config=MessagingConfig(**cfg),
+                                  broker_name="b", broker_id=0, replication=replication)
+        self.svc.set_role("master", None)
+        d = Dispatcher(self.svc.handlers())
+        d.guard = guard
+        for code, now in self.svc.immediate_handlers().items():
+            d.register_immediate(code, now)
+        self.taken = 0
+        if fast:
+            plain, refuse = self.svc.plain_send_handler()
+
+            def counted(send: Any, conn: Any) -> bool:
+                taken = plain(send, conn)
+                self.taken += taken
+                return taken
+
+            d.register_plain_send(counted, refuse)
+        self.conn = Connection(d, 1 << 20)
+        self.transport = RecordingTransport()
+        self.conn.connection_made(self.transport)
+
+    def records(self) -> list[tuple[Any, ...]]:
+        """What was stored, but the times the broker stamps."""
+        return [(m.topic, m.queue_id, m.queue_offset, m.body, m.properties, m.flag, m.sys_flag,
+                 m.born_timestamp) for m in self.log.iter_messages()]
+
+    def close(self) -> None:
+        self.svc.close()
+        self.log.close()
+
+
+def send(i: int, topic: str = "T", *, binary: bool = False, v1: bool = False,
+         props: str = "", oneway: bool = False, queue_id: int = -1) -> bytes:
+    h = SendHeader("pg", topic, queue_id, 0, 1700000000000 + i, i % 3,
+                   props or f"KEYS\x01k{i}\x02UNIQ_KEY\x01U{i:08d}\x02", 0, False)
+    cmd = RemotingCommand(RequestCode.SEND_MESSAGE if v1 else RequestCode.SEND_MESSAGE_V2,
+                          opaque=1000 + i, ext_fields=h.build(v2=not v1), body=b"m%d" % i)
+    if binary:
+        cmd.serialize_type = SERIALIZE_ROCKETMQ
+    if oneway:
+        cmd.flag |= FLAG_ONEWAY
+    return encode(cmd)
+
+
+def batch(i: int, n: int, *, binary: bool = False, delay: bool = False) -> bytes:
+    """A SEND_BATCH_MESSAGE of ``n`` messages (one asking for a delay: refused)."""
+    items = [BatchItem(b"b%d-%d" % (i, k), {"KEYS": f"k{k}", "UNIQ_KEY": f"B{i}-{k}"}, k % 2)
+             for k in range(n)]
+    if delay:
+        items[-1].properties["DELAY"] = "2"
+    h = SendHeader("pg", "T", i % 4, 0, 1700000000000 + i, 0, "", 0, True)
+    cmd = RemotingCommand(RequestCode.SEND_BATCH_MESSAGE, opaque=1000 + i,
+                          ext_fields=h.build(), body=encode_batch(items))
+    if binary:
+        cmd.serialize_type = SERIALIZE_ROCKETMQ
+    return encode(cmd)
+
+
+def other(i: int) -> bytes:
+    return encode(RemotingCommand(RequestCode.GET_MAX_OFFSET, opaque=1000 + i,
+                                  ext_fields={"topic": "T", "queueId": "0"}))
+
+
+def reads() -> list[bytes]:
+    """Reads of one connection: pipelined, single, plain and not."""
+    out = [send(0, queue_id=0), send(1, binary=True, queue_id=1),  # T is created by the first
+           send(2, v1=True) + send(3, binary=True, v1=True) + other(4) + send(5, "New5")
+           + send(6, props="DELAY\x012\x02") + send(7, oneway=True) + send(8, binary=True),
+           send(9, "bad/topic") + send(10, "RMQ_SYS_TRANS_HALF_TOPIC") + send(11)]
+    out += [send(i, binary=bool(i % 2), queue_id=i % 4) for i in range(12, 40)]
+    out.append(b"".join(send(i, "T" if i % 5 else "U", binary=bool(i % 3)) for i in range(40, 80)))
+    out += [batch(80, 5), batch(81, 3, binary=True) + send(82) + batch(83, 2, delay=True)
+            + batch(84, 1)]
+    return out
+
+
+async def feed(side: Side, data: list[bytes]) -> None:
+    for chunk in data:
+        # Split a read at an odd place too: a frame may arrive in pieces.
+        cut = len(chunk) // 3
+        side.conn.data_received(chunk[:cut])
+        side.conn.data_received(chunk[cut:])
+        for _ in range(3):
+            await asyncio.sleep(0)
+    await asyncio.sleep(0.05)
+
+
+def in_loop(make: Callable[[], tuple[Side, ...]],
+            script: Callable[[tuple[Side, ...]], Any]) -> tuple[Side, ...]:
+    """Sides made in a running loop (connections need one), ``script(sides)`` run, closed."""
+    async def main() -> tuple[Side, ...]:
+        sides = make()
+        try:
+            await script(sides)
+        finally:
+            for side in sides:
+                side.close()
+        return sides
+
+    return asyncio.run(main())
+
+
+def run_both(tmp_path: Path, data: list[bytes], **kw: Any) -> tuple[Side, ...]:
+    async def script(sides: tuple[Side, ...]) -> None:
+        for side in sides:
+            random.seed(29)  # a send without a queue gets a random one: the same on both
+            await feed(side, data)
+
+    return in_loop(lambda: (Side(tmp_path / "fast", True, **kw),
+                            Side(tmp_path / "slow", False, **kw)), script)
+
+
+def answers(side: Side) -> list[RemotingCommand]:
+    return FrameDecoder().feed(bytes(side.transport.out))
+
+
+def test_the_fast_lane_writes_the_ordinary_paths_bytes(tmp_path: Path) -> None:
+    fast, slow = run_both(tmp_path, reads())
+    assert fast.transport.out == slow.transport.out
+    assert fast.records() == slow.records()
+    # The fast lane took the plain sends to existing topics (all but the first to T and U,
+    # which create them, and what is not plain or refused).
+    assert fast.taken >= 60 and slow.taken == 0
+    got = answers(fast)
+    codes = {a.opaque - 1000: a.code for a in got}
+    assert codes[9] == ResponseCode.MESSAGE_ILLEGAL and codes[10] == ResponseCode.NO_PERMISSION
+    assert codes[4] == ResponseCode.SUCCESS and 7 not in codes  # one-way: no answer
+    # Stored sends answer in order (a refusal answers at once, ahead of its group's wait).
+    assert [a.opaque for a in got if a.opaque >= 1012 and a.code == ResponseCode.SUCCESS] == [
+        o for o in range(1012, 1085) if o != 1083]
+    assert codes[83] == ResponseCode.MESSAGE_ILLEGAL  # a batch with a delay
+    assert all(a.code == ResponseCode.SUCCESS for a in got if 1011 <= a.opaque != 1083)
+    assert len(next(a for a in got if a.opaque == 1080).ext_fields["msgId"].split(",")) == 5
+
+
+def test_refusals_go_the_ordinary_way(tmp_path: Path) -> None:
+    """A broker that is not master, and a topic a send may not create, answer as today."""
+    data = [send(0, "Existing")]
+    fast, slow = run_both(tmp_path, data, auto_create_topic_enable=False)
+    assert fast.transport.out == slow.transport.out and fast.taken == 0
+    assert answers(fast)[0].code == ResponseCode.TOPIC_NOT_EXIST
+
+    async def script(sides: tuple[Side, ...]) -> None:
+        for side in sides:
+            side.svc.set_role("slave", "127.0.0.1:1")
+            await feed(side, [send(1, "TBW102"), send(2, binary=True)])
+
+    sides = in_loop(lambda: (Side(tmp_path / "f2", True), Side(tmp_path / "s2", False)), script)
+    assert sides[0].transport.out == sides[1].transport.out and sides[0].taken == 0
+    assert {a.code for a in answers(sides[0])} == {ResponseCode.SERVICE_NOT_AVAILABLE}
+
+
+def test_a_replica_timeout_is_answered_as_today(tmp_path: Path) -> None:
+    """The non-SUCCESS answer of a send the fast lane took (made by the ordinary encoder)."""
+    repls = (ScriptedReplication(), ScriptedReplication())
+    warm = [send(0, queue_id=0)]
+    data = [send(1, queue_id=1) + send(2, binary=True, queue_id=2), send(3, binary=True, queue_id=3)]
+
+    async def script(sides: tuple[Side, ...]) -> None:
+        for side, repl in zip(sides, repls):
+            await feed(side, warm)
+            repl.waits.pop()[1](True)
+            await feed(side, data)
+            for _end, done in list(repl.waits[:1]):
+                done(False)  # the first group times out
+            for _end, done in list(repl.waits[1:]):
+                done(True)
+            await asyncio.sleep(0.01)
+
+    sides = in_loop(lambda: (Side(tmp_path / "f", True, replication=repls[0]),
+                             Side(tmp_path / "s", False, replication=repls[1])), script)
+    assert sides[0].transport.out == sides[1].transport.out
+    assert sides[0].taken == 3
+    got = answers(sides[0])
+    assert [a.ext_fields["putStatus"] for a in got] == ["PUT_OK", "FLUSH_SLAVE_TIMEOUT",
+                                                        "FLUSH_SLAVE_TIMEOUT", "PUT_OK"]
+    assert got[1].remark and got[1].remark.startswith("FLUSH_SLAVE_TIMEOUT: stored at")
+
+
+@pytest.mark.parametrize("guarded", [False, True], ids=["no-guard", "guard"])
+def test_a_guard_sees_every_send(tmp_path: Path, guarded: bool) -> None:
+    """With a guard (the ACL check) every send is a command the guard reads first."""
+    seen: list[int] = []
+
+    def guard(cmd: RemotingCommand, conn: Any) -> None:
+        seen.append(cmd.opaque)
+
+    async def script(sides: tuple[Side, ...]) -> None:
+        await feed(sides[0], [send(0), send(1) + send(2, binary=True)])
+
+    (side,) = in_loop(lambda: (Side(tmp_path, True, guard=guard if guarded else None),), script)
+    if guarded:
+        assert seen == [1000, 1001, 1002] and side.taken == 0
+    else:
+        assert seen == [] and side.taken == 2
+
+
+def test_a_failing_plain_send_handler_answers_system_error_and_keeps_the_link(
+        tmp_path: Path) -> None:
+    def broken(send: Any, conn: Any) -> bool:
+        if send[1] == 1001:
+            raise RuntimeError("boom")
+        return False  # the others go the ordinary way
+
+    async def script(sides: tuple[Side, ...]) -> None:
+        sides[0].conn._dispatcher.register_plain_send(broken, ())  # type: ignore[union-attr]
+        await feed(sides[0], [send(0, queue_id=0), send(1, queue_id=0) + send(2, queue_id=0)])
+
+    (side,) = in_loop(lambda: (Side(tmp_path, True),), script)
+    got = {a.opaque: a for a in answers(side)}
+    assert got[1001].code == ResponseCode.SYSTEM_ERROR and got[1001].remark == "RuntimeError: boom"
+    assert got[1000].code == got[1002].code == ResponseCode.SUCCESS
+    assert not side.conn.closed and side.conn.in_flight == 0
