@@ -11,7 +11,10 @@ is applied and acked by a reader callback in the loop turn that finds it (:meth:
 not by the session's task, which takes the link back for catch-up and for whatever needs
 awaiting.  In the framed dialect frames are parsed in place in a receive buffer and large
 blocks are received straight into the commitlog's mapping (:meth:`Receiver._receive_direct`,
-validated before they count); the rocketmq dialect goes through its decoder.
+validated before they count); the rocketmq dialect goes through its decoder.  The usual
+read, whole blocks that continue the log in its last epoch, is taken with one compiled
+call (``frames.scan_transfer_run``), their tags checked together, one append each; any
+other frame in the buffer sends the whole read the general way (a checked Block each).
 
 On an authenticated link every frame is followed by its tag (:mod:`rmqha.ha.frame_mac`),
 checked before anything of the frame is used: in the receive buffer for buffered blocks,
