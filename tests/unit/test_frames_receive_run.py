@@ -59,27 +59,32 @@ def test_an_incomplete_frame_ends_the_run_and_says_what_it_needs(twin: str) -> N
     assert (stop, consumed, need) == (f.RUN_END, len(whole), 0)
 
 
-@pytest.mark.parametrize("bad", [
-    pytest.param(dict(block=1001), id="wrong-offset"),
-    pytest.param(dict(epoch=EPOCH + 1), id="newer-epoch"),
-    pytest.param(dict(epoch=EPOCH - 1), id="older-epoch"),
-    pytest.param(dict(estart=ESTART + 1), id="other-epoch-start"),
-    pytest.param(dict(estart=2000), id="epoch-starts-after-block"),
-    pytest.param(dict(size=0), id="heartbeat"),
-    pytest.param(dict(block=SEG - 10, size=20), id="crosses-segment-end"),
+@pytest.mark.parametrize("log_end,second", [
+    pytest.param(1000, dict(block=1011, size=10), id="wrong-offset"),
+    pytest.param(1000, dict(block=1010, size=10, epoch=EPOCH + 1), id="newer-epoch"),
+    pytest.param(1000, dict(block=1010, size=10, epoch=EPOCH - 1), id="older-epoch"),
+    pytest.param(1000, dict(block=1010, size=10, estart=ESTART + 1), id="other-epoch-start"),
+    pytest.param(1000, dict(block=1010, size=0), id="heartbeat"),
+    pytest.param(SEG - 20, dict(block=SEG - 10, size=20), id="crosses-segment-end"),
 ])
-def test_a_frame_that_is_not_plain_leaves_the_whole_buffer_to_the_general_path(twin: str, bad: dict) -> None:
+def test_a_frame_that_is_not_plain_leaves_the_whole_buffer_to_the_general_path(twin: str, log_end: int,
+                                                                               second: dict) -> None:
     f = load_twin("frames", twin)
-    kw = dict(block=1010, size=10)
-    kw.update(bad)
-    block, size = kw.pop("block"), kw.pop("size")
-    buf = _frame(1000, 10) + _frame(block, size, **kw)
-    log_end = 1000 if block != SEG - 10 else SEG - 20
-    if block == SEG - 10:
-        buf = _frame(SEG - 20, 10) + _frame(block, size, **kw)
+    second = dict(second)
+    block, size = second.pop("block"), second.pop("size")
+    buf = _frame(log_end, 10) + _frame(block, size, **second)
     assert _scan(twin, buf, log_end) == (f.RUN_OTHER, [], 0, 0)
     # Negative control: the same first frame alone is plain.
     assert _scan(twin, buf[: 48 + 10 + TAG], log_end)[0] == f.RUN_END
+
+
+def test_an_epoch_that_starts_after_the_block_is_not_plain(twin: str) -> None:
+    f = load_twin("frames", twin)
+    late = f.pack_transfer_header(50, ESTART, 0, 10, EPOCH) + b"\0" * 10 + b"\x5a" * TAG
+    assert f.scan_transfer_run(late, 0, len(late), 1 << 16, TAG, 50, EPOCH, ESTART, SEG)[0] == f.RUN_OTHER
+    assert f.scan_transfer_run(late, 0, len(late), 1 << 16, TAG, 50, EPOCH, 50, SEG)[0] == f.RUN_OTHER
+    ok = f.pack_transfer_header(50, 50, 0, 10, EPOCH) + b"\0" * 10 + b"\x5a" * TAG
+    assert f.scan_transfer_run(ok, 0, len(ok), 1 << 16, TAG, 50, EPOCH, 50, SEG)[0] == f.RUN_END
 
 
 @pytest.mark.parametrize("header", [
