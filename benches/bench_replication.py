@@ -12,6 +12,9 @@
 * ``lag``: the master process appends single 1 KiB messages at a steady rate, each body
   stamped with ``time.monotonic_ns()``; the slave here notes when each record's end
   arrived (commitlog append listener).  p50/p99/max in ms go to ``extra_info``.
+* ``slave-apply-read``: the slave's CPU for one read of live blocks in this process, no
+  socket (tags, checks, appends, the sealed ack): the compiled one-call run of each twin
+  against the general path every block took before it, 1 and 32 blocks a read.
 
 With ``RMQHA_BENCH_HA_SECRET=1`` both sides hold a cluster secret: the links authenticate
 and every frame carries a MAC (``extra_info["authenticated"]``); otherwise they run without.
@@ -236,3 +239,97 @@ def test_replication_lag_under_steady_load(benchmark: Any, tmp_path: Any) -> Non
              lag_p99_ms=round(p99, 3), lag_max_ms=round(max(lags_ms), 3))
     print(f"\nreplication lag at {LAG_RATE} x {MESSAGE_BYTES} B/s: p50 {p50:.3f} ms, p99 {p99:.3f} ms, "
           f"max {max(lags_ms):.3f} ms over {len(lags_ms)} messages")
+
+
+# --- the slave's CPU per read of live blocks ---------------------------------------------------
+
+#: Reads the per-read benchmark applies (each of APPLY_BLOCKS blocks of one 1 KiB record).
+APPLY_ROUNDS = 50 if QUICK else 300
+
+
+def _link_macs() -> tuple[Any, Any]:
+    """A master's and a slave's FrameMac of one link, keyed as a handshake would leave them
+    (fresh keys; the sealer of each direction matches the other side's opener)."""
+    from rmqha.ha.frame_mac import FrameMac
+    from rmqha.security.identity import Identity
+    from rmqha.security.link_auth import FrameOpener, FrameSealer, LinkSession
+
+    m2s, s2m, blocks_m2s, blocks_s2m = (os.urandom(32) for _ in range(4))
+    peer = Identity.broker("DefaultCluster", "g", "1")
+    master = FrameMac(LinkSession(peer, FrameSealer(m2s, b"M"), FrameOpener(s2m, b"S")), blocks_m2s, blocks_s2m)
+    slave = FrameMac(LinkSession(peer, FrameSealer(s2m, b"S"), FrameOpener(m2s, b"M")), blocks_s2m, blocks_m2s)
+    return master, slave
+
+
+@pytest.mark.benchmark(group="replication-slave-apply-read")
+@pytest.mark.parametrize("authenticated", [True, False], ids=["mac", "no-mac"])
+@pytest.mark.parametrize("blocks", [1, 32], ids=lambda n: f"{n}-blocks")
+@pytest.mark.parametrize("path", ["cython", "python", "general"])
+def test_slave_apply_read(benchmark: Any, tmp_path: Any, monkeypatch: Any, path: str, blocks: int,
+                          authenticated: bool) -> None:
+    """The slave's work for one read of live blocks, in process (no socket): the blocks'
+    tags, their checks and appends, and the ack frame (sealed).  ``cython``/``python``: the
+    one-call run of that twin (``frames.scan_transfer_run``); ``general``: the path every
+    frame took before it (one Block and one check per block).  Per-block CPU is the time
+    over ``extra_info["blocks_per_read"]``."""
+    from rmqha._core import load_twin
+    from rmqha.ha import receive
+    from rmqha.ha.appender import BlockAppender
+    from rmqha.ha.dialects import FramedSlave
+    from rmqha.ha.disk_full import DiskFullWatch
+    from rmqha.ha.link import RecvBuffer
+    from rmqha.ha.slave_epochs import EpochWriter
+    from rmqha.ha.slave_state import ConfirmTracker, SlaveProgress
+    from rmqha.ha.truncation import Truncator
+    from rmqha.testing.ha import replica_stores
+
+    describe(benchmark, path, message_bytes=MESSAGE_BYTES, batch=blocks, replicas=2)
+    benchmark.extra_info["blocks_per_read"] = blocks
+    benchmark.extra_info["authenticated"] = authenticated
+    if path != "general":
+        monkeypatch.setattr(receive, "_scan_run", load_twin("frames", path).scan_transfer_run)
+    with replica_stores(tmp_path, 64 << 20, "s", "ref") as [(scl, sem), (rcl, _)]:
+        sem.append(1, 0)
+        records = []
+        for i in range(APPLY_ROUNDS * blocks + 1):
+            start = rcl.max_offset
+            rcl.append_batch("bench", [bytes([i & 0xFF]) * MESSAGE_BYTES])
+            records.append((start, rcl.max_offset - start))
+        master_mac, slave_mac = _link_macs() if authenticated else (None, None)
+        codec = FramedSlave(CFG.max_frame_bytes)
+        if slave_mac is not None:
+            codec.authenticate(slave_mac)
+        progress, confirm, epochs = SlaveProgress(), ConfirmTracker(None), EpochWriter(sem, 2)
+        appender = BlockAppender(scl, epochs, Truncator(scl, sem, 2, progress, confirm, None), progress, confirm,
+                                 DiskFullWatch(2), protocol="framed", master="bench", master_pairs=[(1, 0)])
+        receiver = receive.Receiver(None, codec, appender, config=CFG, epochs=epochs,  # type: ignore[arg-type]
+                                    confirm=confirm, progress=progress)
+        if path == "general":
+            monkeypatch.setattr(receiver, "_apply_run", lambda rb: None)
+        rb = RecvBuffer(1 << 20)
+        taken = iter(range(0, APPLY_ROUNDS * blocks, blocks))
+
+        def a_read() -> tuple[tuple[Any, ...], dict[str, Any]]:
+            first = next(taken)
+            pos = rb.start = rb.end = 0
+            for offset, size in records[first : first + blocks]:
+                data = rcl.read(offset, size)
+                header = load_twin("frames", "python").pack_transfer_header(offset, 0, offset, size, 1)
+                tag = master_mac.block_tag(header, data) if master_mac is not None else b""
+                for part in (header, data, tag):
+                    rb.buf[pos : pos + len(part)] = part
+                    pos += len(part)
+            rb.end = pos
+            return (), {}
+
+        reads = [0]
+
+        def apply_and_ack() -> bytes:
+            reads[0] += 1
+            applied, partial = receiver._apply_buffered(rb)
+            assert (applied, partial, rb.pending) == (blocks, 0, 0)
+            return receiver._ack_frame(scl.max_offset)
+
+        benchmark.pedantic(apply_and_ack, setup=a_read, rounds=APPLY_ROUNDS, iterations=1, warmup_rounds=0)
+        assert scl.max_offset == records[reads[0] * blocks][0]
+        epochs.close()

@@ -297,6 +297,19 @@ class FramesTwin(Protocol):
 
     def encode_framed(self, frame: Any) -> bytes: ...
 
+    RUN_END: int
+    RUN_PARTIAL: int
+    RUN_OTHER: int
+
+    def pack_transfer_ack(self, slave_max_offset: int, timestamp_ms: int, epoch: int) -> bytes: ...
+
+    def scan_transfer_acks(self, buf: Any, tag_bytes: int, acked: int, sent: int,
+                           last_epoch: int) -> tuple[int, int]: ...
+
+    def scan_transfer_run(self, buf: Any, start: int, end: int, max_frame_bytes: int, tag_bytes: int,
+                          log_end: int, epoch: int, epoch_start: int,
+                          segment_bytes: int) -> tuple[int, array[int], int, int]: ...
+
     def decode_framed(self, buf: Any, direction: Any = ..., max_frame_bytes: int = ...) -> Any: ...
 
     def pack_rocketmq_transfer_header(self, offset: int, epoch: int, epoch_start_offset: int,

@@ -9,7 +9,7 @@ to, the dataclass.  Headers are read and written through raw pointers after expl
 checks, and the batch helpers run whole batches of TRANSFER_DATA headers in C loops.
 """
 cimport cython
-from cpython.array cimport array, clone
+from cpython.array cimport array, clone, resize
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
@@ -654,6 +654,120 @@ def decode_framed(buf, direction=None, max_frame_bytes=DEFAULT_MAX_FRAME_BYTES):
         mv = memoryview(buf) if type(buf) is bytes else None
         return _framed_payload(ftype, rd64(p + 8), rd64(p + 16), buf, mv if mv is not None else memoryview(buf),
                                p, C_HDR, view.len, where)
+    finally:
+        PyBuffer_Release(&view)
+
+
+# --- framed: the slave's receive run and its ack -------------------------------------------------
+
+cdef enum:
+    C_RUN_END = 0
+    C_RUN_PARTIAL = 1
+    C_RUN_OTHER = 2
+
+RUN_END = C_RUN_END
+RUN_PARTIAL = C_RUN_PARTIAL
+RUN_OTHER = C_RUN_OTHER
+
+
+def pack_transfer_ack(slave_max_offset, timestamp_ms, epoch):
+    """The 32-byte TRANSFER_ACK frame: ``encode_framed(TransferAck(...))`` in one call."""
+    cdef str where = "TransferAck encode"
+    cdef int64_t off = _nonneg64(slave_max_offset, "slave_max_offset", where)
+    out = _hdr(C_HDR + 8, 7, timestamp_ms, epoch, 8, where)
+    wr64(<unsigned char *> PyBytes_AS_STRING(out) + C_HDR, off)
+    return out
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+@cython.cdivision(True)
+def scan_transfer_run(buf, Py_ssize_t start, Py_ssize_t end, max_frame_bytes, Py_ssize_t tag_bytes,
+                      int64_t log_end, int64_t epoch, int64_t epoch_start, int64_t segment_bytes):
+    """The run of plain TRANSFER_DATA frames at ``buf[start:end]`` (frames_py's docstring)."""
+    cdef int64_t max_frame = _check_max(max_frame_bytes)
+    cdef Py_buffer view
+    cdef const unsigned char *p
+    cdef Py_ssize_t pos, n = 0, cap
+    cdef int32_t length
+    cdef int64_t size, block, confirm, at = log_end, learnt = -1, capped
+    cdef int stop = 0
+    cdef Py_ssize_t need = 0
+    cdef array spans
+    cdef int64_t *out
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        if segment_bytes <= 0 or tag_bytes < 0 or log_end < 0 or start < 0 or end > view.len or start > end:
+            raise ValueError(f"scan_transfer_run: bad arguments (buffer {start}..{end} of {view.len}, "
+                             f"tag {tag_bytes}, segment {segment_bytes})")
+        # At most one frame per 49 + tag bytes: three slots each, cut to size at the end.
+        cap = 3 * ((end - start) // (C_TD + 1 + tag_bytes) + 1)
+        spans = clone(_Q_TEMPLATE, cap, False)
+        out = <int64_t *> spans.data.as_voidptr
+        p = <const unsigned char *> view.buf
+        pos = start
+        with nogil:
+            while end - pos >= 8:
+                length = rd32(p + pos)
+                if rd32(p + pos + 4) != 6 or length < C_TD or length > max_frame:
+                    stop = C_RUN_OTHER
+                    break
+                if end - pos < <Py_ssize_t> length + tag_bytes:
+                    stop = C_RUN_PARTIAL
+                    need = <Py_ssize_t> length + tag_bytes
+                    break
+                size = length - C_TD
+                block = rd64(p + pos + 24)
+                confirm = rd64(p + pos + 40)
+                if (size == 0 or block != at or rd64(p + pos + 16) != epoch
+                        or rd64(p + pos + 32) != epoch_start or epoch_start > block or confirm < 0
+                        or block + size > block - block % segment_bytes + segment_bytes):
+                    stop = C_RUN_OTHER
+                    break
+                at = block + size
+                capped = confirm if confirm < at else at
+                if capped > learnt:
+                    learnt = capped
+                out[3 * n] = pos + C_TD
+                out[3 * n + 1] = size
+                out[3 * n + 2] = learnt
+                n += 1
+                pos += length + tag_bytes
+        if stop == C_RUN_OTHER:
+            return C_RUN_OTHER, clone(_Q_TEMPLATE, 0, False), 0, 0
+        resize(spans, 3 * n)
+        return stop, spans, pos - start, need
+    finally:
+        PyBuffer_Release(&view)
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+@cython.cdivision(True)
+def scan_transfer_acks(buf, Py_ssize_t tag_bytes, int64_t acked, int64_t sent, int64_t last_epoch):
+    """A read of an HA master made only of whole, sensible TRANSFER_ACK frames (frames_py's docstring)."""
+    cdef Py_buffer view
+    cdef const unsigned char *p
+    cdef Py_ssize_t step, pos, n
+    cdef int64_t last = acked, offset
+    if tag_bytes < 0:
+        raise ValueError(f"scan_transfer_acks: negative tag length {tag_bytes}")
+    step = C_HDR + 8 + tag_bytes
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        n = view.len
+        if n == 0 or n % step:
+            return -1, acked
+        p = <const unsigned char *> view.buf
+        pos = 0
+        while pos < n:
+            offset = rd64(p + pos + C_HDR)
+            if (rd32(p + pos) != C_HDR + 8 or rd32(p + pos + 4) != 7 or offset < 0 or offset < last
+                    or offset > sent or rd64(p + pos + 16) > last_epoch):
+                return -1, acked
+            last = offset
+            pos += step
+        return n // step, last
     finally:
         PyBuffer_Release(&view)
 

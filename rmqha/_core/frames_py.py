@@ -525,6 +525,92 @@ def decode_framed(buf: Any, direction: Any = None, max_frame_bytes: int = DEFAUL
     return _framed_payload(ftype, ts, epoch, buf, HEADER_SIZE, n, where)
 
 
+# --- framed: the slave's receive run and its ack -------------------------------------------------
+
+#: ``scan_transfer_run`` stops: every frame taken (or under 8 bytes left), an incomplete
+#: frame after the run (``need`` says how much it takes), or a frame that is not plain
+#: (nothing is taken: the caller's general path reads the buffer).
+RUN_END = 0
+RUN_PARTIAL = 1
+RUN_OTHER = 2
+
+
+def pack_transfer_ack(slave_max_offset: int, timestamp_ms: int, epoch: int) -> bytes:
+    """The 32-byte TRANSFER_ACK frame: ``encode_framed(TransferAck(...))`` in one call."""
+    where = "TransferAck encode"
+    _check_i64(slave_max_offset, "slave_max_offset", 0, where)
+    try:
+        return _HDR.pack(HEADER_SIZE + 8, 7, timestamp_ms, epoch) + _I64.pack(slave_max_offset)
+    except struct.error as exc:
+        raise _err(f"field out of range: {exc}", where) from None
+
+
+def scan_transfer_run(buf: Any, start: int, end: int, max_frame_bytes: int, tag_bytes: int, log_end: int,
+                      epoch: int, epoch_start: int, segment_bytes: int) -> tuple[int, array[int], int, int]:
+    """The run of *plain* TRANSFER_DATA frames at ``buf[start:end]``, for an HA slave that
+    applies what one read brought in one call: (stop, spans, consumed, need).
+
+    A frame is plain when it is whole (its ``tag_bytes`` tag too), of type TRANSFER_DATA
+    with a length in 48..``max_frame_bytes``, carries data (not a heartbeat), starts where
+    the one before it ends (the first at ``log_end``), under ``epoch`` and ``epoch_start``
+    (not after its offset) and ends inside the segment it starts in: a block the slave's
+    checks accept with nothing to do but append it.  ``spans`` holds per plain frame its
+    data position in ``buf``, its data size and the confirm offset learnt once it is
+    appended (the running maximum of each block's confirm offset capped at its end);
+    ``consumed`` is their bytes with tags; ``need`` the length and tag of the incomplete
+    frame after them (stop RUN_PARTIAL).  Stop RUN_OTHER: a frame that is not plain is
+    whole, or its first 8 bytes name a type or length not allowed; then nothing is taken
+    (empty spans) and the general path reads the buffer and refuses what it must."""
+    _check_max(max_frame_bytes)
+    if segment_bytes <= 0 or tag_bytes < 0 or log_end < 0 or start < 0 or end > len(buf) or start > end:
+        raise ValueError(f"scan_transfer_run: bad arguments (buffer {start}..{end} of {len(buf)}, "
+                         f"tag {tag_bytes}, segment {segment_bytes})")
+    spans = array("q")
+    pos = start
+    at = log_end
+    learnt = -1
+    while end - pos >= 8:
+        length, ftype = struct.unpack_from(">ii", buf, pos)
+        if ftype != 6 or length < TRANSFER_HEADER_SIZE or length > max_frame_bytes:
+            return RUN_OTHER, array("q"), 0, 0
+        if end - pos < length + tag_bytes:
+            return RUN_PARTIAL, spans, pos - start, length + tag_bytes
+        _, _, _, e, block, estart, confirm = _TD.unpack_from(buf, pos)
+        size = length - TRANSFER_HEADER_SIZE
+        if (size == 0 or block != at or e != epoch or estart != epoch_start or estart > block
+                or confirm < 0 or block + size > block - block % segment_bytes + segment_bytes):
+            return RUN_OTHER, array("q"), 0, 0
+        at = block + size
+        learnt = max(learnt, min(confirm, at))
+        spans.extend((pos + TRANSFER_HEADER_SIZE, size, learnt))
+        pos += length + tag_bytes
+    return RUN_END, spans, pos - start, 0
+
+
+def scan_transfer_acks(buf: Any, tag_bytes: int, acked: int, sent: int, last_epoch: int) -> tuple[int, int]:
+    """A read of an HA master made only of whole TRANSFER_ACK frames (each followed by its
+    ``tag_bytes`` of tag) that all make sense, in one call: (count, last offset).  An ack
+    makes sense when its offset is not below the one before it (the first: ``acked``)
+    nor beyond ``sent``, and its epoch is not newer than ``last_epoch``.  Anything else
+    (another frame, a length not 32, an incomplete frame, an ack that makes no sense)
+    gives (-1, acked): the decoding path reads the bytes then, and refuses what it must."""
+    if tag_bytes < 0:
+        raise ValueError(f"scan_transfer_acks: negative tag length {tag_bytes}")
+    step = HEADER_SIZE + 8 + tag_bytes
+    n = len(buf)
+    if n == 0 or n % step:
+        return -1, acked
+    last = acked
+    for pos in range(0, n, step):
+        length, ftype, _, epoch = _HDR.unpack_from(buf, pos)
+        (offset,) = _I64.unpack_from(buf, pos + HEADER_SIZE)
+        if (length != HEADER_SIZE + 8 or ftype != 7 or offset < 0 or offset < last or offset > sent
+                or epoch > last_epoch):
+            return -1, acked
+        last = offset
+    return n // step, last
+
+
 # --- rocketmq: encode --------------------------------------------------------------------------
 
 

@@ -78,6 +78,30 @@ class BlockAppender:
             for b in blocks:
                 b.data.release()
 
+    def append_run(self, view: memoryview, spans: Any) -> None:
+        """Append a run of blocks that continue this log in its last epoch, checked by
+        ``frames.scan_transfer_run`` (``spans``: data position in ``view``, size and the
+        confirm offset learnt, per block): per block one ``append_data``, and what
+        :meth:`done` records once for the run.  A block the commitlog refuses raises with
+        the blocks before it stored, as :meth:`apply` does."""
+        cl = self.commitlog
+        offset = cl.max_offset
+        learnt = -1
+        try:
+            for i in range(0, len(spans), 3):
+                pos = spans[i]
+                data = view[pos : pos + spans[i + 1]]
+                try:
+                    offset = cl.append_data(offset, data, wait_flush=False)
+                finally:
+                    data.release()
+                learnt = spans[i + 2]
+        finally:
+            if learnt >= 0:
+                self.first_block = False
+                self.progress.state = SlaveState.TRANSFER
+                self.confirm.learn(learnt)
+
     def check(self, b: Block, size: int) -> bool:
         """Refuse (ProtocolError) a block that cannot continue this log, before any of it
         is stored; start an empty log where the block says when allowed.  True when the

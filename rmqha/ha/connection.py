@@ -35,9 +35,11 @@ from enum import Enum
 from typing import Any
 
 from rmqha.errors import ProtocolError, ReplicationError
+from rmqha.ha import frames as fr
 from rmqha.ha import offsets as hao
 from rmqha.ha.config import HAConfig
 from rmqha.ha.dialects import Ack, MasterCodec, SlaveHello
+from rmqha.ha.frame_mac import TAG
 from rmqha.ha.link import HAVE_SENDFILE, FileRange, Link, LinkClosed, LinkTimeout, Waker
 
 # The master side logs under one name, whichever module says it (operators filter on it).
@@ -51,6 +53,9 @@ _SENDFILE_MIN_BYTES = 64 << 10
 #: Live traffic up to this size goes out from the append's loop turn (push); more is
 #: catch-up, which the writer task sends in windows.
 PUSH_MAX_BYTES = 256 << 10
+_scan_acks = fr.scan_transfer_acks
+#: A framed TRANSFER_ACK: the 24-byte envelope and the offset.
+_ACK_BYTES = fr.HEADER_SIZE + 8
 
 
 def now_ms() -> int:
@@ -354,9 +359,13 @@ class SlaveConnection:
                 chunk = link.try_recv()
                 if chunk:
                     self.last_read_ms = now_ms()
-                    msgs = codec.feed(chunk)
-                    if msgs:
-                        on_ack(self, self.checked_ack(msgs))
+                    ack = self.plain_acks(chunk)
+                    if ack is None:
+                        msgs = codec.feed(chunk)
+                        if msgs:
+                            ack = self.checked_ack(msgs)
+                    if ack is not None:
+                        on_ack(self, ack)
             except Exception as exc:  # noqa: BLE001 - any failure ends the link, as it did when a task read it
                 link.unwatch()
                 if not ended.done():
@@ -380,6 +389,22 @@ class SlaveConnection:
                 # Dropped for silence: the close that follows must not leave an exception
                 # nobody retrieves ("Future exception was never retrieved").
                 ended.cancel()
+
+    def plain_acks(self, chunk: bytes) -> int | None:
+        """The last offset of a read made only of whole framed acks that make sense (as
+        :meth:`checked_ack` says), in one compiled call, their tags checked in order;
+        None when the codec must read it (another frame or part of one, an ack to refuse,
+        the rocketmq dialect), which then refuses what it must as it always did."""
+        codec = self.codec
+        if codec.name != "framed" or codec.buffered:
+            return None
+        mac = codec.mac
+        count, ack = _scan_acks(chunk, 0 if mac is None else TAG, self.ack, self.sent, self.epoch_map.last_epoch())
+        if count < 0:
+            return None
+        if mac is not None:
+            mac.check_frames(chunk, count, _ACK_BYTES)
+        return ack
 
     def checked_ack(self, msgs: list[Any]) -> int:
         """The last of ``msgs``, which must all be acks that make sense (ProtocolError)."""

@@ -124,6 +124,11 @@ class _Codec(ABC):
         self.mac: FrameMac | None = None
         self._unsealer: FrameUnsealer | None = None
 
+    @property
+    def buffered(self) -> int:
+        """Bytes of an incomplete frame the decoder (or the tag checker) holds."""
+        return int(self._dec.buffered) + (self._unsealer.buffered if self._unsealer is not None else 0)
+
     def authenticate(self, mac: FrameMac) -> None:
         """From now on seal every frame encoded and check every frame decoded."""
         if self.name != "framed":
@@ -284,11 +289,6 @@ class FramedSlave(SlaveCodec):
     def __init__(self, max_frame_bytes: int) -> None:
         super().__init__(max_frame_bytes, fr.FramedDecoder(M2S, max_frame_bytes))
 
-    @property
-    def buffered(self) -> int:
-        """Bytes of an incomplete frame the decoder (or the tag checker) holds."""
-        return int(self._dec.buffered) + (self._unsealer.buffered if self._unsealer is not None else 0)
-
     def hello(self, broker_id: int, segment_bytes: int, address: str, sync_from_last_file: bool,
               async_learner: bool, epoch: int) -> bytes:
         return self._seal(fr.framed.encode(fr.HandshakeSlave(
@@ -302,7 +302,7 @@ class FramedSlave(SlaveCodec):
         return self._seal(fr.framed.encode(fr.ConfirmTruncate(offset, _now_ms(), epoch)))
 
     def ack(self, offset: int, epoch: int) -> bytes:
-        return self._seal(fr.framed.encode(fr.TransferAck(offset, _now_ms(), epoch)))
+        return self._seal(fr.pack_transfer_ack(offset, _now_ms(), epoch))
 
 
 class RocketMQSlave(SlaveCodec):

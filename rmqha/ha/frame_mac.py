@@ -99,6 +99,26 @@ class FrameMac:
         """:meth:`check` for a TRANSFER_DATA frame whose data lies elsewhere."""
         self._opener.verify(self._received_blocks.input(header, data), tag)
 
+    def check_frames(self, buf: Any, count: int, size: int) -> None:
+        """:meth:`check` for ``count`` frames of ``size`` bytes (not TRANSFER_DATA) back to
+        back in ``buf``, each followed by its tag, in order."""
+        verify = self._opener.verify
+        view = memoryview(buf)
+        step = size + TAG
+        for pos in range(0, count * step, step):
+            verify(view[pos : pos + size], view[pos + size : pos + step])
+
+    def check_run(self, view: memoryview, spans: Any) -> None:
+        """:meth:`check_block` for each frame of a run in a receive buffer, in order
+        (``frames.scan_transfer_run``'s spans: data position and size, then a confirm
+        offset; the header lies before the data, the tag after it)."""
+        verify = self._opener.verify
+        digest = self._received_blocks.input
+        for i in range(0, len(spans), 3):
+            body = spans[i]
+            end = body + spans[i + 1]
+            verify(digest(view[body - _HEADER : body], view[body:end]), view[end : end + TAG])
+
 
 class FrameUnsealer:
     """Cuts a byte stream of ``frame || tag`` into frames whose tags checked, in order.

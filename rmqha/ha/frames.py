@@ -66,6 +66,13 @@ pack_transfer_headers = _impl.pack_transfer_headers
 unpack_transfer_headers = _impl.unpack_transfer_headers
 pack_rocketmq_transfer_header = _impl.pack_rocketmq_transfer_header
 pack_rocketmq_transfer_headers = _impl.pack_rocketmq_transfer_headers
+scan_transfer_run = _impl.scan_transfer_run
+scan_transfer_acks = _impl.scan_transfer_acks
+pack_transfer_ack = _impl.pack_transfer_ack
+#: What stopped ``scan_transfer_run`` (see ``rmqha._core.frames_py``).
+RUN_END: int = _impl.RUN_END
+RUN_PARTIAL: int = _impl.RUN_PARTIAL
+RUN_OTHER: int = _impl.RUN_OTHER
 FramedDecoder = _impl.FramedDecoder
 RocketMQDecoder = _impl.RocketMQDecoder
 
@@ -143,5 +150,6 @@ __all__ = [
     "RmqMasterTransfer", "RmqSlaveAck", "RmqSlaveHandshake", "RocketMQDecoder", "RocketMQFrame",
     "TRANSFER_HEADER_SIZE", "TransferAck", "TransferData", "codec", "detect_dialect", "framed",
     "pack_rocketmq_transfer_header", "pack_rocketmq_transfer_headers", "pack_transfer_header", "pack_transfer_headers", "rocketmq",
-    "unpack_transfer_header", "unpack_transfer_headers",
+    "unpack_transfer_header", "unpack_transfer_headers", "RUN_END", "RUN_PARTIAL", "RUN_OTHER",
+    "scan_transfer_run", "scan_transfer_acks", "pack_transfer_ack",
 ]

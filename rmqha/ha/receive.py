@@ -11,7 +11,10 @@ is applied and acked by a reader callback in the loop turn that finds it (:meth:
 not by the session's task, which takes the link back for catch-up and for whatever needs
 awaiting.  In the framed dialect frames are parsed in place in a receive buffer and large
 blocks are received straight into the commitlog's mapping (:meth:`Receiver._receive_direct`,
-validated before they count); the rocketmq dialect goes through its decoder.
+validated before they count); the rocketmq dialect goes through its decoder.  The usual
+read, whole blocks that continue the log in its last epoch, is taken with one compiled
+call (``frames.scan_transfer_run``), their tags checked together, one append each; any
+other frame in the buffer sends the whole read the general way (a checked Block each).
 
 On an authenticated link every frame is followed by its tag (:mod:`rmqha.ha.frame_mac`),
 checked before anything of the frame is used: in the receive buffer for buffered blocks,
@@ -60,6 +63,8 @@ _PEEK = struct.Struct(">ii")  # length and type of a framed frame, to bound it b
 _BLOCK_OFFSET = struct.Struct(">q")
 _BLOCK_OFFSET_AT = 24
 _TRANSFER_DATA = int(fr.FrameType.TRANSFER_DATA)
+_scan_run = fr.scan_transfer_run
+_RUN_OTHER = fr.RUN_OTHER
 
 
 class Receiver:
@@ -79,6 +84,7 @@ class Receiver:
         #: The link's frame MAC (None: unauthenticated) and the bytes of tag after each frame.
         self._mac = codec.mac
         self._tag = TAG if codec.mac is not None else 0
+        self._max_frame = config.max_frame_bytes
         #: The offset of the last ack handed to the link in this session.
         self._acked = 0
         #: What the socket did not take of an ack the reader callback sent (the task sends it).
@@ -202,10 +208,10 @@ class Receiver:
         receive read past its block are left unparsed."""
         header = fr.TRANSFER_HEADER_SIZE
         unparsed = False
-        blocks, partial = self._take_blocks(rb)
-        if blocks:
+        applied, partial = self._apply_buffered(rb)
+        if applied:
             limit = None
-            self.progress.task_blocks += len(blocks)
+            self.progress.task_blocks += applied
         need = partial
         size = partial - header - self._tag
         if size >= _DIRECT_MIN_BYTES and rb.pending < header + size:
@@ -214,15 +220,12 @@ class Receiver:
             # it has one, behind it).
             need = header
             if rb.pending >= header and self._warm_target(rb, size):
-                self.appender.apply_views(blocks)
                 await self._receive_direct(rb, housekeeping)
                 self.progress.task_blocks += 1
                 unparsed = rb.pending > 0
                 rb.filled = True  # bulk catch-up: acks wait (_ACK_EVERY_BYTES)
                 limit = _DIRECT_OVERFLOW_BYTES
-                blocks = []
                 need = 0  # acks and other tasks get their turn between blocks
-        self.appender.apply_views(blocks)
         if need:
             # Only now: moving the partial frame overwrites the blocks just applied.
             rb.make_room(need)
@@ -285,10 +288,8 @@ class Receiver:
         if rb.try_fill(link) == 0:
             return True  # readiness without data; the level-triggered loop calls again
         self.progress.last_read = time.monotonic()
-        blocks, partial = self._take_blocks(rb)
-        if blocks:
-            self.appender.apply_views(blocks)
-            self.progress.callback_blocks += len(blocks)
+        applied, partial = self._apply_buffered(rb)
+        self.progress.callback_blocks += applied
         if rb.filled or partial - fr.TRANSFER_HEADER_SIZE - self._tag >= _DIRECT_MIN_BYTES:
             return False
         if partial:
@@ -332,6 +333,40 @@ class Receiver:
             self.progress.last_write = time.monotonic()
         self.confirm.tell()
         return True
+
+    def _apply_buffered(self, rb: RecvBuffer) -> tuple[int, int]:
+        """Apply the whole TRANSFER_DATA frames at the front of ``rb`` (consumed from it):
+        the blocks applied, and the length of the incomplete frame left at the front, its
+        tag included (0: none, or too little of it to know).  Errors as :meth:`_take_blocks`."""
+        run = self._apply_run(rb)
+        if run is not None:
+            return run
+        blocks, partial = self._take_blocks(rb)
+        self.appender.apply_views(blocks)
+        return len(blocks), partial
+
+    def _apply_run(self, rb: RecvBuffer) -> tuple[int, int] | None:
+        """:meth:`_apply_buffered` for the usual read, with one compiled call for all its
+        frames: blocks that continue this log in its last epoch, nothing to do but check
+        their tags and append them (``frames.scan_transfer_run`` checks the rest).  None,
+        with nothing taken, when the buffer holds any other frame (an epoch change, a
+        heartbeat, a jump, something to refuse) or the disk is full: the general path
+        reads it then, so what it refuses is refused as before, before anything of the
+        buffer is used."""
+        last = self.epochs.last_entry()
+        if last is None or self.appender.disk.active:
+            return None
+        cl = self.commitlog
+        stop, spans, consumed, need = _scan_run(rb.buf, rb.start, rb.end, self._max_frame, self._tag,
+                                                cl.max_offset, last[0], last[1], cl.segment_bytes)
+        if stop == _RUN_OTHER:
+            return None
+        if spans:
+            if self._mac is not None:
+                self._mac.check_run(rb.view, spans)  # every tag before any block is used
+            self.appender.append_run(rb.view, spans)
+            rb.consume(consumed)
+        return len(spans) // 3, need
 
     def _take_blocks(self, rb: RecvBuffer) -> tuple[list[Block], int]:
         """The whole TRANSFER_DATA frames at the front of ``rb``, consumed from it, as blocks

@@ -67,6 +67,8 @@ class SyncService:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
         self._wake_pending = False
+        #: The loop callback an append scheduled (push_now makes it moot and cancels it).
+        self._wake_handle: asyncio.Handle | None = None
         self.stopped = False
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -178,15 +180,20 @@ class SyncService:
         self._wake_pending = True
         try:
             if threading.get_ident() == self._loop_thread:
-                self._loop.call_soon(self.wake_all)
+                self._wake_handle = self._loop.call_soon(self.wake_all)
             else:
-                self._loop.call_soon_threadsafe(self.wake_all)
+                self._wake_handle = self._loop.call_soon_threadsafe(self.wake_all)
         except RuntimeError:  # loop closed under a late append
             self._wake_pending = False
 
     def push_now(self) -> None:
         """Send what was appended in this loop turn now (see :meth:`HAMaster.push_now`)."""
         if self._wake_pending:
+            # This wake covers every append so far: the one they scheduled would find
+            # nothing to send (a loop callback and a walk of the links per message).
+            handle = self._wake_handle
+            if handle is not None:
+                handle.cancel()
             self.wake_all()
 
     def wake_all(self) -> None:

@@ -9,6 +9,7 @@ carry good tags): what is checked is what lies behind the MAC.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import struct
 import time
@@ -21,7 +22,7 @@ from rmqha.ha.frames import Direction
 from rmqha.ha import HAConfig
 from rmqha.testing.ha import (auth_for, store_digest, assert_same_log, fast_config, fill, ha_master, ha_slave,
                               master_running, read_frames, replica_stores, scripted_master, slave_running,
-                              wait_until_async)
+                              wait_until, wait_until_async)
 from rmqha.testing.sealed_script import ScriptedAuth
 
 SEG = 1 << 20
@@ -134,6 +135,56 @@ def test_master_closes_on_acks_out_of_order(tmp_path) -> None:
 
         asyncio.run(run())
         assert mcl.max_offset == max_offset
+
+
+def test_master_takes_a_read_of_acks_in_one_call_and_refuses_a_bad_tag(tmp_path, monkeypatch, caplog) -> None:
+    """Acks that make sense, read together, are taken by one scan_transfer_acks call (their
+    tags checked); an ack with a bad tag is refused as before: the link closes."""
+    from rmqha.ha import connection
+
+    results: list[tuple[int, int]] = []
+    real = connection._scan_acks
+
+    def spy(*args: object) -> tuple[int, int]:
+        out = real(*args)  # type: ignore[arg-type]
+        results.append(out)
+        return out
+
+    monkeypatch.setattr(connection, "_scan_acks", spy)
+    with replica_stores(tmp_path, SEG, "m") as [(mcl, mem)]:
+        mem.append(1, 0)
+        fill(mcl, 100_000)
+
+        async def run() -> None:
+            m = ha_master(mcl, mem, CFG)
+            async with master_running(m) as port:
+                def client() -> None:
+                    sock, script = _authenticated(port)
+                    with sock:
+                        dec = frames.FramedDecoder(Direction.MASTER_TO_SLAVE, 1 << 22)
+                        got: list[object] = []
+                        sock.sendall(script.seal(_hello() + frames.framed.encode(frames.QueryEpoch())))
+                        while len(got) < 2:
+                            got.extend(dec.feed(script.unseal(sock.recv(1 << 16))))
+                        sock.sendall(script.seal(frames.framed.encode(frames.ConfirmTruncate(0))))
+                        while len(got) < 3:  # the transfer started: acks now come to read_acks
+                            got.extend(dec.feed(script.unseal(sock.recv(1 << 16))))
+                        sock.sendall(script.seal(b"".join(frames.pack_transfer_ack(0, 0, 1) for _ in range(3))))
+                        wait_until(lambda: sum(n for n, _ in results if n > 0) == 3, 5, "three acks taken")
+                        bad = bytearray(script.seal(frames.pack_transfer_ack(0, 0, 1)))
+                        bad[-1] ^= 1
+                        sock.sendall(bytes(bad))
+                        _recv_until_closed(sock, 5)
+
+                await asyncio.get_running_loop().run_in_executor(None, client)
+                await wait_until_async(lambda: m.status()["slaves"] == [], 5, "the link dropped")
+
+        with caplog.at_level(logging.INFO, logger="rmqha.ha.master"):
+            asyncio.run(run())
+    dropped = [r.getMessage() for r in caplog.records if "disconnected" in r.getMessage()]
+    assert len(dropped) == 1 and "failed authentication" in dropped[0], dropped
+    assert -1 not in {n for n, _ in results}
+    assert results[-1] == (1, 0)  # the last ack was plain: its tag decided
 
 
 # --- slave side -------------------------------------------------------------------------------

@@ -506,3 +506,53 @@ def test_heartbeat_acks_go_out_while_no_data_arrives(tmp_path) -> None:
                     assert (s.sessions, s.last_error) == (1, "")
 
         asyncio.run(run())
+
+
+def test_plain_blocks_take_one_compiled_call_per_read_and_a_bad_tag_is_refused(tmp_path, monkeypatch) -> None:
+    """Blocks that continue the log are applied by one scan_transfer_run per read (one at a
+    time, and three sent together); a heartbeat leaves its read to the general path; a
+    plain block whose tag does not check ends the session, with nothing of it stored."""
+    from rmqha.ha import receive
+
+    results: list[tuple[int, int]] = []  # (stop, blocks) per call
+    real = receive._scan_run
+
+    def spy(*args: Any) -> Any:
+        out = real(*args)
+        results.append((out[0], len(out[1]) // 3))
+        return out
+
+    monkeypatch.setattr(receive, "_scan_run", spy)
+    with _replica(tmp_path) as (scl, sem, rcl):
+        one = _records(rcl, 10)
+        three = _records(rcl, 3)
+        offset, data = _records(rcl, 1)[0]
+        end = rcl.max_offset
+
+        async def run() -> None:
+            async with ScriptedMaster(end) as m:
+                async with slave_running(ha_slave(scl, sem, m.port, CFG)) as s:
+                    await m.ready()
+                    for off, d in one:
+                        await m.send_acked(off, d)
+                    assert results == [(frames.RUN_END, 1)] * len(one)
+                    await m.send(b"".join(_block(off, d) for off, d in three))
+                    await m.acked(three[-1][0] + len(three[-1][1]))
+                    assert sum(n for _, n in results) == len(one) + len(three)
+                    assert frames.RUN_OTHER not in {stop for stop, _ in results}
+                    await m.send(_block(scl.max_offset, b""))  # a heartbeat: the general path
+                    await wait_until_async(lambda: results[-1][0] == frames.RUN_OTHER, DEADLINE, "heartbeat")
+                    before = store_digest(scl)
+                    assert m.conn is not None
+                    sealed = bytearray(m.script.seal(_block(offset, data)))
+                    sealed[-1] ^= 1  # the tag of a block that is otherwise plain
+                    await asyncio.get_running_loop().sock_sendall(m.conn, bytes(sealed))
+                    await wait_until_async(lambda: "failed authentication" in s.last_error, DEADLINE,
+                                           "the bad tag refused")
+                    assert results[-1] == (frames.RUN_END, 1)  # it was plain: the tag decided
+                    await m.ready(sessions=2)
+                    assert store_digest(scl) == before
+                    assert scl.max_offset == offset
+
+        asyncio.run(run())
+        assert bytes(scl.read(one[0][0], offset - one[0][0])) == bytes(rcl.read(one[0][0], offset - one[0][0]))
