@@ -56,7 +56,10 @@ def real_runs(tmp_path_factory):  # noqa: ANN201
     subprocess.run([*git, "add", "."], cwd=root, check=True)
     subprocess.run([*git, "commit", "-q", "-m", "tiny"], cwd=root, check=True)
     (root / "json").mkdir()  # --benchmark-json does not create parent directories
-    env = dict(os.environ, RMQHA_BENCH_MACHINE="test-machine", PYTHONDONTWRITEBYTECODE="1")
+    # Not the xdist worker's PYTEST_* variables: the inner pytest would take itself for a
+    # worker and pytest-benchmark would write no autosave file.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.update(RMQHA_BENCH_MACHINE="test-machine", PYTHONDONTWRITEBYTECODE="1")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "bench_tiny.py",
          "--benchmark-json=json/run.json", "--benchmark-autosave",
