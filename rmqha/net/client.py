@@ -93,6 +93,17 @@ class RemotingClient:
             self._hook(cmd)
         return await conn.request(cmd, timeout)
 
+    async def request_frame(self, frame: bytes, opaque: int, timeout: float = 3.0) -> bytes:
+        """A request encoded already; its response's frame undecoded (see
+        :meth:`Connection.request_frame`).  A request hook needs the command: with one,
+        send commands (ValueError here)."""
+        if self._hook is not None:
+            raise ValueError(f"{self.addr}: requests to be signed by a hook go as commands")
+        conn = self._conn
+        if conn is None or conn.closed:
+            conn = await self.connection()
+        return await conn.request_frame(frame, opaque, timeout)
+
     async def oneway(self, cmd: RemotingCommand) -> None:
         conn = await self.connection()
         if self._hook is not None:
