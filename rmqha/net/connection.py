@@ -5,8 +5,8 @@
 (:class:`Dispatcher`, code -> handler), matches responses to pending requests by
 ``opaque`` and writes with back-pressure.  A request may also leave encoded already
 (:meth:`Connection.request_frame`, a producer's send): its response comes back as its
-frame, undecoded (the decoder's :class:`~rmqha.protocol.command.RawAnswer`).  A malformed frame closes that one connection
-with a logged reason.
+frame, undecoded (the decoder's :class:`~rmqha.protocol.command.RawAnswer`).  A malformed
+frame closes that one connection with a logged reason.
 
 Over TLS a connection knows who is on the other end: :attr:`Connection.peer_identity` is
 the rmqha identity (``rmqha:broker/C/G/N``, ...) of the peer's *verified* certificate, on
