@@ -149,7 +149,7 @@ class Sender:
         self.retry_deadline_s = retry_deadline_s
         self._counter = 0
         #: Whether attempts go as commands (a hook signs them) or as frames encoded in
-        #: one call, their answers read in one call (:meth:`_attempt`).
+        #: one call, their answers read in one call.
         self._signed = session.security is not None and session.security.rpc_hook is not None
         #: topic -> (the TBW102 route it was derived from, the derived route)
         self._fallback_routes: dict[str, tuple[TopicRoute, TopicRoute]] = {}
@@ -260,7 +260,13 @@ class Sender:
                 tried.no_route(exc)
                 continue
             try:
-                resp = await self._attempt(addr, req, mq)
+                if self._signed:
+                    resp: RemotingCommand | Answer = await self.session.request(
+                        addr, self.command(req, mq), self.send_timeout_s)
+                else:  # the frame in one call, its answer read in one call
+                    opaque = next_opaque()
+                    resp = answer_of_frame(await self.session.request_frame(
+                        addr, req.frame(opaque, mq.queue_id), opaque, self.send_timeout_s))
             except (RemotingError, ProtocolError) as exc:
                 tried.lost(exc, mq.broker_name)
                 continue
@@ -270,16 +276,6 @@ class Sender:
             if tried.final:
                 break
         raise tried.error(req.topic)
-
-    async def _attempt(self, addr: str, req: SendRequest, mq: MessageQueue) -> RemotingCommand | Answer:
-        """One attempt's answer: the frame encoded and the answer read by the send codec,
-        or (to be signed) the command sent and its answer decoded."""
-        if self._signed:
-            return await self.session.request(addr, self.command(req, mq), self.send_timeout_s)
-        opaque = next_opaque()
-        frame = await self.session.request_frame(addr, req.frame(opaque, mq.queue_id), opaque,
-                                                 self.send_timeout_s)
-        return answer_of_frame(frame)
 
     def _results(self, answer: Answer, status: SendStatus, mq: MessageQueue,
                  uniq_keys: list[str], attempts: int) -> list[SendResult]:

@@ -527,7 +527,7 @@ class Connection(asyncio.Protocol):
         ``frame`` with its length field, as :func:`~rmqha.protocol.command.encode` writes
         it): the response's frame comes back undecoded, without its length field.  It
         goes through the frame layer's seal like any frame; no request hook sees it."""
-        if self.closed:
+        if self._closed.done():
             raise RemotingError(f"connection {self.name} is closed ({self.close_reason})")
         fut = self._awaiting(self._raw, opaque, timeout)
         try:

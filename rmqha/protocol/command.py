@@ -435,6 +435,11 @@ class FrameDecoder:
     def _split(self, data: bytes, raw: Container[int]) -> list[RemotingCommand | RawAnswer]:
         if type(data) is not bytes:
             data = bytes(data)  # views of it are kept: it must not change
+        elif not (self._stub or self._need) and len(data) >= 8:
+            (total,) = _I32.unpack_from(data, 0)
+            if total == len(data) - 4 and 4 <= total <= self.max_frame_bytes:
+                frame = memoryview(data)[4:]  # nearly always: one frame, whole, in one read
+                return [_read(frame, raw) if raw else _decode(frame, None)]
         out: list[RemotingCommand | RawAnswer] = []
         pos = self._carry_on(data, out, raw) if self._stub or self._need else 0
         n = len(data)
