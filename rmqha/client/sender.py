@@ -13,6 +13,11 @@ accumulator hand it requests (:meth:`Sender.send`), transactions ask it for rout
 ``BlockingProducer`` makes a first attempt over a blocking socket with
 :meth:`Sender.cached_target`, :meth:`Sender.command` and :meth:`Sender.answer`, then hands
 the same request and what that attempt learned (:class:`Attempts`) to :meth:`Sender.send`.
+
+Its own attempts are the request's frame in one send codec call
+(:meth:`SendRequest.frame`) over ``request_frame``, the answer's fields read from the frame
+in one call (:func:`answer_of_frame`); with a hook that signs requests (ACL) they go as
+commands instead.
 """
 from __future__ import annotations
 
