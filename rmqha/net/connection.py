@@ -277,6 +277,8 @@ class Connection(asyncio.Protocol):
             self._backlog.extend(commands)
             if not self._drain_scheduled:
                 self._dispatch_some()
+        elif len(commands) == 1 and type(commands[0]) is RawAnswer:
+            self._on_command(commands[0])  # an answer: nothing is dispatched, nothing to run after
         elif commands:
             self._dispatch(commands)
         if self._frame_read_timeout is not None and self._decoder.buffered:

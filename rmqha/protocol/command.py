@@ -439,7 +439,10 @@ class FrameDecoder:
             (total,) = _I32.unpack_from(data, 0)
             if total == len(data) - 4 and 4 <= total <= self.max_frame_bytes:
                 frame = memoryview(data)[4:]  # nearly always: one frame, whole, in one read
-                return [_read(frame, raw) if raw else _decode(frame, None)]
+                if not raw:
+                    return [_decode(frame, None)]
+                opaque = _raw_opaque(frame, raw)
+                return [_decode(frame, None) if opaque is None else RawAnswer(opaque, data[4:])]
         out: list[RemotingCommand | RawAnswer] = []
         pos = self._carry_on(data, out, raw) if self._stub or self._need else 0
         n = len(data)
