@@ -15,11 +15,21 @@ calls:
 A second group does the same for a SEND_BATCH_MESSAGE of 32 bodies alone, built entry by
 entry on the ``command`` path and by one ``encode_plain_batch`` call on the others (the
 twin the producer loaded: the ``python`` row differs from ``cython`` in the frame and the
-answer only).  Speed is
-reported, never asserted; measure on a quiet machine.
+answer only).
+
+A third group runs the asyncio ``Producer.send`` whole, 100 one after the other per round,
+over a connection whose fake transport answers each send in the next loop turn (the
+broker's SUCCESS frame; no socket): ``frame`` is what the producer does (the send codec's
+frame over ``Connection.request_frame``, the answer read in one call), ``command`` what
+it does when a hook signs (a command encoded, the answer decoded into one).  The event
+loop's own turns are in it.  Speed is reported, never asserted; measure on a quiet machine.
 """
 from __future__ import annotations
 
+import asyncio
+import itertools
+import re
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,8 +39,11 @@ from benches.conftest import describe
 from rmqha._core import load_twin
 from rmqha.client.model import MessageQueue, SendResult
 from rmqha.client.producer import Producer
+from rmqha.client.route import BrokerData, QueueData, TopicRoute
 from rmqha.client.send_request import SendRequest, _plain_entry
 from rmqha.client.sender import Sender
+from rmqha.net.connection import Connection
+from rmqha.protocol import command
 from rmqha.protocol.command import VERSION, FrameDecoder, RemotingCommand, encode
 from rmqha.protocol.message import new_uniq_keys
 
@@ -121,3 +134,76 @@ def test_batch_send(benchmark: Any, path: str) -> None:
     results = benchmark.pedantic(_round(path, build), iterations=50, rounds=50,
                                  warmup_rounds=2)
     assert len(results) == 32 and results[31].queue_offset == 1234 + 31
+
+
+# --- the asyncio Producer, whole ---------------------------------------------------------
+
+BROKER = "127.0.0.1:10911"
+#: A broker's answer with a ten-digit opaque, which the fake transport puts in its place.
+_TEN_DIGITS = 1_000_000_000
+_OPAQUE = re.compile(rb'"opaque":(\d+)')
+
+
+class _AnsweringTransport(asyncio.Transport):
+    """Answers every frame written with a SUCCESS frame carrying its opaque, in the next
+    loop turn (a real transport's read of it would be an epoll wake-up later)."""
+
+    def __init__(self, conn: Connection) -> None:
+        super().__init__()
+        self._conn = conn
+        self._loop = asyncio.get_running_loop()
+        self._answer = _answer(_TEN_DIGITS)
+        self._at = self._answer.index(b"%d" % _TEN_DIGITS)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        for m in _OPAQUE.finditer(bytes(data)):
+            answer = self._answer[:self._at] + m.group(1) + self._answer[self._at + 10:]
+            self._loop.call_soon(self._conn.data_received, answer)
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 10911) if name == "peername" else default
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+async def _answered_producer(signed: bool) -> Producer:
+    """A producer with a cached route to one broker whose connection answers at once."""
+    producer = Producer("127.0.0.1:9", "bench_group")
+    session = producer.session
+    session._routes[TOPIC] = TopicRoute(
+        TOPIC, [QueueData("broker-a", 4, 4, 6)], {"broker-a": BrokerData("c", "broker-a", {0: BROKER})},
+        fetched_at=time.monotonic() + 1e6)
+    conn = Connection(None, command.DEFAULT_MAX_FRAME_BYTES, name=BROKER)
+    conn.connection_made(_AnsweringTransport(conn))
+    session.client(BROKER)._conn = conn
+    producer.sender._signed = signed  # as with a hook: commands, answers decoded whole
+    return producer
+
+
+@pytest.mark.benchmark(group="client-asyncio-producer-plain-1KiB-x100")
+@pytest.mark.parametrize("path", ["frame", "command"])
+def test_asyncio_producer_send(benchmark: Any, path: str) -> None:
+    describe(benchmark, f"asyncio-{path}", message_bytes=len(BODY), batch=1)
+    # Ten-digit opaques from here on: the answer template fits every one.
+    command._opaque_counter = itertools.count(_TEN_DIGITS)
+    loop = asyncio.new_event_loop()
+    try:
+        producer = loop.run_until_complete(_answered_producer(path == "command"))
+
+        async def hundred() -> SendResult:
+            for _ in range(100):
+                result = await producer.send(TOPIC, BODY)
+            return result
+
+        result = benchmark.pedantic(lambda: loop.run_until_complete(hundred()), rounds=20,
+                                    warmup_rounds=1)
+    finally:
+        loop.close()
+    assert result.ok and result.queue_offset == 1234

@@ -170,6 +170,17 @@ class ClientSession:
             await client.close()
             raise
 
+    async def request_frame(self, addr: str, frame: bytes, opaque: int,
+                            timeout: float | None = None) -> bytes:
+        """:meth:`request` of a request encoded already: its answer's frame, undecoded
+        (see ``RemotingClient.request_frame``; nothing may sign it)."""
+        client = self.client(addr)
+        try:
+            return await client.request_frame(frame, opaque, timeout or self.rpc_timeout_s)
+        except RemotingTimeoutError:
+            await client.close()
+            raise
+
     def fresh_route(self, topic: str) -> TopicRoute | None:
         """The cached route of a topic if it is younger than ``route_ttl_s`` (no I/O)."""
         cached = self._routes.get(topic)

@@ -13,6 +13,11 @@ accumulator hand it requests (:meth:`Sender.send`), transactions ask it for rout
 ``BlockingProducer`` makes a first attempt over a blocking socket with
 :meth:`Sender.cached_target`, :meth:`Sender.command` and :meth:`Sender.answer`, then hands
 the same request and what that attempt learned (:class:`Attempts`) to :meth:`Sender.send`.
+
+Its own attempts are the request's frame in one send codec call
+(:meth:`SendRequest.frame`) over ``request_frame``, the answer's fields read from the frame
+in one call (:func:`answer_of_frame`); with a hook that signs requests (ACL) they go as
+commands instead.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Final
 
+from rmqha._core import load
 from rmqha._core.send_codec_py import Answer
 from rmqha.client.blocking_link import answer_of
 from rmqha.client.model import MessageQueue, SendResult, SendStatus
@@ -36,7 +42,7 @@ from rmqha.errors import (
     TopicNotFoundError,
 )
 from rmqha.protocol.codes import ResponseCode
-from rmqha.protocol.command import RemotingCommand, next_opaque
+from rmqha.protocol.command import RemotingCommand, decode_frame, next_opaque
 from rmqha.protocol.headers import SEND_V2_QUEUE_ID
 from rmqha.protocol.topics import DEFAULT_TOPIC
 
@@ -46,6 +52,8 @@ _STATUS: dict[int, SendStatus] = {
     ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
     ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
 }
+#: The client send codec (compiled unless disabled): an answer's fields in one call.
+_CODEC = load("send_codec")
 #: Where the send codec's answer tuple (``rmqha._core.send_codec``) holds each field.
 _MSG_ID: Final = 4
 _QUEUE_ID: Final = 5
@@ -67,6 +75,13 @@ _MASTER_REMARK = re.compile(r"\bmaster\b.*\bis (\d{1,3}(?:\.\d{1,3}){3}:\d{1,5})
 def _master_in_remark(remark: str) -> str:
     m = _MASTER_REMARK.search(remark)
     return m.group(1) if m else ""
+
+
+def answer_of_frame(frame: bytes) -> Answer:
+    """A send answer's fields from its frame (without its length): one call of the send
+    codec, or (a header it does not read, e.g. binary) the frame decoded whole."""
+    answer = _CODEC.decode_send_answer(frame)
+    return answer if answer is not None else answer_of(decode_frame(frame))
 
 
 @dataclass
@@ -138,6 +153,9 @@ class Sender:
         self.max_backoff_s = max_backoff_s
         self.retry_deadline_s = retry_deadline_s
         self._counter = 0
+        #: Whether attempts go as commands (a hook signs them) or as frames encoded in
+        #: one call, their answers read in one call.
+        self._signed = session.security is not None and session.security.rpc_hook is not None
         #: topic -> (the TBW102 route it was derived from, the derived route)
         self._fallback_routes: dict[str, tuple[TopicRoute, TopicRoute]] = {}
 
@@ -247,9 +265,14 @@ class Sender:
                 tried.no_route(exc)
                 continue
             try:
-                resp = await self.session.request(addr, self.command(req, mq),
-                                                  self.send_timeout_s)
-            except RemotingError as exc:
+                if self._signed:
+                    resp: RemotingCommand | Answer = await self.session.request(
+                        addr, self.command(req, mq), self.send_timeout_s)
+                else:  # the frame in one call, its answer read in one call
+                    opaque = next_opaque()
+                    resp = answer_of_frame(await self.session.request_frame(
+                        addr, req.frame(opaque, mq.queue_id), opaque, self.send_timeout_s))
+            except (RemotingError, ProtocolError) as exc:
                 tried.lost(exc, mq.broker_name)
                 continue
             results = self.answer(resp, addr, mq, req, tried)

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Container, Sequence
 from typing import TYPE_CHECKING
 
 from rmqha.errors import AuthenticationError, RemotingError
-from rmqha.protocol.command import FrameDecoder, RemotingCommand, decode_frame
+from rmqha.protocol.command import FrameDecoder, RawAnswer, RemotingCommand, read_frame
 from rmqha.security.channel_auth import ChannelEndpoint, ChannelKey
 
 if TYPE_CHECKING:
@@ -37,6 +37,8 @@ class ChannelLayer:
         self._conn = conn
         self._endpoint = endpoint
         self._plain: FrameDecoder | None = None
+        #: Opaques whose responses come back undecoded (the connection's, see use_layer).
+        self.raw_answers: Container[int] = ()
         loop = asyncio.get_running_loop()
         #: Done when the handshake completes (or fails, with the reason).
         self.ready: asyncio.Future[None] = loop.create_future()
@@ -49,9 +51,9 @@ class ChannelLayer:
     def seal(self, frame: bytes) -> bytes:
         return self._endpoint.seal(frame)
 
-    def feed(self, data: bytes) -> list[RemotingCommand]:
+    def feed(self, data: bytes) -> Sequence[RemotingCommand | RawAnswer]:
         if self._plain is not None:
-            return self._plain.feed(data)
+            return self._plain.feed_answers(data)
         try:
             reply, frames = self._endpoint.feed(data)
         except AuthenticationError as exc:
@@ -61,11 +63,13 @@ class ChannelLayer:
             self._conn.write_raw(reply)
         if self._endpoint.plain:
             self._plain = FrameDecoder(self._endpoint.max_frame_bytes)
-            return self._plain.feed(b"".join(frames))
+            self._plain.raw_answers = self.raw_answers
+            return self._plain.feed_answers(b"".join(frames))
         if self._endpoint.established and not self.ready.done():
             self._conn.channel_peer = self._endpoint.peer
             self.ready.set_result(None)
-        return [decode_frame(memoryview(f)[4:]) for f in frames]
+        raw = self.raw_answers
+        return [read_frame(memoryview(f)[4:], raw) for f in frames]
 
     def _fail(self, exc: Exception) -> None:
         if not self.ready.done():

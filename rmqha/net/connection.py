@@ -3,8 +3,10 @@
 :class:`Connection` is the transport's asyncio protocol: it decodes frames as they arrive
 (:class:`rmqha.protocol.command.FrameDecoder`), dispatches requests to handlers
 (:class:`Dispatcher`, code -> handler), matches responses to pending requests by
-``opaque`` and writes with back-pressure.  A malformed frame closes that one connection
-with a logged reason.
+``opaque`` and writes with back-pressure.  A request may also leave encoded already
+(:meth:`Connection.request_frame`, a producer's send): its response comes back as its
+frame, undecoded (the decoder's :class:`~rmqha.protocol.command.RawAnswer`).  A malformed
+frame closes that one connection with a logged reason.
 
 Over TLS a connection knows who is on the other end: :attr:`Connection.peer_identity` is
 the rmqha identity (``rmqha:broker/C/G/N``, ...) of the peer's *verified* certificate, on
@@ -23,8 +25,8 @@ import asyncio
 import logging
 import ssl
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from typing import Any, Protocol, Union, cast
+from collections.abc import Awaitable, Callable, Collection, Container, Mapping, Sequence
+from typing import Any, Protocol, TypeVar, Union, cast
 
 from rmqha.errors import (
     AuthenticationError,
@@ -40,6 +42,7 @@ from rmqha.protocol.command import (
     FLAG_ONEWAY,
     FLAG_RESPONSE,
     FrameDecoder,
+    RawAnswer,
     RemotingCommand,
     SendFrame,
     command_of,
@@ -57,6 +60,8 @@ DEFAULT_FRAME_READ_TIMEOUT_S = 30.0
 
 Handler = Callable[[RemotingCommand, "Connection"], Awaitable[Union[RemotingCommand, None]]]
 
+_T = TypeVar("_T")
+
 #: Bytes queued in a connection's transport above which a sender waits for the kernel.
 _WRITE_HIGH_WATER = 1 << 20
 
@@ -69,7 +74,11 @@ class FrameLayer(Protocol):
         """Bytes held of a frame not yet complete."""
         ...
 
-    def feed(self, data: bytes) -> list[RemotingCommand]:
+    #: Opaques whose responses :meth:`feed` hands back undecoded (see
+    #: :attr:`rmqha.protocol.command.FrameDecoder.raw_answers`).
+    raw_answers: Container[int]
+
+    def feed(self, data: bytes) -> Sequence[RemotingCommand | RawAnswer]:
         """The commands whose bytes are complete (ProtocolError / AuthenticationError:
         close the connection, dispatch nothing)."""
         ...
@@ -184,11 +193,14 @@ class Connection(asyncio.Protocol):
         plain = dispatcher is not None and dispatcher.plain_send is not None
         decoder = FrameDecoder(max_frame_bytes, dispatcher.plain_send_refuse if plain and dispatcher else None)
         self._decoder: FrameDecoder | FrameLayer = decoder
-        self._feed: Callable[[bytes], Sequence[RemotingCommand | SendFrame]] = (
-            decoder.feed_sends if plain else decoder.feed)
+        self._feed: Callable[[bytes], Sequence[RemotingCommand | SendFrame | RawAnswer]] = (
+            decoder.feed_sends if plain else decoder.feed_answers)
         #: The frame layer's seal (None: frames leave as encoded).
         self._seal: Callable[[bytes], bytes] | None = None
         self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
+        #: Requests sent encoded (request_frame()): their responses come back undecoded.
+        self._raw: dict[int, asyncio.Future[bytes]] = {}
+        decoder.raw_answers = self._raw
         #: opaque -> loop time its request times out (see request()).
         self._deadlines: dict[int, float] = {}
         self._loop = asyncio.get_running_loop()
@@ -210,7 +222,7 @@ class Connection(asyncio.Protocol):
         #: dispatched (None outside a dispatch; see at_end_of_dispatch()).
         self._end_of_dispatch: list[Callable[[], None]] | None = None
         #: Commands of a read beyond DISPATCH_BUDGET, dispatched in later loop turns.
-        self._backlog: deque[RemotingCommand | SendFrame] = deque()
+        self._backlog: deque[RemotingCommand | SendFrame | RawAnswer] = deque()
         self._drain_scheduled = False
         self._reading_paused = False
         self._on_made = on_made
@@ -265,6 +277,8 @@ class Connection(asyncio.Protocol):
             self._backlog.extend(commands)
             if not self._drain_scheduled:
                 self._dispatch_some()
+        elif len(commands) == 1 and type(commands[0]) is RawAnswer:
+            self._on_command(commands[0])  # an answer: nothing is dispatched, nothing to run after
         elif commands:
             self._dispatch(commands)
         if self._frame_read_timeout is not None and self._decoder.buffered:
@@ -273,7 +287,7 @@ class Connection(asyncio.Protocol):
                 self._stall_timer = self._loop.call_at(
                     self._last_data + self._frame_read_timeout, self._check_stall)
 
-    def _dispatch(self, commands: Sequence[RemotingCommand | SendFrame]) -> None:
+    def _dispatch(self, commands: Sequence[RemotingCommand | SendFrame | RawAnswer]) -> None:
         """Dispatch commands that arrived together, then what they asked to run after."""
         self._end_of_dispatch = []
         try:
@@ -378,6 +392,7 @@ class Connection(asyncio.Protocol):
         self._decoder = layer
         self._feed = layer.feed
         self._seal = layer.seal
+        layer.raw_answers = self._raw
 
     def write_raw(self, data: bytes) -> None:
         """Write bytes outside any frame (a frame layer's handshake)."""
@@ -418,11 +433,14 @@ class Connection(asyncio.Protocol):
         # Wait for the kernel only while the transport is paused (its buffer is past our
         # high-water mark), not after every frame.
         if self._write_paused:
-            fut: asyncio.Future[None] = self._loop.create_future()
-            self._drain_waiters.append(fut)
-            await fut
-            if self.closed:
-                raise RemotingError(f"connection {self.name} closed while sending ({self.close_reason})")
+            await self._drained()
+
+    async def _drained(self) -> None:
+        fut: asyncio.Future[None] = self._loop.create_future()
+        self._drain_waiters.append(fut)
+        await fut
+        if self.closed:
+            raise RemotingError(f"connection {self.name} closed while sending ({self.close_reason})")
 
     def _queue_frame(self, cmd: RemotingCommand, others: bool) -> None:
         """Queue one frame whole (frames never interleave, so no lock): at once, or with the
@@ -438,7 +456,7 @@ class Connection(asyncio.Protocol):
             data = self._seal(data)  # here, in the order frames reach the wire
         if self._cork is not None:
             self._cork.append(data)
-        elif others or len(self._pending) > 1:
+        elif others or len(self._pending) + len(self._raw) > 1:
             self._cork = [data]
             self._loop.call_soon(self._uncork)
         else:
@@ -494,16 +512,8 @@ class Connection(asyncio.Protocol):
         """Send a request and wait for the response with the same opaque."""
         if cmd.is_oneway or cmd.is_response:
             raise ValueError("request() needs a two-way request command")
-        loop = self._loop
-        fut: asyncio.Future[RemotingCommand] = loop.create_future()
         opaque = cmd.opaque
-        deadline = loop.time() + timeout
-        self._pending[opaque] = fut
-        self._deadlines[opaque] = deadline
-        # One timer per connection, at the earliest deadline (not one per request: with
-        # hundreds in flight their heap operations cost more than the requests).
-        if self._timer is None or deadline < self._timer_at:
-            self._arm_timer(deadline)
+        fut = self._awaiting(self._pending, opaque, timeout)
         try:
             await self.send(cmd)
             return await fut
@@ -512,12 +522,49 @@ class Connection(asyncio.Protocol):
                 f"no response from {self.name} to {cmd.describe()} within {timeout:.3f}s"
             ) from None
         finally:
-            self._pending.pop(opaque, None)
-            self._deadlines.pop(opaque, None)
-            if fut.done() and not fut.cancelled():
-                # A failed send closes the connection, which fails this future too; the
-                # send's own error is what was raised, so mark this one as seen.
-                fut.exception()
+            self._settle(self._pending, opaque, fut)
+
+    async def request_frame(self, frame: bytes, opaque: int, timeout: float) -> bytes:
+        """:meth:`request` of a two-way request encoded already (its opaque is ``opaque``;
+        ``frame`` with its length field, as :func:`~rmqha.protocol.command.encode` writes
+        it): the response's frame comes back undecoded, without its length field.  It
+        goes through the frame layer's seal like any frame; no request hook sees it."""
+        if self._closed.done():
+            raise RemotingError(f"connection {self.name} is closed ({self.close_reason})")
+        fut = self._awaiting(self._raw, opaque, timeout)
+        try:
+            self._queue_bytes(frame, len(self._tasks) + self._immediate > 1)
+            if self._write_paused:
+                await self._drained()
+            return await fut
+        except _Expired:
+            raise RemotingTimeoutError(
+                f"no response from {self.name} to the request with opaque {opaque} "
+                f"within {timeout:.3f}s") from None
+        finally:
+            self._settle(self._raw, opaque, fut)
+
+    def _awaiting(self, pending: dict[int, asyncio.Future[_T]], opaque: int,
+                  timeout: float) -> asyncio.Future[_T]:
+        """A future for the response to ``opaque``, failed with _Expired after ``timeout``."""
+        fut: asyncio.Future[_T] = self._loop.create_future()
+        deadline = self._loop.time() + timeout
+        pending[opaque] = fut
+        self._deadlines[opaque] = deadline
+        # One timer per connection, at the earliest deadline (not one per request: with
+        # hundreds in flight their heap operations cost more than the requests).
+        if self._timer is None or deadline < self._timer_at:
+            self._arm_timer(deadline)
+        return fut
+
+    def _settle(self, pending: dict[int, asyncio.Future[_T]], opaque: int,
+                fut: asyncio.Future[_T]) -> None:
+        pending.pop(opaque, None)
+        self._deadlines.pop(opaque, None)
+        if fut.done() and not fut.cancelled():
+            # A failed send closes the connection, which fails this future too; the
+            # send's own error is what was raised, so mark this one as seen.
+            fut.exception()
 
     def _arm_timer(self, at: float) -> None:
         if self._timer is not None:
@@ -532,7 +579,7 @@ class Connection(asyncio.Protocol):
         earliest: float | None = None
         for opaque, deadline in self._deadlines.items():
             if deadline <= now:
-                fut = self._pending.get(opaque)
+                fut = self._pending.get(opaque) or self._raw.get(opaque)
                 if fut is not None:
                     _expire(fut)
             elif earliest is None or deadline < earliest:
@@ -564,10 +611,12 @@ class Connection(asyncio.Protocol):
             self._transport.close()
         elif not self._lost.done():
             self._lost.set_result(None)
-        for fut in self._pending.values():
+        futures: list[asyncio.Future[Any]] = [*self._pending.values(), *self._raw.values()]
+        for fut in futures:
             if not fut.done():
                 fut.set_exception(RemotingError(f"connection {self.name} closed: {reason}"))
         self._pending.clear()
+        self._raw.clear()
         self._deadlines.clear()
         if self._timer is not None:
             self._timer.cancel()
@@ -582,7 +631,14 @@ class Connection(asyncio.Protocol):
             except Exception:  # a broken callback must not stop the others
                 log.exception("close callback of %s failed", self.name)
 
-    def _on_command(self, cmd: RemotingCommand | SendFrame) -> None:
+    def _on_command(self, cmd: RemotingCommand | SendFrame | RawAnswer) -> None:
+        if isinstance(cmd, RawAnswer):
+            raw = self._raw.get(cmd.opaque)
+            if raw is not None and not raw.done():
+                raw.set_result(cmd.frame)
+            else:
+                log.debug("%s: dropping response with unknown opaque %d", self.name, cmd.opaque)
+            return
         if isinstance(cmd, tuple):
             self._on_plain_send(cmd)
             return

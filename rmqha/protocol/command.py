@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import json
 import struct
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +66,7 @@ _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
 _OPAQUE_MASK = 0x7FFFFFFF
 _send_frames = _core.load("send_frames")
+_send_codec = _core.load("send_codec")
 _opaque_counter = itertools.count(1)
 
 
@@ -312,6 +313,12 @@ def _int_field(header: Mapping[str, Any], name: str, default: int | None = None)
 
 def decode_frame(frame: bytes | memoryview) -> RemotingCommand:
     """Decode one frame *without* its leading total_length field."""
+    return _decode(frame, None)
+
+
+def _decode(frame: bytes | memoryview, body: bytes | None) -> RemotingCommand:
+    """:func:`decode_frame`; with ``body`` the frame's body is that (made already, from
+    parts of several reads) and ``frame`` needs to hold only the frame's header."""
     if len(frame) < 4:
         raise ProtocolError(f"frame of {len(frame)} bytes is shorter than its header length")
     (ori,) = _I32.unpack_from(frame, 0)
@@ -322,9 +329,11 @@ def decode_frame(frame: bytes | memoryview) -> RemotingCommand:
             f"header length {header_length} exceeds the frame ({len(frame) - 4} bytes left)"
         )
     raw = frame[4 : 4 + header_length]
+    if body is None:
+        body = bytes(frame[4 + header_length :])
     if serialize_type == SERIALIZE_ROCKETMQ:
         cmd = _decode_binary_header(bytes(raw))
-        cmd.body = bytes(frame[4 + header_length :])
+        cmd.body = body
         return cmd
     if serialize_type != SERIALIZE_JSON:
         raise ProtocolError(
@@ -353,7 +362,7 @@ def decode_frame(frame: bytes | memoryview) -> RemotingCommand:
         flag = _int_field(header, "flag", 0)
     return RemotingCommand(  # positional: every frame makes one
         code, language if type(language) is str else str(language), version, opaque, flag,
-        None if remark is None else str(remark), ext, bytes(frame[4 + header_length :]))
+        None if remark is None else str(remark), ext, body)
 
 
 def decode(data: bytes | memoryview) -> RemotingCommand:
@@ -372,6 +381,11 @@ class FrameDecoder:
     A length below 4 or above ``max_frame_bytes`` raises ProtocolError before anything is
     buffered for that frame; after an error the decoder must be discarded.
 
+    Each frame's bytes are copied once, into its body: a frame whole in one read is read
+    through a view of that read; one spanning reads is held as views of them until it
+    is complete, then its body is joined from them (a consumer's pull answers span
+    reads; copying them into a buffer first was a sixth of its CPU).
+
     With ``plain_sends`` (a broker's client port) a read is split in one compiled call
     (:mod:`rmqha._core.send_frames`): a plain send comes out as its parsed
     :data:`~rmqha._core._protocols.SendFrame` tuple instead of a command (``plain_sends``
@@ -381,8 +395,18 @@ class FrameDecoder:
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
                  plain_sends: tuple[bytes, ...] | None = None) -> None:
         self.max_frame_bytes = max_frame_bytes
-        self._buf = bytearray()
+        self._buf = bytearray()  # feed_sends' buffer
         self._plain_sends = plain_sends
+        #: The first bytes of a length field a read ended inside.
+        self._stub = b""
+        #: Views of the frame begun in earlier reads (without its length), the bytes it
+        #: still needs (0: none begun) and the bytes of it held (its length's included).
+        self._parts: list[memoryview] = []
+        self._need = 0
+        self._held = 0
+        #: Opaques of requests whose response frames come back undecoded, as
+        #: :class:`RawAnswer` (a connection's ``request_frame``; empty: none).
+        self.raw_answers: Container[int] = ()
 
     def feed_sends(self, data: bytes) -> list[RemotingCommand | SendFrame]:
         """:meth:`feed` with the plain sends parsed (see above); :meth:`feed` without
@@ -399,26 +423,140 @@ class FrameDecoder:
 
     @property
     def buffered(self) -> int:
-        return len(self._buf)
+        return len(self._buf) + len(self._stub) + self._held
 
     def feed(self, data: bytes) -> list[RemotingCommand]:
-        self._buf += data
-        out: list[RemotingCommand] = []
-        buf = self._buf
-        pos = 0
-        while len(buf) - pos >= 4:
-            (total,) = struct.unpack_from(">i", buf, pos)
-            if total < 4 or total > self.max_frame_bytes:
-                raise ProtocolError(
-                    f"frame length {total} outside [4, {self.max_frame_bytes}]"
-                )
-            if len(buf) - pos - 4 < total:
-                break
-            out.append(decode_frame(memoryview(buf)[pos + 4 : pos + 4 + total]))
+        return self._split(data, ())  # type: ignore[return-value]  # no RawAnswer without raw
+
+    def feed_answers(self, data: bytes) -> list[RemotingCommand | RawAnswer]:
+        """:meth:`feed`, with the responses to :attr:`raw_answers` as :class:`RawAnswer`."""
+        return self._split(data, self.raw_answers)
+
+    def _split(self, data: bytes, raw: Container[int]) -> list[RemotingCommand | RawAnswer]:
+        if type(data) is not bytes:
+            data = bytes(data)  # views of it are kept: it must not change
+        elif not (self._stub or self._need) and len(data) >= 8:
+            (total,) = _I32.unpack_from(data, 0)
+            if total == len(data) - 4 and 4 <= total <= self.max_frame_bytes:
+                frame = memoryview(data)[4:]  # nearly always: one frame, whole, in one read
+                if not raw:
+                    return [_decode(frame, None)]
+                opaque = _raw_opaque(frame, raw)
+                return [_decode(frame, None) if opaque is None else RawAnswer(opaque, data[4:])]
+        out: list[RemotingCommand | RawAnswer] = []
+        pos = self._carry_on(data, out, raw) if self._stub or self._need else 0
+        n = len(data)
+        if n - pos < 4:
+            if pos < n:
+                self._stub = data[pos:]
+            return out
+        view = memoryview(data)
+        while n - pos >= 4:
+            (total,) = _I32.unpack_from(data, pos)
+            self._check_length(total)
+            if n - pos - 4 < total:
+                self._begin(view[pos + 4 :], total)
+                return out
+            frame = view[pos + 4 : pos + 4 + total]
+            out.append(_read(frame, raw) if raw else _decode(frame, None))
             pos += 4 + total
-        if pos:
-            del buf[:pos]
+        if pos < n:
+            self._stub = data[pos:]
         return out
+
+    def _check_length(self, total: int) -> None:
+        if total < 4 or total > self.max_frame_bytes:
+            raise ProtocolError(f"frame length {total} outside [4, {self.max_frame_bytes}]")
+
+    def _begin(self, part: memoryview, total: int) -> None:
+        self._parts = [part]
+        self._held = 4 + len(part)
+        self._need = total - len(part)
+
+    def _carry_on(self, data: bytes, out: list[RemotingCommand | RawAnswer],
+                  raw: Container[int]) -> int:
+        """Carry the length or frame begun in earlier reads on with ``data``: where in
+        ``data`` the next frame starts (``len(data)`` when it holds no more)."""
+        pos = 0
+        if self._stub:
+            pos = 4 - len(self._stub)
+            if len(data) < pos:
+                self._stub += data
+                return len(data)
+            (total,) = _I32.unpack(self._stub + data[:pos])
+            self._stub = b""
+            self._check_length(total)
+            self._parts, self._need, self._held = [], total, 4
+        need, avail = self._need, len(data) - pos
+        if avail < need:
+            if avail:
+                self._parts.append(memoryview(data)[pos:])
+                self._held += avail
+                self._need -= avail
+            return len(data)
+        parts = self._parts
+        parts.append(memoryview(data)[pos : pos + need])
+        self._parts, self._need, self._held = [], 0, 0
+        out.append(_joined(parts, raw))
+        return pos + need
+
+
+class RawAnswer:
+    """A response frame (without its length field) handed back undecoded, for the request
+    with its opaque (see :attr:`FrameDecoder.raw_answers`)."""
+
+    __slots__ = ("opaque", "frame")
+
+    def __init__(self, opaque: int, frame: bytes) -> None:
+        self.opaque = opaque
+        self.frame = frame
+
+
+def read_frame(frame: memoryview, raw: Container[int]) -> RemotingCommand | RawAnswer:
+    """One frame (without its length field): a :class:`RawAnswer` if it is the response
+    to one of the ``raw`` opaques, else decoded."""
+    return _read(frame, raw) if raw else _decode(frame, None)
+
+
+def _read(frame: memoryview | bytes, raw: Container[int]) -> RemotingCommand | RawAnswer:
+    opaque = _raw_opaque(frame, raw)
+    if opaque is None:
+        return _decode(frame, None)
+    return RawAnswer(opaque, frame if type(frame) is bytes else bytes(frame))
+
+
+def _raw_opaque(head: memoryview | bytes, raw: Container[int]) -> int | None:
+    """The opaque of a response frame (``head`` holds its header at least) if it is one of
+    ``raw``; None otherwise.  The send codec reads a JSON header in one compiled call;
+    what it does not read is decoded as a command (and a frame that is not one raises
+    ProtocolError there, as it would have)."""
+    try:
+        answer = _send_codec.decode_send_answer(head)
+    except ProtocolError:
+        answer = None
+    if answer is not None:
+        flag, opaque = answer[2], answer[1]
+    else:
+        cmd = _decode(head, b"")
+        flag, opaque = cmd.flag, cmd.opaque
+    return opaque if flag & FLAG_RESPONSE and opaque in raw else None
+
+
+def _joined(parts: list[memoryview], raw: Container[int]) -> RemotingCommand | RawAnswer:
+    """The command of a frame held as parts: its body joined from them (its one copy)
+    when the first part holds its whole header, the frame joined otherwise; the frame
+    joined if it is a raw answer."""
+    first = parts[0]
+    if len(first) >= 4:
+        (ori,) = _I32.unpack_from(first, 0)
+        start = 4 + (ori & 0xFFFFFF)
+        if start <= len(first):
+            opaque = _raw_opaque(first, raw) if raw else None
+            if opaque is not None:
+                return RawAnswer(opaque, b"".join(parts))
+            return _decode(first, b"".join([first[start:], *parts[1:]]))
+    whole = b"".join(parts)
+    return _read(whole, raw) if raw else _decode(whole, None)
 
 
 def command_of(send: SendFrame) -> RemotingCommand:

@@ -32,7 +32,7 @@ from rmqha.net.client_security import ClientSecurity
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, RemotingError, SendError
 from rmqha.protocol.message import Prop, decode_properties
-from rmqha.protocol.command import RemotingCommand, decode
+from rmqha.protocol.command import RemotingCommand, decode, decode_frame
 from rmqha._core.send_codec_py import ANSWER_FIELDS
 
 SEND_CODES = (RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE)
@@ -107,6 +107,21 @@ class Spy:
             return resp
 
         monkeypatch.setattr(session, "request", session_request)
+        real_session_request_frame = session.request_frame
+
+        async def session_request_frame(addr: str, frame: bytes, opaque: int,
+                                        timeout: float | None = None) -> bytes:
+            cmd = decode(frame)  # every frame sent encoded is a send
+            assert cmd.code in SEND_CODES and cmd.opaque == opaque
+            try:
+                answer = await real_session_request_frame(addr, frame, opaque, timeout)
+            except RemotingError as exc:
+                self.looped.append(Attempt(addr, cmd, exc))
+                raise
+            self.looped.append(Attempt(addr, cmd, decode_frame(answer)))
+            return answer
+
+        monkeypatch.setattr(session, "request_frame", session_request_frame)
         real_run = mine.loop.run_until_complete
 
         def run(future: Any) -> Any:

@@ -20,6 +20,7 @@ import rmqha.client
 from cluster import Cluster
 from rmqha.client import BlockingConsumer, BlockingProducer, LocalTransactionState, Message, Producer
 from rmqha.protocol.codes import RequestCode
+from rmqha.protocol.command import decode
 from rmqha.errors import ClientError
 from rmqha.protocol.message import (
     SysFlag,
@@ -46,14 +47,15 @@ def _sent_sys_flags(producer: Producer) -> list[int]:
     """Wrap the session so every SEND_BATCH_MESSAGE's sysFlag is recorded on its way out
     (the request still goes to the real broker)."""
     flags: list[int] = []
-    real = producer.session.request
+    real = producer.session.request_frame
 
-    async def spy(addr: str, cmd: Any, timeout: float | None = None) -> Any:
+    async def spy(addr: str, frame: bytes, opaque: int, timeout: float | None = None) -> Any:
+        cmd = decode(frame)
         if cmd.code == RequestCode.SEND_BATCH_MESSAGE:
             flags.append(int(cmd.ext_fields["f"]))
-        return await real(addr, cmd, timeout)
+        return await real(addr, frame, opaque, timeout)
 
-    producer.session.request = spy  # type: ignore[method-assign]
+    producer.session.request_frame = spy  # type: ignore[method-assign]
     return flags
 
 

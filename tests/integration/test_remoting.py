@@ -16,6 +16,7 @@ from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, RemoteCommandError, RemotingError, RemotingTimeoutError
 from rmqha.net.blocking import BlockingRemotingClient
 from rmqha.net.client import RemotingClient
+from rmqha.net.client_security import ClientSecurity
 from rmqha.net.connection import DISPATCH_BUDGET, Connection, Dispatcher
 from rmqha.net.server import RemotingServer
 from rmqha.protocol.command import (
@@ -24,6 +25,7 @@ from rmqha.protocol.command import (
     FrameDecoder,
     RemotingCommand,
     decode,
+    decode_frame,
     encode,
 )
 
@@ -477,3 +479,62 @@ def test_a_bytes_header_field_is_refused_not_sent_as_its_repr() -> None:
         RemotingCommand.request(RequestCode.SEND_MESSAGE, {"properties": b"TAGS\x01a\x02"})
     ok = RemotingCommand.request(RequestCode.SEND_MESSAGE, {"properties": "TAGS\x01a\x02"})
     assert ok.ext_fields["properties"] == "TAGS\x01a\x02"
+
+
+def test_request_frame_gets_its_answer_undecoded_and_fails_as_request_does(caplog):
+    """A request sent encoded (request_frame) gets its response's frame back as it came;
+    a request made the ordinary way beside it still gets a command.  An answer with
+    another opaque is dropped and the request times out; a late answer is dropped; a
+    close fails what waits (negative controls: what request() does today)."""
+    async def main() -> None:
+        async def slow(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+            await asyncio.sleep(0.3)
+            return cmd.response(ResponseCode.SUCCESS, "late")
+
+        def stray(cmd: RemotingCommand, conn: Connection) -> bool:
+            wrong = cmd.response(ResponseCode.SUCCESS, "stray")
+            wrong.opaque = cmd.opaque + 1000
+            conn.answer_frame(encode(wrong))
+            return True
+
+        async with RemotingServer("127.0.0.1", 0, {1: _echo, 2: slow}) as server:
+            server.register_immediate(3, stray)
+            async with RemotingClient(server.address) as client:
+                req = RemotingCommand.request(1, {"v": "x"}, b"pay" * 1000)
+                plain = RemotingCommand.request(1, {"v": "y"})
+                raw, resp = await asyncio.gather(
+                    client.request_frame(encode(req), req.opaque, 2), client.request(plain, 2))
+                want = req.response(ResponseCode.SUCCESS, "echo", {"got": "x"}, req.body)
+                assert raw == encode(want)[4:] and type(raw) is bytes
+                assert (resp.opaque, resp.ext_fields) == (plain.opaque, {"got": "y"})
+                with caplog.at_level(logging.DEBUG, logger="rmqha.net.connection"):
+                    req = RemotingCommand.request(3)
+                    with pytest.raises(RemotingTimeoutError, match=f"opaque {req.opaque}"):
+                        await client.request_frame(encode(req), req.opaque, 0.2)
+                    req = RemotingCommand.request(2)
+                    with pytest.raises(RemotingTimeoutError):
+                        await client.request_frame(encode(req), req.opaque, 0.05)
+                    await asyncio.sleep(0.4)  # the late answer arrives, and is dropped
+                assert "unknown opaque" in caplog.text
+                conn = await client.connection()
+                assert not conn.closed and not conn._raw and not conn._deadlines
+                req = RemotingCommand.request(1, {"v": "z"})
+                got = decode_frame(await client.request_frame(encode(req), req.opaque, 2))
+                assert (got.opaque, got.ext_fields) == (req.opaque, {"got": "z"})
+                req = RemotingCommand.request(2)
+                waiting = asyncio.ensure_future(client.request_frame(encode(req), req.opaque, 5))
+                await asyncio.sleep(0.05)
+                await conn.close("closed by the test")
+                with pytest.raises(RemotingError, match="closed by the test"):
+                    await waiting
+
+    event_loop.run(main())
+
+
+def test_request_frame_refuses_when_a_hook_must_sign() -> None:
+    async def main() -> None:
+        client = RemotingClient("127.0.0.1:1", security=ClientSecurity(rpc_hook=lambda cmd: None))
+        with pytest.raises(ValueError, match="signed"):
+            await client.request_frame(b"", 1, 1)
+
+    event_loop.run(main())

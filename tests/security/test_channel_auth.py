@@ -21,7 +21,7 @@ from rmqha.net.client_security import ClientSecurity
 from rmqha.net.connection import Connection
 from rmqha.net.server import RemotingServer
 from rmqha.protocol.codes import ResponseCode
-from rmqha.protocol.command import RemotingCommand, encode
+from rmqha.protocol.command import RemotingCommand, decode_frame, encode
 from rmqha.security.channel_auth import (
     PREFACE,
     TAG,
@@ -226,9 +226,16 @@ def test_channel_serves_and_names_the_peer_and_plain_clients_still_work():
                 assert resp.remark == "master=127.0.0.1:1"
                 resp = await client.request(RemotingCommand.request(12), 3)
                 assert resp.code == ResponseCode.SUCCESS
+                # A request sent encoded goes through the seal; its answer through the check.
+                req = RemotingCommand.request(13)
+                raw = await client.request_frame(encode(req), req.opaque, 3)
+                assert decode_frame(raw).remark == "master=127.0.0.1:1"
             async with RemotingClient(srv.server.address) as plain:
                 assert (await plain.request(RemotingCommand.request(11), 3)).code == ResponseCode.SUCCESS
-        assert srv.peers == [BROKER, BROKER, None]
+                req = RemotingCommand.request(13)
+                raw = await plain.request_frame(encode(req), req.opaque, 3)
+                assert decode_frame(raw).opaque == req.opaque
+        assert srv.peers == [BROKER, BROKER, BROKER, None, None]
 
     asyncio.run(main())
 
@@ -245,7 +252,11 @@ def test_forged_answer_closes_the_channel_and_never_reaches_the_caller(caplog):
                 with pytest.raises(RemotingError, match="authentication failed"):
                     await client.request(RemotingCommand.request(11), 3)
                 assert not client.connected
-            assert mitm.rewritten == 2 and srv.calls == 2
+                req = RemotingCommand.request(11)  # the same for a request sent encoded
+                with pytest.raises(RemotingError, match="authentication failed"):
+                    await client.request_frame(encode(req), req.opaque, 3)
+                assert not client.connected
+            assert mitm.rewritten == 3 and srv.calls == 3
 
     asyncio.run(main())
     assert "failed authentication (altered, dropped, reordered or replayed)" in caplog.text
