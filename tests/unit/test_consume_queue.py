@@ -112,6 +112,54 @@ def test_queue_files_are_rocketmq_consume_queue_files(walk: str, clog: CommitLog
     idx.close()
 
 
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    """Every queue file under ``root`` by its path below it (the checkpoint aside)."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != DISPATCH_CHECKPOINT_FILE}
+
+
+def differing(a: dict[str, bytes], b: dict[str, bytes]) -> list[str]:
+    """The files two trees do not hold alike."""
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+
+
+def test_confirm_by_confirm_dispatch_writes_the_general_walks_bytes(
+        walk: str, clog: CommitLog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Indexing one record per confirm (the compiled dispatch into armed sinks, across file
+    ends, new queues and watched records) leaves the files the general walk over the
+    whole log writes; a one-byte difference is reported."""
+    idx = index(tmp_path / "cq", watched_topics=["W"], watched_property=b"MARK", units_per_file=7)
+    seen: list[tuple[str, int, int]] = []
+    general = []
+    real = cq._queue_scan.index_runs
+    monkeypatch.setattr(cq._queue_scan, "index_runs", lambda *a: general.append(1) or real(*a))
+    for i in range(60):
+        topic = "W" if i % 17 == 5 else ("T" if i % 3 else "ü")
+        props = {"TAGS": f"t{i % 4}"} | ({"MARK": "1"} if i % 13 == 4 else {})
+        clog.append(topic, b"m%04d" % i, i % 2, props)
+        idx.advance(clog, clog.max_offset,
+                    lambda r: seen.append((r.topic, r.queue_id, r.queue_offset)))
+    # New queues, file ends and watched records go the general way; the rest do not.
+    assert idx.dispatched == 60 and 10 < len(general) < 30
+    assert [t for t, _, _ in seen] == [
+        "W" if i % 17 == 5 else ("T" if i % 3 else "ü") for i in range(60)
+        if i % 17 == 5 or i % 13 == 4]
+    idx.flush()
+    monkeypatch.setattr(ConsumeQueueIndex, "_dispatch_compiled",
+                        lambda self, log, start, *a: start)
+    ref = index(tmp_path / "ref", watched_topics=["W"], watched_property=b"MARK",
+                units_per_file=7)
+    ref.advance(clog, clog.max_offset)
+    ref.flush()
+    got, want = tree_bytes(tmp_path / "cq"), tree_bytes(tmp_path / "ref")
+    assert len(want) > 6 and differing(got, want) == []
+    name = sorted(got)[1]
+    got[name] = bytes([got[name][0] ^ 1]) + got[name][1:]
+    assert differing(got, want) == [name]
+    idx.close()
+    ref.close()
+
+
 def test_a_queue_starting_past_its_file_start_is_pre_blank_filled(walk: str, clog: CommitLog,
                                                                    tmp_path: Path) -> None:
     rows = fill(clog, 60, queues=1, body=3000)  # about 3 segments
