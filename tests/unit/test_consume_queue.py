@@ -160,6 +160,33 @@ def test_confirm_by_confirm_dispatch_writes_the_general_walks_bytes(
     ref.close()
 
 
+def test_confirm_by_confirm_after_a_cut_and_a_restart(walk: str, clog: CommitLog,
+                                                      tmp_path: Path) -> None:
+    """The queues' sinks follow a truncation and a restart: what one confirm at a time
+    indexes afterwards is what a fresh index of the whole log holds."""
+    idx = index(tmp_path / "cq", units_per_file=8)
+
+    def confirm_each(n: int, start: int, into: ConsumeQueueIndex) -> list[Row]:
+        rows = []
+        for i in range(start, start + n):
+            rows += fill(clog, 1, start=i, queues=3)
+            into.advance(clog, clog.max_offset)
+        return rows
+
+    rows = confirm_each(40, 0, idx)
+    clog.truncate(rows[25][2])
+    idx.truncate(rows[25][2])
+    confirm_each(15, 100, idx)
+    assert held(idx) == reference(clog, tmp_path, "ref1", units_per_file=8)
+    idx.close()
+    again = index(tmp_path / "cq", units_per_file=8)
+    again.recover(clog)
+    confirm_each(20, 200, again)
+    assert held(again) == reference(clog, tmp_path, "ref2", units_per_file=8)
+    assert again.dispatched == 20
+    again.close()
+
+
 def test_a_queue_starting_past_its_file_start_is_pre_blank_filled(walk: str, clog: CommitLog,
                                                                    tmp_path: Path) -> None:
     rows = fill(clog, 60, queues=1, body=3000)  # about 3 segments
@@ -498,3 +525,32 @@ def test_a_service_restart_folds_the_queue_files_and_dispatches_only_the_rest(
     finally:
         clean.close()
         log.close()
+
+
+# --- the compiled dispatch's sinks ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("change", ["append", "cut", "zero", "destroy", "settle_end", "load",
+                                    "begin_at"])
+def test_every_change_of_a_queues_files_disarms_its_sink(twin: str, tmp_path: Path,
+                                                          change: str) -> None:
+    """A sink is armed only by ``arm`` (after the general way wrote): anything else that
+    moves the queue's end or its files leaves it disarmed, so the compiled dispatch never
+    writes through a stale mapping or position."""
+    from rmqha.store.consume_queue_file import MappingCache, QueueFiles
+
+    files = QueueFiles(tmp_path / "T" / "0", 8, MappingCache(), set())
+    files.sink = load_twin("queue_scan", twin).QueueSink(("T", 0), b"T", 0)
+    files.begin_at(0)
+    files.append(UNIT.pack(100, 95, 0) * 3)
+    files.arm()
+    assert (files.sink.next, files.sink.limit, files.sink.start) == (3, 8, 0)
+    assert files.took() is False  # nothing written through it yet
+    {"append": lambda: files.append(UNIT.pack(195, 95, 0)), "cut": lambda: files.cut(1),
+     "zero": lambda: files.zero(1, 2), "destroy": files.destroy,
+     "settle_end": lambda: files.settle_end(2, False), "load": files.load,
+     "begin_at": lambda: files.begin_at(5)}[change]()
+    assert files.sink.limit == 0
+    files.sink.next = files.max_offset + 2  # what a dispatch through a stale sink would claim
+    files.arm()
+    assert files.sink.next == files.max_offset or files.sink.limit == 0

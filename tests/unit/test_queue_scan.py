@@ -1,6 +1,7 @@
 """The consume-queue walk, both twins: runs, tag hashes, watched records, where it stops."""
 from __future__ import annotations
 
+import mmap
 import struct
 
 import pytest
@@ -257,6 +258,10 @@ def test_dispatch_stops_before_what_it_does_not_take(twin: str) -> None:
     # A mapping closed since the sink was armed: the record is left to the general way.
     sinks = _sinks(mod, a)
     sinks[(b"A", 0)].mm = b"read-only" * 40
+    assert mod.dispatch(log, 0, sinks, frozenset(), None, _hash, 1) == (0, 0, [])
+    closed = mmap.mmap(-1, 16 * 20)
+    closed.close()
+    sinks[(b"A", 0)].mm = closed
     assert mod.dispatch(log, 0, sinks, frozenset(), None, _hash, 1) == (0, 0, [])
 
 
