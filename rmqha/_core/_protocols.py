@@ -383,6 +383,26 @@ class QueueScanTwin(Protocol):
                    watched_prop: bytes | None, tag_hash: Callable[[bytes], int],
                    ) -> tuple[int, list[QueueRun], tuple[int, int, int] | None]: ...
 
+    def QueueSink(self, key: object, topic: bytes, queue_id: int) -> QueueSinkLike: ...
+
+    def dispatch(self, view: memoryview | bytes, base: int, sinks: dict[tuple[bytes, int], Any],
+                 watched_topics: frozenset[bytes], watched_prop: bytes | None,
+                 tag_hash: Callable[[bytes], int], gen: int) -> tuple[int, int, list[Any]]: ...
+
+
+class QueueSinkLike(Protocol):
+    """Where ``queue_scan.dispatch`` writes one queue's next units (either twin's
+    ``QueueSink``)."""
+
+    key: object
+    topic: bytes
+    queue_id: int
+    mm: object
+    start: int
+    next: int
+    limit: int
+    gen: int
+
 
 class UniqKeysLike(Protocol):
     """A process's UNIQ_KEY maker (``send_codec.UniqKeys`` of either twin)."""

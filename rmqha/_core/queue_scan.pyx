@@ -6,7 +6,7 @@ One C loop reads each record's fields and appends its RocketMQ ConsumeQueue unit
 current run's C buffer; a Python object is made per run (its bytes) and per TAGS value
 that is not ASCII, not per record.
 """
-from cpython.buffer cimport PyBuffer_Release, PyObject_GetBuffer, PyBUF_SIMPLE
+from cpython.buffer cimport PyBuffer_Release, PyObject_GetBuffer, PyBUF_SIMPLE, PyBUF_WRITABLE
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, realloc
@@ -254,3 +254,122 @@ def check_units(object view, int64_t base, bytes units, Py_ssize_t start, Py_ssi
         return stop, False
     finally:
         PyBuffer_Release(&buf)
+
+
+cdef class QueueSink:
+    """Where :func:`dispatch` writes one queue's next units (see
+    ``queue_scan_py.QueueSink``)."""
+
+    cdef public object key
+    cdef public bytes topic
+    cdef public int queue_id
+    cdef public object mm
+    cdef public long long start
+    cdef public long long next
+    cdef public long long limit
+    cdef public long long gen
+
+    def __init__(self, object key, bytes topic, int queue_id):
+        self.key = key
+        self.topic = topic
+        self.queue_id = queue_id
+        self.mm = None
+        self.start = 0
+        self.next = 0
+        self.limit = 0
+        self.gen = 0
+
+
+cdef bint _write_unit(QueueSink sink, int64_t qoff, int64_t phys, int32_t size, int64_t tag):
+    # False when the sink's mapping cannot take the unit (closed since it was armed).
+    cdef Py_buffer out
+    cdef Py_ssize_t at = <Py_ssize_t>((qoff - sink.start) * C_UNIT)
+    cdef unsigned char* u
+    try:
+        PyObject_GetBuffer(sink.mm, &out, PyBUF_WRITABLE)
+    except (TypeError, ValueError, BufferError):
+        return False
+    try:
+        if at < 0 or at + C_UNIT > out.len:
+            return False
+        u = <unsigned char*>out.buf + at
+        _put64(u, <uint64_t>phys)
+        u[8] = <unsigned char>(<uint32_t>size >> 24)
+        u[9] = <unsigned char>(<uint32_t>size >> 16)
+        u[10] = <unsigned char>(<uint32_t>size >> 8)
+        u[11] = <unsigned char><uint32_t>size
+        _put64(u + 12, <uint64_t>tag)
+        return True
+    finally:
+        PyBuffer_Release(&out)
+
+
+def dispatch(object view, int64_t base, dict sinks, frozenset watched_topics,
+             object watched_prop, object tag_hash, int64_t gen):
+    """Write each whole record's unit straight into its queue's file; returns ``(bytes
+    consumed, records written, the keys of the sinks written)`` (see
+    ``queue_scan_py.dispatch``)."""
+    cdef Py_buffer buf
+    cdef const unsigned char* b
+    cdef const unsigned char* props
+    cdef const unsigned char* wp = NULL
+    cdef Py_ssize_t n, pos = 0, total, blen, tlen, plen, t, wlen = 0, count = 0
+    cdef uint32_t magic
+    cdef int32_t queue_id
+    cdef int64_t qoff, tag
+    cdef list grown = []
+    cdef object topic
+    cdef object found
+    cdef QueueSink sink = None
+    if watched_prop is not None:
+        wp = <const unsigned char*><char*><bytes>watched_prop
+        wlen = len(<bytes>watched_prop)
+    PyObject_GetBuffer(view, &buf, PyBUF_SIMPLE)
+    try:
+        b = <const unsigned char*>buf.buf
+        n = buf.len
+        while n - pos >= 8:
+            total = <int32_t>_get32(b + pos)
+            magic = _get32(b + pos + 4)
+            if magic != C_MESSAGE_MAGIC or total < C_FIXED or total > n - pos:
+                break
+            blen = <int32_t>_get32(b + pos + 84)
+            tlen = b[pos + 88 + blen] if 0 <= blen <= total - C_FIXED else 0
+            plen = -1
+            if tlen and C_FIXED + blen + tlen <= total:
+                plen = (<Py_ssize_t>b[pos + 89 + blen + tlen] << 8) | b[pos + 90 + blen + tlen]
+            if plen < 0 or C_FIXED + blen + tlen + plen != total:
+                break
+            queue_id = <int32_t>_get32(b + pos + 12)
+            qoff = <int64_t>_get64(b + pos + 20)
+            t = pos + 89 + blen
+            props = b + t + tlen + 2
+            if wp != NULL and plen and _find(props, plen, wp, wlen, 0) >= 0:
+                break
+            # Consecutive records of one queue are the norm: its sink is kept, and only a
+            # record of another queue makes a key (a watched topic never has one taken).
+            if (sink is None or queue_id != sink.queue_id or tlen != len(sink.topic)
+                    or memcmp(b + t, <const char*>sink.topic, <size_t>tlen) != 0):
+                topic = PyBytes_FromStringAndSize(<const char*>b + t, tlen)
+                if topic in watched_topics:
+                    break
+                found = sinks.get((topic, queue_id))
+                if found is None:
+                    break
+                sink = <QueueSink?>found
+            if qoff != sink.next or qoff >= sink.limit:
+                break
+            tag = 0
+            if plen:
+                tag = _tag(props, plen, tag_hash)
+            if not _write_unit(sink, qoff, base + pos, <int32_t>total, tag):
+                break
+            sink.next = qoff + 1
+            if sink.gen != gen:
+                sink.gen = gen
+                grown.append(sink.key)
+            count += 1
+            pos += total
+    finally:
+        PyBuffer_Release(&buf)
+    return pos, count, grown

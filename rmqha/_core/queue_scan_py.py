@@ -150,3 +150,82 @@ def check_units(view: memoryview | bytes, base: int, units: bytes, start: int, s
                 or bytes(view[rel + 89 + blen:rel + 89 + blen + tlen]) != topic):
             return i, True
     return stop, False
+
+
+class QueueSink:
+    """Where :func:`dispatch` writes one queue's next units: the mapping ``mm`` of the
+    queue file holding queue offset ``next`` (whose first unit is queue offset ``start``),
+    writable below queue offset ``limit`` (blocks allocated, the file's end).  ``limit =
+    0`` disarms it: every record of the queue goes the general way.  ``gen`` is the last
+    :func:`dispatch` call that wrote through it; ``key`` is what that call reports."""
+
+    __slots__ = ("key", "topic", "queue_id", "mm", "start", "next", "limit", "gen")
+
+    def __init__(self, key: object, topic: bytes, queue_id: int) -> None:
+        self.key = key
+        self.topic = topic
+        self.queue_id = queue_id
+        self.mm: object = None
+        self.start = 0
+        self.next = 0
+        self.limit = 0
+        self.gen = 0
+
+
+def dispatch(view: memoryview | bytes, base: int, sinks: dict[tuple[bytes, int], QueueSink],
+             watched_topics: frozenset[bytes], watched_prop: bytes | None,
+             tag_hash: Callable[[bytes], int], gen: int) -> tuple[int, int, list[object]]:
+    """Write the unit of each whole record of ``view`` (global offset ``base``) straight
+    into its queue's file through ``sinks[(topic, queue id)]``; returns ``(bytes consumed,
+    records written, the keys of the sinks written)``.
+
+    The walk stops before the first record it does not take, for the general dispatch to
+    take from there: a blank, something that is not a record, a record past the view, a
+    watched one (topic in ``watched_topics`` or ``watched_prop`` among its properties, as
+    :func:`index_runs` reads them), or one whose queue has no armed sink, whose queue
+    offset is not the sink's ``next`` or which has no room below its ``limit``.  Units
+    are :func:`index_runs`'s bytes."""
+    n = len(view)
+    pos = count = 0
+    grown: list[object] = []
+    while n - pos >= 8:
+        total, magic = _HEAD.unpack_from(view, pos)
+        if magic != MESSAGE_MAGIC or total < FIXED_SIZE or total > n - pos:
+            break
+        (blen,) = _I32.unpack_from(view, pos + 84)
+        tlen = view[pos + 88 + blen] if 0 <= blen <= total - FIXED_SIZE else 0
+        plen = (_U16.unpack_from(view, pos + 89 + blen + tlen)[0]
+                if tlen and FIXED_SIZE + blen + tlen <= total else -1)
+        if plen < 0 or FIXED_SIZE + blen + tlen + plen != total:
+            break
+        (queue_id,) = _I32.unpack_from(view, pos + 12)
+        (qoff,) = _Q.unpack_from(view, pos + 20)
+        t = pos + 89 + blen
+        topic = bytes(view[t:t + tlen])
+        props = bytes(view[t + tlen + 2:t + tlen + 2 + plen])
+        if topic in watched_topics or (watched_prop is not None and plen
+                                       and watched_prop in props):
+            break
+        sink = sinks.get((topic, queue_id))
+        if sink is None or qoff != sink.next or qoff >= sink.limit:
+            break
+        tag = 0
+        if plen and _TAGS in props:
+            raw = find_property(props, b"TAGS")
+            if raw:
+                h = java_hash_ascii(raw)
+                tag = tag_hash(raw) if h is None else h
+        at = (qoff - sink.start) * UNIT_SIZE
+        try:
+            if at < 0 or at + UNIT_SIZE > len(sink.mm):  # type: ignore[arg-type]
+                break
+            UNIT.pack_into(sink.mm, at, base + pos, total, tag)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            break  # a mapping closed since the sink was armed: the general way reopens it
+        sink.next = qoff + 1
+        if sink.gen != gen:
+            sink.gen = gen
+            grown.append(sink.key)
+        count += 1
+        pos += total
+    return pos, count, grown

@@ -89,16 +89,20 @@ class LogWriter:
 
     def append_plain_now(self, topic: str, queue_id: int, body: bytes, properties: bytes,
                          flag: int, sys_flag: int, born_timestamp: int,
-                         born_host: tuple[str, int], reconsume_times: int) -> tuple[int, int]:
+                         born_host: tuple[str, int], reconsume_times: int) -> tuple[int, int, int]:
         """One plain send's record, with its properties' bytes as they came: (offset,
-        size).  InvalidMessageError when they are not canonical (nothing is stored)."""
+        size, queue offset), the last as the append assigned it (the answer carries it,
+        without reading the record back).  InvalidMessageError when they are not
+        canonical (nothing is stored)."""
+        log_ = self.ctx.log
         with self._append_lock:
-            placed = self.ctx.log.append(
+            offset, size = log_.append(
                 topic, body, queue_id, properties, flag=flag, sys_flag=sys_flag,
                 born_timestamp=born_timestamp, born_host=born_host,
                 reconsume_times=reconsume_times, wait_flush=False)
+            queue_offset: int = log_.last_queue_offset
         hit(Failpoint.AFTER_APPEND)
-        return placed
+        return offset, size, queue_offset
 
     def append_batch_now(self, topic: str, queue_id: int, batch: bytes | memoryview, count: int,
                          sys_flag: int, born_timestamp: int,

@@ -179,6 +179,10 @@ class PopLedger:
                 if not waiters:
                     del self._waiters[topic]
 
+    def holding(self) -> bool:
+        """Whether any pop waits for a topic to grow."""
+        return bool(self._waiters)
+
     def wake(self, topics: Iterable[str]) -> None:
         for topic in topics:
             for fut in self._waiters.pop(topic, ()):

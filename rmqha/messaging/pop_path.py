@@ -126,7 +126,8 @@ class PopPath:
 
     def wake(self, grown: set[tuple[str, int]] | list[tuple[str, int]]) -> None:
         """The index grew for these (topic, queue id): answer the pops held on them."""
-        self.ledger.wake({topic for topic, _ in grown})
+        if self.ledger.holding():
+            self.ledger.wake({topic for topic, _ in grown})
 
     # --- the request -------------------------------------------------------------------
 

@@ -105,6 +105,8 @@ class PullPath:
 
     def wake(self, keys: Iterable[tuple[str, int]]) -> None:
         """The index grew for these (topic, queue id): answer the pulls held on them."""
+        if not self._waiters:
+            return
         for key in keys:
             waiters = self._waiters.pop(key, None)
             if waiters:

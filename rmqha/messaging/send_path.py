@@ -145,6 +145,8 @@ class _Answer:
     placed: list[tuple[int, int]]
     started: float
     plain: SendFrame | None = None
+    #: A plain send's queue offset as its append gave it (-1: read from its record).
+    queue_offset: int = -1
 
 
 class _SendGroup:
@@ -306,14 +308,14 @@ class SendPath:
         if send[0] == RequestCode.SEND_BATCH_MESSAGE:
             return self._take_plain_batch(send, conn, group, queue_id, born, started)
         try:
-            placed = self.writer.append_plain_now(
+            offset, size, queue_offset = self.writer.append_plain_now(
                 topic, queue_id, send[10], send[8], send[7], send[5], born, group.born_host,
                 send[9])
         except (StoreError, InvalidMessageError):
             return False  # nothing stored: the ordinary way meets it again and answers it
-        rows = [placed]
+        rows = [(offset, size)]
         self._stored(rows, conn)
-        group.answers.append(_Answer(None, queue_id, rows, started, send))
+        group.answers.append(_Answer(None, queue_id, rows, started, send, queue_offset))
         return True
 
     def _take_plain_batch(self, send: SendFrame, conn: Any, group: _SendGroup, queue_id: int,
@@ -407,8 +409,9 @@ class SendPath:
         prefix = self._msg_id_prefix
         ids = (f"{prefix}{offset:016X}" if len(placed) == 1
                else ",".join([f"{prefix}{off:016X}" for off, _ in placed]))
+        queue_offset = a.queue_offset if a.queue_offset >= 0 else self.ctx.queue_offset_at(offset)
         return _send_frames.encode_send_ok(send[2], send[1], VERSION, ids, a.reply_queue_id,
-                                           self.ctx.queue_offset_at(offset), status, offset)
+                                           queue_offset, status, offset)
 
     def _observe(self, resp: RemotingCommand, started: float) -> None:
         if self.ctx.metrics is not None:

@@ -289,8 +289,9 @@ class MessageService:
         except (StoreError, ValueError) as exc:
             log.error("indexing up to %d failed: %s", offset, exc)
             return
-        self._pulls.wake(grown)
-        self._pops.wake(grown)
+        if grown:
+            self._pulls.wake(grown)
+            self._pops.wake(grown)
         self._lookup.on_confirm()
 
     def on_truncate(self, offset: int) -> None:

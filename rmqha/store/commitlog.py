@@ -143,6 +143,9 @@ class CommitLog(ReceivePath):
 
         self._max_offset = 0
         self._whole_offset = 0      # end of the last whole record (< max only on a slave)
+        #: The queue offset :meth:`append` gave its last record (read under the caller's
+        #: own serialisation of appends, so a send's answer need not read it back).
+        self.last_queue_offset = -1
         self._warm = PrefaultWindow(
             self._dir, segment_bytes, self._codec, self._segments, self._io_lock,
             lambda: self._max_offset, lambda: self._closing,
@@ -336,6 +339,7 @@ class CommitLog(ReceivePath):
                 sys_flag, now if born_timestamp is None else born_timestamp, bh, now,
                 self._store_host, reconsume_times, prepared_transaction_offset)
             self._queue_offsets[key] = qoff + 1
+            self.last_queue_offset = qoff
             end = offset + size
             self._max_offset = self._whole_offset = end
             if end >= self._warm.next_at:

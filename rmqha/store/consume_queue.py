@@ -6,7 +6,9 @@ is the mappings, so memory stays flat as the log grows.  They are built by dispa
 commitlog's own records (:meth:`ConsumeQueueIndex.advance`), and only up to the confirm
 offset, so a consumer never sees a message a failover could take back.  Queue offsets come
 from the records (the commitlog assigns them), so the index and the log can never
-disagree on them.
+disagree on them.  A confirm's records usually go in one compiled call
+(``queue_scan.dispatch``) straight into the queues' files through each queue's armed
+sink (:meth:`QueueFiles.arm`); what it does not take goes the general way.
 
 Durability: a flush (every ``flush_interval_s``, on a thread of its own) fdatasyncs the
 files written since the last one, then records in the dispatch checkpoint
@@ -45,6 +47,7 @@ from pathlib import Path
 from typing import Protocol
 
 from rmqha import _core
+from rmqha._core._protocols import QueueSinkLike
 from rmqha.errors import StoreError
 from rmqha.protocol.message import tag_hash
 from rmqha.store.checkpoint import (
@@ -185,6 +188,7 @@ class QueueIndex:
         self.queue_id = queue_id
         self.files = files
         self._owner = owner
+        files.sink = _queue_scan.QueueSink((topic, queue_id), raw_topic, queue_id)
         self.phys = _Column(self, 0)
         self.sizes = _Column(self, 1)
         self.tags = _Column(self, 2)
@@ -318,6 +322,9 @@ class ConsumeQueueIndex:
         self._watched_bytes = frozenset(t.encode() for t in self.watched_topics)
         # Topic bytes -> str, so a scan decodes each topic name once.
         self._topic_names: dict[bytes, str] = {}
+        #: (topic bytes, queue id) -> the queue's sink, for the compiled dispatch.
+        self._sinks: dict[tuple[bytes, int], QueueSinkLike] = {}
+        self._dispatch_calls = 0
         self._cache = MappingCache(max_mapped_files)
         self._dirty: set[str] = set()
         self._checkpoint = DispatchCheckpoint(self.dir / DISPATCH_CHECKPOINT_FILE)
@@ -352,6 +359,7 @@ class ConsumeQueueIndex:
         files = QueueFiles(self.dir / topic_dir_name(raw_topic) / str(queue_id),
                            self.units_per_file, self._cache, self._dirty)
         q = self.queues[(topic, queue_id)] = QueueIndex(self, topic, raw_topic, queue_id, files)
+        self._sinks[(raw_topic, queue_id)] = files.sink
         return q
 
     # --- recovery -----------------------------------------------------------------------
@@ -430,7 +438,10 @@ class ConsumeQueueIndex:
             if entry.is_dir() and topic_from_dir_name(entry.name) is not None:
                 shutil.rmtree(entry.path, ignore_errors=True)
         fsync_dir(str(self.dir))
+        for q in self.queues.values():
+            q.files.sink.limit = 0
         self.queues.clear()
+        self._sinks.clear()
 
     def _open_queue(self, raw_topic: bytes, queue_id: int, threshold: int, low: int,
                     report: RecoveryReport, *, thorough: bool) -> str | None:
@@ -609,11 +620,42 @@ class ConsumeQueueIndex:
         if self.indexed_offset < low:
             self.trim_below(low)
         grown: set[tuple[str, int]] = set()
-        self.indexed_offset = self._dispatch(log_, self.indexed_offset, up_to, on_watched,
-                                             None, grown)
+        end = min(up_to, _log_end(log_))
+        pos = self.indexed_offset  # not below the log start (trimmed above)
+        if pos < end and self._sinks:
+            pos = self._dispatch_compiled(log_, pos, end, on_watched, grown)
+        if pos < end:
+            pos = self._dispatch(log_, pos, end, on_watched, None, grown)
+        self.indexed_offset = pos
         if time.monotonic() - self._last_flush >= self.flush_interval_s:
             self._flush_in_background()
         return grown
+
+    def _dispatch_compiled(self, log_: LogReader, start: int, up_to: int,
+                           on_watched: Callable[[ScannedRecord], None] | None,
+                           grown: set[tuple[str, int]]) -> int:
+        """The usual confirm: one compiled call writes the units of the records in
+        [start, up_to) (``start`` not below the log start; up to its segment's end, at
+        most SCAN_CHUNK) into their queues' files through the queues' armed sinks;
+        returns where it stopped, for :meth:`_dispatch` to take the rest the general way
+        (a new queue, a watched record, a file or block boundary, a segment end)."""
+        pos = start
+        stop = min(up_to, pos + SCAN_CHUNK, log_.segment_end(pos))
+        self._dispatch_calls += 1
+        watching = on_watched is not None
+        consumed, records, keys = _queue_scan.dispatch(
+            log_.read(pos, stop - pos), pos, self._sinks,
+            self._watched_bytes if watching else _NO_TOPICS,
+            self.watched_property if watching else None, _tag_hash_bytes,
+            self._dispatch_calls)
+        if records:
+            queues = self.queues
+            for key in keys:
+                queues[key].files.took()
+                grown.add(key)
+            self.dispatched += records
+            self._space_error = False
+        return pos + consumed
 
     def replay_watched(self, log_: LogReader, start: int, stop: int,
                        on_watched: Callable[[ScannedRecord], None]) -> int:
@@ -701,6 +743,7 @@ class ConsumeQueueIndex:
                 return (_PHYS_SIZE.unpack_from(units, _UNIT.size * max(done, 0))[0] - base,
                         None)
             self._space_error = False
+            q.files.arm()
             if skipped < n:
                 self.dispatched += n - skipped
                 if grown is not None:

@@ -28,6 +28,7 @@ import shutil
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rmqha._core.queue_scan_py import UNIT, UNIT_SIZE
 from rmqha.store.segments import fsync_dir
@@ -129,6 +130,10 @@ class QueueFiles:
         self.min_offset = 0
         self.max_offset = 0
         self._reserved = 0  # units of the queue with blocks allocated (in the last file)
+        #: The queue's ``queue_scan.QueueSink`` (set by its owner), armed by :meth:`arm`:
+        #: every method here that moves the end or the files disarms it first, so the
+        #: compiled dispatch never writes through a stale one.
+        self.sink: Any = None
 
     # --- geometry -------------------------------------------------------------------------
 
@@ -174,6 +179,40 @@ class QueueFiles:
 
     # --- writes ---------------------------------------------------------------------------
 
+    def _disarm(self) -> None:
+        if self.sink is not None:
+            self.sink.limit = 0
+
+    def arm(self) -> None:
+        """Point the sink at the file of the next unit, writable up to the blocks
+        allocated (allocating ahead when none are) and the file's end; left disarmed
+        when that file is not made yet or no block can be had."""
+        s = self.sink
+        if s is None:
+            return
+        s.limit = 0
+        start = self.file_start(self.max_offset)
+        if not self.starts or self.starts[-1] != start:
+            return
+        if self._reserved <= self.max_offset:
+            try:
+                self._reserve(self.max_offset + 1)
+            except OSError:
+                return  # the general way reports it on the next unit
+        s.mm = self._mm(start)
+        s.start = start
+        s.next = self.max_offset
+        s.limit = min(self._reserved, start + self.upf)
+
+    def took(self) -> bool:
+        """Take the units the compiled dispatch wrote through the sink; whether any."""
+        s = self.sink
+        if s is None or s.next <= self.max_offset:
+            return False
+        self.max_offset = s.next
+        self.dirty.add(self.path(s.start))
+        return True
+
     def begin_at(self, queue_offset: int) -> None:
         """Start an empty queue at ``queue_offset``: units before it in its file are
         RocketMQ's pre-blank units."""
@@ -188,6 +227,7 @@ class QueueFiles:
 
     def append(self, units: bytes | memoryview) -> None:
         """Write units at ``max_offset`` on (rolling to new files as they fill)."""
+        self._disarm()
         view = memoryview(units)
         while len(view):
             start = self.file_start(self.max_offset)
@@ -242,6 +282,7 @@ class QueueFiles:
 
     def zero(self, lo: int, hi: int) -> None:
         """Zero the units [lo, hi) (all in the files held)."""
+        self._disarm()
         while lo < hi:
             start = self.file_start(lo)
             stop = min(hi, start + self.upf)
@@ -253,6 +294,7 @@ class QueueFiles:
     def cut(self, queue_offset: int) -> int:
         """Drop the units from ``queue_offset`` on: zeroed, files past it deleted; returns
         how many were dropped."""
+        self._disarm()
         old = self.max_offset
         if queue_offset >= old:
             return 0
@@ -275,6 +317,7 @@ class QueueFiles:
         return len(victims)
 
     def _delete(self, start: int) -> None:
+        self._disarm()
         path = self.path(start)
         self.cache.drop(path)
         self.dirty.discard(path)
@@ -286,6 +329,7 @@ class QueueFiles:
 
     def destroy(self) -> None:
         """Delete every file of the queue (and its directory)."""
+        self._disarm()
         for start in list(self.starts):
             self._delete(start)
         if self.dir.exists():
@@ -299,6 +343,7 @@ class QueueFiles:
     def load(self) -> None:
         """List the files; QueueFileError when they are not RocketMQ's layout (a name that
         is not a file start, a wrong size, a file missing between two others)."""
+        self._disarm()
         starts = []
         for entry in os.scandir(self.dir):
             name = entry.name
@@ -329,6 +374,7 @@ class QueueFiles:
         units up to the first zero one are looked at, unless ``thorough`` (after a reboot
         pages can reach the disk in any order, so units may follow a zero one).  Returns
         how many units were dropped (zeroed, or in the deleted files)."""
+        self._disarm()
         zeroed = 0
         for start in [s for s in self.starts if s > max_offset
                       or (s == max_offset and s > self.first_start)]:

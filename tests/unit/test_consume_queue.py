@@ -112,6 +112,81 @@ def test_queue_files_are_rocketmq_consume_queue_files(walk: str, clog: CommitLog
     idx.close()
 
 
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    """Every queue file under ``root`` by its path below it (the checkpoint aside)."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != DISPATCH_CHECKPOINT_FILE}
+
+
+def differing(a: dict[str, bytes], b: dict[str, bytes]) -> list[str]:
+    """The files two trees do not hold alike."""
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+
+
+def test_confirm_by_confirm_dispatch_writes_the_general_walks_bytes(
+        walk: str, clog: CommitLog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Indexing one record per confirm (the compiled dispatch into armed sinks, across file
+    ends, new queues and watched records) leaves the files the general walk over the
+    whole log writes; a one-byte difference is reported."""
+    idx = index(tmp_path / "cq", watched_topics=["W"], watched_property=b"MARK", units_per_file=7)
+    seen: list[tuple[str, int, int]] = []
+    general = []
+    real = cq._queue_scan.index_runs
+    monkeypatch.setattr(cq._queue_scan, "index_runs", lambda *a: general.append(1) or real(*a))
+    for i in range(60):
+        topic = "W" if i % 17 == 5 else ("T" if i % 3 else "ü")
+        props = {"TAGS": f"t{i % 4}"} | ({"MARK": "1"} if i % 13 == 4 else {})
+        clog.append(topic, b"m%04d" % i, i % 2, props)
+        idx.advance(clog, clog.max_offset,
+                    lambda r: seen.append((r.topic, r.queue_id, r.queue_offset)))
+    # New queues, file ends and watched records go the general way; the rest do not.
+    assert idx.dispatched == 60 and 10 < len(general) < 30
+    assert [t for t, _, _ in seen] == [
+        "W" if i % 17 == 5 else ("T" if i % 3 else "ü") for i in range(60)
+        if i % 17 == 5 or i % 13 == 4]
+    idx.flush()
+    monkeypatch.setattr(ConsumeQueueIndex, "_dispatch_compiled",
+                        lambda self, log, start, *a: start)
+    ref = index(tmp_path / "ref", watched_topics=["W"], watched_property=b"MARK",
+                units_per_file=7)
+    ref.advance(clog, clog.max_offset)
+    ref.flush()
+    got, want = tree_bytes(tmp_path / "cq"), tree_bytes(tmp_path / "ref")
+    assert len(want) > 6 and differing(got, want) == []
+    name = sorted(got)[1]
+    got[name] = bytes([got[name][0] ^ 1]) + got[name][1:]
+    assert differing(got, want) == [name]
+    idx.close()
+    ref.close()
+
+
+def test_confirm_by_confirm_after_a_cut_and_a_restart(walk: str, clog: CommitLog,
+                                                      tmp_path: Path) -> None:
+    """The queues' sinks follow a truncation and a restart: what one confirm at a time
+    indexes afterwards is what a fresh index of the whole log holds."""
+    idx = index(tmp_path / "cq", units_per_file=8)
+
+    def confirm_each(n: int, start: int, into: ConsumeQueueIndex) -> list[Row]:
+        rows = []
+        for i in range(start, start + n):
+            rows += fill(clog, 1, start=i, queues=3)
+            into.advance(clog, clog.max_offset)
+        return rows
+
+    rows = confirm_each(40, 0, idx)
+    clog.truncate(rows[25][2])
+    idx.truncate(rows[25][2])
+    confirm_each(15, 100, idx)
+    assert held(idx) == reference(clog, tmp_path, "ref1", units_per_file=8)
+    idx.close()
+    again = index(tmp_path / "cq", units_per_file=8)
+    again.recover(clog)
+    confirm_each(20, 200, again)
+    assert held(again) == reference(clog, tmp_path, "ref2", units_per_file=8)
+    assert again.dispatched == 20
+    again.close()
+
+
 def test_a_queue_starting_past_its_file_start_is_pre_blank_filled(walk: str, clog: CommitLog,
                                                                    tmp_path: Path) -> None:
     rows = fill(clog, 60, queues=1, body=3000)  # about 3 segments
@@ -450,3 +525,32 @@ def test_a_service_restart_folds_the_queue_files_and_dispatches_only_the_rest(
     finally:
         clean.close()
         log.close()
+
+
+# --- the compiled dispatch's sinks ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("change", ["append", "cut", "zero", "destroy", "settle_end", "load",
+                                    "begin_at"])
+def test_every_change_of_a_queues_files_disarms_its_sink(twin: str, tmp_path: Path,
+                                                          change: str) -> None:
+    """A sink is armed only by ``arm`` (after the general way wrote): anything else that
+    moves the queue's end or its files leaves it disarmed, so the compiled dispatch never
+    writes through a stale mapping or position."""
+    from rmqha.store.consume_queue_file import MappingCache, QueueFiles
+
+    files = QueueFiles(tmp_path / "T" / "0", 8, MappingCache(), set())
+    files.sink = load_twin("queue_scan", twin).QueueSink(("T", 0), b"T", 0)
+    files.begin_at(0)
+    files.append(UNIT.pack(100, 95, 0) * 3)
+    files.arm()
+    assert (files.sink.next, files.sink.limit, files.sink.start) == (3, 8, 0)
+    assert files.took() is False  # nothing written through it yet
+    {"append": lambda: files.append(UNIT.pack(195, 95, 0)), "cut": lambda: files.cut(1),
+     "zero": lambda: files.zero(1, 2), "destroy": files.destroy,
+     "settle_end": lambda: files.settle_end(2, False), "load": files.load,
+     "begin_at": lambda: files.begin_at(5)}[change]()
+    assert files.sink.limit == 0
+    files.sink.next = files.max_offset + 2  # what a dispatch through a stale sink would claim
+    files.arm()
+    assert files.sink.next == files.max_offset or files.sink.limit == 0

@@ -1,6 +1,7 @@
 """The consume-queue walk, both twins: runs, tag hashes, watched records, where it stops."""
 from __future__ import annotations
 
+import mmap
 import struct
 
 import pytest
@@ -183,4 +184,101 @@ def test_check_units_twins_agree(rows, flips, qid, first) -> None:
     outs = [load_twin("queue_scan", t).check_units(bytes(damaged), 64, bytes(units), 0, n,
                                                    first, qid, b"A")
             for t in ("cython", "python")]
+    assert outs[0] == outs[1]
+
+
+# --- dispatch: units written straight into the queues' files --------------------------------
+
+
+def _sinks(mod, queues: dict[tuple[bytes, int], tuple[int, int, int]]) -> dict:
+    """A sink per (topic, queue id) -> (file start, next queue offset, limit), each over a
+    bytearray file of 16 units."""
+    out = {}
+    for (topic, qid), (start, nxt, limit) in queues.items():
+        s = mod.QueueSink((topic.decode(), qid), topic, qid)
+        s.mm, s.start, s.next, s.limit = bytearray(16 * 20), start, nxt, limit
+        out[(topic, qid)] = s
+    return out
+
+
+def _expected_file(log: bytes, base: int, topic: bytes, qid: int, start: int, upto: int) -> bytes:
+    """The 16-unit file the general walk (index_runs) gives queue (topic, qid) with the
+    units of queue offsets [start, upto)."""
+    file = bytearray(16 * 20)
+    for r_topic, r_qid, first, units, _ in load_twin("queue_scan", "python").index_runs(
+            log, base, frozenset(), None, _hash)[1]:
+        for i in range(len(units) // 20):
+            k = first + i
+            if (r_topic, r_qid) == (topic, qid) and start <= k < upto:
+                file[(k - start) * 20:(k - start + 1) * 20] = units[i * 20:(i + 1) * 20]
+    return bytes(file)
+
+
+def test_dispatch_writes_index_runs_units_into_the_files(twin: str) -> None:
+    mod = load_twin("queue_scan", twin)
+    rows = [(b"A", 0, 0, b"TAGS\x01red\x02"), (b"B", 1, 4, "TAGS\x01é\x02".encode()),
+            (b"A", 0, 1, b""), (b"A", 0, 2, b"KEYS\x01k\x02TAGS\x01x\x02")]
+    log = write_log(rows, base=500)
+    sinks = _sinks(mod, {(b"A", 0): (0, 0, 16), (b"B", 1): (2, 4, 16)})
+    consumed, count, keys = mod.dispatch(log, 500, sinks, frozenset(), None, _hash, 7)
+    assert (consumed, count, keys) == (len(log), 4, [("A", 0), ("B", 1)])
+    assert bytes(sinks[(b"A", 0)].mm) == _expected_file(log, 500, b"A", 0, 0, 3)
+    assert bytes(sinks[(b"B", 1)].mm) == _expected_file(log, 500, b"B", 1, 2, 5)
+    assert (sinks[(b"A", 0)].next, sinks[(b"B", 1)].next, sinks[(b"A", 0)].gen) == (3, 5, 7)
+    # The checker this test leans on fires on a file that differs by one byte.
+    wrong = bytearray(sinks[(b"A", 0)].mm)
+    wrong[41] ^= 1
+    assert bytes(wrong) != _expected_file(log, 500, b"A", 0, 0, 3)
+
+
+def test_dispatch_stops_before_what_it_does_not_take(twin: str) -> None:
+    mod = load_twin("queue_scan", twin)
+    one = len(write_log([(b"A", 0, 0, b"")]))
+
+    def stop(rows, queues, watched=frozenset(), prop=None, tail=b""):
+        log = write_log(rows) + tail
+        sinks = _sinks(mod, queues)
+        consumed, count, _ = mod.dispatch(log, 0, sinks, watched, prop, _hash, 1)
+        assert consumed == count * one  # every record taken was written, none after it
+        return count
+
+    a = {(b"A", 0): (0, 0, 16)}
+    assert stop([(b"A", 0, 0, b""), (b"B", 0, 0, b"")], a) == 1  # a queue without a sink
+    assert stop([(b"A", 0, 0, b""), (b"A", 0, 2, b"")], a) == 1  # a gap in queue offsets
+    assert stop([(b"A", 0, 0, b""), (b"A", 0, 1, b"")], {(b"A", 0): (0, 0, 1)}) == 1  # limit
+    assert stop([(b"A", 0, 0, b""), (b"A", 0, 1, b"")], {(b"A", 0): (0, 0, 0)}) == 0  # disarmed
+    assert stop([(b"A", 0, 0, b""), (b"A", 0, 1, b"W\x01\x02")], a, prop=b"W\x01") == 1
+    assert stop([(b"A", 0, 0, b"")], a | {(b"S", 0): (0, 0, 16)}, frozenset({b"S"})) == 1
+    assert stop([(b"S", 0, 0, b"")], a | {(b"S", 0): (0, 0, 16)}, frozenset({b"S"})) == 0
+    blank = struct.pack(">iI", 40, 0xCBD43194) + bytes(32)
+    assert stop([(b"A", 0, 0, b"")], a, tail=blank) == 1
+    assert stop([(b"A", 0, 0, b""), (b"A", 0, 1, b"")], a, tail=b"\x00\x00\x01") == 2
+    log = write_log([(b"A", 0, 0, b""), (b"A", 0, 1, b"")])
+    assert mod.dispatch(log[:-1], 0, _sinks(mod, a), frozenset(), None, _hash, 1)[:2] == (one, 1)
+    # A mapping closed since the sink was armed: the record is left to the general way.
+    sinks = _sinks(mod, a)
+    sinks[(b"A", 0)].mm = b"read-only" * 40
+    assert mod.dispatch(log, 0, sinks, frozenset(), None, _hash, 1) == (0, 0, [])
+    closed = mmap.mmap(-1, 16 * 20)
+    closed.close()
+    sinks[(b"A", 0)].mm = closed
+    assert mod.dispatch(log, 0, sinks, frozenset(), None, _hash, 1) == (0, 0, [])
+
+
+@pytest.mark.skipif(_core.NO_EXTENSIONS,
+                    reason="compares the two twins; RMQHA_NO_EXTENSIONS runs the pure one only")
+@given(rows=st.lists(st.tuples(names, st.integers(0, 2), st.integers(0, 5), props),
+                     max_size=40),
+       cut=st.integers(0, 200), limit=st.integers(0, 8))
+@settings(max_examples=150, deadline=None)
+def test_dispatch_twins_agree(rows, cut, limit) -> None:
+    log = write_log(rows, base=4096)
+    log = log[:max(0, len(log) - cut)]
+    outs = []
+    for t in ("cython", "python"):
+        mod = load_twin("queue_scan", t)
+        sinks = _sinks(mod, {(n, q): (0, 0, limit) for n in (b"A", b"B", "ü".encode())
+                             for q in (0, 1)})
+        got = mod.dispatch(log, 4096, sinks, frozenset({b"B"}), b"W\x01", _hash, 3)
+        outs.append((got, {k: (bytes(s.mm), s.next, s.gen) for k, s in sinks.items()}))
     assert outs[0] == outs[1]
