@@ -48,8 +48,10 @@ def test_slave_catches_up_large_log_byte_identical(tmp_path, sendfile: bool) -> 
                     slave_running(_slave(scl, sem, port, on_confirm=confirms.append)) as s:
                 await wait_until_async(lambda: scl.max_offset == mcl.max_offset, 60, "catch-up")
                 await wait_until_async(lambda: s.state is SlaveState.SUSPEND, 5, "slave suspended")
+                # The slave's last ack is on its way to the master when the slave is done.
+                await wait_until_async(lambda: m.status()["slaves"][0]["ack_offset"] == mcl.max_offset,
+                                       10, "the master has the last ack")
                 st = m.status()
-                assert st["slaves"][0]["ack_offset"] == mcl.max_offset
                 assert st["slaves"][0]["lag_bytes"] == 0
                 assert s.confirm_offset == mcl.max_offset  # lone-member set: confirm == max
                 assert (s.sessions, s.last_error) == (1, "")  # one clean link, no retry
