@@ -49,7 +49,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from rmqha.protocol.codes import RequestCode, ResponseCode, code_name
+from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.request_auth import (
     CONTROLLER_SIGNED_CODES, RefusalLog, check, request_auth, signed_timestamp_ms, tokens_match,
 )
@@ -64,12 +64,13 @@ from rmqha.errors import ConfigError, ControllerError, NotLeaderError, ProtocolE
 from rmqha.metrics import MetricsRegistry
 from rmqha.controller.raft import RaftNode, RaftRole, RaftSettings
 from rmqha.net.client import RemotingClient
+from rmqha.net.channel import refused_off_channel
 from rmqha.net.client_security import ClientSecurity
 from rmqha.net.connection import Connection
 from rmqha.net.peer_check import PeerCheck
 from rmqha.net.server import RemotingServer
 from rmqha.protocol.command import RemotingCommand
-from rmqha.security.channel_auth import channel_refusal, key_from_text
+from rmqha.security.channel_auth import key_from_text
 from rmqha.security.identity import Identity, Role
 from rmqha.security.tls import TlsSettings
 
@@ -281,12 +282,7 @@ class ControllerServer:
                                        lambda cmd, conn, why: self._refusals.note(cmd, conn.peer, why))
 
     def _channel_check(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand | None:
-        if not self.auth.enabled:
-            return None
-        reason = channel_refusal(conn.channel_peer or conn.peer_identity, cmd.ext_fields, _WRITERS)
-        if reason is None:
-            return None
-        return cmd.response(ResponseCode.NO_PERMISSION, f"{code_name(cmd.code)} refused: {reason}")
+        return refused_off_channel(cmd, conn, _WRITERS) if self.auth.enabled else None
 
     def _metered(self, code: int, fn: Callable[[RemotingCommand, Connection], Awaitable[RemotingCommand]]):
         async def handler(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:

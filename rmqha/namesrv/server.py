@@ -50,12 +50,13 @@ from rmqha.namesrv.cluster_view import ClusterView
 from rmqha.namesrv.config import NamesrvConfig
 from rmqha.namesrv.route_table import BrokerRegistration, RouteTable, TopicConfig
 from rmqha.namesrv.status_page import StatusPageServer
+from rmqha.net.channel import refused_off_channel
 from rmqha.net.client_security import ClientSecurity
 from rmqha.net.connection import Connection
 from rmqha.net.peer_check import Need, PeerCheck
 from rmqha.net.server import RemotingServer
 from rmqha.protocol.command import RemotingCommand
-from rmqha.security.channel_auth import channel_refusal, key_from_text
+from rmqha.security.channel_auth import key_from_text
 from rmqha.security.identity import Identity, Role
 from rmqha.security.tls import TlsSettings, server_context
 from rmqha.protocol.request_auth import (
@@ -163,12 +164,7 @@ class NameServer:
                                        lambda cmd, conn, why: self._refusals.note(cmd, conn.peer, why))
 
     def _channel_check(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand | None:
-        if not self.auth.enabled:
-            return None
-        reason = channel_refusal(conn.channel_peer or conn.peer_identity, cmd.ext_fields, _REGISTRARS)
-        if reason is None:
-            return None
-        return cmd.response(ResponseCode.NO_PERMISSION, f"{code_name(cmd.code)} refused: {reason}")
+        return refused_off_channel(cmd, conn, _REGISTRARS) if self.auth.enabled else None
 
     @property
     def address(self) -> str:

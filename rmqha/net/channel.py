@@ -17,17 +17,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Collection, Container, Sequence
 from typing import TYPE_CHECKING
 
 from rmqha.errors import AuthenticationError, RemotingError
+from rmqha.protocol.codes import ResponseCode, code_name
 from rmqha.protocol.command import FrameDecoder, RawAnswer, RemotingCommand, read_frame
-from rmqha.security.channel_auth import ChannelEndpoint, ChannelKey
+from rmqha.security.channel_auth import ChannelEndpoint, ChannelKey, channel_refusal
+from rmqha.security.identity import Role
 
 if TYPE_CHECKING:
     from rmqha.net.connection import Connection
 
 log = logging.getLogger(__name__)
+
+
+def refused_off_channel(cmd: RemotingCommand, conn: Connection,
+                        roles: Collection[Role]) -> RemotingCommand | None:
+    """NO_PERMISSION naming why, for a state-changing request that did not come over a
+    channel (or TLS with a verified certificate) from a peer of ``roles`` acting for itself
+    (:func:`~rmqha.security.channel_auth.channel_refusal`); None when it may go on."""
+    reason = channel_refusal(conn.channel_peer or conn.peer_identity, cmd.ext_fields, roles)
+    if reason is None:
+        return None
+    return cmd.response(ResponseCode.NO_PERMISSION, f"{code_name(cmd.code)} refused: {reason}")
 
 
 class ChannelLayer:
