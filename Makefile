@@ -50,11 +50,11 @@ lint: build
 	$(VENV)/bin/lint-imports --no-logo
 
 # Two workers: most cluster tests wait on processes and sockets, so two streams finish in
-# little more than half the time of one on two cores (tests/conftest.py keeps a module on
-# one worker and all of Spark on one).  TEST_WORKERS=0 runs in this process.
+# little more than half the time of one on two cores (tests/conftest.py's scheduler keeps a
+# module on one worker and all of Spark on one).  TEST_WORKERS=0 runs in this process.
 TEST_WORKERS ?= 2
 test: build browser lint
-	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) $(PYTEST_ARGS)
 	$(MAKE) test-proxy
 
 # `rmqha proxy` and its tests run in a venv of their own: the proxy extra's

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -37,16 +38,20 @@ def _twins() -> list[str]:
     return ["python"] if _core.NO_EXTENSIONS else list(_core.TWINS)
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # `make test` runs the suite on two workers (pytest-xdist, --dist loadgroup).  A module
-    # stays on one worker, so its module fixtures (clusters) start once and its tests keep
-    # their order; every Spark module goes to one worker, so one JVM serves them all.
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        spark = item.get_closest_marker("spark") is not None
-        item.add_marker(pytest.mark.xdist_group("spark" if spark else item.nodeid.split("::")[0]))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`make test` runs the suite on two workers (pytest-xdist).  A module stays on one
+    worker, so its module fixtures (clusters) start once and its tests keep their order;
+    all of Spark goes to one worker, so one JVM serves it.  (xdist's own ``loadgroup`` no
+    longer groups under pytest 9: it renames ``item._nodeid``, which pytest 9 ignores.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "tests/spark" if path.startswith("tests/spark/") else path
+
+    return ModuleScheduling(config, log)
 
 
 @pytest.fixture(params=_twins())
