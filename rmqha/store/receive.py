@@ -157,14 +157,24 @@ class ReceivePath:
         finally:
             for piece in pieces:
                 piece.release()
-        wpos = self._whole_offset - seg.base
+        scan = self._codec.scan
+        sb, base = self._sb, seg.base
+        S = self._codec.ScanStop
+        done_stops = (int(S.END), int(S.BLANK))  # the stops of a block whose records all checked
+        wpos = self._whole_offset - base
         at = pos
         table: dict[tuple[bytes, int], int] = {}
         error = None
         for k in range(i, j, 3):
+            p = spans[k]
             end = at + spans[k + 1]
-            stop_pos, stop = self._validate_block(seg, wpos, buf, spans[k], at, end, table)
-            if self._is_bad(stop, stop_pos, end):
+            if wpos < at:  # a record begun by an earlier block
+                stop_pos, stop = self._validate_block(seg, wpos, buf, p, at, end, table)
+            else:  # _validate_block's usual case, inline
+                shift = p - at
+                stop_pos, stop, _ = scan(buf, p, p + end - at, base - shift, 0, table, False, sb + shift)
+                stop_pos -= shift
+            if not (stop in done_stops and (end != sb or stop_pos == sb)) and self._is_bad(stop, stop_pos, end):
                 self._zero(seg, at, pos + total)
                 error = self._corrupt(seg, at, stop_pos, stop)
                 break
@@ -175,7 +185,7 @@ class ReceivePath:
             at = end
         if at != pos:
             self._advance(seg, at, wpos)
-        return seg.base + at, error
+        return base + at, error
 
     def _received(self, end_offset: int, wait_flush: bool) -> None:
         self._appended(end_offset, wait_flush)
@@ -304,7 +314,7 @@ class ReceivePath:
     @staticmethod
     def _pwritev(seg: Segment, pieces: list[memoryview], pos: int) -> int:
         """Write ``pieces`` back to back at ``pos``; their total size."""
-        total = sum(len(p) for p in pieces)
+        total = sum(map(len, pieces))
         done = 0
         for first in range(0, len(pieces), _IOV_MAX):
             done += os.pwritev(seg.fd, pieces[first : first + _IOV_MAX], pos + done)
