@@ -3,10 +3,11 @@ validated record by record before ``max_offset`` moves, zeroed when bad.
 
 Replicated bytes arrive either as :meth:`ReceivePath.append_data` (validated in the
 caller's buffer, then one ``pwrite``), as :meth:`ReceivePath.append_run` (contiguous
-blocks scattered in one buffer: one ``pwritev``, validated where they lie, the log moved
-once), or straight into the mapping through :meth:`ReceivePath.receive_view` /
-:meth:`ReceivePath.commit_received` (one kernel copy from the socket).  A block may end
-inside a record (the next block continues it) but never crosses a segment end.
+blocks scattered in one buffer: one ``pwritev``, or copies into the mapping where the
+warm-up faulted it in, validated where they lie, the log moved once), or straight into
+the mapping through :meth:`ReceivePath.receive_view` / :meth:`ReceivePath.commit_received`
+(one kernel copy from the socket).  A block may end inside a record (the next block
+continues it) but never crosses a segment end.
 
 :class:`ReceivePath` is a part of :class:`~rmqha.store.CommitLog` kept in its own module:
 it works on the log's writer state (the writer lock, max and whole offsets, the active
@@ -96,11 +97,11 @@ class ReceivePath:
 
         What is stored, checked and refused is what one :meth:`append_data` per block
         would give, the blocks before a refused one stored; the cost is not: the blocks
-        of one segment go to the file with one ``pwritev``, are validated in ``buf`` in
-        order, and move the log, tell the listeners and ask for a flush once.  At a
-        segment end the run goes on in the next segment the same way; where the disk
-        cannot take a segment's part at once, it is appended block by block (what fits
-        is stored, then DiskFullError)."""
+        of one segment go to the file with one ``pwritev`` (or into the mapping, where
+        it is warm), are validated in ``buf`` in order, and move the log, tell the
+        listeners and ask for a flush once.  At a segment end the run goes on in the
+        next segment the same way; where the disk cannot take a segment's part at once,
+        it is appended block by block (what fits is stored, then DiskFullError)."""
         i, n = 0, len(spans)
         while i < n:
             j, total = self._one_segment(offset, spans, i)
@@ -110,7 +111,7 @@ class ReceivePath:
                 except DiskFullError:
                     done = None
                 else:
-                    done = self._write_run(seg, pos, buf, spans, i, j)
+                    done = self._write_run(seg, pos, total, buf, spans, i, j)
             if done is None:
                 for k in range(i, j, 3):
                     p = spans[k]
@@ -143,16 +144,28 @@ class ReceivePath:
             j += 3
         return j, total
 
-    def _write_run(self, seg: Segment, pos: int, buf: memoryview, spans: Sequence[int], i: int,
+    def _write_run(self, seg: Segment, pos: int, total: int, buf: memoryview, spans: Sequence[int], i: int,
                    j: int) -> tuple[int, CorruptRecordError | None]:
-        """Write the blocks ``spans[i:j]`` at ``seg[pos:]`` and validate them in order; the
-        log moves past the valid ones, what follows an invalid one is zeroed.  (New max
-        offset, the error of the invalid block or None); with the lock held."""
+        """Write the blocks ``spans[i:j]`` (``total`` bytes) at ``seg[pos:]`` and validate
+        them in order; the log moves past the valid ones, what follows an invalid one is
+        zeroed.  (New max offset, the error of the invalid block or None); with the lock
+        held.
+
+        Where the warm-up has faulted the pages in already, the blocks are copied into
+        the mapping (no system call); otherwise one ``pwritev`` (a copy into pages not
+        faulted in costs a fault per page, far more on this class of VM)."""
         pieces = [buf[spans[k] : spans[k] + spans[k + 1]] for k in range(i, j, 3)]
         try:
-            total = self._pwritev(seg, pieces, pos)
+            if seg.base + pos + total <= self._warm.faulted:
+                mm = seg.mm
+                at = pos
+                for piece in pieces:
+                    mm[at : at + len(piece)] = piece
+                    at += len(piece)
+            else:
+                self._pwritev(seg, pieces, pos)
         except OSError:
-            self._zero(seg, pos, pos + sum(len(p) for p in pieces))  # nothing may linger past the end
+            self._zero(seg, pos, pos + total)  # nothing may linger past the end
             raise
         finally:
             for piece in pieces:
@@ -313,7 +326,7 @@ class ReceivePath:
 
     @staticmethod
     def _pwritev(seg: Segment, pieces: list[memoryview], pos: int) -> int:
-        """Write ``pieces`` back to back at ``pos``; their total size."""
+        """Write ``pieces`` back to back at ``pos`` of the segment file; their total size."""
         total = sum(map(len, pieces))
         done = 0
         for first in range(0, len(pieces), _IOV_MAX):

@@ -3,7 +3,8 @@ checks and refuses exactly what one ``append_data`` per block does, on both twin
 cuts of a reference log (records split across blocks, segment ends inside a run), a
 corrupt byte somewhere, a run that starts mid-record, a disk that fills mid-run.  Both
 logs end with the same error, the same bytes in every segment file, the same max and
-whole offsets, queue offsets and announced end, and read back the same after a reopen."""
+whole offsets, queue offsets and announced end, and read back the same after a reopen,
+whether the run wrote the file (``pwritev``) or copied into the warm mapping."""
 from __future__ import annotations
 
 import errno
@@ -81,19 +82,27 @@ def _reopened(directory: Path, twin: str) -> list[tuple[int, str, bytes, int]]:
 
 
 def _compare(twin: str, ref: bytes, head: int, blocks: list[tuple[int, bytes]], seed: int,
-             patch_run: Any = None) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """(run outcome, per-block outcome) of ``blocks`` after ``ref[:head]`` was stored."""
+             patch_run: Any = None, prefault: bool = False) -> tuple[tuple[Any, ...], tuple[Any, ...], bool]:
+    """(run outcome, per-block outcome, whether the run's first blocks went into a warm
+    mapping) of ``blocks`` after ``ref[:head]`` was stored; ``prefault``: the logs warm
+    up, and the run waits for it (it then copies into the mapping rather than writing
+    the file)."""
     buf, spans = _scattered(blocks, random.Random(seed))
     view = memoryview(buf)
     outcomes = []
+    warm = False
     with tempfile.TemporaryDirectory() as d:
         for name in ("run", "each"):
             directory = Path(d) / name
-            log = CommitLog(directory, segment_bytes=SEG, implementation=twin, clock=fixed_clock, prefault=False)
+            log = CommitLog(directory, segment_bytes=SEG, implementation=twin, clock=fixed_clock,
+                            prefault=prefault)
             try:
                 for offset, data in _blocks(ref[:head], 0, []):
                     log.append_data(offset, data)
                 if name == "run":
+                    if prefault:
+                        assert log.wait_prefaulted(30)
+                        warm = log._warm.faulted > head
                     if patch_run is not None:
                         patch_run(log)
                     outcome = _outcome(log, directory, lambda: log.append_run(head, view, spans))
@@ -103,22 +112,25 @@ def _compare(twin: str, ref: bytes, head: int, blocks: list[tuple[int, bytes]], 
                 log.close()
             outcomes.append((*outcome, _reopened(directory, twin)))
     view.release()
-    return outcomes[0], outcomes[1]
+    return outcomes[0], outcomes[1], warm
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(head=st.integers(0, SEG + 300), cuts=st.lists(st.integers(0, 4 * SEG), max_size=40),
-       corrupt=st.none() | st.tuples(st.integers(0, 60), st.integers(0, 1 << 20)), seed=st.integers(0, 99))
+       corrupt=st.none() | st.tuples(st.integers(0, 60), st.integers(0, 1 << 20)), seed=st.integers(0, 99),
+       prefault=st.booleans())
 def test_a_run_stores_and_refuses_what_one_append_per_block_does(twin: str, reference: bytes, head: int,
-                                                                  cuts: list[int], corrupt: Any, seed: int) -> None:
+                                                                  cuts: list[int], corrupt: Any, seed: int,
+                                                                  prefault: bool) -> None:
     blocks = _blocks(reference, head, cuts)
     if corrupt is not None:
         i = corrupt[0] % len(blocks)
         offset, data = blocks[i]
         at = corrupt[1] % len(data)
         blocks[i] = (offset, data[:at] + bytes([data[at] ^ 0x41]) + data[at + 1 :])
-    run, each = _compare(twin, reference, head, blocks, seed)
+    run, each, warm = _compare(twin, reference, head, blocks, seed, prefault=prefault)
     event(run[0][0] if isinstance(run[0], tuple) else "stored")
+    event("into the mapping" if warm else "pwritev")
     assert run == each
 
 
@@ -136,7 +148,7 @@ def test_a_run_that_meets_a_full_disk_stores_what_fits_then_refuses(twin: str, r
 
     monkeypatch.setattr(Segment, "allocate", allocate)
     blocks = _blocks(reference, 0, list(range(0, 4 * SEG, 3000)))
-    run, each = _compare(twin, reference, 0, blocks, 1)
+    run, each, _ = _compare(twin, reference, 0, blocks, 1)
     assert run == each
     assert run[0][0] == "DiskFullError" and SEG < run[1] <= limit
 
@@ -151,6 +163,8 @@ def test_the_comparison_can_fail(twin: str, reference: bytes) -> None:
     def accept_all(log: CommitLog) -> None:
         log._is_bad = lambda *args: False  # type: ignore[method-assign]
 
-    run, each = _compare(twin, reference, 0, blocks, 2, patch_run=accept_all)
-    assert run != each
-    assert each[0][0] == "CorruptRecordError"
+    for prefault in (False, True):
+        run, each, warm = _compare(twin, reference, 0, blocks, 2, patch_run=accept_all, prefault=prefault)
+        assert warm == prefault
+        assert run != each
+        assert each[0][0] == "CorruptRecordError"
