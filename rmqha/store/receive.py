@@ -21,11 +21,14 @@ import threading
 from collections.abc import Callable, Sequence
 
 from rmqha._core._protocols import RecordsTwin
+from rmqha._core.records_py import ScanStop
 from rmqha.errors import CorruptRecordError, DiskFullError, OffsetMismatchError, StoreError
 from rmqha.store.flusher import Flusher, FlushMode
 from rmqha.store.segments import PrefaultWindow, Segment
 
 _INT32 = struct.Struct(">i")
+#: The scan stops of a block whose records all checked (both twins share the enum).
+_CLEAN_STOPS = (int(ScanStop.END), int(ScanStop.BLANK))
 #: Buffers per ``pwritev`` (Linux's IOV_MAX).
 _IOV_MAX = 1024
 
@@ -130,7 +133,7 @@ class ReceivePath:
         """The blocks of ``spans`` from index ``i`` on that end in the segment ``offset`` is
         in: (index after them, their bytes); at least the first block (a block crossing
         the segment end is refused by :meth:`_tail_block`)."""
-        seg_end = self.segment_end(offset)
+        seg_end = offset - offset % self._sb + self._sb
         sizes = spans[i + 1 :: 3]
         total = sum(sizes)
         if offset + total <= seg_end:
@@ -154,26 +157,20 @@ class ReceivePath:
         Where the warm-up has faulted the pages in already, the blocks are copied into
         the mapping (no system call); otherwise one ``pwritev`` (a copy into pages not
         faulted in costs a fault per page, far more on this class of VM)."""
-        pieces = [buf[spans[k] : spans[k] + spans[k + 1]] for k in range(i, j, 3)]
-        try:
-            if seg.base + pos + total <= self._warm.faulted:
-                mm = seg.mm
-                at = pos
-                for piece in pieces:
-                    mm[at : at + len(piece)] = piece
-                    at += len(piece)
-            else:
-                self._pwritev(seg, pieces, pos)
-        except OSError:
-            self._zero(seg, pos, pos + total)  # nothing may linger past the end
-            raise
-        finally:
-            for piece in pieces:
-                piece.release()
+        base = seg.base
+        if base + pos + total <= self._warm.faulted:
+            mm = seg.mm
+            at = pos
+            for k in range(i, j, 3):
+                p = spans[k]
+                end = at + spans[k + 1]
+                mm[at:end] = buf[p : p + end - at]
+                at = end
+        else:
+            self._write_file(seg, pos, total, buf, spans, i, j)
         scan = self._codec.scan
-        sb, base = self._sb, seg.base
-        S = self._codec.ScanStop
-        done_stops = (int(S.END), int(S.BLANK))  # the stops of a block whose records all checked
+        sb = self._sb
+        done_stops = _CLEAN_STOPS
         wpos = self._whole_offset - base
         at = pos
         table: dict[tuple[bytes, int], int] = {}
@@ -199,6 +196,20 @@ class ReceivePath:
         if at != pos:
             self._advance(seg, at, wpos)
         return base + at, error
+
+    def _write_file(self, seg: Segment, pos: int, total: int, buf: memoryview, spans: Sequence[int], i: int,
+                    j: int) -> None:
+        """Write the blocks ``spans[i:j]`` (``total`` bytes) at ``seg[pos:]`` with one
+        ``pwritev``; on an error what was written is zeroed."""
+        pieces = [buf[spans[k] : spans[k] + spans[k + 1]] for k in range(i, j, 3)]
+        try:
+            self._pwritev(seg, pieces, pos)
+        except OSError:
+            self._zero(seg, pos, pos + total)  # nothing may linger past the end
+            raise
+        finally:
+            for piece in pieces:
+                piece.release()
 
     def _received(self, end_offset: int, wait_flush: bool) -> None:
         self._appended(end_offset, wait_flush)
