@@ -81,22 +81,17 @@ class BlockAppender:
     def append_run(self, view: memoryview, spans: Any) -> None:
         """Append a run of blocks that continue this log in its last epoch, checked by
         ``frames.scan_transfer_run`` (``spans``: data position in ``view``, size and the
-        confirm offset learnt, per block): per block one ``append_data``, and what
+        confirm offset learnt, per block) with one ``commitlog.append_run``, and what
         :meth:`done` records once for the run.  A block the commitlog refuses raises with
         the blocks before it stored, as :meth:`apply` does."""
         cl = self.commitlog
-        offset = cl.max_offset
-        learnt = -1
+        start = cl.max_offset
+        stored = False
         try:
-            for i in range(0, len(spans), 3):
-                pos = spans[i]
-                data = view[pos : pos + spans[i + 1]]
-                try:
-                    offset = cl.append_data(offset, data, wait_flush=False)
-                finally:
-                    data.release()
-                learnt = spans[i + 2]
+            cl.append_run(start, view, spans, wait_flush=False)
+            stored = True
         finally:
+            learnt = spans[-1] if stored else _learnt_before(spans, start, cl.max_offset)
             if learnt >= 0:
                 self.first_block = False
                 self.progress.state = SlaveState.TRANSFER
@@ -219,3 +214,17 @@ class BlockAppender:
         """An empty log may start where the master says (its min offset or last segment)."""
         cl = self.commitlog
         return size > 0 and cl.max_offset <= cl.min_offset and offset % cl.segment_bytes == 0
+
+
+def _learnt_before(spans: Any, start: int, end: int) -> int:
+    """The confirm offset learnt from the blocks of a run (``spans`` as
+    :meth:`BlockAppender.append_run` takes them, the first block at ``start``) that end
+    at or before ``end``; -1 when none does."""
+    learnt = -1
+    at = start
+    for i in range(0, len(spans), 3):
+        at += spans[i + 1]
+        if at > end:
+            break
+        learnt = spans[i + 2]
+    return learnt

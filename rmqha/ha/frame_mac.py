@@ -45,6 +45,7 @@ TAG = TAG_BYTES
 _DATA = int(fr.FrameType.TRANSFER_DATA)
 _HEADER = fr.TRANSFER_HEADER_SIZE
 _PEEK = struct.Struct(">ii")  # a framed frame's length and type
+_NONCE = struct.Struct(">4xQ")  # a GMAC's nonce: 4 zero bytes, the block count
 
 
 class BlockDigest:
@@ -54,11 +55,12 @@ class BlockDigest:
         self._aead = AESGCM(key)
         self._count = 0
 
-    def input(self, header: Any, data: Any) -> bytes:
-        """The MAC input of the next TRANSFER_DATA frame: ``header || GMAC(data)``."""
-        nonce = b"\0\0\0\0" + self._count.to_bytes(8, "big")
+    def gmac(self, data: Any) -> bytes:
+        """The GMAC of the next TRANSFER_DATA frame's data (its MAC input is the header,
+        then this)."""
+        nonce = _NONCE.pack(self._count)
         self._count += 1
-        return bytes(header) + self._aead.encrypt(nonce, b"", data)
+        return self._aead.encrypt(nonce, b"", data)
 
 
 class FrameMac:
@@ -83,7 +85,7 @@ class FrameMac:
     def block_tag(self, header: Any, data: Any) -> bytes:
         """The tag to send after a TRANSFER_DATA frame: ``header`` then ``data`` (empty for
         a heartbeat).  Tags are numbered: send each one, in the order they were made."""
-        return self._sealer.tag(self._sent_blocks.input(header, data))
+        return self._sealer.tag(header, self._sent_blocks.gmac(data))
 
     # --- in --------------------------------------------------------------------------------
 
@@ -97,7 +99,7 @@ class FrameMac:
 
     def check_block(self, header: Any, data: Any, tag: Any) -> None:
         """:meth:`check` for a TRANSFER_DATA frame whose data lies elsewhere."""
-        self._opener.verify(self._received_blocks.input(header, data), tag)
+        self._opener.verify(header, tag, self._received_blocks.gmac(data))
 
     def check_frames(self, buf: Any, count: int, size: int) -> None:
         """:meth:`check` for ``count`` frames of ``size`` bytes (not TRANSFER_DATA) back to
@@ -113,11 +115,11 @@ class FrameMac:
         (``frames.scan_transfer_run``'s spans: data position and size, then a confirm
         offset; the header lies before the data, the tag after it)."""
         verify = self._opener.verify
-        digest = self._received_blocks.input
+        gmac = self._received_blocks.gmac
         for i in range(0, len(spans), 3):
             body = spans[i]
             end = body + spans[i + 1]
-            verify(digest(view[body - _HEADER : body], view[body:end]), view[end : end + TAG])
+            verify(view[body - _HEADER : body], view[end : end + TAG], gmac(view[body:end]))
 
 
 class FrameUnsealer:

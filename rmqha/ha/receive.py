@@ -13,7 +13,7 @@ awaiting.  In the framed dialect frames are parsed in place in a receive buffer 
 blocks are received straight into the commitlog's mapping (:meth:`Receiver._receive_direct`,
 validated before they count); the rocketmq dialect goes through its decoder.  The usual
 read, whole blocks that continue the log in its last epoch, is taken with one compiled
-call (``frames.scan_transfer_run``), their tags checked together, one append each; any
+call (``frames.scan_transfer_run``), their tags checked together, one append for all; any
 other frame in the buffer sends the whole read the general way (a checked Block each).
 
 On an authenticated link every frame is followed by its tag (:mod:`rmqha.ha.frame_mac`),

@@ -2,10 +2,12 @@
 validated record by record before ``max_offset`` moves, zeroed when bad.
 
 Replicated bytes arrive either as :meth:`ReceivePath.append_data` (validated in the
-caller's buffer, then one ``pwrite``) or straight into the mapping through
-:meth:`ReceivePath.receive_view` / :meth:`ReceivePath.commit_received` (one kernel copy
-from the socket).  A block may end inside a record (the next block continues it) but never
-crosses a segment end.
+caller's buffer, then one ``pwrite``), as :meth:`ReceivePath.append_run` (contiguous
+blocks scattered in one buffer: one ``pwritev``, or copies into the mapping where the
+warm-up faulted it in, validated where they lie, the log moved once), or straight into
+the mapping through :meth:`ReceivePath.receive_view` / :meth:`ReceivePath.commit_received`
+(one kernel copy from the socket).  A block may end inside a record (the next block
+continues it) but never crosses a segment end.
 
 :class:`ReceivePath` is a part of :class:`~rmqha.store.CommitLog` kept in its own module:
 it works on the log's writer state (the writer lock, max and whole offsets, the active
@@ -16,14 +18,19 @@ from __future__ import annotations
 import os
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from rmqha._core._protocols import RecordsTwin
-from rmqha.errors import CorruptRecordError, OffsetMismatchError, StoreError
+from rmqha._core.records_py import ScanStop
+from rmqha.errors import CorruptRecordError, DiskFullError, OffsetMismatchError, StoreError
 from rmqha.store.flusher import Flusher, FlushMode
 from rmqha.store.segments import PrefaultWindow, Segment
 
 _INT32 = struct.Struct(">i")
+#: The scan stops of a block whose records all checked (both twins share the enum).
+_CLEAN_STOPS = (int(ScanStop.END), int(ScanStop.BLANK))
+#: Buffers per ``pwritev`` (Linux's IOV_MAX).
+_IOV_MAX = 1024
 
 
 class ReceivePath:
@@ -84,6 +91,125 @@ class ReceivePath:
             end_offset = self._commit_block(seg, pos, n, data)
         self._received(end_offset, wait_flush)
         return end_offset
+
+    def append_run(self, offset: int, buf: memoryview, spans: Sequence[int], *,
+                   wait_flush: bool = True) -> int:
+        """:meth:`append_data` of contiguous blocks (the first at ``offset``) that lie apart
+        in ``buf``: ``spans`` holds per block its position in ``buf``, its size and one
+        value this ignores (a flat sequence of triples).  Returns the new max offset.
+
+        What is stored, checked and refused is what one :meth:`append_data` per block
+        would give, the blocks before a refused one stored; the cost is not: the blocks
+        of one segment go to the file with one ``pwritev`` (or into the mapping, where
+        it is warm), are validated in ``buf`` in order, and move the log, tell the
+        listeners and ask for a flush once.  At a segment end the run goes on in the
+        next segment the same way; where the disk cannot take a segment's part at once,
+        it is appended block by block (what fits is stored, then DiskFullError)."""
+        i, n = 0, len(spans)
+        while i < n:
+            j, total = self._one_segment(offset, spans, i)
+            with self._lock:
+                try:
+                    seg, pos = self._tail_block(offset, total)
+                except DiskFullError:
+                    done = None
+                else:
+                    done = self._write_run(seg, pos, total, buf, spans, i, j)
+            if done is None:
+                for k in range(i, j, 3):
+                    p = spans[k]
+                    offset = self.append_data(offset, buf[p : p + spans[k + 1]], wait_flush=wait_flush)
+            else:
+                end, error = done
+                if end != offset:
+                    self._received(end, wait_flush)
+                if error is not None:
+                    raise error
+                offset = end
+            i = j
+        return offset
+
+    def _one_segment(self, offset: int, spans: Sequence[int], i: int) -> tuple[int, int]:
+        """The blocks of ``spans`` from index ``i`` on that end in the segment ``offset`` is
+        in: (index after them, their bytes); at least the first block (a block crossing
+        the segment end is refused by :meth:`_tail_block`)."""
+        seg_end = offset - offset % self._sb + self._sb
+        sizes = spans[i + 1 :: 3]
+        total = sum(sizes)
+        if offset + total <= seg_end:
+            return len(spans), total
+        total = sizes[0]
+        j = i + 3
+        for size in sizes[1:]:
+            if offset + total + size > seg_end:
+                break
+            total += size
+            j += 3
+        return j, total
+
+    def _write_run(self, seg: Segment, pos: int, total: int, buf: memoryview, spans: Sequence[int], i: int,
+                   j: int) -> tuple[int, CorruptRecordError | None]:
+        """Write the blocks ``spans[i:j]`` (``total`` bytes) at ``seg[pos:]`` and validate
+        them in order; the log moves past the valid ones, what follows an invalid one is
+        zeroed.  (New max offset, the error of the invalid block or None); with the lock
+        held.
+
+        Where the warm-up has faulted the pages in already, the blocks are copied into
+        the mapping (no system call); otherwise one ``pwritev`` (a copy into pages not
+        faulted in costs a fault per page, far more on this class of VM)."""
+        base = seg.base
+        if base + pos + total <= self._warm.faulted:
+            mm = seg.mm
+            at = pos
+            for k in range(i, j, 3):
+                p = spans[k]
+                end = at + spans[k + 1]
+                mm[at:end] = buf[p : p + end - at]
+                at = end
+        else:
+            self._write_file(seg, pos, total, buf, spans, i, j)
+        scan = self._codec.scan
+        sb = self._sb
+        done_stops = _CLEAN_STOPS
+        wpos = self._whole_offset - base
+        at = pos
+        table: dict[tuple[bytes, int], int] = {}
+        error = None
+        for k in range(i, j, 3):
+            p = spans[k]
+            end = at + spans[k + 1]
+            if wpos < at:  # a record begun by an earlier block
+                stop_pos, stop = self._validate_block(seg, wpos, buf, p, at, end, table)
+            else:  # _validate_block's usual case, inline
+                shift = p - at
+                stop_pos, stop, _ = scan(buf, p, p + end - at, base - shift, 0, table, False, sb + shift)
+                stop_pos -= shift
+            if not (stop in done_stops and (end != sb or stop_pos == sb)) and self._is_bad(stop, stop_pos, end):
+                self._zero(seg, at, pos + total)
+                error = self._corrupt(seg, at, stop_pos, stop)
+                break
+            # The table of a block refused is dropped whole, as append_data drops it.
+            self._queue_offsets.update(table)
+            table.clear()
+            wpos = stop_pos
+            at = end
+        if at != pos:
+            self._advance(seg, at, wpos)
+        return base + at, error
+
+    def _write_file(self, seg: Segment, pos: int, total: int, buf: memoryview, spans: Sequence[int], i: int,
+                    j: int) -> None:
+        """Write the blocks ``spans[i:j]`` (``total`` bytes) at ``seg[pos:]`` with one
+        ``pwritev``; on an error what was written is zeroed."""
+        pieces = [buf[spans[k] : spans[k] + spans[k + 1]] for k in range(i, j, 3)]
+        try:
+            self._pwritev(seg, pieces, pos)
+        except OSError:
+            self._zero(seg, pos, pos + total)  # nothing may linger past the end
+            raise
+        finally:
+            for piece in pieces:
+                piece.release()
 
     def _received(self, end_offset: int, wait_flush: bool) -> None:
         self._appended(end_offset, wait_flush)
@@ -170,23 +296,35 @@ class ReceivePath:
             stop_pos, stop, _ = self._codec.scan(seg.mm, self._whole_offset - seg.base, end,
                                                  seg.base, 0, table)
         else:
-            stop_pos, stop = self._validate_block(seg, data, pos, end, table)
-        S = self._codec.ScanStop
-        incomplete = stop == S.TORN or (stop == S.ZEROS and end - stop_pos < 8)
-        bad = stop not in (S.END, S.BLANK) and not incomplete
-        if not bad and end == self._sb and stop_pos != self._sb:
-            bad = True
-        if bad:
+            stop_pos, stop = self._validate_block(seg, self._whole_offset - seg.base, data, 0,
+                                                  pos, end, table)
+        if self._is_bad(stop, stop_pos, end):
             self._zero(seg, pos, end)
-            raise CorruptRecordError(
-                f"replicated block at {seg.base + pos}: invalid record at {seg.base + stop_pos} "
-                f"({S(stop).name}); nothing written")
+            raise self._corrupt(seg, pos, stop_pos, stop)
         self._queue_offsets.update(table)
+        self._advance(seg, end, stop_pos)
+        return self._max_offset
+
+    def _is_bad(self, stop: int, stop_pos: int, end: int) -> bool:
+        """Whether a block ending at segment position ``end``, whose scan stopped at
+        ``stop_pos`` for ``stop``, holds an invalid record (a record it only begins is
+        not one, unless the block ends the segment)."""
+        S = self._codec.ScanStop
+        if stop != S.END and stop != S.BLANK and not (stop == S.TORN or (stop == S.ZEROS and end - stop_pos < 8)):
+            return True
+        return end == self._sb and stop_pos != self._sb
+
+    def _corrupt(self, seg: Segment, pos: int, stop_pos: int, stop: int) -> CorruptRecordError:
+        return CorruptRecordError(
+            f"replicated block at {seg.base + pos}: invalid record at {seg.base + stop_pos} "
+            f"({self._codec.ScanStop(stop).name}); nothing written")
+
+    def _advance(self, seg: Segment, end: int, whole: int) -> None:
+        """Move the log's end to ``seg[end]``, its last whole record's end to ``seg[whole]``."""
         self._max_offset = seg.base + end
-        self._whole_offset = seg.base + stop_pos
+        self._whole_offset = seg.base + whole
         if self._max_offset >= self._warm.next_at:
             self._warm.advance()
-        return self._max_offset
 
     @staticmethod
     def _pwrite(seg: Segment, data: bytes | bytearray | memoryview, pos: int) -> None:
@@ -197,11 +335,26 @@ class ReceivePath:
             while done < n:
                 done += os.pwrite(seg.fd, view[done:], pos + done)
 
-    def _validate_block(self, seg: Segment, data: bytes | bytearray | memoryview, pos: int,
-                        end: int, table: dict[tuple[bytes, int], int]) -> tuple[int, int]:
-        """Scan the records of a block written at ``seg[pos:end]``: (stop position, ScanStop)."""
+    @staticmethod
+    def _pwritev(seg: Segment, pieces: list[memoryview], pos: int) -> int:
+        """Write ``pieces`` back to back at ``pos`` of the segment file; their total size."""
+        total = sum(map(len, pieces))
+        done = 0
+        for first in range(0, len(pieces), _IOV_MAX):
+            done += os.pwritev(seg.fd, pieces[first : first + _IOV_MAX], pos + done)
+        if done < total:  # short write (a signal, a nearly full disk): finish it
+            rest = b"".join(pieces)
+            view = memoryview(rest)
+            while done < total:
+                done += os.pwrite(seg.fd, view[done:], pos + done)
+        return total
+
+    def _validate_block(self, seg: Segment, wpos: int, data: bytes | bytearray | memoryview, at: int,
+                        pos: int, end: int, table: dict[tuple[bytes, int], int]) -> tuple[int, int]:
+        """Scan the records of a block written at ``seg[pos:end]``, its bytes at
+        ``data[at:]``, after a last whole record ending at ``seg[wpos]``: (stop position
+        in the segment, ScanStop)."""
         codec = self._codec
-        wpos = self._whole_offset - seg.base
         rec_end = pos
         if wpos < pos:
             # A record begun by an earlier block: its head is only in the file, so check it
@@ -214,6 +367,7 @@ class ReceivePath:
             stop_pos, stop, _ = codec.scan(seg.mm, wpos, rec_end, seg.base, 0, table)
             if rec_end == end or stop != codec.ScanStop.END:
                 return stop_pos, stop
-        stop_pos, stop, _ = codec.scan(data, rec_end - pos, end - pos, seg.base + pos, 0, table,
-                                       False, self._sb - pos)
-        return pos + stop_pos, stop
+        shift = at - pos  # a position in data = a position in the segment + shift
+        stop_pos, stop, _ = codec.scan(data, rec_end + shift, end + shift, seg.base - shift, 0, table,
+                                       False, self._sb + shift)
+        return stop_pos - shift, stop

@@ -179,6 +179,9 @@ class PrefaultWindow:
         self._idle.set()
         self._pending = 0
         self.upto = 0          # global offset up to which warm-up was requested
+        #: Global offset up to which warm-up has faulted the window in (a hint, never a
+        #: guarantee: a writer copying below it into the mapping takes no page fault).
+        self.faulted = 0
         self.next_at = NEVER   # max offset at which the window moves on
         self._thread = threading.Thread(target=self._loop, name="commitlog-warm", daemon=True)
 
@@ -230,7 +233,7 @@ class PrefaultWindow:
     def restart(self) -> None:
         """Warm a fresh window from the max offset (after open, truncate and reset: the
         writer may go fast from here, and zeroed pages were left write-protected)."""
-        self.upto = self._writer_offset()
+        self.upto = self.faulted = self._writer_offset()
         self.advance()
 
     def advance(self) -> None:
@@ -297,6 +300,7 @@ class PrefaultWindow:
                     upto = stop - base if sync_fd < 0 else min(stop - base, pos + SYNC_AHEAD_CHUNK)
                     # Only reserved blocks are touched (no SIGBUS on a full disk).
                     self._codec.prefault(seg.mm, pos, upto)
+                    self.faulted = base + upto
                     if sync_fd >= 0:
                         # Writes the dirty zero pages and commits their extents' conversion;
                         # the fd outlives a truncate's unlink harmlessly.

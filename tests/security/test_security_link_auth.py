@@ -190,6 +190,29 @@ def test_tag_and_verify_for_writers_that_send_the_tag_apart() -> None:
     assert s.opener.seq == 1 and c.sealer.seq == 1
 
 
+@pytest.mark.parametrize("key_bytes", [16, 32, 64, 65, 100])
+def test_tags_are_the_documented_hmac_sha256(key_bytes: int) -> None:
+    """The tag is the first 16 bytes of HMAC-SHA256(key, direction || sequence number ||
+    frame), as Python's hmac computes it, whether the frame comes whole or in two parts
+    (keys shorter than, as long as, and longer than SHA-256's block)."""
+    import hashlib
+    import hmac
+
+    from rmqha.security.link_auth import FrameOpener, FrameSealer
+
+    key = bytes(range(7, 7 + key_bytes))
+    sealer, opener = FrameSealer(key, b"M"), FrameOpener(key, b"M")
+    for seq, (head, more) in enumerate([(b"", None), (b"frame", None), (b"head" * 12, b"gmac" * 4),
+                                        (b"x" * 200, b"")]):
+        whole = head + (more or b"")
+        expected = hmac.new(key, b"M" + seq.to_bytes(8, "big") + whole, hashlib.sha256).digest()[:16]
+        tag = sealer.tag(memoryview(head), more) if more is not None else sealer.tag(head)
+        assert tag == expected
+        opener.verify(head, bytearray(tag), more)
+    with pytest.raises(AuthenticationError):  # negative control: one bit off
+        opener.verify(b"next", bytes([tag[0] ^ 1]) + tag[1:])
+
+
 def test_handshake_over_a_real_connection() -> None:
     """The sans-I/O pieces over asyncio streams with a 4-byte length prefix."""
 
