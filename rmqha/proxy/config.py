@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rmqha.config import load_config
+from rmqha.config import TlsKeys, load_config
 from rmqha.errors import ConfigError
+from rmqha.security.tls import TlsMode, TlsSettings, server_context
 
 DAY_MS = 24 * 3600 * 1000
 
@@ -22,7 +23,11 @@ def _alias(*names: str) -> dict[str, tuple[str, ...]]:
 
 
 @dataclass
-class ProxyConfig:
+class ProxyConfig(TlsKeys):
+    """The proxy's keys; the ``tls.*`` keys (:class:`~rmqha.config.TlsKeys`) are the gRPC
+    port's (``tls.server.*``, see :mod:`rmqha.proxy.grpc_tls`) and the proxy's links to name
+    servers and brokers' (``tls.enable``, ``tls.client.*``)."""
+
     #: The cluster whose brokers this proxy serves (RocketMQ's ``rocketMQClusterName``).
     rocketmq_cluster_name: str = field(default="DefaultCluster", metadata=_alias("rocketMQClusterName"))
     #: Name servers, ``host:port`` joined by ``;`` (required).
@@ -118,6 +123,7 @@ class ProxyConfig:
         halves = [k for k in (self.inner_access_key, self.inner_secret_key) if k]
         if len(halves) == 1:
             raise ConfigError("inner_access_key and inner_secret_key are set together (or neither)")
+        check_port_settings(self.tls)
 
     def _validate_cluster(self) -> None:
         if not self.namesrv_addr.strip():
@@ -151,12 +157,28 @@ class ProxyConfig:
             raise ConfigError("min_invisible_time_mills_for_recv is above max_invisible_time_mills")
 
     @property
+    def tls(self) -> TlsSettings:
+        """The ``tls.*`` keys (and ``tls.config.file``'s) as settings."""
+        return TlsSettings.from_config(self, "proxy config")
+
+    @property
     def namesrv_list(self) -> list[str]:
         return [a.strip() for a in self.namesrv_addr.replace(",", ";").split(";") if a.strip()]
 
     @property
     def address(self) -> str:
         return f"{self.grpc_server_host}:{self.grpc_server_port}"
+
+
+def check_port_settings(s: TlsSettings) -> None:
+    """ConfigError naming what the gRPC port cannot do with ``s``, or a file it cannot use."""
+    if s.server_mode is TlsMode.PERMISSIVE:
+        raise ConfigError(
+            "tls.server.mode=permissive is not possible on the proxy's gRPC port: grpc serves "
+            "a port with TLS or without, not both; use enforcing (and, while plaintext clients "
+            "move over, a second proxy with tls.server.mode=disabled on another port)")
+    if s.server_mode is TlsMode.ENFORCING:
+        server_context(s)  # names the key of a missing or unreadable file
 
 
 def load_proxy_config(path: str | Path | None = None, **overrides: object) -> ProxyConfig:

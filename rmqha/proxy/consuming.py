@@ -155,8 +155,12 @@ class Consuming:
     async def ack(self, request: Any, call: Call) -> Any:
         topic = check_topic(request.topic.name)
         group = check_group(request.group.name)
-        results = await asyncio.gather(*(self._ack_one(topic, group, entry, call)
-                                         for entry in request.entries))
+        entries = request.entries
+        if len(entries) == 1:  # what the clients send: no task per entry
+            results = [await self._ack_one(topic, group, entries[0], call)]
+        else:
+            results = await asyncio.gather(*(self._ack_one(topic, group, entry, call)
+                                             for entry in entries))
         out = spb.AckMessageResponse()
         out.entries.extend(results)
         code = combined([Code(r.status.code) for r in results])

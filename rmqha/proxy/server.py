@@ -1,6 +1,7 @@
 """The proxy process: the gRPC server and the background work, started and stopped in order.
 
-:func:`run_proxy` binds ``grpcServerHost:grpcServerPort`` (grpc.aio), serves
+:func:`run_proxy` binds ``grpcServerHost:grpcServerPort`` (grpc.aio; TLS as
+``tls.server.mode`` says, :mod:`rmqha.proxy.grpc_tls`), serves
 :class:`~rmqha.proxy.service.MessagingService` and announces producer groups to the
 masters (:class:`~rmqha.proxy.transactions.TransactionRelay`) until ``stop`` is set; then
 it stops taking calls, lets running ones end for a moment, and closes its broker
@@ -20,6 +21,7 @@ from rmqha.proxy.clients import ClientRegistry
 from rmqha.proxy.cluster import ClusterAccess
 from rmqha.proxy.config import ProxyConfig
 from rmqha.proxy.consuming import Consuming
+from rmqha.proxy.grpc_tls import port_credentials
 from rmqha.proxy.producing import Producing
 from rmqha.proxy.service import MessagingService
 from rmqha.proxy.transactions import TransactionRelay, proxy_client_id
@@ -48,10 +50,14 @@ async def run_proxy(cfg: ProxyConfig, stop: asyncio.Event) -> None:
     service, cluster, relay = build_service(cfg)
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_INBOUND_BYTES)])
     service_pb2_grpc.add_MessagingServiceServicer_to_server(service, server)
-    if server.add_insecure_port(cfg.address) == 0:
+    credentials = port_credentials(cfg.tls)
+    bound = (server.add_insecure_port(cfg.address) if credentials is None
+             else server.add_secure_port(cfg.address, credentials))
+    if bound == 0:
         raise ConfigError(f"grpcServerPort: cannot bind {cfg.address}")
     await server.start()
-    log.info("proxy serving gRPC on %s for cluster %s (name servers %s)", cfg.address,
+    log.info("proxy serving gRPC%s on %s for cluster %s (name servers %s)",
+             "" if credentials is None else " over TLS", cfg.address,
              cfg.rocketmq_cluster_name, cfg.namesrv_addr)
     announcing = asyncio.create_task(relay.run(stop))
     try:
