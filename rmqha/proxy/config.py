@@ -62,9 +62,30 @@ class ProxyConfig(TlsKeys):
     min_invisible_time_mills_for_recv: int = 10_000
     #: Longest invisible time a receive or change may ask for (ILLEGAL_INVISIBLE_TIME).
     max_invisible_time_mills: int = 12 * 3600 * 1000
-    #: Invisible time of a receive that asks the proxy to renew (push consumers): the proxy
-    #: does not renew, so a delivery stays invisible this long.
+    #: Invisible time of a receive that asks the proxy to renew (``auto_renew``: push
+    #: consumers); the proxy renews it until the client acks (see the renew keys).
     default_invisible_time_mills: int = 60_000
+
+    # --- renewing the invisible time of auto_renew deliveries (RocketMQ's keys) ---------
+    #: Renew the invisible time of messages a client received with ``auto_renew`` until it
+    #: acks or changes them (off: they stay invisible default_invisible_time_mills).
+    enable_proxy_auto_renew: bool = True
+    #: A delivery is renewed once its invisible time ends within this many ms.
+    renew_ahead_time_millis: int = 10_000
+    #: How often the proxy looks for deliveries to renew.
+    renew_schedule_period_millis: int = 5000
+    #: Renewing stops this long after the delivery: the message is then handed back with
+    #: the group's retry delay (a nack).
+    renew_max_time_millis: int = 3 * 3600 * 1000
+    #: Failed renewals of one delivery in a row before the proxy gives it up (it becomes
+    #: visible again when its invisible time ends).
+    max_renew_retry_times: int = 3
+    #: Invisible time left to the deliveries of a client that went away (terminated, its
+    #: Telemetry stream closed, or no heartbeat for channel_expired_timeout).
+    invisible_time_millis_when_clear: int = 1000
+    #: A client that sent no heartbeat for this long is gone: its deliveries are no longer
+    #: renewed.
+    channel_expired_timeout: int = 120_000
 
     # --- settings answered to clients over Telemetry ------------------------------------
     #: Send attempts a producer makes (told over Telemetry).
@@ -140,6 +161,9 @@ class ProxyConfig(TlsKeys):
         for key in ("max_message_size", "max_user_property_size", "user_property_max_num",
                     "max_message_group_size", "min_invisible_time_mills_for_recv",
                     "max_invisible_time_mills", "default_invisible_time_mills",
+                    "renew_ahead_time_millis", "renew_schedule_period_millis",
+                    "renew_max_time_millis", "invisible_time_millis_when_clear",
+                    "channel_expired_timeout",
                     "grpc_client_producer_max_attempts", "route_ttl_ms", "metadata_ttl_ms",
                     "rpc_timeout_ms", "transaction_heartbeat_period_second",
                     "grpc_client_consumer_long_polling_batch_size"):
@@ -155,6 +179,8 @@ class ProxyConfig(TlsKeys):
                               f"({high})")
         if self.min_invisible_time_mills_for_recv > self.max_invisible_time_mills:
             raise ConfigError("min_invisible_time_mills_for_recv is above max_invisible_time_mills")
+        if self.max_renew_retry_times < 0:
+            raise ConfigError(f"max_renew_retry_times must not be negative, got {self.max_renew_retry_times}")
 
     @property
     def tls(self) -> TlsSettings:

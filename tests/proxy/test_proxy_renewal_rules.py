@@ -1,0 +1,113 @@
+"""Auto-renew's rules without I/O (:mod:`rmqha.proxy.renewal_logic`): when a delivery is
+renewed, for how long, when renewing stops and what then, and the book of deliveries."""
+from __future__ import annotations
+
+import pytest
+
+from rmqha.errors import ConfigError
+from rmqha.proxy.config import ProxyConfig
+from rmqha.proxy.renewal_logic import (
+    DEFAULT_RETRY_NEXT_MS,
+    RENEW_STEPS_MS,
+    Delivery,
+    DeliveryBook,
+    RenewRules,
+    Step,
+    client_gone,
+    next_step,
+    renew_failed,
+    renewed,
+    retry_delay_ms,
+)
+from rmqha.proxy.status import Code
+
+RULES = RenewRules(ahead_ms=10_000, max_ms=3 * 3600_000, max_retry_times=3)
+
+
+def delivery(at: int = 0, invisible: int = 60_000, msg: str = "m1", offset: int = 7) -> Delivery:
+    return Delivery(("g", msg, "broker-a", 1, offset), "t", f"h-{msg}", at, at + invisible)
+
+
+def test_rules_come_from_rocketmq_keys() -> None:
+    cfg = ProxyConfig(namesrv_addr="a:1", renew_ahead_time_millis=500, renew_max_time_millis=9000,
+                      max_renew_retry_times=5)
+    assert RenewRules.from_config(cfg) == RenewRules(500, 9000, 5)
+    defaults = RenewRules.from_config(ProxyConfig(namesrv_addr="a:1"))
+    assert defaults == RenewRules(10_000, 3 * 3600_000, 3)
+    for bad in ({"renew_ahead_time_millis": 0}, {"renew_schedule_period_millis": -1},
+                {"channel_expired_timeout": 0}, {"max_renew_retry_times": -1}):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            ProxyConfig(namesrv_addr="a:1", **bad).validate()  # type: ignore[arg-type]
+
+
+def test_renewed_only_when_its_end_is_near() -> None:
+    d = delivery(at=0, invisible=60_000)
+    assert next_step(d, 49_999, RULES) is Step.WAIT
+    assert next_step(d, 50_000, RULES) is Step.RENEW
+    assert next_step(d, 70_000, RULES) is Step.RENEW  # late (a slow scan): still renewed
+
+
+def test_renewal_steps_follow_rocketmqs_strategy() -> None:
+    assert [RULES.renew_ms(n) for n in range(8)] == [60_000, 180_000, 300_000, 600_000,
+                                                     1_800_000, 3_600_000, 3_600_000, 3_600_000]
+    assert RULES.renew_ms(-1) == RENEW_STEPS_MS[0]
+    d = delivery(at=0, invisible=60_000)
+    d.retry_times = 2
+    renewed(d, "h2", sent_ms=52_000, invisible_ms=RULES.renew_ms(d.renew_times))
+    # The new end counts from when the renewal was sent: never later than the broker's.
+    assert (d.handle, d.visible_ms, d.renew_times, d.retry_times) == ("h2", 112_000, 1, 0)
+    assert next_step(d, 101_999, RULES) is Step.WAIT and next_step(d, 102_000, RULES) is Step.RENEW
+
+
+def test_renewing_stops_after_the_max_time_with_a_nack() -> None:
+    rules = RenewRules(ahead_ms=1000, max_ms=30_000, max_retry_times=3)
+    d = delivery(at=0, invisible=5000)
+    assert next_step(d, 4000, rules) is Step.RENEW
+    d.visible_ms = 40_000
+    assert next_step(d, 35_000, rules) is Step.WAIT  # past max, but its end is not near yet
+    assert next_step(d, 39_000, rules) is Step.NACK
+
+
+def test_failed_renewals_are_retried_then_given_up() -> None:
+    d = delivery()
+    assert renew_failed(d, Code.PROXY_TIMEOUT, RULES) and renew_failed(d, Code.INTERNAL_SERVER_ERROR, RULES)
+    assert not renew_failed(d, Code.PROXY_TIMEOUT, RULES)  # the third in a row
+    fresh = delivery()
+    # An acked, expired or superseded handle: nothing to retry.
+    assert not renew_failed(fresh, Code.INVALID_RECEIPT_HANDLE, RULES)
+    assert not renew_failed(delivery(), Code.PROXY_TIMEOUT, RenewRules(1, 1, 0))
+
+
+def test_nack_delay_is_the_groups_retry_policy() -> None:
+    assert retry_delay_ms(None, 0) == 1000 and retry_delay_ms({}, 3) == 30_000
+    assert retry_delay_ms(None, 99) == DEFAULT_RETRY_NEXT_MS[-1]
+    custom = {"type": "CUSTOMIZED", "customizedRetryPolicy": {"next": [100, 200]}}
+    assert [retry_delay_ms(custom, n) for n in range(3)] == [100, 200, 200]
+    exp = {"type": "EXPONENTIAL", "exponentialRetryPolicy": {"initial": 1000, "max": 5000, "multiplier": 2}}
+    assert [retry_delay_ms(exp, n) for n in range(5)] == [1000, 2000, 4000, 5000, 5000]
+    assert retry_delay_ms("not a policy", 1) == 5000
+
+
+def test_a_client_is_gone_when_unknown_or_silent() -> None:
+    assert client_gone(None, 1000, 120_000)
+    assert not client_gone(0, 120_000, 120_000)
+    assert client_gone(0, 120_001, 120_000)
+
+
+def test_book_keys_deliveries_per_client_and_message() -> None:
+    book = DeliveryBook()
+    first, again, other = delivery(msg="m1"), delivery(at=5, msg="m1"), delivery(msg="m2", offset=8)
+    book.add("c1", first)
+    book.add("c1", again)  # the same message delivered again replaces the first
+    book.add("c1", other)
+    book.add("c2", delivery(msg="m1"))
+    assert len(book) == 3 and sorted(book.clients()) == ["c1", "c2"]
+    assert book.take("c1", first.key) is again
+    assert book.take("c1", first.key) is None and book.take("c9", first.key) is None
+    book.discard("c1", first)  # not the delivery under its key: kept
+    assert len(book) == 2
+    assert [(d, s) for d, s in book.due("c1", 55_000, RULES)] == [(other, Step.RENEW)]
+    assert list(book.due("c1", 1000, RULES)) == []
+    book.discard("c1", other)
+    assert book.clients() == ["c2"]
+    assert [d.key for d in book.drop_client("c2")] == [first.key] and len(book) == 0
