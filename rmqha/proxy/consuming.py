@@ -8,11 +8,12 @@ the next readable one), the broker holding the pop until messages come or the po
 time ends (the long poll lives in the broker, so an idle consumer costs one held request
 per polling time).  The proxy keeps polling until the client's polling time is used up
 when the broker answers early without messages, pausing first so no request storm
-follows a broker that answers at once.  The messages go to the client with their
-receipt handles (:mod:`rmqha.proxy.handles`); acks and changes go to the master of the
-group the handle names, whatever route the client holds.  A receive with ``auto_renew``
-(push consumers) gets ``defaultInvisibleTimeMills`` and its messages are renewed by the
-proxy until the client settles them (:mod:`rmqha.proxy.renewal`): an ack, change or
+follows a broker that answers at once; a pop answered after its client went away has its
+messages handed back at once (:meth:`~rmqha.proxy.renewal.Renewal.hand_back`).  The
+messages go to the client with their receipt handles (:mod:`rmqha.proxy.handles`); acks
+and changes go to the master of the group the handle names, whatever route the client
+holds.  A receive with ``auto_renew`` (push consumers) gets ``defaultInvisibleTimeMills``
+and its messages are renewed by the proxy until the client settles them (:mod:`rmqha.proxy.renewal`): an ack, change or
 dead-lettering of such a message is sent with the latest handle.
 """
 from __future__ import annotations
@@ -135,7 +136,7 @@ class Consuming:
                   "expType": "TAG", "exp": expression, "order": fifo}
         messages = await self._poll(topic, broker_group, header, polling / 1000, call)
         if messages and request.auto_renew and self.renewal.enabled:
-            self.renewal.track(call.client_id, group, messages)
+            self.renewal.track(call.client_id, group, topic, messages)
         return messages
 
     async def _poll(self, topic: str, broker_group: str, header: dict[str, Any],
@@ -145,9 +146,15 @@ class Consuming:
         while True:
             hold = max(0.0, end - time.monotonic())
             started = time.monotonic()
-            resp = await self.cluster.to_master(
+            pop = asyncio.ensure_future(self.cluster.to_master(
                 topic, broker_group, functools.partial(_pop_command, header, end), deadline,
-                extra_s=hold, what=f"receive from {topic}")
+                extra_s=hold, what=f"receive from {topic}"))
+            try:
+                resp = await asyncio.shield(pop)
+            except asyncio.CancelledError:  # the client went away while the broker holds the pop
+                pop.add_done_callback(functools.partial(self._orphaned, topic, header["consumerGroup"],
+                                                        broker_group))
+                raise
             if resp.code == ResponseCode.SUCCESS:
                 return _messages(resp, broker_group)
             if resp.code not in _NOT_FOUND:
@@ -157,6 +164,17 @@ class Consuming:
                 return []
             if time.monotonic() - started < hold - EARLY_S:
                 await asyncio.sleep(min(PAUSE_AFTER_EARLY_S, left))
+
+    def _orphaned(self, topic: str, group: str, broker_group: str, pop: asyncio.Future[Any]) -> None:
+        """A pop answered after its receive was cancelled: its messages go back."""
+        if pop.cancelled() or pop.exception() is not None or pop.result().code != ResponseCode.SUCCESS:
+            return
+        try:
+            messages = _messages(pop.result(), broker_group)
+        except ProxyError:
+            return
+        log.info("handing back %d messages popped for a receive of %s that went away", len(messages), group)
+        self.renewal.hand_back(group, topic, messages)
 
     # --- AckMessage --------------------------------------------------------------------
 

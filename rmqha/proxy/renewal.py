@@ -83,6 +83,7 @@ class Renewal:
         self.rules = RenewRules.from_config(cfg)
         self.book = DeliveryBook()
         self._busy: dict[tuple[str, DeliveryKey], asyncio.Task[None]] = {}
+        self._orphans: set[asyncio.Task[None]] = set()
 
     @property
     def enabled(self) -> bool:
@@ -90,7 +91,7 @@ class Renewal:
 
     # --- what the client's calls do ----------------------------------------------------
 
-    def track(self, client_id: str, group: str, messages: list[Any]) -> None:
+    def track(self, client_id: str, group: str, topic: str, messages: list[Any]) -> None:
         """Keep the deliveries of an auto_renew receive just answered (the client must
         have sent its Settings: one the proxy does not know is not renewed)."""
         if self.clients.seen_ms(client_id) is None:
@@ -101,7 +102,7 @@ class Renewal:
             sp = m.system_properties
             handle = parse_handle(sp.receipt_handle)
             self.book.add(client_id, Delivery(
-                delivery_key(group, sp.message_id, handle), m.topic.name, sp.receipt_handle,
+                delivery_key(group, sp.message_id, handle), topic, sp.receipt_handle,
                 now, now + handle.invisible_time, max(0, sp.delivery_attempt - 1)))
 
     async def settle(self, client_id: str, group: str, message_id: str, text: str) -> str:
@@ -120,6 +121,15 @@ class Renewal:
                 await asyncio.shield(running)
         return d.handle
 
+    def hand_back(self, group: str, topic: str, messages: list[Any]) -> None:
+        """Messages popped for a receive whose client went away before they were written
+        to it (RocketMQ's ``processThrowableWhenWriteMessage``): visible again after
+        ``invisibleTimeMillisWhenClear`` instead of their whole invisible time."""
+        for m in messages:
+            task = asyncio.create_task(self._clear(group, topic, m.system_properties.receipt_handle))
+            self._orphans.add(task)
+            task.add_done_callback(self._orphans.discard)
+
     # --- the scan ----------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -137,7 +147,7 @@ class Renewal:
             if client_gone(self.clients.seen_ms(client_id), now, self.cfg.channel_expired_timeout):
                 log.info("client %s is gone: its deliveries are handed back", client_id)
                 for d in self.book.drop_client(client_id):
-                    self._start(client_id, d, self._clear(client_id, d))
+                    self._start(client_id, d, self._clear_delivery(d))
                 continue
             for d, step in self.book.due(client_id, now, self.rules):
                 if (client_id, d.key) not in self._busy:
@@ -187,16 +197,23 @@ class Renewal:
         else:
             log.info("stopped renewing %s of %s after renewMaxTimeMillis: visible in %d ms", d.key, client_id, delay)
 
-    async def _clear(self, client_id: str, d: Delivery) -> None:
+    async def _clear(self, group: str, topic: str, handle: str) -> None:
+        """Make a message visible after ``invisibleTimeMillisWhenClear``."""
         try:
-            await self._change(d, self.cfg.invisible_time_millis_when_clear)
+            await change_invisible(self.cluster, group, topic, parse_handle(handle),
+                                   self.cfg.invisible_time_millis_when_clear,
+                                   Deadline(self.cluster.rpc_timeout_s))
         except ProxyError as exc:  # acked meanwhile, or it comes back at its invisible time
-            log.debug("clearing %s of %s: %s", d.key, client_id, exc.message)
+            log.debug("handing back a message of %s on %s: %s", group, topic, exc.message)
+
+    async def _clear_delivery(self, d: Delivery) -> None:
+        await self._clear(d.group, d.topic, d.handle)  # d.handle read after a running renewal
 
     async def close(self) -> None:
         """Hand back every delivery (a stopping proxy), for a few seconds at most."""
         for client_id in self.book.clients():
             for d in self.book.drop_client(client_id):
-                self._start(client_id, d, self._clear(client_id, d))
-        if self._busy:
-            await asyncio.wait(list(self._busy.values()), timeout=CLEAR_ON_STOP_S)
+                self._start(client_id, d, self._clear_delivery(d))
+        pending = [*self._busy.values(), *self._orphans]
+        if pending:
+            await asyncio.wait(pending, timeout=CLEAR_ON_STOP_S)

@@ -159,7 +159,9 @@ def test_killed_consumer_messages_come_again(proxies: Any, tmp_path: Path) -> No
             # Its Telemetry stream closed: handed back at once, not after the renewal's minute.
             cluster.wait_for(lambda: seen.times()[b"k0"] == 1, timeout=15, what="k0 delivered again")
             cluster.wait_for(lambda: seen.acks, timeout=15, what="k0 acked by the other consumer")
-            assert seen.acks == [(b"k0", None)] and seen.deliveries[0][2] >= 2
+            # Attempt 2, or 3 when the pop the killed consumer had waiting took it first (the
+            # proxy hands such a pop's messages back at once).
+            assert seen.acks == [(b"k0", None)] and seen.deliveries[0][2] in (2, 3), seen.deliveries
     finally:
         p.shutdown()
         if child.poll() is None:
