@@ -108,6 +108,8 @@ class Renewal:
     async def settle(self, client_id: str, group: str, message_id: str, text: str) -> str:
         """The handle to ack, change or dead-letter with for the client's ``text``: the
         latest one if the proxy renews that delivery (which it stops doing)."""
+        if not self.book.holds(client_id):
+            return text  # a simple consumer's: nothing to look up
         try:
             key = delivery_key(group, message_id, parse_handle(text))
         except ProxyError:

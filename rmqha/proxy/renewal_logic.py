@@ -164,6 +164,9 @@ class DeliveryBook:
     def drop_client(self, client_id: str) -> list[Delivery]:
         return list(self._clients.pop(client_id, {}).values())
 
+    def holds(self, client_id: str) -> bool:
+        return client_id in self._clients
+
     def clients(self) -> list[str]:
         return list(self._clients)
 

@@ -102,6 +102,7 @@ def test_book_keys_deliveries_per_client_and_message() -> None:
     book.add("c1", other)
     book.add("c2", delivery(msg="m1"))
     assert len(book) == 3 and sorted(book.clients()) == ["c1", "c2"]
+    assert book.holds("c1") and not book.holds("c9")
     assert book.take("c1", first.key) is again
     assert book.take("c1", first.key) is None and book.take("c9", first.key) is None
     book.discard("c1", first)  # not the delivery under its key: kept
