@@ -26,7 +26,7 @@ import contextlib
 import logging
 from typing import Any
 
-from rmqha.errors import ProxyError
+from rmqha.errors import ProxyError, RmqhaError
 from rmqha.protocol.codes import RequestCode
 from rmqha.protocol.command import RemotingCommand
 from rmqha.proxy.clients import ClientRegistry, now_ms
@@ -50,6 +50,12 @@ log = logging.getLogger(__name__)
 
 #: How long a stopping proxy spends handing its deliveries back.
 CLEAR_ON_STOP_S = 3.0
+#: What a broker request of the background work may end with besides an answer.
+FAILURES = (RmqhaError, OSError)
+
+
+def _code(exc: BaseException) -> int:
+    return exc.code if isinstance(exc, ProxyError) else Code.INTERNAL_SERVER_ERROR
 
 
 async def change_invisible(cluster: ClusterAccess, group: str, topic: str, handle: ReceiptHandle,
@@ -178,9 +184,9 @@ class Renewal:
         sent = now_ms()
         try:
             handle = await self._change(d, invisible)
-        except ProxyError as exc:
-            if not renew_failed(d, exc.code, self.rules):
-                log.warning("gave up renewing %s of %s: %s", d.key, client_id, exc.message)
+        except FAILURES as exc:
+            if not renew_failed(d, _code(exc), self.rules):
+                log.warning("gave up renewing %s of %s: %s", d.key, client_id, exc)
                 self.book.discard(client_id, d)
             return
         renewed(d, handle, sent, invisible)
@@ -194,8 +200,8 @@ class Renewal:
             if config is not None:
                 delay = retry_delay_ms(config.extra.get("groupRetryPolicy"), d.reconsume_times)
             await self._change(d, delay)
-        except ProxyError as exc:
-            log.warning("could not hand back %s of %s after renewMaxTimeMillis: %s", d.key, client_id, exc.message)
+        except FAILURES as exc:
+            log.warning("could not hand back %s of %s after renewMaxTimeMillis: %s", d.key, client_id, exc)
         else:
             log.info("stopped renewing %s of %s after renewMaxTimeMillis: visible in %d ms", d.key, client_id, delay)
 
@@ -205,8 +211,8 @@ class Renewal:
             await change_invisible(self.cluster, group, topic, parse_handle(handle),
                                    self.cfg.invisible_time_millis_when_clear,
                                    Deadline(self.cluster.rpc_timeout_s))
-        except ProxyError as exc:  # acked meanwhile, or it comes back at its invisible time
-            log.debug("handing back a message of %s on %s: %s", group, topic, exc.message)
+        except FAILURES as exc:  # acked meanwhile, or it comes back at its invisible time
+            log.debug("handing back a message of %s on %s: %s", group, topic, exc)
 
     async def _clear_delivery(self, d: Delivery) -> None:
         await self._clear(d.group, d.topic, d.handle)  # d.handle read after a running renewal

@@ -1,11 +1,21 @@
 """Auto-renew's rules without I/O (:mod:`rmqha.proxy.renewal_logic`): when a delivery is
-renewed, for how long, when renewing stops and what then, and the book of deliveries."""
+renewed, for how long, when renewing stops and what then, and the book of deliveries; and
+the glue (:mod:`rmqha.proxy.renewal`) over a fake cluster: an ack during a renewal, a
+client that went away."""
 from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from rmqha.errors import ConfigError
+from rmqha.protocol.codes import ResponseCode
+from rmqha.proxy.clients import ClientRegistry
 from rmqha.proxy.config import ProxyConfig
+from rmqha.proxy.handles import compose_handle
+from rmqha.proxy.renewal import Renewal
 from rmqha.proxy.renewal_logic import (
     DEFAULT_RETRY_NEXT_MS,
     RENEW_STEPS_MS,
@@ -112,3 +122,82 @@ def test_book_keys_deliveries_per_client_and_message() -> None:
     book.discard("c1", other)
     assert book.clients() == ["c2"]
     assert [d.key for d in book.drop_client("c2")] == [first.key] and len(book) == 0
+
+
+# --- the glue with a fake cluster: what reaches the broker, in which order ----------------------
+
+
+class FakeCluster:
+    """Answers CHANGE_MESSAGE_INVISIBLETIME with a new handle once ``gate`` is set."""
+
+    rpc_timeout_s = 1.0
+
+    def __init__(self) -> None:
+        self.changes: list[tuple[str, int]] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def to_master(self, topic: str, group: str, make: Any, deadline: Any, **_: Any) -> Any:
+        cmd = make()
+        await self.gate.wait()
+        old, invisible = cmd.ext_fields["extraInfo"], int(cmd.ext_fields["invisibleTime"])
+        self.changes.append((old, invisible))
+        fresh = broker_handle(pop_time=len(self.changes) * 1000, invisible=invisible)
+        return cmd.response(ResponseCode.SUCCESS, None, {"extraInfo": fresh})
+
+    async def group_config(self, group: str, topic: str) -> Any:
+        return None
+
+
+def broker_handle(pop_time: int = 0, invisible: int = 2000) -> str:
+    return f"0 {pop_time} {invisible} 0 0 broker-a 1 7 sig"
+
+
+def received(handle: str, msg_id: str = "m1") -> Any:
+    return SimpleNamespace(system_properties=SimpleNamespace(
+        receipt_handle=handle, message_id=msg_id, delivery_attempt=1))
+
+
+def renewal_with(cluster: FakeCluster, **keys: Any) -> tuple[Renewal, ClientRegistry]:
+    cfg = ProxyConfig(namesrv_addr="a:1", renew_ahead_time_millis=5000, **keys)
+    clients = ClientRegistry()
+    clients.update("c1", SimpleNamespace(client_type=3), asyncio.Queue())
+    return Renewal(cfg, cluster, clients), clients  # type: ignore[arg-type]
+
+
+def test_an_ack_during_a_renewal_gets_the_renewed_handle() -> None:
+    async def scenario() -> None:
+        cluster = FakeCluster()
+        renewal, _ = renewal_with(cluster)
+        original = compose_handle(broker_handle(), 100)
+        renewal.track("c1", "g", "t", [received(original)])
+        cluster.gate.clear()
+        renewal.scan()  # due at once: 2 s invisible, renewed 5 s ahead
+        await asyncio.sleep(0)
+        settling = asyncio.ensure_future(renewal.settle("c1", "g", "m1", original))
+        await asyncio.sleep(0)
+        assert not settling.done()  # waits for the renewal in flight
+        cluster.gate.set()
+        latest = await settling
+        assert cluster.changes == [(broker_handle(), 60_000)]
+        assert latest == compose_handle(broker_handle(pop_time=1000, invisible=60_000), 100)
+        assert len(renewal.book) == 0 and await renewal.settle("c1", "g", "m1", original) == original
+
+    asyncio.run(scenario())
+
+
+def test_a_gone_client_has_its_deliveries_handed_back() -> None:
+    async def scenario() -> None:
+        cluster = FakeCluster()
+        renewal, clients = renewal_with(cluster, invisible_time_millis_when_clear=300)
+        original = compose_handle(broker_handle(invisible=60_000), 100)
+        renewal.track("c1", "g", "t", [received(original)])
+        renewal.scan()
+        await asyncio.sleep(0)
+        assert cluster.changes == []  # not due: its end is a minute away
+        clients.remove("c1")
+        renewal.scan()
+        await renewal.close()
+        assert cluster.changes == [(broker_handle(invisible=60_000), 300)] and len(renewal.book) == 0
+
+    asyncio.run(scenario())
