@@ -201,3 +201,14 @@ def test_a_gone_client_has_its_deliveries_handed_back() -> None:
         assert cluster.changes == [(broker_handle(invisible=60_000), 300)] and len(renewal.book) == 0
 
     asyncio.run(scenario())
+
+
+def test_a_stopping_proxy_hands_back_what_it_renews() -> None:
+    async def scenario() -> None:
+        cluster = FakeCluster()
+        renewal, _ = renewal_with(cluster, invisible_time_millis_when_clear=300)
+        renewal.track("c1", "g", "t", [received(compose_handle(broker_handle(invisible=60_000), 100))])
+        await renewal.close()
+        assert cluster.changes == [(broker_handle(invisible=60_000), 300)] and len(renewal.book) == 0
+
+    asyncio.run(scenario())
