@@ -72,6 +72,9 @@ class ProxyConfig(TlsKeys):
     enable_proxy_auto_renew: bool = True
     #: A delivery is renewed once its invisible time ends within this many ms.
     renew_ahead_time_millis: int = 10_000
+    #: 0: each renewal is the next step of RocketMQ's renew strategy (1, 3, 5, 10, 30
+    #: minutes, then an hour); above 0: every renewal is this long (RocketMQ 5.0's key).
+    renew_slice_time_millis: int = 0
     #: How often the proxy looks for deliveries to renew.
     renew_schedule_period_millis: int = 5000
     #: Renewing stops this long after the delivery: the message is then handed back with
@@ -179,6 +182,8 @@ class ProxyConfig(TlsKeys):
                               f"({high})")
         if self.min_invisible_time_mills_for_recv > self.max_invisible_time_mills:
             raise ConfigError("min_invisible_time_mills_for_recv is above max_invisible_time_mills")
+        if self.renew_slice_time_millis < 0:
+            raise ConfigError(f"renew_slice_time_millis must not be negative, got {self.renew_slice_time_millis}")
         if self.max_renew_retry_times < 0:
             raise ConfigError(f"max_renew_retry_times must not be negative, got {self.max_renew_retry_times}")
 

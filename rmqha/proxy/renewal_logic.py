@@ -9,7 +9,8 @@ group, queue, offset, as RocketMQ's ``ReceiptHandleGroup`` keys it).  Each scan 
 
 - nothing while its invisible time ends more than ``renewAheadTimeMillis`` from now;
 - renew it (CHANGE_MESSAGE_INVISIBLETIME) by the next step of :data:`RENEW_STEPS_MS`
-  (1, 3, 5, 10, 30 minutes, then an hour each time) while ``renewMaxTimeMillis`` has not
+  (1, 3, 5, 10, 30 minutes, then an hour each time; or ``renewSliceTimeMillis`` each time,
+  as RocketMQ 5.0 did) while ``renewMaxTimeMillis`` has not
   passed since the delivery; the broker's new handle replaces the one the client holds,
   so the client's later ack or change with its original handle is sent with the latest;
 - once ``renewMaxTimeMillis`` has passed, hand it back (a nack): its invisible time set
@@ -64,8 +65,9 @@ class RenewRules:
 
     @classmethod
     def from_config(cls, cfg: Any) -> RenewRules:
+        steps = (cfg.renew_slice_time_millis,) if cfg.renew_slice_time_millis > 0 else RENEW_STEPS_MS
         return cls(cfg.renew_ahead_time_millis, cfg.renew_max_time_millis,
-                   cfg.max_renew_retry_times)
+                   cfg.max_renew_retry_times, steps)
 
     def renew_ms(self, renew_times: int) -> int:
         """The invisible time of a delivery's next renewal, after ``renew_times``."""

@@ -44,8 +44,11 @@ def test_rules_come_from_rocketmq_keys() -> None:
     assert RenewRules.from_config(cfg) == RenewRules(500, 9000, 5)
     defaults = RenewRules.from_config(ProxyConfig(namesrv_addr="a:1"))
     assert defaults == RenewRules(10_000, 3 * 3600_000, 3)
+    sliced = RenewRules.from_config(ProxyConfig(namesrv_addr="a:1", renew_slice_time_millis=700))
+    assert [sliced.renew_ms(n) for n in range(3)] == [700, 700, 700]
     for bad in ({"renew_ahead_time_millis": 0}, {"renew_schedule_period_millis": -1},
-                {"channel_expired_timeout": 0}, {"max_renew_retry_times": -1}):
+                {"channel_expired_timeout": 0}, {"max_renew_retry_times": -1},
+                {"renew_slice_time_millis": -1}):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             ProxyConfig(namesrv_addr="a:1", **bad).validate()  # type: ignore[arg-type]
 
