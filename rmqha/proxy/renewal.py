@@ -76,7 +76,7 @@ async def change_invisible(cluster: ClusterAccess, group: str, topic: str, handl
 
 
 def delivery_key(group: str, message_id: str, handle: ReceiptHandle) -> DeliveryKey:
-    return (group, message_id, handle.broker_name, handle.queue_id, handle.offset)
+    return (group, message_id, handle.broker_name, handle.queue_id, handle.offset, handle.retry)
 
 
 class Renewal:

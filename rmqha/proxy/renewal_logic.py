@@ -4,7 +4,8 @@
 A client that receives with ``auto_renew`` (the push consumers) leaves the invisible time
 of its messages to the proxy: every message it got is a :class:`Delivery`, kept per client
 in a :class:`DeliveryBook` under its :data:`DeliveryKey` (group, message id, broker
-group, queue, offset, as RocketMQ's ``ReceiptHandleGroup`` keys it).  Each scan asks
+group, queue, offset, as RocketMQ's ``ReceiptHandleGroup`` keys it, and whether the queue
+is the pop retry topic's: a retried copy is another delivery than the original).  Each scan asks
 :func:`next_step` what to do with a delivery:
 
 - nothing while its invisible time ends more than ``renewAheadTimeMillis`` from now;
@@ -42,8 +43,8 @@ DEFAULT_RETRY_NEXT_MS = (1000, 5000, 10000, 30000, 60000, 120000, 180000, 240000
                          360000, 420000, 480000, 540000, 600000, 1200000, 1800000, 3600000,
                          7200000)
 
-#: (consumer group, message id, broker group, queue id, queue offset).
-DeliveryKey = tuple[str, str, str, int, int]
+#: (consumer group, message id, broker group, queue id, queue offset, retry field).
+DeliveryKey = tuple[str, str, str, int, int, str]
 
 
 class Step(Enum):

@@ -2,8 +2,9 @@
 extends a message itself), through real proxies with a 2 s invisible time for such
 receives: a listener slower than that gets each message once and its ack or nack (with
 the handle it got) succeeds; a proxy with ``enableProxyAutoRenew=false`` delivers the same messages
-again meanwhile (the negative control); a consumer process killed while it works on a
-message gets it delivered again to another consumer soon after, not after a renewal."""
+again meanwhile (the negative control); renewing stops after ``renewMaxTimeMillis``; a
+consumer process killed while it works on a message gets it delivered again to another
+consumer soon after, not after a renewal."""
 from __future__ import annotations
 
 import collections
@@ -29,13 +30,15 @@ RENEWING = {"default_invisible_time_mills": INVISIBLE_MS, "renew_ahead_time_mill
 
 
 @pytest.fixture(scope="module")
-def proxies(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any, Any]]:
-    """A cluster, a proxy that renews and one that does not."""
+def proxies(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any, Any, Any]]:
+    """A cluster, a proxy that renews, one that does not, and one that renews 1.5 s at a
+    time for 2.5 s at most."""
     cluster = start_cluster(Path(tmp_path_factory.mktemp("renew")), replicas=1)
     with cluster:
         renewing = start_proxy(cluster, **RENEWING)
         plain = start_proxy(cluster, **RENEWING, enable_proxy_auto_renew=False)
-        yield cluster, renewing, plain
+        capped = start_proxy(cluster, **RENEWING, renew_slice_time_millis=1500, renew_max_time_millis=2500)
+        yield cluster, renewing, plain, capped
 
 
 class Seen:
@@ -89,7 +92,7 @@ def slow_consumer(proxy: Any, name: str, group: str, topic: str, seen: Seen) -> 
 
 
 def test_slow_listener_gets_each_message_once(proxies: Any) -> None:
-    cluster, proxy, _ = proxies
+    cluster, proxy, _, _ = proxies
     create_topic(cluster, "r_slow")
     seen = Seen(fail_once=frozenset({b"s2"}))
     bodies = [f"s{i}".encode() for i in range(3)]
@@ -110,7 +113,7 @@ def test_slow_listener_gets_each_message_once(proxies: Any) -> None:
 
 
 def test_without_renewal_the_message_comes_again(proxies: Any) -> None:
-    cluster, _, plain = proxies
+    cluster, _, plain, _ = proxies
     create_topic(cluster, "r_plain")
     seen = Seen()
     p = producer(plain, ["r_plain"])
@@ -123,6 +126,24 @@ def test_without_renewal_the_message_comes_again(proxies: Any) -> None:
         cluster.wait_for(lambda: seen.acks, timeout=30, what="the first ack")
     # The first listener's ack came after the invisible time: the broker refused it.
     assert seen.acks[0][0] == b"n0" and "INVALID_RECEIPT_HANDLE" in str(seen.acks[0][1]), seen.acks
+
+
+def test_renewing_stops_after_the_max_time(proxies: Any) -> None:
+    cluster, _, _, capped = proxies
+    create_topic(cluster, "r_max")
+    seen = Seen()
+    p = producer(capped, ["r_max"])
+    a = slow_consumer(capped, "a", "g_max", "r_max", seen)
+    b = slow_consumer(capped, "b", "g_max", "r_max", seen)
+    with closing(p, a, b):
+        p.send(message("r_max", b"x0"))
+        # Renewed past its 2 s invisible time, then handed back at 2.5 s: delivered again
+        # while the first listener (4.5 s) still works, whose ack is then refused.
+        cluster.wait_for(lambda: seen.times()[b"x0"] >= 2, timeout=20, what="x0 delivered again")
+        cluster.wait_for(lambda: seen.acks, timeout=20, what="the first ack")
+    assert capped.log_contains("renewed ('g_max'") and capped.log_contains("after renewMaxTimeMillis")
+    assert [attempt for _, _, attempt in seen.deliveries[:2]] == [1, 2]
+    assert seen.acks[0][0] == b"x0" and "INVALID_RECEIPT_HANDLE" in str(seen.acks[0][1]), seen.acks
 
 
 DYING_CONSUMER = textwrap.dedent("""
@@ -145,7 +166,7 @@ DYING_CONSUMER = textwrap.dedent("""
 
 
 def test_killed_consumer_messages_come_again(proxies: Any, tmp_path: Path) -> None:
-    cluster, proxy, _ = proxies
+    cluster, proxy, _, _ = proxies
     create_topic(cluster, "r_die")
     out = tmp_path / "dying.out"
     with out.open("w") as sink:

@@ -34,8 +34,9 @@ from rmqha.proxy.status import Code
 RULES = RenewRules(ahead_ms=10_000, max_ms=3 * 3600_000, max_retry_times=3)
 
 
-def delivery(at: int = 0, invisible: int = 60_000, msg: str = "m1", offset: int = 7) -> Delivery:
-    return Delivery(("g", msg, "broker-a", 1, offset), "t", f"h-{msg}", at, at + invisible)
+def delivery(at: int = 0, invisible: int = 60_000, msg: str = "m1", offset: int = 7,
+             retry: str = "0") -> Delivery:
+    return Delivery(("g", msg, "broker-a", 1, offset, retry), "t", f"h-{msg}", at, at + invisible)
 
 
 def test_rules_come_from_rocketmq_keys() -> None:
@@ -114,6 +115,9 @@ def test_book_keys_deliveries_per_client_and_message() -> None:
     book.add("c1", again)  # the same message delivered again replaces the first
     book.add("c1", other)
     book.add("c2", delivery(msg="m1"))
+    retried = delivery(msg="m1", retry="1")  # its retry copy, at the same queue and offset
+    book.add("c2", retried)
+    assert book.take("c2", retried.key) is retried
     assert len(book) == 3 and sorted(book.clients()) == ["c1", "c2"]
     assert book.holds("c1") and not book.holds("c9")
     assert book.take("c1", first.key) is again
