@@ -5,6 +5,8 @@ client that went away."""
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -13,7 +15,7 @@ import pytest
 from rmqha.errors import ConfigError
 from rmqha.protocol.codes import ResponseCode
 from rmqha.proxy.clients import ClientRegistry
-from rmqha.proxy.config import ProxyConfig
+from rmqha.proxy.config import ProxyConfig, load_proxy_config
 from rmqha.proxy.handles import compose_handle
 from rmqha.proxy.renewal import Renewal
 from rmqha.proxy.renewal_logic import (
@@ -52,6 +54,21 @@ def test_rules_come_from_rocketmq_keys() -> None:
                 {"renew_slice_time_millis": -1}):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             ProxyConfig(namesrv_addr="a:1", **bad).validate()  # type: ignore[arg-type]
+
+
+def test_keys_read_from_rmq_proxy_json_and_toml(tmp_path: Path) -> None:
+    keys = {"namesrvAddr": "a:1", "enableProxyAutoRenew": False, "renewAheadTimeMillis": 500,
+            "renewMaxTimeMillis": 9000, "renewSliceTimeMillis": 700, "renewSchedulePeriodMillis": 50,
+            "maxRenewRetryTimes": 5, "invisibleTimeMillisWhenClear": 300, "channelExpiredTimeout": 4000}
+    (tmp_path / "rmq-proxy.json").write_text(json.dumps(keys))
+    (tmp_path / "proxy.toml").write_text("\n".join(
+        f"{k} = {json.dumps(v) if not isinstance(v, bool) else str(v).lower()}" for k, v in keys.items()))
+    for name in ("rmq-proxy.json", "proxy.toml"):
+        cfg = load_proxy_config(tmp_path / name)
+        assert (cfg.enable_proxy_auto_renew, cfg.renew_ahead_time_millis, cfg.renew_max_time_millis,
+                cfg.renew_slice_time_millis, cfg.renew_schedule_period_millis, cfg.max_renew_retry_times,
+                cfg.invisible_time_millis_when_clear, cfg.channel_expired_timeout) == (
+            False, 500, 9000, 700, 50, 5, 300, 4000)
 
 
 def test_renewed_only_when_its_end_is_near() -> None:
