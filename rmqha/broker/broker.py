@@ -53,6 +53,7 @@ from rmqha.errors import (
 from rmqha.ha import HAConfig, HAMaster, HASlave
 from rmqha.ha.auth import HAAuth
 from rmqha.messaging import MessageService
+from rmqha.messaging.queue_assignment import namesrv_route_source
 from rmqha.metrics import MetricsRegistry
 from rmqha.net.client import RemotingClient, split_address
 from rmqha.net.client_security import ClientSecurity
@@ -422,6 +423,8 @@ class Broker:
             on_segments_deleted=self._on_segments_deleted, on_topics_changed=self.topics_changed,
             metrics=self.metrics,
             epoch=lambda: self.replicas.master_epoch if self.replicas is not None else 0,
+            topic_route=(namesrv_route_source(self.config.namesrv_addr, self._namesrv_request)
+                         if self.config.namesrv_addr else None),
         )
 
     def _count_served(self, handler: Any) -> Any:
@@ -718,11 +721,19 @@ class Broker:
         body = self._register_body()
         await asyncio.gather(*(self._register_one(addr, ext, body) for addr in self.config.namesrv_addr))
 
-    async def _register_one(self, addr: str, ext: dict[str, Any], body: dict[str, Any]) -> None:
+    def _ns_client(self, addr: str) -> RemotingClient:
         client = self._ns_clients.get(addr)
         if client is None:
             client = self._ns_clients[addr] = RemotingClient(addr, connect_timeout=1.0,
                                                              security=self._ns_links)
+        return client
+
+    async def _namesrv_request(self, addr: str, cmd: RemotingCommand) -> RemotingCommand:
+        """One request to a name server over the broker's link (routes for QUERY_ASSIGNMENT)."""
+        return await self._ns_client(addr).request(cmd, self.config.rpc_timeout_ms / 1000)
+
+    async def _register_one(self, addr: str, ext: dict[str, Any], body: dict[str, Any]) -> None:
+        client = self._ns_client(addr)
         try:
             cmd = self.auth.sign(RemotingCommand.request(RequestCode.REGISTER_BROKER, ext, body))
             resp = await client.request(cmd, self.config.rpc_timeout_ms / 1000)

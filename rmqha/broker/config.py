@@ -182,6 +182,10 @@ class BrokerConfig(TlsKeys):
     auto_create_subscription_group: bool = field(default=True, metadata=_alias("autoCreateSubscriptionGroup"))
     #: Sends to a topic with a message.type attribute must be of that type.
     topic_message_type_check: bool = True
+    #: QUERY_ASSIGNMENT's mode for a topic/group no SET_MESSAGE_REQUEST_MODE set: PULL or POP.
+    default_message_request_mode: str = "PULL"
+    #: POP mode's popShareQueueNum for those (-1 or 0: every consumer pops every queue).
+    default_pop_share_queue_num: int = -1
 
     # --- operations -----------------------------------------------------------------------
     #: Prometheus /metrics port; 0 = off (as the controller's metricsPromExporterPort).
@@ -204,6 +208,10 @@ class BrokerConfig(TlsKeys):
         self.flush = flush
         if self.ha_protocol not in ("framed", "rocketmq"):
             raise ConfigError(f"ha_protocol must be 'framed' or 'rocketmq', got {self.ha_protocol!r}")
+        self.default_message_request_mode = self.default_message_request_mode.strip().upper()
+        if self.default_message_request_mode not in ("PULL", "POP"):
+            raise ConfigError(f"default_message_request_mode must be PULL or POP, got "
+                              f"{self.default_message_request_mode!r}")
         if not self.enable_controller_mode:
             raise ConfigError("enable_controller_mode=false is not supported: rmqha brokers always run in controller mode")
         for key in ("cluster", "broker_name"):

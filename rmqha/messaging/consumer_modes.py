@@ -1,19 +1,10 @@
-"""How a consumer may consume: filter support and broker-side assignment.
+"""How a consumer may filter: CHECK_CLIENT_CONFIG (46).
 
-A Java consumer asks before it starts and while it rebalances:
-
-* CHECK_CLIENT_CONFIG (46), sent for a subscription that is not a tag expression: rmqha
-  filters by tag only, so SQL92 gets RocketMQ's own answer for a broker with property
-  filtering off (SYSTEM_ERROR, "does not support ... SQL92"); a tag subscription is
-  accepted.
-* QUERY_ASSIGNMENT (400), sent only by a push consumer with ``clientRebalance = false``
-  (pop consumption): rmqha rebalances on the client only and answers
-  REQUEST_CODE_NOT_SUPPORTED naming that, so the client logs why it got no queues.
-* SET_MESSAGE_REQUEST_MODE (401), an admin request: PULL is accepted; POP (a push
-  consumer switched to pop by the broker's queue assignment) is refused with
-  REQUEST_CODE_NOT_SUPPORTED.  POP_MESSAGE itself is served (:mod:`rmqha.messaging.pop_path`)
-  to clients that pick their queues themselves: RocketMQ 5's proxy, or a pop with
-  ``queueId=-1``.
+A Java consumer sends it for a subscription that is not a tag expression: rmqha filters by
+tag only, so SQL92 gets RocketMQ's own answer for a broker with property filtering off
+(SYSTEM_ERROR, "does not support ... SQL92"); a tag subscription is accepted.  (The
+server-side assignment codes, QUERY_ASSIGNMENT and SET_MESSAGE_REQUEST_MODE, are
+:mod:`rmqha.messaging.queue_assignment`'s.)
 """
 from __future__ import annotations
 
@@ -37,14 +28,12 @@ def _json_body(cmd: RemotingCommand) -> dict[str, Any] | None:
 
 
 class ConsumerModes:
-    """CHECK_CLIENT_CONFIG, QUERY_ASSIGNMENT, SET_MESSAGE_REQUEST_MODE."""
+    """CHECK_CLIENT_CONFIG."""
 
     def handlers(self) -> dict[int, Handler]:
         rc = RequestCode
         return {
             rc.CHECK_CLIENT_CONFIG: self.on_check_client_config,
-            rc.QUERY_ASSIGNMENT: self.on_query_assignment,
-            rc.SET_MESSAGE_REQUEST_MODE: self.on_set_request_mode,
         }
 
     async def on_check_client_config(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
@@ -60,22 +49,3 @@ class ConsumerModes:
             return cmd.response(ResponseCode.SYSTEM_ERROR,
                                 f"The broker does not support consumer to filter message by {kind}")
         return cmd.response(ResponseCode.SUCCESS, None, {})
-
-    async def on_query_assignment(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
-        return cmd.response(
-            ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
-            "QUERY_ASSIGNMENT: rmqha assigns queues on the client only; use a consumer with "
-            "clientRebalance=true (the default) and PULL mode")
-
-    async def on_set_request_mode(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
-        body = _json_body(cmd)
-        if body is None:
-            return cmd.response(ResponseCode.INVALID_PARAMETER,
-                                "SET_MESSAGE_REQUEST_MODE body is not a JSON object")
-        mode = str(body.get("mode") or "PULL").upper()
-        if mode == "PULL":
-            return cmd.response(ResponseCode.SUCCESS, None, {})
-        return cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
-                            f"message request mode {mode} is not supported: rmqha does not "
-                            f"assign queues to pop consumers (QUERY_ASSIGNMENT); POP_MESSAGE "
-                            f"with queueId -1 pops from every queue")

@@ -115,6 +115,11 @@ class MessagingConfig:
     auto_create_subscription_group: bool = True
     #: Sends to a topic with a ``message.type`` attribute must be of that type.
     topic_message_type_check: bool = True
+    #: QUERY_ASSIGNMENT's mode where no SET_MESSAGE_REQUEST_MODE set one (RocketMQ
+    #: ``defaultMessageRequestMode``): PULL or POP.
+    default_message_request_mode: str = "PULL"
+    #: POP mode's ``popShareQueueNum`` there (RocketMQ ``defaultPopShareQueueNum``).
+    default_pop_share_queue_num: int = -1
 
     @classmethod
     def from_broker_config(cls, cfg: Any) -> MessagingConfig:

@@ -24,7 +24,8 @@ MessagingContext` (store, settings, replication, tables) and the pieces that sha
   :mod:`~rmqha.messaging.pop_revive` (expired messages to the retry topic or DLQ), sharing
   :mod:`~rmqha.messaging.pop_ledger`; the rules are in :mod:`~rmqha.messaging.pop_logic`,
   the replicated state in :mod:`~rmqha.messaging.pop_state`, receipt handles in
-  :mod:`~rmqha.messaging.receipt`.
+  :mod:`~rmqha.messaging.receipt`; server-side queue assignment for pop consumers
+  (QUERY_ASSIGNMENT, SET_MESSAGE_REQUEST_MODE) in :mod:`~rmqha.messaging.queue_assignment`.
 
 This class owns what ties them together: the broker's role changes, the confirm offset
 advancing (index, then wake held pulls) and truncation.  The consume queues are files
@@ -66,6 +67,7 @@ from rmqha.messaging.pop_ledger import PopLedger
 from rmqha.messaging.pop_path import PopPath
 from rmqha.messaging.pop_revive import PopReviver
 from rmqha.messaging.pull_path import PullPath
+from rmqha.messaging.queue_assignment import QueueAssignment, RouteSource
 from rmqha.messaging.queue_queries import QueueQueries
 from rmqha.messaging.retention import Retention
 from rmqha.messaging.send_back import SendBack
@@ -104,8 +106,11 @@ class MessageService:
         on_topics_changed: Callable[[], None] | None = None,
         metrics: Any = None,
         epoch: Callable[[], int] | None = None,
+        topic_route: RouteSource | None = None,
     ) -> None:
-        """``epoch``: the broker's current master epoch (named in pop receipt handles)."""
+        """``epoch``: the broker's current master epoch (named in pop receipt handles);
+        ``topic_route``: a topic's queues at the name servers (QUERY_ASSIGNMENT; None:
+        this broker's own topic table)."""
         cfg = MessagingConfig.from_broker_config(config)
         if hasattr(config, "broker_address") and not isinstance(config, MessagingConfig):
             cfg.broker_address = config.broker_address
@@ -149,6 +154,7 @@ class MessageService:
         self._pop_ledger = PopLedger(ctx, self._state_log, epoch=epoch or (lambda: 0))
         self._pops = PopPath(ctx, self._pop_ledger, self._offsets.young_queue)
         self._pop_acks = PopAcks(ctx, self._pop_ledger, self._writer)
+        self._assignment = QueueAssignment(ctx, self._state_log, self._writer, topic_route)
         self.pop_reviver = PopReviver(ctx, self._pop_ledger, self._writer, self._topic_admin,
                                       self.delayed)
         #: Index scans hand records of these topics to the piece that folds them.
@@ -219,7 +225,7 @@ class MessageService:
         for piece in (self._send, self._pulls, self._offsets, self._queries, self._clients,
                       self._send_back, self._topic_admin, self.transactions,
                       self._consumer_modes, self._lookup, self._groups, self._pops,
-                      self._pop_acks):
+                      self._pop_acks, self._assignment):
             out.update(piece.handlers())
         return out
 

@@ -13,9 +13,11 @@ already knows every topic and committed offset.  Each record body is one JSON ob
   ``{"op": "group_delete", "group": G}`` — subscription groups (``mqadmin updateSubGroup``);
 - ``pop_batch``, ``pop_ack``, ``pop_change``, ``pop_revive``, ``pop_key`` — pop
   consumption (see :mod:`rmqha.messaging.pop_state`);
+- ``{"op": "request_mode", "topic": T, "group": G, "mode": "PULL"|"POP",
+  "popShareQueueNum": N}`` — SET_MESSAGE_REQUEST_MODE (see :mod:`rmqha.messaging.assignment`);
 - ``{"op": "checkpoint", "topics": [...], "offsets": [...], "timer": {...}, "groups": [...],
-  "pop": {...}}`` — the whole state; written before retention deletes segments, so the
-  state never depends on deleted records.
+  "pop": {...}, "request_modes": [[T, G, mode, N], ...]}`` — the whole state; written
+  before retention deletes segments, so the state never depends on deleted records.
 
 The state is the fold of these records in log order (a checkpoint replaces everything);
 records are applied as the index passes them (up to the confirm offset), and a master
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rmqha.errors import ConfigError, ProtocolError
+from rmqha.messaging.assignment import ModeSetting, RequestModeTable, parse_mode
 from rmqha.messaging.pop_state import POP_OPS, PopState
 from rmqha.protocol.groups import GroupTable, SubscriptionGroupConfig
 from rmqha.protocol.topics import TopicConfig, TopicTable
@@ -140,6 +143,11 @@ def group_delete_record(group: str) -> bytes:
     return _dump({"op": "group_delete", "group": group})
 
 
+def request_mode_record(topic: str, group: str, setting: ModeSetting) -> bytes:
+    return _dump({"op": "request_mode", "topic": topic, "group": group,
+                  "mode": setting.mode.value, "popShareQueueNum": setting.pop_share_queue_num})
+
+
 def pop_record(data: dict[str, Any]) -> bytes:
     """The body of a pop record built by :mod:`rmqha.messaging.pop_state`."""
     return _dump(data)
@@ -168,6 +176,7 @@ class BrokerState:
         self.timer = TimerProgress()
         self.groups = GroupTable()
         self.pop = PopState()
+        self.request_modes = RequestModeTable()
 
     def checkpoint_record(self) -> bytes:
         return _dump({
@@ -177,6 +186,7 @@ class BrokerState:
             "timer": self.timer.to_json(),
             "groups": [c.to_rocketmq() for _, c in self.groups.items()],
             "pop": self.pop.to_json(),
+            "request_modes": self.request_modes.entries(),
         })
 
     def clear(self) -> None:
@@ -184,6 +194,7 @@ class BrokerState:
         self.offsets.clear()
         self.groups.replace_all([])
         self.pop.clear()
+        self.request_modes.clear()
 
     def apply(self, body: bytes | memoryview, *, persist: bool = True) -> StateRecord | None:
         """Apply one record; a bad record is logged and skipped (it cannot be fixed here)."""
@@ -205,6 +216,10 @@ class BrokerState:
             self.topics.remove(str(d["topic"]), persist=persist)
             self.offsets.drop_topic(str(d["topic"]))
             self.pop.drop_topic(str(d["topic"]))
+            self.request_modes.drop_topic(str(d["topic"]))
+        elif rec.op == "request_mode":
+            self.request_modes.put(str(d["topic"]), str(d["group"]), ModeSetting(
+                parse_mode(d["mode"]), int(d.get("popShareQueueNum", 0))))
         elif rec.op == "group_put":
             self.groups.put(SubscriptionGroupConfig.from_rocketmq(d["config"]))
         elif rec.op == "group_delete":
@@ -222,6 +237,7 @@ class BrokerState:
             self.groups.replace_all([SubscriptionGroupConfig.from_rocketmq(c)
                                      for c in d.get("groups", [])])
             self.pop.load(d.get("pop"))
+            self.request_modes.load(d.get("request_modes", []))
         elif rec.op == "timer_done":
             self.timer.mark(d["offsets"])
             self.timer.advance_low(int(d.get("low", 0)))

@@ -1,6 +1,7 @@
 """Routes, assignments and the client's life cycle: QueryRoute, QueryAssignment,
 Heartbeat, NotifyClientTermination and Telemetry's Settings (RocketMQ's ``RouteActivity``
-and ``ClientActivity``).
+and ``ClientActivity``).  A heartbeat keeps a client's auto-renewed deliveries renewed; a
+terminating client's are handed back (:mod:`rmqha.proxy.renewal`).
 
 QueryRoute answers the topic's queues pointing at the proxy (:mod:`rmqha.proxy.routing`);
 QueryAssignment the queues a push consumer polls (FIFO for a consume-orderly group).
@@ -76,6 +77,7 @@ class ClientActivity:
         elif request.client_type != pb.ClientType.PRODUCER:
             raise ProxyError(Code.UNRECOGNIZED_CLIENT_TYPE,
                              f"client type {pb.ClientType.Name(request.client_type)} is not supported")
+        self.clients.heard_from(call.client_id)
         return spb.HeartbeatResponse(status=ok())
 
     async def terminate(self, request: Any, call: Call) -> Any:

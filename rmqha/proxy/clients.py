@@ -5,13 +5,15 @@ Telemetry; the proxy keeps, per client id, the last Settings and the open Teleme
 streams it may write to (an asyncio queue each, drained by the stream's handler).  That
 is what it needs to answer a consumer's receive with the group's rules, to know which
 topics connected producers publish (their transaction check-backs come to the proxy), and
-to hand a check-back to one of those producers.  A client is forgotten when it says it
-terminates, or when its last stream closes.
+to hand a check-back to one of those producers, and when it was last heard from (its
+Settings and Heartbeats: the proxy stops renewing the deliveries of a silent client).  A
+client is forgotten when it says it terminates, or when its last stream closes.
 """
 from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,11 +24,18 @@ PRODUCER = 1
 Stream = asyncio.Queue  # of TelemetryCommand (Any: the generated class)
 
 
+def now_ms() -> int:
+    """The proxy's monotonic clock in ms."""
+    return int(time.monotonic() * 1000)
+
+
 @dataclass
 class ClientRecord:
     client_id: str
     settings: Any = None
     streams: list[Stream] = field(default_factory=list)
+    #: When the client was last heard from (monotonic ms).
+    seen_ms: int = field(default_factory=lambda: now_ms())
 
     @property
     def producer_topics(self) -> set[str]:
@@ -54,9 +63,21 @@ class ClientRegistry:
         record = self._clients.setdefault(client_id, ClientRecord(client_id))
         before = record.producer_topics
         record.settings = settings
+        record.seen_ms = now_ms()
         if stream not in record.streams:
             record.streams.append(stream)
         return record.producer_topics != before
+
+    def heard_from(self, client_id: str) -> None:
+        """A Heartbeat of ``client_id`` (nothing for a client that sent no Settings yet)."""
+        record = self._clients.get(client_id)
+        if record is not None:
+            record.seen_ms = now_ms()
+
+    def seen_ms(self, client_id: str) -> int | None:
+        """When ``client_id`` was last heard from; None if the proxy does not know it."""
+        record = self._clients.get(client_id)
+        return None if record is None else record.seen_ms
 
     def stream_closed(self, client_id: str, stream: Stream) -> None:
         record = self._clients.get(client_id)

@@ -11,7 +11,9 @@ whose route names only the proxy, sees at most a slower answer.
 
 Topic configs (their ``message.type``) and subscription groups come from the masters'
 GET_ALL_TOPIC_CONFIG / GET_ALL_SUBSCRIPTIONGROUP_CONFIG and are kept ``metadata_ttl_ms``.
-With ``inner_access_key`` every request is signed (RocketMQ ACL 1.0) as that account.
+With ``inner_access_key`` every request is signed (RocketMQ ACL 1.0) as that account;
+with ``tls.enable`` every connection is TLS with the ``tls.client.*`` files (a client
+certificate for ports that require one), as the other processes' own links.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from rmqha.errors import (
     RemotingError,
     TopicNotFoundError,
 )
+from rmqha.net.client_security import ClientSecurity
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.command import RemotingCommand
 from rmqha.protocol.groups import SubscriptionGroupConfig
@@ -70,7 +73,8 @@ class ClusterAccess:
     def __init__(self, cfg: ProxyConfig) -> None:
         self.cfg = cfg
         self.session = ClientSession(cfg.namesrv_list, route_ttl_s=cfg.route_ttl_ms / 1000,
-                                     rpc_timeout_s=cfg.rpc_timeout_ms / 1000)
+                                     rpc_timeout_s=cfg.rpc_timeout_ms / 1000,
+                                     security=ClientSecurity.for_links(cfg.tls))
         self._topics: dict[str, _Cached] = {}
         self._groups: dict[str, _Cached] = {}
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rmqha.config import load_config
+from rmqha.config import TlsKeys, load_config
 from rmqha.errors import ConfigError
+from rmqha.security.tls import TlsMode, TlsSettings, server_context
 
 DAY_MS = 24 * 3600 * 1000
 
@@ -22,7 +23,11 @@ def _alias(*names: str) -> dict[str, tuple[str, ...]]:
 
 
 @dataclass
-class ProxyConfig:
+class ProxyConfig(TlsKeys):
+    """The proxy's keys; the ``tls.*`` keys (:class:`~rmqha.config.TlsKeys`) are the gRPC
+    port's (``tls.server.*``, see :mod:`rmqha.proxy.grpc_tls`) and the proxy's links to name
+    servers and brokers' (``tls.enable``, ``tls.client.*``)."""
+
     #: The cluster whose brokers this proxy serves (RocketMQ's ``rocketMQClusterName``).
     rocketmq_cluster_name: str = field(default="DefaultCluster", metadata=_alias("rocketMQClusterName"))
     #: Name servers, ``host:port`` joined by ``;`` (required).
@@ -57,9 +62,33 @@ class ProxyConfig:
     min_invisible_time_mills_for_recv: int = 10_000
     #: Longest invisible time a receive or change may ask for (ILLEGAL_INVISIBLE_TIME).
     max_invisible_time_mills: int = 12 * 3600 * 1000
-    #: Invisible time of a receive that asks the proxy to renew (push consumers): the proxy
-    #: does not renew, so a delivery stays invisible this long.
+    #: Invisible time of a receive that asks the proxy to renew (``auto_renew``: push
+    #: consumers); the proxy renews it until the client acks (see the renew keys).
     default_invisible_time_mills: int = 60_000
+
+    # --- renewing the invisible time of auto_renew deliveries (RocketMQ's keys) ---------
+    #: Renew the invisible time of messages a client received with ``auto_renew`` until it
+    #: acks or changes them (off: they stay invisible default_invisible_time_mills).
+    enable_proxy_auto_renew: bool = True
+    #: A delivery is renewed once its invisible time ends within this many ms.
+    renew_ahead_time_millis: int = 10_000
+    #: 0: each renewal is the next step of RocketMQ's renew strategy (1, 3, 5, 10, 30
+    #: minutes, then an hour); above 0: every renewal is this long (RocketMQ 5.0's key).
+    renew_slice_time_millis: int = 0
+    #: How often the proxy looks for deliveries to renew.
+    renew_schedule_period_millis: int = 5000
+    #: Renewing stops this long after the delivery: the message is then handed back with
+    #: the group's retry delay (a nack).
+    renew_max_time_millis: int = 3 * 3600 * 1000
+    #: Failed renewals of one delivery in a row before the proxy gives it up (it becomes
+    #: visible again when its invisible time ends).
+    max_renew_retry_times: int = 3
+    #: Invisible time left to the deliveries of a client that went away (terminated, its
+    #: Telemetry stream closed, or no heartbeat for channel_expired_timeout).
+    invisible_time_millis_when_clear: int = 1000
+    #: A client that sent no heartbeat for this long is gone: its deliveries are no longer
+    #: renewed.
+    channel_expired_timeout: int = 120_000
 
     # --- settings answered to clients over Telemetry ------------------------------------
     #: Send attempts a producer makes (told over Telemetry).
@@ -118,6 +147,7 @@ class ProxyConfig:
         halves = [k for k in (self.inner_access_key, self.inner_secret_key) if k]
         if len(halves) == 1:
             raise ConfigError("inner_access_key and inner_secret_key are set together (or neither)")
+        check_port_settings(self.tls)
 
     def _validate_cluster(self) -> None:
         if not self.namesrv_addr.strip():
@@ -134,6 +164,9 @@ class ProxyConfig:
         for key in ("max_message_size", "max_user_property_size", "user_property_max_num",
                     "max_message_group_size", "min_invisible_time_mills_for_recv",
                     "max_invisible_time_mills", "default_invisible_time_mills",
+                    "renew_ahead_time_millis", "renew_schedule_period_millis",
+                    "renew_max_time_millis", "invisible_time_millis_when_clear",
+                    "channel_expired_timeout",
                     "grpc_client_producer_max_attempts", "route_ttl_ms", "metadata_ttl_ms",
                     "rpc_timeout_ms", "transaction_heartbeat_period_second",
                     "grpc_client_consumer_long_polling_batch_size"):
@@ -149,6 +182,15 @@ class ProxyConfig:
                               f"({high})")
         if self.min_invisible_time_mills_for_recv > self.max_invisible_time_mills:
             raise ConfigError("min_invisible_time_mills_for_recv is above max_invisible_time_mills")
+        if self.renew_slice_time_millis < 0:
+            raise ConfigError(f"renew_slice_time_millis must not be negative, got {self.renew_slice_time_millis}")
+        if self.max_renew_retry_times < 0:
+            raise ConfigError(f"max_renew_retry_times must not be negative, got {self.max_renew_retry_times}")
+
+    @property
+    def tls(self) -> TlsSettings:
+        """The ``tls.*`` keys (and ``tls.config.file``'s) as settings."""
+        return TlsSettings.from_config(self, "proxy config")
 
     @property
     def namesrv_list(self) -> list[str]:
@@ -157,6 +199,17 @@ class ProxyConfig:
     @property
     def address(self) -> str:
         return f"{self.grpc_server_host}:{self.grpc_server_port}"
+
+
+def check_port_settings(s: TlsSettings) -> None:
+    """ConfigError naming what the gRPC port cannot do with ``s``, or a file it cannot use."""
+    if s.server_mode is TlsMode.PERMISSIVE:
+        raise ConfigError(
+            "tls.server.mode=permissive is not possible on the proxy's gRPC port: grpc serves "
+            "a port with TLS or without, not both; use enforcing (and, while plaintext clients "
+            "move over, a second proxy with tls.server.mode=disabled on another port)")
+    if s.server_mode is TlsMode.ENFORCING:
+        server_context(s)  # names the key of a missing or unreadable file
 
 
 def load_proxy_config(path: str | Path | None = None, **overrides: object) -> ProxyConfig:

@@ -8,9 +8,13 @@ the next readable one), the broker holding the pop until messages come or the po
 time ends (the long poll lives in the broker, so an idle consumer costs one held request
 per polling time).  The proxy keeps polling until the client's polling time is used up
 when the broker answers early without messages, pausing first so no request storm
-follows a broker that answers at once.  The messages go to the client with their
-receipt handles (:mod:`rmqha.proxy.handles`); acks and changes go to the master of the
-group the handle names, whatever route the client holds.
+follows a broker that answers at once; a pop answered after its client went away has its
+messages handed back at once (:meth:`~rmqha.proxy.renewal.Renewal.hand_back`).  The
+messages go to the client with their receipt handles (:mod:`rmqha.proxy.handles`); acks
+and changes go to the master of the group the handle names, whatever route the client
+holds.  A receive with ``auto_renew`` (push consumers) gets ``defaultInvisibleTimeMills``
+and its messages are renewed by the proxy until the client settles them (:mod:`rmqha.proxy.renewal`): an ack, change or
+dead-lettering of such a message is sent with the latest handle.
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ from rmqha.proxy.cluster import ClusterAccess, Deadline, expect_success
 from rmqha.proxy.config import ProxyConfig
 from rmqha.proxy.deliveries import delivered
 from rmqha.proxy.handles import ReceiptHandle, compose_handle, parse_handle
+from rmqha.proxy.renewal import Renewal, change_invisible
 from rmqha.proxy.routing import readable_groups
 from rmqha.proxy.status import Code, ack_code, broker_code, combined
 from rmqha.proxy.validation import check_group, check_invisible_time, check_topic, polling_time
@@ -68,9 +73,10 @@ def _expression(request: Any) -> str:
 class Consuming:
     """Receive, ack, change invisible time and dead-letter for pop consumers."""
 
-    def __init__(self, cfg: ProxyConfig, cluster: ClusterAccess) -> None:
+    def __init__(self, cfg: ProxyConfig, cluster: ClusterAccess, renewal: Renewal) -> None:
         self.cfg = cfg
         self.cluster = cluster
+        self.renewal = renewal
         self._turns = itertools.count()
 
     # --- ReceiveMessage ----------------------------------------------------------------
@@ -93,7 +99,7 @@ class Consuming:
         yield done
 
     def _invisible_ms(self, request: Any) -> int:
-        if request.auto_renew and not request.HasField("invisible_duration"):
+        if request.auto_renew and (self.renewal.enabled or not request.HasField("invisible_duration")):
             return self.cfg.default_invisible_time_mills
         return check_invisible_time(_ms(request.invisible_duration),
                                     self.cfg.min_invisible_time_mills_for_recv,
@@ -128,7 +134,10 @@ class Consuming:
                   "maxMsgNums": min(max(1, request.batch_size), MAX_POP_MESSAGES),
                   "invisibleTime": invisible, "initMode": int(ConsumeInitMode.MAX),
                   "expType": "TAG", "exp": expression, "order": fifo}
-        return await self._poll(topic, broker_group, header, polling / 1000, call)
+        messages = await self._poll(topic, broker_group, header, polling / 1000, call)
+        if messages and request.auto_renew and self.renewal.enabled:
+            self.renewal.track(call.client_id, group, topic, messages)
+        return messages
 
     async def _poll(self, topic: str, broker_group: str, header: dict[str, Any],
                     polling_s: float, call: Call) -> list[Any]:
@@ -137,9 +146,15 @@ class Consuming:
         while True:
             hold = max(0.0, end - time.monotonic())
             started = time.monotonic()
-            resp = await self.cluster.to_master(
+            pop = asyncio.ensure_future(self.cluster.to_master(
                 topic, broker_group, functools.partial(_pop_command, header, end), deadline,
-                extra_s=hold, what=f"receive from {topic}")
+                extra_s=hold, what=f"receive from {topic}"))
+            try:
+                resp = await asyncio.shield(pop)
+            except asyncio.CancelledError:  # the client went away while the broker holds the pop
+                pop.add_done_callback(functools.partial(self._orphaned, topic, header["consumerGroup"],
+                                                        broker_group))
+                raise
             if resp.code == ResponseCode.SUCCESS:
                 return _messages(resp, broker_group)
             if resp.code not in _NOT_FOUND:
@@ -150,13 +165,28 @@ class Consuming:
             if time.monotonic() - started < hold - EARLY_S:
                 await asyncio.sleep(min(PAUSE_AFTER_EARLY_S, left))
 
+    def _orphaned(self, topic: str, group: str, broker_group: str, pop: asyncio.Future[Any]) -> None:
+        """A pop answered after its receive was cancelled: its messages go back."""
+        if pop.cancelled() or pop.exception() is not None or pop.result().code != ResponseCode.SUCCESS:
+            return
+        try:
+            messages = _messages(pop.result(), broker_group)
+        except ProxyError:
+            return
+        log.info("handing back %d messages popped for a receive of %s that went away", len(messages), group)
+        self.renewal.hand_back(group, topic, messages)
+
     # --- AckMessage --------------------------------------------------------------------
 
     async def ack(self, request: Any, call: Call) -> Any:
         topic = check_topic(request.topic.name)
         group = check_group(request.group.name)
-        results = await asyncio.gather(*(self._ack_one(topic, group, entry, call)
-                                         for entry in request.entries))
+        entries = request.entries
+        if len(entries) == 1:  # what the clients send: no task per entry
+            results = [await self._ack_one(topic, group, entries[0], call)]
+        else:
+            results = await asyncio.gather(*(self._ack_one(topic, group, entry, call)
+                                             for entry in entries))
         out = spb.AckMessageResponse()
         out.entries.extend(results)
         code = combined([Code(r.status.code) for r in results])
@@ -167,7 +197,8 @@ class Consuming:
         result = spb.AckMessageResultEntry(message_id=entry.message_id,
                                            receipt_handle=entry.receipt_handle)
         try:
-            handle = parse_handle(entry.receipt_handle)
+            text = await self.renewal.settle(call.client_id, group, entry.message_id, entry.receipt_handle)
+            handle = parse_handle(text)
             await self._ack_handle(topic, group, handle, call)
             result.status.CopyFrom(_status(Code.OK))
         except ProxyError as exc:
@@ -189,27 +220,19 @@ class Consuming:
         group = check_group(request.group.name)
         invisible = check_invisible_time(_ms(request.invisible_duration), 0,
                                          self.cfg.max_invisible_time_mills)
-        handle = parse_handle(request.receipt_handle)
-        header = {"consumerGroup": group, "topic": topic, "queueId": handle.queue_id,
-                  "extraInfo": handle.broker_handle, "offset": handle.offset,
-                  "invisibleTime": invisible}
-        resp = await self.cluster.to_master(
-            topic, handle.broker_name,
-            lambda: RemotingCommand.request(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, header),
-            Deadline(call.budget_s(self.cluster.rpc_timeout_s)), what="change invisible duration")
-        expect_success(resp, "CHANGE_MESSAGE_INVISIBLETIME", ack_code)
-        renewed = resp.ext_fields.get("extraInfo")
-        if not renewed:
-            raise ProxyError(Code.INTERNAL_SERVER_ERROR, "the broker answered no new receipt handle")
-        return spb.ChangeInvisibleDurationResponse(
-            status=_status(Code.OK), receipt_handle=compose_handle(renewed, handle.commit_offset))
+        handle = parse_handle(await self.renewal.settle(call.client_id, group, request.message_id,
+                                                        request.receipt_handle))
+        renewed = await change_invisible(self.cluster, group, topic, handle, invisible,
+                                         Deadline(call.budget_s(self.cluster.rpc_timeout_s)))
+        return spb.ChangeInvisibleDurationResponse(status=_status(Code.OK), receipt_handle=renewed)
 
     # --- ForwardMessageToDeadLetterQueue -----------------------------------------------
 
     async def forward_to_dlq(self, request: Any, call: Call) -> Any:
         topic = check_topic(request.topic.name)
         group = check_group(request.group.name)
-        handle = parse_handle(request.receipt_handle)
+        handle = parse_handle(await self.renewal.settle(call.client_id, group, request.message_id,
+                                                        request.receipt_handle))
         if handle.commit_offset < 0:
             raise ProxyError(Code.INVALID_RECEIPT_HANDLE, "receipt handle names no commitlog offset")
         header = {"group": group, "offset": handle.commit_offset, "delayLevel": -1,

@@ -38,6 +38,9 @@ class ReceiptHandle:
     pop_time: int
     invisible_time: int
     commit_offset: int
+    #: The broker's retry field: which topic the queue and offset are of (the topic's, or
+    #: its pop retry topic's).
+    retry: str = "0"
 
 
 def compose_handle(broker_handle: str, commit_offset: int) -> str:
@@ -53,7 +56,7 @@ def parse_handle(text: str) -> ReceiptHandle:
                          f"receipt handle {text[:120]!r} is not one this proxy issued")
     try:
         return ReceiptHandle(broker_handle, fields[5], int(fields[6]), int(fields[7]),
-                             int(fields[1]), int(fields[2]), int(tail))
+                             int(fields[1]), int(fields[2]), int(tail), fields[4])
     except ValueError:
         raise ProxyError(Code.INVALID_RECEIPT_HANDLE,
                          f"receipt handle {text[:120]!r} has a non-number where a number goes") from None

@@ -30,7 +30,7 @@ from rmqha.proxy.config import ProxyConfig
 from rmqha.proxy.handles import compose_transaction_id, parse_transaction_id
 from rmqha.proxy.routing import writable_queues
 from rmqha.proxy.sends import SendPlan, batch_header, check_type, pick_queue, plan_send, send_header
-from rmqha.proxy.status import Code, broker_code, combined
+from rmqha.proxy.status import Code, broker_code
 from rmqha.proxy.validation import check_topic
 
 #: Broker answers that still mean "stored" (the entry says how safe).
@@ -115,7 +115,6 @@ def _send_response(plan: SendPlan, group: str, resp: RemotingCommand) -> Any:
         entry.offset = first_offset + i
         if m.sys_flag & SysFlag.TRANSACTION_PREPARED:
             entry.transaction_id = compose_transaction_id(commit_offset, group, entry.message_id)
-    status = combined([Code(e.status.code) for e in out.entries])
-    out.status.code = status
-    out.status.message = message if status == code else status.name
+    # One broker answer: every entry has its code, which is the response's too.
+    out.status.code, out.status.message = code, message
     return out

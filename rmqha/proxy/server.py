@@ -1,10 +1,12 @@
 """The proxy process: the gRPC server and the background work, started and stopped in order.
 
-:func:`run_proxy` binds ``grpcServerHost:grpcServerPort`` (grpc.aio), serves
-:class:`~rmqha.proxy.service.MessagingService` and announces producer groups to the
-masters (:class:`~rmqha.proxy.transactions.TransactionRelay`) until ``stop`` is set; then
-it stops taking calls, lets running ones end for a moment, and closes its broker
-connections.  The proxy keeps nothing on disk.
+:func:`run_proxy` binds ``grpcServerHost:grpcServerPort`` (grpc.aio; TLS as
+``tls.server.mode`` says, :mod:`rmqha.proxy.grpc_tls`), serves
+:class:`~rmqha.proxy.service.MessagingService`, announces producer groups to the
+masters (:class:`~rmqha.proxy.transactions.TransactionRelay`) and renews auto_renew
+deliveries (:class:`~rmqha.proxy.renewal.Renewal`) until ``stop`` is set; then it stops
+taking calls, lets running ones end for a moment, hands back the deliveries it renewed and
+closes its broker connections.  The proxy keeps nothing on disk.
 """
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ from rmqha.proxy.clients import ClientRegistry
 from rmqha.proxy.cluster import ClusterAccess
 from rmqha.proxy.config import ProxyConfig
 from rmqha.proxy.consuming import Consuming
+from rmqha.proxy.grpc_tls import port_credentials
 from rmqha.proxy.producing import Producing
+from rmqha.proxy.renewal import Renewal
 from rmqha.proxy.service import MessagingService
 from rmqha.proxy.transactions import TransactionRelay, proxy_client_id
 from rmqha.security.acl import AclValidator
@@ -37,27 +41,36 @@ def build_service(cfg: ProxyConfig) -> tuple[MessagingService, ClusterAccess, Tr
     clients = ClientRegistry()
     relay = TransactionRelay(cluster, clients, proxy_client_id(cfg.grpc_server_port),
                              cfg.transaction_heartbeat_period_second)
+    renewal = Renewal(cfg, cluster, clients)
     acl = AclValidator(cfg.acl_file) if cfg.acl_enable else None
-    service = MessagingService(ClientActivity(cfg, cluster, clients, relay),
-                               Producing(cfg, cluster), Consuming(cfg, cluster), clients, acl)
+    service = MessagingService(ClientActivity(cfg, cluster, clients, relay), Producing(cfg, cluster),
+                               Consuming(cfg, cluster, renewal), clients, acl)
     return service, cluster, relay
 
 
 async def run_proxy(cfg: ProxyConfig, stop: asyncio.Event) -> None:
     """Serve until ``stop`` is set."""
     service, cluster, relay = build_service(cfg)
+    renewal = service.consuming.renewal
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_INBOUND_BYTES)])
     service_pb2_grpc.add_MessagingServiceServicer_to_server(service, server)
-    if server.add_insecure_port(cfg.address) == 0:
+    credentials = port_credentials(cfg.tls)
+    bound = (server.add_insecure_port(cfg.address) if credentials is None
+             else server.add_secure_port(cfg.address, credentials))
+    if bound == 0:
         raise ConfigError(f"grpcServerPort: cannot bind {cfg.address}")
     await server.start()
-    log.info("proxy serving gRPC on %s for cluster %s (name servers %s)", cfg.address,
+    log.info("proxy serving gRPC%s on %s for cluster %s (name servers %s)",
+             "" if credentials is None else " over TLS", cfg.address,
              cfg.rocketmq_cluster_name, cfg.namesrv_addr)
     announcing = asyncio.create_task(relay.run(stop))
+    renewing = asyncio.create_task(renewal.run(stop))
     try:
         await stop.wait()
     finally:
         announcing.cancel()
+        renewing.cancel()
         await server.stop(GRACE_S)
+        await renewal.close()
         await cluster.close()
         log.info("proxy stopped")

@@ -18,11 +18,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from rmqha.protocol.groups import SubscriptionGroupConfig
 from rmqha.proxy.config import ProxyConfig
-
-#: RocketMQ's ``CustomizedRetryPolicy`` default: the delay levels from 1s, in ms.
-DEFAULT_RETRY_NEXT_MS = (1000, 5000, 10000, 30000, 60000, 120000, 180000, 240000, 300000,
-                         360000, 420000, 480000, 540000, 600000, 1200000, 1800000, 3600000,
-                         7200000)
+from rmqha.proxy.renewal_logic import DEFAULT_RETRY_NEXT_MS
 
 
 def _duration(target: Any, ms: int) -> None:

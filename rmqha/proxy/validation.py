@@ -2,10 +2,12 @@
 (``GrpcValidator``): topics, consumer groups, tags, invisible and polling times.
 
 Every check raises :class:`~rmqha.errors.ProxyError` with RocketMQ's status code and a
-message naming the value; nothing reaches a broker before it passes.
+message naming the value; nothing reaches a broker before it passes.  The topic and group
+checks remember the names that passed (every request names them again).
 """
 from __future__ import annotations
 
+import functools
 import unicodedata
 
 from rmqha.errors import ConfigError, ProxyError
@@ -30,6 +32,7 @@ def has_control_character(text: str) -> bool:
     return any(unicodedata.category(ch) == "Cc" for ch in text)
 
 
+@functools.lru_cache(maxsize=4096)
 def check_topic(name: str) -> str:
     """A topic a client may use; ILLEGAL_TOPIC otherwise."""
     try:
@@ -41,6 +44,7 @@ def check_topic(name: str) -> str:
     return name
 
 
+@functools.lru_cache(maxsize=4096)
 def check_group(name: str) -> str:
     """A consumer group a client may use; ILLEGAL_CONSUMER_GROUP otherwise."""
     try:

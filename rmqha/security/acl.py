@@ -116,6 +116,8 @@ class Code(enum.IntEnum):
     INVOKE_BROKER_TO_RESET_OFFSET = 222  # not in rmqha.protocol.codes (mqadmin resetOffsetByTime)
     SEND_MESSAGE_V2 = 310
     UPDATE_NAMESRV_CONFIG = 318  # not in rmqha.protocol.codes
+    QUERY_ASSIGNMENT = 400
+    SET_MESSAGE_REQUEST_MODE = 401
     SEND_BATCH_MESSAGE = 320
     ADD_WRITE_PERM_OF_BROKER = 327  # not in rmqha.protocol.codes
     GET_BROKER_EPOCH_CACHE = 1007
@@ -134,15 +136,16 @@ ROCKETMQ_ADMIN_CODES: frozenset[int] = frozenset({
 })
 
 #: Further codes rmqha keeps for admin accounts (RocketMQ lets any signed account send
-#: them): offset resets, route and write-permission changes, configuration updates, and
-#: GET_BROKER_EPOCH_CACHE (``mqadmin getBrokerEpoch``: a broker's epochs and log end are
-#: for operators and the cluster's own processes, which the broker lets in by certificate,
-#: see ``rmqha.broker.acl_guard``).
+#: them): offset resets, route and write-permission changes, configuration updates (a
+#: group's message request mode too), and GET_BROKER_EPOCH_CACHE (``mqadmin
+#: getBrokerEpoch``: a broker's epochs and log end are for operators and the cluster's own
+#: processes, which the broker lets in by certificate, see ``rmqha.broker.acl_guard``).
 RMQHA_ADMIN_CODES: frozenset[int] = ROCKETMQ_ADMIN_CODES | frozenset({
     Code.INVOKE_BROKER_TO_RESET_OFFSET, Code.DELETE_TOPIC_IN_NAMESRV,
     Code.WIPE_WRITE_PERM_OF_BROKER, Code.ADD_WRITE_PERM_OF_BROKER,
     Code.UPDATE_NAMESRV_CONFIG, Code.PUT_KV_CONFIG, Code.DELETE_KV_CONFIG,
     Code.UPDATE_CONTROLLER_CONFIG, Code.CLEAN_BROKER_DATA, Code.GET_BROKER_EPOCH_CACHE,
+    Code.SET_MESSAGE_REQUEST_MODE,
 })
 
 

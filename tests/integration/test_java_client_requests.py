@@ -176,6 +176,15 @@ def test_lite_pull_consumer_life_over_the_wire(tmp_path: Path) -> None:
     run(main())
 
 
+async def _assignment(c: RemotingClient, client_id: str) -> set[tuple[tuple[str, str, int], str]]:
+    resp = await c.request(_java(RequestCode.QUERY_ASSIGNMENT, {}, json.dumps({
+        "topic": "t", "consumerGroup": "g", "clientId": client_id, "strategyName": "AVG",
+        "messageModel": "CLUSTERING"}).encode()))
+    assert resp.code == ResponseCode.SUCCESS, resp.remark
+    return {((a["messageQueue"]["topic"], a["messageQueue"]["brokerName"], a["messageQueue"]["queueId"]),
+             a["mode"]) for a in json.loads(resp.body).get("messageQueueAssignments", [])}
+
+
 def test_consumer_mode_requests_get_rocketmq_answers(tmp_path: Path) -> None:
 
     async def main() -> None:
@@ -190,19 +199,22 @@ def test_consumer_mode_requests_get_rocketmq_answers(tmp_path: Path) -> None:
                 assert ok.code == ResponseCode.SUCCESS
                 sql = await c.request(check("SQL92", "a > 1"))
                 assert sql.code == ResponseCode.SYSTEM_ERROR and "SQL92" in sql.remark
-                qa = await c.request(_java(RequestCode.QUERY_ASSIGNMENT, {}, json.dumps({
-                    "topic": "t", "consumerGroup": "g", "clientId": "x",
-                    "strategyName": "AVG", "messageModel": "CLUSTERING"}).encode()))
-                assert qa.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
-                assert "clientRebalance" in qa.remark
-                pull_mode = await c.request(_java(RequestCode.SET_MESSAGE_REQUEST_MODE, {},
-                                                  json.dumps({"topic": "t", "consumerGroup": "g",
-                                                              "mode": "PULL"}).encode()))
-                assert pull_mode.code == ResponseCode.SUCCESS
+                # Server-side assignment (tests/integration/test_queue_assignment_cluster.py
+                # has the name servers' route and a failover): this broker's own queues.
+                await create_topic(b.address, "t", 2)
+                hb = await c.request(_java(RequestCode.HEART_BEAT, {}, _heartbeat("x", "g", "t")))
+                assert hb.code == ResponseCode.SUCCESS, hb.remark
+                assert await _assignment(c, "x") == {(("t", "broker-a", 0), "PULL"),
+                                                     (("t", "broker-a", 1), "PULL")}
                 pop = await c.request(_java(RequestCode.SET_MESSAGE_REQUEST_MODE, {},
                                             json.dumps({"topic": "t", "consumerGroup": "g",
                                                         "mode": "POP"}).encode()))
-                assert pop.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+                assert pop.code == ResponseCode.SUCCESS, pop.remark
+                assert await _assignment(c, "x") == {(("t", "broker-a", -1), "POP")}
+                unknown = await c.request(_java(RequestCode.SET_MESSAGE_REQUEST_MODE, {},
+                                                json.dumps({"topic": "nope", "consumerGroup": "g",
+                                                            "mode": "PULL"}).encode()))
+                assert unknown.code == ResponseCode.TOPIC_NOT_EXIST
 
     run(main())
 

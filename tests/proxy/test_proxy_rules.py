@@ -63,8 +63,8 @@ def test_receipt_handle_round_trip_and_refusals() -> None:
     broker = "0 1700000000000 30000 0 1 broker-a 3 17 2 0 T MACMAC"
     handle = parse_handle(compose_handle(broker, 4096))
     assert (handle.broker_handle, handle.broker_name, handle.queue_id, handle.offset,
-            handle.commit_offset, handle.pop_time, handle.invisible_time) == (
-        broker, "broker-a", 3, 17, 4096, 1700000000000, 30000)
+            handle.commit_offset, handle.pop_time, handle.invisible_time, handle.retry) == (
+        broker, "broker-a", 3, 17, 4096, 1700000000000, 30000, "1")
     refused(Code.INVALID_RECEIPT_HANDLE, parse_handle, "not a handle")
     refused(Code.INVALID_RECEIPT_HANDLE, parse_handle, broker)  # no commitlog offset appended
     refused(Code.INVALID_RECEIPT_HANDLE, parse_handle, "0 x 30000 0 1 b q 17 2 0 T M 5")

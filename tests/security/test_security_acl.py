@@ -324,6 +324,20 @@ def test_subscription_group_changes_need_an_admin(code: Code,
                   **kw)
 
 
+def test_request_mode_change_needs_an_admin() -> None:
+    """SET_MESSAGE_REQUEST_MODE changes how a group's consumers are assigned queues: an
+    admin's, as rmqha keeps it; QUERY_ASSIGNMENT is any signed account's."""
+    config = AclConfig.parse(PLAIN_ACL)
+    body = json.dumps({"topic": "topicB", "consumerGroup": "groupB", "mode": "POP"}).encode()
+    mode = _signed(Code.SET_MESSAGE_REQUEST_MODE, {}, body)
+    with pytest.raises(AclPermissionError, match="request code 401 needs an admin"):
+        check_request(config, *mode, "172.16.0.9")
+    check_request(config, *_signed(Code.SET_MESSAGE_REQUEST_MODE, {}, body, ak="rocketmq2"), "172.16.0.9")
+    check_request(config, *_signed(Code.QUERY_ASSIGNMENT, {}, body), "172.16.0.9")
+    # Negative control: with RocketMQ's own admin codes the same account may change it.
+    check_request(config, *mode, "172.16.0.9", admin_codes=ROCKETMQ_ADMIN_CODES)
+
+
 def _signed(code: int, fields: dict[str, str], body: bytes | None = None,
             ak: str = "RocketMQ", sk: str = "12345678") -> tuple[int, dict[str, str], bytes | None]:
     return code, sign(fields, body, ak, sk), body
