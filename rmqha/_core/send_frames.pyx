@@ -370,9 +370,12 @@ cdef int _json_header(const unsigned char* h, Py_ssize_t n, Parsed* r) except -2
             elif k == 4:
                 r.flag = v
         elif k == 5:
-            if p + 4 > n or not memcmp_(<const char*>h + p, b"null", 4):
+            if p + 2 <= n and h[p] == 0x22 and h[p + 1] == 0x22:
+                p += 2  # "": the C++ client's (a request's remark is never read)
+            elif p + 4 > n or not memcmp_(<const char*>h + p, b"null", 4):
                 return NOT_PLAIN
-            p += 4
+            else:
+                p += 4
         elif k == 6:
             if names is None:
                 return NOT_PLAIN  # extFields before the code (or not a send): not plain

@@ -15,7 +15,7 @@ or SEND_BATCH_MESSAGE (320, letters) with:
 
 - a header in JSON (serialize type 0) or RocketMQ's binary layout (type 1); the JSON one an
   object of the keys ``code``, ``language``, ``version``, ``opaque``, ``flag``,
-  ``remark`` (null only), ``serializeTypeCurrentRPC`` and ``extFields`` (an object of
+  ``remark`` (null or empty), ``serializeTypeCurrentRPC`` and ``extFields`` (an object of
   string or integer values, after ``code``), each at most once, integers without fraction or exponent of at
   most 18 digits, strings strict UTF-8 without lone surrogates; the binary one without a
   remark;
@@ -301,9 +301,12 @@ def _json_header(h: bytes) -> tuple[int, int, int, int, list[tuple[bytes, bytes]
         if k in (0, 2, 3, 4):
             p, vals[k] = _json_int(h, p)
         elif k == 5:
-            if h[p:p + 4] != b"null":
+            if h[p:p + 2] == b'""':
+                p += 2  # the C++ client's empty remark (a request's remark is never read)
+            elif h[p:p + 4] == b"null":
+                p += 4
+            else:
                 raise _NotPlain
-            p += 4
             vals[k] = None
         elif k == 6:
             if 0 not in vals:

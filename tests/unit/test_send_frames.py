@@ -87,6 +87,9 @@ def test_json_quirks_of_other_clients_parse_the_same(twin: str) -> None:
     assert got is not None and got[3] == "T\u00e9/x" and got[4] == 2 and got[6] == -5
     assert got[7] == 0 and got[9] == 0  # absent: 0 (the queue id: -1)
     bare = b'{"code":10,"extFields":{"topic":"T"}}'
+    cpp = b'{"code":10,"extFields":{"topic":"T"},"remark":"","version":63}'  # the C++ client
+    assert mod.parse_send(struct.pack(">i", len(cpp)) + cpp, REFUSE) == expected(
+        struct.pack(">i", len(cpp)) + cpp)
     got = mod.parse_send(struct.pack(">i", len(bare)) + bare, REFUSE)
     assert got is not None and got[4] == -1 and got[8] == b"" and got[1] == 0
 
