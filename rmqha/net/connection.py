@@ -616,8 +616,9 @@ class Connection(asyncio.Protocol):
         task.add_done_callback(self._tasks.discard)
 
     def _on_plain_send(self, send: SendFrame) -> None:
-        """A plain send to its handler, or (not taken, or a guard to pass first) the
-        ordinary way; either way in its place among the connection's requests."""
+        """A plain send to its handler, or (not taken, or a guard whose plain check does
+        not admit it) the ordinary way; either way in its place among the connection's
+        requests."""
         dispatcher = self._dispatcher
         handler = dispatcher.plain_send if dispatcher is not None else None
         if handler is not None and dispatcher is not None and (
