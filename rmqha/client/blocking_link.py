@@ -40,7 +40,7 @@ import socket
 import ssl
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from rmqha._core import load
 from rmqha._core.send_codec_py import Answer
@@ -104,6 +104,13 @@ class BlockingLink:
     def signs(self) -> bool:
         """Whether requests are signed (a hook that needs the command, not its bytes)."""
         return self.security is not None and self.security.rpc_hook is not None
+
+    def signed(self, frame: bytes, ext_fields: Mapping[str, str], body: bytes) -> bytes | None:
+        """A send's ``frame`` (its ``ext_fields`` and ``body``) signed in place by this
+        link's credentials (:meth:`Credentials.sign_send_frame`); None when only the
+        signing hook can sign it, which needs the command."""
+        creds = self.security.credentials if self.security is not None else None
+        return None if creds is None else creds.sign_send_frame(frame, ext_fields, body)
 
     def send(self, frame: bytes, opaque: int, timeout: float) -> Answer:
         """:meth:`request` of a send request encoded already (``SendRequest.frame``, which
