@@ -29,7 +29,8 @@ next request's, and after a malformed frame the stream has no frame boundary lef
 next request connects again.  A link belongs to one thread: it is not thread-safe.
 
 With a :class:`~rmqha.net.client_security.ClientSecurity` a link signs each request with
-its hook, as :class:`~rmqha.net.client.RemotingClient` does, and speaks TLS when it has a
+its hook, as :class:`~rmqha.net.client.RemotingClient` does (a send's encoded frame is
+signed in place by its credentials, :meth:`BlockingLink.signed`), and speaks TLS when it has a
 context; a TLS link keeps its deadline with the socket's own timeout instead of
 SO_RCVTIMEO (an SSL read retries a kernel timeout in place, never giving up).
 """
