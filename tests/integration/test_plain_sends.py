@@ -347,7 +347,19 @@ def acl_reads() -> list[bytes]:
     near = signed(18, sk="near-secret-12", ak="near-ak")  # whiteRemoteAddress: no signature
     return [make_t, make_u, b"".join(good[:5])] + good[5:] + [b"".join(refused), near,
                                                                signed(19, "U", "admin-ak",
-                                                                      "admin-secret-12")]
+                                                                      "admin-secret-12"),
+                                                               signed_batch(20),
+                                                               signed_batch(21, "U")]
+
+
+def signed_batch(i: int, topic: str = "T") -> bytes:
+    """A SEND_BATCH_MESSAGE of three, signed as ``producer-ak`` (PUB on T, SUB on U)."""
+    items = [BatchItem(b"sb%d-%d" % (i, k), {"UNIQ_KEY": f"SB{i}-{k}"}, 0) for k in range(3)]
+    h = SendHeader("pg", topic, 1, 0, 1700000000000 + i, 0, "", 0, True)
+    body = encode_batch(items)
+    return encode(RemotingCommand(RequestCode.SEND_BATCH_MESSAGE, opaque=1000 + i,
+                                  ext_fields=sign(h.build(), body, "producer-ak",
+                                                  "producer-secret-1"), body=body))
 
 
 def test_signed_sends_are_checked_on_the_lane_as_the_guard_checks_them(tmp_path: Path) -> None:
@@ -365,7 +377,8 @@ def test_signed_sends_are_checked_on_the_lane_as_the_guard_checks_them(tmp_path:
     assert fast.transport.out == slow.transport.out
     assert fast.records() == slow.records()
     got = {a.opaque - 1000: a for a in answers(fast)}
-    assert all(got[i].code == ResponseCode.SUCCESS for i in (*range(12), 18, 19))
+    assert all(got[i].code == ResponseCode.SUCCESS for i in (*range(12), 18, 19, 20))
+    assert "no PUB permission for topic:U" in got[21].remark  # a batch, refused as a send
     for i in range(12, 18):
         assert got[i].code == ResponseCode.SYSTEM_ERROR, (i, got[i].remark)
     assert "check signature failed" in got[12].remark and "check signature" in got[13].remark
@@ -374,7 +387,7 @@ def test_signed_sends_are_checked_on_the_lane_as_the_guard_checks_them(tmp_path:
     # The lane admitted the good ones and the white-address one, and no refused one (the
     # two that created their topics went on the ordinary way); without it every send went
     # to the guard.
-    assert fast.admitted == 14 and fast.taken == 12 and slow.admitted == 0 and slow.taken == 0
+    assert fast.admitted == 15 and fast.taken == 13 and slow.admitted == 0 and slow.taken == 0
 
 
 def test_a_reloaded_acl_file_takes_effect_on_the_lane(tmp_path: Path) -> None:
