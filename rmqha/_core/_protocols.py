@@ -467,8 +467,10 @@ class PullAnswerTwin(Protocol):
 
 
 #: A plain send parsed by ``send_frames``: (code, opaque, serialize_type, topic, queue_id,
-#: sys_flag, born_timestamp, flag, properties, reconsume_times, body, head).
-SendFrame = tuple[int, int, int, str, int, int, int, int, bytes, int, bytes, bytes]
+#: sys_flag, born_timestamp, flag, properties, reconsume_times, body, head, access_key,
+#: signature, signed_content); the last three None unless parsed ``signed``.
+SendFrame = tuple[int, int, int, str, int, int, int, int, bytes, int, bytes, bytes,
+                  str | None, bytes | None, bytes | None]
 
 
 class SendFramesTwin(Protocol):
@@ -483,13 +485,15 @@ class SendFramesTwin(Protocol):
     TRANSACTION_BITS: int
     LANGUAGE: str
     LANGUAGE_CODE: int
+    MAX_SIGNED_FIELDS: int
+    V4_9_3: int
 
     def scan(self, buf: bytes | bytearray | memoryview, max_frame_bytes: int,
              decode_other: Callable[[memoryview], Any],
-             refuse: tuple[bytes, ...]) -> tuple[list[Any], int]: ...
+             refuse: tuple[bytes, ...], signed: bool = ...) -> tuple[list[Any], int]: ...
 
     def parse_send(self, frame: bytes | bytearray | memoryview,
-                   refuse: tuple[bytes, ...]) -> SendFrame | None: ...
+                   refuse: tuple[bytes, ...], signed: bool = ...) -> SendFrame | None: ...
 
     def encode_send_ok(self, serialize_type: int, opaque: int, version: int, msg_id: str,
                        queue_id: int, queue_offset: int, status: str,

@@ -5,7 +5,9 @@
 Same API, results and bytes as the pure twin.  A read's frames are split, and a plain
 send's header (JSON or binary) parsed, through raw pointers after explicit length checks,
 without a command object or a header dict: the only objects made per plain send are its
-tuple, its topic, properties, body and head.
+tuple, its topic, properties, body and head (and with ``signed`` its access key, signature
+and signed content, the content written in one buffer from the header's entries sorted in
+place).
 """
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
@@ -22,6 +24,8 @@ COMPRESSED = 0x1
 TRANSACTION_BITS = 0xC
 LANGUAGE = "PYTHON"
 LANGUAGE_CODE = 3
+MAX_SIGNED_FIELDS = 64
+V4_9_3 = 400
 
 cdef enum:
     NFIELDS = 10
@@ -38,6 +42,8 @@ cdef enum:
     MAX_DIGITS = 18
     SMALL = 32
     NOT_PLAIN = -1
+    MAXEXT = 64
+    OLD_SIGNING = 400  # V4_9_3
 
 cdef tuple _V1 = (b"topic", b"queueId", b"sysFlag", b"bornTimestamp", b"flag", b"properties",
                   b"reconsumeTimes", b"batch", b"maxReconsumeTimes", b"producerGroup")
@@ -236,6 +242,14 @@ cdef inline bint memcmp_(const char* a, const char* b, Py_ssize_t n) noexcept no
     return True
 
 
+cdef inline bint _ascii(const unsigned char* p, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        if p[i] >= 0x80:
+            return False
+    return True
+
+
 cdef struct Parsed:
     int64_t code
     int64_t opaque
@@ -247,6 +261,32 @@ cdef struct Parsed:
     Py_ssize_t fpos[NFIELDS]
     Py_ssize_t flen[NFIELDS]
     bint fint[NFIELDS]
+    int64_t version
+    # Every extFields entry, for the signed content: its key's bytes (ASCII, no escape)
+    # and its value as fpos/flen/fint hold one; ``usual`` False when a key is not such,
+    # or past MAXEXT entries.
+    int next
+    bint usual
+    Py_ssize_t ekpos[MAXEXT]
+    Py_ssize_t eklen[MAXEXT]
+    Py_ssize_t evpos[MAXEXT]
+    Py_ssize_t evlen[MAXEXT]
+    bint evint[MAXEXT]
+
+
+cdef inline void _entry(Parsed* r, Py_ssize_t kpos, Py_ssize_t klen, Py_ssize_t vpos,
+                        Py_ssize_t vlen, bint is_int) noexcept nogil:
+    """One more extFields entry for the signed content (past MAXEXT: none is usual)."""
+    cdef int i = r.next
+    if i >= MAXEXT:
+        r.usual = False
+        return
+    r.ekpos[i] = kpos
+    r.eklen[i] = klen
+    r.evpos[i] = vpos
+    r.evlen[i] = vlen
+    r.evint[i] = is_int
+    r.next = i + 1
 
 
 cdef int _json_header(const unsigned char* h, Py_ssize_t n, Parsed* r) except -2:
@@ -257,7 +297,8 @@ cdef int _json_header(const unsigned char* h, Py_ssize_t n, Parsed* r) except -2
     cdef int64_t v
     cdef bint more, in_ext = False
     cdef tuple names = None
-    r.code = r.opaque = r.flag = 0
+    cdef Py_ssize_t kstart = 0, kbytes = 0
+    r.code = r.opaque = r.flag = r.version = 0
     p = _skip(h, n, 0)
     if p >= n or h[p] != 0x7B:
         return NOT_PLAIN
@@ -268,6 +309,10 @@ cdef int _json_header(const unsigned char* h, Py_ssize_t n, Parsed* r) except -2
         if kend < 0:
             return NOT_PLAIN
         if in_ext:
+            kstart = p + 1
+            kbytes = kend - p - 2
+            if r.usual and (kbytes != klen or not _ascii(h + kstart, kbytes)):
+                r.usual = False  # an escape or a byte past ASCII in the key
             f = -1
             if klen <= SMALL:
                 _jstr(h, n, p, key, SMALL, &klen)
@@ -290,6 +335,7 @@ cdef int _json_header(const unsigned char* h, Py_ssize_t n, Parsed* r) except -2
                 p = _jstr(h, n, p, NULL, 0, &klen)
                 if p < 0:
                     return NOT_PLAIN
+                _entry(r, kstart, kbytes, vstart, p - vstart, False)
                 if f >= 0:
                     if r.fpos[f] >= 0:
                         return NOT_PLAIN
@@ -300,6 +346,7 @@ cdef int _json_header(const unsigned char* h, Py_ssize_t n, Parsed* r) except -2
                 p = _jint(h, n, p, &v)
                 if p < 0:
                     return NOT_PLAIN
+                _entry(r, kstart, kbytes, vstart, p - vstart, True)
                 if f >= 0:
                     if r.fpos[f] >= 0:
                         return NOT_PLAIN
@@ -316,14 +363,19 @@ cdef int _json_header(const unsigned char* h, Py_ssize_t n, Parsed* r) except -2
                     names = _V1
                 elif v == SEND_MESSAGE_V2 or v == SEND_BATCH_MESSAGE:
                     names = _V2
+            elif k == 2:
+                r.version = v
             elif k == 3:
                 r.opaque = v
             elif k == 4:
                 r.flag = v
         elif k == 5:
-            if p + 4 > n or not memcmp_(<const char*>h + p, b"null", 4):
+            if p + 2 <= n and h[p] == 0x22 and h[p + 1] == 0x22:
+                p += 2  # "": the C++ client's (a request's remark is never read)
+            elif p + 4 > n or not memcmp_(<const char*>h + p, b"null", 4):
                 return NOT_PLAIN
-            p += 4
+            else:
+                p += 4
         elif k == 6:
             if names is None:
                 return NOT_PLAIN  # extFields before the code (or not a send): not plain
@@ -369,6 +421,7 @@ cdef int _binary_header(const unsigned char* h, Py_ssize_t n, Parsed* r) except 
     if n < 13 + 8:
         return NOT_PLAIN
     r.code = <int16_t>((h[0] << 8) | h[1])
+    r.version = <int16_t>((h[3] << 8) | h[4])
     r.opaque = <int32_t>_be32(h + 5)
     r.flag = <int32_t>_be32(h + 9)
     if _be32(h + 13) != 0:
@@ -405,6 +458,9 @@ cdef int _binary_header(const unsigned char* h, Py_ssize_t n, Parsed* r) except 
             return NOT_PLAIN
         if klen == 0 or vlen == 0:
             continue
+        if r.usual and not _ascii(h + kpos, klen):
+            r.usual = False
+        _entry(r, kpos, klen, vpos, vlen, True)
         f = _field_of(names, h + kpos, klen)
         if f >= 0:
             if r.fpos[f] >= 0:
@@ -470,7 +526,92 @@ cdef bytes _bytes_of(const unsigned char* h, Parsed* r, int f, bint json):
     return PyBytes_FromStringAndSize(<const char*>h + r.fpos[f], r.flen[f])
 
 
-cdef object _parse(const unsigned char* raw, Py_ssize_t n, tuple refuse):
+cdef tuple _UNSIGNED = (None, None, None)
+
+
+cdef int _key_cmp(const unsigned char* h, Parsed* r, int a, int b) noexcept nogil:
+    """Order of entries ``a`` and ``b`` by key (ASCII: bytes, shorter first on a tie)."""
+    cdef Py_ssize_t la = r.eklen[a], lb = r.eklen[b], i
+    cdef const unsigned char* ka = h + r.ekpos[a]
+    cdef const unsigned char* kb = h + r.ekpos[b]
+    for i in range(la if la < lb else lb):
+        if ka[i] != kb[i]:
+            return -1 if ka[i] < kb[i] else 1
+    return -1 if la < lb else (1 if la > lb else 0)
+
+
+cdef inline bint _key_is(const unsigned char* h, Parsed* r, int i, const char* name,
+                         Py_ssize_t n) noexcept nogil:
+    return r.eklen[i] == n and memcmp_(<const char*>h + r.ekpos[i], name, n)
+
+
+cdef Py_ssize_t _entry_value(const unsigned char* h, Parsed* r, int i, bint json,
+                             unsigned char* out) noexcept nogil:
+    """Entry ``i``'s value bytes (into ``out`` unless NULL): their length."""
+    cdef Py_ssize_t n = 0
+    if json and not r.evint[i]:
+        _jstr(h, r.evpos[i] + r.evlen[i], r.evpos[i], out, r.evlen[i], &n)
+        return n
+    if out != NULL:
+        memcpy(out, h + r.evpos[i], <size_t>r.evlen[i])
+    return r.evlen[i]
+
+
+cdef bytes _entry_bytes(const unsigned char* h, Parsed* r, int i, bint json):
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, _entry_value(h, r, i, json, NULL))
+    _entry_value(h, r, i, json, <unsigned char*>PyBytes_AS_STRING(out))
+    return out
+
+
+cdef tuple _signing(const unsigned char* h, Parsed* r, bint json, bytes body):
+    """(access key, signature, signed content) of a header whose keys are all usual
+    (the pure twin's ``_signing``)."""
+    cdef int order[MAXEXT]
+    cdef int i, j, t, c, ak = -1, sig = -1
+    cdef Py_ssize_t total, at, blen = len(body)
+    cdef bytes content
+    cdef unsigned char* out
+    cdef bint skip_unique = r.version <= OLD_SIGNING
+    # Insertion sort of the (at most MAXEXT) entries by key; a key given twice: unusual.
+    for i in range(r.next):
+        j = i
+        while j > 0:
+            c = _key_cmp(h, r, order[j - 1], i)
+            if c == 0:
+                return _UNSIGNED
+            if c < 0:
+                break
+            order[j] = order[j - 1]
+            j -= 1
+        order[j] = i
+    total = blen
+    for t in range(r.next):
+        i = order[t]
+        if _key_is(h, r, i, b"AccessKey", 9):
+            ak = i
+        elif _key_is(h, r, i, b"Signature", 9):
+            sig = i
+            continue
+        elif skip_unique and _key_is(h, r, i, b"_UNIQUE_KEY_QUERY", 17):
+            continue
+        total += _entry_value(h, r, i, json, NULL)
+    if ak < 0 or sig < 0:
+        return (None if ak < 0 else _entry_bytes(h, r, ak, json).decode("utf-8"),
+                None if sig < 0 else _entry_bytes(h, r, sig, json), None)
+    content = PyBytes_FromStringAndSize(NULL, total)
+    out = <unsigned char*>PyBytes_AS_STRING(content)
+    at = 0
+    for t in range(r.next):
+        i = order[t]
+        if i == sig or (skip_unique and _key_is(h, r, i, b"_UNIQUE_KEY_QUERY", 17)):
+            continue
+        at += _entry_value(h, r, i, json, out + at)
+    memcpy(out + at, PyBytes_AS_STRING(body), <size_t>blen)
+    return (_entry_bytes(h, r, ak, json).decode("utf-8"), _entry_bytes(h, r, sig, json),
+            content)
+
+
+cdef object _parse(const unsigned char* raw, Py_ssize_t n, tuple refuse, bint signed):
     """The SendFrame of one frame (without its total length), or None."""
     cdef Parsed r
     cdef uint32_t ori
@@ -480,7 +621,8 @@ cdef object _parse(const unsigned char* raw, Py_ssize_t n, tuple refuse):
     cdef unsigned char small[SMALL]
     cdef const unsigned char* h
     cdef bint json
-    cdef bytes props, topic, bad
+    cdef bytes props, topic, bad, body
+    cdef tuple signing = _UNSIGNED
     if n < 4:
         return None
     ori = _be32(raw)
@@ -491,6 +633,8 @@ cdef object _parse(const unsigned char* raw, Py_ssize_t n, tuple refuse):
         r.fpos[f] = -1
         r.flen[f] = 0
         r.fint[f] = False
+    r.next = 0
+    r.usual = True
     h = raw + 4
     json = (ori >> 24) == 0
     if json:
@@ -528,23 +672,26 @@ cdef object _parse(const unsigned char* raw, Py_ssize_t n, tuple refuse):
     for bad in refuse:
         if bad in props:
             return None
+    body = PyBytes_FromStringAndSize(<const char*>h + hlen, n - 4 - hlen)
+    if signed and r.usual:
+        signing = _signing(h, &r, json, body)
     return (<int>r.code, r.opaque, <int>(ori >> 24), topic.decode("utf-8"), qid, sys_flag,
-            born, flag, props, reconsume,
-            PyBytes_FromStringAndSize(<const char*>h + hlen, n - 4 - hlen),
-            PyBytes_FromStringAndSize(<const char*>raw, 4 + hlen))
+            born, flag, props, reconsume, body,
+            PyBytes_FromStringAndSize(<const char*>raw, 4 + hlen),
+            signing[0], signing[1], signing[2])
 
 
-def parse_send(frame, tuple refuse):
+def parse_send(frame, tuple refuse, bint signed=False):
     """The plain send in one frame (without its total length), or None."""
     cdef Py_buffer view
     PyObject_GetBuffer(frame, &view, PyBUF_SIMPLE)
     try:
-        return _parse(<const unsigned char*>view.buf, view.len, refuse)
+        return _parse(<const unsigned char*>view.buf, view.len, refuse, signed)
     finally:
         PyBuffer_Release(&view)
 
 
-def scan(buf, Py_ssize_t max_frame_bytes, decode_other, tuple refuse):
+def scan(buf, Py_ssize_t max_frame_bytes, decode_other, tuple refuse, bint signed=False):
     """The whole frames at the start of ``buf``: (items in order, bytes they took)."""
     cdef Py_buffer view
     cdef const unsigned char* b
@@ -562,7 +709,7 @@ def scan(buf, Py_ssize_t max_frame_bytes, decode_other, tuple refuse):
                 raise ProtocolError(f"frame length {total} outside [4, {max_frame_bytes}]")
             if n - pos - 4 < total:
                 break
-            item = _parse(b + pos + 4, total, refuse)
+            item = _parse(b + pos + 4, total, refuse, signed)
             if item is None:
                 with memoryview(buf) as whole:
                     frame = whole[pos + 4:pos + 4 + total]

@@ -15,7 +15,7 @@ or SEND_BATCH_MESSAGE (320, letters) with:
 
 - a header in JSON (serialize type 0) or RocketMQ's binary layout (type 1); the JSON one an
   object of the keys ``code``, ``language``, ``version``, ``opaque``, ``flag``,
-  ``remark`` (null only), ``serializeTypeCurrentRPC`` and ``extFields`` (an object of
+  ``remark`` (null or empty), ``serializeTypeCurrentRPC`` and ``extFields`` (an object of
   string or integer values, after ``code``), each at most once, integers without fraction or exponent of at
   most 18 digits, strings strict UTF-8 without lone surrogates; the binary one without a
   remark;
@@ -41,6 +41,16 @@ string, ``head`` the frame's first bytes up to its body (``serialize_type << 24 
 header_length`` and the header), so that ``head + body`` is the frame again for the
 ordinary decoder when a check refuses the send.
 
+With ``signed`` (a broker checking RocketMQ ACL 1.0 signatures) the last three are
+``access_key`` (the ``AccessKey`` field, str), ``signature`` (the ``Signature`` field's
+UTF-8 bytes) and ``signed``: the bytes RocketMQ's server signs, what
+:func:`rmqha.security.signature.signed_content` makes of the decoded command (the values
+of every extFields entry but ``Signature`` in the keys' order, and ``_UNIQUE_KEY_QUERY``
+left out for a frame of version <= 400, then the body).  Each is None when the field is
+absent (``signed`` when either is) or when the header is unusual for signing: a key not
+ASCII, a JSON key with an escape, a key given twice, more than :data:`MAX_SIGNED_FIELDS`
+entries.  Without ``signed`` all three are None.
+
 :func:`encode_send_ok` writes a send's SUCCESS answer frame, byte for byte what the codec
 makes of ``RemotingCommand.reply(SUCCESS, None, {msgId, queueId, queueOffset, putStatus,
 commitLogOffset})`` stamped for the request (language PYTHON, response flag).
@@ -64,7 +74,17 @@ TRANSACTION_BITS = 0xC
 LANGUAGE = "PYTHON"
 LANGUAGE_CODE = 3
 
-SendFrame = tuple[int, int, int, str, int, int, int, int, bytes, int, bytes, bytes]
+SendFrame = tuple[int, int, int, str, int, int, int, int, bytes, int, bytes, bytes,
+                  str | None, bytes | None, bytes | None]
+
+#: The extFields entries a header may have and still be signed on the lane.
+MAX_SIGNED_FIELDS = 64
+ACCESS_KEY = b"AccessKey"
+SIGNATURE = b"Signature"
+UNIQUE_KEY_QUERY = b"_UNIQUE_KEY_QUERY"
+#: Frames of a version up to this (V4_9_3) are signed without ``_UNIQUE_KEY_QUERY``.
+V4_9_3 = 400
+_UNSIGNED = (None, None, None)
 
 #: Field number of each known extFields key, per code: topic, queue id, sys flag, born
 #: timestamp, flag, properties, reconsume times, batch, max reconsume times, producer group.
@@ -93,7 +113,7 @@ class _NotPlain(Exception):
 
 def scan(buf: bytes | bytearray | memoryview, max_frame_bytes: int,
          decode_other: Callable[[memoryview], Any],
-         refuse: tuple[bytes, ...]) -> tuple[list[Any], int]:
+         refuse: tuple[bytes, ...], signed: bool = False) -> tuple[list[Any], int]:
     """The whole frames at the start of ``buf``: (items in order, bytes they took).
 
     A length below 4 or above ``max_frame_bytes`` raises ProtocolError (the codec's
@@ -109,7 +129,7 @@ def scan(buf: bytes | bytearray | memoryview, max_frame_bytes: int,
             if n - pos - 4 < total:
                 break
             frame = view[pos + 4:pos + 4 + total]
-            item = parse_send(frame, refuse)
+            item = parse_send(frame, refuse, signed)
             items.append(decode_other(frame) if item is None else item)
             frame.release()
             pos += 4 + total
@@ -117,16 +137,16 @@ def scan(buf: bytes | bytearray | memoryview, max_frame_bytes: int,
 
 
 def parse_send(frame: bytes | bytearray | memoryview,
-               refuse: tuple[bytes, ...]) -> SendFrame | None:
+               refuse: tuple[bytes, ...], signed: bool = False) -> SendFrame | None:
     """The plain send in one frame (without its total length), or None."""
     raw = bytes(frame)
     try:
-        return _parse(raw, refuse)
+        return _parse(raw, refuse, signed)
     except _NotPlain:
         return None
 
 
-def _parse(raw: bytes, refuse: tuple[bytes, ...]) -> SendFrame:
+def _parse(raw: bytes, refuse: tuple[bytes, ...], signed: bool) -> SendFrame:
     if len(raw) < 4:
         raise _NotPlain
     ori = int.from_bytes(raw[:4], "big")
@@ -135,9 +155,9 @@ def _parse(raw: bytes, refuse: tuple[bytes, ...]) -> SendFrame:
         raise _NotPlain
     header = raw[4:4 + hlen]
     if st == 0:
-        code, opaque, flag, ext = _json_header(header)
+        code, opaque, flag, version, ext, usual = _json_header(header)
     elif st == 1:
-        code, opaque, flag, ext = _binary_header(header)
+        code, opaque, flag, version, ext, usual = _binary_header(header)
     else:
         raise _NotPlain
     if flag & 0x3 or not -(1 << 31) <= opaque < (1 << 31):
@@ -160,9 +180,28 @@ def _parse(raw: bytes, refuse: tuple[bytes, ...]) -> SendFrame:
     for bad in refuse:
         if bad in props:
             raise _NotPlain
+    body = raw[4 + hlen:]
+    signing = _signing(ext, version, body) if signed and usual else _UNSIGNED
     return (code, opaque, st, topic.decode(), _int_of(fields[F_QUEUE], -1), sys_flag,
             _int_of(fields[F_BORN], 0), _int_of(fields[F_FLAG], 0), props,
-            _int_of(fields[F_RECONSUME], 0), raw[4 + hlen:], raw[:4 + hlen])
+            _int_of(fields[F_RECONSUME], 0), body, raw[:4 + hlen], *signing)
+
+
+def _signing(ext: list[tuple[bytes, bytes]], version: int,
+             body: bytes) -> tuple[str | None, bytes | None, bytes | None]:
+    """(access key, signature, signed content) of a header whose keys are all usual."""
+    if len(ext) > MAX_SIGNED_FIELDS:
+        return _UNSIGNED
+    values = dict(ext)
+    if len(values) != len(ext):
+        return _UNSIGNED  # a key given twice
+    # ASCII keys: byte order is Java's String order.
+    left_out = (SIGNATURE, UNIQUE_KEY_QUERY) if version <= V4_9_3 else (SIGNATURE,)
+    access_key, signature = values.get(ACCESS_KEY), values.get(SIGNATURE)
+    content = None
+    if access_key is not None and signature is not None:
+        content = b"".join([values[k] for k in sorted(values) if k not in left_out]) + body
+    return (None if access_key is None else access_key.decode()), signature, content
 
 
 def _fields(code: int, ext: list[tuple[bytes, bytes]]) -> list[bytes | None]:
@@ -197,11 +236,13 @@ def _int_of(value: bytes | None, default: int) -> int:
 # --- the binary header --------------------------------------------------------------------
 
 
-def _binary_header(h: bytes) -> tuple[int, int, int, list[tuple[bytes, bytes]]]:
+def _binary_header(h: bytes) -> tuple[int, int, int, int, list[tuple[bytes, bytes]], bool]:
+    """Code, opaque, flag, version, the extFields entries and whether their keys are all
+    ASCII."""
     n = len(h)
     if n < _BIN_FIXED.size + 8:
         raise _NotPlain
-    code, _language, _version, opaque, flag = _BIN_FIXED.unpack_from(h, 0)
+    code, _language, version, opaque, flag = _BIN_FIXED.unpack_from(h, 0)
     pos = _BIN_FIXED.size
     if int.from_bytes(h[pos:pos + 4], "big", signed=True) != 0:
         raise _NotPlain  # a remark: no send carries one
@@ -219,7 +260,7 @@ def _binary_header(h: bytes) -> tuple[int, int, int, list[tuple[bytes, bytes]]]:
             raise _NotPlain
         if key and value:  # an empty key or value reads back as null: no entry
             ext.append((key, value))
-    return code, opaque, flag, ext
+    return code, opaque, flag, version, ext, all(k.isascii() for k, _ in ext)
 
 
 def _bin_item(h: bytes, pos: int, width: int) -> tuple[bytes, int]:
@@ -245,9 +286,12 @@ def _utf8(b: bytes) -> None:
 # --- the JSON header ----------------------------------------------------------------------
 
 
-def _json_header(h: bytes) -> tuple[int, int, int, list[tuple[bytes, bytes]]]:
+def _json_header(h: bytes) -> tuple[int, int, int, int, list[tuple[bytes, bytes]], bool]:
+    """Code, opaque, flag, version, the extFields entries and whether their keys are all
+    ASCII without escapes."""
     vals: dict[int, Any] = {}
     ext: list[tuple[bytes, bytes]] = []
+    usual = [True]
     p = _object_start(h, 0)
     while True:
         p, key = _key(h, p)
@@ -257,14 +301,17 @@ def _json_header(h: bytes) -> tuple[int, int, int, list[tuple[bytes, bytes]]]:
         if k in (0, 2, 3, 4):
             p, vals[k] = _json_int(h, p)
         elif k == 5:
-            if h[p:p + 4] != b"null":
+            if h[p:p + 2] == b'""':
+                p += 2  # the C++ client's empty remark (a request's remark is never read)
+            elif h[p:p + 4] == b"null":
+                p += 4
+            else:
                 raise _NotPlain
-            p += 4
             vals[k] = None
         elif k == 6:
             if 0 not in vals:
                 raise _NotPlain  # extFields before the code: which names it uses is unknown
-            p = _ext_object(h, p, ext)
+            p = _ext_object(h, p, ext, usual)
             vals[k] = True
         else:
             p, vals[k] = _json_str(h, p)
@@ -273,7 +320,7 @@ def _json_header(h: bytes) -> tuple[int, int, int, list[tuple[bytes, bytes]]]:
             break
     if _skip(h, p) != len(h) or 0 not in vals:
         raise _NotPlain
-    return vals[0], vals.get(3, 0), vals.get(4, 0), ext
+    return vals[0], vals.get(3, 0), vals.get(4, 0), vals.get(2, 0), ext, usual[0]
 
 
 def _skip(h: bytes, p: int) -> int:
@@ -309,10 +356,15 @@ def _after_value(h: bytes, p: int) -> tuple[int, bool]:
     raise _NotPlain
 
 
-def _ext_object(h: bytes, p: int, ext: list[tuple[bytes, bytes]]) -> int:
+def _ext_object(h: bytes, p: int, ext: list[tuple[bytes, bytes]], usual: list[bool]) -> int:
+    """Past the extFields object, its entries in ``ext``; ``usual[0]`` False when a key is
+    not ASCII or has an escape."""
     p = _object_start(h, p)
     while True:
+        start = p
         p, key = _key(h, p)
+        if usual[0] and (b"\\" in h[start:p] or not key.isascii()):
+            usual[0] = False
         if h[p:p + 1] == b'"':
             p, value = _json_str(h, p)
         else:

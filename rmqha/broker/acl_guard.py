@@ -6,6 +6,11 @@ must be that account's HMAC-SHA1 of the request, and the account must hold the p
 the request code needs (:mod:`rmqha.security.acl`).  A refusal answers RocketMQ's code for
 it (SYSTEM_ERROR with the reason as remark) and changes nothing.
 
+A plain send (the remoting connection's fast lane, parsed with its signing material) is
+first put to :class:`rmqha.security.acl_lane.SendLane` (:meth:`AclGuard.plain`): what it
+admits is what the check would admit, and everything else goes to the check as a command,
+which answers today's refusal.
+
 A role notice from the controller carries no client credentials: it is left to the
 cluster secret's and the certificate's own checks and never reaches a client handler.
 GET_BROKER_EPOCH_CACHE needs an admin account (:data:`rmqha.security.acl.RMQHA_ADMIN_CODES`),
@@ -17,10 +22,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from rmqha.errors import AclError, RemoteCommandError
-from rmqha.net.connection import Connection, Guard
+from rmqha.net.connection import Connection
 from rmqha.protocol.codes import RequestCode
-from rmqha.protocol.command import RemotingCommand
+from rmqha.protocol.command import RemotingCommand, SendFrame
 from rmqha.security.acl import AclValidator
+from rmqha.security.acl_lane import SendLane
 from rmqha.security.identity import Role
 
 #: Codes only cluster processes send to a broker (not a client's request).
@@ -31,20 +37,32 @@ BY_CERTIFICATE = frozenset({int(RequestCode.GET_BROKER_EPOCH_CACHE)})
 CLUSTER_ROLES = frozenset({Role.BROKER, Role.CONTROLLER, Role.ADMIN})
 
 
-def acl_guard(acl_file: Path, *, recheck_interval_s: float = 1.0) -> Guard:
-    """A guard checking every client request against ``acl_file`` (reloaded when it changes)."""
-    validator = AclValidator(acl_file, recheck_interval_s=recheck_interval_s)
+class AclGuard:
+    """The broker's :data:`~rmqha.net.connection.Guard` (``guard(cmd, conn)``) and its
+    :data:`~rmqha.net.connection.PlainGuard` (:meth:`plain`), over one validator."""
 
-    def guard(cmd: RemotingCommand, conn: Connection) -> None:
+    def __init__(self, acl_file: Path, *, recheck_interval_s: float = 1.0) -> None:
+        self.validator = AclValidator(acl_file, recheck_interval_s=recheck_interval_s)
+        self.lane = SendLane(self.validator)
+
+    def __call__(self, cmd: RemotingCommand, conn: Connection) -> None:
         if cmd.code in CLUSTER_CODES or _cluster_peer(cmd, conn):
             return
         try:
-            validator.check(cmd.code, cmd.ext_fields, cmd.body, _host(conn.peer),
-                            version=cmd.version)
+            self.validator.check(cmd.code, cmd.ext_fields, cmd.body, _host(conn.peer),
+                                 version=cmd.version)
         except AclError as exc:
             raise RemoteCommandError(exc.response_code, exc.remark, cmd.code) from None
 
-    return guard
+    def plain(self, send: SendFrame, conn: Connection) -> bool:
+        """Whether the check would let this plain send through (False: ask it)."""
+        return self.lane.admits(send[12], send[3], send[13], send[14], conn.attributes,
+                                _host(conn.peer))
+
+
+def acl_guard(acl_file: Path, *, recheck_interval_s: float = 1.0) -> AclGuard:
+    """A guard checking every client request against ``acl_file`` (reloaded when it changes)."""
+    return AclGuard(acl_file, recheck_interval_s=recheck_interval_s)
 
 
 def _cluster_peer(cmd: RemotingCommand, conn: Connection) -> bool:

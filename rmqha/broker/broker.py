@@ -302,7 +302,9 @@ class Broker:
         self.server = RemotingServer(cfg.listen_host, cfg.listen_port, max_frame_bytes=cfg.max_frame_bytes,
                                      tls=self.tls)
         if cfg.acl_enable:
-            self.server.dispatcher.guard = acl_guard(cfg.acl_file)
+            guard = acl_guard(cfg.acl_file)
+            self.server.dispatcher.guard = guard
+            self.server.dispatcher.plain_guard = guard.plain  # signed plain sends stay on the lane
         if self._served_bytes is not None and handlers.get(int(RequestCode.PULL_MESSAGE)) is not None:
             handlers[int(RequestCode.PULL_MESSAGE)] = self._count_served(handlers[int(RequestCode.PULL_MESSAGE)])
         for code, handler in handlers.items():

@@ -29,7 +29,8 @@ next request's, and after a malformed frame the stream has no frame boundary lef
 next request connects again.  A link belongs to one thread: it is not thread-safe.
 
 With a :class:`~rmqha.net.client_security.ClientSecurity` a link signs each request with
-its hook, as :class:`~rmqha.net.client.RemotingClient` does, and speaks TLS when it has a
+its hook, as :class:`~rmqha.net.client.RemotingClient` does (a send's encoded frame is
+signed in place by its credentials, :meth:`BlockingLink.signed`), and speaks TLS when it has a
 context; a TLS link keeps its deadline with the socket's own timeout instead of
 SO_RCVTIMEO (an SSL read retries a kernel timeout in place, never giving up).
 """
@@ -40,7 +41,7 @@ import socket
 import ssl
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from rmqha._core import load
 from rmqha._core.send_codec_py import Answer
@@ -104,6 +105,13 @@ class BlockingLink:
     def signs(self) -> bool:
         """Whether requests are signed (a hook that needs the command, not its bytes)."""
         return self.security is not None and self.security.rpc_hook is not None
+
+    def signed(self, frame: bytes, ext_fields: Mapping[str, str], body: bytes) -> bytes | None:
+        """A send's ``frame`` (its ``ext_fields`` and ``body``) signed in place by this
+        link's credentials (:meth:`Credentials.sign_send_frame`); None when only the
+        signing hook can sign it, which needs the command."""
+        creds = self.security.credentials if self.security is not None else None
+        return None if creds is None else creds.sign_send_frame(frame, ext_fields, body)
 
     def send(self, frame: bytes, opaque: int, timeout: float) -> Answer:
         """:meth:`request` of a send request encoded already (``SendRequest.frame``, which

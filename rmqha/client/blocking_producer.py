@@ -32,6 +32,7 @@ from rmqha.errors import ClientError, ProtocolError, RemotingError
 from rmqha.net import loop as event_loop
 from rmqha.net.loop import EventLoopThread
 from rmqha.protocol.command import RemotingCommand, next_opaque
+from rmqha.protocol.headers import SEND_V2_QUEUE_ID
 
 
 @dataclass(eq=False)
@@ -79,13 +80,16 @@ class _ThreadProducer:
             if link is None:
                 link = self.links[addr] = BlockingLink(addr, security=sender.session.security)
             try:
-                if link.signs:  # the signing hook needs the command
+                opaque = next_opaque()
+                frame: bytes | None = req.frame(opaque, mq.queue_id)
+                if link.signs and frame:  # signed in place when it can be
+                    frame = link.signed(frame, {**req.header, SEND_V2_QUEUE_ID: str(mq.queue_id)},
+                                        req.body)
+                if frame is None:  # the signing hook needs the command
                     resp: RemotingCommand | Answer = link.request(sender.command(req, mq),
                                                                   sender.send_timeout_s)
                 else:  # one compiled call each way
-                    opaque = next_opaque()
-                    resp = link.send(req.frame(opaque, mq.queue_id), opaque,
-                                     sender.send_timeout_s)
+                    resp = link.send(frame, opaque, sender.send_timeout_s)
             except (RemotingError, ProtocolError) as exc:
                 del self.links[addr]  # it closed its socket; a dead master's goes for good
                 tried.lost(exc, mq.broker_name)

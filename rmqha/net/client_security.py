@@ -11,7 +11,10 @@ through ``ClientSession``, ``Producer``, ``Consumer`` ...):
   every answer must carry its MAC (a cluster process's control links);
 - ``rpc_hook``: called with every outgoing request just before it is written (RocketMQ's
   ``RPCHook.doBeforeRequest``); :meth:`Credentials.sign` is the one rmqha has, adding
-  ``AccessKey`` and the ``Signature`` over the final ext fields and body.
+  ``AccessKey`` and the ``Signature`` over the final ext fields and body;
+- ``credentials``: those :class:`Credentials` themselves, when the hook is theirs, so that
+  a send encoded in one compiled call is signed as it is
+  (:meth:`Credentials.sign_send_frame`) instead of being built again as a command.
 
 :meth:`ClientSecurity.from_options` turns an application's arguments into one: credentials
 given, else ``RMQHA_ACCESS_KEY`` / ``RMQHA_SECRET_KEY`` from the environment, and ``tls``
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import os
 import ssl
+import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,11 +35,14 @@ from pathlib import Path
 from rmqha.errors import ConfigError
 from rmqha.protocol.command import RemotingCommand
 from rmqha.security.channel_auth import ChannelKey
-from rmqha.security.signature import sign
+from rmqha.security.signature import ACCESS_KEY, compute_signature, sign, signed_content
 from rmqha.security.tls import ReloadingContext, TlsSettings
 
 ENV_ACCESS_KEY = "RMQHA_ACCESS_KEY"
 ENV_SECRET_KEY = "RMQHA_SECRET_KEY"
+
+_EXT_START = b'"extFields":{'
+_LENGTHS = struct.Struct(">iI")
 
 #: ``hook(request)``: may change the request's ext fields in place before it is written.
 RpcHook = Callable[[RemotingCommand], None]
@@ -80,6 +87,28 @@ class Credentials:
         cmd.ext_fields = sign(cmd.ext_fields, cmd.body, self.access_key, self.secret_key,
                               self.security_token)
 
+    def sign_send_frame(self, frame: bytes, ext_fields: Mapping[str, str],
+                        body: bytes) -> bytes | None:
+        """``frame`` (a whole JSON-header frame whose extFields are ``ext_fields`` and
+        whose body is ``body``, as the send codec writes it) with ``AccessKey`` and the
+        ``Signature`` :meth:`sign` would add: what the broker reads from it is what it
+        reads from the command :meth:`sign` signs.  None when this cannot be done in
+        place (a security token, an access key JSON would escape, another header)."""
+        key = self.access_key
+        if self.security_token is not None or not (
+                key.isascii() and key.isprintable() and '"' not in key and "\\" not in key):
+            return None
+        total, ori = _LENGTHS.unpack_from(frame, 0)
+        at = frame.find(_EXT_START, 8, 8 + (ori & 0xFFFFFF)) + len(_EXT_START)
+        if ori >> 24 != 0 or at < len(_EXT_START) or frame[at:at + 1] != b'"' or ori > 0xFFF000:
+            return None  # not JSON, no extFields entry to put ours before, or no room
+        signature = compute_signature(signed_content({**ext_fields, ACCESS_KEY: key}, body),
+                                      self.secret_key)
+        ours = b'"%s":"%s","Signature":"%s",' % (ACCESS_KEY.encode(), key.encode(),
+                                                  signature.encode())
+        return b"".join([_LENGTHS.pack(total + len(ours), ori + len(ours)), frame[8:at], ours,
+                         frame[at:]])
+
 
 def client_context(tls: TlsOption) -> ContextSource | None:
     """The context (or reloading context) a ``tls`` argument asks for; None for plaintext."""
@@ -109,10 +138,12 @@ class ClientSecurity:
     ssl_context: ContextSource | None = None
     rpc_hook: RpcHook | None = None
     channel: ChannelKey | None = None
+    #: The credentials whose :meth:`Credentials.sign` is ``rpc_hook`` (None: another hook).
+    credentials: Credentials | None = None
 
     def with_channel(self, key: ChannelKey | None) -> ClientSecurity:
         """These settings, and connections made as authenticated channels with ``key``."""
-        return ClientSecurity(self.ssl_context, self.rpc_hook, key)
+        return ClientSecurity(self.ssl_context, self.rpc_hook, key, self.credentials)
 
     @classmethod
     def from_options(cls, *, access_key: str | None = None, secret_key: str | None = None,
@@ -123,7 +154,9 @@ class ClientSecurity:
         context = client_context(tls)
         if creds is None and context is None:
             return None
-        return cls(context, creds.sign if creds is not None else None)
+        if creds is None:
+            return cls(context)
+        return cls(context, creds.sign, credentials=creds)
 
     @classmethod
     def for_links(cls, settings: TlsSettings) -> ClientSecurity | None:

@@ -113,6 +113,11 @@ ImmediateHandler = Callable[[RemotingCommand, "Connection"], bool]
 #: the ordinary way, as the command its frame decodes to (False).
 PlainSendHandler = Callable[[SendFrame, "Connection"], bool]
 
+#: ``plain_guard(send, conn) -> bool``: with a :data:`Guard`, whether a plain send (parsed
+#: with its ACL signing material) passes it as its command would; False leaves the send to
+#: the guard, as that command.
+PlainGuard = Callable[[SendFrame, "Connection"], bool]
+
 
 class Dispatcher:
     """Request code -> handler, with an optional fallback handler for other codes.
@@ -130,6 +135,9 @@ class Dispatcher:
         #: Plain sends taken from their frames (see :meth:`register_plain_send`).
         self.plain_send: PlainSendHandler | None = None
         self.plain_send_refuse: tuple[bytes, ...] = ()
+        #: The :attr:`guard`'s check of a plain send (:data:`PlainGuard`); None: a guard
+        #: sends every plain send the ordinary way.
+        self.plain_guard: PlainGuard | None = None
         if isinstance(fallback, Mapping):
             for code, fn in fallback.items():
                 self.register(code, fn)
@@ -145,7 +153,8 @@ class Dispatcher:
     def register_plain_send(self, handler: PlainSendHandler, refuse: tuple[bytes, ...]) -> None:
         """Connections made from now on parse plain sends from their frames (properties
         holding none of ``refuse``) and give them to ``handler`` before any other
-        handler; with a :attr:`guard` they go the ordinary way (the guard reads commands)."""
+        handler; with a :attr:`guard` they go the ordinary way (the guard reads commands)
+        unless :attr:`plain_guard` admits them."""
         self.plain_send = handler
         self.plain_send_refuse = refuse
 
@@ -191,7 +200,9 @@ class Connection(asyncio.Protocol):
         self._dispatcher = dispatcher
         self.max_frame_bytes = max_frame_bytes
         plain = dispatcher is not None and dispatcher.plain_send is not None
-        decoder = FrameDecoder(max_frame_bytes, dispatcher.plain_send_refuse if plain and dispatcher else None)
+        decoder = FrameDecoder(max_frame_bytes,
+                               dispatcher.plain_send_refuse if plain and dispatcher else None,
+                               signed=dispatcher is not None and dispatcher.plain_guard is not None)
         self._decoder: FrameDecoder | FrameLayer = decoder
         self._feed: Callable[[bytes], Sequence[RemotingCommand | SendFrame | RawAnswer]] = (
             decoder.feed_sends if plain else decoder.feed_answers)
@@ -661,11 +672,14 @@ class Connection(asyncio.Protocol):
         task.add_done_callback(self._tasks.discard)
 
     def _on_plain_send(self, send: SendFrame) -> None:
-        """A plain send to its handler, or (not taken, or a guard to pass first) the
-        ordinary way; either way in its place among the connection's requests."""
+        """A plain send to its handler, or (not taken, or a guard whose plain check does
+        not admit it) the ordinary way; either way in its place among the connection's
+        requests."""
         dispatcher = self._dispatcher
         handler = dispatcher.plain_send if dispatcher is not None else None
-        if handler is not None and dispatcher is not None and dispatcher.guard is None:
+        if handler is not None and dispatcher is not None and (
+                dispatcher.guard is None or (dispatcher.plain_guard is not None
+                                             and dispatcher.plain_guard(send, self))):
             self._immediate += 1
             try:
                 if handler(send, self):

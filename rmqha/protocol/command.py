@@ -393,7 +393,7 @@ class FrameDecoder:
     """
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-                 plain_sends: tuple[bytes, ...] | None = None) -> None:
+                 plain_sends: tuple[bytes, ...] | None = None, *, signed: bool = False) -> None:
         self.max_frame_bytes = max_frame_bytes
         self._buf = bytearray()  # feed_sends' buffer
         self._plain_sends = plain_sends
@@ -407,6 +407,8 @@ class FrameDecoder:
         #: Opaques of requests whose response frames come back undecoded, as
         #: :class:`RawAnswer` (a connection's ``request_frame``; empty: none).
         self.raw_answers: Container[int] = ()
+        #: Plain sends carry their ACL signing material (``send_frames`` ``signed``).
+        self._signed = signed
 
     def feed_sends(self, data: bytes) -> list[RemotingCommand | SendFrame]:
         """:meth:`feed` with the plain sends parsed (see above); :meth:`feed` without
@@ -416,7 +418,7 @@ class FrameDecoder:
         buf = self._buf
         buf += data
         items, pos = _send_frames.scan(buf, self.max_frame_bytes, decode_frame,
-                                       self._plain_sends or ())
+                                       self._plain_sends or (), self._signed)
         if pos:
             del buf[:pos]
         return items

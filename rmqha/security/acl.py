@@ -532,6 +532,11 @@ class AclValidator:
             self._next_check = now + self.recheck_interval_s
             self.reload_if_changed()
 
+    def current(self) -> AclConfig:
+        """The config in force (the file re-read first if it is time to look)."""
+        self._maybe_reload()
+        return self.config
+
     def check(self, code: int, ext_fields: Mapping[str, str], body: bytes | None,
               remote_ip: str, version: int | None = None) -> None:
         """Refuse (raise :class:`~rmqha.errors.AclError`) or let through one request.

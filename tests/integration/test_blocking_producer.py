@@ -414,8 +414,10 @@ def test_master_killed_between_two_sends_fails_over_with_the_same_id(
 class RecordingLink:
     """A stand-in for a BlockingLink: records which entry point an attempt used."""
 
-    def __init__(self, signs: bool) -> None:
+    def __init__(self, signs: bool, in_place: bool = False) -> None:
         self.signs = signs
+        #: Whether it signs a frame in place (credentials) or only a command (another hook).
+        self.in_place = in_place
         self.calls: list[str] = []
         answer = RemotingCommand(0, opaque=0).reply(ResponseCode.SUCCESS, None, {
             "msgId": "M", "queueId": "0", "queueOffset": "5"})
@@ -427,6 +429,10 @@ class RecordingLink:
         self.answer.opaque = cmd.opaque
         return self.answer
 
+    def signed(self, frame: bytes, ext_fields: Any, body: bytes) -> bytes | None:
+        self.calls.append("signed")
+        return frame if self.in_place else None
+
     def send(self, frame: bytes, opaque: int, timeout: float) -> Any:
         self.calls.append("send")
         self.answer.opaque = opaque
@@ -436,20 +442,24 @@ class RecordingLink:
         self.calls.append("close")
 
 
-@pytest.mark.parametrize("signs, used", [(False, "send"), (True, "request")])
-def test_a_signing_link_gets_the_command_and_others_the_frame(signs: bool, used: str) -> None:
-    """The first attempt goes through the send codec unless the link signs requests (an
-    ACL hook needs the command); no broker involved (the route is put in the cache)."""
+@pytest.mark.parametrize("signs, in_place, used", [
+    (False, False, ["send"]), (True, False, ["signed", "request"]),
+    (True, True, ["signed", "send"])])
+def test_a_signing_link_gets_the_command_and_others_the_frame(signs: bool, in_place: bool,
+                                                              used: list[str]) -> None:
+    """The first attempt goes through the send codec unless the link signs requests with
+    a hook that needs the command (its credentials sign the frame in place); no broker
+    involved (the route is put in the cache)."""
     with BlockingProducer("127.0.0.1:9") as p:  # never connects
         mine = p._loop.this_thread()
         assert mine is not None
         mine.sender.session._routes["T"] = TopicRoute(
             "T", [QueueData("b", 1, 1, 6)], {"b": BrokerData("c", "b", {0: "127.0.0.1:9"})},
             time.monotonic())
-        link = RecordingLink(signs)
+        link = RecordingLink(signs, in_place)
         mine.links["127.0.0.1:9"] = link  # type: ignore[assignment]
         r = p.send("T", b"x")
     assert r.ok and r.queue_offset == 5 and r.offset_msg_id == "M"
-    assert link.calls == [used, "close"]
+    assert link.calls == [*used, "close"]
     assert BlockingLink("127.0.0.1:9").signs is False
     assert BlockingLink("127.0.0.1:9", security=ClientSecurity(None, lambda cmd: None)).signs

@@ -226,6 +226,7 @@ class LocalBroker:
         self._ns: RemotingClient | None = None
         self._kick: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self.acl_lane_admitted = 0
 
     async def start(self) -> LocalBroker:
         self.log = CommitLog(self.store / "commitlog", segment_bytes=SEGMENT, prefault=False,
@@ -238,7 +239,9 @@ class LocalBroker:
         self.svc.set_role(self.role, self.master_address)
         self.server = RemotingServer("127.0.0.1", self.port, self.svc.handlers(), tls=self.tls)
         if self.acl_file is not None:
-            self.server.dispatcher.guard = acl_guard(self.acl_file)
+            guard = acl_guard(self.acl_file)
+            self.server.dispatcher.guard = guard
+            self.server.dispatcher.plain_guard = self._counted_lane(guard.plain)
         if self.immediate:
             for code, now in self.svc.immediate_handlers().items():
                 self.server.register_immediate(code, now)
@@ -250,6 +253,15 @@ class LocalBroker:
             await self.register()
             self._task = asyncio.get_running_loop().create_task(self._register_loop())
         return self
+
+    def _counted_lane(self, plain: Any) -> Any:
+        """The ACL's plain-send check, counting what it admits (``acl_lane_admitted``)."""
+        def counted(send: Any, conn: Any) -> bool:
+            admitted = bool(plain(send, conn))
+            self.acl_lane_admitted += admitted
+            return admitted
+
+        return counted
 
     def _changed(self) -> None:
         if self._kick is not None:

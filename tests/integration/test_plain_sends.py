@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from test_send_groups import ScriptedReplication
 
+from rmqha.broker.acl_guard import acl_guard
 from rmqha.messaging.context import MessagingConfig
 from rmqha.messaging.service import MessageService
 from rmqha.net.connection import Connection, Dispatcher
@@ -31,6 +32,7 @@ from rmqha.protocol.command import (
 )
 from rmqha.protocol.headers import SendHeader
 from rmqha.protocol.message import BatchItem, encode_batch
+from rmqha.security.signature import sign
 from rmqha.store import CommitLog
 
 
@@ -277,3 +279,134 @@ def test_a_failing_plain_send_handler_answers_system_error_and_keeps_the_link(
     assert got[1001].code == ResponseCode.SYSTEM_ERROR and got[1001].remark == "RuntimeError: boom"
     assert got[1000].code == got[1002].code == ResponseCode.SUCCESS
     assert not side.conn.closed and side.conn.in_flight == 0
+
+
+# --- RocketMQ ACL 1.0: signed plain sends on the lane ---------------------------------------
+
+ACL = """\
+accounts:
+  - accessKey: producer-ak
+    secretKey: producer-secret-1
+    defaultTopicPerm: DENY
+    topicPerms: [T=PUB, U=SUB]
+  - accessKey: admin-ak
+    secretKey: admin-secret-12
+    admin: true
+  - accessKey: near-ak
+    secretKey: near-secret-12
+    whiteRemoteAddress: 127.0.0.*
+"""
+
+
+def signed(i: int, topic: str = "T", ak: str = "producer-ak", sk: str = "producer-secret-1",
+           *, binary: bool = False, v1: bool = False, sign_body: bytes | None = None) -> bytes:
+    """A send signed as the official clients sign (``sign_body``: sign another body)."""
+    h = SendHeader("pg", topic, i % 4, 0, 1700000000000 + i, 0, f"UNIQ_KEY\x01S{i:08d}\x02",
+                   0, False)
+    body = b"s%d" % i
+    ext = sign({**h.build(v2=not v1), "OnsChannel": "ALIYUN"},
+               body if sign_body is None else sign_body, ak, sk)
+    cmd = RemotingCommand(RequestCode.SEND_MESSAGE if v1 else RequestCode.SEND_MESSAGE_V2,
+                          opaque=1000 + i, ext_fields=ext, body=body)
+    if binary:
+        cmd.serialize_type = SERIALIZE_ROCKETMQ
+    return encode(cmd)
+
+
+class AclSide(Side):
+    """A broker side with the ACL guard, and (``lane``) its plain-send check."""
+
+    def __init__(self, base: Path, lane: bool, acl_file: Path) -> None:
+        self.guard = acl_guard(acl_file, recheck_interval_s=0)
+        super().__init__(base, True, guard=self.guard)
+        self.admitted = 0
+        if lane:
+            def plain(send: Any, conn: Any) -> bool:
+                ok = self.guard.plain(send, conn)
+                self.admitted += ok
+                return ok
+
+            self.conn._dispatcher.plain_guard = plain  # type: ignore[union-attr]
+            self.conn = Connection(self.conn._dispatcher, 1 << 20)  # type: ignore[arg-type]
+            self.conn.connection_made(self.transport)
+
+
+def acl_reads() -> list[bytes]:
+    """Signed sends the lane admits, and what it must leave to the ordinary check."""
+    make_t = signed(0, ak="admin-ak", sk="admin-secret-12")  # creates T (admin: any topic)
+    make_u = signed(1, "U", ak="admin-ak", sk="admin-secret-12")
+    good = [signed(i, binary=bool(i % 2), v1=i % 3 == 0) for i in range(2, 12)]
+    refused = [
+        signed(12, sk="not-the-secret-1"),  # a wrong signature
+        signed(13, sign_body=b"another body"),  # signed over another body
+        signed(14, ak="nobody-ak", sk="producer-secret-1"),  # no such account
+        signed(15, "U"),  # SUB only on U
+        signed(16, "TBW102"),  # the default: DENY
+        send(17),  # unsigned
+    ]
+    near = signed(18, sk="near-secret-12", ak="near-ak")  # whiteRemoteAddress: no signature
+    return [make_t, make_u, b"".join(good[:5])] + good[5:] + [b"".join(refused), near,
+                                                               signed(19, "U", "admin-ak",
+                                                                      "admin-secret-12"),
+                                                               signed_batch(20),
+                                                               signed_batch(21, "U")]
+
+
+def signed_batch(i: int, topic: str = "T") -> bytes:
+    """A SEND_BATCH_MESSAGE of three, signed as ``producer-ak`` (PUB on T, SUB on U)."""
+    items = [BatchItem(b"sb%d-%d" % (i, k), {"UNIQ_KEY": f"SB{i}-{k}"}, 0) for k in range(3)]
+    h = SendHeader("pg", topic, 1, 0, 1700000000000 + i, 0, "", 0, True)
+    body = encode_batch(items)
+    return encode(RemotingCommand(RequestCode.SEND_BATCH_MESSAGE, opaque=1000 + i,
+                                  ext_fields=sign(h.build(), body, "producer-ak",
+                                                  "producer-secret-1"), body=body))
+
+
+def test_signed_sends_are_checked_on_the_lane_as_the_guard_checks_them(tmp_path: Path) -> None:
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text(ACL)
+
+    async def script(sides: tuple[Side, ...]) -> None:
+        for side in sides:
+            random.seed(29)
+            await feed(side, acl_reads())
+
+    fast, slow = in_loop(lambda: (AclSide(tmp_path / "fast", True, acl),
+                                  AclSide(tmp_path / "slow", False, acl)), script)
+    # The same answers and records as the guard alone (today's path), byte for byte.
+    assert fast.transport.out == slow.transport.out
+    assert fast.records() == slow.records()
+    got = {a.opaque - 1000: a for a in answers(fast)}
+    assert all(got[i].code == ResponseCode.SUCCESS for i in (*range(12), 18, 19, 20))
+    assert "no PUB permission for topic:U" in got[21].remark  # a batch, refused as a send
+    for i in range(12, 18):
+        assert got[i].code == ResponseCode.SYSTEM_ERROR, (i, got[i].remark)
+    assert "check signature failed" in got[12].remark and "check signature" in got[13].remark
+    assert "no ACL account" in got[14].remark and "no PUB permission for topic:U" in got[15].remark
+    assert "no PUB default permission" in got[16].remark and "no AccessKey" in got[17].remark
+    # The lane admitted the good ones and the white-address one, and no refused one (the
+    # two that created their topics went on the ordinary way); without it every send went
+    # to the guard.
+    assert fast.admitted == 15 and fast.taken == 13 and slow.admitted == 0 and slow.taken == 0
+
+
+def test_a_reloaded_acl_file_takes_effect_on_the_lane(tmp_path: Path) -> None:
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text(ACL)
+
+    async def script(sides: tuple[Side, ...]) -> None:
+        (side,) = sides
+        await feed(side, [signed(0, ak="admin-ak", sk="admin-secret-12"), signed(1), signed(2)])
+        acl.write_text(ACL.replace("T=PUB", "T=SUB, V=PUB"))  # PUB on T revoked
+        await feed(side, [signed(3)])
+        acl.write_text(ACL.replace("producer-secret-1", "producer-secret-2"))  # T=PUB again
+        await feed(side, [signed(4), signed(5, sk="producer-secret-2")])
+
+    (side,) = in_loop(lambda: (AclSide(tmp_path, True, acl),), script)
+    got = {a.opaque - 1000: a for a in answers(side)}
+    assert got[1].code == got[2].code == ResponseCode.SUCCESS
+    assert got[3].code == ResponseCode.SYSTEM_ERROR and "no PUB permission" in got[3].remark
+    assert got[4].code == ResponseCode.SYSTEM_ERROR and "signature" in got[4].remark
+    assert got[5].code == ResponseCode.SUCCESS
+    # 0 (an admin's, creating T), 1, 2 and 5: the grants of the old file were not kept.
+    assert side.admitted == 4

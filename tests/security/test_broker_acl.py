@@ -77,13 +77,15 @@ def test_official_client_signed_sends_and_refusals(tmp_path: Path) -> None:
             ok = await loop.run_in_executor(None, _official_send, tmp_path, env.namesrv,
                                             "producer-ak", "producer-secret-1", "TopicAcl")
             after_ok = b.log.max_offset
+            lane_ok = b.acl_lane_admitted
             wrong = await loop.run_in_executor(None, _official_send, tmp_path, env.namesrv,
                                                "producer-ak", "not-the-secret", "TopicAcl")
             no_perm = await loop.run_in_executor(None, _official_send, tmp_path, env.namesrv,
                                                  "producer-ak", "producer-secret-1", "TBW102")
             return dict(unsigned=unsigned, signed=signed, raw=raw, before=before,
                         after_raw=after_raw, ok=ok, after_ok=after_ok, wrong=wrong,
-                        no_perm=no_perm, end=b.log.max_offset)
+                        no_perm=no_perm, end=b.log.max_offset, lane_ok=lane_ok,
+                        lane_end=b.acl_lane_admitted)
 
     r = run(main())
     assert r["unsigned"].code == ResponseCode.SYSTEM_ERROR and "AccessKey" in r["unsigned"].remark
@@ -95,6 +97,9 @@ def test_official_client_signed_sends_and_refusals(tmp_path: Path) -> None:
     assert "error" in r["wrong"], r["wrong"]
     assert "error" in r["no_perm"], r["no_perm"]
     assert r["end"] == r["after_ok"]
+    # The signed send was admitted on the plain-send lane (signature checked there); the
+    # refused ones were not, and the ordinary check refused them.
+    assert r["lane_ok"] >= 1 and r["lane_end"] == r["lane_ok"]
 
 
 def test_negative_control_unsigned_send_is_stored_without_acl(tmp_path: Path) -> None:

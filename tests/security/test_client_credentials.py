@@ -20,10 +20,13 @@ from typing import Any
 import pytest
 from test_messaging import Env, consume, run
 
+from rmqha._core import load
 from rmqha.client import BlockingProducer, Message, Producer, SendStatus
 from rmqha.client.admin import TopicAdmin
 from rmqha.errors import ClientError, ConfigError, RemotingError
 from rmqha.net.client_security import Credentials
+from rmqha.protocol.command import SERIALIZE_ROCKETMQ, VERSION, decode_frame, encode
+from rmqha.security.signature import sign, signature_matches, signed_content
 
 TOPIC = "TopicAcl"
 ACL = """\
@@ -124,12 +127,22 @@ def test_credentials_from_the_environment(tmp_path: Path, acl: Path,
     assert wrong.startswith("failed") and right == SendStatus.SEND_OK.value
 
 
-def test_blocking_producer_signs_on_its_blocking_links(tmp_path: Path, acl: Path) -> None:
+def test_blocking_producer_signs_on_its_blocking_links(tmp_path: Path, acl: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """After the first send the route is cached and sends go over a blocking socket, a
-    path of its own: it signs too (three sends, one blocking link)."""
-    async def main() -> tuple[list[str], int, str]:
+    path of its own: it signs too (three sends, one blocking link), the frame the send
+    codec made, in place."""
+    in_place: list[bytes | None] = []
+    plain_sign = Credentials.sign_send_frame
+
+    def counted(self: Credentials, *args: Any) -> bytes | None:
+        in_place.append(plain_sign(self, *args))
+        return in_place[-1]
+
+    monkeypatch.setattr(Credentials, "sign_send_frame", counted)
+    async def main() -> tuple[list[str], int, str, int]:
         async with Env(tmp_path) as env:
-            await env.broker(acl_file=acl)
+            b = await env.broker(acl_file=acl)
             assert await _create_topic(env, **ADMIN) == "ok"
 
             def send(creds: dict[str, str], n: int) -> tuple[list[str], int]:
@@ -146,12 +159,49 @@ def test_blocking_producer_signs_on_its_blocking_links(tmp_path: Path, acl: Path
 
             loop = asyncio.get_running_loop()
             statuses, links = await loop.run_in_executor(None, send, APP, 3)
+            admitted = b.acl_lane_admitted
             wrong, _ = await loop.run_in_executor(None, send, WRONG, 1)
-            return statuses, links, wrong[0]
+            assert b.acl_lane_admitted == admitted  # a wrong signature: the full check refused it
+            return statuses, links, wrong[0], admitted
 
-    statuses, links, wrong = run(main())
+    statuses, links, wrong, admitted = run(main())
     assert statuses == [SendStatus.SEND_OK.value] * 3 and links == 1
     assert wrong.startswith("failed")
+    # Signed in place (the blocking link's two) or as a command (each producer's first, on
+    # its loop, which also learns the route), each send was checked on the broker's
+    # plain-send lane.
+    assert admitted == 3 and len(in_place) == 2 and all(in_place)
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["single", "batch"])
+def test_a_send_frame_is_signed_in_place_as_sign_signs_its_command(batch: bool) -> None:
+    """The blocking link signs the send codec's frame without building a command: the
+    broker reads the fields, signature and signed bytes :func:`sign` gives the command."""
+    frame = load("send_codec").encode_send(
+        320 if batch else 310, 77, VERSION, "pg", TOPIC, 0, 1700000000123, 3,
+        "UNIQ_KEY\x01AB12\x02WAIT\x01true\x02", batch, 2, b"\x00body\xff")
+    cmd = decode_frame(frame[4:])
+    creds = Credentials(**APP)
+    signed = creds.sign_send_frame(frame, cmd.ext_fields, cmd.body)
+    assert signed is not None
+    got = decode_frame(signed[4:])
+    want = sign(cmd.ext_fields, cmd.body, APP["access_key"], APP["secret_key"])
+    assert (got.code, got.opaque, got.body, got.ext_fields) == (cmd.code, 77, cmd.body, want)
+    assert signature_matches(got.ext_fields, got.body, APP["secret_key"], got.version)
+    # The broker's lane parses the same signing material from it.
+    lane = load("send_frames").parse_send(signed[4:], (), True)
+    assert lane is not None and lane[12:] == (
+        APP["access_key"], want["Signature"].encode(),
+        signed_content(got.ext_fields, got.body, got.version))
+    # Negative controls: another secret's signature does not verify; what cannot be signed
+    # in place (a security token, a key JSON would escape, a binary header) is left alone.
+    assert not signature_matches(got.ext_fields, got.body, WRONG["secret_key"], got.version)
+    assert Credentials("app\"access", "app-secret-1").sign_send_frame(
+        frame, cmd.ext_fields, cmd.body) is None
+    assert Credentials(**APP, security_token="tok").sign_send_frame(
+        frame, cmd.ext_fields, cmd.body) is None
+    cmd.serialize_type = SERIALIZE_ROCKETMQ
+    assert creds.sign_send_frame(encode(cmd), cmd.ext_fields, cmd.body) is None
 
 
 def _cli_send(namesrv: str, *flags: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

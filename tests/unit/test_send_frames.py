@@ -26,6 +26,7 @@ from rmqha.protocol.command import (
     encode,
 )
 from rmqha.protocol.headers import SendHeader
+from rmqha.security.signature import compute_signature, sign, signed_content
 
 REFUSE = (b"DELAY\x01", b"TIMER_", b"TRAN_PREPARED_QUEUE_OFFSET")
 PROPS = "KEYS\x01k1\x02UNIQ_KEY\x01AB12\x02TAGS\x01tagA\x02WAIT\x01true\x02"
@@ -57,7 +58,7 @@ def expected(frame: bytes) -> tuple | None:
     hlen = struct.unpack_from(">i", frame, 0)[0] & 0xFFFFFF
     return (cmd.code, cmd.opaque, cmd.serialize_type, h.topic, h.queue_id, h.sys_flag,
             h.born_timestamp, h.flag, h.properties.encode(), h.reconsume_times, cmd.body,
-            bytes(frame[:4 + hlen]))
+            bytes(frame[:4 + hlen]), None, None, None)
 
 
 @pytest.mark.parametrize("st", [SERIALIZE_JSON, SERIALIZE_ROCKETMQ], ids=["json", "binary"])
@@ -86,6 +87,9 @@ def test_json_quirks_of_other_clients_parse_the_same(twin: str) -> None:
     assert got is not None and got[3] == "T\u00e9/x" and got[4] == 2 and got[6] == -5
     assert got[7] == 0 and got[9] == 0  # absent: 0 (the queue id: -1)
     bare = b'{"code":10,"extFields":{"topic":"T"}}'
+    cpp = b'{"code":10,"extFields":{"topic":"T"},"remark":"","version":63}'  # the C++ client
+    assert mod.parse_send(struct.pack(">i", len(cpp)) + cpp, REFUSE) == expected(
+        struct.pack(">i", len(cpp)) + cpp)
     got = mod.parse_send(struct.pack(">i", len(bare)) + bare, REFUSE)
     assert got is not None and got[4] == -1 and got[8] == b"" and got[1] == 0
 
@@ -274,3 +278,133 @@ def test_a_one_way_flag_is_what_keeps_a_frame_off(twin: str) -> None:
     assert mod.parse_send(frame_of(cmd), REFUSE) is not None
     cmd.flag |= FLAG_ONEWAY
     assert mod.parse_send(frame_of(cmd), REFUSE) is None
+
+
+# --- signed sends (RocketMQ ACL 1.0) ------------------------------------------------------
+
+
+def signed_frame(code: int = RequestCode.SEND_MESSAGE_V2, st: int = SERIALIZE_JSON,
+                 version: int = VERSION, body: bytes = b"hello", **fields: str) -> bytes:
+    cmd = send_cmd(code, st, body, **fields)
+    cmd.ext_fields = sign(cmd.ext_fields, body, "producer-ak", "secret-key-1")
+    cmd.version = version
+    return frame_of(cmd)
+
+
+def signing_of(frame: bytes) -> tuple:
+    """What today's ACL check reads and signs for a frame: (AccessKey, Signature, content)."""
+    cmd = decode_frame(frame)
+    sig = cmd.ext_fields.get("Signature")
+    return (cmd.ext_fields.get("AccessKey"), None if sig is None else sig.encode(),
+            signed_content(cmd.ext_fields, cmd.body, cmd.version))
+
+
+@pytest.mark.parametrize("st", [SERIALIZE_JSON, SERIALIZE_ROCKETMQ], ids=["json", "binary"])
+@pytest.mark.parametrize("code", [RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2,
+                                  RequestCode.SEND_BATCH_MESSAGE], ids=["v1", "v2", "batch"])
+@pytest.mark.parametrize("version", [VERSION, 401, 400, 0])
+def test_the_signed_content_is_what_the_acl_check_signs(twin: str, st: int, code: int,
+                                                         version: int) -> None:
+    mod = load_twin("send_frames", twin)
+    extra = {"OnsChannel": "ALIYUN", "_UNIQUE_KEY_QUERY": "uniq-flag", "zz": "caf\u00e9 \"q\"\\",
+             "Z": "\u4e2d", "a0": "1"}
+    frame = signed_frame(code, st, version, body=b"\x00body\xff" * 50, **extra)
+    got = mod.parse_send(frame, REFUSE, True)
+    assert got is not None and got[:12] == expected(frame)[:12]
+    assert got[12:] == signing_of(frame)
+    assert got[12] == "producer-ak" and got[14].endswith(b"\x00body\xff" * 50)
+    # Old clients signed without _UNIQUE_KEY_QUERY; its value is signed otherwise.
+    assert (b"uniq-flag" in got[14]) == (version > 400)
+    # The signature verifies over it with the account's secret (and only with it).
+    assert (compute_signature(got[14], "secret-key-1").encode() == got[13]) == (version > 400)
+    assert compute_signature(got[14], "secret-key-2").encode() != got[13]
+    # Unsigned parsing leaves all three out.
+    assert mod.parse_send(frame, REFUSE)[12:] == (None, None, None)
+
+
+def test_json_escapes_and_numbers_in_values_are_signed_as_decoded(twin: str) -> None:
+    mod = load_twin("send_frames", twin)
+    header = ('{"code":310,"version":453,"extFields":{"b":"T\\u00e9\\/x","e":2,'
+              '"AccessKey":"a\\u0062c","g":-5,"i":"K\\u0001v\\u0002","Signature":"s\\/ig=",'
+              '"OnsChannel":"\\"\\\\\\n"}}').encode()
+    frame = struct.pack(">i", len(header)) + header + b"body"
+    got = mod.parse_send(frame, REFUSE, True)
+    assert got is not None and got[12:] == signing_of(frame)
+    assert got[12] == "abc" and got[13] == b"s/ig="
+
+
+UNUSUAL = {
+    "escaped key": b'"\\u0041ccessKey":"x",',
+    "non-ASCII key": b'"k\xc3\xa9":"x",',
+    "repeated key": b'"zz":"1","zz":"2",',
+    "too many": b"".join(b'"k%d":"v",' % i for i in range(61)),  # 65 entries
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNUSUAL))
+def test_an_unusual_header_is_left_to_the_ordinary_check(twin: str, case: str) -> None:
+    mod = load_twin("send_frames", twin)
+
+    def frame_with(entries: bytes) -> bytes:
+        header = (b'{"code":310,"extFields":{' + entries
+                  + b'"b":"T","AccessKey":"ak","Signature":"c2ln","f":0}}')
+        return struct.pack(">i", len(header)) + header + b"x"
+
+    got = mod.parse_send(frame_with(UNUSUAL[case]), REFUSE, True)
+    assert got is not None and got[12:] == (None, None, None)  # plain, but not signed here
+    control = mod.parse_send(frame_with(b'"k":"x",'), REFUSE, True)
+    assert control is not None and control[12:] == signing_of(frame_with(b'"k":"x",'))
+
+
+def test_a_binary_header_past_the_entry_limit_or_with_a_non_ascii_key(twin: str) -> None:
+    mod = load_twin("send_frames", twin)
+    many = {f"k{i}": "v" for i in range(mod.MAX_SIGNED_FIELDS)}
+    assert mod.parse_send(signed_frame(st=SERIALIZE_ROCKETMQ, **many), REFUSE, True)[12:] == (
+        None, None, None)
+    odd = signed_frame(st=SERIALIZE_ROCKETMQ, **{"k\u00e9": "v"})
+    assert mod.parse_send(odd, REFUSE, True)[12:] == (None, None, None)
+    fewer = signed_frame(st=SERIALIZE_ROCKETMQ, **dict(list(many.items())[:40]))
+    assert mod.parse_send(fewer, REFUSE, True)[12:] == signing_of(fewer)  # the control
+
+
+@pytest.mark.parametrize("st", [SERIALIZE_JSON, SERIALIZE_ROCKETMQ], ids=["json", "binary"])
+def test_a_missing_access_key_or_signature_is_none(twin: str, st: int) -> None:
+    mod = load_twin("send_frames", twin)
+    no_sig = send_cmd(st=st, AccessKey="producer-ak")
+    assert mod.parse_send(frame_of(no_sig), REFUSE, True)[12:] == ("producer-ak", None, None)
+    no_key = send_cmd(st=st, Signature="c2ln")
+    assert mod.parse_send(frame_of(no_key), REFUSE, True)[12:] == (None, b"c2ln", None)
+    assert mod.parse_send(frame_of(send_cmd(st=st)), REFUSE, True)[12:] == (None, None, None)
+
+
+def test_twins_agree_on_the_signing_of_mutated_frames() -> None:
+    pure, comp = load_twin("send_frames", "python"), load_twin("send_frames", "cython")
+    rng = random.Random(31)
+    seeds = [signed_frame(code, st, version, OnsChannel="ALIYUN", _UNIQUE_KEY_QUERY="true")
+             for code in (10, 310) for st in (0, 1) for version in (VERSION, 400)]
+    signed = 0
+    for _ in range(4000):
+        frame = bytearray(rng.choice(seeds))
+        for _ in range(rng.randint(1, 2)):
+            i = rng.randrange(len(frame))
+            if rng.random() < 0.6:
+                frame[i] = rng.choice(b'0129"\\:,{}-. \x01abAKSu\x80')
+            else:
+                del frame[i]
+        raw = bytes(frame)
+        got = pure.parse_send(raw, REFUSE, True)
+        assert comp.parse_send(raw, REFUSE, True) == got, raw
+        if got is not None and got[14] is not None:
+            signed += 1
+            assert got[12:] == signing_of(raw), raw
+    assert signed > 300  # many mutations leave a signed plain send: the comparison ran
+
+
+def test_scan_signs_when_asked(twin: str) -> None:
+    mod = load_twin("send_frames", twin)
+    frame = signed_frame()
+    buf = struct.pack(">i", len(frame)) + frame
+    (item,), _ = mod.scan(buf, 1 << 20, decode_frame, REFUSE, True)
+    assert item[12:] == signing_of(frame)
+    (item,), _ = mod.scan(buf, 1 << 20, decode_frame, REFUSE)
+    assert item[12:] == (None, None, None)

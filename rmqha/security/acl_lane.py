@@ -1,0 +1,104 @@
+"""The RocketMQ ACL 1.0 check of a broker's plain send, on its fast lane.
+
+A plain send (:mod:`rmqha._core.send_frames`, parsed ``signed``) comes with its
+``AccessKey``, its ``Signature`` and the bytes RocketMQ signs, built from its frame without
+a command.  :meth:`SendLane.admits` decides it as :func:`rmqha.security.acl.check_request`
+would, and says True only where that check lets it through:
+
+- the connection's address is in ``globalWhiteRemoteAddresses``; or
+- the account's ``whiteRemoteAddress`` takes it; or
+- the signature is the account's HMAC-SHA1 of that content (constant-time compare) and the
+  account may PUB to the topic (its entry or default, an admin account, or the trace topic).
+
+Everything else (no or an unknown AccessKey, a wrong signature, no permission, a send to a
+retry topic, a header unusual for signing) is False: the broker then runs the ordinary
+check on the decoded command, which refuses it as it always did.
+
+What an account may do on a topic is worked out once per connection, account and topic
+(:class:`_Grants`, kept in the connection's state) and forgotten when ``plain_acl.yml``
+is reloaded: the grants belong to the config object they were made from.
+"""
+from __future__ import annotations
+
+import binascii
+import hmac
+from collections.abc import MutableMapping
+from typing import Any
+
+from rmqha.security.acl import RETRY_PREFIX, TRACE_TOPIC, AclConfig, AclValidator, Perm, perm_allows
+from rmqha.security.address_pattern import parse_ip
+
+#: Where a connection's grants live in its state mapping.
+STATE_KEY = "acl.send_grants"
+#: Grants kept per connection before they are forgotten (a client sending to ever new topics).
+MAX_GRANTS = 1024
+#: A grant that needs no signature (the account's whiteRemoteAddress).
+_WHITE = b""
+
+
+class _Grants:
+    """What one connection's accounts may send, under one config: (access key, topic) ->
+    the account's secret (verify, then admit), :data:`_WHITE` (admit) or None (the
+    ordinary check)."""
+
+    __slots__ = ("config", "ip", "white", "by_topic")
+
+    def __init__(self, config: AclConfig, remote_ip: str) -> None:
+        self.config = config
+        self.ip = parse_ip(remote_ip)
+        self.white = any(p.matches_ip(self.ip) for p in config.global_white)
+        self.by_topic: dict[tuple[str, str], bytes | None] = {}
+
+    def secret(self, access_key: str, topic: str) -> bytes | None:
+        key = (access_key, topic)
+        try:
+            return self.by_topic[key]
+        except KeyError:
+            pass
+        if len(self.by_topic) >= MAX_GRANTS:
+            self.by_topic.clear()
+        grant = self.by_topic[key] = self._grant(access_key, topic)
+        return grant
+
+    def _grant(self, access_key: str, topic: str) -> bytes | None:
+        account = self.config.accounts.get(access_key)
+        if account is None:
+            return None
+        if account.white_address.matches_ip(self.ip):
+            return _WHITE
+        if topic.startswith(RETRY_PREFIX):
+            return None  # a consumer's send back needs SUB on its group: the ordinary check
+        if not (topic == TRACE_TOPIC or account.admin
+                or perm_allows(Perm.PUB, account.owned(topic)[0])):
+            return None
+        return account.secret_key.encode("utf-8")
+
+
+class SendLane:
+    """The ACL check of plain sends against one :class:`~rmqha.security.acl.AclValidator`
+    (which re-reads ``plain_acl.yml`` when it changes)."""
+
+    def __init__(self, validator: AclValidator) -> None:
+        self.validator = validator
+
+    def admits(self, access_key: str | None, topic: str, signature: bytes | None,
+               content: bytes | None, state: MutableMapping[str, Any], remote_ip: str) -> bool:
+        """Whether the ordinary check would let this send through (False: ask it).
+        ``state``: the connection's own mapping; ``remote_ip``: its peer's address."""
+        config = self.validator.current()
+        grants = state.get(STATE_KEY)
+        if grants is None or grants.config is not config:
+            grants = state[STATE_KEY] = _Grants(config, remote_ip)
+        if grants.white:
+            return True
+        if access_key is None:
+            return False
+        secret = grants.secret(access_key, topic)
+        if secret is None:
+            return False
+        if not secret:  # _WHITE: the account's whiteRemoteAddress, no signature to check
+            return True
+        if content is None or signature is None:
+            return False
+        mac = hmac.digest(secret, content, "sha1")
+        return hmac.compare_digest(binascii.b2a_base64(mac, newline=False), signature)
