@@ -115,7 +115,11 @@ def test_across_network_namespaces_with_the_cluster_secret(tmp_path, chaos_repor
     require_root("making network namespaces")  # skipped without root locally, a failure under CI
     hosts = NetnsHosts(7)
     hosts.remove()  # leftovers of an interrupted earlier run with the same pid
-    hosts.create()
+    try:
+        hosts.create()
+    except subprocess.CalledProcessError:
+        hosts.remove()  # what was made before the step that failed
+        raise
     run = NetnsRun(tmp_path, hosts)
     try:
         run.start()
