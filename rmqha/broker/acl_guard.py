@@ -15,7 +15,9 @@ A role notice from the controller carries no client credentials: it is left to t
 cluster secret's and the certificate's own checks and never reaches a client handler.
 GET_BROKER_EPOCH_CACHE needs an admin account (:data:`rmqha.security.acl.RMQHA_ADMIN_CODES`),
 or, over TLS, a certificate naming a cluster process or an operator (broker, controller,
-admin): the cluster's own tools ask with their certificate.
+admin): the cluster's own tools ask with their certificate.  GET_BROKER_HA_STATUS needs an
+account or such a certificate: a new slave asks its master for the HA address it
+advertises, and a broker holds no account of its own.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from rmqha.security.identity import Role
 #: Codes only cluster processes send to a broker (not a client's request).
 CLUSTER_CODES = frozenset({int(RequestCode.NOTIFY_BROKER_ROLE_CHANGED)})
 #: Admin codes a cluster process or operator may also send by certificate alone.
-BY_CERTIFICATE = frozenset({int(RequestCode.GET_BROKER_EPOCH_CACHE)})
+BY_CERTIFICATE = frozenset({int(RequestCode.GET_BROKER_EPOCH_CACHE), int(RequestCode.GET_BROKER_HA_STATUS)})
 #: The certificate roles :data:`BY_CERTIFICATE` takes.
 CLUSTER_ROLES = frozenset({Role.BROKER, Role.CONTROLLER, Role.ADMIN})
 

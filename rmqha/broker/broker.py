@@ -678,6 +678,9 @@ class Broker:
                     addr = (resp.json_body() or {}).get("haAddress")
                     if addr:
                         return str(addr)
+                else:  # the fallback below is wrong for an advertised or moved HA port
+                    log.warning("master %s refused its HA address (code %d: %s); trying its client port + 1",
+                                master_address, resp.code, resp.remark)
                 break
         finally:
             await client.close()

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import random
 import re
-import struct
 import subprocess
 import threading
 import time
@@ -159,6 +158,9 @@ class ChaosRun:
         ids = sorted(b.broker_id() or 0 for b in self.brokers)
         c.wait_for(lambda: (i := c.replica_info(GROUP)) is not None and i.sync_state_set == ids, 30,
                    what="the whole group in sync")
+        # Every cut of a replication link is a cut of this proxy: the slaves must dial it.
+        via_proxy = self.ha_proxies[self.brokers[0].name].accepted
+        assert via_proxy >= 2, f"{via_proxy} slaves replicate through the master's HA proxy, not 2"
         if secure is not None:  # the run is as secured as its name says, or it is no evidence
             problems = secure.check_enforced(self.brokers[0].address)
             assert not problems, problems
@@ -430,6 +432,24 @@ def _read_store(b: BrokerProc, seg: int) -> tuple[list[StoredRecord], bytes]:
     return records, raw
 
 
+def _tcp_ports_of(pid: int) -> set[int]:
+    """The local ports of the IPv4 TCP sockets process ``pid`` holds (from /proc)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = fd.readlink().name
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[9] in inodes:
+            ports.add(int(fields[1].rpartition(":")[2], 16))
+    return ports
+
+
 def _split(addr: str) -> tuple[str, int]:
     host, _, port = addr.rpartition(":")
     return host, int(port)
@@ -528,10 +548,10 @@ def cut_one_slave_link(run: ChaosRun) -> None:
     which still makes two copies; healed after it shrank."""
     m = run.master()
     victim = next(b for b in run.brokers if b is not m)
-    vid = struct.pack(">q", int(run.ev.ids_before[victim.name] or 0))
-    # framed HANDSHAKE_SLAVE: length, type 1, timestamp, epoch, flags, then broker_id.
-    run.ha_proxies[m.name].blackhole_clients(
-        lambda data: data[4:8] == b"\x00\x00\x00\x01" and data[28:36] == vid)
+    pid = victim.pid
+    assert pid is not None
+    # Told apart by the socket it dials from (its handshake is encrypted under TLS).
+    run.ha_proxies[m.name].blackhole_clients(lambda peer: peer[1] in _tcp_ports_of(pid))
     run.mark_fault()
     run.cluster.wait_for(lambda: run.ev.ids_before[victim.name] not in run.cluster.replica_info(GROUP).sync_state_set,
                          30, what=f"the set to drop {victim.name}, whose link is cut")

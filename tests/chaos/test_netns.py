@@ -70,17 +70,21 @@ class NetnsRun(h.ChaosRun):
         ports = [free_port() for _ in range(3)]
         peers = ";".join(f"n{i}-{hosts.ips[i]}:{ports[i]}" for i in range(3))
         raft = ";".join(f"n{i}-{hosts.ips[i]}:{ports[i] + 1}" for i in range(3))
+        secure = self.secure  # RMQHA_CHAOS_SECURITY=tls-acl: mutual TLS and ACL here too
         for i in range(3):
             name = f"controller{i}"
             config = controller_config(c.base_dir / name, self_id=f"n{i}", peers=peers, raft_peers=raft,
-                                       listen_host=hosts.ips[i], raft_password=SECRET, **QUICK_CONTROLLER)
+                                       listen_host=hosts.ips[i], raft_password=SECRET, **QUICK_CONTROLLER,
+                                       **c.secret_settings("controller"),
+                                       **(secure.controller_keys(3)[i] if secure else {}))
             proc = ControllerProc(c, name, "controller", config, c.base_dir / name)
             proc.launcher = hosts.launcher(i)
             c.controllers.append(proc)
             c.processes.append(proc)
             proc.start()
         c.wait_for(lambda: c.controller_leader() is not None, 60, what="a controller leader across hosts")
-        config = {"listen_port": free_port(), **c.namesrv_defaults, "listen_host": hosts.ips[3]}
+        config = {"listen_port": free_port(), **c.namesrv_defaults, "listen_host": hosts.ips[3],
+                  **c.secret_settings("namesrv"), **(secure.namesrv_keys() if secure else {})}
         ns = NamesrvProc(c, "namesrv0", "namesrv", config, c.base_dir / "namesrv0")
         ns.launcher = hosts.launcher(3)
         c.namesrvs.append(ns)
@@ -89,7 +93,8 @@ class NetnsRun(h.ChaosRun):
         c.wait_for(lambda: port_open(ns.address), 30, what="the name server on its host", process=ns)
         for i in range(3):
             b = c.add_broker(h.GROUP, listen_host=hosts.ips[4 + i], broker_ip=hosts.ips[4 + i],
-                             listen_port=free_port_pair(), **self.acks)
+                             listen_port=free_port_pair(), **self.acks,
+                             **(secure.broker_keys(h.GROUP, f"{h.GROUP}-{i}") if secure else {}))
             b.launcher = hosts.launcher(4 + i)
             b.start()
             c.wait_broker_up(b)
@@ -98,6 +103,9 @@ class NetnsRun(h.ChaosRun):
         ids = sorted(b.broker_id() or 0 for b in self.brokers)
         c.wait_for(lambda: (i := c.replica_info(h.GROUP)) is not None and i.sync_state_set == ids, 60,
                    what="the whole group in sync across hosts")
+        if secure is not None:
+            problems = secure.check_enforced(self.brokers[0].address)
+            assert not problems, problems
         self.record_ids()
 
 
@@ -107,7 +115,11 @@ def test_across_network_namespaces_with_the_cluster_secret(tmp_path, chaos_repor
     require_root("making network namespaces")  # skipped without root locally, a failure under CI
     hosts = NetnsHosts(7)
     hosts.remove()  # leftovers of an interrupted earlier run with the same pid
-    hosts.create()
+    try:
+        hosts.create()
+    except subprocess.CalledProcessError:
+        hosts.remove()  # what was made before the step that failed
+        raise
     run = NetnsRun(tmp_path, hosts)
     try:
         run.start()

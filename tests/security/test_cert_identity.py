@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster import Cluster
+from cluster import Cluster, free_port
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -136,7 +136,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             return c.start_broker(GROUP, acl_enable=True, acl_file=str(acl),
                                   **_identity_keys(pki, Identity.broker(CLUSTER, GROUP, f"{GROUP}-{i}")),
                                   **extra)
-        c.a = broker(0)
+        # Not its client port + 1: b must learn it from a, by its broker certificate.
+        c.a = broker(0, ha_listen_port=free_port())
         c.wait_role(c.a, "master", 30)
         c.b = broker(1, sync_broker_metadata_period_ms=60_000)
         c.wait_role(c.b, "slave", 30)
@@ -278,6 +279,23 @@ def test_broker_epoch_cache_needs_admin_or_a_cluster_certificate(live: Cluster) 
     for peer in (Identity.broker(CLUSTER, GROUP, f"{GROUP}-1"), ADMIN, CONTROLLER):
         resp = ask_as(live, peer, live.a.address, code, {}, signed=False)
         assert resp.code == ResponseCode.SUCCESS, (peer, resp.remark)
+
+
+def test_a_slave_learns_its_masters_ha_address_by_its_broker_certificate(live: Cluster) -> None:
+    """A broker holds no ACL account; GET_BROKER_HA_STATUS, by which a new slave learns the
+    HA address its master advertises, takes a cluster certificate instead (without it the
+    slave dialled the master's client port + 1: nothing there, or past a proxy)."""
+    code = RequestCode.GET_BROKER_HA_STATUS
+    ha = live.a.config["ha_listen_port"]
+    assert ha != int(live.a.address.rpartition(":")[2]) + 1
+    assert f"HA 127.0.0.1:{ha})" in live.b.log_text() and "refused its HA address" not in live.b.log_text()
+    for peer in (Identity.broker(CLUSTER, GROUP, f"{GROUP}-1"), ADMIN, CONTROLLER):
+        resp = ask_as(live, peer, live.a.address, code, {}, signed=False)
+        assert resp.code == ResponseCode.SUCCESS, (peer, resp.remark)
+        assert resp.json_body()["haAddress"] == f"127.0.0.1:{ha}"
+    # Negative control: a client's certificate without an account is left to the ACL.
+    resp = ask_as(live, CLIENT, live.a.address, code, {}, signed=False)
+    assert resp.code == ResponseCode.SYSTEM_ERROR and "AccessKey" in (resp.remark or ""), resp.remark
 
 
 def _notice(broker_id: int, address: str, epoch: int) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -37,7 +37,7 @@ class TcpProxy:
         self._mode: CutMode | None = None
         self._links: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._holed: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
-        self._hole_if: Callable[[bytes], bool] | None = None
+        self._hole_if: Callable[[tuple[str, int]], bool] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         #: Connections accepted so far (tests wait on reconnects with it).
         self.accepted = 0
@@ -63,12 +63,13 @@ class TcpProxy:
     def restore(self) -> None:
         self._call(self._restore())
 
-    def blackhole_clients(self, first_bytes: Callable[[bytes], bool]) -> None:
-        """Silently drop both directions of every link, now and later, whose client's first
-        bytes satisfy ``first_bytes`` (one client among several, told apart by what it
-        says first); the others flow.  Live links are reset so every client reconnects and
-        is judged.  :meth:`restore` ends it."""
-        self._call(self._blackhole_clients(first_bytes))
+    def blackhole_clients(self, client: Callable[[tuple[str, int]], bool]) -> None:
+        """Silently drop both directions of every link, now and later, whose client's
+        address (host, port) satisfies ``client`` (one client among several, told apart by
+        the socket it connects from, which works whatever it says, TLS included); the
+        others flow.  Live links are reset so every client reconnects and is judged.
+        :meth:`restore` ends it."""
+        self._call(self._blackhole_clients(client))
 
     @property
     def is_cut(self) -> bool:
@@ -116,8 +117,8 @@ class TcpProxy:
             self._links.discard((a, b))
         self._holed.clear()
 
-    async def _blackhole_clients(self, first_bytes: Callable[[bytes], bool]) -> None:
-        self._hole_if = first_bytes
+    async def _blackhole_clients(self, client: Callable[[tuple[str, int]], bool]) -> None:
+        self._hole_if = client
         self._reset_all()
 
     def _reset_all(self) -> None:
@@ -138,6 +139,8 @@ class TcpProxy:
             return
         link = (writer, up_writer)
         self._links.add(link)
+        if self._hole_if is not None and self._hole_if(writer.get_extra_info("peername")[:2]):
+            self._holed.add(link)
         t1 = asyncio.ensure_future(self._pump(reader, up_writer, link))
         t2 = asyncio.ensure_future(self._pump(up_reader, writer, link))
         for t in (t1, t2):
@@ -150,16 +153,11 @@ class TcpProxy:
         dst: asyncio.StreamWriter,
         link: tuple[asyncio.StreamWriter, asyncio.StreamWriter],
     ) -> None:
-        first = dst is link[1]  # the client's side: its first bytes may mark it
         try:
             while True:
                 data = await src.read(1 << 16)
                 if not data:
                     break
-                if first:
-                    first = False
-                    if self._hole_if is not None and self._hole_if(data):
-                        self._holed.add(link)
                 if self._mode == "blackhole" or link in self._holed:
                     continue  # dropped on the floor, nobody is told
                 if link not in self._links:
