@@ -29,7 +29,8 @@ from rmqha.protocol.command import RemotingCommand
 from rmqha.protocol.request_auth import SIGNATURE_FIELD
 from rmqha.security import certs
 from rmqha.security.identity import Identity
-from rmqha.security.tls import ClientAuth, TlsMode, TlsSettings
+from rmqha.security.tls import TlsSettings
+from rmqha.testing.tls_keys import client_tls, config_keys, process_tls
 
 ADMIN_KEY = "bench-admin"
 PRODUCER_KEY = "bench-producer"
@@ -66,22 +67,13 @@ class SecureSetup:
                 f"    defaultTopicPerm: DENY\n    defaultGroupPerm: DENY\n"
                 f"    topicPerms: [{perms}]\n")
 
-    def _pair(self, identity: Identity) -> tuple[str, str]:
-        stem = self.pki / identity.file_stem()
-        return f"{stem}.crt", f"{stem}.key"
-
     @property
     def ca(self) -> str:
         return str(self.pki / certs.CA_CERT)
 
     def process_keys(self, identity: Identity) -> dict[str, Any]:
         """A controller's or name server's config: mutual TLS on its port and its links."""
-        cert, key = self._pair(identity)
-        return {"tls_server_mode": TlsMode.ENFORCING.value, "tls_server_cert_path": cert,
-                "tls_server_key_path": key, "tls_server_trust_cert_path": self.ca,
-                "tls_server_need_client_auth": ClientAuth.REQUIRE.value, "tls_enable": True,
-                "tls_client_cert_path": cert, "tls_client_key_path": key,
-                "tls_client_trust_cert_path": self.ca}
+        return config_keys(process_tls(self.pki, identity))
 
     def broker_keys(self, group: str, name: str) -> dict[str, Any]:
         """A broker's config: as every process, and ACL 1.0 on its client port."""
@@ -89,9 +81,7 @@ class SecureSetup:
         return {**keys, "acl_enable": True, "acl_file": str(self.acl_file)}
 
     def client_tls(self, identity: Identity = CLIENT) -> TlsSettings:
-        cert, key = self._pair(identity)
-        return TlsSettings(client_enable=True, client_cert_path=cert, client_key_path=key,
-                           client_trust_cert_path=self.ca)
+        return client_tls(self.pki, identity)
 
     def client_options(self) -> dict[str, Any]:
         """The keyword arguments of the benchmark's Producer and BlockingProducer."""

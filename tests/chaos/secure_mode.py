@@ -32,7 +32,8 @@ from rmqha.protocol.command import FrameDecoder, RemotingCommand, encode
 from rmqha.protocol.request_auth import SIGNATURE_FIELD
 from rmqha.security import certs
 from rmqha.security.identity import Identity
-from rmqha.security.tls import ClientAuth, TlsMode, TlsSettings
+from rmqha.security.tls import TlsSettings
+from rmqha.testing.tls_keys import client_tls, config_keys, process_tls
 
 ENV = "RMQHA_CHAOS_SECURITY"
 MODES = ("", "tls-acl")
@@ -77,22 +78,13 @@ class SecureCluster:
             f"  - accessKey: {ADMIN_KEY}\n    secretKey: {setup.admin_secret}\n    admin: true\n")
         return setup
 
-    def _pair(self, identity: Identity) -> tuple[str, str]:
-        stem = self.pki / identity.file_stem()
-        return f"{stem}.crt", f"{stem}.key"
-
     @property
     def ca(self) -> str:
         return str(self.pki / certs.CA_CERT)
 
     def process_keys(self, identity: Identity) -> dict[str, Any]:
         """A process's config: enforcing mutual TLS on its port, TLS with its pair on its links."""
-        cert, key = self._pair(identity)
-        return {"tls_server_mode": TlsMode.ENFORCING.value, "tls_server_cert_path": cert,
-                "tls_server_key_path": key, "tls_server_trust_cert_path": self.ca,
-                "tls_server_need_client_auth": ClientAuth.REQUIRE.value, "tls_enable": True,
-                "tls_client_cert_path": cert, "tls_client_key_path": key,
-                "tls_client_trust_cert_path": self.ca}
+        return config_keys(process_tls(self.pki, identity))
 
     def controller_keys(self, n: int) -> dict[int, dict[str, Any]]:
         return {i: self.process_keys(Identity.controller(f"n{i}")) for i in range(n)}
@@ -105,9 +97,7 @@ class SecureCluster:
                 "acl_enable": True, "acl_file": str(self.acl_file)}
 
     def _client_tls(self, identity: Identity) -> TlsSettings:
-        cert, key = self._pair(identity)
-        return TlsSettings(client_enable=True, client_cert_path=cert, client_key_path=key,
-                           client_trust_cert_path=self.ca)
+        return client_tls(self.pki, identity)
 
     def client_options(self) -> dict[str, Any]:
         """Keyword arguments of the workload's producers and consumer."""

@@ -18,7 +18,10 @@ from pathlib import Path
 
 from rmqha.security import certs
 from rmqha.security.identity import Identity
-from rmqha.security.tls import ClientAuth, TlsMode, TlsSettings
+from rmqha.testing.tls_keys import client_tls, config_keys, server_tls
+
+__all__ = ["BROKER", "CLIENT", "CONTROLLER", "NAMESRV", "Pki", "client_tls", "config_keys",
+           "make_pki", "server_tls"]
 
 BROKER = Identity.broker("DefaultCluster", "g1", "g1-0")
 CLIENT = Identity.client("client")
@@ -49,38 +52,3 @@ def make_pki(base: Path) -> Pki:
                                               groups={"g1": 1}, namesrv=1):
         certs.issue(pki.expired, ident, days=1, now=old)
     return pki
-
-
-def server_tls(directory: Path, identity: Identity, ca: Path, *,
-               mode: TlsMode = TlsMode.ENFORCING,
-               client_auth: ClientAuth = ClientAuth.REQUIRE) -> TlsSettings:
-    """A server's settings with ``identity``'s pair from ``directory``, trusting ``ca``."""
-    stem = directory / identity.file_stem()
-    return TlsSettings(server_mode=mode, server_cert_path=f"{stem}.crt",
-                       server_key_path=f"{stem}.key", server_trust_cert_path=str(ca),
-                       server_need_client_auth=client_auth)
-
-
-def client_tls(directory: Path, identity: Identity | None, ca: Path) -> TlsSettings:
-    """A client's settings: ``identity``'s pair from ``directory`` (None: no certificate),
-    servers checked against ``ca``."""
-    if identity is None:
-        return TlsSettings(client_enable=True, client_trust_cert_path=str(ca))
-    stem = directory / identity.file_stem()
-    return TlsSettings(client_enable=True, client_cert_path=f"{stem}.crt",
-                       client_key_path=f"{stem}.key", client_trust_cert_path=str(ca))
-
-
-def config_keys(settings: TlsSettings) -> dict[str, object]:
-    """``settings`` as the config fields a broker, name server or controller file sets."""
-    return {
-        "tls_server_mode": settings.server_mode.value,
-        "tls_server_cert_path": settings.server_cert_path,
-        "tls_server_key_path": settings.server_key_path,
-        "tls_server_trust_cert_path": settings.server_trust_cert_path,
-        "tls_server_need_client_auth": settings.server_need_client_auth.value,
-        "tls_enable": settings.client_enable,
-        "tls_client_cert_path": settings.client_cert_path,
-        "tls_client_key_path": settings.client_key_path,
-        "tls_client_trust_cert_path": settings.client_trust_cert_path,
-    }
