@@ -12,8 +12,10 @@ module fills one from, in increasing precedence:
 
 Keys may be written snake_case or RocketMQ camelCase (``enableElectUncleanMaster``);
 a field can declare extra spellings with ``field(metadata={"aliases": (...)})``.  An
-unknown key or a value that does not parse as the field's type raises
-:class:`rmqha.errors.ConfigError` naming the key and where it came from.  Values are
+unknown key (unless the dataclass's ``take_foreign_key(key, value, source)`` takes it:
+a key of the product it mirrors that it does not use) or a value that does not parse as
+the field's type raises :class:`rmqha.errors.ConfigError` naming the key and where it
+came from.  Values are
 parsed by the field's annotation: bool, int, float, str, Path, enums, lists (``;`` or
 ``,`` separated in text) and optionals of those.
 """
@@ -168,7 +170,13 @@ def apply_values(config: T, values: Mapping[str, Any], source: str) -> T:
     or value, naming both and ``source``."""
     cls = type(config)
     hints = _hints(cls)
+    index = _key_index(cls)
+    # A config mirroring another product's may accept that product's keys it has no field for.
+    take_foreign = getattr(config, "take_foreign_key", None)
     for key, raw in _dotted(cls, values).items():
+        known = key in index or camel_to_snake(key) in index
+        if not known and callable(take_foreign) and take_foreign(key, raw, source):
+            continue
         name = resolve_key(cls, key, source)
         try:
             setattr(config, name, convert(raw, hints[name]))

@@ -5,6 +5,8 @@ works as it is (``rocketMQClusterName``, ``namesrvAddr``, ``grpcServerPort``, th
 ``grpcClient*`` settings handed to clients, the message limits, ...); TOML and
 ``key=value`` files take the same keys (:mod:`rmqha.config`).  rmqha's own keys say where
 the server binds, how long routes and topic settings are cached, the ACL, and logging.
+A key of RocketMQ's ProxyConfig that rmqha does not use is accepted and remembered in
+``ignored_keys`` (:mod:`rmqha.proxy.rocketmq_keys`); any other unknown key is refused.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 
 from rmqha.config import TlsKeys, load_config
 from rmqha.errors import ConfigError
+from rmqha.proxy.rocketmq_keys import ROCKETMQ_PROXY_KEYS, check_ignored_value
 from rmqha.security.tls import TlsMode, TlsSettings, server_context
 
 DAY_MS = 24 * 3600 * 1000
@@ -138,6 +141,19 @@ class ProxyConfig(TlsKeys):
     #: JSON lines (else plain text).
     log_json: bool = True
 
+    def __post_init__(self) -> None:
+        # Keys of RocketMQ's ProxyConfig read and not used (logged once at start).
+        self.ignored_keys: list[str] = []
+
+    def take_foreign_key(self, key: str, value: object, source: str) -> bool:
+        """Accept ``key`` if RocketMQ's proxy knows it (rmqha has no field for it)."""
+        if key not in ROCKETMQ_PROXY_KEYS:
+            return False
+        check_ignored_value(key, value, source)
+        if key not in self.ignored_keys:
+            self.ignored_keys.append(key)
+        return True
+
     def validate(self) -> None:
         self._validate_cluster()
         self._validate_positive()
@@ -153,8 +169,8 @@ class ProxyConfig(TlsKeys):
         if not self.namesrv_addr.strip():
             raise ConfigError("namesrvAddr is required: the name servers the proxy finds brokers through")
         if self.proxy_mode.lower() != "cluster":
-            raise ConfigError(f"proxyMode {self.proxy_mode!r} is not supported: rmqha's proxy runs in "
-                              f"cluster mode (brokers are separate processes)")
+            raise ConfigError(f"proxyMode {self.proxy_mode!r} is not supported: rmqha supports proxyMode "
+                              f"CLUSTER only (brokers are separate processes reached over remoting)")
         if not self.rocketmq_cluster_name:
             raise ConfigError("rocketMQClusterName must not be empty")
         if not 0 < self.grpc_server_port < 65536:

@@ -25,6 +25,7 @@ from rmqha.proxy.consuming import Consuming
 from rmqha.proxy.grpc_tls import port_credentials
 from rmqha.proxy.producing import Producing
 from rmqha.proxy.renewal import Renewal
+from rmqha.proxy.rocketmq_keys import ignored_keys_line
 from rmqha.proxy.service import MessagingService
 from rmqha.proxy.transactions import TransactionRelay, proxy_client_id
 from rmqha.security.acl import AclValidator
@@ -60,6 +61,8 @@ async def run_proxy(cfg: ProxyConfig, stop: asyncio.Event) -> None:
     if bound == 0:
         raise ConfigError(f"grpcServerPort: cannot bind {cfg.address}")
     await server.start()
+    if cfg.ignored_keys:
+        log.info("%s", ignored_keys_line(cfg.ignored_keys))
     log.info("proxy serving gRPC%s on %s for cluster %s (name servers %s)",
              "" if credentials is None else " over TLS", cfg.address,
              cfg.rocketmq_cluster_name, cfg.namesrv_addr)
