@@ -238,8 +238,9 @@ def test_rocketmq_proxy_json(tmp_path: Path) -> None:
         "C1", ["a:1", "b:2"], 18081, 1024)
     assert cfg.acl_file == tmp_path / "plain_acl.yml"
     for bad, why in [({"grpcServerPort": 1}, "namesrvAddr is required"),
-                     ({"namesrvAddr": "a:1", "remotingListenPort": 8080}, "remotingListenPort"),
-                     ({"namesrvAddr": "a:1", "proxyMode": "local"}, "proxyMode"),
+                     ({"namesrvAddr": "a:1", "remotingListenPrt": 8080}, "unknown .* key 'remotingListenPrt'"),
+                     ({"namesrvAddr": "a:1", "proxyMode": "LOCAL"}, "proxyMode 'LOCAL' is not supported.*CLUSTER"),
+                     ({"namesrvAddr": "a:1", "tlsCertPath": "/etc/cert.pem"}, "tlsCertPath.*tls.server.certPath"),
                      ({"namesrvAddr": "a:1", "maxMessageSize": 0}, "max_message_size")]:
         path.write_text(json.dumps(bad))
         with pytest.raises(ConfigError, match=why):
