@@ -16,8 +16,10 @@ cluster secret's and the certificate's own checks and never reaches a client han
 GET_BROKER_EPOCH_CACHE needs an admin account (:data:`rmqha.security.acl.RMQHA_ADMIN_CODES`),
 or, over TLS, a certificate naming a cluster process or an operator (broker, controller,
 admin): the cluster's own tools ask with their certificate.  GET_BROKER_HA_STATUS needs an
-account or such a certificate: a new slave asks its master for the HA address it
-advertises, and a broker holds no account of its own.
+account, such a certificate or, without TLS, the cluster secret's proof
+(:func:`rmqha.protocol.request_auth.proves_secret`: HMAC, fresh, nonce not seen before): a
+new slave asks its master for the HA address it advertises, signed as every control
+request is, and a broker holds no account of its own.
 """
 from __future__ import annotations
 
@@ -27,6 +29,13 @@ from rmqha.errors import AclError, RemoteCommandError
 from rmqha.net.connection import Connection
 from rmqha.protocol.codes import RequestCode
 from rmqha.protocol.command import RemotingCommand, SendFrame
+from rmqha.protocol.request_auth import (
+    OPTIONALLY_SIGNED_CODES,
+    SIGNATURE_FIELD,
+    OpenAuth,
+    RequestAuthenticator,
+    proves_secret,
+)
 from rmqha.security.acl import AclValidator
 from rmqha.security.acl_lane import SendLane
 from rmqha.security.identity import Role
@@ -43,12 +52,14 @@ class AclGuard:
     """The broker's :data:`~rmqha.net.connection.Guard` (``guard(cmd, conn)``) and its
     :data:`~rmqha.net.connection.PlainGuard` (:meth:`plain`), over one validator."""
 
-    def __init__(self, acl_file: Path, *, recheck_interval_s: float = 1.0) -> None:
+    def __init__(self, acl_file: Path, *, recheck_interval_s: float = 1.0,
+                 auth: RequestAuthenticator | None = None) -> None:
         self.validator = AclValidator(acl_file, recheck_interval_s=recheck_interval_s)
         self.lane = SendLane(self.validator)
+        self.auth: RequestAuthenticator = auth if auth is not None else OpenAuth()
 
     def __call__(self, cmd: RemotingCommand, conn: Connection) -> None:
-        if cmd.code in CLUSTER_CODES or _cluster_peer(cmd, conn):
+        if cmd.code in CLUSTER_CODES or _cluster_peer(cmd, conn) or self._by_secret(cmd):
             return
         try:
             self.validator.check(cmd.code, cmd.ext_fields, cmd.body, _host(conn.peer),
@@ -56,15 +67,22 @@ class AclGuard:
         except AclError as exc:
             raise RemoteCommandError(exc.response_code, exc.remark, cmd.code) from None
 
+    def _by_secret(self, cmd: RemotingCommand) -> bool:
+        # A request without the proof's fields goes to the ACL untouched.
+        return (cmd.code in OPTIONALLY_SIGNED_CODES and SIGNATURE_FIELD in cmd.ext_fields
+                and proves_secret(self.auth, cmd))
+
     def plain(self, send: SendFrame, conn: Connection) -> bool:
         """Whether the check would let this plain send through (False: ask it)."""
         return self.lane.admits(send[12], send[3], send[13], send[14], conn.attributes,
                                 _host(conn.peer))
 
 
-def acl_guard(acl_file: Path, *, recheck_interval_s: float = 1.0) -> AclGuard:
-    """A guard checking every client request against ``acl_file`` (reloaded when it changes)."""
-    return AclGuard(acl_file, recheck_interval_s=recheck_interval_s)
+def acl_guard(acl_file: Path, *, recheck_interval_s: float = 1.0,
+              auth: RequestAuthenticator | None = None) -> AclGuard:
+    """A guard checking every client request against ``acl_file`` (reloaded when it
+    changes); ``auth`` (the broker's cluster secret) admits the codes a broker signs."""
+    return AclGuard(acl_file, recheck_interval_s=recheck_interval_s, auth=auth)
 
 
 def _cluster_peer(cmd: RemotingCommand, conn: Connection) -> bool:

@@ -302,7 +302,7 @@ class Broker:
         self.server = RemotingServer(cfg.listen_host, cfg.listen_port, max_frame_bytes=cfg.max_frame_bytes,
                                      tls=self.tls)
         if cfg.acl_enable:
-            guard = acl_guard(cfg.acl_file)
+            guard = acl_guard(cfg.acl_file, auth=self.auth)
             self.server.dispatcher.guard = guard
             self.server.dispatcher.plain_guard = guard.plain  # signed plain sends stay on the lane
         if self._served_bytes is not None and handlers.get(int(RequestCode.PULL_MESSAGE)) is not None:
@@ -669,7 +669,9 @@ class Broker:
         try:
             for _ in range(3):
                 try:
-                    resp = await client.request(RemotingCommand.request(RequestCode.GET_BROKER_HA_STATUS), 1.0)
+                    # Signed: a master with aclEnable takes the secret's proof for an account.
+                    ask = self.auth.sign(RemotingCommand.request(RequestCode.GET_BROKER_HA_STATUS))
+                    resp = await client.request(ask, 1.0)
                 except RemotingError as exc:
                     log.debug("asking %s for its HA address failed: %s", master_address, exc)
                     await asyncio.sleep(0.2)

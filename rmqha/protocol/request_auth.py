@@ -26,6 +26,9 @@ server and the broker all use it.  What it owns:
   bounded cache that keeps each nonce until its request is too old to pass anyway).  A
   refusal is :class:`rmqha.errors.RequestAuthError` naming what was wrong, never the secret;
   :func:`refusal` turns it into RocketMQ's NO_PERMISSION answer.
+* **Proof where none is demanded** (:data:`OPTIONALLY_SIGNED_CODES`): a broker signs its
+  GET_BROKER_HA_STATUS to its master, and :func:`proves_secret` lets the master's ACL
+  guard admit it without an account (an unsigned one still needs one).
 * **Admin tokens**: :func:`tokens_match` compares them in constant time.
 
 A signed request can still be replayed once to *another* process within the skew window
@@ -69,6 +72,9 @@ NAMESRV_SIGNED_CODES: frozenset[int] = frozenset({
 #: Requests a broker takes only with proof (they change its role).
 BROKER_SIGNED_CODES: frozenset[int] = frozenset({RequestCode.NOTIFY_BROKER_ROLE_CHANGED})
 SIGNED_CODES: frozenset[int] = CONTROLLER_SIGNED_CODES | NAMESRV_SIGNED_CODES | BROKER_SIGNED_CODES
+#: Requests a holder of the secret signs although no server demands proof of them: a
+#: broker's ACL guard takes the proof in place of an account (:func:`proves_secret`).
+OPTIONALLY_SIGNED_CODES: frozenset[int] = frozenset({RequestCode.GET_BROKER_HA_STATUS})
 
 DEFAULT_MAX_SKEW_S = 30.0
 DEFAULT_NONCE_CAPACITY = 200_000
@@ -196,7 +202,7 @@ class SharedSecretAuth:
         return hmac.new(self._key, _canonical(cmd, timestamp, nonce), hashlib.sha256).hexdigest()
 
     def sign(self, cmd: RemotingCommand, *, timestamp_ms: int | None = None) -> RemotingCommand:
-        if cmd.code not in SIGNED_CODES:
+        if cmd.code not in SIGNED_CODES and cmd.code not in OPTIONALLY_SIGNED_CODES:
             return cmd
         timestamp = str(self.now_ms() if timestamp_ms is None else int(timestamp_ms))
         nonce = secrets.token_hex(16)
@@ -208,8 +214,12 @@ class SharedSecretAuth:
         return cmd
 
     def verify(self, cmd: RemotingCommand, conn: Any = None) -> None:
-        if cmd.code not in SIGNED_CODES:
-            return
+        if cmd.code in SIGNED_CODES:
+            self.verify_proof(cmd)
+
+    def verify_proof(self, cmd: RemotingCommand) -> None:
+        """Raise RequestAuthError unless ``cmd`` carries valid, fresh, unused proof,
+        whatever its code (its nonce is then spent)."""
         ext = cmd.ext_fields
         missing = sorted(f for f in AUTH_FIELDS if not ext.get(f))
         if missing:
@@ -238,6 +248,18 @@ class SharedSecretAuth:
 def request_auth(secret: str | None, **kwargs: Any) -> RequestAuthenticator:
     """The authenticator for a process: shared-secret HMAC with a secret, else open."""
     return SharedSecretAuth(secret, **kwargs) if secret else OpenAuth()
+
+
+def proves_secret(auth: RequestAuthenticator, cmd: RemotingCommand) -> bool:
+    """Whether ``cmd`` carries valid proof of the cluster secret (any code; its nonce is
+    then spent); False for a process without a secret, which can check none."""
+    if not isinstance(auth, SharedSecretAuth):
+        return False
+    try:
+        auth.verify_proof(cmd)
+    except RequestAuthError:
+        return False
+    return True
 
 
 def signed_timestamp_ms(cmd: RemotingCommand) -> int | None:
