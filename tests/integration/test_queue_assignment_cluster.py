@@ -108,4 +108,7 @@ def test_assignment_follows_mode_and_survives_failover(cluster: Cluster) -> None
     new = cluster.wait_for(lambda: cluster.master_of("broker-a"), timeout=30, what="a new master")
     assert new is slave
     heartbeat(cluster, new.address, "c1")
-    assert assignment(cluster, new.address, "c1") == pop_all
+    # The new master applies the replicated mode record when it confirms it, a moment after
+    # it takes over (until then it answers from the state it had indexed as a slave).
+    cluster.wait_for(lambda: assignment(cluster, new.address, "c1") == pop_all, timeout=10,
+                     what="the new master answering the replicated POP mode")
