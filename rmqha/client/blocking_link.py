@@ -110,7 +110,7 @@ class BlockingLink:
         """A send's ``frame`` (its ``ext_fields`` and ``body``) signed in place by this
         link's credentials (:meth:`Credentials.sign_send_frame`); None when only the
         signing hook can sign it, which needs the command."""
-        creds = self.security.credentials if self.security is not None else None
+        creds = self.security.frame_signer if self.security is not None else None
         return None if creds is None else creds.sign_send_frame(frame, ext_fields, body)
 
     def send(self, frame: bytes, opaque: int, timeout: float) -> Answer:
