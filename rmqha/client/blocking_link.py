@@ -31,12 +31,18 @@ next request connects again.  A link belongs to one thread: it is not thread-saf
 With a :class:`~rmqha.net.client_security.ClientSecurity` a link signs each request with
 its hook, as :class:`~rmqha.net.client.RemotingClient` does (a send's encoded frame is
 signed in place by its credentials, :meth:`BlockingLink.signed`), and speaks TLS when it has a
-context; a TLS link keeps its deadline with the socket's own timeout instead of
-SO_RCVTIMEO (an SSL read retries a kernel timeout in place, never giving up).
+context.  A TLS link keeps its deadline with SO_RCVTIMEO/SO_SNDTIMEO too (one write and
+one read a request, as in plaintext): after the handshake its descriptor is blocking but
+Python is told it is not (timeout 0), since an SSL read of a socket Python thinks blocking
+retries a kernel timeout in place, never giving up, while with timeout 0 it is
+``SSLWantReadError`` (``SSLWantWriteError`` for a write), taken as the timeout it is.  A
+Python-level timeout instead costs an ioctl to set it and a poll() before each write, and
+the read after a write finds nothing yet: read, poll, read again (six calls, not two).
 """
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import ssl
 import struct
@@ -132,7 +138,8 @@ class BlockingLink:
             response = self._receive(sock, opaque, deadline, fields)
             done = True
             return response
-        except (TimeoutError, BlockingIOError):  # BlockingIOError: SO_RCVTIMEO/SNDTIMEO ran out
+        # BlockingIOError, SSLWant*Error: SO_RCVTIMEO/SNDTIMEO ran out (see the docstring)
+        except (TimeoutError, BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
             raise RemotingTimeoutError(
                 f"no response from {self.addr} to {describe()} within {timeout:.3f}s"
             ) from None
@@ -189,27 +196,31 @@ class BlockingLink:
         """``sock`` after a TLS handshake within its connect timeout (the socket closed
         and RemotingError when the handshake fails)."""
         try:
-            return context.wrap_socket(sock, server_hostname=self.host)
+            tls = context.wrap_socket(sock, server_hostname=self.host)
         except ssl.SSLError as exc:
             sock.close()
             raise RemotingError(f"TLS handshake with {self.addr} failed: {exc}") from exc
         except BaseException:
             sock.close()
             raise
+        # The deadline as for plaintext (see the module docstring): no poll() in Python,
+        # blocking calls the kernel ends.
+        tls.settimeout(0)
+        os.set_blocking(tls.fileno(), True)
+        return tls
 
     def _arm(self, sock: socket.socket, deadline: float) -> None:
         """Make the socket's next blocking send or recv give up by ``deadline``.
 
         SO_RCVTIMEO/SO_SNDTIMEO are set in whole milliseconds, rounded down, and only
-        when that number changes: with one send timeout per producer it is set once, not
-        on every request.  The kernel rounds them up to its clock tick, as poll() does."""
+        when the time left is not that or 1 ms less: with one send timeout per producer
+        they are set once, not on every request (nor between a request's write and its
+        read), and a call gives up at most 1 ms past the deadline.  The kernel rounds them
+        up to its clock tick, as poll() does."""
         ms = int((deadline - time.monotonic()) * 1000)
         if ms <= 0:  # (0 would mean "wait forever" to the kernel)
             raise TimeoutError
-        if isinstance(sock, ssl.SSLSocket):
-            sock.settimeout(ms / 1000)
-            return
-        if ms != self._timeout_ms:
+        if not 0 <= self._timeout_ms - ms <= 1:
             timeval = _TIMEVAL.pack(ms // 1000, ms % 1000 * 1000)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
