@@ -38,6 +38,10 @@ retries a kernel timeout in place, never giving up, while with timeout 0 it is
 ``SSLWantReadError`` (``SSLWantWriteError`` for a write), taken as the timeout it is.  A
 Python-level timeout instead costs an ioctl to set it and a poll() before each write, and
 the read after a write finds nothing yet: read, poll, read again (six calls, not two).
+A frame of several records is the exception (:meth:`BlockingLink._send_records`): its
+write keeps the deadline with Python's timeout, since SSL_write goes on after a kernel
+timeout that cut a write short.  (A one-record write cut short so, by a peer that stopped
+reading with its window nearly full, may take up to twice the time left.)
 """
 from __future__ import annotations
 
@@ -70,6 +74,8 @@ _TIMEVAL = struct.Struct("@ll")
 #: Bytes asked of one recv: a send's answer is a few hundred, a route a few KiB.
 _RECV_BYTES = 64 * 1024
 _LENGTH = struct.Struct(">i")
+#: The most a TLS record carries: a frame up to this is one SSL_write of one record.
+_TLS_RECORD = 16 * 1024
 #: The client send codec: a send's answer read in one call (:meth:`BlockingLink.send`).
 _CODEC = load("send_codec")
 
@@ -227,6 +233,9 @@ class BlockingLink:
             self._timeout_ms = ms
 
     def _send(self, sock: socket.socket, frame: bytes, deadline: float) -> None:
+        if len(frame) > _TLS_RECORD and isinstance(sock, ssl.SSLSocket):
+            self._send_records(sock, frame, deadline)
+            return
         # Not sendall: each of its sends would wait the whole timeout again.
         self._arm(sock, deadline)
         sent = sock.send(frame)
@@ -235,6 +244,21 @@ class BlockingLink:
             while sent < len(frame):
                 self._arm(sock, deadline)
                 sent += sock.send(view[sent:])
+
+    @staticmethod
+    def _send_records(sock: ssl.SSLSocket, frame: bytes, deadline: float) -> None:
+        """A frame of several TLS records, within ``deadline`` by Python's own timeout for
+        this write only: SSL_write carries on after a write SO_SNDTIMEO cut short with a
+        fresh kernel timeout, so a peer that stops reading could hold it for several."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        sock.settimeout(remaining)  # one SSL_write, its deadline kept by poll()
+        try:
+            sock.sendall(frame)
+        finally:
+            sock.settimeout(0)
+            os.set_blocking(sock.fileno(), True)
 
     def _receive(self, sock: socket.socket, opaque: int, deadline: float,
                  fields: bool) -> RemotingCommand | Answer:
