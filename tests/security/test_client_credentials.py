@@ -29,8 +29,8 @@ from rmqha.client.send_request import RequestBuilder
 from rmqha.client.sender import Sender
 from rmqha.errors import ClientError, ConfigError, RemotingError
 from rmqha.net.client_security import ClientSecurity, Credentials
-from rmqha.protocol.message import CompressionType
 from rmqha.protocol.command import SERIALIZE_ROCKETMQ, VERSION, decode_frame, encode
+from rmqha.protocol.message import CompressionType
 from rmqha.security.signature import sign, signature_matches, signed_content
 
 TOPIC = "TopicAcl"

@@ -47,9 +47,8 @@ from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.command import RemotingCommand
 from rmqha.security import certs
 from rmqha.security.identity import Identity
-from rmqha.security.tls import ClientAuth, TlsMode, TlsSettings
+from rmqha.security.tls import ClientAuth, TlsMode, TlsSettings, server_context
 from rmqha.security.tls import client_context as ssl_client_context
-from rmqha.security.tls import server_context
 from rmqha.testing.local_cluster import free_port
 
 TOPIC = "TopicTls"
