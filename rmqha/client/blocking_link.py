@@ -31,12 +31,22 @@ next request connects again.  A link belongs to one thread: it is not thread-saf
 With a :class:`~rmqha.net.client_security.ClientSecurity` a link signs each request with
 its hook, as :class:`~rmqha.net.client.RemotingClient` does (a send's encoded frame is
 signed in place by its credentials, :meth:`BlockingLink.signed`), and speaks TLS when it has a
-context; a TLS link keeps its deadline with the socket's own timeout instead of
-SO_RCVTIMEO (an SSL read retries a kernel timeout in place, never giving up).
+context.  A TLS link keeps its deadline with SO_RCVTIMEO/SO_SNDTIMEO too (one write and
+one read a request, as in plaintext): after the handshake its descriptor is blocking but
+Python is told it is not (timeout 0), since an SSL read of a socket Python thinks blocking
+retries a kernel timeout in place, never giving up, while with timeout 0 it is
+``SSLWantReadError`` (``SSLWantWriteError`` for a write), taken as the timeout it is.  A
+Python-level timeout instead costs an ioctl to set it and a poll() before each write, and
+the read after a write finds nothing yet: read, poll, read again (six calls, not two).
+A frame of several records is the exception (:meth:`BlockingLink._send_records`): its
+write keeps the deadline with Python's timeout, since SSL_write goes on after a kernel
+timeout that cut a write short.  (A one-record write cut short so, by a peer that stopped
+reading with its window nearly full, may take up to twice the time left.)
 """
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import ssl
 import struct
@@ -64,6 +74,8 @@ _TIMEVAL = struct.Struct("@ll")
 #: Bytes asked of one recv: a send's answer is a few hundred, a route a few KiB.
 _RECV_BYTES = 64 * 1024
 _LENGTH = struct.Struct(">i")
+#: The most a TLS record carries: a frame up to this is one SSL_write of one record.
+_TLS_RECORD = 16 * 1024
 #: The client send codec: a send's answer read in one call (:meth:`BlockingLink.send`).
 _CODEC = load("send_codec")
 
@@ -110,7 +122,7 @@ class BlockingLink:
         """A send's ``frame`` (its ``ext_fields`` and ``body``) signed in place by this
         link's credentials (:meth:`Credentials.sign_send_frame`); None when only the
         signing hook can sign it, which needs the command."""
-        creds = self.security.credentials if self.security is not None else None
+        creds = self.security.frame_signer if self.security is not None else None
         return None if creds is None else creds.sign_send_frame(frame, ext_fields, body)
 
     def send(self, frame: bytes, opaque: int, timeout: float) -> Answer:
@@ -132,7 +144,8 @@ class BlockingLink:
             response = self._receive(sock, opaque, deadline, fields)
             done = True
             return response
-        except (TimeoutError, BlockingIOError):  # BlockingIOError: SO_RCVTIMEO/SNDTIMEO ran out
+        # BlockingIOError, SSLWant*Error: SO_RCVTIMEO/SNDTIMEO ran out (see the docstring)
+        except (TimeoutError, BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
             raise RemotingTimeoutError(
                 f"no response from {self.addr} to {describe()} within {timeout:.3f}s"
             ) from None
@@ -189,33 +202,40 @@ class BlockingLink:
         """``sock`` after a TLS handshake within its connect timeout (the socket closed
         and RemotingError when the handshake fails)."""
         try:
-            return context.wrap_socket(sock, server_hostname=self.host)
+            tls = context.wrap_socket(sock, server_hostname=self.host)
         except ssl.SSLError as exc:
             sock.close()
             raise RemotingError(f"TLS handshake with {self.addr} failed: {exc}") from exc
         except BaseException:
             sock.close()
             raise
+        # The deadline as for plaintext (see the module docstring): no poll() in Python,
+        # blocking calls the kernel ends.
+        tls.settimeout(0)
+        os.set_blocking(tls.fileno(), True)
+        return tls
 
     def _arm(self, sock: socket.socket, deadline: float) -> None:
         """Make the socket's next blocking send or recv give up by ``deadline``.
 
         SO_RCVTIMEO/SO_SNDTIMEO are set in whole milliseconds, rounded down, and only
-        when that number changes: with one send timeout per producer it is set once, not
-        on every request.  The kernel rounds them up to its clock tick, as poll() does."""
+        when the time left is not that or 1 ms less: with one send timeout per producer
+        they are set once, not on every request (nor between a request's write and its
+        read), and a call gives up at most 1 ms past the deadline.  The kernel rounds them
+        up to its clock tick, as poll() does."""
         ms = int((deadline - time.monotonic()) * 1000)
         if ms <= 0:  # (0 would mean "wait forever" to the kernel)
             raise TimeoutError
-        if isinstance(sock, ssl.SSLSocket):
-            sock.settimeout(ms / 1000)
-            return
-        if ms != self._timeout_ms:
+        if not 0 <= self._timeout_ms - ms <= 1:
             timeval = _TIMEVAL.pack(ms // 1000, ms % 1000 * 1000)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
             self._timeout_ms = ms
 
     def _send(self, sock: socket.socket, frame: bytes, deadline: float) -> None:
+        if len(frame) > _TLS_RECORD and isinstance(sock, ssl.SSLSocket):
+            self._send_records(sock, frame, deadline)
+            return
         # Not sendall: each of its sends would wait the whole timeout again.
         self._arm(sock, deadline)
         sent = sock.send(frame)
@@ -224,6 +244,21 @@ class BlockingLink:
             while sent < len(frame):
                 self._arm(sock, deadline)
                 sent += sock.send(view[sent:])
+
+    @staticmethod
+    def _send_records(sock: ssl.SSLSocket, frame: bytes, deadline: float) -> None:
+        """A frame of several TLS records, within ``deadline`` by Python's own timeout for
+        this write only: SSL_write carries on after a write SO_SNDTIMEO cut short with a
+        fresh kernel timeout, so a peer that stops reading could hold it for several."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        sock.settimeout(remaining)  # one SSL_write, its deadline kept by poll()
+        try:
+            sock.sendall(frame)
+        finally:
+            sock.settimeout(0)
+            os.set_blocking(sock.fileno(), True)
 
     def _receive(self, sock: socket.socket, opaque: int, deadline: float,
                  fields: bool) -> RemotingCommand | Answer:

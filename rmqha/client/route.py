@@ -171,12 +171,14 @@ class ClientSession:
             raise
 
     async def request_frame(self, addr: str, frame: bytes, opaque: int,
-                            timeout: float | None = None) -> bytes:
+                            timeout: float | None = None, *, signed: bool = False) -> bytes:
         """:meth:`request` of a request encoded already: its answer's frame, undecoded
-        (see ``RemotingClient.request_frame``; nothing may sign it)."""
+        (see ``RemotingClient.request_frame``: nothing signs it; ``signed``: it was
+        signed in place already, as the session's hook would sign its command)."""
         client = self.client(addr)
         try:
-            return await client.request_frame(frame, opaque, timeout or self.rpc_timeout_s)
+            return await client.request_frame(frame, opaque, timeout or self.rpc_timeout_s,
+                                              signed=signed)
         except RemotingTimeoutError:
             await client.close()
             raise

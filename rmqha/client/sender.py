@@ -16,8 +16,9 @@ the same request and what that attempt learned (:class:`Attempts`) to :meth:`Sen
 
 Its own attempts are the request's frame in one send codec call
 (:meth:`SendRequest.frame`) over ``request_frame``, the answer's fields read from the frame
-in one call (:func:`answer_of_frame`); with a hook that signs requests (ACL) they go as
-commands instead.
+in one call (:func:`answer_of_frame`).  With ACL credentials the frame is signed in place
+(:meth:`Credentials.sign_send_frame`: the bytes signing its command gives); only another
+hook, or credentials that cannot sign in place, make attempts go as commands.
 """
 from __future__ import annotations
 
@@ -153,9 +154,11 @@ class Sender:
         self.max_backoff_s = max_backoff_s
         self.retry_deadline_s = retry_deadline_s
         self._counter = 0
-        #: Whether attempts go as commands (a hook signs them) or as frames encoded in
-        #: one call, their answers read in one call.
-        self._signed = session.security is not None and session.security.rpc_hook is not None
+        security = session.security
+        #: Whether a hook signs requests; then attempts go as frames signed in place by
+        #: ``_signer`` when it can, else as commands the hook signs.
+        self._signed = security is not None and security.rpc_hook is not None
+        self._signer = security.frame_signer if security is not None else None
         #: topic -> (the TBW102 route it was derived from, the derived route)
         self._fallback_routes: dict[str, tuple[TopicRoute, TopicRoute]] = {}
 
@@ -231,6 +234,17 @@ class Sender:
                                ext_fields={**req.header, SEND_V2_QUEUE_ID: str(mq.queue_id)},
                                body=req.body)
 
+    def frame(self, req: SendRequest, mq: MessageQueue, opaque: int) -> bytes | None:
+        """The frame of one attempt, to queue ``mq``, signed in place when requests are
+        signed; None when only the signing hook can sign it (:meth:`command`)."""
+        if not self._signed:
+            return req.frame(opaque, mq.queue_id)
+        if self._signer is None:
+            return None
+        return self._signer.sign_send_frame(
+            req.frame(opaque, mq.queue_id),
+            {**req.header, SEND_V2_QUEUE_ID: str(mq.queue_id)}, req.body)
+
     def answer(self, resp: RemotingCommand | Answer, addr: str, mq: MessageQueue,
                req: SendRequest, tried: Attempts) -> list[SendResult] | None:
         """The results if the answer (a command, or the send codec's decoded fields) is a
@@ -265,13 +279,14 @@ class Sender:
                 tried.no_route(exc)
                 continue
             try:
-                if self._signed:
+                opaque = next_opaque()
+                frame = self.frame(req, mq, opaque)
+                if frame is None:  # the signing hook needs the command
                     resp: RemotingCommand | Answer = await self.session.request(
                         addr, self.command(req, mq), self.send_timeout_s)
                 else:  # the frame in one call, its answer read in one call
-                    opaque = next_opaque()
                     resp = answer_of_frame(await self.session.request_frame(
-                        addr, req.frame(opaque, mq.queue_id), opaque, self.send_timeout_s))
+                        addr, frame, opaque, self.send_timeout_s, signed=self._signed))
             except (RemotingError, ProtocolError) as exc:
                 tried.lost(exc, mq.broker_name)
                 continue

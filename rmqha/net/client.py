@@ -93,12 +93,14 @@ class RemotingClient:
             self._hook(cmd)
         return await conn.request(cmd, timeout)
 
-    def request_frame(self, frame: bytes, opaque: int, timeout: float = 3.0) -> Awaitable[bytes]:
+    def request_frame(self, frame: bytes, opaque: int, timeout: float = 3.0, *,
+                      signed: bool = False) -> Awaitable[bytes]:
         """A request encoded already; its response's frame undecoded (see
         :meth:`Connection.request_frame`).  A request hook needs the command: with one,
-        send commands (ValueError here).  Connected, this is the connection's own
-        awaitable (one coroutine less on every send)."""
-        if self._hook is not None:
+        send commands (ValueError here) unless the frame is ``signed`` already as the hook
+        would sign it (``Credentials.sign_send_frame``).  Connected, this is the
+        connection's own awaitable (one coroutine less on every send)."""
+        if self._hook is not None and not signed:
             raise ValueError(f"{self.addr}: requests to be signed by a hook go as commands")
         conn = self._conn
         if conn is None or conn.closed:

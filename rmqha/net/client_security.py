@@ -141,6 +141,14 @@ class ClientSecurity:
     #: The credentials whose :meth:`Credentials.sign` is ``rpc_hook`` (None: another hook).
     credentials: Credentials | None = None
 
+    @property
+    def frame_signer(self) -> Credentials | None:
+        """The credentials that sign an encoded send in place as the hook would sign its
+        command: only when the hook is their :meth:`Credentials.sign` (another hook needs
+        the command)."""
+        creds = self.credentials
+        return creds if creds is not None and self.rpc_hook == creds.sign else None
+
     def with_channel(self, key: ChannelKey | None) -> ClientSecurity:
         """These settings, and connections made as authenticated channels with ``key``."""
         return ClientSecurity(self.ssl_context, self.rpc_hook, key, self.credentials)

@@ -110,11 +110,13 @@ class Spy:
         real_session_request_frame = session.request_frame
 
         async def session_request_frame(addr: str, frame: bytes, opaque: int,
-                                        timeout: float | None = None) -> bytes:
+                                        timeout: float | None = None, *,
+                                        signed: bool = False) -> bytes:
             cmd = decode(frame)  # every frame sent encoded is a send
             assert cmd.code in SEND_CODES and cmd.opaque == opaque
             try:
-                answer = await real_session_request_frame(addr, frame, opaque, timeout)
+                answer = await real_session_request_frame(addr, frame, opaque, timeout,
+                                                          signed=signed)
             except RemotingError as exc:
                 self.looped.append(Attempt(addr, cmd, exc))
                 raise

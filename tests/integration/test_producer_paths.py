@@ -49,11 +49,12 @@ def _sent_sys_flags(producer: Producer) -> list[int]:
     flags: list[int] = []
     real = producer.session.request_frame
 
-    async def spy(addr: str, frame: bytes, opaque: int, timeout: float | None = None) -> Any:
+    async def spy(addr: str, frame: bytes, opaque: int, timeout: float | None = None, *,
+                  signed: bool = False) -> Any:
         cmd = decode(frame)
         if cmd.code == RequestCode.SEND_BATCH_MESSAGE:
             flags.append(int(cmd.ext_fields["f"]))
-        return await real(addr, frame, opaque, timeout)
+        return await real(addr, frame, opaque, timeout, signed=signed)
 
     producer.session.request_frame = spy  # type: ignore[method-assign]
     return flags

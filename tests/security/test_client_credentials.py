@@ -23,9 +23,14 @@ from test_messaging import Env, consume, run
 from rmqha._core import load
 from rmqha.client import BlockingProducer, Message, Producer, SendStatus
 from rmqha.client.admin import TopicAdmin
+from rmqha.client.model import MessageQueue
+from rmqha.client.route import ClientSession
+from rmqha.client.send_request import RequestBuilder
+from rmqha.client.sender import Sender
 from rmqha.errors import ClientError, ConfigError, RemotingError
-from rmqha.net.client_security import Credentials
+from rmqha.net.client_security import ClientSecurity, Credentials
 from rmqha.protocol.command import SERIALIZE_ROCKETMQ, VERSION, decode_frame, encode
+from rmqha.protocol.message import CompressionType
 from rmqha.security.signature import sign, signature_matches, signed_content
 
 TOPIC = "TopicAcl"
@@ -131,7 +136,7 @@ def test_blocking_producer_signs_on_its_blocking_links(tmp_path: Path, acl: Path
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """After the first send the route is cached and sends go over a blocking socket, a
     path of its own: it signs too (three sends, one blocking link), the frame the send
-    codec made, in place."""
+    codec made, in place, as the first send's attempt on the producer's loop does."""
     in_place: list[bytes | None] = []
     plain_sign = Credentials.sign_send_frame
 
@@ -140,7 +145,7 @@ def test_blocking_producer_signs_on_its_blocking_links(tmp_path: Path, acl: Path
         return in_place[-1]
 
     monkeypatch.setattr(Credentials, "sign_send_frame", counted)
-    async def main() -> tuple[list[str], int, str, int]:
+    async def main() -> tuple[list[str], int, str, int, int]:
         async with Env(tmp_path) as env:
             b = await env.broker(acl_file=acl)
             assert await _create_topic(env, **ADMIN) == "ok"
@@ -159,18 +164,76 @@ def test_blocking_producer_signs_on_its_blocking_links(tmp_path: Path, acl: Path
 
             loop = asyncio.get_running_loop()
             statuses, links = await loop.run_in_executor(None, send, APP, 3)
+            signed_by_app = len(in_place)
             admitted = b.acl_lane_admitted
             wrong, _ = await loop.run_in_executor(None, send, WRONG, 1)
             assert b.acl_lane_admitted == admitted  # a wrong signature: the full check refused it
-            return statuses, links, wrong[0], admitted
+            return statuses, links, wrong[0], admitted, signed_by_app
 
-    statuses, links, wrong, admitted = run(main())
+    statuses, links, wrong, admitted, signed_by_app = run(main())
     assert statuses == [SendStatus.SEND_OK.value] * 3 and links == 1
     assert wrong.startswith("failed")
-    # Signed in place (the blocking link's two) or as a command (each producer's first, on
-    # its loop, which also learns the route), each send was checked on the broker's
-    # plain-send lane.
-    assert admitted == 3 and len(in_place) == 2 and all(in_place)
+    # Each send signed in place (the first on the producer's loop, which also learns the
+    # route, the other two on the blocking link) and checked on the broker's plain-send
+    # lane; the wrong secret's attempts were signed in place too, and refused.
+    assert admitted == 3 and signed_by_app == 3 and len(in_place) > 3 and all(in_place)
+
+
+def test_producer_sends_and_batches_go_as_frames_signed_in_place(
+        tmp_path: Path, acl: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The asyncio Producer's attempts, one message or a batch, are the send codec's frame
+    signed in place and sent as bytes (no command is built for them); with a wrong secret
+    the same frames are refused and nothing is stored."""
+    in_place: list[bytes | None] = []
+    plain_sign = Credentials.sign_send_frame
+
+    def counted(self: Credentials, *args: Any) -> bytes | None:
+        in_place.append(plain_sign(self, *args))
+        return in_place[-1]
+
+    monkeypatch.setattr(Credentials, "sign_send_frame", counted)
+    monkeypatch.setattr(Sender, "command", None)  # any attempt as a command would fail
+
+    async def main() -> tuple[list[str], int, int, str, int]:
+        async with Env(tmp_path) as env:
+            b = await env.broker(acl_file=acl)
+            assert await _create_topic(env, **ADMIN) == "ok"
+            before = b.log.max_offset
+            async with Producer(env.namesrv, **APP, **FAST_FAIL) as p:
+                one = await p.send(TOPIC, Message(b"one"))
+                batch = await p.send_batch(TOPIC, [b"b1", b"b2", b"b3"])
+            statuses = [r.status.value for r in [one, *batch]]
+            stored, signed = b.log.max_offset - before, len(in_place)
+            wrong = await _send(env, b"wrong", **WRONG)
+            return statuses, stored, signed, wrong, b.log.max_offset - before
+
+    statuses, stored, signed, wrong, stored_after_wrong = run(main())
+    assert statuses == [SendStatus.SEND_OK.value] * 4 and stored > 0
+    assert signed == 2 and all(in_place)  # one frame for the message, one for the batch
+    assert wrong.startswith("failed") and "signature" in wrong.lower(), wrong
+    assert stored_after_wrong == stored and len(in_place) > signed
+
+
+def test_only_the_credentials_own_hook_signs_frames_in_place() -> None:
+    """Another hook (it may add anything to the command) keeps attempts as commands; no
+    hook sends unsigned frames; the credentials' own hook signs frames in place."""
+    creds = Credentials(**APP)
+
+    def frame_of(security: ClientSecurity | None) -> bytes | None:
+        session = ClientSession("127.0.0.1:9", security=security)
+        sender = Sender(session, RequestBuilder("pg", compress_over_bytes=1 << 20,
+                                                compression=CompressionType.LZ4,
+                                                max_batch_bytes=1 << 20, compress_batches=False),
+                        send_timeout_s=1, max_attempts=1, backoff_s=0, max_backoff_s=0,
+                        retry_deadline_s=1)
+        req = sender.requests.single(TOPIC, Message(b"x"), None)
+        return sender.frame(req, MessageQueue(TOPIC, "b", 1), 5)
+
+    own = frame_of(ClientSecurity.from_options(**APP))
+    assert own is not None and b'"AccessKey":"app-access"' in own
+    assert frame_of(None) is not None and b"AccessKey" not in frame_of(None)  # type: ignore[operator]
+    assert frame_of(ClientSecurity(None, lambda cmd: None, credentials=creds)) is None
+    assert frame_of(ClientSecurity(None, creds.sign)) is None  # no credentials to sign with
 
 
 @pytest.mark.parametrize("batch", [False, True], ids=["single", "batch"])

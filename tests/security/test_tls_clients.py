@@ -11,9 +11,11 @@ pair serves a plaintext and a TLS producer alike.
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -45,7 +47,7 @@ from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.command import RemotingCommand
 from rmqha.security import certs
 from rmqha.security.identity import Identity
-from rmqha.security.tls import ClientAuth, TlsMode, TlsSettings
+from rmqha.security.tls import ClientAuth, TlsMode, TlsSettings, server_context
 from rmqha.security.tls import client_context as ssl_client_context
 from rmqha.testing.local_cluster import free_port
 
@@ -227,6 +229,45 @@ def test_blocking_link_over_tls_keeps_its_deadline(pki: Pki) -> None:
     outcome, took, ok = run(main())
     assert ok == str(CLIENT)  # the control: the link works over TLS
     assert outcome == "timed out" and 0.9 <= took < 3.0, (outcome, took)
+
+
+def test_blocking_link_over_tls_gives_up_a_write_the_peer_does_not_read(pki: Pki) -> None:
+    """A TLS peer that completes its handshake and then reads nothing: a request too big
+    for the socket buffers times out at its deadline (the write's kernel timeout ends it,
+    as a read's does) and closes the link; the control, a small request to a peer that
+    answers nothing, times out on its read."""
+    server_ctx = server_context(server_tls(pki.good, BROKER, pki.ca))
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[ssl.SSLSocket] = []
+
+    def accept() -> None:
+        for _ in range(2):
+            conn, _addr = listener.accept()
+            accepted.append(server_ctx.wrap_socket(conn, server_side=True))  # then never reads
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    security = ClientSecurity(client_context(client_tls(pki.good, CLIENT, pki.ca)))
+    addr = "127.0.0.1:%d" % listener.getsockname()[1]
+    outcomes: list[tuple[str, float]] = []
+    try:
+        with BlockingLink(addr, security=security) as link:
+            for body in (b"x" * (64 << 20), b"small"):
+                start = time.monotonic()
+                try:
+                    link.request(RemotingCommand.request(RequestCode.GET_BROKER_HA_STATUS,
+                                                         body=body), 1.0)
+                    outcomes.append(("answered", time.monotonic() - start))
+                except RemotingTimeoutError:
+                    outcomes.append(("timed out", time.monotonic() - start))
+                assert not link.connected
+    finally:
+        thread.join(10)
+        listener.close()
+        for conn in accepted:
+            conn.close()
+    assert [o for o, _ in outcomes] == ["timed out", "timed out"], outcomes
+    assert all(0.9 <= took < 3.0 for _, took in outcomes), outcomes
 
 
 async def _ok(cmd: RemotingCommand, conn: Any) -> RemotingCommand:
