@@ -55,6 +55,11 @@ def _driver_produce(namesrv: str, topic: str, count: int, out: str, start: int =
             i += 1
             if interval_ms:
                 time.sleep(interval_ms / 1000.0)
+    if failures:
+        # The C++ 1.2 client may abort in shutdown() after a send that failed every retry
+        # (terminate on boost::thread_interrupted from its retry thread); what is under
+        # test is already written and flushed, so leave without it.
+        os._exit(0)
     producer.shutdown()
     return 0
 
