@@ -21,6 +21,7 @@ import zlib
 from collections.abc import Callable, Container
 from typing import Any
 
+from rmqha._core.records_py import decode_properties
 from rmqha.errors import ProtocolError
 
 MESSAGE_MAGIC = 0xDAA320A7
@@ -128,18 +129,6 @@ def _host(ip: bytes, port: int) -> str:
     return f"{socket.inet_ntoa(ip)}:{port}"
 
 
-def _properties(raw: bytes) -> dict[str, str]:
-    """RocketMQ's ``string2messageProperties`` (as ``records_py.decode_properties``)."""
-    out: dict[str, str] = {}
-    if not raw:
-        return out
-    for pair in raw.decode("utf-8", errors="replace").split("\x02"):
-        key, _, value = pair.partition("\x01")
-        if key and value:
-            out[key] = value
-    return out
-
-
 #: ``inflate(body, sys_flag, commit_offset) -> (plain body, error or None)`` for a body
 #: whose sysFlag says it is compressed.
 Inflate = Callable[[bytes, int, int], tuple[bytes, "str | None"]]
@@ -153,39 +142,48 @@ def decode(data: bytes | memoryview, broker_name: str, make: Callable[..., Any],
     that directly).  Compressed bodies go through ``inflate``.  ProtocolError names the
     first record that is not whole or not V1, or a body of more than ``max_records``."""
     mv = memoryview(data)
-    n = len(mv)
     pos = 0
     out: list[Any] = []
-    while pos < n:
-        if n - pos < FIXED_SIZE:
-            raise ProtocolError(f"record at {pos}: {n - pos} bytes left, need {FIXED_SIZE}")
-        (total, magic, _crc, queue_id, flag, queue_offset, phys, sys_flag, born_ts, born_ip,
-         born_port, store_ts, store_ip, store_port, reconsume, _prep, body_len
-         ) = _REC_HEAD.unpack_from(mv, pos)
-        if magic != MESSAGE_MAGIC:
-            raise ProtocolError(f"record at {pos}: magic {magic:#x} is not V1")
-        if total < FIXED_SIZE or total > n - pos or body_len < 0 or body_len > total - FIXED_SIZE:
-            raise ProtocolError(f"record at {pos}: bad sizes total={total} body={body_len}")
-        t = pos + 88 + body_len
-        topic_len = mv[t]
-        if FIXED_SIZE + body_len + topic_len > total:
-            raise ProtocolError(f"record at {pos}: topic runs past the record")
-        (props_len,) = _U16.unpack_from(mv, t + 1 + topic_len)
-        if FIXED_SIZE + body_len + topic_len + props_len != total:
-            raise ProtocolError(f"record at {pos}: sizes do not add up to {total}")
-        body = bytes(mv[pos + 88:t])
-        error: str | None = None
-        if sys_flag & COMPRESSED:
-            body, error = inflate(body, sys_flag, phys)
-        p = t + 3 + topic_len
-        out.append(make(
-            topic=bytes(mv[t + 1:t + 1 + topic_len]).decode("utf-8", errors="replace"),
-            queue_id=queue_id, queue_offset=queue_offset, commit_offset=phys, body=body,
-            properties=_properties(bytes(mv[p:p + props_len])), sys_flag=sys_flag, flag=flag,
-            born_timestamp=born_ts, store_timestamp=store_ts,
-            born_host=_host(born_ip, born_port), store_host=_host(store_ip, store_port),
-            reconsume_times=reconsume, broker_name=broker_name, decompress_error=error))
+    while pos < len(mv):
+        record, total = decode_one(mv, pos, broker_name, make, inflate)
+        out.append(record)
         if len(out) > max_records:
             raise ProtocolError(f"more than {max_records} records in one body")
         pos += total
     return out
+
+
+def decode_one(mv: memoryview, pos: int, broker_name: str, make: Callable[..., Any],
+               inflate: Inflate | None) -> tuple[Any, int]:
+    """The V1 record at ``pos`` as ``make(...)``, and its size (``inflate`` None: a
+    compressed body is kept as stored).  The one reader of a record's fields:
+    :func:`rmqha.protocol.message.decode_record` is this with ``ReceivedMessage``."""
+    n = len(mv)
+    if n - pos < FIXED_SIZE:
+        raise ProtocolError(f"record at {pos}: {n - pos} bytes left, need {FIXED_SIZE}")
+    (total, magic, _crc, queue_id, flag, queue_offset, phys, sys_flag, born_ts, born_ip,
+     born_port, store_ts, store_ip, store_port, reconsume, _prep, body_len
+     ) = _REC_HEAD.unpack_from(mv, pos)
+    if magic != MESSAGE_MAGIC:
+        raise ProtocolError(f"record at {pos}: magic {magic:#x} is not V1")
+    if total < FIXED_SIZE or total > n - pos or body_len < 0 or body_len > total - FIXED_SIZE:
+        raise ProtocolError(f"record at {pos}: bad sizes total={total} body={body_len}")
+    t = pos + 88 + body_len
+    topic_len = mv[t]
+    if FIXED_SIZE + body_len + topic_len > total:
+        raise ProtocolError(f"record at {pos}: topic runs past the record")
+    (props_len,) = _U16.unpack_from(mv, t + 1 + topic_len)
+    if FIXED_SIZE + body_len + topic_len + props_len != total:
+        raise ProtocolError(f"record at {pos}: sizes do not add up to {total}")
+    body = bytes(mv[pos + 88:t])
+    error: str | None = None
+    if sys_flag & COMPRESSED and inflate is not None:
+        body, error = inflate(body, sys_flag, phys)
+    p = t + 3 + topic_len
+    return make(
+        topic=bytes(mv[t + 1:t + 1 + topic_len]).decode("utf-8", errors="replace"),
+        queue_id=queue_id, queue_offset=queue_offset, commit_offset=phys, body=body,
+        properties=decode_properties(mv[p:p + props_len]), sys_flag=sys_flag, flag=flag,
+        born_timestamp=born_ts, store_timestamp=store_ts,
+        born_host=_host(born_ip, born_port), store_host=_host(store_ip, store_port),
+        reconsume_times=reconsume, broker_name=broker_name, decompress_error=error), total

@@ -21,6 +21,7 @@ import lz4.frame
 
 from rmqha import _core
 from rmqha._core import load
+from rmqha._core import pull_answer_py as _pull_answer_py
 
 # The properties codec is the records twins' (one codec, one behaviour), re-exported here.
 from rmqha._core.records_py import NAME_VALUE_SEPARATOR as NAME_VALUE_SEPARATOR
@@ -307,7 +308,6 @@ def new_uniq_keys(count: int) -> list[str]:
 _pull_answer = _core.load("pull_answer")
 
 MAGIC_V1 = 0xDAA320A7
-_REC_HEAD = struct.Struct(">iIiiiqqiq4si q4si iqi")
 REC_FIXED = 91  # record size without body, topic and properties
 
 
@@ -347,54 +347,13 @@ class ReceivedMessage:
         return self.properties.get(Prop.KEYS)
 
 
-def _host(ip: bytes, port: int) -> str:
-    return f"{socket.inet_ntoa(ip)}:{port}"
-
-
 def decode_record(data: bytes | memoryview, pos: int = 0, *, broker_name: str = "",
                   inflate: bool = True) -> tuple[ReceivedMessage, int]:
     """Decode the V1 record at ``pos``; returns (message, record size).  With ``inflate``
     the body is decompressed, and a body that fails to is kept raw with
     ``decompress_error`` set (naming its offset), so nothing is dropped silently."""
-    mv = memoryview(data)
-    n = len(mv)
-    if n - pos < REC_FIXED:
-        raise ProtocolError(f"record at {pos}: {n - pos} bytes left, need {REC_FIXED}")
-    (total, magic, _crc, queue_id, flag, queue_offset, phys, sys_flag, born_ts, born_ip,
-     born_port, store_ts, store_ip, store_port, reconsume, _prep, body_len
-     ) = _REC_HEAD.unpack_from(mv, pos)
-    if magic != MAGIC_V1:
-        raise ProtocolError(f"record at {pos}: magic {magic:#x} is not V1")
-    if total < REC_FIXED or total > n - pos or body_len < 0 or body_len > total - REC_FIXED:
-        raise ProtocolError(f"record at {pos}: bad sizes total={total} body={body_len}")
-    b = pos + 88
-    body = mv[b : b + body_len]
-    t = b + body_len
-    topic_len = mv[t]
-    if REC_FIXED + body_len + topic_len > total:
-        raise ProtocolError(f"record at {pos}: topic runs past the record")
-    (props_len,) = struct.unpack_from(">H", mv, t + 1 + topic_len)
-    if REC_FIXED + body_len + topic_len + props_len != total:
-        raise ProtocolError(f"record at {pos}: sizes do not add up to {total}")
-    topic = bytes(mv[t + 1 : t + 1 + topic_len]).decode("utf-8", errors="replace")
-    p = t + 3 + topic_len
-    props = decode_properties(bytes(mv[p : p + props_len]))
-    error: str | None = None
-    if inflate:
-        try:
-            plain = decompress(body, sys_flag, offset=phys)
-        except DecompressError as exc:
-            plain, error = bytes(body), str(exc)
-    else:
-        plain = bytes(body)
-    msg = ReceivedMessage(
-        topic=topic, queue_id=queue_id, queue_offset=queue_offset, commit_offset=phys,
-        body=plain, properties=props, sys_flag=sys_flag, flag=flag,
-        born_timestamp=born_ts, store_timestamp=store_ts,
-        born_host=_host(born_ip, born_port), store_host=_host(store_ip, store_port),
-        reconsume_times=reconsume, broker_name=broker_name, decompress_error=error,
-    )
-    return msg, total
+    return _pull_answer_py.decode_one(memoryview(data), pos, broker_name, ReceivedMessage,
+                                      _inflate if inflate else None)
 
 
 def _inflate(body: bytes, sys_flag: int, commit_offset: int) -> tuple[bytes, str | None]:
