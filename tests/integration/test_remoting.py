@@ -10,6 +10,7 @@ import logging
 import struct
 
 import pytest
+from needs import unavailable
 
 from rmqha.net import loop as event_loop
 from rmqha.protocol.codes import RequestCode, ResponseCode
@@ -33,7 +34,7 @@ from rmqha.protocol.command import (
 @pytest.fixture(autouse=True, params=[k.value for k in event_loop.LoopKind])
 def loop_kind(request, monkeypatch):  # noqa: ANN001, ANN201
     if request.param == "uvloop" and event_loop._uvloop is None:
-        pytest.skip("uvloop is not installed")
+        unavailable("uvloop (a dependency on this platform) is not installed")
     monkeypatch.setenv(event_loop.ENV, request.param)
     return request.param
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from needs import unavailable
 from tls_pki import (
     BROKER,
     CLIENT,
@@ -48,7 +49,7 @@ PING = RequestCode.GET_BROKER_HA_STATUS
 @pytest.fixture(autouse=True, params=[k.value for k in event_loop.LoopKind])
 def loop_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     if request.param == "uvloop" and event_loop._uvloop is None:
-        pytest.skip("uvloop is not installed")
+        unavailable("uvloop (a dependency on this platform) is not installed")
     monkeypatch.setenv(event_loop.ENV, request.param)
     return str(request.param)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from needs import unavailable
 
 from rmqha.net import loop as event_loop
 from rmqha.errors import ConfigError
@@ -19,7 +20,7 @@ def test_uvloop_is_the_default_when_installed(monkeypatch):
 @pytest.mark.parametrize("kind", list(LoopKind))
 def test_the_chosen_loop_runs_coroutines(monkeypatch, kind):
     if kind is LoopKind.UVLOOP and event_loop._uvloop is None:
-        pytest.skip("uvloop is not installed")
+        unavailable("uvloop (a dependency on this platform) is not installed")
     monkeypatch.setenv(event_loop.ENV, kind.value)
 
     async def main() -> str:
