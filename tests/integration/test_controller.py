@@ -282,6 +282,9 @@ def test_election_rules_one_by_one(group):
                 return info if info.master_broker_id is None else None
             info = await wait_until(masterless, 10, "no master")
             assert (info.master_epoch, info.sync_state_set) == (6, [2])
+            # A dead broker whose port still took the leader's probe stays alive until its
+            # heartbeat timeout; an unclean election before then could pick it.
+            await wait_alive(c, name, set(), gone={2, 3})
 
             # Unclean elections (runtime switch): any live replica may take over.
             await c.update_controller_config({"enableElectUncleanMaster": "true"})
@@ -302,15 +305,18 @@ async def _async_true(value):
     return value
 
 
-async def wait_alive(c: ControllerClient, name: str, ids: set[int]) -> None:
+async def wait_alive(c: ControllerClient, name: str, ids: set[int], *,
+                     gone: frozenset[int] | set[int] = frozenset()) -> None:
     """Heartbeats are one-way on their own connections: before a request that needs some
-    brokers alive, wait until the leader has seen them, or the request races the beat."""
+    brokers alive (or ``gone`` ones dead), wait until the leader has seen them so, or the
+    request races the beat (or the heartbeat timeout)."""
     async def seen() -> bool:
         table = await c.get_sync_state_data([name])
         group_state = table[name]
         replicas = group_state.in_sync_replicas + group_state.not_in_sync_replicas
-        return ids <= {r.broker_id for r in replicas if r.alive}
-    await wait_until(seen, 10, f"brokers {sorted(ids)} of {name} seen alive")
+        alive = {r.broker_id for r in replicas if r.alive}
+        return ids <= alive and not (alive & gone)
+    await wait_until(seen, 10, f"brokers {sorted(ids)} of {name} seen alive, {sorted(gone)} dead")
 
 
 def test_alter_sync_state_set_fencing(group):
