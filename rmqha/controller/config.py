@@ -88,12 +88,15 @@ class ControllerConfig(TlsKeys):
     broker_heartbeat_timeout: int = 10000
     #: A new leader waits this long for fresh heartbeats before electing anyone (ms).
     new_leader_heartbeat_wait: int = 3000
+    #: rmqha's Raft timing (appends sent at once, with the pipelining guard); false runs
+    #: pysyncobj's own batching at raft_heartbeat_interval (the benches' baseline).
     raft_fast: bool = True
     #: fsync the Raft log before any message leaves and the term/vote before any vote
     #: (group commit); off only to measure what durability costs.
     raft_durable: bool = True
     raft_min_timeout: int = 400
     raft_max_timeout: int = 800
+    #: Raft heartbeat period (ms); without raft_fast also the append batching period.
     raft_heartbeat_interval: int = 50
     commit_timeout: int = 5000
     max_frame_bytes: int = 16 * 1024 * 1024
