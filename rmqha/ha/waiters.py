@@ -17,15 +17,15 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from functools import partial
-from types import ModuleType
 from typing import Any
 
 from rmqha import _core
+from rmqha._core._protocols import AckTableTwin
 
 # The master side logs under one name, whichever module says it (operators filter on it).
 log = logging.getLogger("rmqha.ha.master")
 
-_impl: ModuleType = _core.load("ack_table")
+_impl: AckTableTwin = _core.load("ack_table")
 reach_point = _impl.reach_point
 
 
@@ -39,7 +39,8 @@ class AckWaiters:
 
     __slots__ = ("_queues", "_impl", "_loop", "_timer", "_timer_at")
 
-    def __init__(self, implementation: ModuleType | None = None) -> None:
+    def __init__(self, implementation: AckTableTwin | None = None) -> None:
+        """``implementation``: a named twin (tests and benchmarks); the one in use by default."""
         self._impl = implementation or _impl
         self._queues: dict[int | None, Any] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
