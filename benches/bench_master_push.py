@@ -7,7 +7,8 @@
   CPU per message (timing wrappers around its push, its ack read and parse, ``on_ack`` and
   ``when_replicas``; the slaves' own work is in the same process but not in these steps)
   goes to ``extra_info``, beside p50/p99 and the process CPU per message, for each twin of
-  the waiter table (``cython``/``python``), their rounds alternating in one run.
+  the waiter table (``cython``/``python``) and the heap waiters before it (``heaps``,
+  below), their rounds alternating in one run.
 * ``ack-path``: no socket: per message, a waiter added and the two members' acks settled,
   as ``SyncService.on_ack`` does it (member acks, waiters, confirm offset), with the
   compiled table, the pure one, and ``heaps``: the code before the table (one heap per
@@ -124,7 +125,8 @@ async def _sends(tmp: str, twins: list[str], steps: _Steps) -> dict[str, dict[st
                 await one([])
             for r in range(ROUNDS):
                 for twin in twins if r % 2 == 0 else twins[::-1]:
-                    svc.waiters = waiters.AckWaiters(load_twin("ack_table", twin))
+                    svc.waiters = (_HeapAdapter(loop, svc.rule) if twin == "heaps"
+                                   else waiters.AckWaiters(load_twin("ack_table", twin)))
                     lat: list[int] = []
                     steps.ns.clear()
                     cpu = time.process_time()
@@ -150,14 +152,14 @@ def test_one_at_a_time_sends(benchmark: Any) -> None:
 
     def run() -> None:
         with tempfile.TemporaryDirectory() as tmp:
-            results.update(asyncio.run(_sends(tmp, ["cython", "python"], steps)))
+            results.update(asyncio.run(_sends(tmp, ["cython", "python", "heaps"], steps)))
 
     steps.install()
     try:
         benchmark.pedantic(run, rounds=1, iterations=1)
     finally:
         steps.remove()
-    describe(benchmark, "cython+python", message_bytes=len(BODY), batch=1, replicas=3, authenticated=True)
+    describe(benchmark, "cython+python+heaps", message_bytes=len(BODY), batch=1, replicas=3, authenticated=True)
     for twin, row in results.items():
         for k, v in row.items():
             benchmark.extra_info[f"{twin}.{k}"] = round(v, 2)
@@ -215,6 +217,24 @@ class _Conn:
     def __init__(self, broker_id: int) -> None:
         self.broker_id = broker_id
         self.ack = 0
+
+
+class _HeapAdapter(_HeapWaiters):
+    """The baseline behind SyncService's calls (its waiters' interface)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, rule: hconfirm.ConfirmRule) -> None:
+        super().__init__(loop)
+        self._rule = rule
+
+    def call_when(self, loop: Any, offset: int, need: int | None,  # type: ignore[override]
+                  done: Callable[[bool], None], timeout: float) -> None:
+        super().call_when(offset, need, done, timeout)
+
+    def settle(self, acks: Any, floor: int, max_offset: int) -> int:
+        rule = self._rule
+        members = rule._set.members
+        self.check(lambda o, need: _heap_reached(rule, rule._acks, members, o, need, max_offset))
+        return 0
 
 
 def _heap_reached(rule: hconfirm.ConfirmRule, acks: Any, members: Any, offset: int, need: int | None,
