@@ -42,7 +42,8 @@ TWIN_MODULES := rmqha._core.records rmqha._core.epoch_map rmqha._core.frames \
 	rmqha._core.ha_offsets rmqha._core.message_index rmqha._core.queue_scan \
 	rmqha._core.send_codec \
 	rmqha._core.pull_answer \
-	rmqha._core.send_frames
+	rmqha._core.send_frames \
+	rmqha._core.ack_table
 lint: build
 	$(PY) -m ruff check .
 	$(PY) -m mypy

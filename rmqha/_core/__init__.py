@@ -19,6 +19,7 @@ import os
 from typing import Any, Literal, overload
 
 from rmqha._core._protocols import (
+    AckTableTwin,
     EpochMapTwin,
     FramesTwin,
     HaOffsetsTwin,
@@ -32,13 +33,13 @@ from rmqha._core._protocols import (
 
 #: What a feature named by a plain string (not a literal) loads as.
 AnyTwin = (RecordsTwin | EpochMapTwin | FramesTwin | HaOffsetsTwin | MessageIndexTwin
-           | QueueScanTwin | SendCodecTwin | PullAnswerTwin | SendFramesTwin)
+           | QueueScanTwin | SendCodecTwin | PullAnswerTwin | SendFramesTwin | AckTableTwin)
 
 NO_EXTENSIONS: bool = os.environ.get("RMQHA_NO_EXTENSIONS", "") not in ("", "0")
 
 #: Every hot-path feature; each has ``rmqha/_core/<name>.pyx`` and ``<name>_py.py``.
 FEATURES: tuple[str, ...] = ("records", "epoch_map", "frames", "ha_offsets", "message_index",
-                             "queue_scan", "send_codec", "pull_answer", "send_frames")
+                             "queue_scan", "send_codec", "pull_answer", "send_frames", "ack_table")
 
 TWINS: tuple[str, ...] = ("cython", "python")
 
@@ -66,6 +67,8 @@ def load_twin(feature: Literal["send_codec"], twin: str) -> SendCodecTwin: ...
 def load_twin(feature: Literal["pull_answer"], twin: str) -> PullAnswerTwin: ...
 @overload
 def load_twin(feature: Literal["send_frames"], twin: str) -> SendFramesTwin: ...
+@overload
+def load_twin(feature: Literal["ack_table"], twin: str) -> AckTableTwin: ...
 @overload
 def load_twin(feature: str, twin: str) -> AnyTwin: ...
 def load_twin(feature: str, twin: str) -> Any:
@@ -97,6 +100,8 @@ def load(feature: Literal["send_codec"]) -> SendCodecTwin: ...
 def load(feature: Literal["pull_answer"]) -> PullAnswerTwin: ...
 @overload
 def load(feature: Literal["send_frames"]) -> SendFramesTwin: ...
+@overload
+def load(feature: Literal["ack_table"]) -> AckTableTwin: ...
 @overload
 def load(feature: str) -> AnyTwin: ...
 def load(feature: str) -> Any:

@@ -500,9 +500,39 @@ class SendFramesTwin(Protocol):
                        commit_offset: int) -> bytes: ...
 
 
+class WaiterQueueLike(Protocol):
+    """A twin's ``WaiterQueue``: the waiting sends of one ``need``, lowest offset first."""
+
+    def __len__(self) -> int: ...
+    def add(self, offset: int, deadline: float, done: Callable[[bool], Any]) -> None: ...
+    def next_deadline(self) -> float: ...
+    def release(self, point: int, on_error: Callable[[BaseException], Any]) -> int: ...
+    def expire(self, now: float, on_error: Callable[[BaseException], Any]) -> int: ...
+    def fail_all(self, on_error: Callable[[BaseException], Any]) -> int: ...
+
+
+class AckTableTwin(Protocol):
+    """``rmqha._core.ack_table`` / ``ack_table_py``: the HA master's waiting sends."""
+
+    __name__: str
+
+    NO_DEADLINE: float
+
+    @property
+    def WaiterQueue(self) -> Callable[[], WaiterQueueLike]: ...
+
+    def reach_point(self, acks: Sequence[int], need: int | None, floor: int,
+                    max_offset: int) -> int: ...
+
+    def settle(self, queues: Mapping[int | None, Any], acks: Sequence[int], floor: int,
+               max_offset: int, on_error: Callable[[BaseException], Any]) -> int: ...
+
+
 if TYPE_CHECKING:
     # Conformance, checked by mypy: each twin offers its feature's whole API.
     from rmqha._core import (
+        ack_table,
+        ack_table_py,
         epoch_map,
         epoch_map_py,
         frames,
@@ -530,3 +560,4 @@ if TYPE_CHECKING:
     _send_codec: tuple[SendCodecTwin, SendCodecTwin] = (send_codec, send_codec_py)
     _pull_answer: tuple[PullAnswerTwin, PullAnswerTwin] = (pull_answer, pull_answer_py)
     _send_frames: tuple[SendFramesTwin, SendFramesTwin] = (send_frames, send_frames_py)
+    _ack_table: tuple[AckTableTwin, AckTableTwin] = (ack_table, ack_table_py)

@@ -23,6 +23,7 @@ from typing import Protocol
 from rmqha.ha import offsets as hao
 from rmqha.ha.config import HAConfig
 from rmqha.ha.sync_state import SyncStateSet
+from rmqha.ha.waiters import reach_point
 
 
 class AckSource(Protocol):
@@ -55,40 +56,32 @@ class ConfirmRule:
         self._acks = acks
         self._floor = min_in_sync_replicas
 
-    def next_confirm(self, max_offset: int, previous: int) -> int:
-        """The confirm offset the acks allow (``previous`` while frozen); the caller keeps
-        the larger of it and ``previous``."""
-        acks: list[int] = []
+    @property
+    def floor(self) -> int:
+        """``min_in_sync_replicas``: never fewer copies than this."""
+        return self._floor
+
+    def member_acks(self) -> list[int]:
+        """The other members' acks (-1: no live link, or no report yet), in one list: what
+        an ack's settling (waiters, then the confirm offset) reads once."""
         ack_of = self._acks.ack_of
-        for member in self._set.members():
-            if member == self.self_id:
-                continue
-            ack = ack_of(member)
-            if ack < 0:
-                return previous  # #6662: a member we cannot hear from may lack anything
-            acks.append(ack)
-        return int(hao.confirm_offset(max_offset, acks, previous))
+        me = self.self_id
+        return [ack_of(m) for m in self._set.members() if m != me]
+
+    def next_confirm(self, max_offset: int, previous: int, acks: list[int] | None = None) -> int:
+        """The confirm offset the acks allow (``previous`` while frozen: #6662, a member we
+        cannot hear from may lack anything); the caller keeps the larger of it and
+        ``previous``.  ``acks``: :meth:`member_acks`, when the caller has them already."""
+        return int(hao.confirm_offset(max_offset, self.member_acks() if acks is None else acks, previous))
 
     def copies_of(self, offset: int, max_offset: int) -> int:
         """SyncStateSet members (the master included) that hold ``offset``."""
         if offset > max_offset:
             return 0
-        count = 1
-        ack_of = self._acks.ack_of
-        for member in self._set.members():
-            if member != self.self_id and ack_of(member) >= offset:
-                count += 1
-        return count
+        return 1 + sum(1 for a in self.member_acks() if a >= offset)
 
     def reached(self, offset: int, need: int | None, max_offset: int) -> bool:
         """Whether ``need`` copies (None: every member) of ``offset`` exist, and at least
-        ``min_in_sync_replicas``."""
-        if offset > max_offset:
-            return False
-        if need is not None:
-            return self.copies_of(offset, max_offset) >= max(need, self._floor)
-        ack_of = self._acks.ack_of
-        for member in self._set.members():
-            if member != self.self_id and ack_of(member) < offset:
-                return False
-        return self._floor <= 1 or self.copies_of(offset, max_offset) >= self._floor
+        ``min_in_sync_replicas``: ``offset`` is at most the reach point of ``need``
+        (copies only go down as the offset goes up; ``ack_table.reach_point``)."""
+        return 0 <= offset <= reach_point(self.member_acks(), need, self._floor, max_offset)

@@ -142,16 +142,21 @@ class SyncService:
                 self.sync_state.mark_caught_up(conn.broker_id, at)
             if conn.broker_id not in self.sync_state.local and self._can_expand(ack):
                 self.changes.schedule()
-        # Waiters first: their sends answer in the next step of the loop, before the
-        # indexing the confirm offset's advance queues.
-        self.check_waiters()
+        # One read of the members' acks settles both: waiters first (their sends answer
+        # in the next step of the loop, before the indexing the confirm offset's advance
+        # queues), then the confirm offset.
+        acks = self.rule.member_acks()
+        max_offset = self.commitlog.max_offset
+        self.waiters.settle(acks, self.rule.floor, max_offset)
         if conn.broker_id in self.sync_state.members():
-            self.recompute_confirm()
+            self._confirm_to(self.rule.next_confirm(max_offset, self.confirm, acks))
 
     # --- confirm offset and waiters ------------------------------------------------------------
 
     def recompute_confirm(self) -> None:
-        new = self.rule.next_confirm(self.commitlog.max_offset, self.confirm)
+        self._confirm_to(self.rule.next_confirm(self.commitlog.max_offset, self.confirm))
+
+    def _confirm_to(self, new: int) -> None:
         if new > self.confirm:
             self.confirm = new
             if self._on_confirm is not None:
@@ -167,9 +172,7 @@ class SyncService:
         return self.rule.reached(offset, need, self.commitlog.max_offset)
 
     def check_waiters(self) -> None:
-        max_offset = self.commitlog.max_offset
-        reached = self.rule.reached
-        self.waiters.check(lambda offset, need: reached(offset, need, max_offset))
+        self.waiters.settle(self.rule.member_acks(), self.rule.floor, self.commitlog.max_offset)
 
     # --- append listener -----------------------------------------------------------------------
 
