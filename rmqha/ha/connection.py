@@ -451,6 +451,8 @@ class SlaveConnection:
             # Who the slave proved to be (None: the link is not authenticated).
             "identity": self._peer_name(),
             "tls": self.link.tls,
+            # Who the slave's TLS certificate names (None: no TLS).
+            "certificate": str(cert) if (cert := self.link.peer_identity) is not None else None,
             "state": self.state.value,
             "async_learner": self.learner,
             "ack_offset": ack,
