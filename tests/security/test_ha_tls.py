@@ -159,6 +159,9 @@ def test_three_copies_over_tls_and_the_messages_read_back_from_a_slave(tmp_path,
                     (True, str(SLAVE), f"rmqha:broker/{CLUSTER}/{GROUP}/2", end),
                     (True, str(SLAVE_3), f"rmqha:broker/{CLUSTER}/{GROUP}/3", end)]
                 assert a.status()["tls"]
+                # Both receive paths ran over TLS: large blocks straight into the log, live
+                # blocks in the reader callback.
+                assert a.direct_receives > 0 and a.callback_blocks > 0
                 await wait_until_async(lambda: a.confirm_offset == end, 5, "the slave learning the confirm offset")
 
         asyncio.run(run())
@@ -268,6 +271,35 @@ def test_a_master_with_a_certificate_of_another_group_cannot_feed_a_slave(tmp_pa
         asyncio.run(run())
     closed = [r.getMessage() for r in caplog.records if "HA link to" in r.getMessage()]
     assert closed and all("other/other-0" in line for line in closed), closed
+
+
+def test_a_master_certificate_replaced_on_disk_serves_the_next_link(tmp_path, keys: Keys) -> None:
+    """As the client port's: the files are re-read for new connections (here the new pair
+    names another group, so the next slave refuses it)."""
+    own = tmp_path / "own"
+    own.mkdir()
+    for ext in (".crt", ".key"):
+        (own / f"{MASTER.file_stem()}{ext}").write_bytes((keys.good / f"{MASTER.file_stem()}{ext}").read_bytes())
+    tls = keys.ha(MASTER, own)
+    with replica_stores(tmp_path, SEG, "m", "s", "t") as [(mcl, mem), (s2, em2), (s3, em3)]:
+        mem.append(1, 0)
+        _append_marked(mcl, 100)
+
+        async def run() -> None:
+            m = ha_master(mcl, mem, CFG, known=(2, 3), auth=None, tls=tls)
+            async with master_running(m) as port:
+                async with slave_running(ha_slave(s2, em2, port, CFG, auth=None, tls=keys.ha(SLAVE))):
+                    await wait_until_async(lambda: s2.max_offset == mcl.max_offset, 10, "the first slave replicating")
+                for ext in (".crt", ".key"):
+                    other = (keys.good / f"{OTHER_GROUP.file_stem()}{ext}").read_bytes()
+                    (own / f"{MASTER.file_stem()}{ext}").write_bytes(other)
+                assert tls.server.reload_if_changed()
+                async with slave_running(ha_slave(s3, em3, port, CFG, broker_id=3, auth=None,
+                                                  tls=keys.ha(SLAVE_3))) as late:
+                    await wait_until_async(lambda: "other/other-0" in late.last_error, 10, "the new pair refused")
+                    assert s3.max_offset == 0
+
+        asyncio.run(run())
 
 
 # --- configuration -------------------------------------------------------------------------------
