@@ -130,6 +130,7 @@ class _TlsStream:
         self.eof = False
         self._cipher = bytearray(_CIPHER_READ)
         self._cipher_view = memoryview(self._cipher)
+        self._scratch = memoryview(bytearray(_PLAIN_CHUNK))
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -237,7 +238,7 @@ class _TlsStream:
 
     def recv(self, nbytes: int) -> bytes:
         if not self.plain:
-            view = memoryview(bytearray(min(nbytes, _PLAIN_CHUNK)))
+            view = self._scratch[: min(nbytes, _PLAIN_CHUNK)]
             self.plain += view[: self._decrypt_into(view)]
         n = self._result(min(nbytes, len(self.plain)))
         out = bytes(self.plain[:n])
