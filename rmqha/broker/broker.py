@@ -52,6 +52,7 @@ from rmqha.errors import (
 )
 from rmqha.ha import HAConfig, HAMaster, HASlave
 from rmqha.ha.auth import HAAuth
+from rmqha.ha.tls_link import HATls
 from rmqha.messaging import MessageService
 from rmqha.messaging.queue_assignment import namesrv_route_source
 from rmqha.metrics import MetricsRegistry
@@ -204,6 +205,8 @@ class Broker:
         #: The client port's TLS (tls.server.*) and this broker's own links' (tls.client.*).
         self.tls = TlsSettings.from_config(config, "broker config")
         self._links = ClientSecurity.for_links(self.tls)
+        #: The HA port's and the slave's mutual TLS, with the client port's files (None: off).
+        self._ha_tls = HATls.from_settings(self.tls, config.cluster, config.broker_name)
         #: The name servers' links: ``_links`` and, with the secret, authenticated channels.
         self._ns_links = self._links
         #: Signs this broker's control requests, checks the role notices it gets.
@@ -606,7 +609,7 @@ class Broker:
             self.commitlog, self.epoch_map, group=self.config.broker_name, broker_id=self.replicas.broker_id,
             config=self._ha_config(), is_known_replica=self.is_known_replica,
             alter_sync_state_set=self.replicas.alter_sync_state_set, on_confirm=self._on_confirm,
-            sync_state_set=set(ids), sync_state_set_epoch=ids_epoch, auth=self._ha_auth(),
+            sync_state_set=set(ids), sync_state_set_epoch=ids_epoch, auth=self._ha_auth(), tls=self._ha_tls,
         )
         await master.start(self.config.listen_host, self.config.ha_port)
         self.ha_master = master
@@ -653,7 +656,7 @@ class Broker:
             self.commitlog, self.epoch_map, group=self.config.broker_name, broker_id=self.replicas.broker_id,
             master_ha_address=ha_addr, config=self._ha_config(), async_learner=self.config.async_learner,
             protocol=self.config.ha_protocol, on_confirm=self._on_confirm, on_truncate=self._on_truncate,
-            address=self.config.broker_address, auth=self._ha_auth(),
+            address=self.config.broker_address, auth=self._ha_auth(), tls=self._ha_tls,
         )
         await slave.start()
         self.ha_slave = slave

@@ -1,9 +1,12 @@
 """The HA master's port (:class:`Acceptor`): accept, handshake, then serve the link.
 
 Every accepted connection goes, in one task, through: the :class:`rmqha.ha.link.Link`
-around the socket; the admission (:func:`rmqha.ha.auth.admit`: with a cluster secret the
-link authenticates first, and a refused one is logged in one line naming the peer and
-why, and closed before it touches anything); the handshake's hello
+around the socket (with TLS, :class:`rmqha.ha.tls_link.HATls`: a TLS link, its handshake
+and the slave's certificate, which must name a broker of this cluster and group; a
+plaintext connection is refused, whatever the client port's mode); the admission
+(:func:`rmqha.ha.auth.admit`: with a cluster secret the link authenticates first; a
+refused link, at either step, is logged in one line naming the peer and why, and closed
+before it touches anything); the handshake's hello
 (:meth:`rmqha.ha.handshake.MasterHandshake.introduce`);
 the claim of the slave's id (:meth:`rmqha.ha.sync_service.SyncService.admit`); the rest of
 the handshake and the transfer's start; then the slave's acks until the link ends, when
@@ -15,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 from typing import Any
 
 from rmqha.errors import AuthenticationError, ProtocolError, ReplicationError, StoreError
@@ -24,6 +28,8 @@ from rmqha.ha.frame_mac import FrameMac
 from rmqha.ha.handshake import MasterHandshake
 from rmqha.ha.link import Link, LinkClosed, LinkTimeout, tune_socket
 from rmqha.ha.sync_service import SyncService
+from rmqha.ha.tls_link import HATls
+from rmqha.security.tls import TlsMode, accepted_kind
 
 # The master side logs under one name, whichever module says it (operators filter on it).
 log = logging.getLogger("rmqha.ha.master")
@@ -32,10 +38,12 @@ log = logging.getLogger("rmqha.ha.master")
 class Acceptor:
     """Listens on the HA port and runs one task per connection."""
 
-    def __init__(self, handshake: MasterHandshake, service: SyncService, auth: HAAuth | None = None) -> None:
+    def __init__(self, handshake: MasterHandshake, service: SyncService, auth: HAAuth | None = None,
+                 tls: HATls | None = None) -> None:
         self._handshake = handshake
         self._service = service
         self._auth = auth
+        self._tls = tls
         self._server: socket.socket | None = None
         self._accept_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -84,7 +92,9 @@ class Acceptor:
 
     async def serve(self, sock: socket.socket) -> None:
         """One connection, from accept to its end."""
-        link = Link(sock)
+        link = Link(sock) if self._tls is None else await self._open_tls(sock)
+        if link is None:
+            return
         admitted = await self._admit(link)
         if admitted is None:
             return
@@ -110,6 +120,29 @@ class Acceptor:
             link.close()
             for conn in held:
                 self._service.drop(conn, conn.close_reason or reason)
+
+    async def _open_tls(self, sock: socket.socket) -> Link | None:
+        """The TLS link of an accepted socket, or None when it is refused (logged in one
+        line naming the peer and why, closed before a byte of the HA protocol)."""
+        assert self._tls is not None
+        peer = _peer_of(sock)
+        timeout = self._handshake.timeout
+        try:
+            await accepted_kind(sock, TlsMode.ENFORCING, timeout)
+        except (AuthenticationError, OSError, asyncio.TimeoutError) as exc:
+            why = f"{exc} (the HA port is internal: TLS only, whatever tls.server.mode)"
+        else:
+            try:
+                return await self._tls.accept(sock, timeout)
+            except AuthenticationError as exc:
+                why = str(exc)
+            except ssl.SSLError as exc:
+                why = f"TLS handshake failed: {exc}"
+            except (LinkClosed, LinkTimeout, OSError) as exc:
+                why = f"{type(exc).__name__} during the TLS handshake: {exc}"
+        sock.close()
+        log.warning("refusing HA link from %s: %s", peer, why)
+        return None
 
     async def _admit(self, link: Link) -> tuple[FrameMac | None, bytes] | None:
         """The link's MAC and the hello bytes read, or None when the link is refused
@@ -144,3 +177,10 @@ class Acceptor:
             raise LinkClosed("replaced by a newer link from the same broker id during the handshake")
         service.start_transfer(conn, offset, handshake.transfer_start(intro.hello, offset), intro.pending)
         await conn.read_acks(service.on_ack)
+
+
+def _peer_of(sock: socket.socket) -> str:
+    try:
+        return "%s:%d" % sock.getpeername()[:2]
+    except OSError:
+        return "?"

@@ -40,7 +40,7 @@ from rmqha.ha import offsets as hao
 from rmqha.ha.config import HAConfig
 from rmqha.ha.dialects import Ack, MasterCodec, SlaveHello
 from rmqha.ha.frame_mac import TAG
-from rmqha.ha.link import HAVE_SENDFILE, FileRange, Link, LinkClosed, LinkTimeout, Waker
+from rmqha.ha.link import FileRange, Link, LinkClosed, LinkTimeout, Waker
 
 # The master side logs under one name, whichever module says it (operators filter on it).
 log = logging.getLogger("rmqha.ha.master")
@@ -248,7 +248,7 @@ class SlaveConnection:
         # With ha_transfer_sendfile, large blocks go out with sendfile (no copy on this
         # side at all); otherwise, and for small blocks (live traffic) always, as mmap
         # views in one sendmsg.
-        segment_fd = getattr(cl, "segment_fd", None) if HAVE_SENDFILE and cfg.ha_transfer_sendfile else None
+        segment_fd = getattr(cl, "segment_fd", None) if link.sends_files and cfg.ha_transfer_sendfile else None
         files = _SegmentFiles(segment_fd, cl.segment_bytes) if segment_fd is not None else None
         try:
             while not link.closed:
@@ -435,6 +435,12 @@ class SlaveConnection:
 
     # --- status --------------------------------------------------------------------------------
 
+    def _peer_name(self) -> str | None:
+        """Who the slave proved to be: the secret's handshake, else its certificate."""
+        mac = self.codec.mac
+        peer = mac.peer if mac is not None else self.link.peer_identity
+        return str(peer) if peer is not None else None
+
     def status(self, now: int, max_offset: int, caught_up_ms: int | None, in_sync: bool) -> dict[str, Any]:
         """This link's entry in ``ha-status``."""
         ack = self.ack
@@ -443,7 +449,10 @@ class SlaveConnection:
             "address": self.address,
             "protocol": self.codec.name,
             # Who the slave proved to be (None: the link is not authenticated).
-            "identity": str(self.codec.mac.peer) if self.codec.mac is not None else None,
+            "identity": self._peer_name(),
+            "tls": self.link.tls,
+            # Who the slave's TLS certificate names (None: no TLS).
+            "certificate": str(cert) if (cert := self.link.peer_identity) is not None else None,
             "state": self.state.value,
             "async_learner": self.learner,
             "ack_offset": ack,

@@ -24,6 +24,8 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from rmqha.security.identity import Identity
+
 #: sendmsg takes at most IOV_MAX (1024 on Linux) buffers per call.
 _IOV_BATCH = 512
 _MSG_MORE = getattr(socket, "MSG_MORE", 0)
@@ -67,6 +69,11 @@ def _set_result(fut: asyncio.Future[Any], value: Any) -> None:
 class Link:
     """A connected non-blocking socket with zero-copy sends and timed receives."""
 
+    #: Whether the bytes go through TLS (:class:`rmqha.ha.tls_link.TlsLink`).
+    tls = False
+    #: Whether :class:`FileRange` parts go out with sendfile (else callers send mmap views).
+    sends_files = HAVE_SENDFILE
+
     def __init__(self, sock: socket.socket, *, recv_bytes: int = 1 << 20) -> None:
         self.sock = sock
         self.fd = sock.fileno()
@@ -81,6 +88,8 @@ class Link:
         self._watch_end: asyncio.Future[None] | None = None
         self.bytes_in = 0
         self.bytes_out = 0
+        #: Who the peer's verified certificate names (TLS links only).
+        self.peer_identity: Identity | None = None
         try:
             self.peer = "%s:%d" % sock.getpeername()[:2]
         except OSError:

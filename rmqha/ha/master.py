@@ -4,7 +4,8 @@ One :class:`HAMaster` listens on the broker's HA port and serves every slave tha
 the handshake, in either dialect (told apart by the connection's first four bytes).  The
 work is split by job, as RocketMQ's ``store/ha/autoswitch`` splits it:
 
-* :mod:`rmqha.ha.acceptor`: the port; per connection, admission (:mod:`rmqha.ha.auth`:
+* :mod:`rmqha.ha.acceptor`: the port; per connection, mutual TLS when the broker serves
+  TLS (:mod:`rmqha.ha.tls_link`), admission (:mod:`rmqha.ha.auth`:
   with a cluster secret, a slave of this cluster and group proves itself, and every frame
   carries a MAC), handshake, then acks until it ends;
 * :mod:`rmqha.ha.handshake`: what master and slave say before the transfer;
@@ -40,6 +41,7 @@ from rmqha.ha.connection import LinkState
 from rmqha.ha.handshake import MasterHandshake
 from rmqha.ha.set_changes import AlterCallback
 from rmqha.ha.sync_service import SyncService
+from rmqha.ha.tls_link import HATls, check_tls_group
 
 log = logging.getLogger(__name__)
 
@@ -77,12 +79,16 @@ class HAMaster:
         sync_state_set_epoch: int = 0,
         confirm_offset: int | None = None,
         auth: HAAuth | None = None,
+        tls: HATls | None = None,
     ) -> None:
         """``auth``: the cluster secret and this broker's identity; every slave must then
-        authenticate (None: links run unauthenticated, as without a cluster secret)."""
+        authenticate (None: links run unauthenticated, as without a cluster secret).
+        ``tls``: the port speaks mutual TLS only (None: plaintext)."""
         if auth is not None:
             auth.check_group(group)
+        check_tls_group(tls, group)
         self.auth = auth
+        self.tls = tls
         self.commitlog = commitlog
         self.epoch_map = epoch_map
         self.group = group
@@ -95,7 +101,7 @@ class HAMaster:
         )
         handshake = MasterHandshake(commitlog, epoch_map, self.config, group=group, broker_id=self.broker_id,
                                     is_known_replica=is_known_replica)
-        self._acceptor = Acceptor(handshake, self._service, auth)
+        self._acceptor = Acceptor(handshake, self._service, auth, tls)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped = False
         self.address = ""
@@ -118,10 +124,11 @@ class HAMaster:
 
     def _auth_words(self) -> str:
         auth = self.auth
+        tls = "; mutual TLS" if self.tls is not None else ""
         if auth is None:
-            return "links unauthenticated: no cluster secret"
+            return f"links unauthenticated: no cluster secret{tls}"
         rocketmq = "; rocketmq dialect unauthenticated" if auth.allow_unauthenticated_rocketmq else ""
-        return f"links authenticated as {auth.identity}{rocketmq}"
+        return f"links authenticated as {auth.identity}{rocketmq}{tls}"
 
     async def stop(self) -> None:
         """Close the port and every link; pending ack waits answer False."""

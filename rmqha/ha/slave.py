@@ -6,7 +6,8 @@ It walks the connection states of the HA protocol:
 * READY: the store is recovered and the master's HA address known; connect (with an
   exponential backoff, reset once a link worked, kept growing while the disk is full,
   :mod:`rmqha.ha.disk_full`) — this module;
-* HANDSHAKE: with a cluster secret, authenticate the link both ways (:mod:`rmqha.ha.auth`);
+* HANDSHAKE: with TLS, the TLS handshake and the master's certificate
+  (:mod:`rmqha.ha.tls_link`); with a cluster secret, authenticate the link both ways (:mod:`rmqha.ha.auth`);
   introduce itself, get the master's epoch entries, cut the log at the
   consistent point, tell the master where to send from — :mod:`rmqha.ha.slave_session`,
   :mod:`rmqha.ha.handshake`, :mod:`rmqha.ha.truncation`;
@@ -38,6 +39,7 @@ from rmqha.ha.link import LinkClosed, LinkTimeout
 from rmqha.ha.slave_epochs import EpochWriter
 from rmqha.ha.slave_session import SlaveSession
 from rmqha.ha.slave_state import ConfirmTracker, SlaveProgress, SlaveState
+from rmqha.ha.tls_link import HATls, check_tls_group
 from rmqha.ha.truncation import Truncator
 
 log = logging.getLogger(__name__)
@@ -67,9 +69,13 @@ class HASlave:
         on_truncate: Callable[[int], Any] | None = None,
         address: str = "",
         auth: HAAuth | None = None,
+        tls: HATls | None = None,
     ) -> None:
         """``auth``: the cluster secret and this broker's identity, to authenticate every
-        link (None: unauthenticated, as without a cluster secret)."""
+        link (None: unauthenticated, as without a cluster secret); ``tls``: dial the master
+        over mutual TLS (None: plaintext)."""
+        check_tls_group(tls, group)
+        self.tls = tls
         self.commitlog = commitlog
         self.epoch_map = epoch_map
         self.group = group
@@ -205,6 +211,7 @@ class HASlave:
             "master_address": self._master,
             "protocol": self.protocol,
             "authenticated": self.auth is not None and self.protocol == "framed",
+            "tls": self.tls is not None,
             "async_learner": self.async_learner,
             "state": p.state.value,
             "max_offset": self.commitlog.max_offset,
@@ -226,7 +233,8 @@ class HASlave:
         me = Identity(self.broker_id, self.address, self.config.sync_from_last_file, self.async_learner)
         return SlaveSession(self._master, me, commitlog=self.commitlog, config=self.config,
                             protocol=self.protocol, progress=self._progress, confirm=self._confirm,
-                            epochs=self._epochs, truncator=self._truncator, disk=self._disk, auth=self.auth)
+                            epochs=self._epochs, truncator=self._truncator, disk=self._disk, auth=self.auth,
+                            tls=self.tls)
 
     async def _run(self) -> None:
         cfg = self.config

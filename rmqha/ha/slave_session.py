@@ -1,6 +1,7 @@
 """One connection of an HA slave to its master (:class:`SlaveSession`).
 
-A session walks the slave's connection states once: HANDSHAKE (connect; with a cluster
+A session walks the slave's connection states once: HANDSHAKE (connect; with TLS, the
+TLS handshake and the master's certificate, :class:`rmqha.ha.tls_link.HATls`; with a cluster
 secret, authenticate the link both ways, :func:`rmqha.ha.auth.authenticate`, after which
 every frame is sealed and checked; introduce itself
 with group id, segment size, flags and last epoch; get the master's epoch entries; cut the
@@ -27,6 +28,7 @@ from rmqha.ha.link import Link, connect
 from rmqha.ha.receive import Receiver
 from rmqha.ha.slave_epochs import EpochWriter
 from rmqha.ha.slave_state import ConfirmTracker, SlaveProgress, SlaveState
+from rmqha.ha.tls_link import HATls, TlsLink
 from rmqha.ha.truncation import Truncator
 
 # The slave side logs under one name, whichever module says it (operators filter on it).
@@ -45,9 +47,11 @@ class SlaveSession:
 
     def __init__(self, master: str, me: Identity, *, commitlog: Any, config: HAConfig, protocol: str,
                  progress: SlaveProgress, confirm: ConfirmTracker, epochs: EpochWriter,
-                 truncator: Truncator, disk: DiskFullWatch, auth: HAAuth | None = None) -> None:
+                 truncator: Truncator, disk: DiskFullWatch, auth: HAAuth | None = None,
+                 tls: HATls | None = None) -> None:
         self.master = master
         self.auth = auth
+        self.tls = tls
         self.me = me
         self.commitlog = commitlog
         self.config = config
@@ -74,11 +78,14 @@ class SlaveSession:
         cfg = self.config
         host, port = split_address(self.master)
         sock = await connect(host, port, cfg.ha_connect_timeout_ms / 1000)
-        link = self.link = Link(sock)
+        link = self.link = Link(sock) if self.tls is None else self.tls.dial(sock)
         codec = slave_codec(self.protocol, cfg.max_frame_bytes)
         self.progress.sessions += 1
         self.progress.state = SlaveState.HANDSHAKE
         timeout = cfg.ha_housekeeping_interval_ms / 1000
+        if self.tls is not None and isinstance(link, TlsLink):
+            await self.tls.secure(link, timeout)
+            log.debug("HA link to %s over TLS: master %s", self.master, link.peer_identity)
         if self.auth is not None and codec.name == "framed":
             # (A rocketmq-dialect slave with a secret exists only where that dialect may
             # run unauthenticated: HASlave checked.)

@@ -157,6 +157,17 @@ class TlsSettings:
                                  server_trust_cert_path=ca, client_cert_path=cert,
                                  client_key_path=key, client_trust_cert_path=ca)
 
+    def for_internal_link(self) -> TlsSettings:
+        """These settings for a link between peers of one cluster (the brokers' HA port):
+        both ends use this server's certificate pair, key password and CA, the server
+        always requires a client certificate and the client always checks the server's
+        (``tls.server.need.client.auth`` and ``tls.client.*`` are the client port's).
+        ConfigError when ``tls.server.trustCertPath`` is not set."""
+        ca = _need(self.server_trust_cert_path, "tls.server.trustCertPath (the HA port's mutual TLS)")
+        both = self.for_identity_files(self.server_cert_path, self.server_key_path, ca)
+        return dataclasses.replace(both, server_need_client_auth=ClientAuth.REQUIRE, client_auth_server=True,
+                                   client_key_password=self.server_key_password)
+
 
 _CAPITAL = re.compile(r"([A-Z])")
 
