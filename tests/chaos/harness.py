@@ -162,7 +162,9 @@ class ChaosRun:
         via_proxy = self.ha_proxies[self.brokers[0].name].accepted
         assert via_proxy >= 2, f"{via_proxy} slaves replicate through the master's HA proxy, not 2"
         if secure is not None:  # the run is as secured as its name says, or it is no evidence
-            problems = secure.check_enforced(self.brokers[0].address)
+            master = self.brokers[0].address
+            host, _, port = master.rpartition(":")
+            problems = secure.check_enforced(master, f"{host}:{int(port) + 1}")
             assert not problems, problems
         self.record_ids()
 

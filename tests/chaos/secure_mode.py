@@ -114,11 +114,17 @@ class SecureCluster:
                 admin.sign(cmd)
         return ClientSecurity(client_context(self._client_tls(Identity.admin("admin"))), hook)
 
-    def check_enforced(self, broker_address: str) -> list[str]:
-        """What shows the run is not secured as it claims (empty: both hold): a plaintext
-        request to a broker gets no answer, and one over TLS without an account is refused
-        by the ACL."""
+    def check_enforced(self, broker_address: str, ha_address: str | None = None) -> list[str]:
+        """What shows the run is not secured as it claims (empty: all hold): a plaintext
+        request to a broker gets no answer, one over TLS without an account is refused by
+        the ACL, and a plaintext slave's hello to the master's HA port (when given) gets
+        not one byte back."""
         problems = []
+        if ha_address is not None:
+            answer = ha_plaintext_answer(ha_address)
+            if answer:
+                problems.append(f"a plaintext hello to the HA port {ha_address} got {len(answer)} "
+                                f"bytes back: {answer[:16]!r}")
         plain = _ask(broker_address, None)
         if plain is not None:
             problems.append(f"a plaintext request to {broker_address} was answered: {plain}")
@@ -127,6 +133,21 @@ class SecureCluster:
             problems.append(f"a request without an account to {broker_address} was not refused by "
                             f"the ACL: {tls}")
         return problems
+
+
+def ha_plaintext_answer(address: str) -> bytes:
+    """What an HA port sends a plaintext peer that says it is a slave at offset 0 (the
+    rocketmq dialect's 16-byte report), until it closes or is silent for 2 s."""
+    host, _, port = address.rpartition(":")
+    got = b""
+    try:
+        with socket.create_connection((host, int(port)), timeout=2) as sock:
+            sock.sendall(bytes(16))
+            while data := sock.recv(65536):
+                got += data
+    except OSError:
+        pass  # a reset or the silence's timeout: what came before it is the answer
+    return got
 
 
 def _ask(address: str, context: ssl.SSLContext | None) -> str | None:

@@ -7,11 +7,13 @@ must fire for a plaintext port and for a TLS port without the ACL (its negative 
 """
 from __future__ import annotations
 
+import socket
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
-from secure_mode import SecureCluster, mode
+from secure_mode import SecureCluster, ha_plaintext_answer, mode
 
 from rmqha.broker.acl_guard import acl_guard
 from rmqha.net.loop import EventLoopThread
@@ -68,3 +70,29 @@ def test_mode_names_the_allowed_values(monkeypatch: pytest.MonkeyPatch) -> None:
         mode()
     monkeypatch.setenv("RMQHA_CHAOS_SECURITY", "tls-acl")
     assert mode() == "tls-acl"
+
+
+def _one_shot_server(reply: bytes) -> tuple[str, threading.Thread]:
+    """A loopback port whose first connection is answered with ``reply`` and closed."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+
+    def serve() -> None:
+        with listener:
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(16)
+                if reply:
+                    conn.sendall(reply)
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return address, thread
+
+
+def test_ha_probe_fires_on_a_port_that_answers_plaintext() -> None:
+    answered, t1 = _one_shot_server(b"\x00" * 12)  # what a plaintext HA master sends back
+    refused, t2 = _one_shot_server(b"")  # a TLS-only port closes on a plaintext hello
+    assert ha_plaintext_answer(answered) == b"\x00" * 12
+    assert ha_plaintext_answer(refused) == b""
+    for t in (t1, t2):
+        t.join(5)
