@@ -15,8 +15,10 @@
   after every role change (as id 0 when master, with the master epoch as state version).
 
 With a cluster secret its requests to controllers and name servers are signed and role
-notices must be signed by a controller (:mod:`rmqha.protocol.request_auth`), and over mutual
-TLS come from a controller's certificate (:mod:`rmqha.net.peer_check`); without one
+notices must be signed by a controller (:mod:`rmqha.protocol.request_auth`) and come over an
+authenticated channel the controller dialled to the client port (:mod:`rmqha.net.channel`;
+plain clients share the port), and over mutual TLS come from a controller's certificate
+(:mod:`rmqha.net.peer_check`); without one
 it listens on loopback only unless told ``allow_insecure`` (:mod:`rmqha.security.secret_policy`).
 
 Until the controller has told it its role the broker is fenced: every write code is
@@ -302,8 +304,11 @@ class Broker:
         # Every write code gets the role guard, even one the messaging layer does not serve.
         handlers: dict[int, Any] = {int(code): None for code in WRITE_CODES}
         handlers.update({int(code): h for code, h in self.message_service.handlers().items()})
-        self.server = RemotingServer(cfg.listen_host, cfg.listen_port, max_frame_bytes=cfg.max_frame_bytes,
-                                     tls=self.tls)
+        # With the secret the client port also takes channels, from controllers only (their
+        # role notices); plain clients are served as before, told apart by the preface.
+        self.server = RemotingServer(
+            cfg.listen_host, cfg.listen_port, max_frame_bytes=cfg.max_frame_bytes, tls=self.tls,
+            channels=channel.expecting((SecurityRole.CONTROLLER,)) if channel is not None else None)
         if cfg.acl_enable:
             guard = acl_guard(cfg.acl_file, auth=self.auth)
             self.server.dispatcher.guard = guard

@@ -20,7 +20,9 @@ asyncio loop; role changes are serialised by one lock.
 - Replica info is polled every ``sync_broker_metadata_period_ms``; NOTIFY_BROKER_ROLE_CHANGED
   pushes are taken at once.  Either way only a master epoch *newer* than the one held
   changes anything; stale notices are logged and ignored.  A notice must carry the
-  controller's signature when the broker has the cluster secret, and one that names this
+  controller's signature when the broker has the cluster secret and come over an
+  authenticated channel from a controller (or TLS with a controller's verified
+  certificate, :func:`rmqha.net.channel.refused_off_channel`), and one that names this
   broker master is confirmed with the controller leader (GET_REPLICA_INFO) before the role
   is taken: the leader's record is what the broker acts on.
 - The controller caps the heartbeat timeout a broker asks for and says what it applies;
@@ -50,9 +52,11 @@ from rmqha.protocol.codes import ResponseCode
 from rmqha.errors import (
     BrokerError, BrokerIdentityError, ControllerError, RemoteCommandError, RemotingError, RmqhaError,
 )
+from rmqha.net.channel import refused_off_channel
 from rmqha.net.connection import Connection
 from rmqha.protocol.command import RemotingCommand
 from rmqha.protocol.request_auth import OpenAuth, RefusalLog, RequestAuthenticator, check
+from rmqha.security.identity import Role as PeerRole
 
 log = logging.getLogger(__name__)
 
@@ -458,9 +462,10 @@ class ReplicasManager:
     # --- notifications --------------------------------------------------------------------
 
     async def handle_notify(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
-        """NOTIFY_BROKER_ROLE_CHANGED (1008) from the controller: signed (with a secret),
-        and confirmed with the controller leader before it makes this broker master."""
-        refused = check(self.auth, cmd, conn)
+        """NOTIFY_BROKER_ROLE_CHANGED (1008) from the controller: signed and over a
+        controller's channel (with a secret), and confirmed with the controller leader
+        before it makes this broker master."""
+        refused = check(self.auth, cmd, conn) or self._off_channel(cmd, conn)
         if refused is not None:
             self._refusals.note(cmd, conn.peer, refused.remark or "")
             return refused
@@ -484,6 +489,11 @@ class ReplicasManager:
         else:
             await self.change_role(state, source="notification")
         return cmd.response(ResponseCode.SUCCESS)
+
+    def _off_channel(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        """With the secret, a notice that did not come from a controller over a channel
+        (or TLS): a signature copied onto a plain connection proves nothing of its sender."""
+        return refused_off_channel(cmd, conn, (PeerRole.CONTROLLER,)) if self.auth.enabled else None
 
     async def _take_confirmed(self, notice: GroupState) -> None:
         """A notice makes this broker master only if the controller leader's record says

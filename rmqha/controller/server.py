@@ -17,7 +17,9 @@ Request handling (RocketMQ's controller codes, see :mod:`rmqha.protocol.codes`):
   master and epoch.  A new leader judges no master dead by silence until a heartbeat
   timeout after it took over (the lease guard, :mod:`rmqha.controller.heartbeat`).
 * After a successful election the leader pushes NOTIFY_BROKER_ROLE_CHANGED (one-way) to the
-  live brokers of the group at their registered addresses.
+  live brokers of the group at their registered addresses; with the secret over an
+  authenticated channel to the broker's client port (a broker takes notices only so, or
+  over TLS from a controller's certificate), over TLS too with ``tls.enable``.
 * Admin writes (designated elections, clean, config updates) need ``adminToken`` in the
   header when the controller has an ``admin_token``.
 * Security (:mod:`rmqha.protocol.request_auth`, :mod:`rmqha.security.secret_policy`): a controller
@@ -112,6 +114,9 @@ class ControllerServer:
         #: The RPC port's TLS (tls.server.*) and the role notices' links (tls.client.*).
         self.tls = TlsSettings.from_config(config, "controller config")
         self._links = ClientSecurity.for_links(self.tls)
+        #: The role notices' links: ``_links`` and, with the secret, a channel to a broker.
+        self._notice_links = (self._links or ClientSecurity()).with_channel(
+            channels.expecting((Role.BROKER,))) if channels is not None else self._links
         #: Who may send what, by certificate identity (rmqha.controller.peer_rules).
         self.peer_check = PeerCheck(self.tls)
         self.remoting = RemotingServer(config.listen_host, int(port), None, config.max_frame_bytes,
@@ -712,7 +717,7 @@ class ControllerServer:
             client = self._notify_clients.get(addr)
             if client is None:
                 client = self._notify_clients[addr] = RemotingClient(addr, connect_timeout=3.0,
-                                                                     security=self._links)
+                                                                     security=self._notice_links)
             await asyncio.wait_for(client.oneway(cmd), 3.0)
         except (asyncio.TimeoutError, OSError, RmqhaError) as exc:
             log.info("role-change notice to %s failed: %s", addr, exc)

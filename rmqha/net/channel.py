@@ -10,8 +10,9 @@ closes with the reason logged and nothing of that read is dispatched.
   before the acceptor proved the secret and a role the dialler accepts.
 - Accepting (:func:`accepting_layer`, given to :class:`~rmqha.net.server.RemotingServer`
   as ``channels``): a connection opening with the preface gets the handshake; any other
-  is served as plain remoting (``conn.channel_peer`` stays None), so a server decides per
-  request what needs a channel.
+  is served as plain remoting (``conn.channel_peer`` stays None; the layer steps aside,
+  ``Connection.drop_layer``, so a plain client's path is the one without channels), and a
+  server decides per request what needs a channel.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from rmqha.errors import AuthenticationError, RemotingError
 from rmqha.protocol.codes import ResponseCode, code_name
-from rmqha.protocol.command import FrameDecoder, RawAnswer, RemotingCommand, read_frame
+from rmqha.protocol.command import RawAnswer, RemotingCommand, SendFrame, read_frame
 from rmqha.security.channel_auth import ChannelEndpoint, ChannelKey, channel_refusal
 from rmqha.security.identity import Role
 
@@ -49,7 +50,6 @@ class ChannelLayer:
     def __init__(self, conn: Connection, endpoint: ChannelEndpoint) -> None:
         self._conn = conn
         self._endpoint = endpoint
-        self._plain: FrameDecoder | None = None
         #: Opaques whose responses come back undecoded (the connection's, see use_layer).
         self.raw_answers: Container[int] = ()
         loop = asyncio.get_running_loop()
@@ -59,14 +59,12 @@ class ChannelLayer:
 
     @property
     def buffered(self) -> int:
-        return self._plain.buffered if self._plain is not None else self._endpoint.buffered
+        return self._endpoint.buffered
 
     def seal(self, frame: bytes) -> bytes:
         return self._endpoint.seal(frame)
 
-    def feed(self, data: bytes) -> Sequence[RemotingCommand | RawAnswer]:
-        if self._plain is not None:
-            return self._plain.feed_answers(data)
+    def feed(self, data: bytes) -> Sequence[RemotingCommand | SendFrame | RawAnswer]:
         try:
             reply, frames = self._endpoint.feed(data)
         except AuthenticationError as exc:
@@ -75,9 +73,9 @@ class ChannelLayer:
         if reply:
             self._conn.write_raw(reply)
         if self._endpoint.plain:
-            self._plain = FrameDecoder(self._endpoint.max_frame_bytes)
-            self._plain.raw_answers = self.raw_answers
-            return self._plain.feed_answers(b"".join(frames))
+            # A plain client: the connection's own decoder from here on (a broker's plain
+            # sends keep their fast lane), and nothing of the layer on its path.
+            return self._conn.drop_layer(b"".join(frames))
         if self._endpoint.established and not self.ready.done():
             self._conn.channel_peer = self._endpoint.peer
             self.ready.set_result(None)

@@ -17,7 +17,8 @@ certificate.  A handler that must know its peer (a broker registers only as itse
 A connection may have a *frame layer* (:meth:`Connection.use_layer`, e.g. the
 authenticated channel of :mod:`rmqha.net.channel`): it decodes what arrives in place of
 the plain decoder and seals every frame that leaves.  Plain connections have none and pay
-nothing for it.
+nothing for it; an accepting layer that finds a plain peer hands the connection back to the
+plain decoder (:meth:`Connection.drop_layer`).
 """
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ class FrameLayer(Protocol):
     #: :attr:`rmqha.protocol.command.FrameDecoder.raw_answers`).
     raw_answers: Container[int]
 
-    def feed(self, data: bytes) -> Sequence[RemotingCommand | RawAnswer]:
+    def feed(self, data: bytes) -> Sequence[RemotingCommand | SendFrame | RawAnswer]:
         """The commands whose bytes are complete (ProtocolError / AuthenticationError:
         close the connection, dispatch nothing)."""
         ...
@@ -206,6 +207,8 @@ class Connection(asyncio.Protocol):
         self._decoder: FrameDecoder | FrameLayer = decoder
         self._feed: Callable[[bytes], Sequence[RemotingCommand | SendFrame | RawAnswer]] = (
             decoder.feed_sends if plain else decoder.feed_answers)
+        #: The decoder without a layer, for drop_layer().
+        self._plain_decoder, self._plain_feed = decoder, self._feed
         #: The frame layer's seal (None: frames leave as encoded).
         self._seal: Callable[[bytes], bytes] | None = None
         self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
@@ -404,6 +407,13 @@ class Connection(asyncio.Protocol):
         self._feed = layer.feed
         self._seal = layer.seal
         layer.raw_answers = self._raw
+
+    def drop_layer(self, data: bytes) -> Sequence[RemotingCommand | SendFrame | RawAnswer]:
+        """Back to the plain decoder (a layer that found its peer plain, before any frame
+        went either way), which decodes ``data``: the bytes the layer held.  The
+        connection then costs what one that never had a layer does."""
+        self._decoder, self._feed, self._seal = self._plain_decoder, self._plain_feed, None
+        return self._feed(data)
 
     def write_raw(self, data: bytes) -> None:
         """Write bytes outside any frame (a frame layer's handshake)."""

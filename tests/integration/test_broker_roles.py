@@ -8,13 +8,20 @@ does a master whose lease from the controller ran out, until it is renewed.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
+from typing import Any
 
 
 from cluster import BrokerProc, Cluster
+from rmqha.net.client import RemotingClient
+from rmqha.net.client_security import ClientSecurity
 from rmqha.protocol.codes import RequestCode, ResponseCode
+from rmqha.protocol.command import RemotingCommand
+from rmqha.security.channel_auth import key_from_text
+from rmqha.security.identity import Identity, Role
 
 OPEN_END = (1 << 63) - 1
 
@@ -30,6 +37,22 @@ def send(cluster: Cluster, b: BrokerProc):
            "queueId": 0, "sysFlag": 0, "bornTimestamp": "1", "flag": 0, "properties": "",
            "reconsumeTimes": "0", "unitMode": "0", "batch": "0"}
     return cluster.request(b.address, RequestCode.SEND_MESSAGE, ext, b"hello")
+
+
+def notify(cluster: Cluster, b: BrokerProc, ext: dict[str, Any], body: Any) -> RemotingCommand:
+    """A role notice as a controller sends one: signed, over a channel it dialled as a
+    controller (a broker holding the secret takes notices no other way)."""
+    assert cluster.cluster_secret is not None
+    key = key_from_text(cluster.cluster_secret, Identity.controller("test"), (Role.BROKER,))
+    cmd = cluster.auth.sign(RemotingCommand.request(RequestCode.NOTIFY_BROKER_ROLE_CHANGED, ext, body))
+
+    async def ask() -> RemotingCommand:
+        client = RemotingClient(b.address, connect_timeout=2.0, security=ClientSecurity().with_channel(key))
+        try:
+            return await client.request(cmd, 3.0)
+        finally:
+            await client.close()
+    return asyncio.run(ask())
 
 
 def start_group(cluster: Cluster, n: int, group: str = "broker-a") -> list[BrokerProc]:
@@ -97,19 +120,18 @@ def test_stale_role_notification_is_ignored(cluster):
     # An old notice (epoch - 1) naming the slave itself as master, and one at the held epoch
     # naming another master: neither may change anything.
     for notice_epoch, master_id, master_addr in ((epoch - 1, 2, b.address), (epoch, 2, b.address)):
-        resp = cluster.request(b.address, RequestCode.NOTIFY_BROKER_ROLE_CHANGED,
-                               {"masterAddress": master_addr, "masterEpoch": notice_epoch, "syncStateSetEpoch": 99,
-                                "masterBrokerId": master_id},
-                               {"syncStateSet": [2], "syncStateSetEpoch": 99})
-        assert resp.code == ResponseCode.SUCCESS
+        resp = notify(cluster, b, {"masterAddress": master_addr, "masterEpoch": notice_epoch,
+                                   "syncStateSetEpoch": 99, "masterBrokerId": master_id},
+                      {"syncStateSet": [2], "syncStateSetEpoch": 99})
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
     after = cluster.broker_status(b)
     assert after["role"] == "slave" and after["masterAddress"] == a.address
     assert after["masterEpoch"] == before["masterEpoch"] == epoch
     assert after["staleNoticesIgnored"] == before["staleNoticesIgnored"] + 2
     assert b.log_contains("ignoring stale notification")
     # The master ignores an old notice naming the slave as master too.
-    cluster.request(a.address, RequestCode.NOTIFY_BROKER_ROLE_CHANGED,
-                    {"masterAddress": b.address, "masterEpoch": epoch - 1, "masterBrokerId": 2}, b"")
+    resp = notify(cluster, a, {"masterAddress": b.address, "masterEpoch": epoch - 1, "masterBrokerId": 2}, b"")
+    assert resp.code == ResponseCode.SUCCESS, resp.remark
     assert role(cluster, a) == "master"
     assert cluster.broker_epochs(a)["epochList"][-1]["epoch"] == epoch
 

@@ -3,7 +3,8 @@
 Brokers are simulated by :class:`FakeBroker`: its own ControllerClient (so closing it
 closes the broker's connections, which the leader treats as the broker dying), a
 heartbeat loop, and a RemotingServer at its registered address that records
-NOTIFY_BROKER_ROLE_CHANGED pushes.  Every group runs with the cluster secret
+NOTIFY_BROKER_ROLE_CHANGED pushes and who sent them (the controllers send them over an
+authenticated channel, as to a real broker holding the secret).  Every group runs with the cluster secret
 :data:`SECRET` and every client signs with it (tests/security covers what happens without).
 """
 from __future__ import annotations
@@ -30,7 +31,7 @@ from rmqha.net.server import RemotingServer
 from rmqha.protocol.command import RemotingCommand
 from rmqha.protocol.request_auth import request_auth
 from rmqha.security.channel_auth import key_from_text
-from rmqha.security.identity import Identity
+from rmqha.security.identity import Identity, Role
 
 TOKEN = "t0ken"
 CLUSTER = "c1"
@@ -50,13 +51,18 @@ class FakeBroker:
         self.epoch, self.offset, self.priority = epoch, offset, priority
         self.broker_id: int | None = None
         self.notices: list[RemotingCommand] = []
-        self.server = RemotingServer("127.0.0.1", 0, {RequestCode.NOTIFY_BROKER_ROLE_CHANGED: self._notify})
+        #: The channel identity each notice came from (None: a plain connection).
+        self.senders: list[Identity | None] = []
+        channels = key_from_text(SECRET, Identity.broker(CLUSTER, name, "fake"), (Role.CONTROLLER,))
+        self.server = RemotingServer("127.0.0.1", 0, {RequestCode.NOTIFY_BROKER_ROLE_CHANGED: self._notify},
+                                     channels=channels)
         self.client: ControllerClient | None = None
         self._beat: asyncio.Task | None = None
         self._serving = False
 
     async def _notify(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
         self.notices.append(cmd)
+        self.senders.append(conn.channel_peer)
         return cmd.response()
 
     @property
@@ -234,6 +240,8 @@ def test_election_rules_one_by_one(group):
             assert (info.master_epoch, info.sync_state_set, info.sync_state_set_epoch) == (2, [3], 3)
             await wait_until(lambda: _async_true(any(
                 n.ext_fields.get("masterBrokerId") == "3" for n in b1.notices)), 5, "b1 notified")
+            # Over the secret's channel, from a controller (a broker takes no other).
+            assert b1.senders and all(p is not None and p.role is Role.CONTROLLER for p in b1.senders)
             note = [n for n in b3.notices if n.ext_fields.get("masterEpoch") == "2"][0]
             assert note.ext_fields["masterAddress"] == b3.address
             assert json.loads(note.body) == {"syncStateSet": [3], "syncStateSetEpoch": 3}

@@ -96,9 +96,11 @@ def frame(code: int, ext: Mapping[str, Any] | None = None, body: Any = b"", *,
 
 
 def ask(address: str, code: int, ext: Mapping[str, Any] | None = None, body: Any = b"", *,
-        secret: str | None = None, channel: str | None = None) -> RemotingCommand:
-    """One request on a fresh connection (an authenticated channel with ``channel``)."""
-    with RawClient(address, channel=channel) as client:
+        secret: str | None = None, channel: str | None = None,
+        identity: Identity = RAW_IDENTITY) -> RemotingCommand:
+    """One request on a fresh connection (an authenticated channel with ``channel``, on
+    which the client claims ``identity``)."""
+    with RawClient(address, channel=channel, identity=identity) as client:
         return client.request(frame(code, ext, body, secret=secret))
 
 

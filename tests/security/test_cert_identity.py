@@ -344,3 +344,15 @@ def test_a_certificate_without_an_rmqha_identity_is_refused_under_enforcing_mtls
         assert "has none with an rmqha identity" in (resp.remark or ""), resp.remark
     assert view(live) == before
     assert live.broker_status(live.b)["role"] == "slave"
+
+
+def test_a_real_failover_moves_the_slave_by_the_controllers_notice_over_mtls(live: Cluster) -> None:
+    """Last (it kills the master).  b polls once a minute, so it becomes master in seconds
+    only by the leader's notice, over TLS with the controller's certificate and the
+    secret's channel inside it (the broker takes a notice no other way here)."""
+    epoch = live.replica_info(GROUP).master_epoch  # type: ignore[union-attr]
+    live.a.kill()
+    live.wait_role(live.b, "master", 20)
+    assert live.broker_status(live.b)["masterEpoch"] == epoch + 1
+    assert live.b.log_contains("notification (confirmed): master of broker-a is now 2")
+    assert not live.controllers[0].log_contains(f"role-change notice to {live.b.address} failed")

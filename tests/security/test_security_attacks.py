@@ -383,6 +383,12 @@ def _notice(broker_id: int, address: str, epoch: int) -> tuple[dict[str, Any], d
              "masterBrokerId": broker_id}, {"syncStateSet": [broker_id], "syncStateSetEpoch": 99})
 
 
+def notice_as_controller(live: Cluster, address: str, ext: dict[str, Any], body: Any):
+    """A signed role notice over a channel dialled as a controller (how the leader sends them)."""
+    return ask(address, RequestCode.NOTIFY_BROKER_ROLE_CHANGED, ext, body, secret=live.cluster_secret,
+               channel=live.cluster_secret, identity=Identity.controller("insider"))
+
+
 def _set_notify(live: Cluster, on: bool) -> None:
     body = f"notifyBrokerRoleChanged={'true' if on else 'false'}\n"
     resp = ask(ctl(live), RequestCode.UPDATE_CONTROLLER_CONFIG, {}, body, secret=live.cluster_secret,
@@ -397,8 +403,13 @@ def test_forged_role_notice_does_not_make_a_slave_master(live):
     assert refused(ask(b.address, RequestCode.NOTIFY_BROKER_ROLE_CHANGED, ext, body), "unsigned")
     assert refused(ask(b.address, RequestCode.NOTIFY_BROKER_ROLE_CHANGED, ext, body, secret=WRONG_SECRET),
                    "bad signature")
-    # Signed (an insider): taken to the controller, which does not confirm it.
-    resp = ask(b.address, RequestCode.NOTIFY_BROKER_ROLE_CHANGED, ext, body, secret=live.cluster_secret)
+    # Signed, but copied onto a plain connection: refused before the handler.
+    assert refused(ask(b.address, RequestCode.NOTIFY_BROKER_ROLE_CHANGED, ext, body, secret=live.cluster_secret),
+                   "plain connection")
+    assert live.broker_status(b)["unconfirmedNoticesIgnored"] == 0
+    # Signed, over a channel as a controller (an insider): taken to the controller, which
+    # does not confirm it.
+    resp = notice_as_controller(live, b.address, ext, body)
     assert resp.code == ResponseCode.SUCCESS
     status = live.broker_status(b)
     assert (status["role"], status["masterEpoch"], status["masterAddress"]) == ("slave", epoch, a.address)
@@ -416,7 +427,7 @@ def test_forged_role_notice_does_not_make_a_slave_master(live):
         assert resp.code == ResponseCode.SUCCESS, resp.remark
         assert live.replica_info(GROUP).master_id == 2
         live.holds(lambda: live.broker_role(b) == "slave", 0.5, what="b waiting for a notice")
-        resp = ask(b.address, RequestCode.NOTIFY_BROKER_ROLE_CHANGED, ext, body, secret=live.cluster_secret)
+        resp = notice_as_controller(live, b.address, ext, body)
         assert resp.code == ResponseCode.SUCCESS
         live.wait_role(b, "master", 10)
         assert live.broker_status(b)["masterEpoch"] == epoch + 1
