@@ -2,8 +2,9 @@
 
 A plain send (:mod:`rmqha._core.send_frames`, parsed ``signed``) comes with its
 ``AccessKey``, its ``Signature`` and the bytes RocketMQ signs before the body, built from
-its frame without a command; the body is hashed where it is, after them.  :meth:`SendLane.admits` decides it as :func:`rmqha.security.acl.check_request`
-would, and says True only where that check lets it through:
+its frame without a command; the body is hashed where it is, after them.
+:meth:`SendLane.admits` decides it as :func:`rmqha.security.acl.check_request` would, and
+says True only where that check lets it through:
 
 - the connection's address is in ``globalWhiteRemoteAddresses``; or
 - the account's ``whiteRemoteAddress`` takes it; or
