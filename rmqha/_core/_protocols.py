@@ -468,7 +468,8 @@ class PullAnswerTwin(Protocol):
 
 #: A plain send parsed by ``send_frames``: (code, opaque, serialize_type, topic, queue_id,
 #: sys_flag, born_timestamp, flag, properties, reconsume_times, body, head, access_key,
-#: signature, signed_content); the last three None unless parsed ``signed``.
+#: signature, signed_fields: the signed content before the body); the last three None unless
+#: parsed ``signed``.
 SendFrame = tuple[int, int, int, str, int, int, int, int, bytes, int, bytes, bytes,
                   str | None, bytes | None, bytes | None]
 

@@ -6,8 +6,8 @@ Same API, results and bytes as the pure twin.  A read's frames are split, and a 
 send's header (JSON or binary) parsed, through raw pointers after explicit length checks,
 without a command object or a header dict: the only objects made per plain send are its
 tuple, its topic, properties, body and head (and with ``signed`` its access key, signature
-and signed content, the content written in one buffer from the header's entries sorted in
-place).
+and signed fields, written in one buffer from the header's entries sorted in place; the
+body, which follows them in the signed content, is not copied behind them).
 """
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
@@ -563,12 +563,12 @@ cdef bytes _entry_bytes(const unsigned char* h, Parsed* r, int i, bint json):
     return out
 
 
-cdef tuple _signing(const unsigned char* h, Parsed* r, bint json, bytes body):
-    """(access key, signature, signed content) of a header whose keys are all usual
+cdef tuple _signing(const unsigned char* h, Parsed* r, bint json):
+    """(access key, signature, signed fields) of a header whose keys are all usual
     (the pure twin's ``_signing``)."""
     cdef int order[MAXEXT]
     cdef int i, j, t, c, ak = -1, sig = -1
-    cdef Py_ssize_t total, at, blen = len(body)
+    cdef Py_ssize_t total, at
     cdef bytes content
     cdef unsigned char* out
     cdef bint skip_unique = r.version <= OLD_SIGNING
@@ -584,7 +584,7 @@ cdef tuple _signing(const unsigned char* h, Parsed* r, bint json, bytes body):
             order[j] = order[j - 1]
             j -= 1
         order[j] = i
-    total = blen
+    total = 0
     for t in range(r.next):
         i = order[t]
         if _key_is(h, r, i, b"AccessKey", 9):
@@ -606,7 +606,6 @@ cdef tuple _signing(const unsigned char* h, Parsed* r, bint json, bytes body):
         if i == sig or (skip_unique and _key_is(h, r, i, b"_UNIQUE_KEY_QUERY", 17)):
             continue
         at += _entry_value(h, r, i, json, out + at)
-    memcpy(out + at, PyBytes_AS_STRING(body), <size_t>blen)
     return (_entry_bytes(h, r, ak, json).decode("utf-8"), _entry_bytes(h, r, sig, json),
             content)
 
@@ -674,7 +673,7 @@ cdef object _parse(const unsigned char* raw, Py_ssize_t n, tuple refuse, bint si
             return None
     body = PyBytes_FromStringAndSize(<const char*>h + hlen, n - 4 - hlen)
     if signed and r.usual:
-        signing = _signing(h, &r, json, body)
+        signing = _signing(h, &r, json)
     return (<int>r.code, r.opaque, <int>(ori >> 24), topic.decode("utf-8"), qid, sys_flag,
             born, flag, props, reconsume, body,
             PyBytes_FromStringAndSize(<const char*>raw, 4 + hlen),

@@ -43,10 +43,11 @@ ordinary decoder when a check refuses the send.
 
 With ``signed`` (a broker checking RocketMQ ACL 1.0 signatures) the last three are
 ``access_key`` (the ``AccessKey`` field, str), ``signature`` (the ``Signature`` field's
-UTF-8 bytes) and ``signed``: the bytes RocketMQ's server signs, what
-:func:`rmqha.security.signature.signed_content` makes of the decoded command (the values
-of every extFields entry but ``Signature`` in the keys' order, and ``_UNIQUE_KEY_QUERY``
-left out for a frame of version <= 400, then the body).  Each is None when the field is
+UTF-8 bytes) and ``signed``: the bytes RocketMQ's server signs before the body (which
+follows them in the signed content and is hashed where it is, never copied behind them),
+what :func:`rmqha.security.signature.signed_fields` makes of the decoded command (the
+values of every extFields entry but ``Signature`` in the keys' order, and
+``_UNIQUE_KEY_QUERY`` left out for a frame of version <= 400).  Each is None when the field is
 absent (``signed`` when either is) or when the header is unusual for signing: a key not
 ASCII, a JSON key with an escape, a key given twice, more than :data:`MAX_SIGNED_FIELDS`
 entries.  Without ``signed`` all three are None.
@@ -181,15 +182,15 @@ def _parse(raw: bytes, refuse: tuple[bytes, ...], signed: bool) -> SendFrame:
         if bad in props:
             raise _NotPlain
     body = raw[4 + hlen:]
-    signing = _signing(ext, version, body) if signed and usual else _UNSIGNED
+    signing = _signing(ext, version) if signed and usual else _UNSIGNED
     return (code, opaque, st, topic.decode(), _int_of(fields[F_QUEUE], -1), sys_flag,
             _int_of(fields[F_BORN], 0), _int_of(fields[F_FLAG], 0), props,
             _int_of(fields[F_RECONSUME], 0), body, raw[:4 + hlen], *signing)
 
 
-def _signing(ext: list[tuple[bytes, bytes]], version: int,
-             body: bytes) -> tuple[str | None, bytes | None, bytes | None]:
-    """(access key, signature, signed content) of a header whose keys are all usual."""
+def _signing(ext: list[tuple[bytes, bytes]],
+             version: int) -> tuple[str | None, bytes | None, bytes | None]:
+    """(access key, signature, signed fields) of a header whose keys are all usual."""
     if len(ext) > MAX_SIGNED_FIELDS:
         return _UNSIGNED
     values = dict(ext)
@@ -200,7 +201,7 @@ def _signing(ext: list[tuple[bytes, bytes]], version: int,
     access_key, signature = values.get(ACCESS_KEY), values.get(SIGNATURE)
     content = None
     if access_key is not None and signature is not None:
-        content = b"".join([values[k] for k in sorted(values) if k not in left_out]) + body
+        content = b"".join([values[k] for k in sorted(values) if k not in left_out])
     return (None if access_key is None else access_key.decode()), signature, content
 
 

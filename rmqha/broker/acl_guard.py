@@ -74,8 +74,8 @@ class AclGuard:
 
     def plain(self, send: SendFrame, conn: Connection) -> bool:
         """Whether the check would let this plain send through (False: ask it)."""
-        return self.lane.admits(send[12], send[3], send[13], send[14], conn.attributes,
-                                _host(conn.peer))
+        return self.lane.admits(send[12], send[3], send[13], send[14], send[10],
+                                conn.attributes, _host(conn.peer))
 
 
 def acl_guard(acl_file: Path, *, recheck_interval_s: float = 1.0,

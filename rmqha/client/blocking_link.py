@@ -38,10 +38,13 @@ retries a kernel timeout in place, never giving up, while with timeout 0 it is
 ``SSLWantReadError`` (``SSLWantWriteError`` for a write), taken as the timeout it is.  A
 Python-level timeout instead costs an ioctl to set it and a poll() before each write, and
 the read after a write finds nothing yet: read, poll, read again (six calls, not two).
-A frame of several records is the exception (:meth:`BlockingLink._send_records`): its
-write keeps the deadline with Python's timeout, since SSL_write goes on after a kernel
-timeout that cut a write short.  (A one-record write cut short so, by a peer that stopped
-reading with its window nearly full, may take up to twice the time left.)
+A frame of several records (a batch) is written one record at a time
+(:meth:`BlockingLink._send_records`), each SSL_write of one record under the send timeout
+armed for the time left, as a one-record frame is: SSL_write goes on after a kernel timeout
+that cut a write short, so a write of several records could take several timeouts, and one
+of one record no more than two.  (A one-record write cut short so, by a peer that stopped
+reading with its window nearly full, may take up to twice the time left.)  Python's own
+timeout for such a write instead cost an ioctl each way, a poll() and two fcntl() a frame.
 """
 from __future__ import annotations
 
@@ -245,20 +248,15 @@ class BlockingLink:
                 self._arm(sock, deadline)
                 sent += sock.send(view[sent:])
 
-    @staticmethod
-    def _send_records(sock: ssl.SSLSocket, frame: bytes, deadline: float) -> None:
-        """A frame of several TLS records, within ``deadline`` by Python's own timeout for
-        this write only: SSL_write carries on after a write SO_SNDTIMEO cut short with a
-        fresh kernel timeout, so a peer that stops reading could hold it for several."""
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError
-        sock.settimeout(remaining)  # one SSL_write, its deadline kept by poll()
-        try:
-            sock.sendall(frame)
-        finally:
-            sock.settimeout(0)
-            os.set_blocking(sock.fileno(), True)
+    def _send_records(self, sock: ssl.SSLSocket, frame: bytes, deadline: float) -> None:
+        """A frame of several TLS records, one SSL_write a record, each given the time left
+        (see the module docstring): SSL_write carries on after a write SO_SNDTIMEO cut
+        short with a fresh kernel timeout, so one write of them all could take several."""
+        view = memoryview(frame)
+        sent = 0
+        while sent < len(frame):
+            self._arm(sock, deadline)
+            sent += sock.send(view[sent:sent + _TLS_RECORD])
 
     def _receive(self, sock: socket.socket, opaque: int, deadline: float,
                  fields: bool) -> RemotingCommand | Answer:

@@ -35,7 +35,7 @@ from pathlib import Path
 from rmqha.errors import ConfigError
 from rmqha.protocol.command import RemotingCommand
 from rmqha.security.channel_auth import ChannelKey
-from rmqha.security.signature import ACCESS_KEY, compute_signature, sign, signed_content
+from rmqha.security.signature import ACCESS_KEY, mac_for, sign, signed_fields
 from rmqha.security.tls import ReloadingContext, TlsSettings
 
 ENV_ACCESS_KEY = "RMQHA_ACCESS_KEY"
@@ -102,10 +102,10 @@ class Credentials:
         at = frame.find(_EXT_START, 8, 8 + (ori & 0xFFFFFF)) + len(_EXT_START)
         if ori >> 24 != 0 or at < len(_EXT_START) or frame[at:at + 1] != b'"' or ori > 0xFFF000:
             return None  # not JSON, no extFields entry to put ours before, or no room
-        signature = compute_signature(signed_content({**ext_fields, ACCESS_KEY: key}, body),
-                                      self.secret_key)
-        ours = b'"%s":"%s","Signature":"%s",' % (ACCESS_KEY.encode(), key.encode(),
-                                                  signature.encode())
+        # The body hashed where it is, after the fields (no joined copy of a batch's body).
+        signature = mac_for(self.secret_key).base64(
+            signed_fields({**ext_fields, ACCESS_KEY: key}), body)
+        ours = b'"%s":"%s","Signature":"%s",' % (ACCESS_KEY.encode(), key.encode(), signature)
         return b"".join([_LENGTHS.pack(total + len(ours), ori + len(ours)), frame[8:at], ours,
                          frame[at:]])
 

@@ -1,9 +1,10 @@
 """The RocketMQ ACL 1.0 check of a broker's plain send, on its fast lane.
 
 A plain send (:mod:`rmqha._core.send_frames`, parsed ``signed``) comes with its
-``AccessKey``, its ``Signature`` and the bytes RocketMQ signs, built from its frame without
-a command.  :meth:`SendLane.admits` decides it as :func:`rmqha.security.acl.check_request`
-would, and says True only where that check lets it through:
+``AccessKey``, its ``Signature`` and the bytes RocketMQ signs before the body, built from
+its frame without a command; the body is hashed where it is, after them.
+:meth:`SendLane.admits` decides it as :func:`rmqha.security.acl.check_request` would, and
+says True only where that check lets it through:
 
 - the connection's address is in ``globalWhiteRemoteAddresses``; or
 - the account's ``whiteRemoteAddress`` takes it; or
@@ -16,29 +17,33 @@ check on the decoded command, which refuses it as it always did.
 
 What an account may do on a topic is worked out once per connection, account and topic
 (:class:`_Grants`, kept in the connection's state) and forgotten when ``plain_acl.yml``
-is reloaded: the grants belong to the config object they were made from.
+is reloaded: the grants belong to the config object they were made from.  A grant that
+needs a signature holds the account's keyed MAC
+(:class:`~rmqha.security.signature.Sha1Mac`), keyed once per account and config.
 """
 from __future__ import annotations
 
-import binascii
 import hmac
 from collections.abc import MutableMapping
 from typing import Any
 
 from rmqha.security.acl import RETRY_PREFIX, TRACE_TOPIC, AclConfig, AclValidator, Perm, perm_allows
 from rmqha.security.address_pattern import parse_ip
+from rmqha.security.signature import Sha1Mac, mac_for
 
 #: Where a connection's grants live in its state mapping.
 STATE_KEY = "acl.send_grants"
 #: Grants kept per connection before they are forgotten (a client sending to ever new topics).
 MAX_GRANTS = 1024
 #: A grant that needs no signature (the account's whiteRemoteAddress).
-_WHITE = b""
+_WHITE = True
+
+Grant = Sha1Mac | bool | None
 
 
 class _Grants:
     """What one connection's accounts may send, under one config: (access key, topic) ->
-    the account's secret (verify, then admit), :data:`_WHITE` (admit) or None (the
+    the account's keyed MAC (verify, then admit), :data:`_WHITE` (admit) or None (the
     ordinary check)."""
 
     __slots__ = ("config", "ip", "white", "by_topic")
@@ -47,9 +52,9 @@ class _Grants:
         self.config = config
         self.ip = parse_ip(remote_ip)
         self.white = any(p.matches_ip(self.ip) for p in config.global_white)
-        self.by_topic: dict[tuple[str, str], bytes | None] = {}
+        self.by_topic: dict[tuple[str, str], Grant] = {}
 
-    def secret(self, access_key: str, topic: str) -> bytes | None:
+    def grant(self, access_key: str, topic: str) -> Grant:
         key = (access_key, topic)
         try:
             return self.by_topic[key]
@@ -60,7 +65,7 @@ class _Grants:
         grant = self.by_topic[key] = self._grant(access_key, topic)
         return grant
 
-    def _grant(self, access_key: str, topic: str) -> bytes | None:
+    def _grant(self, access_key: str, topic: str) -> Grant:
         account = self.config.accounts.get(access_key)
         if account is None:
             return None
@@ -71,7 +76,7 @@ class _Grants:
         if not (topic == TRACE_TOPIC or account.admin
                 or perm_allows(Perm.PUB, account.owned(topic)[0])):
             return None
-        return account.secret_key.encode("utf-8")
+        return mac_for(account.secret_key)
 
 
 class SendLane:
@@ -82,9 +87,11 @@ class SendLane:
         self.validator = validator
 
     def admits(self, access_key: str | None, topic: str, signature: bytes | None,
-               content: bytes | None, state: MutableMapping[str, Any], remote_ip: str) -> bool:
+               fields: bytes | None, body: bytes, state: MutableMapping[str, Any],
+               remote_ip: str) -> bool:
         """Whether the ordinary check would let this send through (False: ask it).
-        ``state``: the connection's own mapping; ``remote_ip``: its peer's address."""
+        ``fields``: the signed content before ``body``; ``state``: the connection's own
+        mapping; ``remote_ip``: its peer's address."""
         config = self.validator.current()
         grants = state.get(STATE_KEY)
         if grants is None or grants.config is not config:
@@ -93,12 +100,11 @@ class SendLane:
             return True
         if access_key is None:
             return False
-        secret = grants.secret(access_key, topic)
-        if secret is None:
+        grant = grants.grant(access_key, topic)
+        if grant is None:
             return False
-        if not secret:  # _WHITE: the account's whiteRemoteAddress, no signature to check
+        if grant is _WHITE:  # the account's whiteRemoteAddress, no signature to check
             return True
-        if content is None or signature is None:
+        if fields is None or signature is None or not isinstance(grant, Sha1Mac):
             return False
-        mac = hmac.digest(secret, content, "sha1")
-        return hmac.compare_digest(binascii.b2a_base64(mac, newline=False), signature)
+        return hmac.compare_digest(grant.base64(fields, body), signature)

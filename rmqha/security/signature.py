@@ -10,10 +10,16 @@ One quirk of the server is kept: for requests of version <= V4_9_3 it leaves
 ``_UNIQUE_KEY_QUERY`` out of the content, because those clients added that field after
 signing.  The C++ client (rocketmq 0.4.4) adds ``OnsChannel`` before signing; it is simply
 one more field.
+
+Both ends hash with :class:`Sha1Mac`: an account's key is padded and hashed once (RFC
+2104's inner and outer states, copied for each request), and the fields and the body are
+hashed in place, one after the other, never joined into one copy (a batch's body is tens
+of KiB).
 """
 from __future__ import annotations
 
-import base64
+import binascii
+import functools
 import hashlib
 import hmac
 from collections.abc import Mapping
@@ -27,6 +33,47 @@ SECURITY_TOKEN = "SecurityToken"
 UNIQUE_KEY_QUERY = "_UNIQUE_KEY_QUERY"
 #: ``MQVersion.Version.V4_9_3.ordinal()``; requests up to it signed without the field above.
 V4_9_3 = 400
+
+#: SHA-1's block size: an HMAC key longer than this is hashed first (RFC 2104).
+_BLOCK = 64
+_IPAD = bytes(x ^ 0x36 for x in range(256))
+_OPAD = bytes(x ^ 0x5C for x in range(256))
+#: Accounts whose keyed MAC :func:`mac_for` keeps.
+MAX_KEYED = 256
+
+
+class Sha1Mac:
+    """HMAC-SHA1 under one key, keyed once: each message copies the keyed inner and outer
+    hashes (two SHA-1 blocks saved, and no OpenSSL HMAC set-up, a few us a request) and
+    hashes its parts in order without joining them."""
+
+    __slots__ = ("_inner", "_outer")
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) > _BLOCK:
+            key = hashlib.sha1(key).digest()
+        key = key.ljust(_BLOCK, b"\0")
+        self._inner = hashlib.sha1(key.translate(_IPAD))
+        self._outer = hashlib.sha1(key.translate(_OPAD))
+
+    def digest(self, *parts: bytes | bytearray | memoryview) -> bytes:
+        """The MAC of the parts' concatenation."""
+        inner = self._inner.copy()
+        for part in parts:
+            inner.update(part)
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()
+
+    def base64(self, *parts: bytes | bytearray | memoryview) -> bytes:
+        """:meth:`digest` as RocketMQ's ``Signature`` field carries it (ASCII bytes)."""
+        return binascii.b2a_base64(self.digest(*parts), newline=False)
+
+
+@functools.lru_cache(maxsize=MAX_KEYED)
+def mac_for(secret_key: str) -> Sha1Mac:
+    """The keyed MAC of an account's secret key (kept for the next request)."""
+    return Sha1Mac(secret_key.encode("utf-8"))
 
 
 def _java_order(key: str) -> bytes:
@@ -44,21 +91,26 @@ def _sorted_keys(fields: Mapping[str, str]) -> list[str]:
     return keys
 
 
+def signed_fields(ext_fields: Mapping[str, str], version: int | None = None) -> bytes:
+    """The signed content's first part: the fields' values in key order (the body
+    follows them; ``version``: the frame's, None for a client that signs every field)."""
+    skip_unique = version is not None and version <= V4_9_3
+    unsigned = {SIGNATURE, UNIQUE_KEY_QUERY} if skip_unique else {SIGNATURE}
+    return "".join([ext_fields[k] for k in _sorted_keys(ext_fields)
+                    if k not in unsigned]).encode("utf-8")
+
+
 def signed_content(ext_fields: Mapping[str, str], body: bytes | None,
                    version: int | None = None) -> bytes:
     """The bytes RocketMQ's server signs for a request with these fields and body
-    (``version``: the frame's; None for a client that signs every field)."""
-    skip_unique = version is not None and version <= V4_9_3
-    unsigned = {SIGNATURE, UNIQUE_KEY_QUERY} if skip_unique else {SIGNATURE}
-    parts = [ext_fields[k] for k in _sorted_keys(ext_fields) if k not in unsigned]
-    content = "".join(parts).encode("utf-8")
+    (:func:`signed_fields`, then the body)."""
+    content = signed_fields(ext_fields, version)
     return content + body if body else content
 
 
 def compute_signature(content: bytes, secret_key: str) -> str:
     """base64(HMAC-SHA1(secret_key, content)), RocketMQ's ``AclSigner.calSignature``."""
-    mac = hmac.new(secret_key.encode("utf-8"), content, hashlib.sha1).digest()
-    return base64.b64encode(mac).decode("ascii")
+    return mac_for(secret_key).base64(content).decode("ascii")
 
 
 def signature_matches(ext_fields: Mapping[str, str], body: bytes | None, secret_key: str,
@@ -67,8 +119,8 @@ def signature_matches(ext_fields: Mapping[str, str], body: bytes | None, secret_
     given = ext_fields.get(SIGNATURE)
     if given is None:
         return False
-    expected = compute_signature(signed_content(ext_fields, body, version), secret_key)
-    return hmac.compare_digest(expected.encode("ascii"), given.encode("utf-8", "replace"))
+    expected = mac_for(secret_key).base64(signed_fields(ext_fields, version), body or b"")
+    return hmac.compare_digest(expected, given.encode("utf-8", "replace"))
 
 
 def sign(ext_fields: Mapping[str, str], body: bytes | None, access_key: str, secret_key: str,
@@ -80,5 +132,6 @@ def sign(ext_fields: Mapping[str, str], body: bytes | None, access_key: str, sec
     fields[ACCESS_KEY] = access_key
     if security_token is not None:
         fields[SECURITY_TOKEN] = security_token
-    fields[SIGNATURE] = compute_signature(signed_content(fields, body), secret_key)
+    fields[SIGNATURE] = mac_for(secret_key).base64(signed_fields(fields),
+                                                   body or b"").decode("ascii")
     return fields

@@ -31,7 +31,7 @@ from rmqha.errors import ClientError, ConfigError, RemotingError
 from rmqha.net.client_security import ClientSecurity, Credentials
 from rmqha.protocol.command import SERIALIZE_ROCKETMQ, VERSION, decode_frame, encode
 from rmqha.protocol.message import CompressionType
-from rmqha.security.signature import sign, signature_matches, signed_content
+from rmqha.security.signature import sign, signature_matches, signed_content, signed_fields
 
 TOPIC = "TopicAcl"
 ACL = """\
@@ -255,7 +255,8 @@ def test_a_send_frame_is_signed_in_place_as_sign_signs_its_command(batch: bool) 
     lane = load("send_frames").parse_send(signed[4:], (), True)
     assert lane is not None and lane[12:] == (
         APP["access_key"], want["Signature"].encode(),
-        signed_content(got.ext_fields, got.body, got.version))
+        signed_fields(got.ext_fields, got.version))
+    assert lane[14] + lane[10] == signed_content(got.ext_fields, got.body, got.version)
     # Negative controls: another secret's signature does not verify; what cannot be signed
     # in place (a security token, a key JSON would escape, a binary header) is left alone.
     assert not signature_matches(got.ext_fields, got.body, WRONG["secret_key"], got.version)

@@ -26,7 +26,7 @@ from rmqha.protocol.command import (
     encode,
 )
 from rmqha.protocol.headers import SendHeader
-from rmqha.security.signature import compute_signature, sign, signed_content
+from rmqha.security.signature import compute_signature, sign, signed_content, signed_fields
 
 REFUSE = (b"DELAY\x01", b"TIMER_", b"TRAN_PREPARED_QUEUE_OFFSET")
 PROPS = "KEYS\x01k1\x02UNIQ_KEY\x01AB12\x02TAGS\x01tagA\x02WAIT\x01true\x02"
@@ -292,11 +292,12 @@ def signed_frame(code: int = RequestCode.SEND_MESSAGE_V2, st: int = SERIALIZE_JS
 
 
 def signing_of(frame: bytes) -> tuple:
-    """What today's ACL check reads and signs for a frame: (AccessKey, Signature, content)."""
+    """What today's ACL check reads and signs for a frame: (AccessKey, Signature, the
+    content before the body)."""
     cmd = decode_frame(frame)
     sig = cmd.ext_fields.get("Signature")
     return (cmd.ext_fields.get("AccessKey"), None if sig is None else sig.encode(),
-            signed_content(cmd.ext_fields, cmd.body, cmd.version))
+            signed_fields(cmd.ext_fields, cmd.version))
 
 
 @pytest.mark.parametrize("st", [SERIALIZE_JSON, SERIALIZE_ROCKETMQ], ids=["json", "binary"])
@@ -312,12 +313,17 @@ def test_the_signed_content_is_what_the_acl_check_signs(twin: str, st: int, code
     got = mod.parse_send(frame, REFUSE, True)
     assert got is not None and got[:12] == expected(frame)[:12]
     assert got[12:] == signing_of(frame)
-    assert got[12] == "producer-ak" and got[14].endswith(b"\x00body\xff" * 50)
+    # The fields, then the body (hashed where it is): the content the ACL check signs.
+    cmd = decode_frame(frame)
+    content = got[14] + got[10]
+    assert got[12] == "producer-ak" and content == signed_content(cmd.ext_fields, cmd.body,
+                                                                  cmd.version)
+    assert got[10] == b"\x00body\xff" * 50 and not got[14].endswith(b"\xff")
     # Old clients signed without _UNIQUE_KEY_QUERY; its value is signed otherwise.
     assert (b"uniq-flag" in got[14]) == (version > 400)
     # The signature verifies over it with the account's secret (and only with it).
-    assert (compute_signature(got[14], "secret-key-1").encode() == got[13]) == (version > 400)
-    assert compute_signature(got[14], "secret-key-2").encode() != got[13]
+    assert (compute_signature(content, "secret-key-1").encode() == got[13]) == (version > 400)
+    assert compute_signature(content, "secret-key-2").encode() != got[13]
     # Unsigned parsing leaves all three out.
     assert mod.parse_send(frame, REFUSE)[12:] == (None, None, None)
 
