@@ -338,7 +338,7 @@ class Sender:
         future of its answer, the connection, its opaque, where it went; None when some
         of it would wait or a hook must sign a command (the retry loop makes it then)."""
         route = self.session.fresh_route(req.topic)
-        if route is None:
+        if route is None or (self._signed and self._signer is None):
             return None
         if req.queue_id is None:
             targets = route.publish_targets()
@@ -353,11 +353,12 @@ class Sender:
                 return None
         conn = self.session.connected(addr)
         if conn is None or conn.write_paused:
+            if req.queue_id is None:
+                self._counter -= 1  # the retry loop's _pick() takes that queue again
             return None
         opaque = next_opaque()
         frame = self.frame(req, mq, opaque)
-        if frame is None:
-            return None
+        assert frame is not None  # only a hook without a frame signer makes none
         try:
             return conn.send_frame(frame, opaque, self.send_timeout_s), conn, opaque, addr, mq
         except RemotingError:

@@ -20,6 +20,7 @@ import pytest
 
 from rmqha.client.producer import Producer
 from rmqha.client.route import BrokerData, QueueData, TopicRoute
+from rmqha.client.send_request import SendRequest
 from rmqha.client.sender import Sender
 from rmqha.errors import RemotingError, RemotingTimeoutError, SendError
 from rmqha.net.connection import DISPATCH_BUDGET, Connection, Dispatcher
@@ -112,6 +113,14 @@ def test_sends_go_round_robin_as_the_general_path_picks_and_writes_them() -> Non
     async def main() -> None:
         producer = producer_of({"broker-a": A, "broker-b": B})
         wires = {addr: connect(producer, addr, stored) for addr in (A, B)}
+        built: list[SendRequest] = []
+        single = producer.sender.requests.single
+
+        def keep(*args: Any) -> SendRequest:
+            built.append(single(*args))
+            return built[-1]
+
+        producer.sender.requests.single = keep  # type: ignore[method-assign]
         results = [await producer.send(TOPIC, b"m%d" % i) for i in range(10)]
         # The queues _pick() takes from a counter at the same place.
         twin = producer_of({"broker-a": A, "broker-b": B}).sender
@@ -119,19 +128,49 @@ def test_sends_go_round_robin_as_the_general_path_picks_and_writes_them() -> Non
         assert route is not None
         want = [twin._pick(route, None, None) for _ in range(10)]
         assert [r.queue for r in results] == want
-        sent = sorted((r for w in wires.values() for r in w.requests), key=lambda r: r.opaque)
         assert all(r.attempts == 1 and r.ok for r in results)
-        assert [r.queue_offset for r in results] == [r.opaque for r in sent]
-        for result, req in zip(results, sent):  # bytes the general path writes for it
-            assert int(req.ext_fields["e"]) == result.queue.queue_id
-            general = Sender.command(producer.sender.requests._plain(TOPIC, req.body, 0, None),
-                                     result.queue)
-            assert {**general.ext_fields, "g": "", "i": ""} == {
-                **req.ext_fields, "g": "", "i": ""}  # born time and UNIQ_KEY differ
+        written = {req.opaque: frame for w in wires.values()  # one frame a write here
+                   for req, frame in zip(w.requests, w.writes)}
+        assert len(written) == 10
+        for result, req in zip(results, built):
+            # The bytes the general path writes for the command of this request.
+            general = Sender.command(req, result.queue)
+            general.opaque = result.queue_offset  # the script answers with the opaque
+            assert written[result.queue_offset] == encode(general)
+            assert result.msg_id == req.uniq_keys[0]
+        # Negative control: another queue is other bytes.
+        other = Sender.command(built[0], want[1])
+        other.opaque = results[0].queue_offset
+        assert written[results[0].queue_offset] != encode(other)
         # An explicit queue goes there.
         explicit = await producer.send(TOPIC, b"q", queue_id=3)
         assert explicit.queue.queue_id == 3 and explicit.attempts == 1
         await producer.close()
+        # Sends a hook must sign (commands, the general way), and sends that must
+        # connect first, take the same queues.
+        for prepare in (signed_by_a_hook, not_connected):
+            producer = producer_of({"broker-a": A, "broker-b": B})
+            prepare(producer)
+            results = [await producer.send(TOPIC, b"m%d" % i) for i in range(10)]
+            assert [r.queue for r in results] == want and all(r.ok for r in results)
+            await producer.close()
+
+    def signed_by_a_hook(producer: Producer) -> None:
+        for addr in (A, B):
+            connect(producer, addr, stored)
+        producer.sender._signed = True  # as with a hook that signs commands only
+
+    def not_connected(producer: Producer) -> None:
+        for addr in (A, B):
+            conn = connect(producer, addr, stored).conn
+            client = producer.session.client(addr)
+            client._conn = None
+
+            async def dial(client: Any = client, conn: Connection = conn) -> Connection:
+                client._conn = conn  # connected at its first send
+                return conn
+
+            client.connection = dial  # type: ignore[method-assign]
 
     asyncio.run(main())
 
