@@ -357,7 +357,7 @@ class Sender:
                 self._counter -= 1  # the retry loop's _pick() takes that queue again
             return None
         opaque = next_opaque()
-        frame = self.frame(req, mq, opaque)
+        frame = self.frame(req, mq, opaque) if self._signed else req.frame(opaque, mq.queue_id)
         assert frame is not None  # only a hook without a frame signer makes none
         try:
             return conn.send_frame(frame, opaque, self.send_timeout_s), conn, opaque, addr, mq
