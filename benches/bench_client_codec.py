@@ -18,17 +18,23 @@ twin the producer loaded: the ``python`` row differs from ``cython`` in the fram
 answer only).
 
 A third group runs the asyncio ``Producer.send`` whole, 100 one after the other per round,
-over a connection whose fake transport answers each send in the next loop turn (the
-broker's SUCCESS frame; no socket): ``frame`` is what the producer does (the send codec's
-frame over ``Connection.request_frame``, the answer read in one call), ``command`` what
-it does when a hook signs (a command encoded, the answer decoded into one).  The event
-loop's own turns are in it.  Speed is reported, never asserted; measure on a quiet machine.
+over a connection whose fake transport answers what each write carries in the next loop
+turn, in one read (the broker's SUCCESS frame to each send, with its queue id as the
+broker answers; no socket): ``frame`` is what the producer does (the first attempt's
+frame written at once with ``Connection.send_frame`` and its answer matched to it in one
+compiled call), ``command`` what it does when a hook signs (a command encoded, the answer
+decoded into one); each on the standard library's loop and on uvloop (what rmqha's own
+processes and the peer benchmark run).  A fourth group keeps 256 sends in flight (256
+tasks, 2560 sends a round): the writes of a loop turn leave as one, their answers come
+back as one read.  The event loop's own turns are in both.  Speed is reported, never
+asserted; measure on a quiet machine.
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
 import re
+import struct
 import time
 from collections.abc import Callable
 from typing import Any
@@ -42,6 +48,7 @@ from rmqha.client.producer import Producer
 from rmqha.client.route import BrokerData, QueueData, TopicRoute
 from rmqha.client.send_request import SendRequest, _plain_entry
 from rmqha.client.sender import Sender
+from rmqha.net import loop as event_loop
 from rmqha.net.connection import Connection
 from rmqha.protocol import command
 from rmqha.protocol.command import VERSION, FrameDecoder, RemotingCommand, encode
@@ -141,24 +148,44 @@ def test_batch_send(benchmark: Any, path: str) -> None:
 BROKER = "127.0.0.1:10911"
 #: A broker's answer with a ten-digit opaque, which the fake transport puts in its place.
 _TEN_DIGITS = 1_000_000_000
-_OPAQUE = re.compile(rb'"opaque":(\d+)')
+#: A send request's opaque and queue id (its V2 header's "e"), read in its header alone.
+_REQUEST = re.compile(rb'"opaque":(\d+),.*"e":"(\d+)"')
+_LENGTHS = struct.Struct(">ii")
+
+
+def _answer_to(queue_id: bytes) -> tuple[bytes, int]:
+    """A SUCCESS answer to a send to ``queue_id`` and where its ten-digit opaque is."""
+    answer = _answer(_TEN_DIGITS).replace(b'"queueId":"2"', b'"queueId":"%s"' % queue_id)
+    answer = struct.pack(">i", len(answer) - 4) + answer[4:]  # the queue id's length
+    return answer, answer.index(b"%d" % _TEN_DIGITS)
 
 
 class _AnsweringTransport(asyncio.Transport):
-    """Answers every frame written with a SUCCESS frame carrying its opaque, in the next
-    loop turn (a real transport's read of it would be an epoll wake-up later)."""
+    """Answers the sends of every write with SUCCESS frames carrying their opaques and
+    queue ids, in one read in the next loop turn (a real transport's read of them would
+    be an epoll wake-up later)."""
 
     def __init__(self, conn: Connection) -> None:
         super().__init__()
         self._conn = conn
         self._loop = asyncio.get_running_loop()
-        self._answer = _answer(_TEN_DIGITS)
-        self._at = self._answer.index(b"%d" % _TEN_DIGITS)
+        self._answers: dict[bytes, tuple[bytes, int]] = {}
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        for m in _OPAQUE.finditer(bytes(data)):
-            answer = self._answer[:self._at] + m.group(1) + self._answer[self._at + 10:]
-            self._loop.call_soon(self._conn.data_received, answer)
+        data = bytes(data)
+        answers = []
+        pos = 0
+        while pos < len(data):  # frame by frame, each header read alone (not the body)
+            total, header = _LENGTHS.unpack_from(data, pos)
+            m = _REQUEST.search(data, pos + 8, pos + 8 + header)
+            pos += 4 + total
+            assert m is not None
+            queue_id = m.group(2)
+            if queue_id not in self._answers:
+                self._answers[queue_id] = _answer_to(queue_id)
+            answer, at = self._answers[queue_id]
+            answers.append(answer[:at] + m.group(1) + answer[at + 10:])
+        self._loop.call_soon(self._conn.data_received, b"".join(answers))
 
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         pass
@@ -187,13 +214,21 @@ async def _answered_producer(signed: bool) -> Producer:
     return producer
 
 
+def _new_loop(kind: str) -> asyncio.AbstractEventLoop:
+    if kind == "uvloop":
+        pytest.importorskip("uvloop")
+        return event_loop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
 @pytest.mark.benchmark(group="client-asyncio-producer-plain-1KiB-x100")
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
 @pytest.mark.parametrize("path", ["frame", "command"])
-def test_asyncio_producer_send(benchmark: Any, path: str) -> None:
-    describe(benchmark, f"asyncio-{path}", message_bytes=len(BODY), batch=1)
+def test_asyncio_producer_send(benchmark: Any, path: str, loop_kind: str) -> None:
+    describe(benchmark, f"asyncio-{path}-{loop_kind}", message_bytes=len(BODY), batch=1)
     # Ten-digit opaques from here on: the answer template fits every one.
     command._opaque_counter = itertools.count(_TEN_DIGITS)
-    loop = asyncio.new_event_loop()
+    loop = _new_loop(loop_kind)
     try:
         producer = loop.run_until_complete(_answered_producer(path == "command"))
 
@@ -207,3 +242,27 @@ def test_asyncio_producer_send(benchmark: Any, path: str) -> None:
     finally:
         loop.close()
     assert result.ok and result.queue_offset == 1234
+
+
+@pytest.mark.benchmark(group="client-asyncio-producer-plain-1KiB-256-in-flight")
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_asyncio_producer_window(benchmark: Any, loop_kind: str) -> None:
+    describe(benchmark, f"asyncio-frame-{loop_kind}", message_bytes=len(BODY), batch=1)
+    command._opaque_counter = itertools.count(_TEN_DIGITS)
+    loop = _new_loop(loop_kind)
+    try:
+        producer = loop.run_until_complete(_answered_producer(False))
+
+        async def window() -> list[SendResult]:
+            async def sender() -> SendResult:
+                for _ in range(10):
+                    result = await producer.send(TOPIC, BODY)
+                return result
+
+            return await asyncio.gather(*(sender() for _ in range(256)))
+
+        results = benchmark.pedantic(lambda: loop.run_until_complete(window()), rounds=10,
+                                     warmup_rounds=1)
+    finally:
+        loop.close()
+    assert all(r.ok and r.queue_offset == 1234 for r in results)

@@ -437,6 +437,9 @@ class SendCodecTwin(Protocol):
     def decode_send_answer(self, frame: bytes | bytearray | memoryview,
                            ) -> send_codec_py.Answer | None: ...
 
+    def match_answers(self, data: bytes, pending: dict[int, Any], deadlines: dict[int, float],
+                      max_frame_bytes: int, limit: int) -> tuple[int, int]: ...
+
     def encode_plain_batch(self, bodies: Sequence[bytes], uids: Sequence[str], head: str,
                            tail: str, start: int, max_bytes: int) -> tuple[bytes, int]: ...
 

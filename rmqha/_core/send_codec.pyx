@@ -268,6 +268,9 @@ cdef enum:
     _OTHER = -1
 
 cdef enum:
+    FLAG_RESPONSE = 1  # rmqha.protocol.command.FLAG_RESPONSE
+
+cdef enum:
     # Answer slots: the header's own, then ANSWER_FIELDS in order.
     S_REMARK = 0
     S_MSG_ID = 1
@@ -483,11 +486,36 @@ cdef inline object _text(_Scan* s, int slot):
     return PyUnicode_DecodeASCII(<const char*>s.start[slot], s.length[slot], NULL)
 
 
+cdef int _read_answer(_Scan* s, const unsigned char* frame, Py_ssize_t header_length) noexcept:
+    """Scan the JSON header of ``header_length`` bytes after the frame's header length
+    field (the lengths checked by the caller): _DONE, or _OTHER for the pure twin."""
+    cdef int i
+    s.p = frame + 4
+    s.end = frame + 4 + header_length
+    s.code = 0
+    s.opaque = 0
+    s.flag = 0
+    s.has_code = False
+    s.seen_ext = False
+    for i in range(N_SLOTS):
+        s.length[i] = -1
+    return _header(s)
+
+
+cdef inline tuple _answer(_Scan* s):
+    return (s.code, s.opaque, s.flag, _text(s, S_REMARK), _text(s, S_MSG_ID),
+            _text(s, S_QUEUE_ID), _text(s, S_QUEUE_OFFSET), _text(s, S_PUT_STATUS),
+            _text(s, S_MASTER))
+
+
+cdef inline unsigned int _u32(const unsigned char* p) noexcept:
+    return (<unsigned int>p[0] << 24) | (<unsigned int>p[1] << 16) | (<unsigned int>p[2] << 8) | p[3]
+
+
 def decode_send_answer(frame):
     """The fields of a send's answer frame (see send_codec_py)."""
     cdef Py_buffer view
     cdef _Scan s
-    cdef int i, found
     cdef const unsigned char* data
     cdef unsigned int ori
     cdef Py_ssize_t header_length
@@ -496,30 +524,72 @@ def decode_send_answer(frame):
         data = <const unsigned char*>view.buf
         if view.len < 4:
             raise ProtocolError(f"frame of {view.len} bytes is shorter than its header length")
-        ori = (<unsigned int>data[0] << 24) | (data[1] << 16) | (data[2] << 8) | data[3]
+        ori = _u32(data)
         header_length = ori & 0xFFFFFF
         if header_length > view.len - 4:
             raise ProtocolError(f"header length {header_length} exceeds the frame "
                                 f"({view.len - 4} bytes left)")
         if ori >> 24:
             return None
-        s.p = data + 4
-        s.end = data + 4 + header_length
-        s.code = 0
-        s.opaque = 0
-        s.flag = 0
-        s.has_code = False
-        s.seen_ext = False
-        for i in range(N_SLOTS):
-            s.length[i] = -1
-        found = _header(&s)
-        if found != _DONE:
+        if _read_answer(&s, data, header_length) != _DONE:
             return _py_decode_send_answer(frame)
-        return (s.code, s.opaque, s.flag, _text(&s, S_REMARK), _text(&s, S_MSG_ID),
-                _text(&s, S_QUEUE_ID), _text(&s, S_QUEUE_OFFSET), _text(&s, S_PUT_STATUS),
-                _text(&s, S_MASTER))
+        return _answer(&s)
     finally:
         PyBuffer_Release(&view)
+
+
+def match_answers(data, dict pending not None, dict deadlines not None,
+                  Py_ssize_t max_frame_bytes, Py_ssize_t limit):
+    """Hand the answers at the start of a read to the sends waiting for them (see
+    send_codec_py): the scanner reads each header in place, the pure twin what it does
+    not read."""
+    cdef Py_buffer view
+    cdef _Scan s
+    cdef const unsigned char* p
+    cdef const unsigned char* frame
+    cdef Py_ssize_t pos = 0, count = 0, end, total, header_length
+    cdef unsigned int ori
+    cdef object answer, fut, opaque
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        p = <const unsigned char*>view.buf
+        end = view.len
+        while count < limit and end - pos >= 8:
+            total = <int>_u32(p + pos)  # a signed int32, as the general decoder reads it
+            if total < 4 or total > max_frame_bytes or end - pos - 4 < total:
+                break
+            frame = p + pos + 4
+            ori = _u32(frame)
+            header_length = ori & 0xFFFFFF
+            if ori >> 24 or header_length > total - 4:
+                break  # binary (None) or broken (ProtocolError) to decode_send_answer
+            if _read_answer(&s, frame, header_length) == _DONE:
+                if not s.flag & FLAG_RESPONSE:
+                    break
+                opaque = s.opaque
+                fut = pending.pop(opaque, None)
+                if fut is None:
+                    break
+                answer = _answer(&s)
+            else:
+                try:
+                    answer = _py_decode_send_answer(memoryview(data)[pos + 4:pos + 4 + total])
+                except ProtocolError:
+                    break
+                if answer is None or not answer[2] & FLAG_RESPONSE:
+                    break
+                opaque = answer[1]
+                fut = pending.pop(opaque, None)
+                if fut is None:
+                    break
+            deadlines.pop(opaque, None)
+            if not fut.done():
+                fut.set_result(answer)
+            pos += 4 + total
+            count += 1
+    finally:
+        PyBuffer_Release(&view)
+    return pos, count
 
 
 # --- plain batches ----------------------------------------------------------------------------

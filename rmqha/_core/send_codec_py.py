@@ -19,6 +19,8 @@ Owns three things a producer does for every message:
   masterAddress)``, an absent field as ``None``.  ``None`` instead of a tuple when the frame
   is well formed but not one this reads (a binary header, a field of an unexpected JSON
   type): the caller decodes it the general way.  ProtocolError when the frame is broken.
+- :func:`match_answers`: the answers at the start of a read handed to the futures of the
+  sends waiting for them, matched by opaque (a connection's pending sends).
 - :func:`encode_plain_batch`: a SEND_BATCH_MESSAGE body of plain messages (bodies alone,
   each with its UNIQ_KEY in a properties template), cut where the producer cuts chunks.
 """
@@ -29,6 +31,7 @@ import itertools
 import struct
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import orjson
 
@@ -128,6 +131,45 @@ def decode_send_answer(frame: bytes | bytearray | memoryview) -> Answer | None:
     if any(v is not None and type(v) is not str for v in values):
         return None
     return (code, opaque, flag, remark, values[0], values[1], values[2], values[3], values[4])
+
+
+#: The response bit of a frame's flag (``rmqha.protocol.command.FLAG_RESPONSE``).
+_FLAG_RESPONSE = 0x1
+
+
+def match_answers(data: bytes, pending: dict[int, Any], deadlines: dict[int, float],
+                  max_frame_bytes: int, limit: int) -> tuple[int, int]:
+    """Hand the answers at the start of ``data`` (a read whose first byte begins a frame)
+    to the sends waiting for them: frame by frame, while a frame is whole and is the
+    response to an opaque in ``pending`` with a header :func:`decode_send_answer` reads,
+    pop that opaque from ``pending`` and ``deadlines`` and set its future's result to the
+    answer's fields; at most ``limit`` frames.  Returns where the first frame not handed
+    over starts and how many were.  What stops it (a frame not whole, a length outside
+    ``[4, max_frame_bytes]``, a request, an unknown opaque, a header this does not read, a
+    broken one) is left to the caller's general decoder, which reads it (or raises on it)
+    as it would have."""
+    pos = count = 0
+    end = len(data)
+    view = memoryview(data)
+    while count < limit and end - pos >= 8:
+        (total,) = _I32.unpack_from(data, pos)
+        if not 4 <= total <= max_frame_bytes or end - pos - 4 < total:
+            break
+        try:
+            answer = decode_send_answer(view[pos + 4:pos + 4 + total])
+        except ProtocolError:
+            break
+        if answer is None or not answer[2] & _FLAG_RESPONSE:
+            break
+        fut = pending.pop(answer[1], None)
+        if fut is None:
+            break
+        deadlines.pop(answer[1], None)
+        if not fut.done():
+            fut.set_result(answer)
+        pos += 4 + total
+        count += 1
+    return pos, count
 
 
 def _json_header(frame: bytes | bytearray | memoryview) -> dict[str, object] | None:

@@ -26,6 +26,7 @@ from rmqha.protocol.headers import ConsumerIdsChangedHeader, RouteInfoHeader
 from rmqha.protocol.topics import PERM_READ, PERM_WRITE
 from rmqha.net.client import RemotingClient
 from rmqha.net.client_security import ClientSecurity
+from rmqha.net.connection import Connection
 from rmqha.protocol.command import RemotingCommand
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,9 @@ class TopicRoute:
     #: a refresh replaces it).
     _publish: list[MessageQueue] | None = field(default=None, init=False, repr=False,
                                                 compare=False)
+    #: publish_targets() of this route, computed once.
+    _targets: list[tuple[MessageQueue, str]] | None = field(default=None, init=False,
+                                                          repr=False, compare=False)
 
     @classmethod
     def from_json(cls, topic: str, data: dict[str, Any]) -> TopicRoute:
@@ -98,6 +102,14 @@ class TopicRoute:
                        for i in range(qd.write_queue_nums))
         self._publish = out
         return out
+
+    def publish_targets(self) -> list[tuple[MessageQueue, str]]:
+        """publish_queues(), each with its group's master address: where a send to it
+        goes.  Computed once per route (a send picks from it without looking anything up)."""
+        if self._targets is None:
+            self._targets = [(q, self.broker_datas[q.broker_name].master or "")
+                             for q in self.publish_queues()]
+        return self._targets
 
     def subscribe_queues(self) -> list[MessageQueue]:
         out: list[MessageQueue] = []
@@ -169,6 +181,18 @@ class ClientSession:
         except RemotingTimeoutError:
             await client.close()
             raise
+
+    def connected(self, addr: str) -> Connection | None:
+        """The open connection to ``addr``, without I/O (None: none is open)."""
+        client = self._clients.get(addr)
+        return client.open_connection() if client is not None else None
+
+    async def timed_out(self, addr: str) -> None:
+        """A request to ``addr`` timed out: close its connection (as RocketMQ clients do),
+        so the next request opens a fresh one instead of waiting on a dead link."""
+        client = self._clients.get(addr)
+        if client is not None:
+            await client.close()
 
     async def request_frame(self, addr: str, frame: bytes, opaque: int,
                             timeout: float | None = None, *, signed: bool = False) -> bytes:

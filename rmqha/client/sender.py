@@ -15,10 +15,17 @@ accumulator hand it requests (:meth:`Sender.send`), transactions ask it for rout
 the same request and what that attempt learned (:class:`Attempts`) to :meth:`Sender.send`.
 
 Its own attempts are the request's frame in one send codec call
-(:meth:`SendRequest.frame`) over ``request_frame``, the answer's fields read from the frame
-in one call (:func:`answer_of_frame`).  With ACL credentials the frame is signed in place
-(:meth:`Credentials.sign_send_frame`: the bytes signing its command gives); only another
-hook, or credentials that cannot sign in place, make attempts go as commands.
+(:meth:`SendRequest.frame`), the answer's fields read from the frame in one call.  A
+send's first attempt waits for nothing but its answer when it can (:meth:`Sender.send`):
+the cached route's next queue (its master looked up once per route), the open connection
+to it, the frame written at once (``Connection.send_frame``) and the future of its answer
+awaited, which the connection completes with the answer's fields from the compiled call
+that reads them off the read, matched by opaque: no coroutine below the sender's, one
+timer per connection.  Whatever would wait (no cached route, no connection yet, a full
+write buffer) and every retry go the general way, over ``request_frame``.  With ACL
+credentials the frame is signed in place (:meth:`Credentials.sign_send_frame`: the bytes
+signing its command gives); only another hook, or credentials that cannot sign in place,
+make attempts go as commands.
 """
 from __future__ import annotations
 
@@ -26,7 +33,7 @@ import asyncio
 import re
 import time
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from rmqha._core import load
 from rmqha._core.send_codec_py import Answer
@@ -42,6 +49,7 @@ from rmqha.errors import (
     SendError,
     TopicNotFoundError,
 )
+from rmqha.net.connection import Connection
 from rmqha.protocol.codes import ResponseCode
 from rmqha.protocol.command import RemotingCommand, decode_frame, next_opaque
 from rmqha.protocol.headers import SEND_V2_QUEUE_ID
@@ -261,8 +269,35 @@ class Sender:
         """Attempts until one is answered with a send status; SendError after a refusal
         no retry can change, ``max_attempts`` or ``retry_deadline_s``.  ``tried`` carries
         on from attempts made elsewhere (BlockingProducer's first one)."""
-        if tried is None:
-            tried = self.attempts()
+        if tried is not None:
+            return await self._retry(req, tried)
+        deadline = time.monotonic() + self.retry_deadline_s
+        first = self._first_attempt(req)
+        if first is None:
+            return await self._retry(req, Attempts(deadline))
+        fut, conn, opaque, addr, mq = first
+        try:
+            answer = await fut
+            if type(answer) is bytes:  # a header the compiled read leaves alone
+                answer = answer_of_frame(answer)
+        except (RemotingError, ProtocolError) as exc:
+            tried = Attempts(deadline, made=1)
+            await self._lost(exc, addr, mq, tried)
+            return await self._retry(req, tried)
+        except asyncio.CancelledError:
+            conn.forget(opaque)
+            raise
+        status = _STATUS.get(answer[0])
+        if status is not None:
+            return self._results(answer, status, mq, req.uniq_keys, 1)
+        tried = Attempts(deadline, made=1)
+        tried.refused(answer, addr, mq.broker_name)
+        if tried.final:
+            raise tried.error(req.topic)
+        return await self._retry(req, tried)
+
+    async def _retry(self, req: SendRequest, tried: Attempts) -> list[SendResult]:
+        """:meth:`send`'s attempts after ``tried``, each the general way."""
         for attempt in range(tried.made + 1, self.max_attempts + 1):
             tried.made = attempt
             if attempt > 1:
@@ -288,7 +323,7 @@ class Sender:
                     resp = answer_of_frame(await self.session.request_frame(
                         addr, frame, opaque, self.send_timeout_s, signed=self._signed))
             except (RemotingError, ProtocolError) as exc:
-                tried.lost(exc, mq.broker_name)
+                tried.lost(exc, mq.broker_name)  # request_frame closed a timed-out link
                 continue
             results = self.answer(resp, addr, mq, req, tried)
             if results is not None:
@@ -296,6 +331,46 @@ class Sender:
             if tried.final:
                 break
         raise tried.error(req.topic)
+
+    def _first_attempt(self, req: SendRequest) -> tuple[
+            asyncio.Future[Any], Connection, int, str, MessageQueue] | None:
+        """A send's first attempt made without waiting (see the module docstring): the
+        future of its answer, the connection, its opaque, where it went; None when some
+        of it would wait or a hook must sign a command (the retry loop makes it then)."""
+        route = self.session.fresh_route(req.topic)
+        if route is None or (self._signed and self._signer is None):
+            return None
+        if req.queue_id is None:
+            targets = route.publish_targets()
+            if not targets:
+                return None
+            self._counter += 1  # the queue _pick() takes
+            mq, addr = targets[self._counter % len(targets)]
+        else:
+            try:
+                addr, mq = self._target(route, req, Attempts(0.0))
+            except ClientError:
+                return None
+        conn = self.session.connected(addr)
+        if conn is None or conn.write_paused:
+            if req.queue_id is None:
+                self._counter -= 1  # the retry loop's _pick() takes that queue again
+            return None
+        opaque = next_opaque()
+        frame = self.frame(req, mq, opaque) if self._signed else req.frame(opaque, mq.queue_id)
+        assert frame is not None  # only a hook without a frame signer makes none
+        try:
+            return conn.send_frame(frame, opaque, self.send_timeout_s), conn, opaque, addr, mq
+        except RemotingError:
+            return None  # closed under us: nothing left, the retry loop connects again
+
+    async def _lost(self, exc: RemotingError | ProtocolError, addr: str, mq: MessageQueue,
+                    tried: Attempts) -> None:
+        """A first attempt got no answer: a timed-out link is closed (as
+        ``request_frame`` closes it), and the attempts avoid that broker."""
+        if isinstance(exc, RemotingTimeoutError):
+            await self.session.timed_out(addr)
+        tried.lost(exc, mq.broker_name)
 
     def _results(self, answer: Answer, status: SendStatus, mq: MessageQueue,
                  uniq_keys: list[str], attempts: int) -> list[SendResult]:

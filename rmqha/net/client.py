@@ -85,6 +85,11 @@ class RemotingClient:
             self._conn = conn
             return conn
 
+    def open_connection(self) -> Connection | None:
+        """The connection if it is open, without I/O (:meth:`connection` opens one)."""
+        conn = self._conn
+        return conn if conn is not None and not conn.closed else None
+
     async def request(self, cmd: RemotingCommand, timeout: float = 3.0) -> RemotingCommand:
         conn = self._conn
         if conn is None or conn.closed:

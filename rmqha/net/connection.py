@@ -4,9 +4,11 @@
 (:class:`rmqha.protocol.command.FrameDecoder`), dispatches requests to handlers
 (:class:`Dispatcher`, code -> handler), matches responses to pending requests by
 ``opaque`` and writes with back-pressure.  A request may also leave encoded already
-(:meth:`Connection.request_frame`, a producer's send): its response comes back as its
-frame, undecoded (the decoder's :class:`~rmqha.protocol.command.RawAnswer`).  A malformed
-frame closes that one connection with a logged reason.
+(:meth:`Connection.request_frame`): its response comes back as its frame, undecoded (the
+decoder's :class:`~rmqha.protocol.command.RawAnswer`).  A producer's send goes as a frame
+too (:meth:`Connection.send_frame`), with no coroutine: its answer's fields reach its
+future from the compiled call that reads them off the read (matched by opaque, see
+``match_send_answers``).  A malformed frame closes that one connection with a logged reason.
 
 Over TLS a connection knows who is on the other end: :attr:`Connection.peer_identity` is
 the rmqha identity (``rmqha:broker/C/G/N``, ...) of the peer's *verified* certificate, on
@@ -48,6 +50,7 @@ from rmqha.protocol.command import (
     SendFrame,
     command_of,
     encode,
+    match_send_answers,
     not_supported,
 )
 from rmqha.security.identity import Identity, Role, authorize
@@ -96,6 +99,23 @@ class _Expired(Exception):
 def _expire(fut: asyncio.Future[Any]) -> None:
     if not fut.done():
         fut.set_exception(_Expired())
+
+
+class _Opaques:
+    """The opaques whose responses the decoder hands back undecoded: those of
+    ``request_frame`` and those of ``send_frame`` (one container over both tables)."""
+
+    __slots__ = ("_raw", "_sends")
+
+    def __init__(self, raw: dict[int, Any], sends: dict[int, Any]) -> None:
+        self._raw = raw
+        self._sends = sends
+
+    def __contains__(self, opaque: object) -> bool:
+        return opaque in self._sends or opaque in self._raw
+
+    def __len__(self) -> int:
+        return len(self._sends) + len(self._raw)
 
 
 #: ``guard(cmd, conn) -> None``: runs before any handler of a request; a refusal is a
@@ -214,7 +234,9 @@ class Connection(asyncio.Protocol):
         self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
         #: Requests sent encoded (request_frame()): their responses come back undecoded.
         self._raw: dict[int, asyncio.Future[bytes]] = {}
-        decoder.raw_answers = self._raw
+        #: Sends sent encoded (send_frame()): their answers' fields, or frames undecoded.
+        self._sends: dict[int, asyncio.Future[Any]] = {}
+        self._raw_opaques = decoder.raw_answers = _Opaques(self._raw, self._sends)
         #: opaque -> loop time its request times out (see request()).
         self._deadlines: dict[int, float] = {}
         self._loop = asyncio.get_running_loop()
@@ -238,6 +260,9 @@ class Connection(asyncio.Protocol):
         #: Commands of a read beyond DISPATCH_BUDGET, dispatched in later loop turns.
         self._backlog: deque[RemotingCommand | SendFrame | RawAnswer] = deque()
         self._drain_scheduled = False
+        #: What is left of a read whose first DISPATCH_BUDGET answers were handed to their
+        #: sends: taken in the next loop turn (reading paused until then).
+        self._deferred = b""
         self._reading_paused = False
         self._on_made = on_made
         self._given_name = name
@@ -275,6 +300,22 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closed.done():
             return
+        if self._sends and not (self._deferred or self._backlog or self._seal is not None):
+            if not self._decoder.buffered:
+                # The answers a read starts with go to their sends in one compiled call;
+                # what it stops at goes the general way below.
+                pos, count = match_send_answers(data, self._sends, self._deadlines,
+                                                self.max_frame_bytes, DISPATCH_BUDGET)
+                if pos:
+                    if pos == len(data):
+                        return
+                    data = data[pos:]
+                    if count == DISPATCH_BUDGET:
+                        self._defer(data)
+                        return
+        elif self._deferred:  # a transport that could not pause reading
+            self._deferred += data
+            return
         try:
             commands = self._feed(data)
         except ProtocolError as exc:
@@ -300,6 +341,19 @@ class Connection(asyncio.Protocol):
             if self._stall_timer is None:
                 self._stall_timer = self._loop.call_at(
                     self._last_data + self._frame_read_timeout, self._check_stall)
+
+    def _defer(self, rest: bytes) -> None:
+        """Take ``rest`` of a read in the next loop turn, as DISPATCH_BUDGET asks: the
+        sends woken by this turn's answers run (and write) first."""
+        self._deferred = rest
+        self._pause_reading(True)
+        self._loop.call_soon(self._take_deferred)
+
+    def _take_deferred(self) -> None:
+        rest, self._deferred = self._deferred, b""
+        self.data_received(rest)
+        if not (self._deferred or self._backlog):
+            self._pause_reading(False)
 
     def _dispatch(self, commands: Sequence[RemotingCommand | SendFrame | RawAnswer]) -> None:
         """Dispatch commands that arrived together, then what they asked to run after."""
@@ -406,7 +460,7 @@ class Connection(asyncio.Protocol):
         self._decoder = layer
         self._feed = layer.feed
         self._seal = layer.seal
-        layer.raw_answers = self._raw
+        layer.raw_answers = self._raw_opaques
 
     def drop_layer(self, data: bytes) -> Sequence[RemotingCommand | SendFrame | RawAnswer]:
         """Back to the plain decoder (a layer that found its peer plain, before any frame
@@ -454,9 +508,15 @@ class Connection(asyncio.Protocol):
         # Wait for the kernel only while the transport is paused (its buffer is past our
         # high-water mark), not after every frame.
         if self._write_paused:
-            await self._drained()
+            await self.drained()
 
-    async def _drained(self) -> None:
+    @property
+    def write_paused(self) -> bool:
+        """Whether the transport's buffer is past our high-water mark (see drained())."""
+        return self._write_paused
+
+    async def drained(self) -> None:
+        """Wait until the transport takes more (RemotingError if the connection closes)."""
         fut: asyncio.Future[None] = self._loop.create_future()
         self._drain_waiters.append(fut)
         await fut
@@ -477,7 +537,7 @@ class Connection(asyncio.Protocol):
             data = self._seal(data)  # here, in the order frames reach the wire
         if self._cork is not None:
             self._cork.append(data)
-        elif others or len(self._pending) + len(self._raw) > 1:
+        elif others or len(self._pending) + len(self._raw) + len(self._sends) > 1:
             self._cork = [data]
             self._loop.call_soon(self._uncork)
         else:
@@ -556,7 +616,7 @@ class Connection(asyncio.Protocol):
         try:
             self._queue_bytes(frame, len(self._tasks) + self._immediate > 1)
             if self._write_paused:
-                await self._drained()
+                await self.drained()
             return await fut
         except _Expired:
             raise RemotingTimeoutError(
@@ -564,6 +624,38 @@ class Connection(asyncio.Protocol):
                 f"within {timeout:.3f}s") from None
         finally:
             self._settle(self._raw, opaque, fut)
+
+    def send_frame(self, frame: bytes, opaque: int, timeout: float) -> asyncio.Future[Any]:
+        """Send a two-way request encoded already (a producer's send; its opaque is
+        ``opaque``, ``frame`` with its length field) and return the future of its answer:
+        the send codec's fields of it (``decode_send_answer``'s tuple) when a read brings
+        it whole where the codec reads it, else its frame undecoded (bytes, without its
+        length field); RemotingTimeoutError after ``timeout``, RemotingError when the
+        connection closes.  No coroutine: the caller waits for the transport
+        (:attr:`write_paused`, :meth:`drained`) and calls :meth:`forget` if it stops
+        waiting.  The frame goes through the frame layer's seal; no request hook sees it."""
+        if self._closed.done():
+            raise RemotingError(f"connection {self.name} is closed ({self.close_reason})")
+        loop = self._loop
+        fut = loop.create_future()
+        deadline = loop.time() + timeout
+        self._sends[opaque] = fut
+        self._deadlines[opaque] = deadline
+        if self._timer is None or deadline < self._timer_at:
+            self._arm_timer(deadline)
+        try:
+            self._queue_bytes(frame, len(self._tasks) + self._immediate > 1)
+        except RemotingError:
+            self.forget(opaque)
+            if fut.done():
+                fut.exception()  # the close failed it; the caller gets this error instead
+            raise
+        return fut
+
+    def forget(self, opaque: int) -> None:
+        """Stop waiting for the answer to the send with ``opaque`` (its caller gave up)."""
+        self._sends.pop(opaque, None)
+        self._deadlines.pop(opaque, None)
 
     def _awaiting(self, pending: dict[int, asyncio.Future[_T]], opaque: int,
                   timeout: float) -> asyncio.Future[_T]:
@@ -598,15 +690,28 @@ class Connection(asyncio.Protocol):
         self._timer = None
         now = self._loop.time()
         earliest: float | None = None
+        due: list[int] = []
         for opaque, deadline in self._deadlines.items():
             if deadline <= now:
-                fut = self._pending.get(opaque) or self._raw.get(opaque)
-                if fut is not None:
-                    _expire(fut)
+                due.append(opaque)
             elif earliest is None or deadline < earliest:
                 earliest = deadline
+        for opaque in due:
+            self._expire(opaque)
         if earliest is not None:
             self._arm_timer(earliest)
+
+    def _expire(self, opaque: int) -> None:
+        send = self._sends.pop(opaque, None)
+        if send is not None:  # nobody settles a send: its table entries go here
+            del self._deadlines[opaque]
+            if not send.done():
+                send.set_exception(RemotingTimeoutError(
+                    f"no response from {self.name} to the send with opaque {opaque} in time"))
+            return
+        fut = self._pending.get(opaque) or self._raw.get(opaque)
+        if fut is not None:
+            _expire(fut)
 
     async def oneway(self, cmd: RemotingCommand) -> None:
         cmd.flag |= FLAG_ONEWAY
@@ -632,13 +737,16 @@ class Connection(asyncio.Protocol):
             self._transport.close()
         elif not self._lost.done():
             self._lost.set_result(None)
-        futures: list[asyncio.Future[Any]] = [*self._pending.values(), *self._raw.values()]
+        futures: list[asyncio.Future[Any]] = [*self._pending.values(), *self._raw.values(),
+                                              *self._sends.values()]
         for fut in futures:
             if not fut.done():
                 fut.set_exception(RemotingError(f"connection {self.name} closed: {reason}"))
         self._pending.clear()
         self._raw.clear()
+        self._sends.clear()
         self._deadlines.clear()
+        self._deferred = b""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -655,6 +763,9 @@ class Connection(asyncio.Protocol):
     def _on_command(self, cmd: RemotingCommand | SendFrame | RawAnswer) -> None:
         if isinstance(cmd, RawAnswer):
             raw = self._raw.get(cmd.opaque)
+            if raw is None:
+                raw = self._sends.pop(cmd.opaque, None)
+                self._deadlines.pop(cmd.opaque, None)
             if raw is not None and not raw.done():
                 raw.set_result(cmd.frame)
             else:

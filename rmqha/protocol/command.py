@@ -67,6 +67,11 @@ _I16 = struct.Struct(">h")
 _OPAQUE_MASK = 0x7FFFFFFF
 _send_frames = _core.load("send_frames")
 _send_codec = _core.load("send_codec")
+#: ``match_send_answers(data, pending, deadlines, max_frame_bytes, limit) -> (pos, count)``:
+#: the answers at the start of a read handed to the futures of the sends waiting for them,
+#: in one compiled call (``rmqha._core.send_codec_py.match_answers``; a connection's
+#: ``send_frame``).
+match_send_answers = _send_codec.match_answers
 _opaque_counter = itertools.count(1)
 
 

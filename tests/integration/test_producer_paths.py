@@ -44,19 +44,21 @@ def one_broker(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _sent_sys_flags(producer: Producer) -> list[int]:
-    """Wrap the session so every SEND_BATCH_MESSAGE's sysFlag is recorded on its way out
-    (the request still goes to the real broker)."""
+    """Wrap the sender so every SEND_BATCH_MESSAGE's sysFlag is recorded as its frame is
+    made (every attempt's frame is made there, whichever way it then goes; the request
+    still goes to the real broker)."""
     flags: list[int] = []
-    real = producer.session.request_frame
+    real = producer.sender.frame
 
-    async def spy(addr: str, frame: bytes, opaque: int, timeout: float | None = None, *,
-                  signed: bool = False) -> Any:
+    def spy(req: Any, mq: Any, opaque: int) -> bytes | None:
+        frame = real(req, mq, opaque)
+        assert frame is not None
         cmd = decode(frame)
         if cmd.code == RequestCode.SEND_BATCH_MESSAGE:
             flags.append(int(cmd.ext_fields["f"]))
-        return await real(addr, frame, opaque, timeout, signed=signed)
+        return frame
 
-    producer.session.request_frame = spy  # type: ignore[method-assign]
+    producer.sender.frame = spy  # type: ignore[method-assign]
     return flags
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import struct
 import time
+from typing import Any
 
 import orjson
 import pytest
@@ -244,6 +245,97 @@ def test_damaged_answers_read_alike_in_both_twins(edits: list[tuple[int, int]],
     frame = raw(bytes(header[:cut] if cut < len(header) else header))
     assert outcome(load_twin("send_codec", "cython"), frame) == outcome(
         load_twin("send_codec", "python"), frame)
+
+
+# --- answers matched to their sends ----------------------------------------------------------
+
+
+class Waiting:
+    """What a pending send's future does for match_answers (no loop needed)."""
+
+    def __init__(self, cancelled: bool = False) -> None:
+        self.cancelled = cancelled
+        self.results: list[object] = []
+
+    def done(self) -> bool:
+        return self.cancelled or bool(self.results)
+
+    def set_result(self, answer: object) -> None:
+        assert not self.done()
+        self.results.append(answer)
+
+
+def matched(twin: str, data: bytes, opaques: list[int], limit: int = 32,
+            max_frame: int = 1 << 20) -> tuple[int, int, dict[int, list[object]], list[int]]:
+    """(pos, count) of match_answers, what each future got, and the opaques left pending
+    (their deadlines go with them)."""
+    pending: dict[int, Any] = {o: Waiting() for o in opaques}
+    futures = dict(pending)
+    deadlines = {o: float(o) for o in opaques}
+    pos, count = load_twin("send_codec", twin).match_answers(data, pending, deadlines,
+                                                             max_frame, limit)
+    assert sorted(deadlines) == sorted(pending)
+    return pos, count, {o: f.results for o, f in futures.items()}, sorted(pending)
+
+
+def test_answers_go_to_their_sends_by_opaque(twin: str) -> None:
+    """Whole answers to pending sends reach their futures, as decode_send_answer reads
+    them; the first frame that is not one (or not whole, or past the limit) stops it,
+    where the general decoder takes over."""
+    a, b, c = (encode(success(o, str(o), "1")) for o in (5, 6, 7))
+    unusual = raw(b'{"code":0,"flag":1,"opaque":8,"remark":"\\u00e9","extFields":{}}')
+    d = struct.pack(">i", len(unusual)) + unusual  # the pure twin reads it, in both twins
+    want = {o: [decode_send_answer_of(f)] for o, f in ((5, a), (6, b), (7, c), (8, d))}
+    assert matched(twin, a + b + d + c, [5, 6, 7, 8]) == (len(a + b + d + c), 4, want, [])
+    assert matched(twin, a + b + c, [5, 6, 7, 8], limit=2) == (
+        len(a + b), 2, {5: want[5], 6: want[6], 7: [], 8: []}, [7, 8])
+    # Negative controls: each stops it at that frame, nothing after it is taken.
+    request = encode(RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, {"a": "g"}))
+    binary = success(6, "6", "1")
+    binary.serialize_type = SERIALIZE_ROCKETMQ
+    for stop in (encode(success(99, "9", "1")),  # nobody waits for it
+                 request, encode(binary), request[:-1], request[:3],
+                 encode(RemotingCommand(0, opaque=6, flag=0))):  # a request, opaque 6
+        assert matched(twin, a + stop + b, [5, 6]) == (len(a), 1, {5: want[5], 6: []}, [6])
+    assert matched(twin, a + b, [5, 6], max_frame=len(a) - 5) == (0, 0, {5: [], 6: []}, [5, 6])
+    broken = struct.pack(">ii", 12, 40) + b"{}" + b"\x00" * 6  # its header overruns the frame
+    assert matched(twin, broken + a, [5]) == (0, 0, {5: []}, [5])
+
+
+def test_a_send_no_longer_waiting_is_taken_off(twin: str) -> None:
+    frame = encode(success(5, "5", "1"))
+    pending: dict[int, Any] = {5: Waiting(cancelled=True)}
+    assert load_twin("send_codec", twin).match_answers(frame, pending, {5: 1.0}, 1 << 20,
+                                                       32) == (len(frame), 1)
+    assert pending == {} and pending.get(5) is None
+
+
+def decode_send_answer_of(frame: bytes) -> object:
+    return load_twin("send_codec", "python").decode_send_answer(frame[4:])
+
+
+@BOTH
+@settings(max_examples=200, deadline=None)
+@given(kinds=st.lists(st.sampled_from(["answer", "unknown", "request", "binary", "damaged"]),
+                      max_size=6),
+       cut=st.integers(0, 2000), limit=st.integers(0, 8),
+       damage=st.tuples(st.integers(0, 300), st.integers(0, 255)))
+def test_matching_stops_alike_in_both_twins(kinds: list[str], cut: int, limit: int,
+                                            damage: tuple[int, int]) -> None:
+    frames = []
+    for i, kind in enumerate(kinds):
+        cmd = success(100 + i if kind != "unknown" else 999, str(i), "3")
+        if kind == "request":
+            cmd.flag = 0
+        if kind == "binary":
+            cmd.serialize_type = SERIALIZE_ROCKETMQ
+        frame = bytearray(encode(cmd))
+        if kind == "damaged":
+            frame[8 + damage[0] % (len(frame) - 8)] = damage[1]
+        frames.append(bytes(frame))
+    data = b"".join(frames)[:cut]
+    opaques = [100 + i for i in range(len(kinds))]
+    assert matched("cython", data, opaques, limit) == matched("python", data, opaques, limit)
 
 
 # --- UNIQ_KEYs -------------------------------------------------------------------------------
