@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rmqha.errors import ConfigError, PeerIdentityError
+from rmqha.errors import AuthenticationError, ConfigError, PeerIdentityError
 from rmqha.ha.link import FileRange, Link, LinkClosed, LinkTimeout
 from rmqha.net.peer_check import Need
 from rmqha.security.identity import Identity
@@ -296,6 +296,14 @@ class TlsLink(Link):
     @property
     def tls_object(self) -> ssl.SSLObject:
         return self._stream.tls
+
+    def channel_binding(self) -> bytes:
+        """The session's ``tls-unique`` (its first Finished message): the same at both ends
+        of one session, different on every other (AuthenticationError before the handshake)."""
+        binding = self._stream.tls.get_channel_binding("tls-unique")
+        if not binding:
+            raise AuthenticationError(f"the TLS session with {self.peer} has no channel binding yet")
+        return binding
 
     async def handshake(self, timeout: float) -> None:
         """The TLS handshake, on this loop; LinkTimeout when it takes over ``timeout``,
