@@ -45,9 +45,8 @@ import pytest
 from benches.conftest import QUICK, describe
 from rmqha._core import load_twin
 from rmqha.ha import confirm as hconfirm
-from rmqha.ha import connection, dialects, sync_service, waiters
+from rmqha.ha import connection, dialects, frame_mac, sync_service, tls_link, waiters
 from rmqha.ha import offsets as hao
-from rmqha.ha import frame_mac, tls_link
 from rmqha.ha.link import Link
 from rmqha.ha.sync_state import SyncStateSet
 from rmqha.security import certs

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rmqha.errors import ProtocolError, ReplicationError
+from rmqha.ha.auth import Proof
 from rmqha.ha.config import HAConfig
 from rmqha.ha.dialects import (
     Ack,
@@ -48,7 +49,6 @@ from rmqha.ha.dialects import (
     TruncateConfirm,
     master_codec,
 )
-from rmqha.ha.auth import Proof
 from rmqha.ha.link import Link
 
 # The master half logs under the master side's one name (operators filter on it).
