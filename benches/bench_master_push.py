@@ -14,6 +14,14 @@
   compiled table, the pure one, and ``heaps``: the code before the table (one heap per
   need, a timer and a callback object per send, the rule asked offset by offset), kept
   here as the baseline.
+* ``tls``: the one-at-a-time sends with plaintext and TLS links (both with the cluster
+  secret) in alternating rounds, the compiled table only: p50/p99, process CPU per
+  message, and per step the CPU of the TLS layer on each side (``master``/``slave``:
+  encrypting parts into records, handing ciphertext to the socket, reading and decrypting)
+  and of the frame MACs (on plaintext links only, when TLS is on they are dropped), per
+  message.  All four processes' work (master, two slaves) runs in this process.
+* ``catch-up``: an in-process master and slave (one loop, loopback) moving a pre-written
+  log (64 MiB; 16 MiB quick), plaintext and TLS, both with the secret: MB/s.
 
 The machine is usually shared: compare within one run.  Speed is reported, never asserted.
 Run: ``RMQHA_BENCH_QUICK=1 .venv/bin/python -m pytest benches/bench_master_push.py --benchmark-only -s``.
@@ -22,12 +30,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import functools
 import heapq
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,12 +45,17 @@ import pytest
 from benches.conftest import QUICK, describe
 from rmqha._core import load_twin
 from rmqha.ha import confirm as hconfirm
-from rmqha.ha import connection, dialects, sync_service, waiters
+from rmqha.ha import connection, dialects, frame_mac, sync_service, tls_link, waiters
 from rmqha.ha import offsets as hao
 from rmqha.ha.link import Link
 from rmqha.ha.sync_state import SyncStateSet
+from rmqha.security import certs
+from rmqha.security.identity import Identity
 from rmqha.testing.ha import (
+    CLUSTER,
+    GROUP,
     fast_config,
+    fill,
     ha_master,
     ha_slave,
     master_running,
@@ -48,6 +63,7 @@ from rmqha.testing.ha import (
     slave_running,
     wait_until_async,
 )
+from rmqha.testing.tls_keys import server_tls
 
 BODY = b"x" * 1024
 SENDS = 300 if QUICK else 2000
@@ -97,48 +113,69 @@ class _Steps:
         return timed
 
 
+class _Trio:
+    """A master and two slaves of one in-process group, all links up."""
+
+    def __init__(self, tmp: str, tls: dict[int, tls_link.HATls] | None = None) -> None:
+        self.tmp = tmp
+        self.tls = tls or {}
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[tuple[Any, Any]]:
+        """Yields the master and its commitlog."""
+        cfg = fast_config(all_ack_in_sync_state_set=True, ha_send_heartbeat_interval_ms=1000)
+        tls = self.tls
+        with replica_stores(self.tmp, 64 << 20, "m", "s2", "s3") as [(mcl, mem), (s2cl, s2em), (s3cl, s3em)]:
+            mem.append(1, 0)
+            m = ha_master(mcl, mem, cfg, known=(2, 3), sync_state_set=(1, 2, 3), sync_state_set_epoch=1,
+                          tls=tls.get(1))
+            async with master_running(m) as port, \
+                    slave_running(ha_slave(s2cl, s2em, port, cfg, broker_id=2, tls=tls.get(2))), \
+                    slave_running(ha_slave(s3cl, s3em, port, cfg, broker_id=3, tls=tls.get(3))):
+                await wait_until_async(lambda: len(m._service.links) == 2, 10, "two slave links")
+                yield m, mcl
+
+
+async def _one(m: Any, mcl: Any, steps: _Steps, lat: list[int]) -> None:
+    """One message appended, pushed and waited for with its three copies."""
+    fut = asyncio.get_running_loop().create_future()
+    t0 = time.perf_counter_ns()
+    mcl.append_batch("bench", [BODY])
+    m.push_now()
+    t1 = time.perf_counter_ns()
+    m.when_replicas(mcl.max_offset, 3.0, fut.set_result)
+    steps.ns["when_replicas"] += time.perf_counter_ns() - t1
+    assert await fut
+    lat.append(time.perf_counter_ns() - t0)
+
+
+async def _round(m: Any, mcl: Any, steps: _Steps, row: dict[str, float]) -> None:
+    """SENDS messages one at a time; their figures added to ``row`` (over ROUNDS)."""
+    lat: list[int] = []
+    steps.ns.clear()
+    cpu = time.process_time()
+    for _ in range(SENDS):
+        await _one(m, mcl, steps, lat)
+    cpu = time.process_time() - cpu
+    row["p50_us"] += statistics.median(lat) / 1e3 / ROUNDS
+    row["p99_us"] += statistics.quantiles(lat, n=100)[98] / 1e3 / ROUNDS
+    row["cpu_us_per_msg"] += cpu * 1e6 / SENDS / ROUNDS
+    for step, ns in steps.ns.items():
+        row[step] += ns / 1e3 / SENDS / ROUNDS
+
+
 async def _sends(tmp: str, twins: list[str], steps: _Steps) -> dict[str, dict[str, float]]:
-    cfg = fast_config(all_ack_in_sync_state_set=True, ha_send_heartbeat_interval_ms=1000)
     out: dict[str, dict[str, float]] = {}
-    with replica_stores(tmp, 64 << 20, "m", "s2", "s3") as [(mcl, mem), (s2cl, s2em), (s3cl, s3em)]:
-        mem.append(1, 0)
-        m = ha_master(mcl, mem, cfg, known=(2, 3), sync_state_set=(1, 2, 3), sync_state_set_epoch=1)
-        async with master_running(m) as port, \
-                slave_running(ha_slave(s2cl, s2em, port, cfg, broker_id=2)), \
-                slave_running(ha_slave(s3cl, s3em, port, cfg, broker_id=3)):
-            svc = m._service
-            await wait_until_async(lambda: len(svc.links) == 2, 10, "two slave links")
-            loop = asyncio.get_running_loop()
-
-            async def one(lat: list[int]) -> None:
-                fut = loop.create_future()
-                t0 = time.perf_counter_ns()
-                mcl.append_batch("bench", [BODY])
-                m.push_now()
-                t1 = time.perf_counter_ns()
-                m.when_replicas(mcl.max_offset, 3.0, fut.set_result)
-                steps.ns["when_replicas"] += time.perf_counter_ns() - t1
-                assert await fut
-                lat.append(time.perf_counter_ns() - t0)
-
-            for _ in range(200):
-                await one([])
-            for r in range(ROUNDS):
-                for twin in twins if r % 2 == 0 else twins[::-1]:
-                    svc.waiters = (_HeapAdapter(loop, svc.rule) if twin == "heaps"
-                                   else waiters.AckWaiters(load_twin("ack_table", twin)))
-                    lat: list[int] = []
-                    steps.ns.clear()
-                    cpu = time.process_time()
-                    for _ in range(SENDS):
-                        await one(lat)
-                    cpu = time.process_time() - cpu
-                    row = out.setdefault(twin, collections.defaultdict(float))
-                    row["p50_us"] += statistics.median(lat) / 1e3 / ROUNDS
-                    row["p99_us"] += statistics.quantiles(lat, n=100)[98] / 1e3 / ROUNDS
-                    row["cpu_us_per_msg"] += cpu * 1e6 / SENDS / ROUNDS
-                    for step, ns in steps.ns.items():
-                        row[step] += ns / 1e3 / SENDS / ROUNDS
+    async with _Trio(tmp).running() as (m, mcl):
+        svc = m._service
+        loop = asyncio.get_running_loop()
+        for _ in range(200):
+            await _one(m, mcl, steps, [])
+        for r in range(ROUNDS):
+            for twin in twins if r % 2 == 0 else twins[::-1]:
+                svc.waiters = (_HeapAdapter(loop, svc.rule) if twin == "heaps"
+                               else waiters.AckWaiters(load_twin("ack_table", twin)))
+                await _round(m, mcl, steps, out.setdefault(twin, collections.defaultdict(float)))
     return out
 
 
@@ -164,6 +201,146 @@ def test_one_at_a_time_sends(benchmark: Any) -> None:
         for k, v in row.items():
             benchmark.extra_info[f"{twin}.{k}"] = round(v, 2)
         print(f"\n{twin}: " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(row.items())))
+
+
+# --- over TLS ----------------------------------------------------------------------------------
+
+#: (class, method, step) timed per message over TLS, per side (the stream's server side is
+#: the master): the TLS layer's own work, and the frame MACs.
+_TLS_STEPS = [
+    (tls_link._TlsStream, "_seal", "tls seal (encrypt parts into records)"),
+    (tls_link._TlsStream, "flush", "tls flush (ciphertext to the socket)"),
+    (tls_link._TlsStream, "recv_into", "tls recv_into (socket read, decrypt, settle)"),
+    (tls_link._TlsStream, "recvmsg_into", "tls recvmsg_into (socket read, decrypt, settle)"),
+    (tls_link._TlsStream, "recv", "tls recv (socket read, decrypt, settle)"),
+    (frame_mac.FrameMac, "block_tag", "mac: block tag (master)"),
+    (frame_mac.FrameMac, "check_frames", "mac: ack checks (master)"),
+    (frame_mac.FrameMac, "check_run", "mac: block checks (slave)"),
+    (frame_mac.FrameMac, "seal", "mac: ack seal (slave)"),
+]
+
+
+class _SideSteps(_Steps):
+    """:class:`_Steps` for :data:`_TLS_STEPS`, a TLS stream's steps named by its side."""
+
+    def install(self) -> None:
+        for cls, name, step in _TLS_STEPS:
+            self._saved.append((cls, name, cls.__dict__[name]))
+            setattr(cls, name, self._wrap(cls.__dict__[name], step))
+
+    def _wrap(self, fn: Callable[..., Any], step: str) -> Callable[..., Any]:
+        ns = self.ns
+        clock = time.perf_counter_ns
+
+        @functools.wraps(fn)
+        def timed(obj: Any, *args: Any, **kwargs: Any) -> Any:
+            name = step
+            if isinstance(obj, tls_link._TlsStream):
+                name = f"{'master' if obj.tls.server_side else 'slave'}: {step}"
+            t = clock()
+            try:
+                return fn(obj, *args, **kwargs)
+            finally:
+                ns[name] += clock() - t
+
+        return timed
+
+
+def group_tls(pki: Path) -> dict[int, tls_link.HATls]:
+    """Brokers 1-3's HA TLS from ``pki`` (made with :func:`make_pki`)."""
+    out = {}
+    for i in (1, 2, 3):
+        tls = tls_link.HATls.from_settings(server_tls(pki, Identity.broker(CLUSTER, GROUP, f"b{i}")), CLUSTER, GROUP)
+        assert tls is not None
+        out[i] = tls
+    return out
+
+
+def make_pki(directory: Path) -> Path:
+    """A CA and the certificates of brokers b1-b3 of group ``g``."""
+    certs.dev_cluster(directory, cluster=CLUSTER, controllers=0, groups={GROUP: 0}, namesrv=0)
+    for i in (1, 2, 3):
+        certs.issue(directory, Identity.broker(CLUSTER, GROUP, f"b{i}"))
+    return directory
+
+
+async def _tls_sends(tmp: Path, steps: _Steps) -> dict[str, dict[str, float]]:
+    """Plaintext and TLS trios, rounds alternating between them."""
+    out: dict[str, dict[str, float]] = {}
+    tls = group_tls(make_pki(tmp / "pki"))
+    async with _Trio(str(tmp / "plain")).running() as plain, \
+            _Trio(str(tmp / "tls"), tls).running() as secured:
+        trios = {"plaintext": plain, "tls": secured}
+        for m, mcl in trios.values():
+            for _ in range(200):
+                await _one(m, mcl, steps, [])
+        for r in range(ROUNDS):
+            for name in ("plaintext", "tls") if r % 2 == 0 else ("tls", "plaintext"):
+                m, mcl = trios[name]
+                await _round(m, mcl, steps, out.setdefault(name, collections.defaultdict(float)))
+    return out
+
+
+@pytest.mark.benchmark(group="master-push-tls")
+def test_one_at_a_time_sends_plaintext_vs_tls(benchmark: Any) -> None:
+    """Per-message latency and CPU per step, plaintext and TLS links (figures in
+    ``extra_info``, ``<plaintext|tls>.<figure>``)."""
+    steps = _SideSteps()
+    results: dict[str, dict[str, float]] = {}
+
+    def run() -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            results.update(asyncio.run(_tls_sends(Path(tmp), steps)))
+
+    steps.install()
+    try:
+        benchmark.pedantic(run, rounds=1, iterations=1)
+    finally:
+        steps.remove()
+    describe(benchmark, "plaintext+tls", message_bytes=len(BODY), batch=1, replicas=3, authenticated=True)
+    report(benchmark, results)
+
+
+def report(benchmark: Any, results: dict[str, dict[str, float]]) -> None:
+    for name, row in results.items():
+        for k, v in row.items():
+            benchmark.extra_info[f"{name}.{k}"] = round(v, 2)
+        print(f"\n{name}:\n  " + "\n  ".join(f"{k}: {v:.1f}" for k, v in sorted(row.items())))
+
+
+CATCHUP_BYTES = (16 if QUICK else 64) << 20
+
+
+async def _catch_up(tmp: Path, tls: dict[int, tls_link.HATls] | None) -> float:
+    """Seconds an empty slave takes to copy the master's CATCHUP_BYTES, in this process."""
+    cfg = fast_config(ha_send_heartbeat_interval_ms=1000)
+    tls = tls or {}
+    with replica_stores(tmp, 64 << 20, "m", "s") as [(mcl, mem), (scl, sem)]:
+        mem.append(1, 0)
+        fill(mcl, CATCHUP_BYTES, body_size=1000, batch=1024)
+        m = ha_master(mcl, mem, cfg, sync_state_set=(1, 2), sync_state_set_epoch=1, tls=tls.get(1))
+        async with master_running(m) as port:
+            t0 = time.perf_counter()
+            async with slave_running(ha_slave(scl, sem, port, cfg, tls=tls.get(2))):
+                await wait_until_async(lambda: scl.max_offset >= mcl.max_offset, 120, "catch-up", interval=0.002)
+                return time.perf_counter() - t0
+
+
+@pytest.mark.benchmark(group="replication-catchup-in-process")
+@pytest.mark.parametrize("secured", [False, True], ids=["plaintext", "tls"])
+def test_catch_up_in_process(benchmark: Any, tmp_path: Path, secured: bool) -> None:
+    """One catch-up of CATCHUP_BYTES, master and slave on one loop (MB/s in extra_info)."""
+    tls = group_tls(make_pki(tmp_path / "pki")) if secured else None
+    runs = iter(range(1000))
+
+    def one() -> float:
+        return asyncio.run(_catch_up(tmp_path / f"run{next(runs)}", tls))
+
+    seconds = benchmark.pedantic(one, rounds=2, iterations=1)
+    describe(benchmark, "tls" if secured else "plaintext", message_bytes=1024, batch=1, replicas=2,
+             authenticated=True, mb_per_s=round(CATCHUP_BYTES / seconds / 1e6, 1))
+    print(f"\ncatch-up in process ({'tls' if secured else 'plaintext'}): {seconds:.3f} s, "
+          f"{CATCHUP_BYTES / seconds / 1e6:.0f} MB/s")
 
 
 # --- the ack path alone -----------------------------------------------------------------------

@@ -275,6 +275,7 @@ def test_slave_apply_read(benchmark: Any, tmp_path: Any, monkeypatch: Any, path:
     from rmqha._core import load_twin
     from rmqha.ha import receive
     from rmqha.ha.appender import BlockAppender
+    from rmqha.ha.auth import Proof
     from rmqha.ha.dialects import FramedSlave
     from rmqha.ha.disk_full import DiskFullWatch
     from rmqha.ha.link import RecvBuffer
@@ -298,7 +299,7 @@ def test_slave_apply_read(benchmark: Any, tmp_path: Any, monkeypatch: Any, path:
         master_mac, slave_mac = _link_macs() if authenticated else (None, None)
         codec = FramedSlave(CFG.max_frame_bytes)
         if slave_mac is not None:
-            codec.authenticate(slave_mac)
+            codec.authenticate(Proof(slave_mac.peer, slave_mac))
         progress, confirm, epochs = SlaveProgress(), ConfirmTracker(None), EpochWriter(sem, 2)
         appender = BlockAppender(scl, epochs, Truncator(scl, sem, 2, progress, confirm, None), progress, confirm,
                                  DiskFullWatch(2), protocol="framed", master="bench", master_pairs=[(1, 0)])

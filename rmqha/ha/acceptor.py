@@ -22,9 +22,8 @@ import ssl
 from typing import Any
 
 from rmqha.errors import AuthenticationError, ProtocolError, ReplicationError, StoreError
-from rmqha.ha.auth import HAAuth, admit
+from rmqha.ha.auth import HAAuth, Proof, admit
 from rmqha.ha.connection import SlaveConnection
-from rmqha.ha.frame_mac import FrameMac
 from rmqha.ha.handshake import MasterHandshake
 from rmqha.ha.link import Link, LinkClosed, LinkTimeout, tune_socket
 from rmqha.ha.sync_service import SyncService
@@ -98,11 +97,11 @@ class Acceptor:
         admitted = await self._admit(link)
         if admitted is None:
             return
-        mac, head = admitted
+        proof, head = admitted
         held: list[SlaveConnection] = []  # the link's state once the slave introduced itself
         reason = ""
         try:
-            await self._run(link, held, mac, head)
+            await self._run(link, held, proof, head)
         except LinkClosed as exc:
             reason = str(exc)
         except LinkTimeout as exc:
@@ -144,8 +143,8 @@ class Acceptor:
         log.warning("refusing HA link from %s: %s", peer, why)
         return None
 
-    async def _admit(self, link: Link) -> tuple[FrameMac | None, bytes] | None:
-        """The link's MAC and the hello bytes read, or None when the link is refused
+    async def _admit(self, link: Link) -> tuple[Proof | None, bytes] | None:
+        """The link's proof and the hello bytes read, or None when the link is refused
         (logged and closed: it never reaches the link table)."""
         try:
             return await admit(link, self._auth, self._handshake.timeout)
@@ -164,10 +163,10 @@ class Acceptor:
         link.close()
         return None
 
-    async def _run(self, link: Link, held: list[SlaveConnection], mac: FrameMac | None, head: bytes) -> None:
+    async def _run(self, link: Link, held: list[SlaveConnection], proof: Proof | None, head: bytes) -> None:
         handshake = self._handshake
         service = self._service
-        intro = await handshake.introduce(link, head, mac)
+        intro = await handshake.introduce(link, head, proof)
         if intro is None:
             return
         conn = service.admit(link, intro)

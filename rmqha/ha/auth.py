@@ -3,8 +3,8 @@
 With a cluster secret (:class:`HAAuth`), a slave proves to its master, and the master to
 the slave, that it holds the secret and is a broker of the same cluster and group
 (identity ``rmqha:broker/<cluster>/<group>/<name>``, :mod:`rmqha.security.identity`),
-before the first byte of the HA protocol; every frame after it carries a MAC
-(:mod:`rmqha.ha.frame_mac`).  The handshake is :mod:`rmqha.security.link_auth`'s, with
+before the first byte of the HA protocol; on a plaintext link every frame after it
+carries a MAC (:mod:`rmqha.ha.frame_mac`).  The handshake is :mod:`rmqha.security.link_auth`'s, with
 context ``"ha"``, its three messages framed on the raw socket as::
 
     slave  -> master   PREFACE || u16 length || HELLO
@@ -23,6 +23,14 @@ holders of the secret can compute them.
 a framed length nor the rocketmq HANDSHAKE state, so a master of either kind tells an
 authenticating slave from a plain hello by its first four bytes (a master without this
 code closes on it as an unknown dialect).  Lengths are big-endian, 1..4096.
+
+On a TLS link (:class:`rmqha.ha.tls_link.TlsLink`, both certificates verified) the
+handshake runs inside the session and is bound to it (its ``tls-unique`` enters every
+proof, :mod:`rmqha.security.link_auth`), and the frames then travel without tags: TLS
+authenticates every byte of the stream, and the bound proofs tie the session to the
+secret, so a stolen certificate key alone cannot relay a real broker's handshake and then
+feed the stream.  Both ends know whether their link is TLS (the master's port and the
+slave's dial are TLS together or not at all), so they agree on the tags without a word.
 
 The master's rules (:func:`admit`), per connection, before its hello is read:
 
@@ -90,6 +98,15 @@ class HAAuth:
         return authorize(peer, roles=(Role.BROKER,), cluster=me.cluster, group=me.group)
 
 
+@dataclass(frozen=True)
+class Proof:
+    """What the handshake leaves a link with: who the peer proved to be, and the MAC of
+    its frames (None on a TLS link: its frames travel bare, see the module docstring)."""
+
+    peer: Identity
+    mac: FrameMac | None
+
+
 def _message(body: bytes) -> bytes:
     return _LENGTH.pack(len(body)) + body
 
@@ -112,9 +129,9 @@ async def _read_message(link: Link, timeout: float) -> bytes:
 # --- master --------------------------------------------------------------------------------------
 
 
-async def admit(link: Link, auth: HAAuth | None, timeout: float) -> tuple[FrameMac | None, bytes]:
-    """Decide about a new connection before its hello is read: its MAC (None: the link runs
-    unauthenticated) and the bytes read of the hello (b"" after a handshake).
+async def admit(link: Link, auth: HAAuth | None, timeout: float) -> tuple[Proof | None, bytes]:
+    """Decide about a new connection before its hello is read: its proof (None: the link
+    runs unauthenticated) and the bytes read of the hello (b"" after a handshake).
     AuthenticationError (or ProtocolError for bytes of no dialect) when it is refused."""
     first = await link.recv_exactly(4, timeout)
     if first == PREFACE:
@@ -135,27 +152,32 @@ async def admit(link: Link, auth: HAAuth | None, timeout: float) -> tuple[FrameM
                               f"cluster secret{hint}")
 
 
-async def _serve_handshake(link: Link, auth: HAAuth, timeout: float) -> FrameMac:
-    hs = Handshake.server(auth.secret, auth.identity, context=CONTEXT)
+def _proof(link: Link, auth: HAAuth, hs: Handshake, keys: tuple[bytes, bytes]) -> Proof:
+    """The finished handshake's proof; ``keys``: this side's (send, receive) block keys."""
+    session = hs.session()
+    peer = auth.authorize(session.peer)
+    return Proof(peer, None if link.tls else FrameMac(session, *keys))
+
+
+async def _serve_handshake(link: Link, auth: HAAuth, timeout: float) -> Proof:
+    hs = Handshake.server(auth.secret, auth.identity, context=CONTEXT, binding=link.channel_binding())
     hs.start()
     hello = await _read_message(link, timeout)
     reply = hs.receive(hello)
     assert reply is not None
     await link.send([_message(reply)], timeout)
     hs.receive(await _read_message(link, timeout))
-    session = hs.session()
-    auth.authorize(session.peer)
     from_slave, to_slave = block_keys(auth.secret, hello, reply)
-    return FrameMac(session, to_slave, from_slave)
+    return _proof(link, auth, hs, (to_slave, from_slave))
 
 
 # --- slave ---------------------------------------------------------------------------------------
 
 
-async def authenticate(link: Link, auth: HAAuth, timeout: float) -> FrameMac:
+async def authenticate(link: Link, auth: HAAuth, timeout: float) -> Proof:
     """The slave's side: prove this broker to the master and check the master's identity
     (before this side's proof goes out).  AuthenticationError when either fails."""
-    hs = Handshake.client(auth.secret, auth.identity, context=CONTEXT)
+    hs = Handshake.client(auth.secret, auth.identity, context=CONTEXT, binding=link.channel_binding())
     hello = hs.start()
     assert hello is not None
     await link.send([PREFACE + _message(hello)], timeout)
@@ -165,10 +187,8 @@ async def authenticate(link: Link, auth: HAAuth, timeout: float) -> FrameMac:
         raise AuthenticationError(
             "the master closed the link during authentication: it has another cluster secret, "
             "none, or does not know this broker's cluster and group") from None
-    proof = hs.receive(answer)
-    assert proof is not None
-    session = hs.session()
-    auth.authorize(session.peer)
-    await link.send([_message(proof)], timeout)
-    to_master, from_master = block_keys(auth.secret, hello, answer)
-    return FrameMac(session, to_master, from_master)
+    own_proof = hs.receive(answer)
+    assert own_proof is not None
+    proof = _proof(link, auth, hs, block_keys(auth.secret, hello, answer))
+    await link.send([_message(own_proof)], timeout)
+    return proof

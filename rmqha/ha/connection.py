@@ -15,10 +15,10 @@ Acks are read by a reader callback in the loop turn that receives them
 never under an epoch newer than the master's) and handed to the owner's ``on_ack``: what
 they mean for the confirm offset and the SyncStateSet is :mod:`rmqha.ha.service`'s job.
 
-On an authenticated link every block is followed by its tag (:mod:`rmqha.ha.frame_mac`:
-the GMAC of the block's bytes is taken from the same mmap view the block is sent from, or
-read through one for a ``sendfile`` range), heartbeats too; the slave's acks are checked
-by the codec.
+On an authenticated plaintext link every block is followed by its tag
+(:mod:`rmqha.ha.frame_mac`: the GMAC of the block's bytes is taken from the same mmap view
+the block is sent from, or read through one for a ``sendfile`` range), heartbeats too; the
+slave's acks are checked by the codec.  Over TLS there are no tags (:mod:`rmqha.ha.auth`).
 
 Labels are computed from the live epoch map for every block, so a new epoch appended while
 slaves are connected is picked up at once (RocketMQ #9689 kept a stale epoch per link).
@@ -437,8 +437,7 @@ class SlaveConnection:
 
     def _peer_name(self) -> str | None:
         """Who the slave proved to be: the secret's handshake, else its certificate."""
-        mac = self.codec.mac
-        peer = mac.peer if mac is not None else self.link.peer_identity
+        peer = self.codec.peer or self.link.peer_identity
         return str(peer) if peer is not None else None
 
     def status(self, now: int, max_offset: int, caught_up_ms: int | None, in_sync: bool) -> dict[str, Any]:

@@ -9,9 +9,10 @@ are written once for both dialects:
   the part of CONFIRM_TRUNCATE);
 * master -> slave: :class:`MasterHello`, :class:`EpochList`, :class:`Block`.
 
-On an authenticated link (framed only) the codec seals what it encodes and checks the tag of
-every frame it decodes (:meth:`_Codec.authenticate`, :mod:`rmqha.ha.frame_mac`); block
-headers are left to their sender, whose tag follows the block's data.
+On an authenticated plaintext link (framed only) the codec seals what it encodes and checks
+the tag of every frame it decodes (:meth:`_Codec.authenticate`, :mod:`rmqha.ha.frame_mac`);
+block headers are left to their sender, whose tag follows the block's data.  An
+authenticated TLS link is framed too, its frames bare (:mod:`rmqha.ha.auth`).
 
 Refusals: the ``framed`` dialect carries a reason code (:class:`RefuseReason`, sent as
 HANDSHAKE_MASTER check_result); the ``rocketmq`` dialect has no field for it, so the
@@ -27,7 +28,9 @@ from typing import Any
 
 from rmqha.errors import ProtocolError
 from rmqha.ha import frames as _frames
+from rmqha.ha.auth import Proof
 from rmqha.ha.frame_mac import FrameMac, FrameUnsealer
+from rmqha.security.identity import Identity
 
 fr: Any = _frames
 M2S = fr.Direction.MASTER_TO_SLAVE
@@ -122,6 +125,8 @@ class _Codec(ABC):
         self._dec = decoder
         #: The link's frame MAC once authenticated (None: frames travel bare).
         self.mac: FrameMac | None = None
+        #: Who the peer proved to be with the cluster secret (None: not authenticated).
+        self.peer: Identity | None = None
         self._unsealer: FrameUnsealer | None = None
 
     @property
@@ -129,12 +134,15 @@ class _Codec(ABC):
         """Bytes of an incomplete frame the decoder (or the tag checker) holds."""
         return int(self._dec.buffered) + (self._unsealer.buffered if self._unsealer is not None else 0)
 
-    def authenticate(self, mac: FrameMac) -> None:
-        """From now on seal every frame encoded and check every frame decoded."""
+    def authenticate(self, proof: Proof) -> None:
+        """The link is authenticated: with a MAC, from now on seal every frame encoded and
+        check every frame decoded (without, over TLS, frames stay bare)."""
         if self.name != "framed":
             raise ProtocolError(f"the {self.name} dialect cannot carry authenticated frames")
-        self.mac = mac
-        self._unsealer = FrameUnsealer(mac, self.max_frame_bytes)
+        self.peer = proof.peer
+        self.mac = proof.mac
+        if proof.mac is not None:
+            self._unsealer = FrameUnsealer(proof.mac, self.max_frame_bytes)
 
     def _seal(self, frame: bytes) -> bytes:
         return frame if self.mac is None else self.mac.seal(frame)

@@ -22,8 +22,8 @@ Authentication of HA links (:mod:`rmqha.ha.auth`) goes in front of both: on the 
 between the accept and :meth:`MasterHandshake.introduce` (:meth:`rmqha.ha.acceptor.Acceptor.serve`),
 on the slave between the connect and :meth:`SlaveHandshake.introduce`
 (:meth:`rmqha.ha.slave_session.SlaveSession.run`); each gets the :class:`Link` before any
-frame of the handshake is read or written, and on an authenticated link the codecs seal
-and check every frame of the handshake too.
+frame of the handshake is read or written, and on an authenticated plaintext link the
+codecs seal and check every frame of the handshake too.
 """
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rmqha.errors import ProtocolError, ReplicationError
+from rmqha.ha.auth import Proof
 from rmqha.ha.config import HAConfig
 from rmqha.ha.dialects import (
     Ack,
@@ -48,7 +49,6 @@ from rmqha.ha.dialects import (
     TruncateConfirm,
     master_codec,
 )
-from rmqha.ha.frame_mac import FrameMac
 from rmqha.ha.link import Link
 
 # The master half logs under the master side's one name (operators filter on it).
@@ -97,14 +97,14 @@ class MasterHandshake:
         """How long the master waits for each message of a slave's handshake."""
         return self._timeout
 
-    async def introduce(self, link: Link, head: bytes = b"", mac: FrameMac | None = None) -> Introduction | None:
+    async def introduce(self, link: Link, head: bytes = b"", proof: Proof | None = None) -> Introduction | None:
         """Read and judge the slave's hello; None when refused (answered and logged).
-        ``head``: bytes of the hello read already; ``mac``: the link authenticated (then
-        the dialect is framed, every frame sealed)."""
-        if mac is None:
+        ``head``: bytes of the hello read already; ``proof``: the link authenticated (then
+        the dialect is framed, every frame sealed unless over TLS)."""
+        if proof is None:
             while len(head) < 4:
                 head += await link.recv(self._timeout)
-        codec = self._codec(head, mac)
+        codec = self._codec(head, proof)
         pending: list[Any] = list(codec.feed(head))
         hello = await _read(link, codec, pending, self._timeout)
         if not isinstance(hello, SlaveHello):
@@ -120,13 +120,13 @@ class MasterHandshake:
             return None
         return Introduction(codec, hello, reply, pending)
 
-    def _codec(self, head: bytes, mac: FrameMac | None) -> MasterCodec:
-        """The dialect of the link: framed and sealed once authenticated, else told by
-        the hello's first four bytes."""
-        if mac is None:
+    def _codec(self, head: bytes, proof: Proof | None) -> MasterCodec:
+        """The dialect of the link: framed (and sealed, in plaintext) once authenticated,
+        else told by the hello's first four bytes."""
+        if proof is None:
             return master_codec(head[:4], self.config.max_frame_bytes)
         codec = FramedMaster(self.config.max_frame_bytes)
-        codec.authenticate(mac)
+        codec.authenticate(proof)
         return codec
 
     async def agree(self, link: Link, intro: Introduction) -> int:

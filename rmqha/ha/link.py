@@ -95,6 +95,11 @@ class Link:
         except OSError:
             self.peer = "?"
 
+    def channel_binding(self) -> bytes:
+        """What binds an authentication run over this link to it: nothing in plaintext
+        (TLS links give their session's ``tls-unique``)."""
+        return b""
+
     # --- receive -----------------------------------------------------------------------------
 
     async def recv(self, timeout: float | None) -> bytes:

@@ -16,7 +16,7 @@ read, whole blocks that continue the log in its last epoch, is taken with one co
 call (``frames.scan_transfer_run``), their tags checked together, one append for all; any
 other frame in the buffer sends the whole read the general way (a checked Block each).
 
-On an authenticated link every frame is followed by its tag (:mod:`rmqha.ha.frame_mac`),
+On an authenticated plaintext link every frame is followed by its tag (:mod:`rmqha.ha.frame_mac`),
 checked before anything of the frame is used: in the receive buffer for buffered blocks,
 and for a block received straight into the log after its last byte and its tag arrived,
 before it is committed (a bad tag zeroes what came, as a bad record does).

@@ -3,7 +3,7 @@
 A session walks the slave's connection states once: HANDSHAKE (connect; with TLS, the
 TLS handshake and the master's certificate, :class:`rmqha.ha.tls_link.HATls`; with a cluster
 secret, authenticate the link both ways, :func:`rmqha.ha.auth.authenticate`, after which
-every frame is sealed and checked; introduce itself
+every frame of a plaintext link is sealed and checked; introduce itself
 with group id, segment size, flags and last epoch; get the master's epoch entries; cut the
 commitlog and the epoch map at the consistent point, :class:`rmqha.ha.truncation.Truncator`;
 tell the master where to send from, :class:`rmqha.ha.handshake.SlaveHandshake`), then
@@ -89,9 +89,9 @@ class SlaveSession:
         if self.auth is not None and codec.name == "framed":
             # (A rocketmq-dialect slave with a secret exists only where that dialect may
             # run unauthenticated: HASlave checked.)
-            mac = await authenticate(link, self.auth, timeout)
-            codec.authenticate(mac)
-            log.debug("HA link to %s authenticated: master %s", self.master, mac.peer)
+            proof = await authenticate(link, self.auth, timeout)
+            codec.authenticate(proof)
+            log.debug("HA link to %s authenticated: master %s", self.master, proof.peer)
         handshake = SlaveHandshake(link, codec, self.master, timeout, on_read=self._read, on_write=self._wrote)
         offset, pairs = await self._handshake(handshake)
         self.progress.state = SlaveState.TRANSFER

@@ -12,14 +12,18 @@ The TLS layer keeps that shape: an ``ssl.SSLObject`` over two ``ssl.MemoryBIO`` 
 for the socket (:class:`_TlsStream`, with the socket calls Link makes and their
 non-blocking meaning), so every Link method runs unchanged over it:
 
-- sends encrypt the parts into the outgoing BIO (small parts first joined into one record)
-  and hand the ciphertext to the socket; what it does not take waits in a backlog that the
-  next send, or a writer callback, flushes first.  File ranges are read, not sendfile-d
-  (the kernel cannot encrypt them);
-- receives feed what the socket holds into the incoming BIO and decrypt straight into the
-  caller's buffer; plaintext of a record the caller had no room for is kept, and counts
-  as readiness (waits return at once, a watch callback is called again next turn), since
-  the socket will not signal it.
+- sends encrypt the parts into the outgoing BIO in full records (parts are joined only
+  to fill a record: a block's header rides in the first record of its data, a live block
+  and its header make one record; larger data is written as the memoryview it is) and
+  hand the ciphertext to the socket in one send; what it does not take waits in a backlog
+  that the next send, or a writer callback, flushes first.  File ranges are read, not
+  sendfile-d (the kernel cannot encrypt them);
+- receives take what the socket holds in one read (a read that did not fill the buffer
+  emptied the socket, so no second read is tried in that call) into the incoming BIO and
+  decrypt straight into the caller's buffer, asking the TLS object only while the BIO
+  holds something (no exception per call for "nothing there"); plaintext of a record the
+  caller had no room for is kept, and counts as readiness (waits return at once, a watch
+  callback is called again next turn), since the socket will not signal it.
 
 The handshake runs on the same loop (:meth:`TlsLink.handshake`).  No session tickets or
 key updates are asked for, so nothing but the handshake writes outside a send.
@@ -34,14 +38,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rmqha.errors import ConfigError, PeerIdentityError
+from rmqha.errors import AuthenticationError, ConfigError, PeerIdentityError
 from rmqha.ha.link import FileRange, Link, LinkClosed, LinkTimeout
 from rmqha.net.peer_check import Need
 from rmqha.security.identity import Identity
 from rmqha.security.tls import ReloadingContext, TlsSettings, peer_identity
 
-#: Ciphertext taken from the socket per read.
-_CIPHER_READ = 256 << 10
+#: Ciphertext taken from the socket per read (a catch-up window in one read).
+_CIPHER_READ = 1 << 20
 #: Plaintext decrypted per call when no caller's buffer waits for it.
 _PLAIN_CHUNK = 64 << 10
 #: A TLS record's most plaintext: smaller parts are joined up to this, one record each.
@@ -128,6 +132,8 @@ class _TlsStream:
         self.plain = bytearray()
         self.backlog = bytearray()
         self.eof = False
+        #: Whether the last socket read found the socket empty or left it so (a short read).
+        self.drained = False
         self._cipher = bytearray(_CIPHER_READ)
         self._cipher_view = memoryview(self._cipher)
         self._scratch = memoryview(bytearray(_PLAIN_CHUNK))
@@ -150,7 +156,9 @@ class _TlsStream:
         try:
             n = self.sock.recv_into(self._cipher_view)
         except (BlockingIOError, InterruptedError):
+            self.drained = True
             return False
+        self.drained = n < _CIPHER_READ
         if n == 0:
             self.eof = True
             self.incoming.write_eof()
@@ -161,7 +169,18 @@ class _TlsStream:
     def flush(self) -> bool:
         """Hand the backlog (and what the TLS object wrote) to the socket; True when all went."""
         if self.outgoing.pending:
-            self.backlog += self.outgoing.read()
+            cipher = self.outgoing.read()
+            if not self.backlog:
+                # The usual case: straight to the socket, no copy into the backlog.
+                try:
+                    n = self.sock.send(cipher)
+                except (BlockingIOError, InterruptedError):
+                    n = 0
+                if n == len(cipher):
+                    return True
+                self.backlog += memoryview(cipher)[n:]
+                return False
+            self.backlog += cipher
         backlog = self.backlog
         while backlog:
             try:
@@ -181,18 +200,31 @@ class _TlsStream:
             del self.plain[:k]
         return k
 
+    def _feed(self, fed: bool) -> bool:
+        """Take ciphertext from the socket unless a read of this call emptied it already;
+        False when there is none."""
+        return not (fed and self.drained) and self.take_cipher()
+
     def _decrypt_into(self, view: memoryview) -> int:
         """Plaintext into ``view`` as far as the BIO and the socket have it."""
         n = self._take_plain(view)
         size = len(view)
         read: Any = self.tls.read  # with a buffer it returns a count (typeshed says bytes)
+        incoming, tls = self.incoming, self.tls
+        fed = False
         while n < size:
+            if not incoming.pending and not tls.pending():
+                if not self._feed(fed):
+                    break
+                fed = True
+                continue
             try:
                 got = read(size - n, view[n:])
-            except ssl.SSLWantReadError:
-                if self.take_cipher():
-                    continue
-                break
+            except ssl.SSLWantReadError:  # part of a record: the rest may be in the socket
+                if not self._feed(fed):
+                    break
+                fed = True
+                continue
             except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
                 self.eof = True
                 break
@@ -239,7 +271,7 @@ class _TlsStream:
     def recv(self, nbytes: int) -> bytes:
         if not self.plain:
             view = self._scratch[: min(nbytes, _PLAIN_CHUNK)]
-            self.plain += view[: self._decrypt_into(view)]
+            return bytes(view[: self._result(self._decrypt_into(view))])
         n = self._result(min(nbytes, len(self.plain)))
         out = bytes(self.plain[:n])
         del self.plain[:n]
@@ -248,27 +280,37 @@ class _TlsStream:
     # --- send ----------------------------------------------------------------------------------
 
     def _seal(self, buffers: Sequence[Any]) -> int:
-        """Encrypt ``buffers`` in order, at most :data:`_SEAL_BUDGET` bytes of them; small
-        ones are joined first (one record instead of one each).  Returns the bytes taken."""
+        """Encrypt ``buffers`` in order, at most :data:`_SEAL_BUDGET` bytes of them, in
+        full records: what is under a record waits to be joined with what follows (one
+        record instead of one each), whole records of a large buffer go as they are.
+        Returns the bytes taken."""
         total = 0
-        small: list[Any] = []
+        write = self.tls.write
+        small: list[Any] = []  # together under one record
         small_bytes = 0
         for buf in buffers:
             view = buf if isinstance(buf, memoryview) else memoryview(buf)
             view = view[: _SEAL_BUDGET - total]
-            if view.nbytes < _RECORD:
+            size = view.nbytes
+            total += size
+            if small_bytes + size < _RECORD:
                 small.append(view)
-                small_bytes += view.nbytes
-            if small_bytes and (small_bytes >= _RECORD or view.nbytes >= _RECORD):
-                self.tls.write(b"".join(small))
-                small, small_bytes = [], 0
-            if view.nbytes >= _RECORD:
-                self.tls.write(view)
-            total += view.nbytes
+                small_bytes += size
+            else:
+                if small:  # the record begun fills up from this buffer
+                    cut = _RECORD - small_bytes
+                    small.append(view[:cut])
+                    write(b"".join(small))
+                    view = view[cut:]
+                whole = view.nbytes - view.nbytes % _RECORD
+                if whole:
+                    write(view[:whole])
+                small = [view[whole:]] if whole < view.nbytes else []
+                small_bytes = view.nbytes - whole
             if total >= _SEAL_BUDGET:
                 break
         if small_bytes:
-            self.tls.write(b"".join(small))
+            write(small[0] if len(small) == 1 else b"".join(small))
         return total
 
     def sendmsg(self, buffers: Sequence[Any], ancdata: Any = (), flags: int = 0) -> int:
@@ -296,6 +338,14 @@ class TlsLink(Link):
     @property
     def tls_object(self) -> ssl.SSLObject:
         return self._stream.tls
+
+    def channel_binding(self) -> bytes:
+        """The session's ``tls-unique`` (its first Finished message): the same at both ends
+        of one session, different on every other (AuthenticationError before the handshake)."""
+        binding = self._stream.tls.get_channel_binding("tls-unique")
+        if not binding:
+            raise AuthenticationError(f"the TLS session with {self.peer} has no channel binding yet")
+        return binding
 
     async def handshake(self, timeout: float) -> None:
         """The TLS handshake, on this loop; LinkTimeout when it takes over ``timeout``,

@@ -20,6 +20,13 @@ of HMAC-SHA256(key, direction || sequence number || frame).  The sequence number
 sent: each side counts, so a dropped, reordered, replayed or altered frame fails its tag.
 After one failure the receiving side refuses every later frame: close the link.
 
+Run inside a TLS session, the handshake binds itself to it: both sides pass the
+session's channel binding (``binding``, e.g. its ``tls-unique``) and every proof covers it
+(``u16 length || binding`` before the transcript; nothing of it is sent).  A relay that
+terminates TLS on both sides, say with a stolen certificate key, holds two sessions whose
+bindings differ, so the proofs it forwards fail; without a binding the proofs are as
+before.
+
 The secret must be random (see :mod:`rmqha.security.secret`): the transcript lets an
 eavesdropper test guesses of it offline.  Frames are authenticated, not encrypted.
 
@@ -199,10 +206,14 @@ class LinkSession:
 class Handshake:
     """One side of the handshake; make it with :meth:`client` or :meth:`server`."""
 
-    def __init__(self, side: Side, secret: ClusterSecret, identity: Identity, context: str) -> None:
+    def __init__(self, side: Side, secret: ClusterSecret, identity: Identity, context: str,
+                 binding: bytes = b"") -> None:
         self.side = side
         self.identity = identity
         self.context = context.encode("utf-8")
+        if len(binding) > _MAX_FIELD:
+            raise ConfigError(f"a channel binding of {len(binding)} bytes (at most {_MAX_FIELD})")
+        self._bound = _field(binding) if binding else b""
         self._secret = secret.reveal()
         self._auth_key = _hkdf(self._secret, LABEL, b"proof key")
         self._nonce = secrets.token_bytes(NONCE_BYTES)
@@ -214,15 +225,18 @@ class Handshake:
         self._started = False
 
     @classmethod
-    def client(cls, secret: ClusterSecret, identity: Identity, context: str = "") -> Handshake:
+    def client(cls, secret: ClusterSecret, identity: Identity, context: str = "",
+               binding: bytes = b"") -> Handshake:
         """The side that connects; ``context`` names the link's purpose (both sides must
-        give the same, so a transcript of one kind of link is no good on another)."""
-        return cls(Side.CLIENT, secret, identity, context)
+        give the same, so a transcript of one kind of link is no good on another);
+        ``binding``: the channel binding of the TLS session it runs in (b"": none)."""
+        return cls(Side.CLIENT, secret, identity, context, binding)
 
     @classmethod
-    def server(cls, secret: ClusterSecret, identity: Identity, context: str = "") -> Handshake:
+    def server(cls, secret: ClusterSecret, identity: Identity, context: str = "",
+               binding: bytes = b"") -> Handshake:
         """The side that accepts."""
-        return cls(Side.SERVER, secret, identity, context)
+        return cls(Side.SERVER, secret, identity, context, binding)
 
     @property
     def complete(self) -> bool:
@@ -266,7 +280,8 @@ class Handshake:
     # --- steps ---------------------------------------------------------------------------
 
     def _proof(self, prover: Side) -> bytes:
-        return hmac.new(self._auth_key, LABEL + prover.value + self._transcript, hashlib.sha256).digest()
+        message = LABEL + prover.value + self._bound + self._transcript
+        return hmac.new(self._auth_key, message, hashlib.sha256).digest()
 
     def _on_hello(self, hello: bytes) -> bytes:
         self._started = True
@@ -297,7 +312,7 @@ class Handshake:
         self._transcript += _field(message[:head_end])
         if not hmac.compare_digest(proof, self._proof(Side.SERVER)):
             raise AuthenticationError("SERVER_AUTH: the server's proof is wrong (another cluster "
-                                      "secret or link context, or a replayed message)")
+                                      "secret, link context or TLS session, or a replayed message)")
         self._peer = _identity(identity, "SERVER_AUTH")
         self._peer_nonce = nonce
         self._finish()
@@ -309,7 +324,7 @@ class Handshake:
         r.end()
         if not hmac.compare_digest(proof, self._proof(Side.CLIENT)):
             raise AuthenticationError("CLIENT_AUTH: the client's proof is wrong (another cluster "
-                                      "secret or link context, or a replayed message)")
+                                      "secret, link context or TLS session, or a replayed message)")
         self._finish()
 
     def _finish(self) -> None:

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from rmqha.ha import frames, receive
 from rmqha.ha.appender import BlockAppender
+from rmqha.ha.auth import Proof
 from rmqha.ha.config import HAConfig
 from rmqha.ha.dialects import FramedSlave
 from rmqha.ha.disk_full import DiskFullWatch
@@ -90,7 +91,7 @@ def _slave(directory: str, mac: FrameMac | None, general: bool) -> Iterator[tupl
         sem.append(1, 0)
         codec = FramedSlave(CFG.max_frame_bytes)
         if mac is not None:
-            codec.authenticate(mac)
+            codec.authenticate(Proof(mac.peer, mac))
         progress, confirm, epochs = SlaveProgress(), ConfirmTracker(None), EpochWriter(sem, 2)
         appender = BlockAppender(scl, epochs, Truncator(scl, sem, 2, progress, confirm, None), progress, confirm,
                                  DiskFullWatch(2), protocol="framed", master="m", master_pairs=[(1, 0)])

@@ -208,6 +208,32 @@ def test_negative_control_the_same_impostor_reads_the_log_of_a_master_without_a_
     _scene(tmp_path, False, attack)
 
 
+@pytest.mark.parametrize("tagged", [False, True], ids=["untagged", "tagged-control"])
+def test_a_plaintext_link_authenticated_then_sending_frames_without_tags_gets_nothing(tmp_path, caplog,
+                                                                                    tagged: bool) -> None:
+    """Only TLS links drop the tags: in plaintext, a slave holding the secret whose frames
+    after the handshake come bare is closed before its hello is answered."""
+    caplog.set_level(logging.INFO, logger="rmqha.ha.master")
+
+    def claim(port: int) -> bytes:
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            script = ScriptedAuth(auth_for(2))
+            script.connect_sync(sock)
+            sock.sendall(script.seal(_framed_claim(2)) if tagged else _framed_claim(2))
+            return _read_until_closed(sock, 5, stop_at=FIRST_BLOCK)
+
+    async def attack(m: HAMaster, stores: Any, port: int) -> None:
+        got = await asyncio.get_running_loop().run_in_executor(None, claim, port)
+        if tagged:
+            assert MARK in got and len(got) >= FIRST_BLOCK
+        else:
+            assert got == b""
+            closing = [r.getMessage() for r in caplog.records if "closing HA link" in r.getMessage()]
+            assert len(closing) == 1 and "failed authentication" in closing[0], closing
+
+    _scene(tmp_path, True, attack)
+
+
 # --- frames altered on an authenticated link: master -> slave -----------------------------------
 
 

@@ -14,13 +14,23 @@ plus a foreign CA's and expired certificates of the same identities.
   hello), and the real slave's link, acks and the SyncStateSet do not change;
 - a master whose certificate names another group cannot make a slave replicate.
 
-The refusal tests run without a cluster secret, so TLS is the only guard.
+The refusal tests run without a cluster secret, so TLS is the only guard.  With a secret,
+frames over TLS carry no MAC (:mod:`rmqha.ha.auth`), so the secret's handshake is what is
+left on top of TLS:
+
+- a slave with a good certificate but without the secret, or with a wrong one, gets
+  nothing (the control: the right secret replicates);
+- a relay holding a stolen broker key, which terminates TLS towards both ends and forwards
+  the secret's handshake, gets nothing either: the proofs are bound to each TLS session
+  (the control: with the binding switched off, the same relay carries the log in the clear,
+  free to alter it).
 """
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
 import logging
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -29,15 +39,18 @@ import pytest
 
 from rmqha.errors import ConfigError
 from rmqha.ha import HAMaster, HASlave
-from rmqha.ha.tls_link import HATls
+from rmqha.ha.link import Link, LinkClosed, LinkTimeout, connect
+from rmqha.ha.tls_link import HATls, TlsLink
 from rmqha.protocol.message import decode_records
 from rmqha.security import certs
 from rmqha.security.identity import Identity
+from rmqha.security.secret import ClusterSecret
 from rmqha.security.tls import ClientAuth, ReloadingContext, TlsMode, TlsSettings
 from rmqha.store import CommitLog
 from rmqha.testing.ha import (
     CLUSTER,
     GROUP,
+    auth_for,
     fast_config,
     fill,
     ha_master,
@@ -54,6 +67,7 @@ CFG = fast_config(ha_housekeeping_interval_ms=2000, ha_reconnect_min_ms=50)
 MARK = b"HA-TLS-PROBE-BODY"
 MASTER, SLAVE, SLAVE_3 = (Identity.broker(CLUSTER, GROUP, f"{GROUP}-{i}") for i in range(3))
 OTHER_GROUP = Identity.broker(CLUSTER, "other", "other-0")
+WRONG = ClusterSecret(b"not-the-cluster-secret-at-all-0123", "the impostor")
 
 
 class Keys:
@@ -188,7 +202,7 @@ def test_a_relay_between_slave_and_master_sees_no_message_body(tmp_path, keys: K
 
         seen = asyncio.run(run())
         assert scl.max_offset == mcl.max_offset and len(seen) > 100 * len(MARK)
-        # The secret's MACs (on in both runs) authenticate frames; only TLS hides them.
+        # The secret (held in both runs) authenticates the link; only TLS hides the bodies.
         assert (MARK in seen) is not tls
 
 
@@ -208,15 +222,17 @@ IMPOSTORS: dict[str, tuple[Callable[[Keys], HATls | None], str]] = {
 
 
 @asynccontextmanager
-async def replicating(tmp_path: Path, keys: Keys) -> AsyncIterator[tuple[HAMaster, HASlave, CommitLog]]:
-    """A TLS master (no cluster secret) and its real slave 2, caught up."""
+async def replicating(tmp_path: Path, keys: Keys, secret: bool = False,
+                      ) -> AsyncIterator[tuple[HAMaster, HASlave, CommitLog]]:
+    """A TLS master (with the cluster secret or without) and its real slave 2, caught up."""
     with replica_stores(tmp_path, SEG, "m", "s") as [(mcl, mem), (scl, sem)]:
         mem.append(1, 0)
         _append_marked(mcl, 500)
-        m = ha_master(mcl, mem, CFG, sync_state_set=[1, 2], sync_state_set_epoch=1, confirm_offset=0,
-                      auth=None, tls=keys.ha(MASTER))
+        m = ha_master(mcl, mem, CFG, known=(2, 3), sync_state_set=[1, 2], sync_state_set_epoch=1,
+                      confirm_offset=0, auth=auth_for(1) if secret else None, tls=keys.ha(MASTER))
         async with master_running(m) as port, \
-                slave_running(ha_slave(scl, sem, port, CFG, auth=None, tls=keys.ha(SLAVE))) as s:
+                slave_running(ha_slave(scl, sem, port, CFG, auth=auth_for(2) if secret else None,
+                                       tls=keys.ha(SLAVE))) as s:
             assert await m.wait_for_acks(mcl.max_offset, None, timeout=10)
             yield m, s, mcl
 
@@ -335,3 +351,111 @@ def test_control_the_same_impostor_with_a_certificate_of_this_group_gets_the_log
                     await wait_until_async(lambda: icl.max_offset == mcl.max_offset, 10, "the impostor replicating")
 
     asyncio.run(run())
+
+
+# --- with the cluster secret: no frame MACs over TLS, the handshake bound to the session ---------
+
+
+@pytest.mark.parametrize("secret", ["none", "wrong", "right-control"])
+def test_over_tls_a_slave_without_the_secret_gets_nothing(tmp_path, caplog, keys: Keys, secret: str) -> None:
+    caplog.set_level(logging.INFO, logger="rmqha.ha.master")
+    auth = {"none": None, "wrong": auth_for(3, WRONG), "right-control": auth_for(3)}[secret]
+
+    async def run() -> None:
+        async with replicating(tmp_path / "pair", keys, secret=True) as (m, real, mcl):
+            [link] = m.status()["slaves"]
+            assert (link["tls"], link["identity"]) == (True, f"rmqha:broker/{CLUSTER}/{GROUP}/2")
+            with replica_stores(tmp_path, SEG, "impostor") as [(icl, iem)]:
+                impostor = ha_slave(icl, iem, int(m.address.rpartition(":")[2]), CFG, broker_id=3, auth=auth,
+                                    tls=keys.ha(SLAVE_3))
+                async with slave_running(impostor):
+                    if secret == "right-control":
+                        await wait_until_async(lambda: icl.max_offset == mcl.max_offset, 10, "the control replicating")
+                        return
+                    await wait_until_async(lambda: impostor.sessions >= 2, 10, "the slave refused twice")
+                    assert (icl.max_offset, impostor.master_max_offset) == (0, -1)
+                    assert [s["broker_id"] for s in m.status()["slaves"]] == [2]
+                    # Without the secret the master refuses its plain hello; with a wrong
+                    # one the slave already fails the master's proof.
+                    why = "authentication failed" if secret == "none" else "proof is wrong"
+                    assert why in (refusals()[-1] if secret == "none" else impostor.last_error)
+
+    def refusals() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "refusing HA link" in r.getMessage()]
+
+    asyncio.run(run())
+
+
+@asynccontextmanager
+async def stolen_key_relay(port: int, tls: HATls) -> AsyncIterator[tuple[int, bytearray]]:
+    """A relay to 127.0.0.1:``port`` holding a broker's certificate and key (``tls``): it
+    ends TLS from the slave and starts its own to the master, and forwards the plaintext
+    both ways; yields its port and every plaintext byte it forwarded."""
+    seen = bytearray()
+    loop = asyncio.get_running_loop()
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def pump(src: Link, dst: Link) -> None:
+        try:
+            while True:
+                data = await src.recv(None)
+                seen.extend(data)
+                await dst.send([data], 5)
+        except (LinkClosed, LinkTimeout, OSError):
+            pass
+        finally:
+            src.close()
+            dst.close()
+
+    async def serve(sock: socket.socket) -> None:
+        down = await tls.accept(sock, 5)
+        up = tls.dial(await connect("127.0.0.1", port, 5))
+        await tls.secure(up, 5)
+        await asyncio.gather(pump(down, up), pump(up, down))
+
+    async def accept_loop(listener: socket.socket) -> None:
+        while True:
+            sock, _ = await loop.sock_accept(listener)
+            sock.setblocking(False)
+            task = asyncio.ensure_future(serve(sock))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.setblocking(False)
+        acceptor = asyncio.ensure_future(accept_loop(listener))
+        try:
+            yield listener.getsockname()[1], seen
+        finally:
+            for task in (acceptor, *tasks):
+                task.cancel()
+            await asyncio.gather(acceptor, *tasks, return_exceptions=True)
+
+
+@pytest.mark.parametrize("bound", [True, False], ids=["bound", "unbound-control"])
+def test_a_relay_with_a_stolen_broker_key_cannot_ride_the_secrets_handshake(tmp_path, keys: Keys, monkeypatch,
+                                                                            bound: bool) -> None:
+    if not bound:
+        monkeypatch.setattr(TlsLink, "channel_binding", lambda self: b"")
+    with replica_stores(tmp_path, SEG, "m", "s") as [(mcl, mem), (scl, sem)]:
+        mem.append(1, 0)
+        _append_marked(mcl, 100)
+
+        async def run() -> tuple[bytes, HASlave]:
+            m = ha_master(mcl, mem, CFG, sync_state_set=[1, 2], sync_state_set_epoch=1, confirm_offset=0,
+                          tls=keys.ha(MASTER))
+            async with master_running(m) as port, stolen_key_relay(port, keys.ha(SLAVE_3)) as (relay, seen), \
+                    slave_running(ha_slave(scl, sem, relay, CFG, tls=keys.ha(SLAVE))) as s:
+                if bound:
+                    await wait_until_async(lambda: s.sessions >= 2, 10, "the slave failing twice")
+                    assert m.status()["slaves"] == []
+                else:
+                    assert await m.wait_for_acks(mcl.max_offset, None, timeout=10)
+                return bytes(seen), s
+
+        seen, s = asyncio.run(run())
+        if bound:
+            assert scl.max_offset == 0 and MARK not in seen
+            assert "proof is wrong" in s.last_error, s.last_error
+        else:
+            assert scl.max_offset == mcl.max_offset and MARK in seen

@@ -3,6 +3,8 @@
 Its less travelled corners: file ranges (read and encrypted, never sendfile-d past TLS),
 plaintext decrypted but not read yet (a watch callback is called again for it, though the
 socket signals nothing), a send larger than one call seals, and the end of the stream.
+And the cluster secret's handshake over it: bound to the session, and no frame MAC after
+it (the plaintext control keeps its MAC; an end that does not bind is refused).
 """
 from __future__ import annotations
 
@@ -13,10 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from rmqha.ha.link import FileRange, LinkClosed
+from rmqha.errors import AuthenticationError
+from rmqha.ha.auth import admit, authenticate
+from rmqha.ha.link import FileRange, Link, LinkClosed
 from rmqha.ha.tls_link import HATls, TlsLink
 from rmqha.security import certs
 from rmqha.security.identity import Identity
+from rmqha.testing.ha import auth_for
 from rmqha.testing.tls_keys import server_tls
 
 CLUSTER, GROUP = "c", "g"
@@ -111,5 +116,51 @@ def test_the_peer_closing_ends_the_link(pki: Path) -> None:
         with pytest.raises(LinkClosed):
             await client.recv(5)
         client.close()
+
+    asyncio.run(run())
+
+
+async def _plain_pair() -> tuple[Link, Link]:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        right = socket.create_connection(listener.getsockname())
+        left, _ = listener.accept()
+    for s in (left, right):
+        s.setblocking(False)
+    return Link(left), Link(right)
+
+
+@pytest.mark.parametrize("tls", [True, False], ids=["tls", "plaintext-control"])
+def test_the_secrets_handshake_leaves_frame_macs_to_plaintext_links_only(pki: Path, tls: bool) -> None:
+    async def run() -> None:
+        master, slave = await (_pair(pki) if tls else _plain_pair())
+        assert master.channel_binding() == slave.channel_binding() and bool(master.channel_binding()) is tls
+        (master_proof, head), slave_proof = await asyncio.gather(
+            admit(master, auth_for(1, cluster=CLUSTER, group=GROUP), 5),
+            authenticate(slave, auth_for(2, cluster=CLUSTER, group=GROUP), 5))
+        assert head == b"" and (str(master_proof.peer), str(slave_proof.peer)) == (
+            f"rmqha:broker/{CLUSTER}/{GROUP}/2", f"rmqha:broker/{CLUSTER}/{GROUP}/1")
+        assert (master_proof.mac is None, slave_proof.mac is None) == (tls, tls)
+        master.close()
+        slave.close()
+
+    asyncio.run(run())
+
+
+def test_an_end_that_does_not_bind_its_tls_session_is_refused(pki: Path) -> None:
+    async def run() -> None:
+        master, slave = await _pair(pki)
+        slave.channel_binding = lambda: b""  # type: ignore[method-assign]
+
+        async def slave_side() -> object:
+            try:
+                return await authenticate(slave, auth_for(2, cluster=CLUSTER, group=GROUP), 5)
+            finally:
+                slave.close()  # as its session does on a failure
+
+        results = await asyncio.gather(admit(master, auth_for(1, cluster=CLUSTER, group=GROUP), 5),
+                                       slave_side(), return_exceptions=True)
+        master.close()
+        assert isinstance(results[1], AuthenticationError) and "proof is wrong" in str(results[1])
+        assert isinstance(results[0], (AuthenticationError, LinkClosed, ConnectionError)), results[0]
 
     asyncio.run(run())
