@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from rmqha.protocol.message import ReceivedMessage
+from rmqha.protocol.route import MessageQueue
 
 __all__ = ["Message", "MessageQueue", "SendStatus", "SendResult", "ReceivedMessage"]
 
@@ -18,15 +19,6 @@ class Message:
     keys: str | None = None
     properties: dict[str, str] = field(default_factory=dict)
     flag: int = 0
-
-
-@dataclass(frozen=True, order=True)
-class MessageQueue:
-    """RocketMQ's MessageQueue: ordering is RocketMQ's (topic, brokerName, queueId)."""
-
-    topic: str
-    broker_name: str
-    queue_id: int
 
 
 class SendStatus(Enum):

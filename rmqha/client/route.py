@@ -10,118 +10,26 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from rmqha.client.model import MessageQueue
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import (
     ClientError,
-    ProtocolError,
     RemotingError,
     RemotingTimeoutError,
     TopicNotFoundError,
 )
 from rmqha.protocol.headers import ConsumerIdsChangedHeader, RouteInfoHeader
-from rmqha.protocol.topics import PERM_READ, PERM_WRITE
+from rmqha.protocol.route import MASTER_ID, BrokerData, QueueData, TopicRoute
 from rmqha.net.client import RemotingClient
 from rmqha.net.client_security import ClientSecurity
 from rmqha.net.connection import Connection
 from rmqha.protocol.command import RemotingCommand
 
+# The route types live in protocol/ (the broker reads routes too); kept importable here.
+__all__ = ["MASTER_ID", "BrokerData", "QueueData", "TopicRoute", "ClientSession", "parse_namesrv"]
+
 log = logging.getLogger(__name__)
-
-MASTER_ID = 0
-
-
-@dataclass
-class QueueData:
-    broker_name: str
-    read_queue_nums: int
-    write_queue_nums: int
-    perm: int
-
-
-@dataclass
-class BrokerData:
-    cluster: str
-    broker_name: str
-    broker_addrs: dict[int, str]
-
-    @property
-    def master(self) -> str | None:
-        return self.broker_addrs.get(MASTER_ID)
-
-    def any_address(self) -> str | None:
-        """Master if present, else the lowest id (where RocketMQ clients read from)."""
-        if not self.broker_addrs:
-            return None
-        return self.broker_addrs.get(MASTER_ID) or self.broker_addrs[min(self.broker_addrs)]
-
-
-@dataclass
-class TopicRoute:
-    topic: str
-    queue_datas: list[QueueData]
-    broker_datas: dict[str, BrokerData]
-    fetched_at: float = field(default_factory=time.monotonic)
-    #: publish_queues() of this route, computed once (a route is never changed in place:
-    #: a refresh replaces it).
-    _publish: list[MessageQueue] | None = field(default=None, init=False, repr=False,
-                                                compare=False)
-    #: publish_targets() of this route, computed once.
-    _targets: list[tuple[MessageQueue, str]] | None = field(default=None, init=False,
-                                                          repr=False, compare=False)
-
-    @classmethod
-    def from_json(cls, topic: str, data: dict[str, Any]) -> TopicRoute:
-        try:
-            qds = [QueueData(str(q["brokerName"]), int(q["readQueueNums"]),
-                             int(q["writeQueueNums"]), int(q["perm"]))
-                   for q in data.get("queueDatas") or []]
-            bds = {}
-            for b in data.get("brokerDatas") or []:
-                addrs = {int(k): str(v) for k, v in (b.get("brokerAddrs") or {}).items()}
-                bds[str(b["brokerName"])] = BrokerData(str(b.get("cluster", "")),
-                                                       str(b["brokerName"]), addrs)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ProtocolError(f"bad route for {topic}: {exc}") from exc
-        return cls(topic, qds, bds)
-
-    def publish_queues(self) -> list[MessageQueue]:
-        """Writable queues on broker groups whose master is known (RocketMQ's rule).
-        Computed once per route; callers must not change the list."""
-        if self._publish is not None:
-            return self._publish
-        out: list[MessageQueue] = []
-        for qd in sorted(self.queue_datas, key=lambda q: q.broker_name):
-            bd = self.broker_datas.get(qd.broker_name)
-            if not qd.perm & PERM_WRITE or bd is None or bd.master is None:
-                continue
-            out.extend(MessageQueue(self.topic, qd.broker_name, i)
-                       for i in range(qd.write_queue_nums))
-        self._publish = out
-        return out
-
-    def publish_targets(self) -> list[tuple[MessageQueue, str]]:
-        """publish_queues(), each with its group's master address: where a send to it
-        goes.  Computed once per route (a send picks from it without looking anything up)."""
-        if self._targets is None:
-            self._targets = [(q, self.broker_datas[q.broker_name].master or "")
-                             for q in self.publish_queues()]
-        return self._targets
-
-    def subscribe_queues(self) -> list[MessageQueue]:
-        out: list[MessageQueue] = []
-        for qd in self.queue_datas:
-            if qd.perm & PERM_READ and qd.broker_name in self.broker_datas:
-                out.extend(MessageQueue(self.topic, qd.broker_name, i)
-                           for i in range(qd.read_queue_nums))
-        return sorted(out)
-
-    def addresses(self) -> list[str]:
-        return sorted({a for b in self.broker_datas.values() for a in b.broker_addrs.values()})
-
 
 def parse_namesrv(addrs: str | list[str] | tuple[str, ...]) -> list[str]:
     if isinstance(addrs, str):
