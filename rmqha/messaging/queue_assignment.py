@@ -23,7 +23,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from rmqha.client.route import TopicRoute
+from rmqha.protocol.route import TopicRoute
 from rmqha.errors import ProtocolError, RemoteCommandError, RemotingError
 from rmqha.messaging.assignment import (
     MQ,

@@ -17,7 +17,7 @@ from typing import Any
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from rmqha.client.route import QueueData, TopicRoute
+from rmqha.protocol.route import QueueData, TopicRoute
 from rmqha.protocol.topic_attributes import TopicMessageType
 from rmqha.protocol.topics import PERM_READ, PERM_WRITE
 

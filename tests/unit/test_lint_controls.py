@@ -52,12 +52,13 @@ FORBIDDEN = [
     ("rmqha/store/scrub.py", "from rmqha.net import client", "store"),
     ("rmqha/net/server.py", "from rmqha import _core", "net"),
     ("rmqha/client/model.py", "from rmqha import config", "client"),
+    ("rmqha/messaging/assignment.py", "from rmqha.client import route", "servers"),
 ]
 
 
 @pytest.mark.parametrize(("module", "line", "contract"), FORBIDDEN,
                          ids=["protocol->net", "broker->testing", "store->net", "net->_core",
-                              "client->config"])
+                              "client->config", "messaging->client"])
 def test_a_forbidden_import_breaks_its_contract(tmp_path: Path, module: str, line: str,
                                                 contract: str) -> None:
     root = _package_copy(tmp_path)
