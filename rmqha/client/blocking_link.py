@@ -31,25 +31,18 @@ next request connects again.  A link belongs to one thread: it is not thread-saf
 With a :class:`~rmqha.net.client_security.ClientSecurity` a link signs each request with
 its hook, as :class:`~rmqha.net.client.RemotingClient` does (a send's encoded frame is
 signed in place by its credentials, :meth:`BlockingLink.signed`), and speaks TLS when it has a
-context.  A TLS link keeps its deadline with SO_RCVTIMEO/SO_SNDTIMEO too (one write and
-one read a request, as in plaintext): after the handshake its descriptor is blocking but
-Python is told it is not (timeout 0), since an SSL read of a socket Python thinks blocking
-retries a kernel timeout in place, never giving up, while with timeout 0 it is
-``SSLWantReadError`` (``SSLWantWriteError`` for a write), taken as the timeout it is.  A
-Python-level timeout instead costs an ioctl to set it and a poll() before each write, and
-the read after a write finds nothing yet: read, poll, read again (six calls, not two).
-A frame of several records (a batch) is written one record at a time
-(:meth:`BlockingLink._send_records`), each SSL_write of one record under the send timeout
-armed for the time left, as a one-record frame is: SSL_write goes on after a kernel timeout
-that cut a write short, so a write of several records could take several timeouts, and one
-of one record no more than two.  (A one-record write cut short so, by a peer that stopped
-reading with its window nearly full, may take up to twice the time left.)  Python's own
-timeout for such a write instead cost an ioctl each way, a poll() and two fcntl() a frame.
+context.  TLS is kept in memory (:class:`~rmqha.net.memory_tls.MemoryTls`) and the socket
+stays the plaintext link's, its deadline kept by SO_RCVTIMEO/SO_SNDTIMEO: a frame is sealed
+into its records, which leave in one ``send`` (a batch reaches the broker whole, not a
+record at a time), and an answer is one ``recv`` opened after; the handshake is the same
+sends and receives, within the connect's deadline.  (An ``SSLSocket`` over such a socket had
+to be told it was non-blocking, so SSL_read gave up on a record without data, TLS 1.3's
+session tickets, as if the kernel timeout had run out, and SSL_write went on after one had
+cut a write short, so a frame went one record per SSL_write.)
 """
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import ssl
 import struct
@@ -61,6 +54,7 @@ from rmqha._core.send_codec_py import Answer
 from rmqha.errors import ProtocolError, RemotingError, RemotingTimeoutError
 from rmqha.net.client import split_address
 from rmqha.net.client_security import ClientSecurity, current
+from rmqha.net.memory_tls import MemoryTls
 from rmqha.protocol.command import (
     DEFAULT_MAX_FRAME_BYTES,
     FLAG_RESPONSE,
@@ -77,8 +71,9 @@ _TIMEVAL = struct.Struct("@ll")
 #: Bytes asked of one recv: a send's answer is a few hundred, a route a few KiB.
 _RECV_BYTES = 64 * 1024
 _LENGTH = struct.Struct(">i")
-#: The most a TLS record carries: a frame up to this is one SSL_write of one record.
-_TLS_RECORD = 16 * 1024
+#: Plaintext sealed per send: a frame up to this (every batch) is one send of its records,
+#: a bigger one (up to max_frame_bytes) is not copied whole into ciphertext at once.
+_SEAL_BYTES = 1 << 20
 #: The client send codec: a send's answer read in one call (:meth:`BlockingLink.send`).
 _CODEC = load("send_codec")
 
@@ -93,6 +88,8 @@ class BlockingLink:
         self.host, self.port = split_address(addr)
         self.max_frame_bytes = max_frame_bytes
         self._sock: socket.socket | None = None
+        #: The TLS of the connection (None: plaintext).
+        self._tls: MemoryTls | None = None
         #: Bytes read but not yet split into frames.
         self._buf = bytearray()
         #: The socket's SO_RCVTIMEO and SO_SNDTIMEO, in ms (0: not set).
@@ -147,8 +144,8 @@ class BlockingLink:
             response = self._receive(sock, opaque, deadline, fields)
             done = True
             return response
-        # BlockingIOError, SSLWant*Error: SO_RCVTIMEO/SNDTIMEO ran out (see the docstring)
-        except (TimeoutError, BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+        # BlockingIOError: SO_RCVTIMEO/SNDTIMEO ran out (see _arm)
+        except (TimeoutError, BlockingIOError):
             raise RemotingTimeoutError(
                 f"no response from {self.addr} to {describe()} within {timeout:.3f}s"
             ) from None
@@ -163,6 +160,7 @@ class BlockingLink:
 
     def close(self) -> None:
         sock, self._sock = self._sock, None
+        self._tls = None
         self._timeout_ms = 0
         # Bytes of a frame of the old connection mean nothing on the next one.
         self._buf = bytearray()
@@ -189,33 +187,41 @@ class BlockingLink:
             raise RemotingError(f"cannot connect to {self.addr}: {exc}") from exc
         # A request is one small write answered at once: Nagle would hold it back.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        context = current(self.security.ssl_context) if self.security is not None else None
-        if context is not None:
-            self._sock = self._tls(sock, context)
-            return self._sock
         # Blocking mode: the deadline is kept by the kernel's send and receive timeouts
         # (see _arm), not by Python's per-call poll() (settimeout costs an ioctl per call
         # and a poll() before every send and recv: four system calls of the six a request
         # took).
         sock.settimeout(None)
+        context = current(self.security.ssl_context) if self.security is not None else None
+        if context is not None:
+            self._tls = self._handshake(sock, context, deadline)
         self._sock = sock
         return sock
 
-    def _tls(self, sock: socket.socket, context: ssl.SSLContext) -> ssl.SSLSocket:
-        """``sock`` after a TLS handshake within its connect timeout (the socket closed
-        and RemotingError when the handshake fails)."""
+    def _handshake(self, sock: socket.socket, context: ssl.SSLContext,
+                   deadline: float) -> MemoryTls:
+        """The TLS of ``sock`` after a handshake by ``deadline`` (the socket closed, and
+        RemotingError when the handshake fails, RemotingTimeoutError when it is late)."""
+        tls = MemoryTls(context, self.host)
         try:
-            tls = context.wrap_socket(sock, server_hostname=self.host)
+            while not tls.handshake():
+                self._write(sock, tls.records(), deadline)
+                self._arm(sock, deadline)
+                data = sock.recv(_RECV_BYTES)
+                if not data:
+                    raise RemotingError(f"TLS handshake with {self.addr} failed: "
+                                        "connection closed by the peer")
+                tls.feed(data)
+            self._write(sock, tls.records(), deadline)  # our last flight
         except ssl.SSLError as exc:
             sock.close()
             raise RemotingError(f"TLS handshake with {self.addr} failed: {exc}") from exc
+        except (TimeoutError, BlockingIOError):
+            sock.close()
+            raise RemotingTimeoutError(f"TLS handshake with {self.addr} timed out") from None
         except BaseException:
             sock.close()
             raise
-        # The deadline as for plaintext (see the module docstring): no poll() in Python,
-        # blocking calls the kernel ends.
-        tls.settimeout(0)
-        os.set_blocking(tls.fileno(), True)
         return tls
 
     def _arm(self, sock: socket.socket, deadline: float) -> None:
@@ -236,27 +242,47 @@ class BlockingLink:
             self._timeout_ms = ms
 
     def _send(self, sock: socket.socket, frame: bytes, deadline: float) -> None:
-        if len(frame) > _TLS_RECORD and isinstance(sock, ssl.SSLSocket):
-            self._send_records(sock, frame, deadline)
+        tls = self._tls
+        if tls is None:
+            self._write(sock, frame, deadline)
+        elif len(frame) <= _SEAL_BYTES:
+            self._write(sock, tls.seal(frame), deadline)
+        else:
+            with memoryview(frame) as view:
+                for at in range(0, len(frame), _SEAL_BYTES):
+                    self._write(sock, tls.seal(view[at:at + _SEAL_BYTES]), deadline)
+
+    def _write(self, sock: socket.socket, data: bytes, deadline: float) -> None:
+        """All of ``data`` by ``deadline``."""
+        if not data:  # a handshake's step that made no record
             return
         # Not sendall: each of its sends would wait the whole timeout again.
         self._arm(sock, deadline)
-        sent = sock.send(frame)
-        if sent < len(frame):  # a big batch, or a peer that stopped reading
-            view = memoryview(frame)
-            while sent < len(frame):
+        sent = sock.send(data)
+        if sent < len(data):  # a big batch, or a peer that stopped reading
+            view = memoryview(data)
+            while sent < len(data):
                 self._arm(sock, deadline)
                 sent += sock.send(view[sent:])
 
-    def _send_records(self, sock: ssl.SSLSocket, frame: bytes, deadline: float) -> None:
-        """A frame of several TLS records, one SSL_write a record, each given the time left
-        (see the module docstring): SSL_write carries on after a write SO_SNDTIMEO cut
-        short with a fresh kernel timeout, so one write of them all could take several."""
-        view = memoryview(frame)
-        sent = 0
-        while sent < len(frame):
-            self._arm(sock, deadline)
-            sent += sock.send(view[sent:sent + _TLS_RECORD])
+    def _read(self, sock: socket.socket, deadline: float) -> bytes:
+        """The plaintext one read by ``deadline`` brings (b"" when it ends no TLS record
+        with data); RemotingError when the peer closed the connection."""
+        self._arm(sock, deadline)
+        data = sock.recv(_RECV_BYTES)
+        if not data:
+            raise RemotingError(f"connection {self.addr} closed by the peer")
+        tls = self._tls
+        if tls is None:
+            return data
+        try:
+            plain = tls.open(data)
+        except RemotingError as exc:  # the peer closed its TLS
+            raise RemotingError(f"connection {self.addr}: {exc}") from None
+        records = tls.records()  # TLS's own answer, e.g. to a key update
+        if records:
+            self._write(sock, records, deadline)
+        return plain
 
     def _receive(self, sock: socket.socket, opaque: int, deadline: float,
                  fields: bool) -> RemotingCommand | Answer:
@@ -264,10 +290,7 @@ class BlockingLink:
         send codec reads them; a frame the codec does not read (a binary header) is
         decoded whole and its fields taken from the command."""
         while True:
-            self._arm(sock, deadline)
-            data = sock.recv(_RECV_BYTES)
-            if not data:
-                raise RemotingError(f"connection {self.addr} closed by the peer")
+            data = self._read(sock, deadline)
             found: RemotingCommand | Answer | None = None
             for frame in self._frames(data):  # ProtocolError past max_frame_bytes
                 answer = _CODEC.decode_send_answer(frame) if fields else None

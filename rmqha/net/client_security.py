@@ -25,6 +25,7 @@ certificate too, for servers that require one) or a ready ``ssl.SSLContext``.
 """
 from __future__ import annotations
 
+import functools
 import os
 import ssl
 import struct
@@ -35,7 +36,7 @@ from pathlib import Path
 from rmqha.errors import ConfigError
 from rmqha.protocol.command import RemotingCommand
 from rmqha.security.channel_auth import ChannelKey
-from rmqha.security.signature import ACCESS_KEY, mac_for, sign, signed_fields
+from rmqha.security.signature import ACCESS_KEY, mac_for, sign, signed_fields_with
 from rmqha.security.tls import ReloadingContext, TlsSettings
 
 ENV_ACCESS_KEY = "RMQHA_ACCESS_KEY"
@@ -94,9 +95,8 @@ class Credentials:
         ``Signature`` :meth:`sign` would add: what the broker reads from it is what it
         reads from the command :meth:`sign` signs.  None when this cannot be done in
         place (a security token, an access key JSON would escape, another header)."""
-        key = self.access_key
-        if self.security_token is not None or not (
-                key.isascii() and key.isprintable() and '"' not in key and "\\" not in key):
+        ours = self._in_place
+        if ours is None:
             return None
         total, ori = _LENGTHS.unpack_from(frame, 0)
         at = frame.find(_EXT_START, 8, 8 + (ori & 0xFFFFFF)) + len(_EXT_START)
@@ -104,10 +104,20 @@ class Credentials:
             return None  # not JSON, no extFields entry to put ours before, or no room
         # The body hashed where it is, after the fields (no joined copy of a batch's body).
         signature = mac_for(self.secret_key).base64(
-            signed_fields({**ext_fields, ACCESS_KEY: key}), body)
-        ours = b'"%s":"%s","Signature":"%s",' % (ACCESS_KEY.encode(), key.encode(), signature)
+            signed_fields_with(ext_fields, ACCESS_KEY, self.access_key), body)
+        ours = b'%s%s",' % (ours, signature)
         return b"".join([_LENGTHS.pack(total + len(ours), ori + len(ours)), frame[8:at], ours,
                          frame[at:]])
+
+    @functools.cached_property
+    def _in_place(self) -> bytes | None:
+        """What :meth:`sign_send_frame` puts before the signature's value; None when it
+        cannot sign in place (a security token, an access key JSON would escape)."""
+        key = self.access_key
+        if self.security_token is not None or not (
+                key.isascii() and key.isprintable() and '"' not in key and "\\" not in key):
+            return None
+        return b'"%s":"%s","Signature":"' % (ACCESS_KEY.encode(), key.encode())
 
 
 def client_context(tls: TlsOption) -> ContextSource | None:

@@ -270,6 +270,50 @@ def test_blocking_link_over_tls_gives_up_a_write_the_peer_does_not_read(pki: Pki
     assert all(0.9 <= took < 3.0 for _, took in outcomes), outcomes
 
 
+def test_blocking_link_handshake_checks_certificates_and_keeps_its_deadline(pki: Pki) -> None:
+    """The blocking link's handshake (its TLS in memory): the cluster's certificates get an
+    answer naming the client; a server the CA did not sign, and no client certificate, are
+    refused; a peer that never answers the handshake times out at the request's deadline."""
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts (backlog), never speaks
+
+    def outcome(addr: str, tls: TlsSettings, timeout: float = 5.0) -> tuple[str, float]:
+        start = time.monotonic()
+        with BlockingLink(addr, security=ClientSecurity(client_context(tls))) as link:
+            try:
+                got = link.request(RemotingCommand.request(RequestCode.GET_BROKER_EPOCH_CACHE),
+                                   timeout)
+                return f"answered {got.remark}", time.monotonic() - start
+            except RemotingTimeoutError as exc:
+                return f"timed out: {exc}", time.monotonic() - start
+            except RemotingError as exc:
+                return f"refused: {exc}", time.monotonic() - start
+
+    async def main() -> dict[str, tuple[str, float]]:
+        tls = server_tls(pki.good, BROKER, pki.ca)
+        async with RemotingServer("127.0.0.1", 0, {RequestCode.GET_BROKER_EPOCH_CACHE: _ok},
+                                  tls=tls) as server:
+            cases = {"good": client_tls(pki.good, CLIENT, pki.ca),
+                     "foreign CA": client_tls(pki.foreign, CLIENT),
+                     "no certificate": client_tls(pki.good, None, pki.ca)}
+            loop = asyncio.get_running_loop()
+            out = {name: await loop.run_in_executor(None, outcome, server.address, settings)
+                   for name, settings in cases.items()}
+            out["silent"] = await loop.run_in_executor(
+                None, outcome, "127.0.0.1:%d" % silent.getsockname()[1], cases["good"], 1.0)
+            return out
+
+    try:
+        out = run(main())
+    finally:
+        silent.close()
+    assert out["good"][0] == f"answered {CLIENT}", out
+    assert out["foreign CA"][0].startswith("refused: TLS handshake with"), out
+    assert "certificate verify failed" in out["foreign CA"][0], out
+    assert out["no certificate"][0].startswith("refused: "), out
+    assert out["silent"][0].startswith("timed out: TLS handshake with 127.0.0.1:"), out
+    assert 0.9 <= out["silent"][1] < 3.0, out
+
+
 async def _ok(cmd: RemotingCommand, conn: Any) -> RemotingCommand:
     return cmd.response(ResponseCode.SUCCESS, str(conn.peer_identity))
 
