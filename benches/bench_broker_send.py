@@ -28,33 +28,11 @@ from rmqha.protocol.command import SERIALIZE_JSON, SERIALIZE_ROCKETMQ, RemotingC
 from rmqha.protocol.headers import SendHeader
 from rmqha.protocol.message import encode_batch_entries
 from rmqha.store import CommitLog
+from rmqha.testing.recording_transport import RecordingTransport
 
 SENDS = 64
 PIPELINED = 32
 BODY = b"x" * 1024
-
-
-class _Sink(asyncio.Transport):
-    """A transport that keeps only the count of bytes written."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = 0
-
-    def write(self, data: Any) -> None:
-        self.written += len(data)
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 40000) if name == "peername" else default
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
 
 
 def _frames(serialize_type: int, batch: int) -> tuple[list[bytes], bytes]:
@@ -89,7 +67,7 @@ class _Broker:
         if fast:
             d.register_plain_send(*self.svc.plain_send_handler())
         self.conn = Connection(d, 64 << 20)
-        self.sink = _Sink()
+        self.sink = RecordingTransport(keep=False)
         self.conn.connection_made(self.sink)
 
     async def round(self, singles: list[bytes], pipelined: bytes, answer_bytes: int) -> None:

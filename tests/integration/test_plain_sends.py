@@ -34,29 +34,7 @@ from rmqha.protocol.headers import SendHeader
 from rmqha.protocol.message import BatchItem, encode_batch
 from rmqha.security.signature import sign
 from rmqha.store import CommitLog
-
-
-class RecordingTransport(asyncio.Transport):
-    """What a connection writes, and a fixed peer."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.out = bytearray()
-
-    def write(self, data: Any) -> None:
-        self.out += data
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 40000) if name == "peername" else default
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
+from rmqha.testing.recording_transport import RecordingTransport
 
 
 class Side:

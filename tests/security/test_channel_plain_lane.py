@@ -20,32 +20,10 @@ from rmqha.protocol.command import RemotingCommand, encode
 from rmqha.protocol.headers import SendHeader
 from rmqha.security.channel_auth import PREFACE, ChannelEndpoint, key_from_text
 from rmqha.security.identity import Identity, Role
+from rmqha.testing.recording_transport import RecordingTransport
 
 SECRET = "0123456789abcdef-plain-lane-secret"
 BROKER = Identity.broker("C", "g1", "b-1")
-
-
-class _Transport(asyncio.Transport):
-    """Records what the connection writes."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.out = bytearray()
-
-    def write(self, data: Any) -> None:
-        self.out += data
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 40000) if name == "peername" else default
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
 
 
 def _send(i: int) -> bytes:
@@ -54,7 +32,7 @@ def _send(i: int) -> bytes:
                                   ext_fields=h.build(v2=True), body=b"m%d" % i))
 
 
-def _connection(taken: list[int]) -> tuple[Connection, _Transport]:
+def _connection(taken: list[int]) -> tuple[Connection, RecordingTransport]:
     """A broker-like accepted connection: the plain-send lane, then the channel layer."""
     d = Dispatcher({})
 
@@ -65,7 +43,7 @@ def _connection(taken: list[int]) -> tuple[Connection, _Transport]:
     d.register_plain_send(plain, ())
     conn = Connection(d, 1 << 20)
     conn.use_layer(accepting_layer(key_from_text(SECRET, BROKER, (Role.CONTROLLER,)))(conn))
-    transport = _Transport()
+    transport = RecordingTransport()
     conn.connection_made(transport)
     return conn, transport
 
