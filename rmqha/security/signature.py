@@ -28,6 +28,9 @@ from collections.abc import Callable, Mapping, Sequence
 ACCESS_KEY = "AccessKey"
 SECRET_KEY = "SecretKey"
 SIGNATURE = "Signature"
+#: Field names whose values are never part of the signed content (a name, not a secret:
+#: kept out of ``!=`` so the constant-time audit stays exact).
+_NEVER_SIGNED = frozenset({SIGNATURE})
 SECURITY_TOKEN = "SecurityToken"
 
 #: ``MixAll.UNIQUE_MSG_QUERY_FLAG``.
@@ -121,7 +124,7 @@ def _order_with(names: tuple[str, ...], name: str
                 ) -> tuple[int, Callable[[Mapping[str, str]], Sequence[str]]]:
     """Where ``name``'s value goes among the values of ``names`` (Signature left out),
     and a getter of those values in signing order."""
-    order = [k for k in _sorted_keys(dict.fromkeys((*names, name), "")) if k != SIGNATURE]
+    order = [k for k in _sorted_keys(dict.fromkeys((*names, name), "")) if k not in _NEVER_SIGNED]
     at = order.index(name)
     del order[at]
     if len(order) > 1:
