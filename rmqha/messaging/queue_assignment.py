@@ -23,7 +23,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from rmqha.protocol.route import TopicRoute
 from rmqha.errors import ProtocolError, RemoteCommandError, RemotingError
 from rmqha.messaging.assignment import (
     MQ,
@@ -43,6 +42,7 @@ from rmqha.messaging.state_replication import StateReplication
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.command import RemotingCommand
 from rmqha.protocol.headers import RouteInfoHeader
+from rmqha.protocol.route import TopicRoute
 from rmqha.protocol.topics import RETRY_GROUP_TOPIC_PREFIX
 
 log = logging.getLogger(__name__)
