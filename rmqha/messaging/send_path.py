@@ -234,7 +234,7 @@ class SendPath:
         started = time.perf_counter()
         try:
             send = self._prepare(cmd, conn, group)
-            placed = self._store(send, conn)
+            placed = self._store(send, conn, grouped=True)
         except Refused as r:
             resp = cmd.response(r.code, r.remark, r.ext)
             self._observe(resp, started)
@@ -314,7 +314,8 @@ class SendPath:
         except (StoreError, InvalidMessageError):
             return False  # nothing stored: the ordinary way meets it again and answers it
         rows = [(offset, size)]
-        self._stored(rows, conn)
+        if self.ctx.metrics is not None:
+            self._count(rows)
         group.answers.append(_Answer(None, queue_id, rows, started, send, queue_offset))
         return True
 
@@ -336,7 +337,8 @@ class SendPath:
         except StoreError as exc:
             self._refuse_plain(send, conn, ResponseCode.MESSAGE_ILLEGAL, str(exc), started)
             return True
-        self._stored(placed, conn)
+        if self.ctx.metrics is not None:
+            self._count(placed)
         group.answers.append(_Answer(None, queue_id, placed, started, send))
         return True
 
@@ -380,6 +382,9 @@ class SendPath:
         answers = group.answers
 
         def durable(code: int, status: str) -> None:
+            if code == ResponseCode.SUCCESS and ctx.metrics is None:
+                self._answer_ok(conn, answers, status)
+                return
             replication = ctx.replication
             for a in answers:
                 c, st = code, status
@@ -401,6 +406,26 @@ class SendPath:
                 conn.answer(cmd, resp)
 
         self.writer.when_durable(end, durable)
+
+    def _answer_ok(self, conn: Any, answers: list[_Answer], status: str) -> None:
+        """A group's answers when all succeeded (and no metrics to observe): the plain
+        sends' frames encoded in one loop and queued together, in the group's order (a
+        command's answer goes between them where it stands)."""
+        frames: list[bytes] = []
+        for a in answers:
+            plain = a.plain
+            if plain is not None:
+                frames.append(self._plain_ok(plain, a, status))
+                continue
+            if frames:
+                conn.answer_frames(frames)
+                frames = []
+            cmd = a.cmd
+            assert cmd is not None
+            conn.answer(cmd, self._answer(cmd, a.reply_queue_id, a.placed,
+                                          ResponseCode.SUCCESS, status))
+        if frames:
+            conn.answer_frames(frames)
 
     def _plain_ok(self, send: SendFrame, a: _Answer, status: str) -> bytes:
         """The SUCCESS answer of a plain send, as :meth:`_answer` would make it."""
@@ -544,8 +569,9 @@ class SendPath:
             raise Refused(ResponseCode.NO_PERMISSION, f"topic {topic} is not writable")
         return cfg
 
-    def _store(self, send: _Send, conn: Any) -> list[tuple[int, int]]:
-        """Append the send's rows and start them towards the slaves."""
+    def _store(self, send: _Send, conn: Any, grouped: bool = False) -> list[tuple[int, int]]:
+        """Append the send's rows and start them towards the slaves (``grouped``: the
+        group's close does, once for all its sends)."""
         try:
             if send.batch is not None:
                 placed = self.writer.append_batch_now(send.topic, send.queue_id, send.batch,
@@ -561,17 +587,19 @@ class SendPath:
             raise Refused(ResponseCode.SERVICE_NOT_AVAILABLE, str(exc)) from None
         except StoreError as exc:
             raise Refused(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
-        self._stored(placed, conn)
-        return placed
-
-    def _stored(self, placed: list[tuple[int, int]], conn: Any) -> None:
-        """Start what was appended towards the slaves, and count it."""
         ctx = self.ctx
-        if ctx.replication is not None and getattr(conn, "in_flight", 0) <= 1:
+        if (not grouped and ctx.replication is not None
+                and getattr(conn, "in_flight", 0) <= 1):
             ctx.replication.push_now()  # alone on its connection: no turn to share
         if ctx.metrics is not None:
-            ctx.metrics.messages_stored.inc(len(placed))
-            ctx.metrics.bytes_stored.inc(sum(size for _, size in placed))
+            self._count(placed)
+        return placed
+
+    def _count(self, placed: list[tuple[int, int]]) -> None:
+        m = self.ctx.metrics
+        if m is not None:
+            m.messages_stored.inc(len(placed))
+            m.bytes_stored.inc(sum(size for _, size in placed))
 
     def _answer(self, cmd: RemotingCommand, reply_queue_id: int, placed: list[tuple[int, int]],
                 code: int, status: str) -> RemotingCommand:
