@@ -7,11 +7,12 @@ broker's ack and flush policies.
 """
 from __future__ import annotations
 
+import logging
 import random
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Sequence
 
 from rmqha import _core
 from rmqha._core._protocols import SendFrame
@@ -66,6 +67,7 @@ from rmqha.messaging.transactions import (
 )
 from rmqha.protocol.command import VERSION, RemotingCommand
 
+log = logging.getLogger(__name__)
 _records = _core.load("records")
 _send_frames = _core.load("send_frames")
 #: As RocketMQ's MessageDecoder: at most this many messages in one batch body.
@@ -284,6 +286,38 @@ class SendPath:
         finally:
             if opened:
                 conn.at_end_of_dispatch(partial(self._close_group, group))
+
+    def on_plain_sends(self, sends: Sequence[SendFrame], conn: Any) -> int:
+        """:meth:`on_plain_send` for a run of plain sends that arrived together, in one
+        call (:meth:`rmqha.net.connection.Dispatcher.register_plain_sends`): how many,
+        from the first, it took; the next is left to the ordinary way.  A failure of
+        its own on one send answers that send SYSTEM_ERROR, as the connection would."""
+        group = self._group
+        opened = group is None or group.conn is not conn
+        if opened:
+            group = self._open_group(conn)
+            if group is None:
+                return 0
+        assert group is not None
+        taken = 0
+        try:
+            for send in sends:
+                if not self._take_one(send, conn, group):
+                    break
+                taken += 1
+        finally:
+            if opened:
+                conn.at_end_of_dispatch(partial(self._close_group, group))
+        return taken
+
+    def _take_one(self, send: SendFrame, conn: Any, group: _SendGroup) -> bool:
+        try:
+            return self._take_plain(send, conn, group)
+        except Exception as exc:  # a bug here answers SYSTEM_ERROR, never loses the link
+            log.exception("plain send from %s failed", getattr(conn, "name", conn))
+            self._refuse_plain(send, conn, ResponseCode.SYSTEM_ERROR,
+                               f"{type(exc).__name__}: {exc}", time.perf_counter())
+            return True
 
     def _take_plain(self, send: SendFrame, conn: Any, group: _SendGroup) -> bool:
         started = time.perf_counter() if self.ctx.metrics is not None else 0.0
