@@ -321,6 +321,8 @@ class Broker:
             self.server.register_immediate(code, self._guard_now(now))
         plain, refuse = self.message_service.plain_send_handler()
         self.server.dispatcher.register_plain_send(self._guard_now(plain), refuse)
+        self.server.dispatcher.register_plain_sends(
+            self._guard_many(self.message_service.plain_sends_handler()))
         # Over mutual TLS a role notice comes only from a controller's certificate.
         self.server.register(RequestCode.NOTIFY_BROKER_ROLE_CHANGED,
                              PeerCheck(self.tls).guarded(lambda cmd: FROM_CONTROLLER,
@@ -482,6 +484,15 @@ class Broker:
             return self.role == Role.MASTER and handler(cmd, conn)
 
         return guarded_now
+
+    def _guard_many(self, handler: Any) -> Any:
+        """:meth:`_guard_now` for a run of plain sends: a master takes them, anything else
+        takes none (each then goes the guarded way, which refuses it)."""
+
+        def guarded_many(sends: Any, conn: Connection) -> int:
+            return handler(sends, conn) if self.role == Role.MASTER else 0
+
+        return guarded_many
 
     def _ha_config(self) -> HAConfig:
         return HAConfig.from_object(self.config)

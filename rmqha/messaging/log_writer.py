@@ -94,15 +94,12 @@ class LogWriter:
         size, queue offset), the last as the append assigned it (the answer carries it,
         without reading the record back).  InvalidMessageError when they are not
         canonical (nothing is stored)."""
-        log_ = self.ctx.log
         with self._append_lock:
-            offset, size = log_.append(
-                topic, body, queue_id, properties, flag=flag, sys_flag=sys_flag,
-                born_timestamp=born_timestamp, born_host=born_host,
-                reconsume_times=reconsume_times, wait_flush=False)
-            queue_offset: int = log_.last_queue_offset
+            placed: tuple[int, int, int] = self.ctx.log.append_plain(
+                topic, body, queue_id, properties, flag, sys_flag, born_timestamp, born_host,
+                reconsume_times)
         hit(Failpoint.AFTER_APPEND)
-        return offset, size, queue_offset
+        return placed
 
     def append_batch_now(self, topic: str, queue_id: int, batch: bytes | memoryview, count: int,
                          sys_flag: int, born_timestamp: int,

@@ -7,11 +7,12 @@ broker's ack and flush policies.
 """
 from __future__ import annotations
 
+import logging
 import random
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Sequence
 
 from rmqha import _core
 from rmqha._core._protocols import SendFrame
@@ -66,6 +67,7 @@ from rmqha.messaging.transactions import (
 )
 from rmqha.protocol.command import VERSION, RemotingCommand
 
+log = logging.getLogger(__name__)
 _records = _core.load("records")
 _send_frames = _core.load("send_frames")
 #: As RocketMQ's MessageDecoder: at most this many messages in one batch body.
@@ -234,7 +236,7 @@ class SendPath:
         started = time.perf_counter()
         try:
             send = self._prepare(cmd, conn, group)
-            placed = self._store(send, conn)
+            placed = self._store(send, conn, grouped=True)
         except Refused as r:
             resp = cmd.response(r.code, r.remark, r.ext)
             self._observe(resp, started)
@@ -285,6 +287,38 @@ class SendPath:
             if opened:
                 conn.at_end_of_dispatch(partial(self._close_group, group))
 
+    def on_plain_sends(self, sends: Sequence[SendFrame], conn: Any) -> int:
+        """:meth:`on_plain_send` for a run of plain sends that arrived together, in one
+        call (:meth:`rmqha.net.connection.Dispatcher.register_plain_sends`): how many,
+        from the first, it took; the next is left to the ordinary way.  A failure of
+        its own on one send answers that send SYSTEM_ERROR, as the connection would."""
+        group = self._group
+        opened = group is None or group.conn is not conn
+        if opened:
+            group = self._open_group(conn)
+            if group is None:
+                return 0
+        assert group is not None
+        taken = 0
+        try:
+            for send in sends:
+                if not self._take_one(send, conn, group):
+                    break
+                taken += 1
+        finally:
+            if opened:
+                conn.at_end_of_dispatch(partial(self._close_group, group))
+        return taken
+
+    def _take_one(self, send: SendFrame, conn: Any, group: _SendGroup) -> bool:
+        try:
+            return self._take_plain(send, conn, group)
+        except Exception as exc:  # a bug here answers SYSTEM_ERROR, never loses the link
+            log.exception("plain send from %s failed", getattr(conn, "name", conn))
+            self._refuse_plain(send, conn, ResponseCode.SYSTEM_ERROR,
+                               f"{type(exc).__name__}: {exc}", time.perf_counter())
+            return True
+
     def _take_plain(self, send: SendFrame, conn: Any, group: _SendGroup) -> bool:
         started = time.perf_counter() if self.ctx.metrics is not None else 0.0
         topic = send[3]
@@ -314,7 +348,8 @@ class SendPath:
         except (StoreError, InvalidMessageError):
             return False  # nothing stored: the ordinary way meets it again and answers it
         rows = [(offset, size)]
-        self._stored(rows, conn)
+        if self.ctx.metrics is not None:
+            self._count(rows)
         group.answers.append(_Answer(None, queue_id, rows, started, send, queue_offset))
         return True
 
@@ -336,7 +371,8 @@ class SendPath:
         except StoreError as exc:
             self._refuse_plain(send, conn, ResponseCode.MESSAGE_ILLEGAL, str(exc), started)
             return True
-        self._stored(placed, conn)
+        if self.ctx.metrics is not None:
+            self._count(placed)
         group.answers.append(_Answer(None, queue_id, placed, started, send))
         return True
 
@@ -380,6 +416,9 @@ class SendPath:
         answers = group.answers
 
         def durable(code: int, status: str) -> None:
+            if code == ResponseCode.SUCCESS and ctx.metrics is None:
+                self._answer_ok(conn, answers, status)
+                return
             replication = ctx.replication
             for a in answers:
                 c, st = code, status
@@ -401,6 +440,26 @@ class SendPath:
                 conn.answer(cmd, resp)
 
         self.writer.when_durable(end, durable)
+
+    def _answer_ok(self, conn: Any, answers: list[_Answer], status: str) -> None:
+        """A group's answers when all succeeded (and no metrics to observe): the plain
+        sends' frames encoded in one loop and queued together, in the group's order (a
+        command's answer goes between them where it stands)."""
+        frames: list[bytes] = []
+        for a in answers:
+            plain = a.plain
+            if plain is not None:
+                frames.append(self._plain_ok(plain, a, status))
+                continue
+            if frames:
+                conn.answer_frames(frames)
+                frames = []
+            cmd = a.cmd
+            assert cmd is not None
+            conn.answer(cmd, self._answer(cmd, a.reply_queue_id, a.placed,
+                                          ResponseCode.SUCCESS, status))
+        if frames:
+            conn.answer_frames(frames)
 
     def _plain_ok(self, send: SendFrame, a: _Answer, status: str) -> bytes:
         """The SUCCESS answer of a plain send, as :meth:`_answer` would make it."""
@@ -544,8 +603,9 @@ class SendPath:
             raise Refused(ResponseCode.NO_PERMISSION, f"topic {topic} is not writable")
         return cfg
 
-    def _store(self, send: _Send, conn: Any) -> list[tuple[int, int]]:
-        """Append the send's rows and start them towards the slaves."""
+    def _store(self, send: _Send, conn: Any, grouped: bool = False) -> list[tuple[int, int]]:
+        """Append the send's rows and start them towards the slaves (``grouped``: the
+        group's close does, once for all its sends)."""
         try:
             if send.batch is not None:
                 placed = self.writer.append_batch_now(send.topic, send.queue_id, send.batch,
@@ -561,17 +621,19 @@ class SendPath:
             raise Refused(ResponseCode.SERVICE_NOT_AVAILABLE, str(exc)) from None
         except StoreError as exc:
             raise Refused(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
-        self._stored(placed, conn)
-        return placed
-
-    def _stored(self, placed: list[tuple[int, int]], conn: Any) -> None:
-        """Start what was appended towards the slaves, and count it."""
         ctx = self.ctx
-        if ctx.replication is not None and getattr(conn, "in_flight", 0) <= 1:
+        if (not grouped and ctx.replication is not None
+                and getattr(conn, "in_flight", 0) <= 1):
             ctx.replication.push_now()  # alone on its connection: no turn to share
         if ctx.metrics is not None:
-            ctx.metrics.messages_stored.inc(len(placed))
-            ctx.metrics.bytes_stored.inc(sum(size for _, size in placed))
+            self._count(placed)
+        return placed
+
+    def _count(self, placed: list[tuple[int, int]]) -> None:
+        m = self.ctx.metrics
+        if m is not None:
+            m.messages_stored.inc(len(placed))
+            m.bytes_stored.inc(sum(size for _, size in placed))
 
     def _answer(self, cmd: RemotingCommand, reply_queue_id: int, placed: list[tuple[int, int]],
                 code: int, status: str) -> RemotingCommand:

@@ -239,6 +239,11 @@ class MessageService:
         properties must not hold (see :meth:`rmqha.net.connection.Dispatcher.register_plain_send`)."""
         return self._send.plain_send_handler()
 
+    def plain_sends_handler(self) -> Callable[[Any, Any], int]:
+        """The send path's handler of a run of plain sends (see
+        :meth:`rmqha.net.connection.Dispatcher.register_plain_sends`)."""
+        return self._send.on_plain_sends
+
     def set_role(self, role: str, master_address: str | None = None) -> None:
         if role not in ("master", "slave", "fenced"):
             raise ValueError(f"unknown role {role!r}")

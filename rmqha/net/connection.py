@@ -134,6 +134,12 @@ ImmediateHandler = Callable[[RemotingCommand, "Connection"], bool]
 #: the ordinary way, as the command its frame decodes to (False).
 PlainSendHandler = Callable[[SendFrame, "Connection"], bool]
 
+#: ``handler(sends, conn) -> int``: :data:`PlainSendHandler` for a run of plain sends that
+#: arrived together, in one call: how many of them, from the first, it took (and answers);
+#: the one after those goes the ordinary way.  It answers a failure of its own on a send
+#: it took (SYSTEM_ERROR) rather than raise.
+PlainSendsHandler = Callable[[Sequence[SendFrame], "Connection"], int]
+
 #: ``plain_guard(send, conn) -> bool``: with a :data:`Guard`, whether a plain send (parsed
 #: with its ACL signing material) passes it as its command would; False leaves the send to
 #: the guard, as that command.
@@ -156,6 +162,8 @@ class Dispatcher:
         #: Plain sends taken from their frames (see :meth:`register_plain_send`).
         self.plain_send: PlainSendHandler | None = None
         self.plain_send_refuse: tuple[bytes, ...] = ()
+        #: The same for a run of them (see :meth:`register_plain_sends`).
+        self.plain_sends: PlainSendsHandler | None = None
         #: The :attr:`guard`'s check of a plain send (:data:`PlainGuard`); None: a guard
         #: sends every plain send the ordinary way.
         self.plain_guard: PlainGuard | None = None
@@ -178,6 +186,12 @@ class Dispatcher:
         unless :attr:`plain_guard` admits them."""
         self.plain_send = handler
         self.plain_send_refuse = refuse
+
+    def register_plain_sends(self, handler: PlainSendsHandler) -> None:
+        """With :meth:`register_plain_send`: the plain sends a dispatch holds back to back
+        go to ``handler`` in one call (without a :attr:`guard`; with one, each send is
+        checked and goes alone)."""
+        self.plain_sends = handler
 
     async def __call__(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand | None:
         handler = self._handlers.get(cmd.code, self._fallback)
@@ -359,10 +373,43 @@ class Connection(asyncio.Protocol):
         """Dispatch commands that arrived together, then what they asked to run after."""
         self._end_of_dispatch = []
         try:
-            for cmd in commands:
-                self._on_command(cmd)
+            dispatcher = self._dispatcher
+            many = dispatcher.plain_sends if dispatcher is not None else None
+            if many is None or dispatcher is None or dispatcher.guard is not None:
+                for cmd in commands:
+                    self._on_command(cmd)
+            else:
+                self._dispatch_runs(commands, many)
         finally:
             self._run_end_of_dispatch()
+
+    def _dispatch_runs(self, commands: Sequence[RemotingCommand | SendFrame | RawAnswer],
+                       many: PlainSendsHandler) -> None:
+        """:meth:`_dispatch` with each run of back-to-back plain sends in one call of the
+        dispatcher's run handler; the send it does not take goes the ordinary way."""
+        i, n = 0, len(commands)
+        while i < n:
+            if type(commands[i]) is not tuple:
+                self._on_command(commands[i])
+                i += 1
+                continue
+            j = i + 1
+            while j < n and type(commands[j]) is tuple:
+                j += 1
+            run = cast("list[SendFrame]", commands[i:j])
+            self._immediate += len(run)
+            try:
+                taken = many(run, self)
+            except Exception:  # unknown which were stored: the client retries elsewhere
+                log.exception("plain sends handler failed on %s; closing it", self.name)
+                self._immediate -= len(run)
+                self._mark_closed("plain sends handler failed")
+                return
+            self._immediate -= len(run) - taken
+            i += taken
+            if i < j:  # the one it left, the ordinary way (refusals are answered there)
+                self._on_command(command_of(run[taken]))
+                i += 1
 
     def _dispatch_some(self) -> None:
         """The next DISPATCH_BUDGET commands of the backlog; the rest in a later turn, with
@@ -564,6 +611,24 @@ class Connection(asyncio.Protocol):
             self._queue_bytes(data, len(self._tasks) + self._immediate > 0)
         except RemotingError as exc:
             log.debug("could not answer a send: %s", exc)
+
+    def answer_frames(self, frames: list[bytes]) -> None:
+        """:meth:`answer_frame` for the answers one ack released, in their order: queued
+        as one chunk (one write with what else this turn answers), not one per send."""
+        self._immediate -= len(frames)
+        if self._closed.done() or not frames:
+            return
+        try:
+            if self._seal is not None:  # the frame layer seals frame by frame
+                for data in frames:
+                    self._queue_bytes(data, True)
+            elif self._cork is not None:
+                self._cork.extend(frames)
+            else:
+                self._queue_bytes(frames[0] if len(frames) == 1 else b"".join(frames),
+                                  len(self._tasks) + self._immediate > 0)
+        except RemotingError as exc:
+            log.debug("could not answer %d sends: %s", len(frames), exc)
 
     @staticmethod
     def _stamp(request: RemotingCommand, response: RemotingCommand) -> None:

@@ -41,7 +41,8 @@ class Side:
     """A send path behind a connection, with or without the fast lane."""
 
     def __init__(self, base: Path, fast: bool, replication: Any = None,
-                 guard: Callable[..., None] | None = None, **cfg: Any) -> None:
+                 guard: Callable[..., None] | None = None, runs: bool = False,
+                 **cfg: Any) -> None:
         self.log = CommitLog(base / "cl", segment_bytes=1 << 22, prefault=False,
                              store_host=("127.0.0.1", 10911))
         self.svc = MessageService(self.log, store_dir=base, config=MessagingConfig(**cfg),
@@ -61,6 +62,17 @@ class Side:
                 return taken
 
             d.register_plain_send(counted, refuse)
+        self.run_calls: list[int] = []
+        if runs:
+            many = self.svc.plain_sends_handler()
+
+            def counted_runs(sends: Any, conn: Any) -> int:
+                taken = many(sends, conn)
+                self.taken += taken
+                self.run_calls.append(len(sends))
+                return taken
+
+            d.register_plain_sends(counted_runs)
         self.conn = Connection(d, 1 << 20)
         self.transport = RecordingTransport()
         self.conn.connection_made(self.transport)
@@ -146,13 +158,14 @@ def in_loop(make: Callable[[], tuple[Side, ...]],
     return asyncio.run(main())
 
 
-def run_both(tmp_path: Path, data: list[bytes], **kw: Any) -> tuple[Side, ...]:
+def run_both(tmp_path: Path, data: list[bytes], runs: bool = False,
+             **kw: Any) -> tuple[Side, ...]:
     async def script(sides: tuple[Side, ...]) -> None:
         for side in sides:
             random.seed(29)  # a send without a queue gets a random one: the same on both
             await feed(side, data)
 
-    return in_loop(lambda: (Side(tmp_path / "fast", True, **kw),
+    return in_loop(lambda: (Side(tmp_path / "fast", True, runs=runs, **kw),
                             Side(tmp_path / "slow", False, **kw)), script)
 
 
@@ -160,9 +173,14 @@ def answers(side: Side) -> list[RemotingCommand]:
     return FrameDecoder().feed(bytes(side.transport.out))
 
 
-def test_the_fast_lane_writes_the_ordinary_paths_bytes(tmp_path: Path) -> None:
-    fast, slow = run_both(tmp_path, reads())
+@pytest.mark.parametrize("runs", [False, True], ids=["one-by-one", "runs"])
+def test_the_fast_lane_writes_the_ordinary_paths_bytes(tmp_path: Path, runs: bool) -> None:
+    """One send per call, or a read's back-to-back plain sends in one call (the runs)."""
+    fast, slow = run_both(tmp_path, reads(), runs=runs)
     assert fast.transport.out == slow.transport.out
+    # Runs: a pipelined read's sends went in few calls (the read is fed in two pieces).
+    assert bool(fast.run_calls) == runs and (not runs or max(fast.run_calls) >= 16)
+    assert fast.conn.in_flight == 0
     assert fast.records() == slow.records()
     # The fast lane took the plain sends to existing topics (all but the first to T and U,
     # which create them, and what is not plain or refused).
@@ -196,7 +214,44 @@ def test_refusals_go_the_ordinary_way(tmp_path: Path) -> None:
     assert {a.code for a in answers(sides[0])} == {ResponseCode.SERVICE_NOT_AVAILABLE}
 
 
-def test_a_replica_timeout_is_answered_as_today(tmp_path: Path) -> None:
+def test_a_failing_run_handler_closes_the_link(tmp_path: Path) -> None:
+    """Which sends of a run a raising handler stored is unknown: the link closes (its
+    client retries) rather than answer them twice or never."""
+    def broken(sends: Any, conn: Any) -> int:
+        raise RuntimeError("boom")
+
+    async def script(sides: tuple[Side, ...]) -> None:
+        sides[0].conn._dispatcher.register_plain_sends(broken)  # type: ignore[union-attr]
+        await feed(sides[0], [send(0, queue_id=0) + send(1, queue_id=0)])
+
+    (side,) = in_loop(lambda: (Side(tmp_path, True),), script)
+    assert side.conn.closed and side.conn.close_reason == "plain sends handler failed"
+    assert answers(side) == []
+
+
+def test_a_send_failing_in_a_run_answers_system_error(tmp_path: Path) -> None:
+    """A bug on one send of a run answers it SYSTEM_ERROR; the run goes on."""
+    async def script(sides: tuple[Side, ...]) -> None:
+        svc = sides[0].svc._send  # type: ignore[attr-defined]
+        take = svc._take_plain
+
+        def flaky(send: Any, conn: Any, group: Any) -> bool:
+            if send[1] == 1001:
+                raise RuntimeError("boom")
+            return bool(take(send, conn, group))
+
+        svc._take_plain = flaky
+        await feed(sides[0], [send(0, queue_id=0), send(1, queue_id=0) + send(2, queue_id=0)])
+
+    (side,) = in_loop(lambda: (Side(tmp_path, True, runs=True),), script)
+    got = {a.opaque: a for a in answers(side)}
+    assert got[1001].code == ResponseCode.SYSTEM_ERROR and got[1001].remark == "RuntimeError: boom"
+    assert got[1000].code == got[1002].code == ResponseCode.SUCCESS
+    assert not side.conn.closed and side.conn.in_flight == 0
+
+
+@pytest.mark.parametrize("runs", [False, True], ids=["one-by-one", "runs"])
+def test_a_replica_timeout_is_answered_as_today(tmp_path: Path, runs: bool) -> None:
     """The non-SUCCESS answer of a send the fast lane took (made by the ordinary encoder)."""
     repls = (ScriptedReplication(), ScriptedReplication())
     warm = [send(0, queue_id=0)]
@@ -213,7 +268,7 @@ def test_a_replica_timeout_is_answered_as_today(tmp_path: Path) -> None:
                 done(True)
             await asyncio.sleep(0.01)
 
-    sides = in_loop(lambda: (Side(tmp_path / "f", True, replication=repls[0]),
+    sides = in_loop(lambda: (Side(tmp_path / "f", True, replication=repls[0], runs=runs),
                              Side(tmp_path / "s", False, replication=repls[1])), script)
     assert sides[0].transport.out == sides[1].transport.out
     assert sides[0].taken == 3
