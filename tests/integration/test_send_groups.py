@@ -232,10 +232,10 @@ def test_a_send_that_fails_unexpectedly_leaves_no_group_open(service, monkeypatc
     send_path = svc._send
     real_store = send_path._store
 
-    def store(send: Any, conn: Any) -> Any:
+    def store(send: Any, conn: Any, grouped: bool = False) -> Any:
         if send.rows and send.rows[0][0] == b"boom":
             raise RuntimeError("a bug")
-        return real_store(send, conn)
+        return real_store(send, conn, grouped)
 
     monkeypatch.setattr(send_path, "_store", store)
 
