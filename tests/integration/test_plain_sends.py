@@ -230,17 +230,25 @@ def test_a_failing_run_handler_closes_the_link(tmp_path: Path) -> None:
 
 
 def test_a_send_failing_in_a_run_answers_system_error(tmp_path: Path) -> None:
-    """A bug on one send of a run answers it SYSTEM_ERROR; the run goes on."""
+    """A bug on one send of a run answers it SYSTEM_ERROR; the run goes on.  (A bug
+    while a run is prepared leaves its sends one by one, where the bug is met again.)"""
     async def script(sides: tuple[Side, ...]) -> None:
         svc = sides[0].svc._send  # type: ignore[attr-defined]
         take = svc._take_plain
+        queues = svc._run_queues
 
         def flaky(send: Any, conn: Any, group: Any) -> bool:
             if send[1] == 1001:
                 raise RuntimeError("boom")
             return bool(take(send, conn, group))
 
+        def flaky_run(sends: Any, start: int, group: Any) -> Any:
+            if any(s[1] == 1001 for s in sends[start:]):
+                raise RuntimeError("boom")
+            return queues(sends, start, group)
+
         svc._take_plain = flaky
+        svc._run_queues = flaky_run
         await feed(sides[0], [send(0, queue_id=0), send(1, queue_id=0) + send(2, queue_id=0)])
 
     (side,) = in_loop(lambda: (Side(tmp_path, True, runs=True),), script)
