@@ -64,6 +64,10 @@ class RecordsTwin(Protocol):
     PROPERTY_SEPARATOR: str
     BATCH_ENTRY_FIXED: int
     MAX_PLAIN_KEYS: int
+    RUN_STOP_DONE: int
+    RUN_STOP_FULL: int
+    RUN_STOP_SINGLE: int
+    RUN_MAX_KEYS: int
 
     @property
     def ScanStop(self) -> type[records_py.ScanStop]: ...
@@ -104,6 +108,13 @@ class RecordsTwin(Protocol):
                             store_timestamp: int, store_host: bytes, offsets_out: Any,
                             sizes_out: Any, index: int,
                             max_record: int = ...) -> tuple[int, int, int]: ...
+
+    def write_plain_run(self, buf: WritableBuffer, pos: int, limit: int, base_offset: int,
+                        sends: list[Any], start: int, stop: int, queue_ids: Any,
+                        topics: dict[Any, bytes], queue_offsets: dict[tuple[bytes, int], int],
+                        born_default: int, born_host: bytes, store_timestamp: int,
+                        store_host: bytes, offsets_out: Any, sizes_out: Any,
+                        queue_offsets_out: Any, max_record: int = ...) -> tuple[int, int, int]: ...
 
     def write_blank(self, buf: WritableBuffer, pos: int, size: int) -> None: ...
 
@@ -502,6 +513,10 @@ class SendFramesTwin(Protocol):
     def encode_send_ok(self, serialize_type: int, opaque: int, version: int, msg_id: str,
                        queue_id: int, queue_offset: int, status: str,
                        commit_offset: int) -> bytes: ...
+
+    def encode_send_oks(self, sends: list[SendFrame], start: int, stop: int, version: int,
+                        msg_id_prefix: str, queue_ids: Any, queue_offsets: Any, offsets: Any,
+                        status: str) -> bytes: ...
 
 
 class WaiterQueueLike(Protocol):

@@ -29,6 +29,10 @@ NAME_VALUE_SEPARATOR: str
 PROPERTY_SEPARATOR: str
 BATCH_ENTRY_FIXED: int
 MAX_PLAIN_KEYS: int
+RUN_STOP_DONE: int
+RUN_STOP_FULL: int
+RUN_STOP_SINGLE: int
+RUN_MAX_KEYS: int
 
 def crc32(data: ReadableBuffer, value: int = ...) -> int: ...
 def body_crc(body: ReadableBuffer) -> int: ...
@@ -51,6 +55,12 @@ def write_batch_entries(buf: WritableBuffer, pos: int, limit: int, topic: bytes,
                         born_timestamp: int, born_host: bytes, store_timestamp: int, store_host: bytes,
                         offsets_out: Any, sizes_out: Any, index: int,
                         max_record: int = ...) -> tuple[int, int, int]: ...
+def write_plain_run(buf: WritableBuffer, pos: int, limit: int, base_offset: int,
+                    sends: list[Any], start: int, stop: int, queue_ids: Any,
+                    topics: dict[Any, bytes], queue_offsets: dict[tuple[bytes, int], int],
+                    born_default: int, born_host: bytes, store_timestamp: int,
+                    store_host: bytes, offsets_out: Any, sizes_out: Any,
+                    queue_offsets_out: Any, max_record: int = ...) -> tuple[int, int, int]: ...
 def write_blank(buf: WritableBuffer, pos: int, size: int) -> None: ...
 def scan(buf: ReadableBuffer, pos: int, end: int, base_offset: int, verify_from: int,
          table: dict[tuple[bytes, int], int] | None = ..., lower: bool = ...,

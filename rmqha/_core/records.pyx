@@ -811,6 +811,185 @@ def write_batch_entries(object buf, Py_ssize_t pos, Py_ssize_t limit, bytes topi
     return count, pos, src
 
 
+# --- runs of plain sends (send_frames' SendFrame tuples) -----------------------------------
+
+cdef extern from "Python.h":
+    PyObject* _tuple_item "PyTuple_GET_ITEM"(PyObject*, Py_ssize_t)
+    bint _tuple_check "PyTuple_CheckExact"(PyObject*)
+    Py_ssize_t _tuple_size "PyTuple_GET_SIZE"(PyObject*)
+    bint _long_check "PyLong_CheckExact"(PyObject*)
+    long long _long_value "PyLong_AsLongLongAndOverflow"(PyObject*, int*)
+    PyObject* _dict_get "PyDict_GetItem"(object, PyObject*)
+
+cdef enum:
+    RUN_DONE = 0
+    RUN_FULL = 1
+    RUN_SINGLE = 2
+    C_RUN_KEYS = 32
+    C_V6_HOSTS = 0x30
+
+RUN_STOP_DONE = RUN_DONE
+RUN_STOP_FULL = RUN_FULL
+RUN_STOP_SINGLE = RUN_SINGLE
+RUN_MAX_KEYS = C_RUN_KEYS
+
+
+cdef inline bint _int_in(PyObject* o, int64_t lo, int64_t hi, int64_t* out) noexcept:
+    # An exact int within [lo, hi] (never raises: an exact int cannot fail the conversion).
+    cdef int overflow = 0
+    cdef long long v
+    if not _long_check(o):
+        return False
+    v = _long_value(o, &overflow)
+    if overflow or v < lo or v > hi:
+        return False
+    out[0] = v
+    return True
+
+
+def write_plain_run(object buf, Py_ssize_t pos, Py_ssize_t limit, int64_t base_offset,
+                    list sends, Py_ssize_t start, Py_ssize_t stop, object queue_ids,
+                    dict topics, dict queue_offsets, int64_t born_default, bytes born_host,
+                    int64_t store_timestamp, bytes store_host, object offsets_out,
+                    object sizes_out, object queue_offsets_out,
+                    Py_ssize_t max_record=0x7FFFFFFF):
+    """Encode ``sends[start:stop]`` as records from ``pos`` while each ends at or before
+    ``limit``; returns ``(records written, end position, why it stopped)`` (see
+    ``records_py.write_plain_run``)."""
+    cdef Py_buffer out, qids, offs, szs, qos
+    cdef int have_out = 0, have_qids = 0, have_offs = 0, have_szs = 0
+    cdef unsigned char* d
+    cdef PyObject* t
+    cdef PyObject* tb
+    cdef PyObject* props
+    cdef PyObject* body
+    cdef PyObject* found
+    cdef int32_t* qid_p
+    cdef int64_t* off_p
+    cdef int32_t* size_p
+    cdef int64_t* qo_p
+    cdef PyObject* key_tb[C_RUN_KEYS]
+    cdef int32_t key_qid[C_RUN_KEYS]
+    cdef int64_t key_next[C_RUN_KEYS]
+    cdef list keys = []
+    cdef Py_ssize_t i, k, nkeys = 0, tlen, plen, blen, size, count = 0
+    cdef int64_t sys_flag, born, flag, reconsume, qoff
+    cdef int32_t qid
+    cdef int why = RUN_DONE
+    cdef object key
+    if stop > len(sends) or start < 0 or start > stop:
+        raise StoreError(f"run {start}..{stop} outside {len(sends)} sends")
+    _check_fields(b"-", b"", born_host, store_host)
+    try:
+        _get_batch_out(buf, &out, pos, limit)
+        have_out = 1
+        _get_int_array(queue_ids, &qids, stop, 4, "queue_ids")
+        have_qids = 1
+        _get_int_array(offsets_out, &offs, stop, 8, "offsets_out")
+        have_offs = 1
+        _get_int_array(sizes_out, &szs, stop, 4, "sizes_out")
+        have_szs = 1
+        _get_int_array(queue_offsets_out, &qos, stop, 8, "queue_offsets_out")
+        qid_p = <int32_t*>qids.buf
+        off_p = <int64_t*>offs.buf
+        size_p = <int32_t*>szs.buf
+        qo_p = <int64_t*>qos.buf
+        try:
+            for i in range(start, stop):
+                # Whatever a check here does not pass goes one by one (append_plain), which
+                # refuses it by name or caches what it lacked (the topic's bytes).
+                why = RUN_SINGLE
+                t = _list_item(sends, i)
+                if not _tuple_check(t) or _tuple_size(t) < 11:
+                    break
+                tb = _dict_get(topics, _tuple_item(t, 3))
+                if tb == NULL or not _bytes_check(tb):
+                    break
+                tlen = _bytes_size(tb)
+                qid = qid_p[i]
+                props = _tuple_item(t, 8)
+                body = _tuple_item(t, 10)
+                if (qid < 0 or tlen == 0 or tlen > 255 or not _bytes_check(props)
+                        or not _bytes_check(body)
+                        or not _int_in(_tuple_item(t, 5), 0, 0x7FFFFFFF, &sys_flag)
+                        or sys_flag & C_V6_HOSTS
+                        or not _int_in(_tuple_item(t, 6), 0, 0x7FFFFFFFFFFFFFFF, &born)
+                        or not _int_in(_tuple_item(t, 7), -0x80000000, 0x7FFFFFFF, &flag)
+                        or not _int_in(_tuple_item(t, 9), 0, 0x7FFFFFFF, &reconsume)):
+                    break
+                plen = _bytes_size(props)
+                blen = _bytes_size(body)
+                if plen > 32767 or blen > C_MAX_BODY:
+                    break
+                size = C_FIXED + blen + tlen + plen
+                if size > max_record:
+                    break
+                if plen and not _plain_properties(<const unsigned char*>_bytes_data(props),
+                                                  plen, (), ()):
+                    break
+                if pos + size > limit:
+                    why = RUN_FULL
+                    break
+                k = 0
+                while k < nkeys and not (key_tb[k] == tb and key_qid[k] == qid):
+                    k += 1
+                if k == nkeys:
+                    if nkeys == C_RUN_KEYS:
+                        break
+                    key = (<object>tb, qid)
+                    found = _dict_get(queue_offsets, <PyObject*>key)
+                    if found == NULL:
+                        qoff = 0
+                    elif not _int_in(found, 0, 0x7FFFFFFFFFFFFFFF, &qoff):
+                        break
+                    keys.append(key)
+                    key_tb[k] = tb
+                    key_qid[k] = qid
+                    key_next[k] = qoff
+                    nkeys += 1
+                qoff = key_next[k]
+                key_next[k] = qoff + 1
+                d = <unsigned char*>out.buf + pos
+                _template(d, qid, <int32_t>flag, <int32_t>sys_flag,
+                          born if born else born_default, <const char*>born_host,
+                          store_timestamp, <const char*>store_host, <int32_t>reconsume, 0)
+                rmqha_put32(d, <uint32_t>size)
+                rmqha_put32(d + 8, rmqha_crc32_copy(0, d + C_HEAD,
+                                                    <const unsigned char*>_bytes_data(body),
+                                                    <size_t>blen) & 0x7FFFFFFFu)
+                rmqha_put64(d + 20, <uint64_t>qoff)
+                rmqha_put64(d + 28, <uint64_t>(base_offset + pos))
+                rmqha_put32(d + 84, <uint32_t>blen)
+                d += C_HEAD + blen
+                d[0] = <unsigned char>tlen
+                memcpy(d + 1, _bytes_data(tb), <size_t>tlen)
+                d += 1 + tlen
+                d[0] = <unsigned char>(plen >> 8)
+                d[1] = <unsigned char>(plen & 0xFF)
+                memcpy(d + 2, _bytes_data(props), <size_t>plen)
+                off_p[i] = base_offset + pos
+                size_p[i] = <int32_t>size
+                qo_p[i] = qoff
+                pos += size
+                count += 1
+                why = RUN_DONE
+        finally:
+            PyBuffer_Release(&qos)
+            # The table moves with what was written, whatever stopped the run.
+            for k in range(nkeys):
+                queue_offsets[keys[k]] = key_next[k]
+    finally:
+        if have_szs:
+            PyBuffer_Release(&szs)
+        if have_offs:
+            PyBuffer_Release(&offs)
+        if have_qids:
+            PyBuffer_Release(&qids)
+        if have_out:
+            PyBuffer_Release(&out)
+    return count, pos, why
+
+
 def write_blank(object buf, Py_ssize_t pos, Py_ssize_t size):
     """Write the blank record header (``size`` = bytes left in the segment, >= 8)."""
     cdef Py_buffer out

@@ -407,6 +407,104 @@ def write_batch_entries(buf, pos: int, limit: int, topic: bytes, batch, src: int
     return count, pos, src
 
 
+# --- runs of plain sends --------------------------------------------------------------
+
+#: Why :func:`write_plain_run` stopped: every send written; the next does not fit before
+#: ``limit`` (reserve or roll, then call again); the next goes one by one (a check it
+#: does not pass, a topic not in ``topics``, or a run's key table full).
+RUN_STOP_DONE = 0
+RUN_STOP_FULL = 1
+RUN_STOP_SINGLE = 2
+#: At most this many (topic, queue) keys in one call.
+RUN_MAX_KEYS = 32
+_V6_HOSTS = 0x30
+_INT32_MAX = 0x7FFFFFFF
+_INT64_MAX = 0x7FFFFFFFFFFFFFFF
+
+
+def _int_in(v: object, lo: int, hi: int) -> bool:
+    return type(v) is int and lo <= v <= hi
+
+
+def _plain_send_size(send: tuple, tb: bytes | None, qid: int, max_record: int) -> int:
+    """The record size of a send the run may take, or -1 when it goes one by one."""
+    if (type(send) is not tuple or len(send) < 11 or type(tb) is not bytes or qid < 0
+            or not 0 < len(tb) <= MAX_TOPIC_BYTES):
+        return -1
+    props, body, sys_flag = send[8], send[10], send[5]
+    if (type(props) is not bytes or type(body) is not bytes
+            or not _int_in(sys_flag, 0, _INT32_MAX) or sys_flag & _V6_HOSTS
+            or not _int_in(send[6], 0, _INT64_MAX)
+            or not _int_in(send[7], -_INT32_MAX - 1, _INT32_MAX)
+            or not _int_in(send[9], 0, _INT32_MAX)
+            or len(props) > MAX_PROPERTIES_BYTES or len(body) > MAX_BODY_BYTES):
+        return -1
+    size = FIXED_SIZE + len(body) + len(tb) + len(props)
+    if size > max_record or (props and not _plain_properties(props, (), ())):
+        return -1
+    return size
+
+
+def write_plain_run(buf, pos: int, limit: int, base_offset: int, sends: list, start: int,
+                    stop: int, queue_ids, topics: dict, queue_offsets: dict,
+                    born_default: int, born_host: bytes, store_timestamp: int,
+                    store_host: bytes, offsets_out, sizes_out, queue_offsets_out,
+                    max_record: int = 0x7FFFFFFF) -> tuple[int, int, int]:
+    """Encode plain sends ``sends[start:stop]`` (``send_frames``' tuples) as records from
+    ``pos`` while each ends at or before ``limit``: the bytes :func:`write_message` writes
+    one by one, send i with queue id ``queue_ids[i]``, topic bytes ``topics[send topic]``,
+    the next queue offset of its (topic bytes, queue id) in ``queue_offsets`` (advanced),
+    its born timestamp or ``born_default`` when 0, and physical offset ``base_offset +
+    its position``.  ``offsets_out[i]`` / ``sizes_out[i]`` / ``queue_offsets_out[i]``
+    (array('q'), array('i'), array('q')) receive them.  Returns ``(records written, end
+    position, RUN_STOP_*)``; a send a check refuses is not written and ends the run."""
+    if stop > len(sends) or start < 0 or start > stop:
+        raise StoreError(f"run {start}..{stop} outside {len(sends)} sends")
+    _check_fields(b"-", b"", born_host, store_host)
+    _check_batch_range(buf, pos, limit)
+    for arr, code, name in ((queue_ids, "i", "queue_ids"), (offsets_out, "q", "offsets_out"),
+                            (sizes_out, "i", "sizes_out"),
+                            (queue_offsets_out, "q", "queue_offsets_out")):
+        if memoryview(arr).format != code or len(arr) < stop:
+            raise StoreError(f"{name} must hold {stop} int{8 if code == 'q' else 32} values")
+    nexts: dict[tuple[bytes, int], int] = {}
+    count, why = 0, RUN_STOP_DONE
+    try:
+        for i in range(start, stop):
+            send = sends[i]
+            qid = queue_ids[i]
+            tb = topics.get(send[3]) if type(send) is tuple and len(send) >= 11 else None
+            size = _plain_send_size(send, tb, qid, max_record)
+            if size < 0 or tb is None:
+                why = RUN_STOP_SINGLE
+                break
+            if pos + size > limit:
+                why = RUN_STOP_FULL
+                break
+            key = (tb, qid)
+            qoff = nexts.get(key)
+            if qoff is None:
+                if len(nexts) == RUN_MAX_KEYS:
+                    why = RUN_STOP_SINGLE
+                    break
+                qoff = queue_offsets.get(key, 0)
+                if not _int_in(qoff, 0, _INT64_MAX):
+                    why = RUN_STOP_SINGLE
+                    break
+            nexts[key] = qoff + 1
+            write_message(buf, pos, tb, send[10], send[8], qid, send[7], qoff,
+                          base_offset + pos, send[5], send[6] or born_default, born_host,
+                          store_timestamp, store_host, send[9], 0)
+            offsets_out[i] = base_offset + pos
+            sizes_out[i] = size
+            queue_offsets_out[i] = qoff
+            pos += size
+            count += 1
+    finally:
+        queue_offsets.update(nexts)
+    return count, pos, why
+
+
 def write_blank(buf, pos: int, size: int) -> None:
     """Write the blank record header (``size`` = bytes left in the segment, >= 8)."""
     if size < MIN_BLANK:

@@ -14,6 +14,8 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport int16_t, int32_t, int64_t, uint32_t
 from libc.string cimport memcpy
+from libc.stdio cimport snprintf
+from libc.stdlib cimport free, malloc
 
 from rmqha.errors import ProtocolError
 
@@ -754,3 +756,104 @@ def encode_send_ok(int serialize_type, int64_t opaque, int version, str msg_id,
         raise ProtocolError(f"serialize type {serialize_type} not supported (JSON=0, ROCKETMQ=1)")
     return b"".join([_be(len(header) + 4, 4), _be((serialize_type << 24) | len(header), 4),
                      header])
+
+
+cdef inline char* _put_be(char* p, int64_t v, int width) noexcept:
+    cdef int i
+    for i in range(width):
+        p[i] = <char>((v >> (8 * (width - 1 - i))) & 0xFF)
+    return p + width
+
+
+cdef inline char* _put_field(char* p, const char* name, int nlen, const char* v,
+                             int vlen) noexcept:
+    p = _put_be(p, nlen, 2)
+    memcpy(p, name, nlen)
+    p = _put_be(p + nlen, vlen, 4)
+    memcpy(p, v, vlen)
+    return p + vlen
+
+
+cdef Py_ssize_t _send_ok(char* out, int serialize_type, int64_t opaque, int version,
+                         const char* prefix, Py_ssize_t prefix_len, int64_t queue_id,
+                         int64_t queue_offset, const char* st, Py_ssize_t st_len,
+                         int64_t commit_offset) noexcept:
+    # One SUCCESS frame at ``out`` (room for 320 + prefix + status bytes); its length.
+    cdef char mid[96]
+    cdef char qid[24]
+    cdef char qoff[24]
+    cdef char coff[24]
+    cdef int mlen, qlen, olen, clen, hlen
+    cdef char* p
+    cdef char* ext
+    memcpy(mid, prefix, prefix_len)
+    mlen = <int>prefix_len + snprintf(mid + prefix_len, 24, "%016llX",
+                                      <unsigned long long>commit_offset)
+    qlen = snprintf(qid, 24, "%lld", <long long>queue_id)
+    olen = snprintf(qoff, 24, "%lld", <long long>queue_offset)
+    clen = snprintf(coff, 24, "%lld", <long long>commit_offset)
+    p = out + 8
+    if serialize_type == 1:
+        memcpy(p, b"\x00\x00", 2)
+        p = _put_be(p + 2, LANGUAGE_CODE, 1)
+        p = _put_be(p, version, 2)
+        p = _put_be(p, opaque, 4)
+        p = _put_be(p, 1, 4)
+        p = _put_be(p, 0, 4)
+        ext = p + 4
+        p = _put_field(ext, "msgId", 5, mid, mlen)
+        p = _put_field(p, "queueId", 7, qid, qlen)
+        p = _put_field(p, "queueOffset", 11, qoff, olen)
+        p = _put_field(p, "putStatus", 9, st, <int>st_len)
+        p = _put_field(p, "commitLogOffset", 15, coff, clen)
+        _put_be(ext - 4, p - ext, 4)
+        hlen = <int>(p - (out + 8))
+    else:
+        hlen = snprintf(p, 320 + prefix_len + st_len,
+                        '{"code":0,"language":"PYTHON","version":%d,"opaque":%lld,"flag":1,'
+                        '"extFields":{"msgId":"%.*s","queueId":"%.*s","queueOffset":"%.*s",'
+                        '"putStatus":"%.*s","commitLogOffset":"%.*s"}}',
+                        version, <long long>opaque, mlen, mid, qlen, qid, olen, qoff,
+                        <int>st_len, st, clen, coff)
+    _put_be(out, hlen + 4, 4)
+    _put_be(out + 4, (serialize_type << 24) | hlen, 4)
+    return 8 + hlen
+
+
+def encode_send_oks(list sends, Py_ssize_t start, Py_ssize_t stop, int version,
+                    str msg_id_prefix, object queue_ids, object queue_offsets,
+                    object offsets, str status):
+    """The SUCCESS answers of ``sends[start:stop]`` as one bytes (see the pure twin)."""
+    cdef bytes prefix = msg_id_prefix.encode("ascii"), st = status.encode("ascii")
+    cdef Py_ssize_t plen = len(prefix), slen = len(st), room, i, used = 0
+    cdef int[:] qids
+    cdef long long[:] qoffs, offs
+    cdef char* buf
+    cdef tuple send
+    cdef int serialize_type
+    if plen > 64 or slen > 64:
+        raise ProtocolError("a message id prefix or put status of over 64 bytes")
+    if start < 0 or start > stop or stop > len(sends):
+        raise ProtocolError(f"answers {start}..{stop} outside {len(sends)} sends")
+    qids = queue_ids
+    qoffs = queue_offsets
+    offs = offsets
+    if qids.shape[0] < stop or qoffs.shape[0] < stop or offs.shape[0] < stop:
+        raise ProtocolError(f"queue ids, queue offsets and offsets must hold {stop} values")
+    room = 320 + plen + slen
+    buf = <char*>malloc(<size_t>(room * (stop - start) + 1))
+    if buf == NULL:
+        raise MemoryError()
+    try:
+        for i in range(start, stop):
+            send = <tuple>sends[i]
+            serialize_type = send[2]
+            if serialize_type != 0 and serialize_type != 1:
+                raise ProtocolError(
+                    f"serialize type {serialize_type} not supported (JSON=0, ROCKETMQ=1)")
+            used += _send_ok(buf + used, serialize_type, send[1], version,
+                             <const char*>prefix, plen, qids[i], qoffs[i],
+                             <const char*>st, slen, offs[i])
+        return PyBytes_FromStringAndSize(buf, used)
+    finally:
+        free(buf)

@@ -59,7 +59,7 @@ commitLogOffset})`` stamped for the request (language PYTHON, response flag).
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rmqha.errors import ProtocolError
@@ -458,3 +458,22 @@ def encode_send_ok(serialize_type: int, opaque: int, version: int, msg_id: str, 
         raise ProtocolError(f"serialize type {serialize_type} not supported (JSON=0, ROCKETMQ=1)")
     return (len(header) + 4).to_bytes(4, "big") + (
         (serialize_type << 24) | len(header)).to_bytes(4, "big") + header
+
+
+def encode_send_oks(sends: list[SendFrame], start: int, stop: int, version: int,
+                    msg_id_prefix: str, queue_ids: Sequence[int], queue_offsets: Sequence[int],
+                    offsets: Sequence[int], status: str) -> bytes:
+    """The SUCCESS answers of ``sends[start:stop]`` as one bytes: :func:`encode_send_ok`
+    of each send i (its serialize type and opaque) with message id ``msg_id_prefix`` +
+    ``offsets[i]`` as 16 hex digits, ``queue_ids[i]``, ``queue_offsets[i]``, ``status``
+    and commit offset ``offsets[i]`` (arrays: array('i'), array('q'), array('q'))."""
+    if len(msg_id_prefix) > 64 or len(status) > 64:
+        raise ProtocolError("a message id prefix or put status of over 64 bytes")
+    if start < 0 or start > stop or stop > len(sends):
+        raise ProtocolError(f"answers {start}..{stop} outside {len(sends)} sends")
+    if min(len(queue_ids), len(queue_offsets), len(offsets)) < stop:
+        raise ProtocolError(f"queue ids, queue offsets and offsets must hold {stop} values")
+    return b"".join([
+        encode_send_ok(sends[i][2], sends[i][1], version, f"{msg_id_prefix}{offsets[i]:016X}",
+                       queue_ids[i], queue_offsets[i], status, offsets[i])
+        for i in range(start, stop)])

@@ -11,8 +11,10 @@ import asyncio
 import logging
 import threading
 import time
+from array import array
 from collections.abc import Callable
 
+from rmqha._core._protocols import SendFrame
 from rmqha.protocol.codes import ResponseCode
 from rmqha.errors import InvalidMessageError, StoreError
 from rmqha.failpoints import Failpoint, hit
@@ -100,6 +102,19 @@ class LogWriter:
                 reconsume_times)
         hit(Failpoint.AFTER_APPEND)
         return placed
+
+    def append_plain_run(self, sends: list[SendFrame], start: int, stop: int,
+                         queue_ids: array[int], born_default: int, born_host: tuple[str, int],
+                         offsets: array[int], sizes: array[int],
+                         queue_offsets: array[int]) -> int:
+        """:meth:`append_plain_now` of a run of plain sends in one call (see
+        ``CommitLog.append_plain_run``): how many, from ``start``, were stored; the
+        arrays receive each one's offset, size and queue offset."""
+        with self._append_lock:
+            taken = self.ctx.log.append_plain_run(sends, start, stop, queue_ids, born_default,
+                                                  born_host, offsets, sizes, queue_offsets)
+        hit(Failpoint.AFTER_APPEND)
+        return taken
 
     def append_batch_now(self, topic: str, queue_id: int, batch: bytes | memoryview, count: int,
                          sys_flag: int, born_timestamp: int,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from array import array
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Sequence
@@ -150,6 +151,35 @@ class _Answer:
     #: A plain send's queue offset as its append gave it (-1: read from its record).
     queue_offset: int = -1
 
+    def end(self) -> int:
+        off, size = self.placed[-1]
+        return off + size
+
+
+@dataclass(slots=True)
+class _RunAnswer:
+    """Plain sends ``sends[start:stop]`` stored by one :meth:`SendPath._take_run` and not
+    answered yet: what each got, in arrays indexed like ``sends`` (no object per send)."""
+
+    sends: list[SendFrame]
+    start: int
+    stop: int
+    queue_ids: array[int]
+    offsets: array[int]
+    sizes: array[int]
+    queue_offsets: array[int]
+    started: float
+
+    def end(self) -> int:
+        last = self.stop - 1
+        return self.offsets[last] + self.sizes[last]
+
+    def each(self) -> list[_Answer]:
+        """One :class:`_Answer` per send (for what is answered send by send)."""
+        return [_Answer(None, self.queue_ids[i], [(self.offsets[i], self.sizes[i])],
+                        self.started, self.sends[i], self.queue_offsets[i])
+                for i in range(self.start, self.stop)]
+
 
 class _SendGroup:
     """The sends a connection dispatched together (one read's, at most the remoting
@@ -163,7 +193,7 @@ class _SendGroup:
     def __init__(self, conn: Any, born_host: tuple[str, int]) -> None:
         self.conn = conn
         self.born_host = born_host
-        self.answers: list[_Answer] = []
+        self.answers: list[_Answer | _RunAnswer] = []
         #: Topic -> its config, once a send to it passed the topic checks in this group.
         self.topics: dict[str, Any] = {}
         #: The same for plain sends: topics that exist and declare no message type.
@@ -299,16 +329,84 @@ class SendPath:
             if group is None:
                 return 0
         assert group is not None
-        taken = 0
+        run = sends if type(sends) is list else list(sends)
+        taken, n = 0, len(run)
         try:
-            for send in sends:
-                if not self._take_one(send, conn, group):
+            while taken < n:
+                taken += self._take_run(run, taken, conn, group)
+                if taken == n or not self._take_one(run[taken], conn, group):
                     break
                 taken += 1
         finally:
             if opened:
                 conn.at_end_of_dispatch(partial(self._close_group, group))
         return taken
+
+    def _take_run(self, sends: list[SendFrame], start: int, conn: Any,
+                  group: _SendGroup) -> int:
+        """From ``start``, the plain sends :meth:`_take_plain` would store one by one,
+        appended in one call (``LogWriter.append_plain_run``) and answered as one
+        (:class:`_RunAnswer`): how many.  It ends before the first it cannot take so (a
+        batch, a topic no plain send may use as it is, a send the append leaves alone),
+        which goes one by one."""
+        started = time.perf_counter() if self.ctx.metrics is not None else 0.0
+        if not group.writable:
+            try:
+                self.ctx.check_writable()
+            except Refused:
+                return 0
+            group.writable = True
+        try:
+            qids, stop = self._run_queues(sends, start, group)
+        except Exception:  # a bug here: the send goes one by one, which answers it
+            log.exception("plain sends from %s: run not taken", getattr(conn, "name", conn))
+            return 0
+        if stop == start:
+            return 0
+        n = len(sends)
+        offsets, sizes = array("q", bytes(8 * n)), array("i", bytes(4 * n))
+        queue_offsets = array("q", bytes(8 * n))
+        try:
+            taken = self.writer.append_plain_run(sends, start, stop, qids,
+                                                 int(time.time() * 1000), group.born_host,
+                                                 offsets, sizes, queue_offsets)
+        except StoreError:
+            return 0  # nothing stored (a closed log): one by one meets it and answers it
+        if taken:
+            group.answers.append(_RunAnswer(sends, start, start + taken, qids, offsets,
+                                            sizes, queue_offsets, started))
+            m = self.ctx.metrics
+            if m is not None:
+                m.messages_stored.inc(taken)
+                m.bytes_stored.inc(sum(sizes[start:start + taken]))
+        return taken
+
+    def _run_queues(self, sends: list[SendFrame], start: int,
+                    group: _SendGroup) -> tuple[array[int], int]:
+        """Each send's queue id, as :meth:`_take_plain` picks it, from ``start`` up to the
+        first that is not a plain single send to a topic a plain send may use: (queue ids
+        indexed like ``sends``, where they end)."""
+        n = len(sends)
+        qids = array("i", bytes(4 * n))
+        plain_topics = group.plain_topics
+        batch = RequestCode.SEND_BATCH_MESSAGE
+        stop = start
+        while stop < n:
+            send = sends[stop]
+            if send[0] == batch:
+                break
+            topic = send[3]
+            cfg = plain_topics.get(topic)
+            if cfg is None:
+                cfg = group.topics.get(topic) or self._plain_topic(topic)
+                if cfg is None or self._expected_type(cfg) is not None:
+                    break
+                plain_topics[topic] = cfg
+            nq = cfg.write_queue_nums
+            q = send[4]
+            qids[stop] = (random.randrange(nq) if q < 0 else q) % nq
+            stop += 1
+        return qids, stop
 
     def _take_one(self, send: SendFrame, conn: Any, group: _SendGroup) -> bool:
         try:
@@ -410,8 +508,7 @@ class SendPath:
         ctx = self.ctx
         if ctx.replication is not None:
             ctx.replication.push_now()  # now, not at the turn's end: the answer waits on it
-        last_offset, last_size = group.answers[-1].placed[-1]
-        end = last_offset + last_size
+        end = group.answers[-1].end()
         conn = group.conn
         answers = group.answers
 
@@ -420,7 +517,7 @@ class SendPath:
                 self._answer_ok(conn, answers, status)
                 return
             replication = ctx.replication
-            for a in answers:
+            for a in self._each(answers):
                 c, st = code, status
                 if st in _SHORT_OF_REPLICAS and replication is not None:
                     # The group's end fell short; an earlier send of it may be held.
@@ -441,12 +538,39 @@ class SendPath:
 
         self.writer.when_durable(end, durable)
 
-    def _answer_ok(self, conn: Any, answers: list[_Answer], status: str) -> None:
+    @staticmethod
+    def _each(answers: list[_Answer | _RunAnswer]) -> list[_Answer]:
+        """The answers send by send (a run's expanded)."""
+        out: list[_Answer] = []
+        for a in answers:
+            if type(a) is _RunAnswer:
+                out.extend(a.each())
+            else:
+                assert isinstance(a, _Answer)
+                out.append(a)
+        return out
+
+    def _answer_ok(self, conn: Any, answers: list[_Answer | _RunAnswer], status: str) -> None:
         """A group's answers when all succeeded (and no metrics to observe): the plain
         sends' frames encoded in one loop and queued together, in the group's order (a
-        command's answer goes between them where it stands)."""
+        command's answer goes between them where it stands); a run's in one call, as one
+        chunk where the connection takes one."""
+        chunk = getattr(conn, "answer_chunk", None)
+        if chunk is None:
+            answers = self._each(answers)
         frames: list[bytes] = []
         for a in answers:
+            if type(a) is _RunAnswer:
+                data = _send_frames.encode_send_oks(
+                    a.sends, a.start, a.stop, VERSION, self._msg_id_prefix, a.queue_ids,
+                    a.queue_offsets, a.offsets, status)
+                if frames:
+                    conn.answer_frames(frames)
+                    frames = []
+                assert chunk is not None
+                chunk(data, a.stop - a.start)
+                continue
+            assert isinstance(a, _Answer)
             plain = a.plain
             if plain is not None:
                 frames.append(self._plain_ok(plain, a, status))

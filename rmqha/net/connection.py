@@ -630,6 +630,26 @@ class Connection(asyncio.Protocol):
         except RemotingError as exc:
             log.debug("could not answer %d sends: %s", len(frames), exc)
 
+    def answer_chunk(self, data: bytes, count: int) -> None:
+        """:meth:`answer_frames` for ``count`` answer frames already joined into one bytes
+        (a run of plain sends' answers, encoded in one call)."""
+        self._immediate -= count
+        if self._closed.done() or not data:
+            return
+        try:
+            if self._seal is not None:  # the frame layer seals frame by frame
+                pos, n = 0, len(data)
+                while pos < n:
+                    end = pos + 4 + int.from_bytes(data[pos:pos + 4], "big")
+                    self._queue_bytes(data[pos:end], True)
+                    pos = end
+            elif self._cork is not None:
+                self._cork.append(data)
+            else:
+                self._queue_bytes(data, len(self._tasks) + self._immediate > 0)
+        except RemotingError as exc:
+            log.debug("could not answer %d sends: %s", count, exc)
+
     @staticmethod
     def _stamp(request: RemotingCommand, response: RemotingCommand) -> None:
         response.opaque = request.opaque

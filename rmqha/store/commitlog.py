@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 
 from rmqha import _core
-from rmqha._core._protocols import RecordsTwin
+from rmqha._core._protocols import RecordsTwin, SendFrame
 from rmqha.errors import (
     ConfigError,
     DiskFullError,
@@ -349,6 +349,51 @@ class CommitLog(ReceivePath):
         bh = self._hosts.get(born_host) or self._host_bytes(born_host)
         return self._write_one(tb, body, queue_id, properties, flag, sys_flag, born_timestamp,
                                bh, reconsume_times, 0, False)
+
+    def append_plain_run(self, sends: list[SendFrame], start: int, stop: int,
+                         queue_ids: array[int], born_default: int, born_host: tuple[str, int],
+                         offsets: array[int], sizes: array[int],
+                         queue_offsets: array[int]) -> int:
+        """:meth:`append_plain` of plain sends ``sends[start:stop]`` (``send_frames``'
+        tuples; send i to queue ``queue_ids[i]``, born at ``born_default`` when its frame
+        says 0) in one codec call per segment they land in: the same records, one store
+        timestamp.  ``offsets[i]`` / ``sizes[i]`` / ``queue_offsets[i]`` receive what
+        append_plain returns.  Returns how many, from ``start``, it stored; it stops before
+        a send append_plain must take alone (a check refuses it, a topic not seen yet, a
+        full disk), which the caller appends with it.  The append listeners hear once."""
+        codec = self._codec
+        bh = self._hosts.get(born_host) or self._host_bytes(born_host)
+        limit = self._sb - codec.MIN_BLANK
+        i = start
+        with self._lock:
+            if self._closing:
+                self._check_open()
+            now = self._clock()
+            try:
+                while i < stop:
+                    seg = self._active_segment()
+                    pos = self._max_offset - seg.base
+                    written, end, why = codec.write_plain_run(
+                        seg.mm, pos, max(pos, min(limit, seg.allocated)), seg.base, sends, i,
+                        stop, queue_ids, self._topics, self._queue_offsets, born_default, bh,
+                        now, self._store_host, offsets, sizes, queue_offsets, self._max_record)
+                    i += written
+                    self._max_offset = self._whole_offset = seg.base + end
+                    if why != codec.RUN_STOP_FULL:
+                        break
+                    send = sends[i]  # it passed the checks: its topic's bytes are known
+                    self._room_for(_FIXED + len(self._topics[send[3]]) + len(send[8])
+                                   + len(send[10]))
+            except DiskFullError:
+                pass  # the send it stopped at meets it again alone, and is refused by it
+            end_offset = self._max_offset
+            if i > start:
+                self.last_queue_offset = queue_offsets[i - 1]
+                if end_offset >= self._warm.next_at:
+                    self._warm.advance()
+        if i > start and (self._listeners or self._mode is FlushMode.SYNC):
+            self._appended(end_offset, False)
+        return i - start
 
     def _write_one(self, tb: bytes, body: bytes | bytearray | memoryview, queue_id: int,
                    pb: bytes, flag: int, sys_flag: int, born_timestamp: int | None, bh: bytes,

@@ -230,17 +230,25 @@ def test_a_failing_run_handler_closes_the_link(tmp_path: Path) -> None:
 
 
 def test_a_send_failing_in_a_run_answers_system_error(tmp_path: Path) -> None:
-    """A bug on one send of a run answers it SYSTEM_ERROR; the run goes on."""
+    """A bug on one send of a run answers it SYSTEM_ERROR; the run goes on.  (A bug
+    while a run is prepared leaves its sends one by one, where the bug is met again.)"""
     async def script(sides: tuple[Side, ...]) -> None:
         svc = sides[0].svc._send  # type: ignore[attr-defined]
         take = svc._take_plain
+        queues = svc._run_queues
 
         def flaky(send: Any, conn: Any, group: Any) -> bool:
             if send[1] == 1001:
                 raise RuntimeError("boom")
             return bool(take(send, conn, group))
 
+        def flaky_run(sends: Any, start: int, group: Any) -> Any:
+            if any(s[1] == 1001 for s in sends[start:]):
+                raise RuntimeError("boom")
+            return queues(sends, start, group)
+
         svc._take_plain = flaky
+        svc._run_queues = flaky_run
         await feed(sides[0], [send(0, queue_id=0), send(1, queue_id=0) + send(2, queue_id=0)])
 
     (side,) = in_loop(lambda: (Side(tmp_path, True, runs=True),), script)
@@ -443,3 +451,40 @@ def test_a_reloaded_acl_file_takes_effect_on_the_lane(tmp_path: Path) -> None:
     assert got[5].code == ResponseCode.SUCCESS
     # 0 (an admin's, creating T), 1, 2 and 5: the grants of the old file were not kept.
     assert side.admitted == 4
+
+
+class _BracketLayer:
+    """A frame layer that seals each frame in brackets (and decodes nothing)."""
+
+    buffered = 0
+    raw_answers: Any = ()
+
+    def feed(self, data: bytes) -> list[Any]:
+        return []
+
+    def seal(self, frame: bytes) -> bytes:
+        return b"[" + frame + b"]"
+
+
+@pytest.mark.parametrize("layer", [False, True], ids=["plain", "sealed"])
+def test_an_answer_chunk_is_sealed_frame_by_frame(layer: bool) -> None:
+    """A run's answers come as one chunk; a frame layer still seals each frame alone."""
+    frames = [encode(RemotingCommand(0, opaque=i, flag=1, ext_fields={"k": "v" * i}))
+              for i in range(3)]
+
+    async def main() -> bytes:
+        conn = Connection(Dispatcher({}), 1 << 20)
+        transport = RecordingTransport()
+        conn.connection_made(transport)
+        if layer:
+            conn.use_layer(_BracketLayer())
+        conn.answer_chunk(b"".join(frames), len(frames))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        return bytes(transport.out)
+
+    out = asyncio.run(main())
+    if layer:
+        assert out == b"".join(b"[" + f + b"]" for f in frames)
+    else:
+        assert out == b"".join(frames)
