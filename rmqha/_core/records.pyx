@@ -1058,7 +1058,7 @@ def scan(object buf, Py_ssize_t pos, Py_ssize_t end, int64_t base_offset, int64_
 
     ``buf`` is a whole segment: a blank record must reach ``len(buf)`` exactly, and ``end``
     is where the written data ends (a record or blank running past it is TORN).  Body CRCs are
-    checked for records at global offsets >= ``verify_from``.  With ``table``, every message
+    checked for records that end past global offset ``verify_from``.  With ``table``, every message
     updates ``table[(topic bytes, queue id)]`` to its queue offset + 1 or, with ``lower``,
     to the smallest queue offset seen (used to forget records being truncated).
 
@@ -1071,6 +1071,7 @@ def scan(object buf, Py_ssize_t pos, Py_ssize_t end, int64_t base_offset, int64_
     cdef const unsigned char* b
     cdef Py_ssize_t size = 0, count = 0, blen, tlen, last_t = -1, last_tlen = 0
     cdef int stop = S_END
+    cdef bint verify
     cdef int32_t qid, last_qid = 0
     cdef int64_t qoff, last_qoff = 0
     cdef object key = None
@@ -1085,8 +1086,11 @@ def scan(object buf, Py_ssize_t pos, Py_ssize_t end, int64_t base_offset, int64_
         # Every field read stays below ``end`` (<= view.len): _check_record returns TORN
         # for a record or blank running past it, whatever ``seg_end`` is.
         while pos < end:
-            stop = _check_record(b, pos, end, seg_end, base_offset,
-                                 base_offset + pos >= verify_from, &size)
+            # A record that starts below verify_from but runs past it was not all
+            # flushed (a slave flushes mid-record): its CRC is checked too.
+            verify = base_offset + pos >= verify_from or (
+                end - pos >= 4 and base_offset + pos + <int32_t>rmqha_get32(b + pos) > verify_from)
+            stop = _check_record(b, pos, end, seg_end, base_offset, verify, &size)
             if stop >= 0:
                 if stop == S_BLANK:
                     pos = seg_end

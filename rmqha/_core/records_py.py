@@ -559,7 +559,7 @@ def scan(buf, pos: int, end: int, base_offset: int, verify_from: int,
 
     ``buf`` is a whole segment: a blank record must reach ``len(buf)`` exactly, and ``end``
     is where the written data ends (a record or blank running past it is TORN).  Body CRCs are
-    checked for records at global offsets >= ``verify_from``.  With ``table``, every message
+    checked for records that end past global offset ``verify_from``.  With ``table``, every message
     updates ``table[(topic bytes, queue id)]`` to its queue offset + 1 or, with ``lower``,
     to the smallest queue offset seen (used to forget records being truncated).
 
@@ -576,8 +576,12 @@ def scan(buf, pos: int, end: int, base_offset: int, verify_from: int,
                          f"(segment end {seg_end})")
     count = 0
     while pos < end:
-        size, stop = _check_record(buf, pos, end, seg_end, base_offset,
-                                   base_offset + pos >= verify_from)
+        head = base_offset + pos
+        # A record that starts below verify_from but runs past it was not all flushed
+        # (a slave flushes mid-record): its CRC is checked too.
+        verify = head >= verify_from or (
+            end - pos >= 4 and head + _I32.unpack_from(buf, pos)[0] > verify_from)
+        size, stop = _check_record(buf, pos, end, seg_end, base_offset, verify)
         if stop is not None:
             if stop == ScanStop.BLANK:
                 return seg_end, int(stop), count

@@ -722,6 +722,28 @@ def test_append_data_rejects_a_bad_record_split_across_blocks(twin, logs, tmp_pa
     assert [m.body for m in again.iter_messages()] == [bytes([i]) * 700 for i in range(8)]
 
 
+def test_a_slave_stopped_with_a_bad_half_record_reopens_before_it(twin, logs, tmp_path) -> None:
+    """A slave flushes what it received, a record's head included (the checkpoint then
+    says mid-record was flushed).  Stopped before the tail arrives with that head's body
+    corrupt, it must reopen at the last whole record: the record crossing the flushed
+    offset is checked like those past it, not taken whole because it starts below it."""
+    master = logs(tmp_path / "m", twin)
+    offs = [master.append("split", bytes([i]) * 700)[0] for i in range(4)]
+    head = bytearray(master.read(0, master.max_offset - 4))  # record 3 lacks 4 bytes
+    head[offs[3] + 100] ^= 0x55  # in its body
+    slave = logs(tmp_path / "s", twin)
+    slave.append_data(0, bytes(head))
+    assert (slave.max_offset, slave.whole_offset) == (len(head), offs[3])
+    slave.flush()
+    slave.close()
+    again = logs(tmp_path / "s", twin)
+    assert (again.max_offset, again.whole_offset) == (offs[3], offs[3])
+    assert again.corrupt == []
+    assert [m.body for m in again.iter_messages()] == [bytes([i]) * 700 for i in range(3)]
+    again.append_data(offs[3], master.read(offs[3], master.max_offset - offs[3]))
+    assert again.queue_offset("split") == 4
+
+
 def test_receive_view_commit_and_discard(twin, logs, tmp_path) -> None:
     """Bytes received straight into the mapping count only once committed and valid."""
     master = logs(tmp_path / "m", twin)
