@@ -176,6 +176,8 @@ async def _sends(tmp: str, twins: list[str], steps: _Steps) -> dict[str, dict[st
                 svc.waiters = (_HeapAdapter(loop, svc.rule) if twin == "heaps"
                                else waiters.AckWaiters(load_twin("ack_table", twin)))
                 await _round(m, mcl, steps, out.setdefault(twin, collections.defaultdict(float)))
+        # The master's stop fails what still waits: the heap baseline has no fail_all.
+        svc.waiters = waiters.AckWaiters()
     return out
 
 

@@ -124,6 +124,11 @@ class Replication:
         if master is not None:
             master.push_now()
 
+    def defer_push(self) -> None:
+        master = self._broker.ha_master
+        if master is not None:
+            master.defer_push()
+
     def sync_state_set_size(self) -> int:
         master = self._broker.ha_master
         if master is None:

@@ -225,6 +225,11 @@ class HAMaster:
             return
         self.when_acks(offset, need, done, timeout)
 
+    def defer_push(self) -> None:
+        """The caller appends now and calls :meth:`push_now` in this loop turn: nothing is
+        queued for its appends meanwhile (see :meth:`SyncService.defer_push`)."""
+        self._service.defer_push()
+
     def push_now(self) -> None:
         """Send what was appended in this loop turn now rather than at the start of the
         next one: a send that is alone on its connection saves a turn of its round trip

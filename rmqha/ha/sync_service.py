@@ -69,6 +69,8 @@ class SyncService:
         self._wake_pending = False
         #: The loop callback an append scheduled (push_now makes it moot and cancels it).
         self._wake_handle: asyncio.Handle | None = None
+        #: A caller on the loop said it calls push_now before its turn ends (defer_push).
+        self._push_promised = False
         self.stopped = False
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -183,19 +185,32 @@ class SyncService:
         self._wake_pending = True
         try:
             if threading.get_ident() == self._loop_thread:
+                if self._push_promised:
+                    return  # push_now sends it this turn: nothing queued to cancel
                 self._wake_handle = self._loop.call_soon(self.wake_all)
             else:
                 self._wake_handle = self._loop.call_soon_threadsafe(self.wake_all)
         except RuntimeError:  # loop closed under a late append
             self._wake_pending = False
 
+    def defer_push(self) -> None:
+        """The caller (on the loop) appends next and calls :meth:`push_now` before its loop
+        turn ends: its appends queue no wake.  A queued wake that push_now cancels still
+        costs the next loop turn (the loop polls once more to skip it), a turn between a
+        one-at-a-time send's append and its acks.  Other threads' appends queue as ever."""
+        if threading.get_ident() == self._loop_thread:
+            self._push_promised = True
+
     def push_now(self) -> None:
-        """Send what was appended in this loop turn now (see :meth:`HAMaster.push_now`)."""
+        """Send what was appended in this loop turn now (see :meth:`HAMaster.push_now`);
+        ends a :meth:`defer_push`."""
+        self._push_promised = False
         if self._wake_pending:
             # This wake covers every append so far: the one they scheduled would find
             # nothing to send (a loop callback and a walk of the links per message).
             handle = self._wake_handle
             if handle is not None:
+                self._wake_handle = None
                 handle.cancel()
             self.wake_all()
 

@@ -295,6 +295,10 @@ class SendPath:
             if attributes is not None:
                 attributes[_BORN_HOST] = host
         group = self._group = _SendGroup(conn, host)
+        # The group's appends queue no wake: _close_group pushes them in this turn.
+        defer = getattr(replication, "defer_push", None)
+        if defer is not None:
+            defer()
         return group
 
     def on_plain_send(self, send: SendFrame, conn: Any) -> bool:
@@ -503,11 +507,13 @@ class SendPath:
         """The group's sends are all stored: push them and wait for the end of the last."""
         if self._group is group:
             self._group = None
-        if not group.answers:
-            return
         ctx = self.ctx
         if ctx.replication is not None:
-            ctx.replication.push_now()  # now, not at the turn's end: the answer waits on it
+            # Now, not at the turn's end: the answer waits on it.  Even for a group with
+            # nothing to answer: it ends _open_group's defer_push.
+            ctx.replication.push_now()
+        if not group.answers:
+            return
         end = group.answers[-1].end()
         conn = group.conn
         answers = group.answers

@@ -32,12 +32,18 @@ class ScriptedReplication:
         self.acked = 0
         self.waits: list[tuple[int, Callable[[bool], None]]] = []
         self.pushes = 0
+        #: defer_push calls not yet ended by a push_now (must be 0 after every read).
+        self.deferred = 0
 
     def sync_state_set_size(self) -> int:
         return 3
 
     def push_now(self) -> None:
         self.pushes += 1
+        self.deferred = 0
+
+    def defer_push(self) -> None:
+        self.deferred += 1
 
     async def wait_for_replicas(self, end_offset: int, timeout_s: float) -> bool:
         return end_offset <= self.acked
@@ -191,6 +197,29 @@ def test_a_refused_send_in_a_read_does_not_hold_the_others(service) -> None:
         repl.acked = repl.waits[0][0]
         repl.waits[0][1](True)
         assert [req.opaque for req, _ in conn.answers[1:]] == [cmds[0].opaque, cmds[2].opaque]
+
+    event_loop.run(main())
+
+
+def test_every_deferred_push_is_ended_by_a_push_in_the_same_read(service) -> None:
+    """A group defers the HA wake of its appends (defer_push) and pushes at its close:
+    also a group whose only send was refused, or the appends of later turns would wait
+    for a wake nobody queued."""
+    svc, repl = service
+
+    async def main() -> None:
+        handler = svc.immediate_handlers()[RequestCode.SEND_MESSAGE]
+        conn = ReadConn()
+        conn.read(handler, [_send("A", b"ok")])
+        assert repl.deferred == 0 and repl.pushes == 1
+        conn.read(handler, [_send("bad topic!", b"no")])
+        assert conn.answers[-1][1].code == ResponseCode.MESSAGE_ILLEGAL
+        assert repl.deferred == 0 and repl.pushes == 2
+        # Negative control: a group still open holds its deferral.
+        opened = svc._send._open_group(conn)
+        assert opened is not None and repl.deferred == 1
+        svc._send._close_group(opened)
+        assert repl.deferred == 0
 
     event_loop.run(main())
 
