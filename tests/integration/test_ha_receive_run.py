@@ -208,3 +208,26 @@ def _lone_reads(reference: list[tuple[int, bytes]], directory: str, authenticate
         with pytest.raises(Exception, match="authentication" if authenticated else "invalid record"):
             receiver._live_step(rb)
         assert scl.max_offset == reference[3][0] and len(link.sent) == 3
+
+
+@pytest.mark.parametrize("authenticated", [True, False], ids=["mac", "bare"])
+def test_a_lone_block_after_an_epoch_change_is_acked_under_the_new_epoch(reference: list[tuple[int, bytes]],
+                                                                       tmp_path: Any, authenticated: bool) -> None:
+    """The block opening epoch 2 hands the ack to the task (its entry is being written);
+    once written, the next lone block's ack carries epoch 2."""
+    master, slave = _macs() if authenticated else (None, None)
+    link = _OneReadLink()
+    with _slave(str(tmp_path), slave, general=False) as (receiver, scl, sem, epochs, _, _):
+        receiver.link = link
+        receiver._acked, receiver._unsent_ack = -1, []
+        rb = RecvBuffer(1 << 16)
+        link.feed = _read(["new-epoch"], reference, 0, master)
+        assert receiver._live_step(rb) is False and link.sent == []
+        epochs.settle_now()
+        assert sem.last_epoch() == 2
+        offset, data = reference[1]
+        header = frames.pack_transfer_header(offset, 0, offset, len(data), 2)
+        link.feed = header + data + (master.block_tag(header, data) if master is not None else b"")
+        assert receiver._live_step(rb) is True
+        assert scl.max_offset == reference[2][0]
+        assert link.sent[-1][16:32] == frames.pack_transfer_ack(scl.max_offset, 0, 2)[16:32]
