@@ -15,6 +15,8 @@
 * ``slave-apply-read``: the slave's CPU for one read of live blocks in this process, no
   socket (tags, checks, appends, the sealed ack): the compiled one-call run of each twin
   against the general path every block took before it, 1 and 32 blocks a read.
+* ``slave-live-step``: the whole reader callback for a lone block (live traffic, one block
+  a read) in this process, its socket a stand-in: the read, the run of one, the ack sent.
 
 With ``RMQHA_BENCH_HA_SECRET=1`` both sides hold a cluster secret: the links authenticate
 and every frame carries a MAC (``extra_info["authenticated"]``); otherwise they run without.
@@ -333,4 +335,86 @@ def test_slave_apply_read(benchmark: Any, tmp_path: Any, monkeypatch: Any, path:
 
         benchmark.pedantic(apply_and_ack, setup=a_read, rounds=APPLY_ROUNDS, iterations=1, warmup_rounds=0)
         assert scl.max_offset == records[reads[0] * blocks][0]
+        epochs.close()
+
+
+class _LoneBlockLink:
+    """A link stand-in for :func:`test_slave_live_step`: each read hands over one prepared
+    frame, each send is taken whole."""
+
+    recv_bytes = 1 << 20
+
+    def __init__(self) -> None:
+        self.frame = b""
+        self.acks = 0
+
+    def try_recv_into(self, view: memoryview) -> int:
+        n = len(self.frame)
+        view[:n] = self.frame
+        self.frame = b""
+        return n
+
+    def try_send(self, buffers: Any) -> list[memoryview]:
+        self.acks += 1
+        return []
+
+
+@pytest.mark.benchmark(group="replication-slave-live-step")
+@pytest.mark.parametrize("authenticated", [True, False], ids=["mac", "no-mac"])
+@pytest.mark.parametrize("path", ["cython", "python", "general"])
+def test_slave_live_step(benchmark: Any, tmp_path: Any, monkeypatch: Any, path: str, authenticated: bool) -> None:
+    """The slave's reader callback (``Receiver._live_step``) for one lone block a call: the
+    read, the block's tag, check and append, the ack built, sealed and sent.  ``general``:
+    the path every frame took before the run (a Block and a check each); ``no-mac`` is what
+    a TLS link's slave does above its TLS layer (frames bare)."""
+    from rmqha._core import load_twin
+    from rmqha.ha import receive
+    from rmqha.ha.appender import BlockAppender
+    from rmqha.ha.auth import Proof
+    from rmqha.ha.dialects import FramedSlave
+    from rmqha.ha.disk_full import DiskFullWatch
+    from rmqha.ha.link import RecvBuffer
+    from rmqha.ha.slave_epochs import EpochWriter
+    from rmqha.ha.slave_state import ConfirmTracker, SlaveProgress
+    from rmqha.ha.truncation import Truncator
+    from rmqha.testing.ha import replica_stores
+
+    describe(benchmark, path, message_bytes=MESSAGE_BYTES, batch=1, replicas=2)
+    benchmark.extra_info["authenticated"] = authenticated
+    if path != "general":
+        monkeypatch.setattr(receive, "_scan_run", load_twin("frames", path).scan_transfer_run)
+    with replica_stores(tmp_path, 64 << 20, "s", "ref") as [(scl, sem), (rcl, _)]:
+        sem.append(1, 0)
+        master_mac, slave_mac = _link_macs() if authenticated else (None, None)
+        pack = load_twin("frames", "python").pack_transfer_header
+        frames, starts = [], []
+        for i in range(APPLY_ROUNDS + 1):
+            start = rcl.max_offset
+            starts.append(start)
+            rcl.append_batch("bench", [bytes([i & 0xFF]) * MESSAGE_BYTES])
+            data = rcl.read(start, rcl.max_offset - start)
+            header = pack(start, 0, start, len(data), 1)
+            frames.append(header + data + (master_mac.block_tag(header, data) if master_mac is not None else b""))
+        codec = FramedSlave(CFG.max_frame_bytes)
+        if slave_mac is not None:
+            codec.authenticate(Proof(slave_mac.peer, slave_mac))
+        progress, confirm, epochs = SlaveProgress(), ConfirmTracker(None), EpochWriter(sem, 2)
+        appender = BlockAppender(scl, epochs, Truncator(scl, sem, 2, progress, confirm, None), progress, confirm,
+                                 DiskFullWatch(2), protocol="framed", master="bench", master_pairs=[(1, 0)])
+        link = _LoneBlockLink()
+        receiver = receive.Receiver(link, codec, appender, config=CFG, epochs=epochs,  # type: ignore[arg-type]
+                                    confirm=confirm, progress=progress)
+        receiver._unsent_ack = []
+        if path == "general":
+            monkeypatch.setattr(receiver, "_apply_run", lambda rb: None)
+        rb = RecvBuffer(1 << 20)
+        step = receiver._live_step
+        taken = iter(frames)
+
+        def a_read() -> tuple[tuple[Any, ...], dict[str, Any]]:
+            link.frame = next(taken)
+            return (), {}
+
+        benchmark.pedantic(lambda: step(rb), setup=a_read, rounds=APPLY_ROUNDS, iterations=1, warmup_rounds=0)
+        assert link.acks == APPLY_ROUNDS and scl.max_offset == starts[APPLY_ROUNDS]
         epochs.close()

@@ -78,14 +78,14 @@ class BlockAppender:
             for b in blocks:
                 b.data.release()
 
-    def append_run(self, view: memoryview, spans: Any) -> None:
+    def append_run(self, view: memoryview, spans: Any, start: int) -> None:
         """Append a run of blocks that continue this log in its last epoch, checked by
         ``frames.scan_transfer_run`` (``spans``: data position in ``view``, size and the
-        confirm offset learnt, per block) with one ``commitlog.append_run``, and what
-        :meth:`done` records once for the run.  A block the commitlog refuses raises with
-        the blocks before it stored, as :meth:`apply` does."""
+        confirm offset learnt, per block; the first block at ``start``, this log's max
+        offset) with one ``commitlog.append_run``, and what :meth:`done` records once for
+        the run.  A block the commitlog refuses raises with the blocks before it stored, as
+        :meth:`apply` does."""
         cl = self.commitlog
-        start = cl.max_offset
         stored = False
         try:
             cl.append_run(start, view, spans, wait_flush=False)

@@ -85,10 +85,13 @@ class Receiver:
         self._mac = codec.mac
         self._tag = TAG if codec.mac is not None else 0
         self._max_frame = config.max_frame_bytes
+        self._segment_bytes = self.commitlog.segment_bytes
         #: The offset of the last ack handed to the link in this session.
         self._acked = 0
         #: What the socket did not take of an ack the reader callback sent (the task sends it).
         self._unsent_ack: list[memoryview] = []
+        #: The epoch of the run :meth:`_apply_run` last took (its blocks' epoch, this log's last).
+        self._run_epoch = -1
 
     async def _send(self, *buffers: bytes | memoryview) -> None:
         await self.link.send(buffers, self.config.ha_housekeeping_interval_ms / 1000)
@@ -284,17 +287,24 @@ class Receiver:
         way (received straight into the log), a read that filled the buffer (catch-up),
         an ack that needs awaiting or did not fit the socket.  Every error is raised before
         anything of the frame is stored, as on the task's path (the same code)."""
-        link = self.link
-        if rb.try_fill(link) == 0:
+        if rb.try_fill(self.link) == 0:
             return True  # readiness without data; the level-triggered loop calls again
-        self.progress.last_read = time.monotonic()
-        applied, partial = self._apply_buffered(rb)
+        self.progress.last_read = now = time.monotonic()
+        # A lone block (live traffic) is a run of one: the compiled scan, its tag, one
+        # append, the ack; only another frame takes the general path.
+        run = self._apply_run(rb)
+        if run is None:
+            applied, partial = self._apply_general(rb)
+            epoch = None
+        else:
+            applied, partial = run
+            epoch = self._run_epoch  # what the ack says: this log's last epoch, known already
         self.progress.callback_blocks += applied
         if rb.filled or partial - fr.TRANSFER_HEADER_SIZE - self._tag >= _DIRECT_MIN_BYTES:
             return False
         if partial:
             rb.make_room(partial)  # a small block in pieces: the rest comes in a later turn
-        return self._try_ack()
+        return self._try_ack(now, epoch)
 
     def _live_step_stream(self) -> bool:
         """The reader callback of :meth:`_live` for the decoding path (the rocketmq dialect):
@@ -312,25 +322,27 @@ class Receiver:
             self.progress.callback_blocks += len(blocks)
         if len(chunk) >= link.recv_bytes:
             return False
-        return self._try_ack()
+        return self._try_ack(time.monotonic())
 
-    def _try_ack(self) -> bool:
+    def _try_ack(self, now: float, epoch: int | None = None) -> bool:
         """Ack this log's max offset, if it moved, without waiting, then tell on_confirm;
         False when the task must do it or finish it: an epoch entry still being written
         (acks wait for it), a flush before the ack, or a socket that took only part (the
-        rest is in ``_unsent_ack``, and nothing else may be sent before it)."""
+        rest is in ``_unsent_ack``, and nothing else may be sent before it).  ``now``: the
+        time of the read this ack answers (a microsecond early is as good as now);
+        ``epoch``: this log's last epoch when the caller knows it (None: looked up)."""
         link = self.link
         cl = self.commitlog
         mx = cl.max_offset
         if mx != self._acked:
             if self.epochs.pending or (self.config.ha_slave_flush_before_ack and cl.flushed_offset < mx):
                 return False
-            rest = link.try_send([self._ack_frame(mx)])
+            rest = link.try_send([self._ack_frame(mx, epoch)])
             self._acked = mx
             if rest:
                 self._unsent_ack = rest
                 return False
-            self.progress.last_write = time.monotonic()
+            self.progress.last_write = now
         self.confirm.tell()
         return True
 
@@ -339,8 +351,10 @@ class Receiver:
         the blocks applied, and the length of the incomplete frame left at the front, its
         tag included (0: none, or too little of it to know).  Errors as :meth:`_take_blocks`."""
         run = self._apply_run(rb)
-        if run is not None:
-            return run
+        return self._apply_general(rb) if run is None else run
+
+    def _apply_general(self, rb: RecvBuffer) -> tuple[int, int]:
+        """:meth:`_apply_buffered` with a Block and a check each (what :meth:`_apply_run` leaves)."""
         blocks, partial = self._take_blocks(rb)
         self.appender.apply_views(blocks)
         return len(blocks), partial
@@ -356,15 +370,16 @@ class Receiver:
         last = self.epochs.last_entry()
         if last is None or self.appender.disk.active:
             return None
-        cl = self.commitlog
+        log_end = self.commitlog.max_offset
         stop, spans, consumed, need = _scan_run(rb.buf, rb.start, rb.end, self._max_frame, self._tag,
-                                                cl.max_offset, last[0], last[1], cl.segment_bytes)
+                                                log_end, last[0], last[1], self._segment_bytes)
         if stop == _RUN_OTHER:
             return None
+        self._run_epoch = last[0]
         if spans:
             if self._mac is not None:
                 self._mac.check_run(rb.view, spans)  # every tag before any block is used
-            self.appender.append_run(rb.view, spans)
+            self.appender.append_run(rb.view, spans, log_end)
             rb.consume(consumed)
         return len(spans) // 3, need
 
@@ -551,6 +566,8 @@ class Receiver:
         await self._send(self._ack_frame(offset))
         self._acked = offset
 
-    def _ack_frame(self, offset: int) -> bytes:
-        return self.codec.ack(offset, self.epochs.epoch_map.last_epoch())
+    def _ack_frame(self, offset: int, epoch: int | None = None) -> bytes:
+        """The ack of ``offset`` under this log's last epoch (``epoch``, when the caller knows
+        it: acks wait for the epoch entries being written, so it is the epoch map's)."""
+        return self.codec.ack(offset, self.epochs.epoch_map.last_epoch() if epoch is None else epoch)
 

@@ -44,7 +44,9 @@ class ReceivePath:
     _max_offset: int
     _whole_offset: int
     _closed: bool
+    _closing: bool
     _segments: dict[int, Segment]
+    _active: Segment | None
     _queue_offsets: dict[tuple[bytes, int], int]
     _warm: PrefaultWindow
     _mode: FlushMode
@@ -105,6 +107,10 @@ class ReceivePath:
         listeners and ask for a flush once.  At a segment end the run goes on in the
         next segment the same way; where the disk cannot take a segment's part at once,
         it is appended block by block (what fits is stored, then DiskFullError)."""
+        if len(spans) == 3:
+            end = self._append_lone(offset, buf, spans, wait_flush)
+            if end >= 0:
+                return end
         i, n = 0, len(spans)
         while i < n:
             j, total = self._one_segment(offset, spans, i)
@@ -128,6 +134,27 @@ class ReceivePath:
                 offset = end
             i = j
         return offset
+
+    def _append_lone(self, offset: int, buf: memoryview, spans: Sequence[int], wait_flush: bool) -> int:
+        """:meth:`append_run` of one block (live traffic: a block a read) where nothing but
+        the append is to do: the log open, the block at its max offset, inside the active
+        segment and its reserved blocks.  The new max offset, or -1 with nothing done
+        (the general path then checks, reserves and refuses as it must)."""
+        size = spans[1]
+        with self._lock:
+            seg = self._active
+            if seg is None or self._closed or self._closing or offset != self._max_offset:
+                return -1
+            pos = offset - seg.base
+            if not (0 <= pos and 0 < size and pos + size <= min(self._sb, seg.allocated)
+                    and self._segments.get(seg.base) is seg):
+                return -1
+            end, error = self._write_run(seg, pos, size, buf, spans, 0, 3)
+        if end != offset:
+            self._received(end, wait_flush)
+        if error is not None:
+            raise error
+        return end
 
     def _one_segment(self, offset: int, spans: Sequence[int], i: int) -> tuple[int, int]:
         """The blocks of ``spans`` from index ``i`` on that end in the segment ``offset`` is

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from rmqha.errors import CorruptRecordError
 from rmqha.store import CommitLog
 from rmqha.store.segments import Segment, page_up
 
@@ -168,3 +169,76 @@ def test_the_comparison_can_fail(twin: str, reference: bytes) -> None:
         assert warm == prefault
         assert run != each
         assert each[0][0] == "CorruptRecordError"
+
+
+def _lone_runs(twin: str, ref: bytes, blocks: list[tuple[int, bytes]], directory: Path, prefault: bool,
+               lone: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[tuple[Any, ...], int]:
+    """The outcome of ``blocks`` each appended alone (``lone``: as a run of one, else with
+    append_data) on an empty log, and how many took the run-of-one shortcut (no
+    ``_tail_block``)."""
+    log = CommitLog(directory, segment_bytes=SEG, implementation=twin, clock=fixed_clock, prefault=prefault)
+    walks = [0]
+    real = CommitLog._tail_block
+
+    def tail_block(self: CommitLog, offset: int, n: int) -> Any:
+        walks[0] += 1
+        return real(self, offset, n)
+
+    monkeypatch.setattr(CommitLog, "_tail_block", tail_block)
+    try:
+        if prefault:
+            assert log.wait_prefaulted(30)
+
+        def apply() -> int:
+            end = 0
+            for offset, data in blocks:
+                end = (log.append_run(offset, memoryview(b"junk" + data), [4, len(data), 7]) if lone
+                       else log.append_data(offset, data))
+            return end
+
+        outcome = _outcome(log, directory, apply)
+    finally:
+        log.close()
+        monkeypatch.undo()
+    try:
+        reopened: Any = _reopened(directory, twin)
+    except CorruptRecordError as exc:  # a corrupt record stored: the negative control's case
+        reopened = str(exc)
+    return (*outcome, reopened), len(blocks) - walks[0]
+
+
+@pytest.mark.parametrize("prefault", [False, True], ids=["pwrite", "warm"])
+@pytest.mark.parametrize("corrupt", [None, 7, 12])
+def test_runs_of_one_store_and_refuse_what_append_data_does(twin: str, reference: bytes, prefault: bool,
+                                                             corrupt: int | None,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Live traffic: one block a read, each a run of one (past segment ends too, and a
+    corrupt block), ends as append_data per block does; most take the shortcut."""
+    blocks = _blocks(reference, 0, list(range(0, len(reference), 700)))
+    if corrupt is not None:
+        offset, data = blocks[corrupt]
+        blocks[corrupt] = (offset, data[:50] + bytes(b ^ 0x41 for b in data[50:400]) + data[400:])
+    with tempfile.TemporaryDirectory() as d:
+        lone, shortcuts = _lone_runs(twin, reference, blocks, Path(d) / "lone", prefault, True, monkeypatch)
+        each, _ = _lone_runs(twin, reference, blocks, Path(d) / "each", prefault, False, monkeypatch)
+    assert lone == each
+    assert isinstance(each[0], tuple) == (corrupt is not None)
+    assert corrupt is None or each[0][0] == "CorruptRecordError"
+    assert shortcuts > (corrupt or len(blocks)) // 2
+
+
+def test_a_run_of_one_that_skipped_validation_is_seen(twin: str, reference: bytes,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control: a run of one taken as valid whatever it holds stores a corrupt
+    block, and the comparison above sees it."""
+    blocks = _blocks(reference, 0, list(range(0, SEG, 700)))
+    offset, data = blocks[3]
+    blocks[3] = (offset, data[:50] + bytes(b ^ 0x41 for b in data[50:400]) + data[400:])
+    monkeypatch.setattr(CommitLog, "_is_bad", lambda *args: False)
+    with tempfile.TemporaryDirectory() as d:
+        lone, shortcuts = _lone_runs(twin, reference, blocks, Path(d) / "lone", False, True, monkeypatch)
+    monkeypatch.undo()
+    with tempfile.TemporaryDirectory() as d:
+        each, _ = _lone_runs(twin, reference, blocks, Path(d) / "each", False, False, monkeypatch)
+    assert shortcuts > 0
+    assert lone != each and isinstance(each[0], tuple) and each[0][0] == "CorruptRecordError"

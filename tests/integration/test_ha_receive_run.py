@@ -3,7 +3,8 @@ heartbeats, gaps, an epoch change, corrupt records, a torn frame at the end, bad
 applied by a real Receiver on a real store twice, once with the run and once forced down
 the general path, and both end the same: the same error or result, the same log byte for
 byte, the same epochs, confirm offset and state, and after a read that went through the
-same receive buffer."""
+same receive buffer.  Lone blocks (live traffic, a run of one) through the reader callback
+are stored and acked in its turn, a bad one refused unstored and unacked."""
 from __future__ import annotations
 
 import os
@@ -144,3 +145,89 @@ def test_the_comparison_can_fail(reference: list[tuple[int, bytes]], monkeypatch
         general = _outcome(read, os.path.join(d, "general"), True, general=True)
     assert run != general
     assert general[0][0] == "AuthenticationError"
+
+
+class _OneReadLink:
+    """The link of :func:`test_lone_blocks_through_the_reader_callback`: each read hands
+    over what ``feed`` holds; sends are kept."""
+
+    recv_bytes = 1 << 20
+
+    def __init__(self) -> None:
+        self.feed = b""
+        self.sent: list[bytes] = []
+
+    def try_recv_into(self, view: memoryview) -> int:
+        n = len(self.feed)
+        view[:n] = self.feed
+        self.feed = b""
+        return n
+
+    def try_send(self, buffers: Any) -> list[memoryview]:
+        self.sent.append(b"".join(bytes(b) for b in buffers))
+        return []
+
+
+@pytest.mark.parametrize("authenticated", [True, False], ids=["mac", "bare"])
+def test_lone_blocks_through_the_reader_callback(reference: list[tuple[int, bytes]], tmp_path: Any,
+                                                 authenticated: bool) -> None:
+    """Live traffic, one block a read: each is stored and acked (its end, the epoch; sealed
+    when the link has MACs) in the callback's turn; a block whose tag or record is bad is
+    refused before a byte of it is stored, and nothing is acked for it."""
+    _lone_reads(reference, str(tmp_path), authenticated)
+
+
+def test_lone_reads_see_a_tag_left_unchecked(reference: list[tuple[int, bytes]], tmp_path: Any,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control: a callback that skipped the tag check stores and acks the bad
+    block, and the checks above fail."""
+    monkeypatch.setattr(FrameMac, "check_run", lambda self, view, spans: None)
+    with pytest.raises(pytest.fail.Exception, match="DID NOT RAISE"):
+        _lone_reads(reference, str(tmp_path), True)
+
+
+def _lone_reads(reference: list[tuple[int, bytes]], directory: str, authenticated: bool) -> None:
+    master, slave = _macs() if authenticated else (None, None)
+    link = _OneReadLink()
+    with _slave(directory, slave, general=False) as (receiver, scl, _, _, _, progress):
+        receiver.link = link
+        receiver._acked, receiver._unsent_ack = -1, []
+        rb = RecvBuffer(1 << 16)
+        for n in range(1, 4):
+            link.feed = _read(["good"], reference[n - 1 :], 0, master)
+            assert receiver._live_step(rb) is True
+            end = reference[n][0]
+            assert scl.max_offset == end and progress.callback_blocks == n
+            ack = frames.pack_transfer_ack(end, 0, 1)
+            sent = link.sent[-1]
+            assert len(link.sent) == n and len(sent) == len(ack) + (16 if authenticated else 0)
+            assert sent[:8] + sent[16:32] == ack[:8] + ack[16:32]  # all but the timestamp
+            if slave is not None:
+                master._opener.verify(sent[:32], sent[32:])  # sealed: the master's check passes
+        link.feed = _read(["bad-tag" if authenticated else "corrupt"], reference[3:], 0, master)
+        with pytest.raises(Exception, match="authentication" if authenticated else "invalid record"):
+            receiver._live_step(rb)
+        assert scl.max_offset == reference[3][0] and len(link.sent) == 3
+
+
+@pytest.mark.parametrize("authenticated", [True, False], ids=["mac", "bare"])
+def test_a_lone_block_after_an_epoch_change_is_acked_under_the_new_epoch(reference: list[tuple[int, bytes]],
+                                                                       tmp_path: Any, authenticated: bool) -> None:
+    """The block opening epoch 2 hands the ack to the task (its entry is being written);
+    once written, the next lone block's ack carries epoch 2."""
+    master, slave = _macs() if authenticated else (None, None)
+    link = _OneReadLink()
+    with _slave(str(tmp_path), slave, general=False) as (receiver, scl, sem, epochs, _, _):
+        receiver.link = link
+        receiver._acked, receiver._unsent_ack = -1, []
+        rb = RecvBuffer(1 << 16)
+        link.feed = _read(["new-epoch"], reference, 0, master)
+        assert receiver._live_step(rb) is False and link.sent == []
+        epochs.settle_now()
+        assert sem.last_epoch() == 2
+        offset, data = reference[1]
+        header = frames.pack_transfer_header(offset, 0, offset, len(data), 2)
+        link.feed = header + data + (master.block_tag(header, data) if master is not None else b"")
+        assert receiver._live_step(rb) is True
+        assert scl.max_offset == reference[2][0]
+        assert link.sent[-1][16:32] == frames.pack_transfer_ack(scl.max_offset, 0, 2)[16:32]
