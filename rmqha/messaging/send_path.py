@@ -308,31 +308,31 @@ class SendPath:
         a frame encoded in one call.  False leaves it to the ordinary way (which makes the
         same checks and answers any refusal): anything a check does not pass, a topic that
         does not exist yet or declares a message type, and whatever on_send_now leaves."""
-        group = self._group
-        opened = group is None or group.conn is not conn
-        if opened:
-            group = self._open_group(conn)
-            if group is None:
-                return False
-        assert group is not None
+        group, opened = self._group_of(conn)
+        if group is None:
+            return False
         try:
             return self._take_plain(send, conn, group)
         finally:
             if opened:
                 conn.at_end_of_dispatch(partial(self._close_group, group))
 
+    def _group_of(self, conn: Any) -> tuple[_SendGroup | None, bool]:
+        """The open group of ``conn``'s dispatch, or a new one (None when none can be
+        opened), and whether it was opened here (its opener closes it)."""
+        group = self._group
+        if group is not None and group.conn is conn:
+            return group, False
+        return self._open_group(conn), True
+
     def on_plain_sends(self, sends: Sequence[SendFrame], conn: Any) -> int:
         """:meth:`on_plain_send` for a run of plain sends that arrived together, in one
         call (:meth:`rmqha.net.connection.Dispatcher.register_plain_sends`): how many,
         from the first, it took; the next is left to the ordinary way.  A failure of
         its own on one send answers that send SYSTEM_ERROR, as the connection would."""
-        group = self._group
-        opened = group is None or group.conn is not conn
-        if opened:
-            group = self._open_group(conn)
-            if group is None:
-                return 0
-        assert group is not None
+        group, opened = self._group_of(conn)
+        if group is None:
+            return 0
         run = sends if type(sends) is list else list(sends)
         taken, n = 0, len(run)
         try:

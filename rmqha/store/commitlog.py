@@ -295,13 +295,7 @@ class CommitLog(ReceivePath):
         """
         # The common case (a known topic, default fields) stays on a short path: at a few
         # hundred ns per record in the codec, Python-level checks would dominate.
-        tb = self._topics.get(topic)
-        if tb is None:
-            tb = topic_bytes(self._codec, topic)
-            if len(self._topics) < 4096:
-                self._topics[topic] = tb
-        if type(body) is not bytes and not isinstance(body, (bytearray, memoryview)):
-            raise InvalidMessageError(f"body must be bytes-like, got {type(body).__name__}")
+        tb = self._topic_for(topic, body)
         if isinstance(properties, bytes):
             # Already encoded (a send's header carries them so): stored as they are when
             # canonical, so the record is what encoding their map would have made.
@@ -324,13 +318,9 @@ class CommitLog(ReceivePath):
                                           prepared_transaction_offset, wait_flush)
         return offset, size
 
-    def append_plain(self, topic: str, body: bytes | bytearray | memoryview, queue_id: int,
-                     properties: bytes, flag: int, sys_flag: int, born_timestamp: int,
-                     born_host: tuple[str, int],
-                     reconsume_times: int) -> tuple[int, int, int]:
-        """:meth:`append` of a send as its frame carried it (encoded properties, every
-        field given, no wait for a flush), with fewer steps: ``(physical offset, size,
-        queue offset)``.  A broker's read brings many of these; each costs only this."""
+    def _topic_for(self, topic: str | bytes, body: object) -> bytes:
+        """The topic's encoded bytes (cached for the first 4,096 topics), after checking
+        that the body is bytes-like."""
         tb = self._topics.get(topic)
         if tb is None:
             tb = topic_bytes(self._codec, topic)
@@ -338,6 +328,16 @@ class CommitLog(ReceivePath):
                 self._topics[topic] = tb
         if type(body) is not bytes and not isinstance(body, (bytearray, memoryview)):
             raise InvalidMessageError(f"body must be bytes-like, got {type(body).__name__}")
+        return tb
+
+    def append_plain(self, topic: str, body: bytes | bytearray | memoryview, queue_id: int,
+                     properties: bytes, flag: int, sys_flag: int, born_timestamp: int,
+                     born_host: tuple[str, int],
+                     reconsume_times: int) -> tuple[int, int, int]:
+        """:meth:`append` of a send as its frame carried it (encoded properties, every
+        field given, no wait for a flush), with fewer steps: ``(physical offset, size,
+        queue offset)``.  A broker's read brings many of these; each costs only this."""
+        tb = self._topic_for(topic, body)
         if not self._codec.properties_plain(properties):
             raise InvalidMessageError(
                 "encoded properties must be key\\x01value\\x02 pairs with unique, "
