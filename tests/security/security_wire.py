@@ -199,3 +199,17 @@ class HeartbeatFlood:
 
     def codes(self) -> set[int]:
         return {code for code, _ in self.answers}
+
+
+def start_master_and_slave(c: Any, group: str) -> None:
+    """One controller, a name server and ``group``'s master (id 1) and slave (id 2, which
+    asks the controller for its role only once a minute, so notices are what move it),
+    both in the SyncStateSet."""
+    c.start_controllers(1)
+    c.start_namesrv()
+    c.a = c.start_broker(group)
+    c.wait_role(c.a, "master")
+    c.b = c.start_broker(group, sync_broker_metadata_period_ms=60_000)
+    c.wait_role(c.b, "slave")
+    c.wait_for(lambda: (i := c.replica_info(group)) is not None and i.sync_state_set == [1, 2],
+               30, what="SyncStateSet {1, 2}")

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from cluster import Cluster
-from security_wire import WRONG_SECRET, RawClient, ask, frame
+from security_wire import WRONG_SECRET, RawClient, ask, frame, start_master_and_slave
 
 from rmqha.errors import AuthenticationError
 from rmqha.protocol.codes import RequestCode, ResponseCode
@@ -38,14 +38,7 @@ CONTROLLER = Identity.controller("insider")
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     with Cluster(tmp_path_factory.mktemp("notices"), cluster_name="sec") as c:
-        c.start_controllers(1)
-        c.start_namesrv()
-        c.a = c.start_broker(GROUP)
-        c.wait_role(c.a, "master")
-        c.b = c.start_broker(GROUP, sync_broker_metadata_period_ms=60_000)
-        c.wait_role(c.b, "slave")
-        c.wait_for(lambda: (i := c.replica_info(GROUP)) is not None and i.sync_state_set == [1, 2],
-                   30, what="SyncStateSet {1, 2}")
+        start_master_and_slave(c, GROUP)
         yield c
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from cluster import Cluster
-from security_wire import WRONG_SECRET, HeartbeatFlood, RawClient, Relay, ask, frame
+from security_wire import WRONG_SECRET, HeartbeatFlood, RawClient, Relay, ask, frame, start_master_and_slave
 
 from rmqha.controller.client import ControllerClient
 from rmqha.errors import RemotingError
@@ -37,14 +37,7 @@ ATTACKER = "10.6.6.6:10911"
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     with Cluster(tmp_path_factory.mktemp("attacks"), cluster_name="sec") as c:
-        c.start_controllers(1)
-        c.start_namesrv()
-        c.a = c.start_broker(GROUP)
-        c.wait_role(c.a, "master")
-        c.b = c.start_broker(GROUP, sync_broker_metadata_period_ms=60_000)
-        c.wait_role(c.b, "slave")
-        c.wait_for(lambda: (i := c.replica_info(GROUP)) is not None and i.sync_state_set == [1, 2],
-                   30, what="SyncStateSet {1, 2}")
+        start_master_and_slave(c, GROUP)
         c.wait_for(lambda: (c.group_route(GROUP) or {}).get("brokerAddrs") == {"0": c.a.address, "2": c.b.address},
                    what="both brokers in the name server's routes")
         yield c
