@@ -47,12 +47,14 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -151,6 +153,16 @@ def free_port(count: int = 1) -> int:
         _handed_out.update(block)
         return p
     raise LocalClusterError(f"no {count} consecutive free ports found in {ports}")
+
+
+#: How often a controller group is started again when one of its ports was taken.
+PORT_CLASH_RETRIES = 3
+#: What a process logs when a port it was configured with is bound by someone else.
+PORT_TAKEN = "is not free (Address already in use)"
+
+
+class _PortTaken(LocalClusterError):
+    """A process started here exited because another took one of its ports."""
 
 
 def free_port_pair() -> int:
@@ -662,13 +674,41 @@ class Cluster:
         return new
 
     def start_controllers(self, n: int = 1, *, wait: bool = True, **overrides: Any) -> list[ControllerProc]:
-        """Start an n-node controller group (1, 3 or 5) and wait until it has a leader."""
-        new = self.add_controllers(n, **overrides)
-        for proc in new:
-            proc.start()
-        if wait:
-            self.wait_for(lambda: self.controller_leader() is not None, what="a controller leader")
-        return new
+        """Start an n-node controller group (1, 3 or 5) and wait until it has a leader and
+        every node serves.  A node that exits at start because another process bound one of
+        its ports after they were chosen (tests on several workers share 127.0.0.1) gets
+        the whole group started again on fresh ports, up to ``PORT_CLASH_RETRIES`` times."""
+        for _ in range(PORT_CLASH_RETRIES):
+            new = self.add_controllers(n, **overrides)
+            for proc in new:
+                proc.start()
+            if not wait:
+                return new
+            try:
+                self.wait_for(partial(self._group_serving, new), what="a controller leader")
+                return new
+            except _PortTaken:
+                self._forget(new)
+        raise LocalClusterError(f"{n} controllers found a port taken {PORT_CLASH_RETRIES} times "
+                                f"in a row\n{self.describe()}")
+
+    def _group_serving(self, group: list[ControllerProc]) -> bool:
+        """Whether ``group`` has a leader and every node listens; _PortTaken when a node
+        exited because a port it was given was no longer free."""
+        for proc in group:
+            if not proc.alive and proc.log_contains(PORT_TAKEN):
+                raise _PortTaken(proc.name)
+        return (self.controller_leader() is not None
+                and all(port_open(proc.address) for proc in group))
+
+    def _forget(self, procs: list[ControllerProc]) -> None:
+        """Stop ``procs`` and drop them from this cluster with their data (a start given
+        up: the next group takes their names, and must not find their Raft journals)."""
+        for proc in procs:
+            proc.stop()
+            self.controllers.remove(proc)
+            self.processes.remove(proc)
+            shutil.rmtree(proc.workdir, ignore_errors=True)
 
     def start_namesrv(self, *, wait: bool = True, **overrides: Any) -> NamesrvProc:
         name = f"namesrv{len(self.namesrvs)}"

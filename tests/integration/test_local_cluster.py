@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from rmqha.errors import LocalClusterError
+from rmqha.testing import local_cluster
 from rmqha.testing.local_cluster import Cluster, _children_naming, port_open
 
 
@@ -61,3 +63,32 @@ def test_failed_wait_names_what_and_shows_logs(tmp_path: Path) -> None:
             c.wait_for(lambda: False, 0.3, what="the impossible")
         text = str(info.value)
         assert "the impossible" in text and ns.name in text and str(ns.log_path) in text
+
+
+def test_a_controller_whose_port_was_taken_is_started_again_on_fresh_ports(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process binds a port between its choice and the controller's bind (workers
+    share 127.0.0.1): the group starts again on fresh ports instead of waiting out its
+    deadline for a leader that cannot come.  Without the retry (the negative control) the
+    same start fails."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    real = local_cluster.free_port
+    handed = iter([port])
+
+    def first_one_taken(count: int = 1) -> int:
+        return next(handed, None) or real(count)
+
+    try:
+        monkeypatch.setattr(local_cluster, "free_port", first_one_taken)
+        with Cluster(tmp_path / "retry") as c:
+            (ctl,) = c.start_controllers(1)
+            assert ctl.alive and port_open(ctl.address) and not ctl.address.endswith(f":{port}")
+        handed = iter([port])
+        monkeypatch.setattr(local_cluster, "PORT_CLASH_RETRIES", 1)
+        with Cluster(tmp_path / "once") as c, pytest.raises(LocalClusterError, match="port taken"):
+            c.start_controllers(1)
+    finally:
+        taken.close()
