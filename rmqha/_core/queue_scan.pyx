@@ -34,6 +34,19 @@ cdef inline uint64_t _get64(const unsigned char* p) noexcept nogil:
     return (<uint64_t>_get32(p) << 32) | _get32(p + 4)
 
 
+cdef inline Py_ssize_t _layout(const unsigned char* r, Py_ssize_t total, Py_ssize_t* blen,
+                               Py_ssize_t* tlen) noexcept nogil:
+    """The body and topic lengths of the record at ``r`` (``total`` bytes, all readable)
+    into ``blen``/``tlen``, and its properties' length; -1 when they do not add up to it."""
+    cdef Py_ssize_t plen
+    blen[0] = <int32_t>_get32(r + 84)
+    tlen[0] = r[88 + blen[0]] if 0 <= blen[0] <= total - C_FIXED else 0
+    if not tlen[0] or C_FIXED + blen[0] + tlen[0] > total:
+        return -1
+    plen = (<Py_ssize_t>r[89 + blen[0] + tlen[0]] << 8) | r[90 + blen[0] + tlen[0]]
+    return plen if C_FIXED + blen[0] + tlen[0] + plen == total else -1
+
+
 cdef struct _Units:
     unsigned char* buf
     Py_ssize_t len   # units held
@@ -165,12 +178,8 @@ def index_runs(object view, int64_t base, frozenset watched_topics, object watch
                 break
             if total > n - pos:
                 break
-            blen = <int32_t>_get32(b + pos + 84)
-            tlen = b[pos + 88 + blen] if 0 <= blen <= total - C_FIXED else 0
-            plen = -1
-            if tlen and C_FIXED + blen + tlen <= total:
-                plen = (<Py_ssize_t>b[pos + 89 + blen + tlen] << 8) | b[pos + 90 + blen + tlen]
-            if plen < 0 or C_FIXED + blen + tlen + plen != total:
+            plen = _layout(b + pos, total, &blen, &tlen)
+            if plen < 0:
                 bad = (pos, magic, total)
                 break
             queue_id = <int32_t>_get32(b + pos + 12)
@@ -333,12 +342,8 @@ def dispatch(object view, int64_t base, dict sinks, frozenset watched_topics,
             magic = _get32(b + pos + 4)
             if magic != C_MESSAGE_MAGIC or total < C_FIXED or total > n - pos:
                 break
-            blen = <int32_t>_get32(b + pos + 84)
-            tlen = b[pos + 88 + blen] if 0 <= blen <= total - C_FIXED else 0
-            plen = -1
-            if tlen and C_FIXED + blen + tlen <= total:
-                plen = (<Py_ssize_t>b[pos + 89 + blen + tlen] << 8) | b[pos + 90 + blen + tlen]
-            if plen < 0 or C_FIXED + blen + tlen + plen != total:
+            plen = _layout(b + pos, total, &blen, &tlen)
+            if plen < 0:
                 break
             queue_id = <int32_t>_get32(b + pos + 12)
             qoff = <int64_t>_get64(b + pos + 20)

@@ -36,6 +36,17 @@ UNIT_SIZE = UNIT.size
 Run = tuple[bytes, int, int, bytes, list[int]]
 
 
+def _layout(view: memoryview | bytes, pos: int, total: int) -> tuple[int, int, int]:
+    """(body length, topic length, properties length) of the record at ``pos`` (``total``
+    bytes, all readable); the last is -1 when they do not add up to ``total``."""
+    (blen,) = _I32.unpack_from(view, pos + 84)
+    tlen = view[pos + 88 + blen] if 0 <= blen <= total - FIXED_SIZE else 0
+    if not tlen or FIXED_SIZE + blen + tlen > total:
+        return blen, tlen, -1
+    (plen,) = _U16.unpack_from(view, pos + 89 + blen + tlen)
+    return blen, tlen, plen if FIXED_SIZE + blen + tlen + plen == total else -1
+
+
 def java_hash_ascii(raw: bytes) -> int | None:
     """Java ``String.hashCode`` of an ASCII tag; None when it is not ASCII (UTF-16 code
     units then differ from bytes, and the caller's own function decides)."""
@@ -86,11 +97,8 @@ def index_runs(view: memoryview | bytes, base: int, watched_topics: frozenset[by
             break
         if total > n - pos:
             break
-        (blen,) = _I32.unpack_from(view, pos + 84)
-        tlen = view[pos + 88 + blen] if 0 <= blen <= total - FIXED_SIZE else 0
-        plen = (_U16.unpack_from(view, pos + 89 + blen + tlen)[0]
-                if tlen and FIXED_SIZE + blen + tlen <= total else -1)
-        if plen < 0 or FIXED_SIZE + blen + tlen + plen != total:
+        blen, tlen, plen = _layout(view, pos, total)
+        if plen < 0:
             bad = (pos, magic, total)
             break
         (queue_id,) = _I32.unpack_from(view, pos + 12)
@@ -192,11 +200,8 @@ def dispatch(view: memoryview | bytes, base: int, sinks: dict[tuple[bytes, int],
         total, magic = _HEAD.unpack_from(view, pos)
         if magic != MESSAGE_MAGIC or total < FIXED_SIZE or total > n - pos:
             break
-        (blen,) = _I32.unpack_from(view, pos + 84)
-        tlen = view[pos + 88 + blen] if 0 <= blen <= total - FIXED_SIZE else 0
-        plen = (_U16.unpack_from(view, pos + 89 + blen + tlen)[0]
-                if tlen and FIXED_SIZE + blen + tlen <= total else -1)
-        if plen < 0 or FIXED_SIZE + blen + tlen + plen != total:
+        blen, tlen, plen = _layout(view, pos, total)
+        if plen < 0:
             break
         (queue_id,) = _I32.unpack_from(view, pos + 12)
         (qoff,) = _Q.unpack_from(view, pos + 20)
