@@ -132,11 +132,9 @@ def test_credentials_from_the_environment(tmp_path: Path, acl: Path,
     assert wrong.startswith("failed") and right == SendStatus.SEND_OK.value
 
 
-def test_blocking_producer_signs_on_its_blocking_links(tmp_path: Path, acl: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """After the first send the route is cached and sends go over a blocking socket, a
-    path of its own: it signs too (three sends, one blocking link), the frame the send
-    codec made, in place, as the first send's attempt on the producer's loop does."""
+def _spy_on_in_place_signing(monkeypatch: pytest.MonkeyPatch) -> list[bytes | None]:
+    """What every ``Credentials.sign_send_frame`` call returns, in order (None: it could
+    not sign in place)."""
     in_place: list[bytes | None] = []
     plain_sign = Credentials.sign_send_frame
 
@@ -145,6 +143,15 @@ def test_blocking_producer_signs_on_its_blocking_links(tmp_path: Path, acl: Path
         return in_place[-1]
 
     monkeypatch.setattr(Credentials, "sign_send_frame", counted)
+    return in_place
+
+
+def test_blocking_producer_signs_on_its_blocking_links(tmp_path: Path, acl: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the first send the route is cached and sends go over a blocking socket, a
+    path of its own: it signs too (three sends, one blocking link), the frame the send
+    codec made, in place, as the first send's attempt on the producer's loop does."""
+    in_place = _spy_on_in_place_signing(monkeypatch)
     async def main() -> tuple[list[str], int, str, int, int]:
         async with Env(tmp_path) as env:
             b = await env.broker(acl_file=acl)
@@ -184,14 +191,7 @@ def test_producer_sends_and_batches_go_as_frames_signed_in_place(
     """The asyncio Producer's attempts, one message or a batch, are the send codec's frame
     signed in place and sent as bytes (no command is built for them); with a wrong secret
     the same frames are refused and nothing is stored."""
-    in_place: list[bytes | None] = []
-    plain_sign = Credentials.sign_send_frame
-
-    def counted(self: Credentials, *args: Any) -> bytes | None:
-        in_place.append(plain_sign(self, *args))
-        return in_place[-1]
-
-    monkeypatch.setattr(Credentials, "sign_send_frame", counted)
+    in_place = _spy_on_in_place_signing(monkeypatch)
     monkeypatch.setattr(Sender, "command", None)  # any attempt as a command would fail
 
     async def main() -> tuple[list[str], int, int, str, int]:
