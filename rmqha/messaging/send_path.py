@@ -560,10 +560,7 @@ class SendPath:
         """A group's answers when all succeeded (and no metrics to observe): the plain
         sends' frames encoded in one loop and queued together, in the group's order (a
         command's answer goes between them where it stands); a run's in one call, as one
-        chunk where the connection takes one."""
-        chunk = getattr(conn, "answer_chunk", None)
-        if chunk is None:
-            answers = self._each(answers)
+        chunk."""
         frames: list[bytes] = []
         for a in answers:
             if type(a) is _RunAnswer:
@@ -573,8 +570,7 @@ class SendPath:
                 if frames:
                     conn.answer_frames(frames)
                     frames = []
-                assert chunk is not None
-                chunk(data, a.stop - a.start)
+                conn.answer_chunk(data, a.stop - a.start)
                 continue
             assert isinstance(a, _Answer)
             plain = a.plain

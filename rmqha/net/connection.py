@@ -615,20 +615,8 @@ class Connection(asyncio.Protocol):
     def answer_frames(self, frames: list[bytes]) -> None:
         """:meth:`answer_frame` for the answers one ack released, in their order: queued
         as one chunk (one write with what else this turn answers), not one per send."""
-        self._immediate -= len(frames)
-        if self._closed.done() or not frames:
-            return
-        try:
-            if self._seal is not None:  # the frame layer seals frame by frame
-                for data in frames:
-                    self._queue_bytes(data, True)
-            elif self._cork is not None:
-                self._cork.extend(frames)
-            else:
-                self._queue_bytes(frames[0] if len(frames) == 1 else b"".join(frames),
-                                  len(self._tasks) + self._immediate > 0)
-        except RemotingError as exc:
-            log.debug("could not answer %d sends: %s", len(frames), exc)
+        if frames:
+            self.answer_chunk(frames[0] if len(frames) == 1 else b"".join(frames), len(frames))
 
     def answer_chunk(self, data: bytes, count: int) -> None:
         """:meth:`answer_frames` for ``count`` answer frames already joined into one bytes
