@@ -50,6 +50,9 @@ class Replication(Protocol):
 
     def push_now(self) -> None: ...
 
+    def defer_push(self) -> None:
+        """Until the next push_now, appends on the loop thread wake no slave writer."""
+
     async def wait_for_replicas(self, end_offset: int, timeout_s: float) -> bool: ...
 
     def when_replicated(self, end_offset: int, timeout_s: float,

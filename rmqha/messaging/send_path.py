@@ -296,9 +296,8 @@ class SendPath:
                 attributes[_BORN_HOST] = host
         group = self._group = _SendGroup(conn, host)
         # The group's appends queue no wake: _close_group pushes them in this turn.
-        defer = getattr(replication, "defer_push", None)
-        if defer is not None:
-            defer()
+        if replication is not None:
+            replication.defer_push()
         return group
 
     def on_plain_send(self, send: SendFrame, conn: Any) -> bool:
