@@ -9,6 +9,14 @@ one run, never runs of different days):
   way it was done before (``before``: the signed content joined with a copy of the body,
   HMAC keyed on every request; for the client also ``sorted``: keyed once, but the fields
   copied and sorted on every request), for one 1 KiB message and a batch of 32;
+- **floor** (``test_crypto_floor``, no socket): what a batch's bytes cost in the ciphers
+  and hashes alone, as this machine's Python runs them: ACL 1.0's HMAC-SHA1 over the
+  signed fields and body (:class:`~rmqha.security.signature.Sha1Mac`), and the signed
+  frame sealed into TLS records and opened again by an ``ssl.SSLObject`` pair over memory
+  BIOs (the contexts the processes use, ``rmqha certs dev-cluster`` certificates).  A
+  batch's serial path takes the HMAC twice (client, master), a seal and an open per link
+  it crosses (client to master, master to each slave); the sum is the least that
+  security can add to a batch's time, whatever the code around it does;
 - **link** (``test_link_cpu``): a ``BlockingLink`` sending to a real ``RemotingServer`` on a
   uvloop thread whose plain-send handler answers at once (no store), with TLS (mutual,
   enforcing, ``rmqha certs dev-cluster`` certificates) and ACL (the broker's ``AclGuard``, the
@@ -49,6 +57,8 @@ from rmqha.security.acl import AclValidator
 from rmqha.security.acl_lane import SendLane
 from rmqha.security.identity import Identity, Role
 from rmqha.security.signature import ACCESS_KEY, mac_for, signed_content, signed_fields
+from rmqha.security.tls import client_context as ssl_client_context
+from rmqha.security.tls import server_context as ssl_server_context
 from rmqha.testing.tls_keys import client_tls, server_tls
 
 SF = load("send_frames")
@@ -156,6 +166,62 @@ def test_broker_acl_check(benchmark: Any, files: Path, kind: str, impl: str) -> 
     assert check()
     describe(benchmark, impl, message_bytes=len(BODY), batch=BATCH if kind == "batch" else 1)
     benchmark(check)
+
+
+# --- floor: the ciphers and hashes alone ----------------------------------------------------
+
+
+class _MemoryPair:
+    """A client and a server ``SSLObject`` over memory BIOs, the handshake done."""
+
+    def __init__(self, pki: Path) -> None:
+        broker = Identity.broker("C", "g", "g-0")
+        server = ssl_server_context(server_tls(pki, broker))
+        client = ssl_client_context(client_tls(pki, Identity.client("client")))
+        self.c_in, self.c_out, self.s_in, self.s_out = (ssl.MemoryBIO() for _ in range(4))
+        self.client = client.wrap_bio(self.c_in, self.c_out)
+        self.server = server.wrap_bio(self.s_in, self.s_out, server_side=True)
+        for _ in range(10):
+            for side in (self.client, self.server):
+                try:
+                    side.do_handshake()
+                except ssl.SSLWantReadError:
+                    pass
+            self.s_in.write(self.c_out.read())
+            self.c_in.write(self.s_out.read())
+        assert self.client.version() == self.server.version() == "TLSv1.3"
+
+    def seal(self, plain: bytes) -> bytes:
+        self.client.write(plain)
+        return self.c_out.read()
+
+    def round_trip(self, plain: bytes) -> int:
+        """``plain`` sealed by the client and opened by the server: bytes opened."""
+        self.s_in.write(self.seal(plain))
+        opened = 0
+        while True:
+            try:
+                opened += len(self.server.read(64 * 1024))
+            except ssl.SSLWantReadError:
+                return opened
+
+
+@pytest.mark.parametrize("step", ["hmac_sha1", "tls_seal", "tls_seal_and_open"])
+def test_crypto_floor(benchmark: Any, files: Path, step: str) -> None:
+    req = _request("batch")
+    frame = Credentials(ACCESS, SECRET).sign_send_frame(req.frame(7, 0), _header(req), req.body)
+    assert frame is not None
+    mac, fields = mac_for(SECRET), signed_fields({**_header(req), ACCESS_KEY: ACCESS})
+    pair = _MemoryPair(files / "pki")
+    ways: dict[str, Callable[[], object]] = {
+        "hmac_sha1": lambda: mac.digest(fields, req.body),
+        "tls_seal": lambda: pair.seal(frame),
+        "tls_seal_and_open": lambda: pair.round_trip(frame)}
+    if step == "tls_seal_and_open":
+        assert pair.round_trip(frame) == len(frame)
+    describe(benchmark, step, message_bytes=len(BODY), batch=BATCH, frame_bytes=len(frame),
+             cipher=pair.client.cipher()[0])  # type: ignore[index]
+    benchmark(ways[step])
 
 
 # --- link: each side's CPU per send ---------------------------------------------------------
