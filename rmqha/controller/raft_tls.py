@@ -67,7 +67,7 @@ log = logging.getLogger(__name__)
 #: guard covers it).
 _SOCKET_ATTR = "_TcpConnection__socket"
 #: Ciphertext taken from the socket per read.
-_CIPHER_READ = 256 << 10
+_CIPHER_READ = 64 << 10
 #: Plaintext one send call encrypts at most (the rest stays in pysyncobj's buffer).
 _SEAL_BUDGET = 256 << 10
 
@@ -234,17 +234,21 @@ class TlsSocket:
         """``call(arg)``, a TLS failure or a refused peer turned into the refusal."""
         try:
             return call(arg)
+        except ssl.SSLEOFError:
+            # A peer stopping, or refusing us (it logs why): no warning here.
+            raise self._refuse("the peer closed the link during the TLS handshake",
+                               logging.INFO) from None
         except ssl.SSLError as exc:
             raise self._refuse(f"TLS failed: {exc}") from None
         except AuthenticationError as exc:
             raise self._refuse(str(exc)) from None
 
-    def _refuse(self, why: str) -> ConnectionResetError:
+    def _refuse(self, why: str, level: int = logging.WARNING) -> ConnectionResetError:
         """Log the refusal once; the error that makes pysyncobj drop the link."""
         if self._refusal is None:
             self._refusal = why
             side = "from" if self._server_side else "to"
-            log.warning("Raft link %s %s refused: %s", side, self.peer_address, why)
+            log.log(level, "Raft link %s %s refused: %s", side, self.peer_address, why)
         return ConnectionResetError(errno.ECONNRESET, f"Raft TLS link refused: {self._refusal}")
 
     def _raise_if_refused(self) -> None:

@@ -9,10 +9,13 @@ over real loopback TCP sockets with tiny kernel buffers, in one thread.
   order, one far bigger than the buffers, one sent during the handshake;
 - who may be at the other end: a dialled peer must be the member its address belongs to,
   an accepted peer a controller of the group, and a refused one is logged once and never
-  read from; the address an accepted peer claims must be its own.
+  read from; the address an accepted peer claims must be its own;
+- settings: TLS stands in for the password with remote peers; a controller serving TLS
+  builds its Raft TLS (ConfigError naming ``tls.server.trustCertPath`` without a CA).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import select
@@ -25,10 +28,15 @@ import pytest
 from pysyncobj.poller import createPoller
 from pysyncobj.tcp_connection import TcpConnection
 
+from rmqha.controller.config import ControllerConfig
+from rmqha.controller.raft import RaftSettings
 from rmqha.controller.raft_tls import RaftTls, TlsSocket
+from rmqha.controller.server import ControllerServer
+from rmqha.errors import ConfigError
 from rmqha.security import certs
 from rmqha.security.identity import Identity
-from rmqha.testing.tls_keys import server_tls
+from rmqha.security.tls import ClientAuth, TlsMode, TlsSettings
+from rmqha.testing.tls_keys import config_keys, server_tls
 
 N0, N1 = "127.0.0.1:7001", "127.0.0.1:7002"
 IDS = {N0: "n0", N1: "n1"}
@@ -286,3 +294,51 @@ def test_an_accepted_controller_may_claim_only_its_own_address(pki):
     assert "not the Raft address of a member" in (tls.claim_refusal(n1, "readonly") or "")
     assert "not the Raft address of a member" in (tls.claim_refusal(n1, ["status"]) or "")
     assert tls.claim_refusal(None, N1) == "no verified certificate"
+
+
+def test_a_peer_closing_during_the_handshake_is_dropped_without_a_warning(pki, tcp_pair, caplog):
+    server = _raft_tls(pki, Identity.controller("n0")).accept(tcp_pair[1])
+    port = tcp_pair[1].getpeername()[1]
+    tcp_pair[0].send(b"\x16\x03\x01")  # the start of a ClientHello, then gone
+    tcp_pair[0].close()
+    with caplog.at_level(logging.INFO, "rmqha.controller.raft_tls"):
+        with pytest.raises(ConnectionResetError):
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                select.select([server.fileno()], [], [], 0.05)
+                _read_all(server)
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.INFO, f"Raft link from 127.0.0.1:{port} refused: the peer closed the link "
+                       "during the TLS handshake")]
+
+
+# --- settings ----------------------------------------------------------------------------------
+
+
+def test_tls_stands_in_for_the_password_with_remote_peers(pki, tmp_path):
+    remote = RaftSettings(self_address="127.0.0.1:5000", peers=["127.0.0.1:5000", "10.1.2.3:5000"],
+                          journal_file=tmp_path / "j")
+    with pytest.raises(ConfigError, match="cluster secret or TLS"):
+        remote.check()  # the control: neither
+    dataclasses.replace(remote, tls=_raft_tls(pki, Identity.controller("n0"))).check()
+
+
+def test_raft_tls_only_when_serving_tls_and_never_without_the_ca(pki):
+    assert RaftTls.from_settings(TlsSettings(), IDS) is None
+    permissive = server_tls(pki, Identity.controller("n0"), mode=TlsMode.PERMISSIVE,
+                            client_auth=ClientAuth.NONE)
+    assert RaftTls.from_settings(permissive, IDS) is not None
+    with pytest.raises(ConfigError, match="tls.server.trustCertPath is not set"):
+        RaftTls.from_settings(dataclasses.replace(permissive, server_trust_cert_path=""), IDS)
+
+
+def test_a_controller_serving_tls_builds_raft_tls_with_its_peers(pki, tmp_path):
+    keys = config_keys(server_tls(pki, Identity.controller("n0"), client_auth=ClientAuth.NONE))
+    config = ControllerConfig(controller_peers="n0-127.0.0.1:9878;n1-127.0.0.1:9879",
+                              controller_self_id="n0", controller_store_path=tmp_path / "s",
+                              allow_insecure=True, **keys)
+    tls = ControllerServer(config).raft.settings.tls
+    assert tls is not None and tls.ids == {"127.0.0.1:10878": "n0", "127.0.0.1:10879": "n1"}
+    with pytest.raises(ConfigError, match="tls.server.trustCertPath"):
+        ControllerServer(dataclasses.replace(config, tls_server_trust_cert_path=""))
+    assert ControllerServer(dataclasses.replace(config, tls_server_mode="disabled")).raft.settings.tls is None
