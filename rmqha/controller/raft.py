@@ -5,10 +5,13 @@ What this module owns:
 * the pysyncobj settings (:class:`RaftSettings`): always a journal file, a full-dump file
   for log compaction (our own JSON snapshot inside), no fork, and the *fast* commit mode;
 * the security rule: pysyncobj peers exchange pickle, so a node whose peers are not all on
-  loopback refuses to start unless a cluster secret (pysyncobj's ``password``) is set;
-  with one, pysyncobj authenticates every frame (Fernet: HMAC-SHA256, checked before
-  anything is unpickled) and drops a connection whose frame fails.  The controller asks
-  for more (:mod:`rmqha.security.secret_policy`): a secret even on loopback unless told
+  loopback refuses to start unless a cluster secret (pysyncobj's ``password``) is set or
+  its links run over mutual TLS (``RaftSettings.tls``, :mod:`rmqha.controller.raft_tls`:
+  pickle then only comes from certified controllers of the group, each speaking as
+  itself).  With a secret, pysyncobj authenticates every frame (Fernet: HMAC-SHA256,
+  checked before anything is unpickled) and drops a connection whose frame fails; with
+  both, the secret runs inside the TLS.  The controller asks for more
+  (:mod:`rmqha.security.secret_policy`): a secret even on loopback unless told
   ``allow_insecure``;
 * the commit path: :meth:`RaftNode.submit` takes a small dict, commits it as JSON text and
   resolves a future with what the state machine's ``apply`` returned for it.  Nothing
@@ -53,6 +56,7 @@ from pysyncobj.transport import TCPTransport
 from rmqha.security.secret_policy import SECRET_KEYS_TEXT, is_loopback
 from rmqha.errors import ConfigError, ControllerError, NotLeaderError
 from rmqha.controller.raft_journal import DurableJournal, SyncHook
+from rmqha.controller.raft_tls import RaftTls, tls_transport
 
 #: pysyncobj's constructor is patched for the journal factory one node at a time.
 _CONSTRUCTING = threading.Lock()
@@ -127,17 +131,24 @@ class RaftSettings:
     durable: bool = True
     #: Called at every durable point ("log", "vote"): the crash tests' failpoint.
     on_sync: SyncHook | None = None
+    #: Mutual TLS under every Raft link (None: plain TCP).
+    tls: RaftTls | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def check(self) -> None:
         others = [p for p in self.peers if p != self.self_address]
         remote = [p for p in [self.self_address, *others] if not is_loopback(p)]
-        if remote and not self.password:
+        if remote and not self.password and self.tls is None:
             raise ConfigError(
                 "Raft peers on non-loopback addresses "
-                f"({', '.join(remote)}) need a cluster secret: pysyncobj exchanges pickle, "
-                f"so set {SECRET_KEYS_TEXT} (or raft_password), or keep every peer on 127.0.0.1"
+                f"({', '.join(remote)}) need a cluster secret or TLS: pysyncobj exchanges "
+                f"pickle, so set {SECRET_KEYS_TEXT} (or raft_password), or serve TLS "
+                "(tls.server.mode with the cluster CA), or keep every peer on 127.0.0.1"
             )
+        if self.tls is not None and PYSYNCOBJ_VERSION not in _GUARDED_VERSIONS:
+            raise ConfigError(
+                f"Raft over TLS reaches into pysyncobj's connections and was checked against "
+                f"pysyncobj {', '.join(_GUARDED_VERSIONS)}, not {PYSYNCOBJ_VERSION or 'this version'}")
         if self.password:
             try:
                 import cryptography  # noqa: F401  (pysyncobj's encryptor needs it)
@@ -326,6 +337,8 @@ class RaftNode:
                 log.warning("pysyncobj %s is not a version the fast-commit guard was checked "
                             "against (%s)", PYSYNCOBJ_VERSION, ", ".join(_GUARDED_VERSIONS))
             transport_class = _GuardedTransport
+        if self.settings.tls is not None:
+            transport_class = tls_transport(transport_class, self.settings.tls)
         self._role = RaftRole.FOLLOWER
         with _CONSTRUCTING:
             # pysyncobj opens its journal inside the constructor and may send right after:

@@ -30,6 +30,9 @@ Request handling (RocketMQ's controller codes, see :mod:`rmqha.protocol.codes`):
   an epoch the group has reached and, when signed, newer than the broker's last one; the
   timeout it asks for is capped at ``broker_heartbeat_timeout`` (the answer says what is
   in force, so the broker's master lease fits it).
+* Serving TLS (any ``tls.server.mode`` but disabled), the Raft links between controllers
+  are mutual TLS too (:mod:`rmqha.controller.raft_tls`): each end's certificate must name
+  the controller of the group it is, by Raft address.
 * Over mutual TLS the sender's certificate identity must fit the request too
   (:mod:`rmqha.controller.peer_rules`): a broker registers, heartbeats, alters its
   SyncStateSet and asks for an election only as its own cluster and group; clean, config
@@ -65,6 +68,7 @@ from rmqha.controller.state import ReplicasState
 from rmqha.errors import ConfigError, ControllerError, NotLeaderError, ProtocolError, RmqhaError
 from rmqha.metrics import MetricsRegistry
 from rmqha.controller.raft import RaftNode, RaftRole, RaftSettings
+from rmqha.controller.raft_tls import RaftTls
 from rmqha.net.client import RemotingClient
 from rmqha.net.channel import refused_off_channel
 from rmqha.net.client_security import ClientSecurity
@@ -132,6 +136,8 @@ class ControllerServer:
                 raft_min_timeout=config.raft_min_timeout / 1000,
                 raft_max_timeout=config.raft_max_timeout / 1000,
                 append_entries_period=config.raft_heartbeat_interval / 1000,
+                # Serving TLS: the Raft links too, mutual, with this controller's pair and CA.
+                tls=RaftTls.from_settings(self.tls, {p.raft_address: p.id for p in self.peers}),
             ),
             self.state.apply, self.state.snapshot, self.state.restore,
             on_role_change=self._role_changed_from_raft,

@@ -11,45 +11,16 @@ connection and goes on committing.
 from __future__ import annotations
 
 import os
-import pickle
-import socket
-import struct
 import subprocess
 import sys
-import zlib
 from pathlib import Path
 
 import pytest
 from cluster import Cluster, free_port
+from raft_probe import send_probe
 from security_wire import ask
 
 from rmqha.protocol.codes import RequestCode, ResponseCode
-
-
-class _TouchMarker:
-    """Unpickling this calls open(marker, "a"): an empty file is the harmless proof that
-    code ran.  (The file object it returns is not a node id, so pysyncobj then hangs up:
-    either way the probe ends with the connection closed.)"""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (open, (str(self.marker), "a"))
-
-
-def _send_probe(raft_address: str, marker: Path) -> bytes:
-    """pysyncobj's frame (native-endian int length + zlib(pickle)); returns what the peer
-    sent back before it closed the connection."""
-    data = zlib.compress(pickle.dumps(_TouchMarker(marker), protocol=2))
-    host, _, port = raft_address.rpartition(":")
-    with socket.create_connection((host, int(port)), timeout=10) as sock:
-        # No half-close: pysyncobj drops a connection at EOF before parsing what it read.
-        sock.sendall(struct.pack("i", len(data)) + data)
-        received = b""
-        while chunk := sock.recv(4096):  # until the controller closes it
-            received += chunk
-    return received
 
 
 def test_probe_runs_code_on_an_insecure_loopback_controller(tmp_path):
@@ -58,7 +29,7 @@ def test_probe_runs_code_on_an_insecure_loopback_controller(tmp_path):
     with Cluster(tmp_path / "c", insecure=True) as c:
         (ctl,) = c.start_controllers(1)
         assert ctl.config["allow_insecure"] is True and "cluster_secret_file" not in ctl.config
-        _send_probe(ctl.raft_address, marker)
+        send_probe(ctl.raft_address, marker)
         assert marker.exists()
 
 
@@ -67,7 +38,7 @@ def test_probe_is_refused_by_a_controller_with_a_secret(tmp_path):
     with Cluster(tmp_path / "c") as c:
         (ctl,) = c.start_controllers(1)
         # The controller reads the whole frame, fails to authenticate it and hangs up.
-        _send_probe(ctl.raft_address, marker)
+        send_probe(ctl.raft_address, marker)
         assert not marker.exists()
         # It keeps working: a signed write commits, and the log says nothing was run.
         resp = ask(ctl.address, RequestCode.CONTROLLER_APPLY_BROKER_ID,

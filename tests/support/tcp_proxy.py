@@ -10,6 +10,9 @@ it.  ``cut()`` severs the link in one of two ways:
 
 ``restore()`` lets new connections through again (blackholed ones stay dead: bytes dropped
 mid-stream can never be replayed, so they are closed on restore).
+
+With ``record=True`` it keeps every byte it forwards: :attr:`TcpProxy.streams` holds one
+buffer per direction of each connection (what an eavesdropper on the link sees).
 """
 from __future__ import annotations
 
@@ -27,8 +30,12 @@ CutMode = Literal["close", "blackhole"]
 class TcpProxy:
     """Forwards 127.0.0.1:``port`` to ``target``; cut() and restore() control the link."""
 
-    def __init__(self, target_host: str, target_port: int, listen_port: int = 0) -> None:
+    def __init__(self, target_host: str, target_port: int, listen_port: int = 0, *,
+                 record: bool = False) -> None:
         self.target = (target_host, target_port)
+        self._record = record
+        #: With ``record``: what was forwarded, one buffer per direction of each connection.
+        self.streams: list[bytearray] = []
         self._listen_port = listen_port
         self.port = 0
         self._loop = asyncio.new_event_loop()
@@ -153,6 +160,9 @@ class TcpProxy:
         dst: asyncio.StreamWriter,
         link: tuple[asyncio.StreamWriter, asyncio.StreamWriter],
     ) -> None:
+        seen = bytearray()
+        if self._record:
+            self.streams.append(seen)
         try:
             while True:
                 data = await src.read(1 << 16)
@@ -162,6 +172,8 @@ class TcpProxy:
                     continue  # dropped on the floor, nobody is told
                 if link not in self._links:
                     break
+                if self._record:
+                    seen += data
                 dst.write(data)
                 await dst.drain()
         except (ConnectionError, OSError):
