@@ -218,9 +218,9 @@ def compare_peers(args: argparse.Namespace, names: list[str], body: bytes) -> No
 def compare_security(args: argparse.Namespace, body: bytes) -> None:
     """The security table: rmqha's produce workloads with TLS and ACL on and off."""
     with tempfile.TemporaryDirectory(prefix="bench-security-") as tmp:
-        results = security_cost.measure(Path(tmp), args.scale, body, args.security_rounds,
-                                        log=lambda line: print(line, flush=True))
-    text = security_cost.table(results, args.scale, args.security_rounds)
+        results, failover = security_cost.measure(Path(tmp), args.scale, body, args.security_rounds,
+                                                  log=lambda line: print(line, flush=True))
+    text = security_cost.table(results, args.scale, args.security_rounds, failover)
     print(text)
     if args.write_into:
         write_table(args.write_into, text, security_cost.BEGIN, security_cost.END)

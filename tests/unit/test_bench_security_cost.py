@@ -103,3 +103,16 @@ def test_secure_setup_files_name_real_certificates_and_a_narrow_account(tmp_path
     send("Bench3")
     with pytest.raises(AclPermissionError, match="no PUB default permission for topic:Other"):
         send("Other")
+
+
+def test_failover_row_judges_unchanged() -> None:
+    text = security_cost.table({}, 1.0, 2, security_cost.Failover(0.050, 0.080))
+    assert _row(text, "failover") == ("| failover | 0.050 s | 0.080 s | | 1.60x | +30 ms | "
+                                      "unchanged (≤ 50 ms added): met |")
+
+
+def test_negative_control_failover_slower() -> None:
+    text = security_cost.table({}, 1.0, 2, security_cost.Failover(0.050, 0.120))
+    assert _row(text, "failover").endswith("unchanged (≤ 50 ms added): missed |")
+    unmeasured = security_cost.table({}, 1.0, 2, security_cost.Failover(0.050, None))
+    assert _row(unmeasured, "failover").endswith("unchanged: not measured |")
