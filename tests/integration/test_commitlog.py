@@ -744,6 +744,34 @@ def test_a_slave_stopped_with_a_bad_half_record_reopens_before_it(twin, logs, tm
     assert again.queue_offset("split") == 4
 
 
+def test_a_cut_partial_record_is_durable_before_records_go_over_it(twin, logs, tmp_path) -> None:
+    """A slave that flushed a record's head, becoming master, cuts it: the zeroed bytes
+    and the lower flushed offset reach the disk at once, so after a crash before the next
+    checkpoint recovery checks the records written over them (here one whose tail the
+    crash lost) instead of trusting them below the stale flushed offset."""
+    master = logs(tmp_path / "m", twin)
+    offs = [master.append("split", bytes([i]) * 700, 0, {"KEYS": "k"})[0] for i in range(2)]
+    live = tmp_path / "s"
+    slave = logs(live, twin, flush_interval_ms=3_600_000)
+    slave.append_data(0, master.read(0, offs[1] + 600))
+    slave.flush()  # the checkpoint says offs[1] + 600, mid-record, was flushed
+    assert slave.cut_to_last_whole_record() == offs[1]
+    assert not any(Path(live, f"{0:020d}").read_bytes()[offs[1]:offs[1] + 600])
+    off, size = slave.append("new", b"n" * 100, 0, {"TAGS": "t"})
+    assert off == offs[1] and off + size < offs[1] + 600
+    crashed = tmp_path / "crashed"
+    shutil.copytree(live, crashed)
+    with open(crashed / f"{0:020d}", "r+b") as fh:  # the crash lost its last 3 bytes
+        fh.seek(off + size - 3)
+        fh.write(bytes(3))
+    reopened = logs(crashed, twin)
+    assert reopened.max_offset == off
+    # Negative control: the same crash without the lost bytes keeps the record.
+    intact = tmp_path / "intact"
+    shutil.copytree(live, intact)
+    assert logs(intact, twin).max_offset == off + size
+
+
 def test_receive_view_commit_and_discard(twin, logs, tmp_path) -> None:
     """Bytes received straight into the mapping count only once committed and valid."""
     master = logs(tmp_path / "m", twin)
