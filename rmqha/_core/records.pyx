@@ -15,6 +15,8 @@ from libc.string cimport memcmp, memcpy, memset
 from rmqha.errors import CorruptRecordError, InvalidMessageError, MessageTooLargeError, StoreError
 # Not hot: property maps and the stop-reason enum are shared with the pure twin.
 from rmqha._core.records_py import ScanStop, encode_properties, decode_properties
+# The refusals of a record that would end in a zero byte: the same words in both twins.
+from rmqha._core.records_py import _NUL_TOPIC, _nul_property
 
 cdef extern from "Python.h":
     ctypedef struct PyObject
@@ -365,6 +367,7 @@ cdef enum:
     S_BAD_LENGTHS = 6
     S_BAD_CRC = 7
     S_BAD_OFFSET = 8
+    S_ZERO_TAIL = 9
 
 
 cdef inline int _get_buffer(object obj, Py_buffer* view, int flags) except -1:
@@ -424,8 +427,12 @@ cdef int _check_fields(bytes topic, bytes properties, bytes host_a, bytes host_b
     if topic is None or not 0 < len(topic) <= 255:
         raise InvalidMessageError(
             f"topic must be 1..255 bytes, got {0 if topic is None else len(topic)}")
+    if (<const unsigned char*><char*>topic)[len(topic) - 1] == 0:
+        raise InvalidMessageError(_NUL_TOPIC)
     if properties is None or len(properties) > 32767:
         raise InvalidMessageError("properties must be bytes of at most 32767")
+    if len(properties) and (<const unsigned char*><char*>properties)[len(properties) - 1] == 0:
+        raise InvalidMessageError(_nul_property(properties))
     if host_a is None or host_b is None or len(host_a) != 8 or len(host_b) != 8:
         raise InvalidMessageError("hosts must be 8 bytes (IPv4 + int32 port)")
     return 0
@@ -754,6 +761,9 @@ def write_batch_entries(object buf, Py_ssize_t pos, Py_ssize_t limit, bytes topi
                 plen = <int16_t>(<uint16_t>b[p + 20 + blen] << 8 | b[p + 21 + blen])
             if total < 22 or total > n - p or plen < 0 or 22 + blen + plen != total:
                 raise InvalidMessageError(f"batch entry at {p}: sizes do not add up")
+            if plen and b[p + total - 1] == 0:
+                raise InvalidMessageError(f"batch entry at {p}: " + _nul_property(
+                    PyBytes_FromStringAndSize(<const char*>b + p + total - plen, plen)))
             size = C_FIXED + blen + tlen + plen
             if size > max_record:
                 raise MessageTooLargeError(
@@ -909,7 +919,9 @@ def write_plain_run(object buf, Py_ssize_t pos, Py_ssize_t limit, int64_t base_o
                 qid = qid_p[i]
                 props = _tuple_item(t, 8)
                 body = _tuple_item(t, 10)
-                if (qid < 0 or tlen == 0 or tlen > 255 or not _bytes_check(props)
+                if (qid < 0 or tlen == 0 or tlen > 255
+                        or (<const unsigned char*>_bytes_data(tb))[tlen - 1] == 0
+                        or not _bytes_check(props)
                         or not _bytes_check(body)
                         or not _int_in(_tuple_item(t, 5), 0, 0x7FFFFFFF, &sys_flag)
                         or sys_flag & C_V6_HOSTS
@@ -1006,7 +1018,7 @@ def write_blank(object buf, Py_ssize_t pos, Py_ssize_t size):
 
 
 cdef int _check_record(const unsigned char* b, Py_ssize_t pos, Py_ssize_t end,
-                       Py_ssize_t seg_end, int64_t base_offset, bint verify_crc,
+                       Py_ssize_t seg_end, int64_t base_offset, bint verify,
                        Py_ssize_t* size_out) noexcept nogil:
     # Returns -1 for a valid message (size in size_out) or a stop code.
     cdef Py_ssize_t i
@@ -1045,9 +1057,12 @@ cdef int _check_record(const unsigned char* b, Py_ssize_t pos, Py_ssize_t end,
         return S_BAD_LENGTHS
     if <int64_t>rmqha_get64(b + pos + 28) != base_offset + pos:
         return S_BAD_OFFSET
-    if verify_crc:
+    if verify:
         if (rmqha_crc32(0, b + pos + C_HEAD, <size_t>blen) & 0x7FFFFFFFu) != rmqha_get32(b + pos + 8):
             return S_BAD_CRC
+        # The properties' last byte, or without them the topic's (before the length's two).
+        if b[pos + total - (1 if plen else 3)] == 0:
+            return S_ZERO_TAIL
     size_out[0] = total
     return -1
 
@@ -1057,8 +1072,9 @@ def scan(object buf, Py_ssize_t pos, Py_ssize_t end, int64_t base_offset, int64_
     """Walk and validate records in ``buf[pos:end]``; returns ``(stop position, ScanStop, count)``.
 
     ``buf`` is a whole segment: a blank record must reach ``len(buf)`` exactly, and ``end``
-    is where the written data ends (a record or blank running past it is TORN).  Body CRCs are
-    checked for records that end past global offset ``verify_from``.  With ``table``, every message
+    is where the written data ends (a record or blank running past it is TORN).  Records that
+    end past global offset ``verify_from`` are checked whole: body CRC (BAD_CRC) and last
+    written byte (ZERO_TAIL, see ``records_py``'s docstring).  With ``table``, every message
     updates ``table[(topic bytes, queue id)]`` to its queue offset + 1 or, with ``lower``,
     to the smallest queue offset seen (used to forget records being truncated).
 
@@ -1142,7 +1158,8 @@ def decode(object buf, Py_ssize_t pos, Py_ssize_t limit, bint verify_crc=True):
     (total_size, magic, body_crc, queue_id, flag, queue_offset, physical_offset, sys_flag,
     born_timestamp, born_host(8 bytes), store_timestamp, store_host(8 bytes),
     reconsume_times, prepared_transaction_offset, body, topic, properties) -- bytes copied.
-    CorruptRecordError if it is not a valid message.
+    CorruptRecordError if it is not a valid message (with ``verify_crc``, also a body CRC
+    or last byte that fails :func:`scan`'s check).
     """
     cdef Py_buffer view
     cdef const unsigned char* b

@@ -23,6 +23,13 @@ end, the masked body CRC, and the validating scanner recovery uses.  Layout (big
               2 properties length (unsigned), then ``key\\x01value\\x02`` pairs
 
 A blank record is ``total size | 0xCBD43194`` (8 bytes written) and fills a segment's rest.
+
+A message record's last written byte is never 0: with properties it is theirs (canonical
+properties end in ``\\x02``; the writers refuse any that end in NUL), without them the
+topic's (the two bytes after it are the zero properties length; the writers refuse a topic
+ending in NUL).  A record whose missing suffix reads as zeros (a torn write in a
+zero-filled segment) therefore shows a zero there even when its sizes add up and its body
+CRC passes: :func:`scan` stops at it (``ZERO_TAIL``).
 """
 from __future__ import annotations
 
@@ -73,6 +80,7 @@ class ScanStop(IntEnum):
     BAD_LENGTHS = 6  # body/topic/properties lengths do not sum to the total size
     BAD_CRC = 7      # body CRC mismatch
     BAD_OFFSET = 8   # the physical-offset field is not where the record sits
+    ZERO_TAIL = 9    # a checked record's last written byte is 0: its tail never came
 
 
 def crc32(data: bytes | bytearray | memoryview, value: int = 0) -> int:
@@ -162,11 +170,27 @@ def _check_room(buf_len: int, pos: int, size: int) -> None:
         raise StoreError(f"record of {size} bytes at {pos} does not fit a buffer of {buf_len}")
 
 
+#: Why a record may not end in a zero byte (the refusals below say it).
+_ZERO_TAIL_REASON = "recovery tells a torn record by its zero last byte"
+_NUL_TOPIC = f"topic ends in a NUL byte: {_ZERO_TAIL_REASON}"
+
+
+def _nul_property(properties: bytes | memoryview) -> str:
+    """The refusal of properties ending in NUL, naming the last property's key."""
+    last = bytes(properties).rsplit(b"\x02", 1)[-1].partition(b"\x01")[0]
+    return (f"property {last.decode('utf-8', 'replace')!r} ends in a NUL byte: "
+            f"{_ZERO_TAIL_REASON}")
+
+
 def _check_fields(topic: bytes, properties: bytes, host_a: bytes, host_b: bytes) -> None:
     if not 0 < len(topic) <= MAX_TOPIC_BYTES:
         raise InvalidMessageError(f"topic must be 1..{MAX_TOPIC_BYTES} bytes, got {len(topic)}")
+    if topic[-1] == 0:
+        raise InvalidMessageError(_NUL_TOPIC)
     if len(properties) > MAX_PROPERTIES_BYTES:
         raise InvalidMessageError(f"properties of {len(properties)} bytes exceed {MAX_PROPERTIES_BYTES}")
+    if properties and properties[-1] == 0:
+        raise InvalidMessageError(_nul_property(properties))
     if len(host_a) != 8 or len(host_b) != 8:
         raise InvalidMessageError("hosts must be 8 bytes (IPv4 + int32 port)")
 
@@ -365,6 +389,9 @@ def write_batch_entries(buf, pos: int, limit: int, topic: bytes, batch, src: int
             plen = _I16.unpack_from(mv, p + 20 + blen)[0]
         if total < BATCH_ENTRY_FIXED or total > n - p or plen < 0 or 22 + blen + plen != total:
             raise InvalidMessageError(f"batch entry at {p}: sizes do not add up")
+        if plen and mv[p + total - 1] == 0:
+            raise InvalidMessageError(
+                f"batch entry at {p}: {_nul_property(mv[p + total - plen:p + total])}")
         size = FIXED_SIZE + blen + tlen + plen
         if size > max_record:
             raise MessageTooLargeError(
@@ -429,7 +456,7 @@ def _int_in(v: object, lo: int, hi: int) -> bool:
 def _plain_send_size(send: tuple, tb: bytes | None, qid: int, max_record: int) -> int:
     """The record size of a send the run may take, or -1 when it goes one by one."""
     if (type(send) is not tuple or len(send) < 11 or type(tb) is not bytes or qid < 0
-            or not 0 < len(tb) <= MAX_TOPIC_BYTES):
+            or not 0 < len(tb) <= MAX_TOPIC_BYTES or tb[-1] == 0):
         return -1
     props, body, sys_flag = send[8], send[10], send[5]
     if (type(props) is not bytes or type(body) is not bytes
@@ -513,8 +540,9 @@ def write_blank(buf, pos: int, size: int) -> None:
     _SIZE_MAGIC.pack_into(buf, pos, size, BLANK_MAGIC)
 
 
-def _check_record(buf, pos: int, end: int, seg_end: int, base_offset: int, verify_crc: bool):
-    """(size, stop) for the record at pos; stop is None when the record is valid."""
+def _check_record(buf, pos: int, end: int, seg_end: int, base_offset: int, verify: bool):
+    """(size, stop) for the record at pos; stop is None when the record is valid.  With
+    ``verify`` its body CRC and last written byte are checked too."""
     if end - pos < MIN_BLANK:
         if not any(buf[pos:end]):
             return 0, ScanStop.ZEROS
@@ -545,10 +573,13 @@ def _check_record(buf, pos: int, end: int, seg_end: int, base_offset: int, verif
         return 0, ScanStop.BAD_LENGTHS
     if _Q.unpack_from(buf, pos + 28)[0] != base_offset + pos:
         return 0, ScanStop.BAD_OFFSET
-    if verify_crc:
+    if verify:
         crc = _I32.unpack_from(buf, pos + 8)[0]
         if zlib.crc32(buf[pos + 88:pos + 88 + blen]) & CRC_MASK != crc:
             return 0, ScanStop.BAD_CRC
+        # The properties' last byte, or without them the topic's (before the length's two).
+        if buf[pos + total - (1 if plen else 3)] == 0:
+            return 0, ScanStop.ZERO_TAIL
     return total, None
 
 
@@ -558,8 +589,9 @@ def scan(buf, pos: int, end: int, base_offset: int, verify_from: int,
     """Walk and validate records in ``buf[pos:end]``; returns ``(stop position, ScanStop, count)``.
 
     ``buf`` is a whole segment: a blank record must reach ``len(buf)`` exactly, and ``end``
-    is where the written data ends (a record or blank running past it is TORN).  Body CRCs are
-    checked for records that end past global offset ``verify_from``.  With ``table``, every message
+    is where the written data ends (a record or blank running past it is TORN).  Records that
+    end past global offset ``verify_from`` are checked whole: body CRC (BAD_CRC) and last
+    written byte (ZERO_TAIL, see the module's docstring).  With ``table``, every message
     updates ``table[(topic bytes, queue id)]`` to its queue offset + 1 or, with ``lower``,
     to the smallest queue offset seen (used to forget records being truncated).
 
@@ -609,7 +641,8 @@ def decode(buf, pos: int, limit: int, verify_crc: bool = True) -> tuple:
     (total_size, magic, body_crc, queue_id, flag, queue_offset, physical_offset, sys_flag,
     born_timestamp, born_host(8 bytes), store_timestamp, store_host(8 bytes),
     reconsume_times, prepared_transaction_offset, body, topic, properties) -- bytes copied.
-    CorruptRecordError if it is not a valid message.
+    CorruptRecordError if it is not a valid message (with ``verify_crc``, also a body CRC
+    or last byte that fails :func:`scan`'s check).
     """
     if pos < 0 or limit > len(buf) or pos > limit:
         raise StoreError(f"decode range {pos}..{limit} outside a buffer of {len(buf)}")

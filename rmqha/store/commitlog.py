@@ -938,15 +938,23 @@ class CommitLog(ReceivePath):
                      offset, len(victims))
 
     def cut_to_last_whole_record(self) -> int:
-        """Drop a partial record at the end (slave side); returns the new max offset."""
+        """Drop a partial record at the end (slave side); returns the new max offset.
+
+        As :meth:`truncate`, the zeroed bytes and the lowered checkpoint are made durable
+        before anything is appended over them: a slave may have flushed the record's head
+        (its checkpoint then says so), and recovery must check the records written there
+        next, over zeros, not trust them below a stale flushed offset with the head's
+        bytes under any tail of theirs a crash lost."""
         with self._lock:
             if self._whole_offset < self._max_offset:
                 whole = self._whole_offset
                 seg = self._active_segment()
                 with self._io_lock:
                     self._zero(seg, whole - seg.base, self._max_offset - seg.base)
+                    os.fdatasync(seg.fd)
                     self._max_offset = whole
                     self._flusher.cut_to(whole)
+                    self._flusher.write_checkpoint()
             return self._max_offset
 
     def delete_segments_before(self, offset: int) -> int:

@@ -2,8 +2,9 @@
 
 Recovery on open checks CRCs only where a crash can have torn a write (past the flushed
 checkpoint); a byte that flips later, on a disk or in a copied file, sits below it.  This
-module walks records and checks every body CRC, stepping over a bad record when its
-header is intact so one flipped byte does not hide the rest:
+module walks records and checks every body CRC and last byte (``records.scan``'s check),
+stepping over a bad record when its header is intact so one flipped byte does not hide
+the rest:
 
 - :func:`bad_records` on a mapped segment (the commitlog checks its last segments on open
   and every range it serves to consumers);
@@ -25,6 +26,8 @@ from rmqha._core._protocols import RecordsTwin
 _SEGMENT_NAME = re.compile(r"^[0-9]{20}$")
 #: Stops that end a segment's data cleanly.
 _CLEAN = ("END", "ZEROS", "BLANK")
+#: Stops at a record whose sizes add up: the walk goes on after it.
+_STEP_OVER = ("BAD_CRC", "ZERO_TAIL")
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,8 @@ class ScrubReport:
 def bad_records(codec: RecordsTwin, buf: Any, start: int, end: int, base: int) -> tuple[list[BadRecord], int]:
     """Check every record of ``buf[start:end]`` (a whole segment mapping; ``base`` is its
     global offset); returns the bad ones and how many records were checked.  A record with
-    a bad CRC but an intact header is stepped over; anything else ends the walk there."""
+    a bad CRC or a zero last byte but an intact header is stepped over; anything else ends
+    the walk there."""
     S = codec.ScanStop
     bad: list[BadRecord] = []
     count = 0
@@ -65,7 +69,7 @@ def bad_records(codec: RecordsTwin, buf: Any, start: int, end: int, base: int) -
         if name in _CLEAN:
             break
         size = int.from_bytes(buf[stop_pos:stop_pos + 4], "big") if stop_pos + 4 <= end else 0
-        if name == "BAD_CRC" and 0 < size <= end - stop_pos:
+        if name in _STEP_OVER and 0 < size <= end - stop_pos:
             bad.append(BadRecord(base + stop_pos, name, size))
             count += 1
             pos = stop_pos + size

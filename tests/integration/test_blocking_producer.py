@@ -25,7 +25,8 @@ import pytest
 
 from cluster import BrokerProc, Cluster
 from fake_remoting import FakeConn, FakeServer
-from rmqha.client import BlockingConsumer, BlockingProducer, Message, Producer, ReceivedMessage
+from rmqha.client import (BlockingConsumer, BlockingProducer, Message, Producer, ReceivedMessage,
+                          SendStatus)
 from rmqha.client.blocking_link import BlockingLink, answer_of
 from rmqha.client.route import BrokerData, QueueData, TopicRoute
 from rmqha.net.client_security import ClientSecurity
@@ -215,6 +216,24 @@ def test_sends_with_a_cached_route_run_no_loop(cluster: Cluster,
             (b"m%d" % i, "t", f"k{i}")
         assert (m.queue_id, m.queue_offset) == (r.queue.queue_id, r.queue_offset)
     assert sorted(got[r.msg_id].body for r in batch) == sorted(b"b%d" % i for i in range(10))
+
+
+def test_a_property_value_ending_in_nul_is_stored_and_replicated(cluster: Cluster) -> None:
+    """Recovery and a slave's receive check read a record whose last byte is 0 as one whose
+    tail never came.  A property value ending in NUL is no such record (the properties
+    close with their separator after it): the master stores it, the in-sync slave takes
+    it, and it reads back intact, as a value ending in "a" does."""
+    master, (slave,) = group_brokers(cluster, "broker-b")
+    values = ["ends in \x00", "ends in a"]
+    with BlockingProducer(cluster.namesrv_addresses) as p:
+        sent = [p.send("Fast", Message(b"nul-%d" % i, properties={"note": v}))
+                for i, v in enumerate(values)]
+    assert [r.status for r in sent] == [SendStatus.SEND_OK] * 2
+    cluster.wait_for(lambda: cluster.broker_status(slave)["maxOffset"]
+                     == cluster.broker_status(master)["maxOffset"], what="the slave took both")
+    got = read_back(cluster, "nul-readers", "Fast", {r.msg_id for r in sent})
+    assert [(got[r.msg_id].body, got[r.msg_id].properties["note"]) for r in sent] == \
+        [(b"nul-0", values[0]), (b"nul-1", values[1])]
 
 
 def test_a_slave_named_by_a_stale_route_redirects_to_its_master(

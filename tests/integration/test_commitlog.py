@@ -26,6 +26,7 @@ from rmqha.errors import (
     StoreClosedError,
     StoreError,
 )
+from rmqha.protocol.message import encode_batch_entries
 from rmqha.store import CommitLog, StoredMessage
 from rmqha.testing.ha import wait_until
 
@@ -742,6 +743,88 @@ def test_a_slave_stopped_with_a_bad_half_record_reopens_before_it(twin, logs, tm
     assert [m.body for m in again.iter_messages()] == [bytes([i]) * 700 for i in range(3)]
     again.append_data(offs[3], master.read(offs[3], master.max_offset - offs[3]))
     assert again.queue_offset("split") == 4
+
+
+@pytest.mark.parametrize("props, missing", [({"KEYS": "order-17", "TAGS": "paid"}, 5), (None, 4)],
+                         ids=["cut-in-properties", "cut-in-topic"])
+def test_a_slave_stopped_with_a_half_record_of_zeros_reopens_before_it(
+        twin, logs, tmp_path, caplog, props, missing) -> None:
+    """A slave killed between two blocks of a catch-up, its file's zeros standing in for
+    the rest of a record: the cut falls in the properties (or in the topic of a record
+    without them), so the sizes add up and the body CRC passes.  It must reopen at the
+    last whole record (the zero last byte tells the half one) and take it whole from its
+    master."""
+    master = logs(tmp_path / "m", twin)
+    offs = [master.append("split", bytes([i]) * 700, 0, props)[0] for i in range(4)]
+    slave = logs(tmp_path / "s", twin)
+    slave.append_data(0, master.read(0, master.max_offset - missing))
+    assert slave.whole_offset == offs[3]
+    slave.flush()
+    slave.close()
+    # RocketMQ's check (sizes, magic, body CRC) reads the half record as a whole one.
+    seen = parse_store(tmp_path / "s", SEG)
+    assert [r["offset"] for r in seen] == offs
+    assert seen[3]["props"] != seen[2]["props"] or seen[3]["topic"] != "split"
+    with caplog.at_level("WARNING", logger="rmqha.store.recovery"):
+        again = logs(tmp_path / "s", twin)
+    assert (again.max_offset, again.whole_offset) == (offs[3], offs[3])
+    assert f"cut the log at offset {offs[3]}: ZERO_TAIL" in caplog.text
+    assert again.corrupt == []
+    assert [m.body for m in again.iter_messages()] == [bytes([i]) * 700 for i in range(3)]
+    again.append_data(offs[3], master.read(offs[3], master.max_offset - offs[3]))
+    assert (again.queue_offset("split"), again.max_offset) == (4, master.max_offset)
+    last = again.read_message(offs[3])
+    assert (last.topic, last.body, last.properties) == ("split", bytes([3]) * 700, props or {})
+
+
+def test_a_cut_partial_record_is_durable_before_records_go_over_it(twin, logs, tmp_path) -> None:
+    """A slave that flushed a record's head, becoming master, cuts it: the zeroed bytes
+    and the lower flushed offset reach the disk at once, so after a crash before the next
+    checkpoint recovery checks the records written over them (here one whose tail the
+    crash lost) instead of trusting them below the stale flushed offset."""
+    master = logs(tmp_path / "m", twin)
+    offs = [master.append("split", bytes([i]) * 700, 0, {"KEYS": "k"})[0] for i in range(2)]
+    live = tmp_path / "s"
+    slave = logs(live, twin, flush_interval_ms=3_600_000)
+    slave.append_data(0, master.read(0, offs[1] + 600))
+    slave.flush()  # the checkpoint says offs[1] + 600, mid-record, was flushed
+    assert slave.cut_to_last_whole_record() == offs[1]
+    assert not any(Path(live, f"{0:020d}").read_bytes()[offs[1]:offs[1] + 600])
+    off, size = slave.append("new", b"n" * 100, 0, {"TAGS": "t"})
+    assert off == offs[1] and off + size < offs[1] + 600
+    crashed = tmp_path / "crashed"
+    shutil.copytree(live, crashed)
+    with open(crashed / f"{0:020d}", "r+b") as fh:  # the crash lost its last 3 bytes
+        fh.seek(off + size - 3)
+        fh.write(bytes(3))
+    reopened = logs(crashed, twin)
+    assert reopened.max_offset == off
+    # Negative control: the same crash without the lost bytes keeps the record.
+    intact = tmp_path / "intact"
+    shutil.copytree(live, intact)
+    assert logs(intact, twin).max_offset == off + size
+
+
+def test_appends_refuse_a_record_that_would_end_in_zero(twin, logs, tmp_path) -> None:
+    """Every append path keeps a record's last byte non-zero, refusing by name and storing
+    nothing; a property value ending in NUL is no such record (its pair's separator
+    closes the properties)."""
+    log = logs(tmp_path, twin)
+    log.append("T", b"x")
+    end = log.max_offset
+    batch = encode_batch_entries([(b"y", b"k\x01v\x02", 0), (b"z", b"k\x01v\x00", 0)])
+    why = "ends in a NUL byte: recovery tells a torn record by its zero last byte"
+    for refused in (lambda: log.append("T\x00", b"y"),
+                    lambda: log.append_plain("T\x00", b"y", 0, b"", 0, 0, 1, ("127.0.0.1", 1), 0),
+                    lambda: log.append_batch("T\x00", [b"y"]),
+                    lambda: log.append_batch_entries("T\x00", batch[:27], 1),
+                    lambda: log.append_batch_entries("T", batch, 2)):
+        with pytest.raises(InvalidMessageError, match=why):
+            refused()
+    assert log.max_offset == end and log.queue_offset("T") == 1
+    off, size = log.append("T", b"z", 0, {"k": "v\x00"})
+    assert bytes(log.read(off, size))[-2:] == b"\x00\x02"
+    assert log.read_message(off).properties == {"k": "v\x00"}
 
 
 def test_receive_view_commit_and_discard(twin, logs, tmp_path) -> None:

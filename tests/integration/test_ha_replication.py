@@ -340,6 +340,32 @@ def test_slave_behind_the_masters_min_offset_drops_its_log_and_restarts(tmp_path
         assert scl.queue_offsets() == mcl.queue_offsets()
 
 
+def test_a_slave_reopened_before_a_half_record_takes_it_from_its_master(tmp_path) -> None:
+    """A slave stopped mid-record, its file's zeros standing in for the rest of the
+    record's properties (sizes and body CRC still pass), reopens before that record and,
+    linked to its master, receives it whole: the logs end byte-identical."""
+    with replica_stores(tmp_path, SEG, "m") as [(mcl, mem)]:
+        mem.append(1, 0)
+        offs = [mcl.append("half", bytes([i]) * 700, 0, {"KEYS": f"k{i}", "TAGS": "paid"})[0]
+                for i in range(8)]
+        with replica_stores(tmp_path, SEG, "s") as [(scl, sem)]:
+            sem.append(1, 0)
+            scl.append_data(0, mcl.read(0, mcl.max_offset - 3))  # "id\x02" never came
+            scl.flush()
+        with replica_stores(tmp_path, SEG, "s") as [(scl, sem)]:
+            assert scl.max_offset == offs[7]
+
+            async def run() -> None:
+                async with master_running(_master(mcl, mem)) as port, \
+                        slave_running(_slave(scl, sem, port)):
+                    await wait_until_async(lambda: scl.max_offset == mcl.max_offset, 30,
+                                           "the slave took the record again")
+
+            asyncio.run(run())
+            assert_same_log(mcl, scl)
+            assert scl.read_message(offs[7]).properties == {"KEYS": "k7", "TAGS": "paid"}
+
+
 def test_slave_catches_up_100mb(tmp_path) -> None:
     with replica_stores(tmp_path, 32 << 20, "m", "s") as [(mcl, mem), (scl, sem)]:
         mem.append(1, 0)

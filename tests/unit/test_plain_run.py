@@ -9,7 +9,7 @@ from array import array
 import pytest
 
 from rmqha._core import load_twin
-from rmqha.errors import ProtocolError
+from rmqha.errors import InvalidMessageError, ProtocolError
 
 HOST_A = bytes([10, 0, 0, 1]) + struct.pack(">i", 1234)
 HOST_B = bytes([127, 0, 0, 1]) + struct.pack(">i", 10911)
@@ -139,6 +139,25 @@ def test_run_leaves_what_a_check_refuses(twin: str, bad: tuple) -> None:
     # Negative control: the same run with a good third send takes all four.
     (count, _, why), _ = run(mod, bytearray(4096), [send()] * 4, [0, 1, 0, 0], {})
     assert (count, why) == (4, mod.RUN_STOP_DONE)
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_run_leaves_a_topic_ending_in_nul_to_the_single_path(twin: str) -> None:
+    """A record without properties ends in its topic's last byte (then the zero length):
+    a run never writes one whose topic ends in NUL; the single path refuses it by name."""
+    mod = load_twin("records", twin)
+    sends = [send(), send(topic="TopicN", props=b""), send()]
+    topics = {**topic_table(), "TopicN": b"TopicN\x00"}
+    buf = bytearray(4096)
+    (count, end, why), _ = run(mod, buf, sends, [0, 0, 0], {}, topics=topics)
+    assert (count, why) == (1, mod.RUN_STOP_SINGLE) and not any(buf[end:])
+    with pytest.raises(InvalidMessageError, match="^topic ends in a NUL byte: recovery tells"):
+        mod.write_message(buf, end, b"TopicN\x00", b"hello", b"", 0, 0, 0, end, 0, 1, HOST_A,
+                          1, HOST_B, 0, 0)
+    # Negative control: the same topic without the NUL is taken with the rest.
+    topics["TopicN"] = b"TopicN"
+    (count, _, why), _ = run(mod, bytearray(4096), sends, [0, 0, 0], {}, topics=topics)
+    assert (count, why) == (3, mod.RUN_STOP_DONE)
 
 
 @pytest.mark.parametrize("twin", TWINS)

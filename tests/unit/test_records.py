@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from rmqha import _core
 from rmqha._core import load_twin
-from rmqha.errors import InvalidMessageError, MessageTooLargeError, StoreError
+from rmqha.errors import CorruptRecordError, InvalidMessageError, MessageTooLargeError, StoreError
 
 HOST_A = bytes([10, 0, 0, 1]) + struct.pack(">i", 1234)
 HOST_B = bytes([127, 0, 0, 1]) + struct.pack(">i", 10911)
@@ -57,7 +57,8 @@ def test_crc32_matches_zlib(data: bytes, seed: int) -> None:
 
 
 @BOTH
-@given(topic=st.binary(min_size=1, max_size=255), body=st.binary(max_size=3000),
+@given(topic=st.binary(min_size=1, max_size=255).filter(lambda t: t[-1] != 0),  # the writers refuse a NUL last byte
+       body=st.binary(max_size=3000),
        props=st.dictionaries(st.text(st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)),
                                      min_size=1, max_size=8),
                              st.text(st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)),
@@ -227,9 +228,120 @@ def test_scan_of_a_segment_piece(twin: str) -> None:
         mod.scan(piece, 0, len(piece), base + r1, 0, None, False, len(piece) - 1)
 
 
-def test_decode_refuses_blank_and_garbage(twin: str) -> None:
-    from rmqha.errors import CorruptRecordError
+# --- half records: a tail that never came, read back as the segment's zeros ---------------
 
+#: Two properties: a cut anywhere inside them leaves the record's last byte 0.
+HALF_PROPS = b"KEYS\x01order-17\x02TAGS\x01paid\x02"
+SEG, BASE = 4096, 8192
+
+
+def _victim(mod, props: bytes) -> tuple[bytearray, int, int, range]:
+    """A segment holding a whole record, then the victim (topic ``TopicB``, ``props``):
+    the segment, the victim's start and size, and the cut points (segment positions) that
+    fall inside its properties or, without properties, inside its topic."""
+    buf = bytearray(SEG)
+    v = mod.write_message(buf, 0, b"TopicA", b"first", b"KEYS\x01k0\x02", 0, 0, 0, BASE, 0, 1,
+                          HOST_A, 1, HOST_B, 0, 0)
+    n = mod.write_message(buf, v, b"TopicB", b"victim body", props, 0, 0, 1, BASE + v, 0, 1,
+                          HOST_A, 1, HOST_B, 0, 0)
+    topic_at = v + 89 + len(b"victim body")
+    props_at = topic_at + len(b"TopicB") + 2
+    return buf, v, n, range(props_at, v + n) if props else range(topic_at, props_at - 2)
+
+
+def _torn(buf: bytearray, cut: int, end: int) -> bytearray:
+    """``buf`` as a torn write leaves it: the bytes from ``cut`` to ``end`` never came."""
+    half = bytearray(buf)
+    half[cut:end] = bytes(end - cut)
+    return half
+
+
+def _rocketmq_check(buf: bytes | bytearray, pos: int) -> bool:
+    """RocketMQ's record check, read independently (scan's before ZERO_TAIL): magic, the
+    lengths adding up to the total size, the body CRC."""
+    try:
+        rec = parse_record(buf, pos)
+    except AssertionError:  # the lengths do not add up
+        return False
+    return rec["magic"] == 0xDAA320A7 and rec["crc"] == zlib.crc32(rec["body"]) & 0x7FFFFFFF
+
+
+@pytest.mark.parametrize("props", [HALF_PROPS, b""], ids=["cut-in-properties", "cut-in-topic"])
+def test_scan_stops_at_a_half_record_whose_tail_reads_as_zeros(twin: str, props: bytes) -> None:
+    mod = load_twin("records", twin)
+    S = mod.ScanStop
+    buf, v, n, cuts = _victim(mod, props)
+    # Negative control: the victim whole passes (without properties its last two bytes are
+    # the zero properties length: the check reads the topic's last byte instead).
+    assert mod.scan(buf, 0, SEG, BASE, 0) == (v + n, S.ZEROS, 2)
+    assert _rocketmq_check(buf, v) and (buf[v + n - 1] == 0) == (not props)
+    assert len(cuts) >= 6
+    for cut in cuts:
+        half = _torn(buf, cut, v + n)
+        # The old check takes the half record for a whole one ...
+        assert _rocketmq_check(half, v), cut
+        # ... the last byte does not: wholly past the flushed offset, or begun below it
+        # (a slave flushes mid-record).
+        assert mod.scan(half, 0, SEG, BASE, 0) == (v, S.ZERO_TAIL, 1), cut
+        assert mod.scan(half, 0, SEG, BASE, BASE + cut) == (v, S.ZERO_TAIL, 1), cut
+        with pytest.raises(CorruptRecordError, match="ZERO_TAIL"):
+            mod.decode(half, v, v + n)
+        # Below the flushed offset records are trusted: it is the check that stops it.
+        assert mod.scan(half, 0, SEG, BASE, BASE + v + n) == (v + n, S.ZEROS, 2), cut
+
+
+def test_scan_takes_a_zero_inside_a_value_or_the_properties_length(twin: str) -> None:
+    """Only a zero where the record's last written byte is counts: a value ending in NUL
+    is stored with the closing separator after it, and a record without properties whose
+    cut falls in its (zero) properties length is byte for byte the whole record."""
+    mod = load_twin("records", twin)
+    S = mod.ScanStop
+    props = mod.encode_properties({"k": "v\x00"})
+    assert props == b"k\x01v\x00\x02"
+    buf, v, n, _ = _victim(mod, props)
+    assert mod.scan(buf, 0, SEG, BASE, 0) == (v + n, S.ZEROS, 2)
+    buf, v, n, _ = _victim(mod, b"")
+    assert _torn(buf, v + n - 2, v + n) == buf
+    assert mod.scan(_torn(buf, v + n - 2, v + n), 0, SEG, BASE, 0) == (v + n, S.ZEROS, 2)
+
+
+@BOTH
+def test_twins_agree_on_every_cut_of_a_record() -> None:
+    """Byte-identical behaviour: for a cut at every byte of both victims, scan (checked,
+    and trusted below the flushed offset) and decode answer alike in the two twins."""
+    twins = [load_twin("records", t) for t in ("cython", "python")]
+    for props in (HALF_PROPS, b""):
+        buf, v, n, _ = _victim(twins[1], props)
+        for cut in range(v, v + n + 1):
+            half = _torn(buf, cut, v + n)
+            answers = []
+            for mod in twins:
+                try:
+                    decoded: object = mod.decode(half, v, v + n)
+                except CorruptRecordError as exc:
+                    decoded = str(exc)
+                answers.append((mod.scan(half, 0, SEG, BASE, 0),
+                                mod.scan(half, 0, SEG, BASE, BASE + cut), decoded))
+            assert answers[0] == answers[1], (props, cut)
+            assert answers[0][0][1] != twins[0].ScanStop.END
+
+
+def test_scrub_steps_over_a_zero_tail(twin: str) -> None:
+    """The at-rest check names a record whose tail reads as zeros and goes on past it (its
+    sizes add up), as it does past a bad CRC."""
+    from rmqha.store.scrub import bad_records
+
+    mod = load_twin("records", twin)
+    buf, v, n, cuts = _victim(mod, HALF_PROPS)
+    after = mod.write_message(buf, v + n, b"TopicC", b"after", b"", 0, 0, 0, BASE + v + n, 0,
+                              1, HOST_A, 1, HOST_B, 0, 0)
+    bad, count = bad_records(mod, _torn(buf, cuts[3], v + n), 0, v + n + after, BASE)
+    assert [(b.offset, b.reason, b.size) for b in bad] == [(BASE + v, "ZERO_TAIL", n)]
+    assert count == 3
+    assert bad_records(mod, buf, 0, v + n + after, BASE) == ([], 3)  # negative control
+
+
+def test_decode_refuses_blank_and_garbage(twin: str) -> None:
     mod = load_twin("records", twin)
     buf = bytearray(512)
     mod.write_blank(buf, 0, 512)
@@ -397,3 +509,36 @@ def test_batch_entries_bad_input_writes_nothing(twin: str) -> None:
         mod.write_batch_entries(buf, 0, 3000, b"T", body, 0, 0, 0, 0, 0, 1, HOST_A, 1, HOST_B,
                                 array("q", [0]), None, 0)
     assert not any(buf)
+
+
+def test_writers_refuse_a_record_that_would_end_in_zero(twin: str) -> None:
+    """Every writer keeps a record's last written byte non-zero (scan tells a torn tail by
+    it): a topic or properties ending in NUL are refused by name and nothing is written."""
+    mod = load_twin("records", twin)
+    buf = bytearray(3000)
+    why = "ends in a NUL byte: recovery tells a torn record by its zero last byte"
+    with pytest.raises(InvalidMessageError, match=f"^topic {why}$"):
+        mod.write_message(buf, 0, *msg_args(topic=b"TopicA\x00"))
+    with pytest.raises(InvalidMessageError, match=f"^property 'TAGS' {why}$"):
+        mod.write_message(buf, 0, *msg_args(props=b"KEYS\x01a\x02TAGS\x01b\x00"))
+    with pytest.raises(InvalidMessageError, match=f"^property 'KEYS' {why}$"):
+        mod.write_batch(buf, 0, 3000, b"T", [b"x"], 0, b"KEYS\x01a\x00", 0, 0, 0, 0, 0, 1,
+                        HOST_A, 1, HOST_B, 0, 0)
+    with pytest.raises(InvalidMessageError, match=f"^topic {why}$"):
+        mod.write_batch(buf, 0, 3000, b"T\x00", [b"x"], 0, b"", 0, 0, 0, 0, 0, 1, HOST_A, 1,
+                        HOST_B, 0, 0)
+    first = batch_body([(b"ok", b"k\x01v\x02", 0)])
+    body = first + batch_body([(b"y", b"k\x01v\x02k2\x01w\x00", 0)])
+    with pytest.raises(InvalidMessageError, match=f"^batch entry at {len(first)}: property 'k2' {why}$"):
+        mod.write_batch_entries(buf, 0, 3000, b"T", body, 0, 0, 0, 0, 0, 1, HOST_A, 1, HOST_B,
+                                None, None, 0)
+    with pytest.raises(InvalidMessageError, match=f"^topic {why}$"):
+        mod.write_batch_entries(buf, 0, 3000, b"T\x00", first, 0, 0, 0, 0, 0, 1, HOST_A, 1,
+                                HOST_B, None, None, 0)
+    assert not any(buf)
+    # Negative control: the same records, their last bytes not NUL, are written.
+    assert mod.write_message(buf, 0, *msg_args(topic=b"TopicA")) > 0
+    assert mod.write_message(buf, 0, *msg_args(props=b"KEYS\x01a\x02TAGS\x01b\x00\x02")) > 0
+    fixed = first + batch_body([(b"y", b"k\x01v\x02k2\x01w\x00\x02", 0)])
+    assert mod.write_batch_entries(buf, 0, 3000, b"T", fixed, 0, 0, 0, 0, 0, 1, HOST_A, 1,
+                                   HOST_B, None, None, 0)[0] == 2
