@@ -2,7 +2,7 @@
 
 Two rmqha clusters of the same shape run at once (a controller, a name server and the
 three-broker group ``broker-a``, ``all_ack_in_sync_state_set``): one plain, one with its
-security on as ``deploy/`` has it (:mod:`peers.rmqha_secure`: every port mutual TLS,
+security on as ``deploy/`` has it (:mod:`rmqha.testing.secure_setup`: every port mutual TLS,
 ``enforcing``, certificates from ``rmqha certs dev-cluster``; brokers with ``aclEnable``;
 the producer signs every request as an account with PUB on the topic).  Each workload
 runs first unmeasured on both sides (a tenth of a round: connections, routes and
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from peers.base import Measurement, run_workload
-from peers.rmqha_secure import SecureSetup
 from peers.rmqha_system import CLUSTER, TOPICS, RmqhaSystem
+from rmqha.testing.secure_setup import SecureSetup
 
 BEGIN, END = "<!-- security-table:begin -->", "<!-- security-table:end -->"
 COPIES = 3

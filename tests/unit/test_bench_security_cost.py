@@ -18,8 +18,9 @@ sys.path.insert(0, str(ROOT / "benches"))
 
 from peers import security_cost  # noqa: E402
 from peers.base import Measurement  # noqa: E402
-from peers.rmqha_secure import PRODUCER_KEY, SecureSetup  # noqa: E402
 from peers.rmqha_system import CLUSTER  # noqa: E402
+
+from rmqha.testing.secure_setup import PRODUCER_KEY, SecureSetup  # noqa: E402
 
 
 def _bench_peers() -> ModuleType:

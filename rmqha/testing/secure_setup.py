@@ -1,4 +1,4 @@
-"""Everything a benchmark cluster needs to run with its security on, as ``deploy/`` runs it.
+"""Everything a test or benchmark cluster needs to run with its security on, as ``deploy/`` runs it.
 
 :meth:`SecureSetup.make` writes into a (temporary) directory:
 
