@@ -23,13 +23,15 @@ from pathlib import Path
 
 from peers.base import Measurement, run_workload
 from peers.rmqha_system import CLUSTER, TOPICS, RmqhaSystem
-from rmqha.testing.secure_setup import SecureSetup
+from rmqha.testing.secure_setup import Account, SecureSetup
 
 BEGIN, END = "<!-- security-table:begin -->", "<!-- security-table:end -->"
 COPIES = 3
 ROUNDS = 2
 MAX_THROUGHPUT_COST = 0.15
 MAX_P50_ADDED_MS = 0.05
+#: The benchmark's producer account: PUB on the topic, nothing else.
+PRODUCER_KEY = "bench-producer"
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,14 @@ def run_side(system: RmqhaSystem, w: Workload, n: int, body: bytes) -> Measureme
     return run_workload(system, w.name, COPIES, n, calls[w.name])
 
 
+def secure_setup(directory: Path) -> SecureSetup:
+    """Certificates for the secured cluster's processes and its accounts: the admin (the
+    harness creates topics with it) and the producer's, PUB on the benchmark's topic only."""
+    return SecureSetup.make(directory, cluster=CLUSTER, groups={"broker-a": 3},
+                            app=Account.new(PRODUCER_KEY, topics={TOPICS[COPIES]: "PUB"}),
+                            admin_key="bench-admin")
+
+
 def merged(parts: list[Measurement]) -> Measurement:
     first = parts[0]
     out = Measurement(first.system, first.workload, first.copies, 0, 0.0, 0.0)
@@ -77,8 +87,7 @@ def merged(parts: list[Measurement]) -> Measurement:
 def measure(workdir: Path, scale: float, body: bytes, rounds: int = ROUNDS,
             log: Callable[[str], None] = print) -> dict[str, tuple[Measurement, Measurement]]:
     """(off, on) per workload; every process started here is stopped before returning."""
-    setup = SecureSetup.make(workdir / "secure-files", cluster=CLUSTER,
-                             groups={"broker-a": 3}, topics=[TOPICS[COPIES]])
+    setup = secure_setup(workdir / "secure-files")
     off, on = RmqhaSystem(copies=(COPIES,)), RmqhaSystem(security=setup, copies=(COPIES,))
     results: dict[str, tuple[Measurement, Measurement]] = {}
     try:
