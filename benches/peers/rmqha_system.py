@@ -6,7 +6,7 @@ a send is answered once all three hold it), ``Bench1`` on ``broker-b`` (one brok
 ``flush_sync`` a third group ``broker-c`` (3 brokers, ``flush = "sync"``) serves
 ``BenchSync``, for the sync-flush vs async-flush latency ratio.
 
-With a :class:`~peers.rmqha_secure.SecureSetup` every port is mutual TLS, brokers check
+With a :class:`~rmqha.testing.secure_setup.SecureSetup` every port is mutual TLS, brokers check
 ACL 1.0 signatures and the producers sign as an account with PUB on the topics
 (``benches/peers/security_cost.py`` runs one such cluster beside a plain one); ``copies``
 then says which groups to start (``(3,)``: broker-a only).
@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from peers.base import PeerSystem, wait_until
-from peers.rmqha_secure import SecureSetup
 
 from rmqha.net import loop as event_loop
 from rmqha.client import BlockingProducer, Consumer, Producer
 from rmqha.protocol.codes import RequestCode
 from rmqha.security.identity import Identity
 from rmqha.testing.local_cluster import BrokerProc, Cluster
+from rmqha.testing.secure_setup import SecureSetup
 
 TOPICS = {1: "Bench1", 3: "Bench3", "sync": "BenchSync"}
 CLUSTER = "rmqha-bench"

@@ -2,7 +2,7 @@
 
 Two rmqha clusters of the same shape run at once (a controller, a name server and the
 three-broker group ``broker-a``, ``all_ack_in_sync_state_set``): one plain, one with its
-security on as ``deploy/`` has it (:mod:`peers.rmqha_secure`: every port mutual TLS,
+security on as ``deploy/`` has it (:mod:`rmqha.testing.secure_setup`: every port mutual TLS,
 ``enforcing``, certificates from ``rmqha certs dev-cluster``; brokers with ``aclEnable``;
 the producer signs every request as an account with PUB on the topic).  Each workload
 runs first unmeasured on both sides (a tenth of a round: connections, routes and
@@ -26,14 +26,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from peers.base import Measurement, run_workload
-from peers.rmqha_secure import SecureSetup
 from peers.rmqha_system import CLUSTER, TOPICS, RmqhaSystem
+from rmqha.testing.secure_setup import Account, SecureSetup
 
 BEGIN, END = "<!-- security-table:begin -->", "<!-- security-table:end -->"
 COPIES = 3
 ROUNDS = 2
 MAX_THROUGHPUT_COST = 0.15
 MAX_P50_ADDED_MS = 0.05
+#: The benchmark's producer account: PUB on the topic, nothing else.
+PRODUCER_KEY = "bench-producer"
 #: "Failover unchanged": the kill-to-ack time with security on at most this much longer.
 MAX_FAILOVER_ADDED_S = 0.05
 
@@ -78,6 +80,14 @@ def run_side(system: RmqhaSystem, w: Workload, n: int, body: bytes) -> Measureme
     return run_workload(system, w.name, COPIES, n, calls[w.name])
 
 
+def secure_setup(directory: Path) -> SecureSetup:
+    """Certificates for the secured cluster's processes and its accounts: the admin (the
+    harness creates topics with it) and the producer's, PUB on the benchmark's topic only."""
+    return SecureSetup.make(directory, cluster=CLUSTER, groups={"broker-a": 3},
+                            app=Account.new(PRODUCER_KEY, topics={TOPICS[COPIES]: "PUB"}),
+                            admin_key="bench-admin")
+
+
 def merged(parts: list[Measurement]) -> Measurement:
     first = parts[0]
     out = Measurement(first.system, first.workload, first.copies, 0, 0.0, 0.0)
@@ -94,8 +104,7 @@ def measure(workdir: Path, scale: float, body: bytes, rounds: int = ROUNDS,
             ) -> tuple[dict[str, tuple[Measurement, Measurement]], Failover]:
     """(off, on) per workload, then one failover per side (it kills the master, so it goes
     last); every process started here is stopped before returning."""
-    setup = SecureSetup.make(workdir / "secure-files", cluster=CLUSTER,
-                             groups={"broker-a": 3}, topics=[TOPICS[COPIES]])
+    setup = secure_setup(workdir / "secure-files")
     off, on = RmqhaSystem(copies=(COPIES,)), RmqhaSystem(security=setup, copies=(COPIES,))
     results: dict[str, tuple[Measurement, Measurement]] = {}
     try:

@@ -88,7 +88,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(DemoOptions(
         messages=args.messages, body_bytes=args.size, batch=args.batch, in_flight=args.in_flight,
         kill_at=args.kill_at, directory=Path(args.dir) if args.dir else None, keep=args.keep,
-        json=args.json, stall=args.stall, grpc=args.grpc))
+        json=args.json, stall=args.stall, grpc=args.grpc, plaintext=args.plaintext))
 
 
 #: Bodies start with a 10-digit sequence number.
@@ -120,6 +120,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-stall", dest="stall", action="store_false",
                    help="kill the master without first stalling its links to the slaves (the "
                         "old master then usually has nothing to cut when it rejoins)")
+    p.add_argument("--plaintext", action="store_true",
+                   help="run the cluster with its cluster secret only, for comparison: no TLS, no "
+                        "ACL (by default every remoting port and HA link is mutual TLS, as deploy/ "
+                        "runs it, brokers check ACL and the clients sign as the demo's account)")
     p.add_argument("--dir", default=None,
                    help="directory for configs, stores and logs (default: a temp dir, removed "
                         "afterwards unless the demo fails)")

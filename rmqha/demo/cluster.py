@@ -24,9 +24,18 @@ Freezing the slaves (SIGSTOP) would not do: on one machine the master's bytes wa
 kernel's socket buffers, which outlive a SIGKILL, and the slaves read them once resumed,
 so the new master would hold the whole tail and nothing would be cut.
 
-The cluster runs as a production one does: with a cluster secret generated for it (Raft
-traffic encrypted, control requests signed; the file is ``cluster.secret`` in the working
-directory, for admin commands against the demo: ``--cluster-secret-file``).
+The cluster runs secured as ``deploy/`` runs one (:mod:`rmqha.testing.secure_setup`): a CA
+and one certificate per process made in the working directory's ``pki/`` as an operator
+makes them (the code behind ``rmqha certs dev-cluster``); every controller, name server and
+broker port ``tls.server.mode = enforcing`` with ``tls.server.need.client.auth = require``
+and each process dialling its own links over TLS with its certificate (the brokers' HA
+links run mutual TLS); brokers with ``aclEnable`` and a ``plain_acl.yml`` holding the
+demo's account (PUB and SUB on its topic, SUB for its consumer group, nothing else) and an
+admin account (the topic's creation, the demo's status requests).  The Producer and
+Consumer present the client certificate and sign every request with the account.  The
+cluster secret (``pki/cluster.secret``, copied to ``cluster.secret`` for admin commands
+against the demo: ``--cluster-secret-file``) encrypts Raft traffic and signs control
+requests.  ``--plaintext`` runs the cluster with the cluster secret only, for comparison.
 
 With ``--grpc`` the same scenario runs with the load going through an ``rmqha proxy``
 and RocketMQ 5's official Python client (:mod:`rmqha.demo.grpc_load`).
@@ -47,7 +56,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import CancelledError
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -72,12 +81,17 @@ from rmqha.testing.local_cluster import (
     ReplicaInfo,
     port_open,
 )
+from rmqha.testing.secure_setup import Account, SecureSetup
 from rmqha.protocol.message import parse_offset_msg_id
 from rmqha.security.secret import generate_secret_text
 from rmqha.net.loop import EventLoopThread
 
 TOPIC = "DemoTopic"
 GROUP = "broker-a"
+CLUSTER_NAME = "rmqha-demo"
+#: The accounts of the secured demo's ``plain_acl.yml``: its clients', and an admin's.
+APP_KEY = "demo-app"
+ADMIN_KEY = "demo-admin"
 QUEUES = 8
 #: The broker settings that make the point of the demo: a send is acknowledged only once
 #: every replica in the SyncStateSet holds it (RocketMQ's allAckInSyncStateSet), and never
@@ -87,6 +101,9 @@ ALL_ACK = {"all_ack_in_sync_state_set": True, "min_in_sync_replicas": 2, "slave_
 #: which message it is and count duplicates without trusting any id.
 _SEQ_DIGITS = 10
 
+#: The first byte of a TLS connection (a handshake record); no HA dialect starts so: a
+#: frame's length, an offset or the authenticated link's preface come first.
+_TLS_HANDSHAKE = b"\x16"
 # The restarted broker's HA slave logs how much it cut (rmqha.ha.slave).
 _TRUNCATE_LINE = re.compile(r"truncating at (\d+): dropping (\d+) bytes.*?\(local max (\d+)\)")
 _DROP_ALL_LINE = re.compile(r"dropping (?:its|the) whole log \((\d+) bytes")
@@ -153,6 +170,8 @@ class DemoOptions:
     #: The load goes through an ``rmqha proxy`` with RocketMQ 5's official client
     #: (:mod:`rmqha.demo.grpc_load`) instead of rmqha's own over remoting.
     grpc: bool = False
+    #: No TLS and no ACL: the cluster secret only (for comparison).
+    plaintext: bool = False
 
 
 @dataclass
@@ -236,6 +255,11 @@ class DemoSummary:
     lost: int = 0
     lost_sample: list[int] = field(default_factory=list)
     unacked_but_stored: int = 0
+    #: "mutual TLS + ACL", or "cluster secret only" (--plaintext); where the certificates
+    #: and accounts are (secured).
+    security: str = ""
+    certificates: str | None = None
+    acl_file: str | None = None
     #: Which clients carried the load, and the proxy they went through (gRPC demo).
     client: str = "rmqha Producer and Consumer over remoting"
     proxy: str | None = None
@@ -377,10 +401,13 @@ class ProduceLoad:
     #: How the first send acknowledged after the kill got there (the demo says it).
     after_kill_note = "the producer retried by itself"
 
-    def __init__(self, loop: EventLoopThread, namesrv: list[str], opts: DemoOptions) -> None:
+    def __init__(self, loop: EventLoopThread, namesrv: list[str], opts: DemoOptions,
+                 client_options: Mapping[str, Any] | None = None) -> None:
         self.loop = loop
         self.namesrv = namesrv
         self.opts = opts
+        #: The Producer's certificate and account (secured demo).
+        self.client_options = dict(client_options or {})
         self.sent = 0
         self.acked: set[int] = set()
         self.not_acked = 0
@@ -460,7 +487,7 @@ class ProduceLoad:
     async def _open(self) -> None:
         self._producer = Producer(self.namesrv, "demo-producer", send_timeout_s=3.0,
                                   backoff_s=0.02, max_backoff_s=0.2, retry_deadline_s=30.0,
-                                  compress_over_bytes=-1)
+                                  compress_over_bytes=-1, **self.client_options)
 
     async def _close(self) -> None:
         if self._producer is not None:
@@ -533,15 +560,19 @@ class _Link:
     """One relayed HA connection (slave <-> master); what the master sends once the link
     is stalled is counted, never forwarded (a stalled link is not resumed: its master dies).
 
-    The relay reads the frames it forwards (framed dialect): the slave's broker id from its
-    handshake, and the log end of the last whole block that went to it, which is what the
-    slave will have stored once it has read everything it was sent."""
+    The relay reads the frames it forwards (framed dialect) when it can: the slave's broker
+    id from its handshake, and the log end of the last whole block that went to it, which is
+    what the slave will have stored once it has read everything it was sent.  Over TLS (the
+    secured demo: the brokers' HA links are mutual TLS) it sees ciphertext only: it forwards
+    and holds the bytes all the same, but knows neither (:attr:`opaque`)."""
 
     def __init__(self, slave_writer: asyncio.StreamWriter, master_writer: asyncio.StreamWriter) -> None:
         self.slave_writer = slave_writer
         self.master_writer = master_writer
         self.stalled = False
         self.held_bytes = 0
+        #: The link is TLS: the relay cannot read its frames.
+        self.opaque = False
         self.slave_id: int | None = None
         #: Log end of the last whole TRANSFER_DATA block forwarded (None: not known, e.g.
         #: the slave speaks the rocketmq dialect).
@@ -556,6 +587,10 @@ class _Link:
 
     def saw_from_slave(self, data: bytes) -> None:
         if self._to_master_frames is None:
+            return
+        if self._from_slave.sealed is None and data[:1] == _TLS_HANDSHAKE:
+            self.opaque = True  # a ClientHello: no frame of this link is readable here
+            self._to_master_frames, self.forwarded_end = None, None
             return
         try:
             for frame in self._to_master_frames.feed(self._from_slave.feed(data)):
@@ -636,7 +671,8 @@ class ReplicationLinks:
     producer goes on sending and the master on appending).  When the master dies, a
     stalled link drops what it held and resets the slave's side: those bytes never reach
     a slave, as when a host dies with its links stuck.  A later link (to the new master)
-    is never stalled.  Runs on its own event loop thread.
+    is never stalled.  The relay forwards bytes: over TLS it holds ciphertext it cannot
+    read, and the stall is the same.  Runs on its own event loop thread.
     """
 
     def __init__(self) -> None:
@@ -673,6 +709,20 @@ class ReplicationLinks:
             return {link.slave_id: link.forwarded_end for link in self._links
                     if link.stalled and link.slave_id is not None}
         return dict(self._loop.run(ends(), 5))
+
+    def opaque(self) -> bool:
+        """Whether a stalled link is one the relay cannot read (TLS)."""
+        async def any_opaque() -> bool:
+            return any(link.stalled and link.opaque for link in self._links)
+        return bool(self._loop.run(any_opaque(), 5))
+
+    def flushed(self) -> bool:
+        """Whether every stalled link has handed the kernel all it forwarded to its slave
+        (on loopback the bytes are then in the slave's socket)."""
+        async def flushed() -> bool:
+            return all(link.slave_writer.transport.get_write_buffer_size() == 0
+                       for link in self._links if link.stalled)
+        return bool(self._loop.run(flushed(), 5))
 
     def close(self) -> None:
         async def close() -> None:
@@ -743,6 +793,15 @@ class ReplicationLinks:
 # --- the scenario ---------------------------------------------------------------------------
 
 
+def secure_demo(base: Path, consumer_group: str) -> SecureSetup:
+    """The secured demo's ``pki/`` (a CA, a certificate per process, the cluster secret) and
+    ``plain_acl.yml`` in ``base``: the demo's account holds PUB and SUB on its topic and SUB
+    for ``consumer_group``, nothing else; the admin account creates the topic."""
+    app = Account.new(APP_KEY, topics={TOPIC: "PUB|SUB"}, groups=[consumer_group])
+    return SecureSetup.make(base, cluster=CLUSTER_NAME, groups={GROUP: 3}, app=app, controllers=3,
+                            admin_key=ADMIN_KEY)
+
+
 class Demo:
     def __init__(self, opts: DemoOptions) -> None:
         self.opts = opts
@@ -753,12 +812,18 @@ class Demo:
         self.load: ProduceLoad | None = None
         self.brokers: list[BrokerProc] = []
         self.links: ReplicationLinks | None = None
+        #: Certificates and accounts (None: --plaintext).
+        self.security: SecureSetup | None = None
+        #: The consumer group reading the topic (the account holds SUB on it).
+        self.consumer_group = f"demo-audit-{int(time.time())}"
         #: The longest the links may stall (stall_cap_s of the demo's timers).
         self._stall_cap = opts.stall_s
         #: The controller's last reported (master id, epoch, SyncStateSet) of the group.
         self._last_view: tuple[int | None, int, list[int]] = (None, 0, [])
         self._ticks = 0
         self._consume_stop = False
+        #: The slaves' (log end, bytes read off the link) at the last look during a stall.
+        self._settled_seen: list[tuple[int, int]] | None = None
 
     # --- steps ------------------------------------------------------------------------------
 
@@ -776,12 +841,16 @@ class Demo:
         stall = opts.stall
         restore = _handle_stop_signals()
         try:
+            self._secure(base)
             if stall:
                 check_stall_timing(opts.stall_s, broker_defaults, QUICK_CONTROLLER)
                 self._stall_cap = stall_cap_s(broker_defaults, QUICK_CONTROLLER)
                 self.links = ReplicationLinks()
-            self.cluster = Cluster(base, cluster_name="rmqha-demo", broker_defaults=broker_defaults,
-                                   controller_defaults=QUICK_CONTROLLER, cluster_secret=generate_secret_text())
+            secret = self.security.cluster_secret if self.security else generate_secret_text()
+            self.cluster = Cluster(base, cluster_name=CLUSTER_NAME, broker_defaults=broker_defaults,
+                                   controller_defaults=QUICK_CONTROLLER, cluster_secret=secret)
+            if self.security is not None:
+                self.cluster.client_security = self.security.harness_security()
             self.loop = EventLoopThread("demo-clients")
             self._start_cluster()
             self._create_topic()
@@ -817,21 +886,37 @@ class Demo:
             shutil.rmtree(base, ignore_errors=True)
         return s
 
+    def _secure(self, base: Path) -> None:
+        """Certificates and accounts in ``base`` (unless --plaintext), and the line saying
+        how the cluster is secured."""
+        s = self.summary
+        if self.opts.plaintext:
+            s.security = "cluster secret only"
+            self.out.say("security: the cluster secret only (--plaintext): control requests signed, "
+                         "HA links authenticated, Raft encrypted; no TLS, no ACL")
+            return
+        sec = self.security = secure_demo(base, self.consumer_group)
+        s.security, s.certificates, s.acl_file = "mutual TLS + ACL", str(sec.pki), str(sec.acl_file)
+        self.out.say(f"security: mutual TLS on every remoting port and HA link, ACL on the brokers, "
+                     f"Raft encrypted with the cluster secret; certificates in {sec.pki}, accounts "
+                     f"in {sec.acl_file}")
+
+    def _client_options(self) -> dict[str, Any]:
+        """The Producer's and Consumer's certificate and account (none: --plaintext)."""
+        return self.security.client_options() if self.security is not None else {}
+
     def _start_cluster(self) -> None:
-        c, out = self._c, self.out
+        c, out, sec = self._c, self.out, self.security
         out.say("\n[1/5] Starting the cluster: 3 controllers, 1 name server, broker group of 3")
         t0 = time.monotonic()
-        c.start_controllers(3, wait=False)
+        c.start_controllers(3, wait=False, **({"per_node": sec.controller_keys(3)} if sec else {}))
         leader = c.wait_for(c.controller_leader, 60, what="a controller leader")
         for proc in c.controllers:
             mark = "  <- Raft leader" if proc.address == leader else ""
             out.say(f"      controller  {proc.node_id:<4} {proc.address:<16} pid {proc.pid}{mark}")
-        ns = c.start_namesrv()
+        ns = c.start_namesrv(**(sec.namesrv_keys() if sec else {}))
         out.say(f"      name server      {ns.address:<16} pid {ns.pid}")
-        if self.links is None:
-            self.brokers = c.start_group(GROUP, 3, in_sync=True, timeout=60)
-        else:
-            self.brokers = self._start_group_behind_links(self.links)
+        self.brokers = self._start_group()
         info = self._replica_info()
         for b in self.brokers:
             role = "master" if b.broker_id() == info.master_id else "slave"
@@ -842,13 +927,15 @@ class Demo:
                 f"(up in {time.monotonic() - t0:.1f} s)")
         self.summary.processes_started = len(c.processes)
 
-    def _start_group_behind_links(self, links: ReplicationLinks) -> list[BrokerProc]:
-        """What Cluster.start_group does, each broker advertising a relay as its HA address."""
-        c = self._c
+    def _start_group(self) -> list[BrokerProc]:
+        """What Cluster.start_group does, each broker with its own certificate (secured)
+        and advertising a relay as its HA address (when the links stall)."""
+        c, links, sec = self._c, self.links, self.security
         brokers = []
-        for _ in range(3):
-            proc = c.add_broker(GROUP)
-            proc.config[HA_ADVERTISED_KEY] = links.front(proc.ha_address)
+        for i in range(3):
+            proc = c.add_broker(GROUP, **(sec.broker_keys(GROUP, f"{GROUP}-{i}") if sec else {}))
+            if links is not None:
+                proc.config[HA_ADVERTISED_KEY] = links.front(proc.ha_address)
             proc.start()
             c.wait_broker_up(proc, 60)
             brokers.append(proc)
@@ -865,7 +952,8 @@ class Demo:
         out.say(f"\n[2/5] Creating topic {TOPIC} with {QUEUES} queues on {GROUP}")
 
         async def create() -> None:
-            async with TopicAdmin(c.namesrv_addresses) as admin:
+            admin_options = self.security.admin_options() if self.security is not None else {}
+            async with TopicAdmin(c.namesrv_addresses, **admin_options) as admin:
                 for change in await admin.create_topic(TOPIC, QUEUES, groups=[GROUP]):
                     if not change.ok:
                         raise RmqhaError(f"creating {TOPIC} on {change.broker_name} failed: "
@@ -931,7 +1019,7 @@ class Demo:
         return f"batches of {self.opts.batch}, {self.opts.in_flight} in flight"
 
     def _new_load(self) -> ProduceLoad:
-        return ProduceLoad(self._l, self._c.namesrv_addresses, self.opts)
+        return ProduceLoad(self._l, self._c.namesrv_addresses, self.opts, self._client_options())
 
     def _stall_links(self, master: BrokerProc, load: ProduceLoad, bar: ProgressBar) -> None:
         """Stall the master's links to its slaves for stall_s while the producer keeps
@@ -950,9 +1038,10 @@ class Demo:
         # master holds writes no slave has (a starved producer may send nothing for a
         # while), but never so long that a timer trips (stall_cap_s).
         crossed = links.forwarded_ends()
+        stored = self._slaves_settled if links.opaque() else self._slaves_stored
         shortest, longest = t0 + self.opts.stall_s, t0 + self._stall_cap
         while not load.done and time.monotonic() < longest:
-            if (time.monotonic() >= shortest and self._slaves_stored(slaves, crossed)
+            if (time.monotonic() >= shortest and stored(slaves, crossed)
                     and self._master_ahead(master, slaves)):
                 break
             self._tick(bar, load, 0.01)
@@ -980,6 +1069,23 @@ class Demo:
             if end is not None and int(c.broker_status(b)["maxOffset"]) < end:
                 return False
         return True
+
+    def _slaves_settled(self, slaves: list[BrokerProc], crossed: dict[int, int | None]) -> bool:
+        """:meth:`_slaves_stored` for links the relay cannot read (TLS): the relay has
+        handed the slaves' sockets all it forwarded, and each slave then answers twice in
+        a row with the same log end and the same bytes read off its link.  A slave's HA
+        link and its status requests share one event loop, and a link holding unread
+        bytes or plaintext is served every loop turn: between two answers it would have
+        moved.  (``crossed`` is empty: the relay could not read the links.)"""
+        c, links = self._c, self.links
+        assert links is not None
+        if not links.flushed():
+            self._settled_seen = None
+            return False
+        seen = [(int(st["maxOffset"]), int((st.get("ha") or {}).get("bytes_received", -1)))
+                for st in (c.broker_status(b) for b in slaves)]
+        settled, self._settled_seen = seen == self._settled_seen, seen
+        return settled
 
     def _master_ahead(self, master: BrokerProc, slaves: list[BrokerProc]) -> bool:
         c = self._c
@@ -1181,8 +1287,8 @@ class Demo:
         t0 = time.monotonic()
 
         async def read() -> None:
-            consumer = Consumer(c.namesrv_addresses, f"demo-audit-{int(time.time())}", TOPIC,
-                                pull_batch=128, long_poll_s=1.0, rebalance_interval_s=2.0)
+            consumer = Consumer(c.namesrv_addresses, self.consumer_group, TOPIC, pull_batch=128,
+                                long_poll_s=1.0, rebalance_interval_s=2.0, **self._client_options())
             await consumer.start()
             try:
                 idle_since = time.monotonic()

@@ -13,6 +13,17 @@ their side (the proxy finds the new master).  A send the client gave up on (its 
 attempts) is sent again by the demo, as a new message with the same sequence number,
 until a deadline: a repeat of a send that was stored after all shows as a duplicate.
 
+Secured (the default, see :mod:`rmqha.demo.cluster`) the proxy is a process of the secured
+cluster: its own certificate (``rmqha:client/proxy``, issued in the demo's ``pki/`` as
+``rmqha certs issue`` does) on its links to the name server and the brokers, which run
+mutual TLS, and on its gRPC port, ``enforcing`` TLS; it checks every call's signature
+against the brokers' ``plain_acl.yml`` (``aclEnable``) and signs its own broker requests
+as the demo's account (``inner_access_key``).  The official client goes over TLS
+(``tls_enable``; it checks the proxy's certificate against the demo's CA, named by
+``GRPC_DEFAULT_SSL_ROOTS_FILE_PATH`` in this process: the client takes no other trust
+setting) and signs every call with the demo's account.  It presents no certificate (it
+has no setting for one), so that one port asks for none: the account is what it proves.
+
 The client cannot share a venv with the dev extra (both install a top-level ``rocketmq``):
 :func:`client_missing` says so before anything starts, naming ``make demo-grpc``, which
 makes ``.venv-rmq5`` and runs the demo there.  The client writes its own log file when
@@ -43,7 +54,12 @@ from rmqha.demo.cluster import (
 )
 from rmqha.errors import RmqhaError
 from rmqha.net.loop import EventLoopThread
+from rmqha.security import certs
+from rmqha.security.identity import Identity
+from rmqha.security.tls import ClientAuth
 from rmqha.testing.local_proxy import ProxyProc, start_proxy
+from rmqha.testing.secure_setup import SecureSetup
+from rmqha.testing.tls_keys import config_keys, process_tls
 
 MISSING_CLIENT = ("rmqha demo --grpc needs RocketMQ 5's Python client (rocketmq-python-client "
                   "and grpcio, the proxy extra), which is not importable here: run `make "
@@ -56,6 +72,11 @@ PROXY_SETTINGS: dict[str, Any] = {
     "log_level": "INFO",
 }
 CONSUMER_GROUP = "demo-grpc-consumer"
+#: The proxy's certificate in the secured demo.
+PROXY = Identity.client("proxy")
+#: Where grpc looks for the roots a client checks servers against (read once, when the
+#: process makes its first TLS channel).
+GRPC_ROOTS_ENV = "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"
 #: Messages per receive, how long they stay invisible, how long an empty receive waits.
 RECEIVE_BATCH = 32
 INVISIBLE_S = 5
@@ -83,16 +104,37 @@ def client_missing() -> str | None:
     return None
 
 
+def proxy_keys(sec: SecureSetup) -> dict[str, Any]:
+    """The proxy's config in the secured demo (see the module docstring); issues its
+    certificate."""
+    certs.issue(sec.pki, PROXY, ips=["127.0.0.1"], dns=["localhost"])
+    keys = config_keys(process_tls(sec.pki, PROXY))
+    # The official client has no certificate to present: its account is checked instead.
+    keys["tls_server_need_client_auth"] = ClientAuth.NONE.value
+    return {**keys, "acl_enable": True, "acl_file": str(sec.acl_file),
+            "inner_access_key": sec.app.access_key, "inner_secret_key": sec.app.secret_key}
+
+
 @dataclass
 class Rmq5:
-    """The imported client: its module and the errors its calls raise."""
+    """The imported client, the errors its calls raise, and how it reaches the proxy (TLS,
+    the account's keys; plaintext and unsigned without)."""
 
     module: Any
     errors: tuple[type[BaseException], ...]
+    tls: bool = False
+    access_key: str = ""
+    secret_key: str = ""
+
+    def secure(self, sec: SecureSetup) -> None:
+        """Go over TLS, trusting the demo's CA, and sign as the demo's account."""
+        os.environ[GRPC_ROOTS_ENV] = sec.ca
+        self.tls, self.access_key, self.secret_key = True, sec.app.access_key, sec.app.secret_key
 
     def configuration(self, endpoint: str) -> Any:
         m = self.module
-        return m.ClientConfiguration(endpoint, m.Credentials(), request_timeout=REQUEST_TIMEOUT_S)
+        return m.ClientConfiguration(endpoint, m.Credentials(self.access_key, self.secret_key),
+                                     request_timeout=REQUEST_TIMEOUT_S)
 
     def message(self, seq: int, size: int) -> Any:
         msg = self.module.Message()
@@ -142,7 +184,8 @@ class GrpcProduceLoad(ProduceLoad):
         self._rmq: Any = None
 
     async def _open(self) -> None:
-        producer = self.client.module.Producer(self.client.configuration(self.namesrv[0]), [TOPIC])
+        producer = self.client.module.Producer(self.client.configuration(self.namesrv[0]), [TOPIC],
+                                               tls_enable=self.client.tls)
         try:
             await asyncio.get_running_loop().run_in_executor(None, producer.startup)
         except self.client.errors as exc:
@@ -206,7 +249,8 @@ class GrpcReceiver:
         m = self.client.module
         self.started_at = self.last_message_at = time.monotonic()
         self._consumer = m.SimpleConsumer(self.client.configuration(self.endpoint), CONSUMER_GROUP,
-                                          {TOPIC: m.FilterExpression()}, await_duration=AWAIT_S)
+                                          {TOPIC: m.FilterExpression()}, await_duration=AWAIT_S,
+                                          tls_enable=self.client.tls)
         try:
             self._consumer.startup()
         except self.client.errors as exc:
@@ -289,12 +333,16 @@ class GrpcDemo(Demo):
         self.receiver: GrpcReceiver | None = None
         self._client: Rmq5 | None = None
         self.summary.client = "rocketmq-python-client Producer and SimpleConsumer over gRPC"
+        self.consumer_group = CONSUMER_GROUP
 
     def _start_cluster(self) -> None:
         self._client = import_client(Path(self.summary.directory) / "client")
         super()._start_cluster()
-        c = self._c
-        self.proxy = start_proxy(c, timeout=60, **PROXY_SETTINGS)
+        c, sec = self._c, self.security
+        keys = proxy_keys(sec) if sec is not None else {}
+        self.proxy = start_proxy(c, timeout=60, **PROXY_SETTINGS, **keys)
+        if sec is not None:
+            self._client.secure(sec)
         self.summary.proxy = f"rmqha proxy {self.proxy.address}"
         self.out.say(f"      proxy (gRPC)     {self.proxy.address:<16} pid {self.proxy.pid:<7} "
                      "the only address the RocketMQ 5 clients are given")

@@ -40,7 +40,7 @@ from typing import Any
 import pytest
 
 from cluster import BrokerProc, Cluster, free_port_pair
-from secure_mode import SecureCluster, mode as security_mode
+from secure_mode import mode as security_mode, secure_cluster
 from judge import (
     TABLE_HEAD,
     Evidence,
@@ -108,9 +108,9 @@ class ChaosRun:
         self.broker_env = broker_env or {}
         self.cluster = Cluster(base)
         #: RMQHA_CHAOS_SECURITY=tls-acl: certificates and accounts (see secure_mode).
-        self.secure = SecureCluster.make(base / "security", cluster=self.cluster.cluster_name, group=GROUP,
-                                         brokers=3, controllers=3, topic=TOPIC,
-                                         consumer_group=TAIL_GROUP) if tls_acl else None
+        self.secure = secure_cluster(base / "security", cluster=self.cluster.cluster_name, group=GROUP,
+                                     brokers=3, controllers=3, topic=TOPIC,
+                                     consumer_group=TAIL_GROUP) if tls_acl else None
         #: What the workload's producers and consumer add (credentials, TLS).
         self.client_options: dict[str, Any] = self.secure.client_options() if self.secure else {}
         if self.secure is not None:

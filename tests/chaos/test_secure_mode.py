@@ -1,6 +1,6 @@
 """The chaos suite's security mode: its self-check fires on a port that is not secured.
 
-:meth:`secure_mode.SecureCluster.check_enforced` runs at the start of every
+:meth:`rmqha.testing.secure_setup.SecureSetup.check_enforced` runs at the start of every
 ``RMQHA_CHAOS_SECURITY=tls-acl`` run (``make chaos``); here, against servers in this
 process, it must find nothing wrong with a port enforcing mutual TLS behind the ACL and
 must fire for a plaintext port and for a TLS port without the ACL (its negative controls).
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from secure_mode import SecureCluster, ha_plaintext_answer, mode
+from secure_mode import mode, secure_cluster
 
 from rmqha.broker.acl_guard import acl_guard
 from rmqha.net.loop import EventLoopThread
@@ -21,13 +21,14 @@ from rmqha.net.server import RemotingServer
 from rmqha.protocol.codes import RequestCode
 from rmqha.protocol.command import RemotingCommand
 from rmqha.security.tls import TlsSettings
+from rmqha.testing.secure_setup import SecureSetup, ha_plaintext_answer
 
 
 async def _ok(cmd: RemotingCommand, conn: Any) -> RemotingCommand:
     return cmd.response()
 
 
-def _problems(setup: SecureCluster, tls: TlsSettings | None, acl: bool) -> list[str]:
+def _problems(setup: SecureSetup, tls: TlsSettings | None, acl: bool) -> list[str]:
     loop = EventLoopThread("secure-mode-test")
 
     async def serve() -> RemotingServer:
@@ -49,8 +50,8 @@ def _problems(setup: SecureCluster, tls: TlsSettings | None, acl: bool) -> list[
 
 @pytest.mark.slow  # runs where the check does (make chaos); rmqha certs costs seconds
 def test_check_enforced_passes_mtls_with_acl_and_fires_without(tmp_path: Path) -> None:
-    setup = SecureCluster.make(tmp_path, cluster="c", group="g", brokers=1, controllers=1, topic="t",
-                               consumer_group="cg")
+    setup = secure_cluster(tmp_path, cluster="c", group="g", brokers=1, controllers=1, topic="t",
+                           consumer_group="cg")
     keys = setup.broker_keys("g", "g-0")
     tls = TlsSettings.from_properties({"tls.server.mode": keys["tls_server_mode"],
                                        "tls.server.certPath": keys["tls_server_cert_path"],

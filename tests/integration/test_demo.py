@@ -2,10 +2,16 @@
 
 - a reduced run with ``--json`` exits 0, loses no acknowledged message, shows a failover
   to another broker at a higher master epoch and the old master back in sync, and leaves
-  no process and no listening port behind;
-- with the replication links stalled before the kill (the default), the old master cuts
-  exactly the tail it alone had: from the new epoch's start to its own log end, a
-  non-zero number of bytes, none of them acknowledged;
+  no process and no listening port behind; it runs secured (the default): certificates
+  and accounts in its directory, every process's config enforcing mutual TLS, brokers
+  with the ACL;
+- with the replication links stalled before the kill (the default), secured and with
+  ``--plaintext``, the old master cuts exactly the tail it alone had: from the new epoch's
+  start to its own log end, a non-zero number of bytes, none of them acknowledged (over
+  TLS the relay cannot read the links, and the demo still kills only once the slaves
+  hold what crossed);
+- the secured demo's broker port answers neither a plaintext request nor one over TLS
+  without an account (the ACL refuses it); ``--plaintext`` answers the plaintext one;
 - SIGINT while the brokers start or while messages flow makes it stop everything and
   exit 130, again leaving nothing behind;
 - ``--grpc`` without RocketMQ 5's client (never in this venv) stops at once, naming
@@ -29,11 +35,14 @@ from pathlib import Path
 
 import pytest
 
-from rmqha.testing.local_cluster import live_processes_naming
-
 from rich.console import Console as RichConsole
 
-from rmqha.demo.cluster import HA_ADVERTISED_KEY, ProgressBar
+from rmqha.demo.cluster import APP_KEY, HA_ADVERTISED_KEY, TOPIC, ProgressBar
+from rmqha.net.client_security import client_context, current
+from rmqha.security.acl import AclConfig, Perm
+from rmqha.testing.local_cluster import live_processes_naming
+from rmqha.testing.secure_setup import CLIENT, ask_status
+from rmqha.testing.tls_keys import client_tls
 
 SUMMARY_FIELDS = {
     "sent", "acked", "not_acked", "send_errors", "consumed", "duplicates", "lost",
@@ -169,6 +178,41 @@ def _json_run(work: Path, *extra: str, timeout: float = 120) -> dict:
     return json.loads(out)  # nothing else on stdout
 
 
+def _configs(directory: Path) -> dict[str, dict]:
+    """Process name -> its generated config."""
+    return {path.parent.name: tomllib.loads(path.read_text()) for path in directory.rglob("*.toml")}
+
+
+def _assert_secured(work: Path, summary: dict) -> None:
+    """The run made its certificates and accounts in its directory, and every process's
+    config uses them: enforcing mutual TLS on its port, TLS with its own pair on its links,
+    the ACL on the brokers; the demo's account holds its topic and group and nothing else."""
+    assert summary["security"] == "mutual TLS + ACL"
+    assert summary["certificates"] == str(work / "pki") and summary["acl_file"] == str(work / "plain_acl.yml")
+    app = AclConfig.parse((work / "plain_acl.yml").read_text()).accounts[APP_KEY]
+    assert not app.admin and app.default_topic_perm == app.default_group_perm == Perm.DENY
+    retry = [r for r in app.perms if r != TOPIC]
+    assert app.perms[TOPIC] == Perm.PUB | Perm.SUB and len(retry) == 1
+    assert retry[0].startswith("%RETRY%demo-audit-") and app.perms[retry[0]] == Perm.SUB
+    configs = _configs(work)
+    assert len(configs) == 7, sorted(configs)
+    for name, cfg in configs.items():
+        assert cfg["tls_server_mode"] == "enforcing", name
+        assert cfg["tls_server_need_client_auth"] == "require", name
+        assert cfg["tls_enable"] is True, name
+        assert cfg["tls_client_cert_path"] == cfg["tls_server_cert_path"], name
+        assert Path(cfg["tls_server_cert_path"]).is_file() and Path(cfg["tls_server_key_path"]).is_file()
+        assert cfg.get("acl_enable", False) is ("broker_name" in cfg), name
+
+
+def _assert_plaintext(work: Path, summary: dict) -> None:
+    assert summary["security"] == "cluster secret only" and summary["certificates"] is None
+    assert not (work / "pki").exists() and not (work / "plain_acl.yml").exists()
+    for name, cfg in _configs(work).items():
+        assert "tls_server_mode" not in cfg and "acl_enable" not in cfg, name
+        assert cfg["cluster_secret_file"] == str(work / "cluster.secret"), name
+
+
 @pytest.mark.timeout(180)
 def test_demo_json_run_loses_nothing_and_leaves_nothing(tmp_path: Path) -> None:
     work = tmp_path / "demo"
@@ -192,13 +236,16 @@ def test_demo_json_run_loses_nothing_and_leaves_nothing(tmp_path: Path) -> None:
     assert summary["leftover_processes"] == [] and summary["leftover_ports"] == []
     assert summary["processes_started"] == 7
     assert summary["failover"]["stalled"] is False
+    _assert_secured(work, summary)
     _assert_nothing_left(work)
 
 
 @pytest.mark.timeout(180)
-def test_stalled_links_make_the_old_master_cut_exactly_its_unacknowledged_tail(tmp_path: Path) -> None:
+@pytest.mark.parametrize("plaintext", [False, True], ids=["secured", "plaintext"])
+def test_stalled_links_make_the_old_master_cut_exactly_its_unacknowledged_tail(tmp_path: Path,
+                                                                               plaintext: bool) -> None:
     work = tmp_path / "demo"
-    summary = _json_run(work)
+    summary = _json_run(work, *(["--plaintext"] if plaintext else []))
     assert summary["ok"] is True and summary["error"] is None
     assert summary["lost"] == 0 and summary["lost_sample"] == []
     f, r = summary["failover"], summary["rejoin"]
@@ -206,9 +253,17 @@ def test_stalled_links_make_the_old_master_cut_exactly_its_unacknowledged_tail(t
     # Nothing crossed the stalled links: no slave has more than the master had when they
     # stalled, and the master wrote beyond what the slaves have (sends never acknowledged).
     assert max(f["slave_max_at_kill"]) <= f["master_max_at_stall"] <= f["master_max_at_kill"]
-    # Each slave had stored exactly the whole blocks that crossed its link (the kill waited
-    # for that): what it holds when the master dies is what it will ever get from it.
-    assert f["slave_max_at_kill"] == f["crossed_at_stall"]
+    if plaintext:
+        # Each slave had stored exactly the whole blocks that crossed its link (the kill
+        # waited for that): what it holds when the master dies is what it will ever get.
+        assert f["slave_max_at_kill"] == f["crossed_at_stall"]
+        _assert_plaintext(work, summary)
+    else:
+        # Over mutual TLS the relay holds ciphertext it cannot read: it does not know what
+        # crossed, and the kill waited until the slaves had settled instead (the checks on
+        # the new epoch's start below show they held all they would get).
+        assert f["crossed_at_stall"] == [None, None]
+        _assert_secured(work, summary)
     assert f["tail_bytes"] == f["master_max_at_kill"] - max(f["slave_max_at_kill"]) > 0
     # The new master's epoch starts at its own log end, which is what it had at the kill
     # (the links to the dead master carried nothing more).
@@ -275,6 +330,48 @@ def test_sigint_stops_everything(tmp_path: Path, phase: str) -> None:
     assert leftovers == [], f"the demo left processes {leftovers} under {work}"
     # Interrupted while brokers start: the controllers and the name server were up.
     _assert_nothing_left(work, min_ports=7 if "name server" in phase else 13)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("plaintext", [False, True], ids=["secured", "plaintext"])
+def test_secured_broker_port_refuses_plaintext_and_requests_without_an_account(tmp_path: Path,
+                                                                              plaintext: bool) -> None:
+    """Once the demo's brokers are up: GET_BROKER_HA_STATUS, unsigned, to a broker's port in
+    plaintext and over TLS with the demo's client certificate but no account.  Secured,
+    neither is answered but by the ACL's refusal; with --plaintext (the negative control)
+    the plaintext request is answered."""
+    work = tmp_path / "demo"
+    proc = _demo(["--messages", "2000000", "--dir", str(work), *(["--plaintext"] if plaintext else [])])
+    lines: list[str] = []
+    up = threading.Event()
+
+    def read_stdout() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "[2/5]" in line:
+                up.set()
+
+    threading.Thread(target=read_stdout, daemon=True).start()
+    try:
+        assert up.wait(60), f"the brokers never came up:\n{''.join(lines)}"
+        brokers = re.findall(r"broker broker-a id \d+ (127\.0\.0\.1:\d+)", "".join(lines))
+        assert len(brokers) == 3, lines
+        plain = ask_status(brokers[0], None)
+        tls = None if plaintext else ask_status(
+            brokers[0], current(client_context(client_tls(work / "pki", CLIENT))))
+        proc.send_signal(signal.SIGINT)
+        proc.wait(40)
+    finally:
+        proc.kill()
+        proc.wait()
+        leftovers = _kill_leftovers(work)
+    assert proc.returncode == 130 and leftovers == []
+    if plaintext:
+        assert plain is not None, "the plaintext demo's broker did not answer a plaintext request"
+    else:
+        assert plain is None, f"a plaintext request to the secured demo was answered: {plain}"
+        assert tls is not None and "carries no AccessKey" in tls, tls
 
 
 def test_progress_bar_in_a_pipe_writes_only_its_final_line() -> None:

@@ -4,7 +4,9 @@ SIGKILLed; a subprocess, as a user runs it.
 
 - a small ``--json`` run exits 0, shows a failover to a new master at a higher epoch,
   every acknowledged message received by the SimpleConsumer (none lost), the proxy among
-  the processes and nothing left running or listening;
+  the processes and nothing left running or listening; it runs secured (the default): the
+  proxy with its own certificate over mutual TLS to the cluster and TLS on its gRPC port,
+  checking the client's account and signing as the demo's;
 - the loss count is no formality: a receiver that missed one acknowledged message makes
   the summary count it lost and the verdict fail;
 - without the 5.x client installed the flag stops at once with a message naming
@@ -18,13 +20,14 @@ import os
 import signal
 import subprocess
 import sys
+import tomllib
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from rmqha.demo import grpc_load
-from rmqha.demo.cluster import DemoOptions, verdict
+from rmqha.demo.cluster import APP_KEY, DemoOptions, verdict
 from rmqha.demo.grpc_load import GrpcDemo, client_missing
 from rmqha.testing.local_cluster import live_processes_naming
 
@@ -71,6 +74,14 @@ def test_grpc_demo_loses_nothing_acknowledged_through_a_failover(tmp_path: Path)
     assert f["first_ack_s"] is not None and f["first_ack_s"] > 0
     assert s["rejoin"]["role"] == "slave" and sorted(s["rejoin"]["sync_state_set"]) == [1, 2, 3]
     assert s["processes_started"] == 8  # 3 controllers, a name server, 3 brokers, the proxy
+    # Secured (the default): the proxy is a process of the cluster (its own certificate, on
+    # its links and its gRPC port), checks the client's account and signs as the demo's.
+    assert s["security"] == "mutual TLS + ACL"
+    (proxy_config,) = work.glob("proxy*/proxy.toml")
+    proxy = tomllib.loads(proxy_config.read_text())
+    assert proxy["tls_server_mode"] == "enforcing" and proxy["tls_enable"] is True
+    assert proxy["tls_client_cert_path"].endswith("client-proxy.crt")
+    assert proxy["acl_enable"] is True and proxy["inner_access_key"] == APP_KEY
     assert s["leftover_processes"] == [] and s["leftover_ports"] == []
     assert _processes_under(work) == []
 

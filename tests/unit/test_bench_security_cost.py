@@ -18,8 +18,6 @@ sys.path.insert(0, str(ROOT / "benches"))
 
 from peers import security_cost  # noqa: E402
 from peers.base import Measurement  # noqa: E402
-from peers.rmqha_secure import PRODUCER_KEY, SecureSetup  # noqa: E402
-from peers.rmqha_system import CLUSTER  # noqa: E402
 
 
 def _bench_peers() -> ModuleType:
@@ -86,7 +84,7 @@ def test_the_security_table_has_its_own_markers(tmp_path: Path) -> None:
 
 
 def test_secure_setup_files_name_real_certificates_and_a_narrow_account(tmp_path: Path) -> None:
-    setup = SecureSetup.make(tmp_path, cluster=CLUSTER, groups={"broker-a": 3}, topics=["Bench3"])
+    setup = security_cost.secure_setup(tmp_path)
     keys = setup.broker_keys("broker-a", "broker-a-2")
     for field in ("tls_server_cert_path", "tls_server_key_path", "tls_server_trust_cert_path",
                   "tls_client_cert_path", "tls_client_key_path", "acl_file"):
@@ -97,7 +95,8 @@ def test_secure_setup_files_name_real_certificates_and_a_narrow_account(tmp_path
     config = AclConfig.parse(setup.acl_file.read_text())
 
     def send(topic: str) -> None:
-        fields = sign({"a": "bench_async", "b": topic}, b"x", PRODUCER_KEY, setup.producer_secret)
+        fields = sign({"a": "bench_async", "b": topic}, b"x", security_cost.PRODUCER_KEY,
+                      setup.app.secret_key)
         check_request(config, Code.SEND_MESSAGE_V2, fields, b"x", "127.0.0.1")
 
     send("Bench3")
