@@ -897,9 +897,8 @@ class Demo:
             return
         sec = self.security = secure_demo(base, self.consumer_group)
         s.security, s.certificates, s.acl_file = "mutual TLS + ACL", str(sec.pki), str(sec.acl_file)
-        self.out.say(f"security: mutual TLS on every remoting port and HA link, ACL on the brokers, "
-                     f"Raft encrypted with the cluster secret; certificates in {sec.pki}, accounts "
-                     f"in {sec.acl_file}")
+        self.out.say(f"security: mutual TLS on every remoting port, HA link and Raft link, ACL on "
+                     f"the brokers; certificates in {sec.pki}, accounts in {sec.acl_file}")
 
     def _client_options(self) -> dict[str, Any]:
         """The Producer's and Consumer's certificate and account (none: --plaintext)."""
