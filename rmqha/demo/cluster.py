@@ -70,6 +70,7 @@ from rmqha.testing.local_cluster import (
     Cluster,
     Leftovers,
     ReplicaInfo,
+    free_port,
     port_open,
 )
 from rmqha.protocol.message import parse_offset_msg_id
@@ -822,7 +823,8 @@ class Demo:
         out.say("\n[1/5] Starting the cluster: 3 controllers, 1 name server, broker group of 3")
         t0 = time.monotonic()
         c.start_controllers(3, wait=False)
-        leader = c.wait_for(c.controller_leader, 60, what="a controller leader")
+        c.wait_controllers(c.controllers, 60)
+        leader = c.controller_leader()
         for proc in c.controllers:
             mark = "  <- Raft leader" if proc.address == leader else ""
             out.say(f"      controller  {proc.node_id:<4} {proc.address:<16} pid {proc.pid}{mark}")
@@ -847,7 +849,8 @@ class Demo:
         c = self._c
         brokers = []
         for _ in range(3):
-            proc = c.add_broker(GROUP)
+            # A port given, not chosen, never moves: the relay fronts this one for good.
+            proc = c.add_broker(GROUP, ha_listen_port=free_port())
             proc.config[HA_ADVERTISED_KEY] = links.front(proc.ha_address)
             proc.start()
             c.wait_broker_up(proc, 60)
