@@ -82,6 +82,7 @@ def test_failed_wait_names_what_and_shows_logs(tmp_path: Path) -> None:
 #: How each kind of process is started; a broker needs a controller first.
 STARTS: dict[str, Callable[[Cluster], ControllerProc | NamesrvProc | BrokerProc]] = {
     "controller": lambda c: c.start_controllers(1)[0],
+    "controller group": lambda c: c.start_controllers(3)[0],  # the others move with it
     "namesrv": lambda c: c.start_namesrv(),
     "broker": lambda c: c.start_broker(),
 }
@@ -120,6 +121,7 @@ def test_a_process_whose_port_was_taken_is_started_again_on_fresh_ports(
             proc = STARTS[kind](c)
             assert proc.listens(proc.address) and port not in proc.ports()
             assert proc.starts == 2 and proc.log_contains(f"127.0.0.1:{port} {PORT_TAKEN}")
+            assert all(node.listens(node.address) and node.starts == 2 for node in c.controllers[1:])
         monkeypatch.setattr(local_cluster, "PORT_CLASH_RETRIES", 1)
         with Cluster(tmp_path / "once") as c:
             NEEDS.get(kind, lambda c: None)(c)
