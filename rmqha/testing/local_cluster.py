@@ -1005,8 +1005,10 @@ class Cluster:
         """Poll ``condition`` until it returns a truthy value (returned) or the deadline.
 
         A condition that raises RemotingError/OSError/KeyError/ValueError counts as "not
-        yet".  If ``process`` is given and it exits, the wait fails at once.  The failure
-        (:class:`LocalClusterError`) carries every process's log tail.
+        yet".  If ``process`` is given and it exits, the wait fails at once (unless it
+        exited because a port was taken: every poll starts such processes again, see
+        :class:`PortChoice`).  The failure (:class:`LocalClusterError`) carries every
+        process's log tail.
         """
         deadline = time.monotonic() + timeout
         last_error: BaseException | None = None
