@@ -177,7 +177,7 @@ def compare_peers(args: argparse.Namespace, names: list[str], body: bytes) -> No
                 system = make_system(name, args.flush_sync)
                 instances[name] = system
                 print(f"starting {name} ...", flush=True)
-                system.start(Path(tmp) / name)
+                system.start_on_free_ports(Path(tmp) / name)
             for workload, copies, messages, param in workloads(args.scale, args.flush_sync):
                 for name, system in instances.items():
                     if copies == "sync" and name != "rmqha":

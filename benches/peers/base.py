@@ -8,31 +8,48 @@ cost (the servers are other processes).
 """
 from __future__ import annotations
 
-import socket
 import statistics
+import subprocess
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rmqha.testing.local_cluster import PORT_CLASH_RETRIES, free_port, pid_listens, port_open, taken_port
+
+__all__ = ["free_port"]  # the harness's choice: below the ephemeral range, never twice
+
 MESSAGE_BYTES = 1024
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class PortTaken(Exception):
+    """A server exited at start because another process took a port chosen for it."""
 
 
-def wait_port(port: int, timeout: float = 60.0, what: str = "server") -> None:
+def wait_port(port: int, timeout: float = 60.0, what: str = "server",
+              server: subprocess.Popen[bytes] | None = None, log: Path | None = None) -> None:
+    """Wait until ``port`` accepts connections; with ``server``, until that process itself
+    listens there (another may hold a port it was given), and PortTaken at once if it
+    exits saying in ``log`` that a port was taken."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.05)
+        if server is not None and server.poll() is not None:
+            text = log.read_text(errors="replace") if log is not None else ""
+            if (taken := taken_port(text)) is not None:
+                raise PortTaken(f"{what}: port {taken} taken by another process")
+            raise RuntimeError(f"{what} exited with {server.returncode} before opening port {port}")
+        if _serving(port, server):
+            return
+        time.sleep(0.05)
     raise TimeoutError(f"{what} did not open port {port} within {timeout:g}s")
+
+
+def _serving(port: int, server: subprocess.Popen[bytes] | None) -> bool:
+    """Whether ``server`` itself listens on ``port`` (without one, or where /proc cannot
+    tell: whether anything accepts connections there)."""
+    if not port_open(f"127.0.0.1:{port}", 0.5):
+        return False
+    return server is None or pid_listens(server.pid, port) is not False
 
 
 def wait_until(condition, timeout: float, what: str, interval: float = 0.05):  # type: ignore[no-untyped-def]
@@ -95,6 +112,18 @@ class PeerSystem(ABC):
 
     @abstractmethod
     def start(self, workdir: Path) -> None: ...
+
+    def start_on_free_ports(self, workdir: Path) -> None:
+        """:meth:`start`, and when a server exits because another process took a port
+        chosen for it, :meth:`stop` and start again on fresh ports (in a fresh directory),
+        up to PORT_CLASH_RETRIES starts."""
+        for attempt in range(1, PORT_CLASH_RETRIES + 1):
+            try:
+                return self.start(workdir if attempt == 1 else workdir.with_name(f"{workdir.name}-{attempt}"))
+            except PortTaken:
+                self.stop()
+                if attempt == PORT_CLASH_RETRIES:
+                    raise
 
     @abstractmethod
     def stop(self) -> None:

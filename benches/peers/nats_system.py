@@ -53,7 +53,7 @@ class NatsSystem(PeerSystem):
                                              stderr=subprocess.STDOUT, start_new_session=True)
             self.ports[n] = client[n]
         for n in names:
-            wait_port(client[n], 30, f"nats-server {n}")
+            wait_port(client[n], 30, f"nats-server {n}", self.procs[n], workdir / f"{n}.log")
         self.loop.run_until_complete(self._setup())
 
     async def _setup(self) -> None:

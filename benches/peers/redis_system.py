@@ -49,8 +49,8 @@ class RedisSystem(PeerSystem):
             log = open(workdir / f"r{i}.log", "wb")
             self.procs.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                                start_new_session=True))
-        for port in self.ports:
-            wait_port(port, 30, "redis-server")
+        for i, (port, server) in enumerate(zip(self.ports, self.procs)):
+            wait_port(port, 30, "redis-server", server, workdir / f"r{i}.log")
         primary = redis.Redis(port=self.ports[0])
         wait_until(lambda: primary.info("replication").get("connected_slaves") == 2
                    and all(primary.info("replication").get(f"slave{i}", {}).get("state") == "online"

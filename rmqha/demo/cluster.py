@@ -79,6 +79,7 @@ from rmqha.testing.local_cluster import (
     Cluster,
     Leftovers,
     ReplicaInfo,
+    free_port,
     port_open,
 )
 from rmqha.testing.secure_setup import Account, SecureSetup
@@ -909,7 +910,8 @@ class Demo:
         out.say("\n[1/5] Starting the cluster: 3 controllers, 1 name server, broker group of 3")
         t0 = time.monotonic()
         c.start_controllers(3, wait=False, **({"per_node": sec.controller_keys(3)} if sec else {}))
-        leader = c.wait_for(c.controller_leader, 60, what="a controller leader")
+        c.wait_controllers(c.controllers, 60)
+        leader = c.controller_leader()
         for proc in c.controllers:
             mark = "  <- Raft leader" if proc.address == leader else ""
             out.say(f"      controller  {proc.node_id:<4} {proc.address:<16} pid {proc.pid}{mark}")
@@ -932,7 +934,9 @@ class Demo:
         c, links, sec = self._c, self.links, self.security
         brokers = []
         for i in range(3):
-            proc = c.add_broker(GROUP, **(sec.broker_keys(GROUP, f"{GROUP}-{i}") if sec else {}))
+            # A port given, not chosen, never moves: the relay fronts this one for good.
+            proc = c.add_broker(GROUP, ha_listen_port=free_port(),
+                                **(sec.broker_keys(GROUP, f"{GROUP}-{i}") if sec else {}))
             if links is not None:
                 proc.config[HA_ADVERTISED_KEY] = links.front(proc.ha_address)
             proc.start()

@@ -54,11 +54,17 @@ class ControllerGroup:
         """The cluster secret the group runs with (None when insecure): clients need it."""
         return self.cluster.cluster_secret
 
-    def start(self, wait: bool = True) -> ControllerGroup:
+    def start(self, wait: bool = True, timeout: float = 30.0) -> ControllerGroup:
+        """Start every node; with ``wait`` until there is a leader and every node serves
+        (a node whose port another process took first moves with its group:
+        :meth:`Cluster.wait_controllers`)."""
         for i in range(self.size):
             self.start_one(i)
         if wait:
-            self.wait_leader()
+            try:
+                self.cluster.wait_controllers(self.nodes, timeout)
+            except LocalClusterError as exc:
+                raise TimeoutError(str(exc)) from None
         return self
 
     def start_one(self, i: int) -> None:

@@ -13,6 +13,14 @@ gracefully first (SIGTERM, then SIGKILL after a deadline).
 Timers default to :data:`QUICK_BROKER`, :data:`QUICK_NAMESRV` and :data:`QUICK_CONTROLLER`,
 so a killed master is replaced within about a second.
 
+Ports: a port is chosen before the process that binds it starts, and another process on
+the machine (a test on another worker) may take it in between.  A process that exits at
+start for that reason is started again on fresh ports by whatever wait notices it (a
+controller with its whole group), up to :data:`PORT_CLASH_RETRIES` starts; a port the
+caller gave (an explicit ``listen_port``, a restart on the same ports) never moves: a start
+waits for it to be free (:class:`PortChoice`).  A start is waited for until the process
+itself listens, not merely until something answers on its port.
+
 Security: a cluster runs with a cluster secret generated for it (or the one given as
 ``cluster_secret``), written to ``<base_dir>/cluster.secret`` (mode 0600) and named by every
 process's ``cluster_secret_file``, so Raft traffic is encrypted and control requests are
@@ -47,13 +55,14 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,10 +137,14 @@ def _below_ephemeral_range() -> range:
     return range(max(1024, low - 16384), max(1025, low))
 
 
-def _bindable(port: int) -> bool:
+def _bindable(port: int, host: str = "127.0.0.1", *, reuse: bool = False) -> bool:
+    """Whether ``host:port`` can be bound now; with ``reuse`` as a server binds it
+    (SO_REUSEADDR: a port whose old connections linger in TIME_WAIT counts as free)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        if reuse:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind((host, port))
         except OSError:
             return False
     return True
@@ -155,14 +168,25 @@ def free_port(count: int = 1) -> int:
     raise LocalClusterError(f"no {count} consecutive free ports found in {ports}")
 
 
-#: How often a controller group is started again when one of its ports was taken.
+#: How many starts in a row a process (a controller group: all its nodes) gets when each
+#: exits because a port it was given was taken.
 PORT_CLASH_RETRIES = 3
 #: What a process logs when a port it was configured with is bound by someone else.
 PORT_TAKEN = "is not free (Address already in use)"
+#: A line naming a ``host:port`` that could not be bound because another socket holds it:
+#: a start's preflight (:data:`PORT_TAKEN`) or a server's own bind a moment later
+#: ("cannot listen on host:port: ... address already in use").
+_TAKEN_LINE = re.compile(r"[^\s:(]+:(\d+)(?: is not free|:) .*address already in use", re.IGNORECASE)
+#: How long a start waits for the ports it was given (not chosen for it) to be free.
+PORT_FREE_TIMEOUT = 10.0
+#: How much of a start's output is searched for a port-taken line.
+_START_OUTPUT_BYTES = 1 << 20
 
 
-class _PortTaken(LocalClusterError):
-    """A process started here exited because another took one of its ports."""
+def taken_port(text: str) -> int | None:
+    """The port the last port-taken line of ``text`` (a process's output) names, if any."""
+    found = _TAKEN_LINE.findall(text)
+    return int(found[-1]) if found else None
 
 
 def free_port_pair() -> int:
@@ -178,6 +202,40 @@ def port_open(addr: str, timeout: float = 0.2) -> bool:
             return True
     except OSError:
         return False
+
+
+def pid_listens(pid: int, port: int) -> bool | None:
+    """Whether process ``pid`` itself holds a socket listening on TCP ``port`` (Linux
+    /proc, in the process's own network namespace); None where /proc cannot tell.
+
+    A connection to the port is no proof: another process may have taken the port
+    before this one's bind, and it accepts connections meanwhile."""
+    if not Path("/proc/self/net/tcp").exists():
+        return None
+    try:
+        sockets = {_link(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()}
+        return any(_listening(Path(f"/proc/{pid}/net/{table}"), port) & sockets
+                   for table in ("tcp", "tcp6"))
+    except (OSError, IndexError, ValueError):
+        return False  # it exited meanwhile (a zombie has no network to show)
+
+
+def _listening(table: Path, port: int) -> set[str]:
+    """The sockets (as /proc/PID/fd links name them) listening on ``port`` in a
+    /proc/net/tcp table (slow to read on a busy machine: a few ms)."""
+    found = set()
+    for line in table.read_text().splitlines()[1:]:
+        fields = line.split()  # sl local_address rem_address st ... uid timeout inode
+        if fields[3] == "0A" and int(fields[1].rpartition(":")[2], 16) == port:
+            found.add(f"socket:[{fields[9]}]")
+    return found
+
+
+def _link(path: Path) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""  # closed meanwhile
 
 
 def live_processes_naming(directory: Path) -> list[tuple[int, str]]:
@@ -256,6 +314,49 @@ def write_toml(path: Path, values: Mapping[str, Any]) -> Path:
     return path
 
 
+class PortChoice:
+    """Who chose the ports of processes started together, and what happens when another
+    process on this machine takes one before they bind it (test workers share 127.0.0.1).
+
+    Ports in :attr:`chosen` were picked by the harness: a process that exits at start
+    because one was taken is started again, with the others of its choice (a controller
+    group names every node's ports in each node's config), on fresh ones from ``choose``.
+    Any other port was given by the caller and is meant: a start waits for it to be free
+    and never moves it.  Each process starts with a choice of its own that chose nothing.
+    """
+
+    def __init__(self, procs: Sequence[Process], chosen: set[int] | None = None,
+                 choose: Callable[[], set[int]] | None = None) -> None:
+        self.procs = procs
+        self.chosen = chosen or set()
+        self._choose = choose
+        #: Starts so far that may find a port taken (harness restarts included).
+        self.attempts = 1
+        for proc in procs:
+            proc.port_choice = self
+
+    def keep(self) -> None:
+        """The caller starts one of these again: from now on every port is meant."""
+        for proc in self.procs:
+            PortChoice([proc])
+
+    def start_again(self, victim: Process, port: int) -> None:
+        """``victim`` exited because ``port`` was taken: start it (and the others of this
+        choice that run) again, on fresh ports if the harness chose that one."""
+        if self.attempts >= PORT_CLASH_RETRIES:
+            raise LocalClusterError(
+                f"{victim.name} found a port taken (the last: {port}) at {self.attempts} starts "
+                f"in a row\n{victim.cluster.describe()}")
+        self.attempts += 1
+        again = [proc for proc in self.procs if proc is victim or proc.alive]
+        for proc in again:
+            proc.stop()
+        if port in self.chosen and self._choose is not None:
+            self.chosen = self._choose()
+        for proc in again:
+            proc.launch()
+
+
 class Process:
     """One ``python -m rmqha KIND --config FILE`` process, restartable, log kept in a file."""
 
@@ -274,6 +375,11 @@ class Process:
         self.launcher: list[str] = []
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        #: Which of its ports the harness chose (they may move) and which are meant.
+        self.port_choice = PortChoice([self])
+        self._start_env: dict[str, str] = {}
+        self._log_offset = 0  # where the current start's output begins in the log
+        self._searched = 0  # the start whose output was searched for a taken port
 
     # --- life cycle -----------------------------------------------------------------------
 
@@ -281,10 +387,21 @@ class Process:
         """Start (or start again) with the current config plus ``config_overrides``.
 
         ``env`` adds environment variables for this start only (e.g. RMQHA_FAILPOINTS).
+        A start again means the ports it had (see :class:`PortChoice`): it waits for
+        them to be free, and they never move.
         """
         if self.alive:
             raise LocalClusterError(f"{self.name} is already running (pid {self.pid})")
+        if self.starts:
+            self.port_choice.keep()
         self.config.update(config_overrides)
+        self._start_env = dict(env or {})
+        return self.launch()
+
+    def launch(self) -> Process:
+        """Run the process with its config and this start's environment, once the ports
+        it was given are free (a restart can race the kernel or another's brief bind)."""
+        self._wait_ports_free()
         write_toml(self.config_path, self.config)
         full_env = dict(os.environ)
         full_env.update({"PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"})
@@ -293,12 +410,12 @@ class Process:
         for name in ("RMQHA_FAILPOINTS", "RMQHA_CLUSTER_SECRET", "RMQHA_CLUSTER_SECRET_FILE"):
             full_env.pop(name, None)
         full_env.update(self.env)
-        if env:
-            full_env.update(env)
+        full_env.update(self._start_env)
         self.starts += 1
         with open(self.log_path, "ab") as log:
+            self._log_offset = log.tell()
             log.write(f"\n===== start #{self.starts} of {self.name} at {time.time():.3f} "
-                      f"env={dict(env or {})} =====\n".encode())
+                      f"env={self._start_env} =====\n".encode())
             self.proc = subprocess.Popen(
                 [*self.launcher, self.cluster.python, "-m", "rmqha", self.kind, "--config",
                  str(self.config_path)],
@@ -363,15 +480,65 @@ class Process:
         return self.start(env=env, **config_overrides)
 
     def wait_exit(self, timeout: float = DEFAULT_TIMEOUT) -> int:
-        """Wait for the process to end by itself; its exit code."""
-        if self.proc is None:
-            raise LocalClusterError(f"{self.name} was never started")
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise LocalClusterError(
-                f"{self.name} still running after {timeout}s\n{self.cluster.describe()}"
-            ) from None
+        """Wait for the process to end by itself; its exit code.  An exit because a port
+        was taken at start is not the end: it is started again (:class:`PortChoice`)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc is None:
+                raise LocalClusterError(f"{self.name} was never started")
+            try:
+                code = self.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise LocalClusterError(
+                    f"{self.name} still running after {timeout}s\n{self.cluster.describe()}"
+                ) from None
+            if not self.recover_port_clash():
+                return code
+
+    def listens(self, addr: str) -> bool:
+        """Whether this process (not another that took its port) accepts connections at
+        ``addr`` (where /proc cannot tell: whether anything does)."""
+        pid = self.pid
+        if pid is None or not self.alive or not port_open(addr):
+            return False
+        return pid_listens(pid, int(addr.rpartition(":")[2])) is not False
+
+    def recover_port_clash(self) -> bool:
+        """If this process exited at start because another took one of its ports, start it
+        again (see :class:`PortChoice`) and say so; LocalClusterError when it has found a
+        port taken :data:`PORT_CLASH_RETRIES` times in a row."""
+        port = self._taken_port()
+        if port is None:
+            return False
+        self.port_choice.start_again(self, port)
+        return True
+
+    def _taken_port(self) -> int | None:
+        """The port this start's output says was taken, once the process has exited
+        (each start's output is searched once)."""
+        if self.proc is None or self.alive or self._searched == self.starts:
+            return None
+        self._searched = self.starts
+        with open(self.log_path, "rb") as log:
+            log.seek(self._log_offset)
+            # A clash stops a start early: its line is among the first a start writes.
+            return taken_port(log.read(_START_OUTPUT_BYTES).decode(errors="replace"))
+
+    def _wait_ports_free(self) -> None:
+        """Wait until the ports this process was given (not chosen for it) can be bound;
+        LocalClusterError naming them after :data:`PORT_FREE_TIMEOUT`."""
+        if self.launcher:
+            return  # it runs on a host of its own: its ports are not this host's
+        host = _loopback_or_own(self.config)
+        meant = [p for p in self.ports() if p not in self.port_choice.chosen]
+        deadline = time.monotonic() + PORT_FREE_TIMEOUT
+        while busy := [p for p in meant if not _bindable(p, host, reuse=True)]:
+            if time.monotonic() >= deadline:
+                raise LocalClusterError(
+                    f"{self.name}: port(s) {busy} on {host} still taken after "
+                    f"{PORT_FREE_TIMEOUT}s; they were given, not chosen, so they do not move\n"
+                    f"{self.cluster.describe()}")
+            time.sleep(0.05)
 
     def ports(self) -> list[int]:
         """Every port this process listens on by its config (for leftover checks)."""
@@ -434,14 +601,39 @@ class NamesrvProc(Process):
     def address(self) -> str:
         return f"{_loopback_or_own(self.config)}:{self.config['listen_port']}"
 
+    @property
+    def controller_address(self) -> str | None:
+        """The RPC address of the controller it hosts (None if it hosts none)."""
+        embedded = self.config.get("controller")
+        if not isinstance(embedded, Mapping):
+            return None
+        return _peer_address(embedded["controller_peers"], embedded["controller_self_id"])
+
+    def _controller_ports(self) -> list[int]:
+        embedded = self.config.get("controller")
+        if not isinstance(embedded, Mapping):
+            return []
+        return [int(_peer_address(embedded[key], embedded["controller_self_id"]).rpartition(":")[2])
+                for key in ("controller_peers", "raft_peers")]
+
     def ports(self) -> list[int]:
-        out = [int(self.config["listen_port"]), *super().ports()]
+        return [int(self.config["listen_port"]), *super().ports(), *self._controller_ports()]
+
+    def picked_ports(self) -> set[int]:
+        """The ports :meth:`choose_ports` picks, as the config has them now."""
+        return {int(self.config["listen_port"]), *self._controller_ports()}
+
+    def choose_ports(self) -> set[int]:
+        """A fresh client port (and RPC and Raft ports of the controller it hosts), written
+        into its config; the ports chosen."""
+        self.config["listen_port"] = free_port()
         embedded = self.config.get("controller")
         if isinstance(embedded, Mapping):
-            for key in ("controller_peers", "raft_peers"):
-                own = _peer_address(embedded[key], embedded["controller_self_id"])
-                out.append(int(own.rpartition(":")[2]))
-        return out
+            own = embedded["controller_self_id"]
+            self.config["controller"] = {**embedded,
+                                         "controller_peers": f"{own}-127.0.0.1:{free_port()}",
+                                         "raft_peers": f"{own}-127.0.0.1:{free_port()}"}
+        return self.picked_ports()
 
 
 class BrokerProc(Process):
@@ -461,6 +653,18 @@ class BrokerProc(Process):
     def ports(self) -> list[int]:
         return [int(self.address.rpartition(":")[2]), int(self.ha_address.rpartition(":")[2]),
                 *super().ports()]
+
+    def choose_ports(self) -> set[int]:
+        """A fresh client port (and HA port = client + 1 unless one is set), written into
+        its config; the ports chosen."""
+        self.config["listen_port"] = free_port_pair()
+        return self.picked_ports()
+
+    def picked_ports(self) -> set[int]:
+        """The ports :meth:`choose_ports` picks, as the config has them now: the client port
+        and, when it is client + 1 by default, the HA port."""
+        listen = int(self.config["listen_port"])
+        return {listen} if self.config.get("ha_listen_port") else {listen, listen + 1}
 
     @property
     def store_dir(self) -> Path:
@@ -493,8 +697,13 @@ class BrokerProc(Process):
         return int(text.strip().split("#")[2]) if text else None
 
     def restart_on_new_port(self, **overrides: Any) -> Process:
-        """Kill, then start on a fresh client port (and HA port = client + 1)."""
-        return self.restart(listen_port=free_port_pair(), ha_listen_port=0, **overrides)
+        """Kill, then start on a fresh client port (and HA port = client + 1); those are
+        the harness's choice, so a clash at start moves them again."""
+        self.kill()
+        self.config.update(ha_listen_port=0, **overrides)
+        PortChoice([self], self.choose_ports(), self.choose_ports)
+        self._start_env = {}
+        return self.launch()
 
 
 @dataclass
@@ -554,8 +763,6 @@ class Cluster:
         self.controllers: list[ControllerProc] = []
         self.namesrvs: list[NamesrvProc] = []
         self.brokers: list[BrokerProc] = []
-        #: Controllers hosted by name servers (enable_controller_in_namesrv).
-        self.embedded_controllers: list[str] = []
         self._loop: EventLoopThread | None = None
         self._clients: dict[str, RemotingClient] = {}
         #: TLS of the harness's own requests (set it before the first for a TLS cluster).
@@ -643,6 +850,11 @@ class Cluster:
         return {"allow_insecure": True} if kind == "controller" else {}
 
     @property
+    def embedded_controllers(self) -> list[str]:
+        """Controllers hosted by name servers (enable_controller_in_namesrv)."""
+        return [addr for ns in self.namesrvs if (addr := ns.controller_address) is not None]
+
+    @property
     def controller_addresses(self) -> list[str]:
         return [c.address for c in self.controllers] + self.embedded_controllers
 
@@ -655,15 +867,10 @@ class Cluster:
         """Create (do not start) an n-node controller group with free RPC and Raft ports.
 
         ``overrides`` apply to every node, ``per_node[i]`` to node i only."""
-        ports = [free_port() for _ in range(n)]
-        raft_ports = [free_port() for _ in range(n)]
-        peers = ";".join(f"n{i}-127.0.0.1:{ports[i]}" for i in range(n))
-        raft_peers = ";".join(f"n{i}-127.0.0.1:{raft_ports[i]}" for i in range(n))
         new: list[ControllerProc] = []
         for i in range(n):
             name = f"controller{len(self.controllers)}"
-            config = controller_config(self.base_dir / name, self_id=f"n{i}", peers=peers,
-                                       raft_peers=raft_peers,
+            config = controller_config(self.base_dir / name, self_id=f"n{i}", peers="", raft_peers="",
                                        **{**self.secret_settings("controller"),
                                           **self.controller_defaults, **overrides,
                                           **(per_node or {}).get(i, {})})
@@ -671,59 +878,52 @@ class Cluster:
             self.controllers.append(proc)
             self.processes.append(proc)
             new.append(proc)
+        PortChoice(new, _choose_controller_ports(new), partial(_choose_controller_ports, new, again=True))
         return new
 
     def start_controllers(self, n: int = 1, *, wait: bool = True, **overrides: Any) -> list[ControllerProc]:
-        """Start an n-node controller group (1, 3 or 5) and wait until it has a leader and
-        every node serves.  A node that exits at start because another process bound one of
-        its ports after they were chosen (tests on several workers share 127.0.0.1) gets
-        the whole group started again on fresh ports, up to ``PORT_CLASH_RETRIES`` times."""
-        for _ in range(PORT_CLASH_RETRIES):
-            new = self.add_controllers(n, **overrides)
-            for proc in new:
-                proc.start()
-            if not wait:
-                return new
-            try:
-                self.wait_for(partial(self._group_serving, new), what="a controller leader")
-                return new
-            except _PortTaken:
-                self._forget(new)
-        raise LocalClusterError(f"{n} controllers found a port taken {PORT_CLASH_RETRIES} times "
-                                f"in a row\n{self.describe()}")
+        """Start an n-node controller group (1, 3 or 5); with ``wait`` see
+        :meth:`wait_controllers`."""
+        new = self.add_controllers(n, **overrides)
+        for proc in new:
+            proc.start()
+        if wait:
+            self.wait_controllers(new)
+        return new
 
-    def _group_serving(self, group: list[ControllerProc]) -> bool:
-        """Whether ``group`` has a leader and every node listens; _PortTaken when a node
-        exited because a port it was given was no longer free."""
+    def wait_controllers(self, group: list[ControllerProc], timeout: float = DEFAULT_TIMEOUT) -> None:
+        """Wait until ``group`` has a leader and every node serves.  A node that exits at
+        start because another process bound one of its ports after they were chosen (tests
+        on several workers share 127.0.0.1) gets the whole group started again on fresh
+        ports (:class:`PortChoice`, as every wait does); once it serves, its ports stay
+        (brokers and name servers are told them)."""
+        self.wait_for(lambda: self.controller_leader() is not None
+                      and all(proc.listens(proc.address) for proc in group),
+                      timeout, what="a controller leader")
         for proc in group:
-            if not proc.alive and proc.log_contains(PORT_TAKEN):
-                raise _PortTaken(proc.name)
-        return (self.controller_leader() is not None
-                and all(port_open(proc.address) for proc in group))
-
-    def _forget(self, procs: list[ControllerProc]) -> None:
-        """Stop ``procs`` and drop them from this cluster with their data (a start given
-        up: the next group takes their names, and must not find their Raft journals)."""
-        for proc in procs:
-            proc.stop()
-            self.controllers.remove(proc)
-            self.processes.remove(proc)
-            shutil.rmtree(proc.workdir, ignore_errors=True)
+            proc.port_choice.keep()
 
     def start_namesrv(self, *, wait: bool = True, **overrides: Any) -> NamesrvProc:
+        """Start a name server on a free port (or ``listen_port``); with ``wait`` until it
+        listens."""
         name = f"namesrv{len(self.namesrvs)}"
-        config = {"listen_port": free_port(), **self.secret_settings("namesrv"),
-                  **self.namesrv_defaults, **overrides}
+        config = {**self.secret_settings("namesrv"), **self.namesrv_defaults, **overrides}
+        chosen = "listen_port" not in config
+        if chosen:
+            config["listen_port"] = free_port()
         proc = NamesrvProc(self, name, "namesrv", config, self.base_dir / name)
+        if chosen:
+            PortChoice([proc], proc.picked_ports(), proc.choose_ports)
         self.namesrvs.append(proc)
         self.processes.append(proc)
         proc.start()
         if wait:
-            self.wait_for(lambda: port_open(proc.address), what=f"{name} listening", process=proc)
+            self.wait_for(lambda: proc.listens(proc.address), what=f"{name} listening", process=proc)
         return proc
 
     def start_namesrv_with_controller(self, **overrides: Any) -> NamesrvProc:
-        """A name server hosting a one-node controller (``enable_controller_in_namesrv``)."""
+        """A name server hosting a one-node controller (``enable_controller_in_namesrv``)
+        on free ports (with ``listen_port`` given, none of them moves)."""
         name = f"namesrv{len(self.namesrvs)}"
         rpc, raft = free_port(), free_port()
         controller = controller_config(self.base_dir / name / "controller", self_id="n0",
@@ -731,18 +931,18 @@ class Cluster:
                                        **{**self.secret_settings("controller"),
                                           **self.controller_defaults})
         proc = self.start_namesrv(wait=False, enable_controller_in_namesrv=True, controller=controller, **overrides)
-        self.embedded_controllers.append(f"127.0.0.1:{rpc}")
-        self.wait_for(lambda: port_open(proc.address), what=f"{proc.name} listening", process=proc)
+        self.wait_for(lambda: proc.listens(proc.address), what=f"{proc.name} listening", process=proc)
         self.wait_for(lambda: self.controller_leader() is not None, what="the embedded controller to lead",
                       process=proc)
         return proc
 
     def broker_config(self, group: str, name: str, **overrides: Any) -> dict[str, Any]:
+        """The config of broker ``name`` of ``group``; ``listen_port`` only if given
+        (:meth:`add_broker` chooses one)."""
         config: dict[str, Any] = {
             "cluster": self.cluster_name,
             "broker_name": group,
             "store_dir": str(self.base_dir / name / "store"),
-            "listen_port": free_port_pair(),
             "controller_addr": self.controller_addresses,
             "namesrv_addr": self.namesrv_addresses,
             **self.secret_settings("broker"),
@@ -755,7 +955,13 @@ class Cluster:
         """Create (do not start) a broker of ``group``; name ``<group>-<n>``."""
         n = sum(1 for b in self.brokers if b.group == group)
         name = f"{group}-{n}"
-        proc = BrokerProc(self, name, "broker", self.broker_config(group, name, **overrides), self.base_dir / name)
+        config = self.broker_config(group, name, **overrides)
+        chosen = "listen_port" not in config
+        if chosen:
+            config["listen_port"] = free_port_pair()
+        proc = BrokerProc(self, name, "broker", config, self.base_dir / name)
+        if chosen:
+            PortChoice([proc], proc.picked_ports(), proc.choose_ports)
         self.brokers.append(proc)
         self.processes.append(proc)
         return proc
@@ -770,7 +976,7 @@ class Cluster:
         return proc
 
     def wait_broker_up(self, proc: BrokerProc, timeout: float = DEFAULT_TIMEOUT) -> None:
-        self.wait_for(lambda: port_open(proc.address), timeout, what=f"{proc.name} listening", process=proc)
+        self.wait_for(lambda: proc.listens(proc.address), timeout, what=f"{proc.name} listening", process=proc)
 
     def wait_role(self, proc: BrokerProc, role: str, timeout: float = DEFAULT_TIMEOUT) -> None:
         """Wait until the broker reports ``role`` ("master", "slave" or "fenced")."""
@@ -799,8 +1005,10 @@ class Cluster:
         """Poll ``condition`` until it returns a truthy value (returned) or the deadline.
 
         A condition that raises RemotingError/OSError/KeyError/ValueError counts as "not
-        yet".  If ``process`` is given and it exits, the wait fails at once.  The failure
-        (:class:`LocalClusterError`) carries every process's log tail.
+        yet".  If ``process`` is given and it exits, the wait fails at once (unless it
+        exited because a port was taken: every poll starts such processes again, see
+        :class:`PortChoice`).  The failure (:class:`LocalClusterError`) carries every
+        process's log tail.
         """
         deadline = time.monotonic() + timeout
         last_error: BaseException | None = None
@@ -811,6 +1019,7 @@ class Cluster:
                     return value
             except _NOT_YET as exc:
                 last_error = exc
+            self.recover_port_clashes()
             if process is not None and process.proc is not None and not process.alive:
                 raise LocalClusterError(
                     f"{process.name} exited with {process.returncode} while waiting for {what}\n{self.describe()}"
@@ -820,6 +1029,12 @@ class Cluster:
                     f"timed out after {timeout}s waiting for {what} (last error: {last_error!r})\n{self.describe()}"
                 )
             time.sleep(interval)
+
+    def recover_port_clashes(self) -> None:
+        """Start again every process that exited at start because another process took one
+        of its ports (:class:`PortChoice`); every wait does this while it polls."""
+        for proc in list(self.processes):
+            proc.recover_port_clash()
 
     def holds(self, condition: Callable[[], Any], duration: float, *, what: str = "condition",
               interval: float = 0.1) -> None:
@@ -973,6 +1188,21 @@ class Cluster:
             if proc.group == group and proc.broker_id() == broker_id:
                 return proc
         return None
+
+
+def _choose_controller_ports(group: list[ControllerProc], *, again: bool = False) -> set[int]:
+    """Fresh RPC and Raft ports for every node of ``group``, written into each node's
+    peers; the ports chosen.  ``again``: the journals a start on the old ones left in the
+    harness's own directories go too (they name the old peers)."""
+    rpc = [free_port() for _ in group]
+    raft = [free_port() for _ in group]
+    peers = ";".join(f"{proc.node_id}-127.0.0.1:{port}" for proc, port in zip(group, rpc))
+    raft_peers = ";".join(f"{proc.node_id}-127.0.0.1:{port}" for proc, port in zip(group, raft))
+    for proc in group:
+        proc.config.update(controller_peers=peers, raft_peers=raft_peers)
+        if again and Path(proc.config["controller_store_path"]).is_relative_to(proc.workdir):
+            shutil.rmtree(proc.config["controller_store_path"], ignore_errors=True)
+    return {*rpc, *raft}
 
 
 def controller_config(workdir: Path, *, self_id: str, peers: str, raft_peers: str,

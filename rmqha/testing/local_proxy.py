@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rmqha.testing.local_cluster import DEFAULT_TIMEOUT, Cluster, Process, free_port, port_open
+from rmqha.testing.local_cluster import DEFAULT_TIMEOUT, Cluster, PortChoice, Process, free_port
 
 
 class ProxyProc(Process):
@@ -24,17 +24,30 @@ class ProxyProc(Process):
     def ports(self) -> list[int]:
         return [int(self.config["grpc_server_port"]), *super().ports()]
 
+    def picked_ports(self) -> set[int]:
+        """The port :meth:`choose_ports` picks, as the config has it now."""
+        return {int(self.config["grpc_server_port"])}
+
+    def choose_ports(self) -> set[int]:
+        """A fresh gRPC port, written into its config; the port chosen."""
+        self.config["grpc_server_port"] = free_port()
+        return self.picked_ports()
+
 
 def start_proxy(cluster: Cluster, *, timeout: float = DEFAULT_TIMEOUT, **config: Any) -> ProxyProc:
     """Start a proxy for ``cluster`` (``config`` adds or overrides proxy keys) and wait
-    until its gRPC port accepts connections."""
+    until its gRPC port accepts connections.  A gRPC port it chose moves if another
+    process takes it first (:class:`~rmqha.testing.local_cluster.PortChoice`)."""
+    chosen = "grpc_server_port" not in config
     full = {"namesrv_addr": ";".join(cluster.namesrv_addresses),
             "rocketmq_cluster_name": cluster.cluster_name,
-            "grpc_server_port": free_port(), **config}
+            "grpc_server_port": free_port() if chosen else 0, **config}
     name = f"proxy{len(cluster.processes)}"
     proc = ProxyProc(cluster, name, "proxy", full, cluster.base_dir / name)
+    if chosen:
+        PortChoice([proc], proc.picked_ports(), proc.choose_ports)
     cluster.processes.append(proc)
     proc.start()
-    cluster.wait_for(lambda: port_open(proc.address), timeout, what=f"{proc.name} listening",
+    cluster.wait_for(lambda: proc.listens(proc.address), timeout, what=f"{proc.name} listening",
                      process=proc)
     return proc

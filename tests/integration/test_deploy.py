@@ -516,7 +516,7 @@ def test_deploy_configs_start_a_cluster_and_a_rescheduled_broker_keeps_its_id(tm
             proc.env["RMQHA_CLUSTER_SECRET"] = secret
             proc.env.update(_compose_certs(f"controller-{i}"))
             proc.start()
-        c.wait_for(lambda: c.controller_leader() is not None, what="a controller leader")
+        c.wait_controllers(ctrls)
         c.start_namesrv(**{var[len("RMQHA_"):].lower(): path
                            for var, path in _compose_certs("namesrv").items()})
         brokers = []

@@ -5,20 +5,34 @@
 - ``close`` also kills a child started for the cluster that no Process holds (what a
   Ctrl-C inside ``Popen`` leaves behind), even one scanned while its exec is unfinished
   and its command line still empty;
-- a wait that cannot succeed fails with LocalClusterError carrying the processes' logs.
+- a wait that cannot succeed fails with LocalClusterError carrying the processes' logs;
+- a controller, name server or broker whose chosen port another process took before it
+  bound it starts again on fresh ports (PORT_CLASH_RETRIES starts in all); a port the
+  caller gave is waited for while taken and never moves.
 """
 from __future__ import annotations
 
 import socket
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from rmqha.errors import LocalClusterError
 from rmqha.testing import local_cluster
-from rmqha.testing.local_cluster import Cluster, _children_naming, port_open
+from rmqha.testing.local_cluster import (
+    PORT_TAKEN,
+    BrokerProc,
+    Cluster,
+    ControllerProc,
+    NamesrvProc,
+    _children_naming,
+    free_port,
+    port_open,
+)
 
 
 def test_stop_all_leaves_no_process_and_no_port(tmp_path: Path) -> None:
@@ -65,30 +79,91 @@ def test_failed_wait_names_what_and_shows_logs(tmp_path: Path) -> None:
         assert "the impossible" in text and ns.name in text and str(ns.log_path) in text
 
 
-def test_a_controller_whose_port_was_taken_is_started_again_on_fresh_ports(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Another process binds a port between its choice and the controller's bind (workers
-    share 127.0.0.1): the group starts again on fresh ports instead of waiting out its
-    deadline for a leader that cannot come.  Without the retry (the negative control) the
-    same start fails."""
-    taken = socket.socket()
-    taken.bind(("127.0.0.1", 0))
-    taken.listen()
-    port = taken.getsockname()[1]
-    real = local_cluster.free_port
-    handed = iter([port])
+#: How each kind of process is started; a broker needs a controller first.
+STARTS: dict[str, Callable[[Cluster], ControllerProc | NamesrvProc | BrokerProc]] = {
+    "controller": lambda c: c.start_controllers(1)[0],
+    "controller group": lambda c: c.start_controllers(3)[0],  # the others move with it
+    "namesrv": lambda c: c.start_namesrv(),
+    "broker": lambda c: c.start_broker(),
+}
+NEEDS: dict[str, Callable[[Cluster], object]] = {"broker": lambda c: c.start_controllers(1)}
+real_bindable = local_cluster._bindable
 
-    def first_one_taken(count: int = 1) -> int:
-        return next(handed, None) or real(count)
 
-    try:
-        monkeypatch.setattr(local_cluster, "free_port", first_one_taken)
+@contextmanager
+def holding(port: int = 0) -> Iterator[tuple[int, Callable[[], None]]]:
+    """Another process's socket listening on ``port`` (0: a free one): (its port, a
+    release), held until released or the block ends."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+        yield sock.getsockname()[1], sock.close
+
+
+def hand_out_first(monkeypatch: pytest.MonkeyPatch, port: int) -> None:
+    """The harness's next port choice is ``port`` (as if another worker bound it after
+    the choice); the ones after are free as usual."""
+    real, handed = free_port, iter([port])
+    monkeypatch.setattr(local_cluster, "free_port", lambda count=1: next(handed, None) or real(count))
+
+
+@pytest.mark.parametrize("kind", list(STARTS))
+def test_a_process_whose_port_was_taken_is_started_again_on_fresh_ports(
+        kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process binds a port between its choice and the bind of the process it was
+    chosen for (workers share 127.0.0.1): the process (a controller: its whole group) is
+    started again on fresh ports instead of failing the test.  Without the retry (the
+    negative control) the same start fails, naming the clash."""
+    with holding() as (port, _):
         with Cluster(tmp_path / "retry") as c:
-            (ctl,) = c.start_controllers(1)
-            assert ctl.alive and port_open(ctl.address) and not ctl.address.endswith(f":{port}")
-        handed = iter([port])
+            NEEDS.get(kind, lambda c: None)(c)
+            hand_out_first(monkeypatch, port)
+            proc = STARTS[kind](c)
+            assert proc.listens(proc.address) and port not in proc.ports()
+            assert proc.starts == 2 and proc.log_contains(f"127.0.0.1:{port} {PORT_TAKEN}")
+            assert all(node.listens(node.address) and node.starts == 2 for node in c.controllers[1:])
         monkeypatch.setattr(local_cluster, "PORT_CLASH_RETRIES", 1)
-        with Cluster(tmp_path / "once") as c, pytest.raises(LocalClusterError, match="port taken"):
-            c.start_controllers(1)
-    finally:
-        taken.close()
+        with Cluster(tmp_path / "once") as c:
+            NEEDS.get(kind, lambda c: None)(c)
+            hand_out_first(monkeypatch, port)
+            with pytest.raises(LocalClusterError, match=f"found a port taken \\(the last: {port}\\)"):
+                STARTS[kind](c)
+
+
+def test_a_port_given_is_waited_for_and_never_moves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A start on ports the caller gave (here a restart on the same port) waits while
+    another process holds one, then starts there; held for good, the start fails naming
+    the port, and the process stays where it was put (the negative control)."""
+    with Cluster(tmp_path) as c:
+        ns = c.start_namesrv()
+        address, port = ns.address, ns.ports()[0]
+        ns.kill()
+        with holding(port) as (_, release):
+            seen_taken = release_when_seen_taken(monkeypatch, port, release)
+            ns.start()
+        assert seen_taken == [port]
+        c.wait_for(lambda: port_open(address), what="the name server back on its port", process=ns)
+        assert ns.address == address and ns.starts == 2
+        ns.kill()
+        monkeypatch.setattr(local_cluster, "_bindable", real_bindable)
+        monkeypatch.setattr(local_cluster, "PORT_FREE_TIMEOUT", 0.3)
+        with holding(port), pytest.raises(LocalClusterError, match=rf"port\(s\) \[{port}\] .* still taken"):
+            ns.start()
+        assert ns.address == address and ns.starts == 2 and not ns.alive
+
+
+def release_when_seen_taken(monkeypatch: pytest.MonkeyPatch, port: int,
+                            release: Callable[[], None]) -> list[int]:
+    """The holder of ``port`` lets go once the harness has found it taken; the ports it
+    found taken, in order."""
+    seen: list[int] = []
+
+    def bindable(p: int, host: str = "127.0.0.1", *, reuse: bool = False) -> bool:
+        free = real_bindable(p, host, reuse=reuse)
+        if not free:
+            seen.append(p)
+            release()
+        return free
+
+    monkeypatch.setattr(local_cluster, "_bindable", bindable)
+    return seen
