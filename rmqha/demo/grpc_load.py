@@ -54,7 +54,6 @@ from rmqha.demo.cluster import (
 )
 from rmqha.errors import RmqhaError
 from rmqha.net.loop import EventLoopThread
-from rmqha.security import certs
 from rmqha.security.identity import Identity
 from rmqha.security.tls import ClientAuth
 from rmqha.testing.local_proxy import ProxyProc, start_proxy
@@ -107,7 +106,7 @@ def client_missing() -> str | None:
 def proxy_keys(sec: SecureSetup) -> dict[str, Any]:
     """The proxy's config in the secured demo (see the module docstring); issues its
     certificate."""
-    certs.issue(sec.pki, PROXY, ips=["127.0.0.1"], dns=["localhost"])
+    sec.issue(PROXY, ips=["127.0.0.1"], dns=["localhost"])
     keys = config_keys(process_tls(sec.pki, PROXY))
     # The official client has no certificate to present: its account is checked instead.
     keys["tls_server_need_client_auth"] = ClientAuth.NONE.value

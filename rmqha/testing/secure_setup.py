@@ -32,7 +32,6 @@ from rmqha.net.client_security import ClientSecurity, Credentials, client_contex
 from rmqha.protocol.codes import RequestCode
 from rmqha.protocol.command import FrameDecoder, RemotingCommand, encode
 from rmqha.protocol.request_auth import SIGNATURE_FIELD
-from rmqha.security import certs
 from rmqha.security.identity import Identity
 from rmqha.security.tls import TlsSettings
 from rmqha.testing.tls_keys import client_tls, config_keys, process_tls
@@ -88,22 +87,31 @@ class SecureSetup:
              controllers: int = 1, admin_key: str = "cluster-admin") -> SecureSetup:
         directory.mkdir(parents=True, exist_ok=True)
         pki = directory / "pki"
+        # Imported here: certs loads cryptography, and `rmqha`'s parser imports the demo.
+        from rmqha.security import certs
         certs.dev_cluster(pki, cluster=cluster, controllers=controllers, groups=groups, namesrv=1)
         setup = cls(pki, directory / "plain_acl.yml", cluster, app, Account.new(admin_key, admin=True))
         setup.acl_file.write_text(setup.acl_text())
         return setup
+
+    def issue(self, identity: Identity, *, ips: Sequence[str] = (), dns: Sequence[str] = ()) -> None:
+        """A certificate from this setup's CA for one more process (the demo's proxy)."""
+        from rmqha.security import certs  # (see make)
+        certs.issue(self.pki, identity, ips=list(ips), dns=list(dns))
 
     def acl_text(self) -> str:
         return "accounts:\n" + self.admin.entry() + self.app.entry()
 
     @property
     def ca(self) -> str:
-        return str(self.pki / certs.CA_CERT)
+        from rmqha.security.certs import CA_CERT  # (see make)
+        return str(self.pki / CA_CERT)
 
     @property
     def cluster_secret(self) -> str:
         """The secret ``dev_cluster`` wrote beside the certificates."""
-        return (self.pki / certs.SECRET_FILE).read_text(encoding="utf-8").strip()
+        from rmqha.security.certs import SECRET_FILE  # (see make)
+        return (self.pki / SECRET_FILE).read_text(encoding="utf-8").strip()
 
     def process_keys(self, identity: Identity) -> dict[str, Any]:
         """A process's config: enforcing mutual TLS on its port, TLS with its pair on its links."""

@@ -10,9 +10,15 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from rmqha.security import certs
 from rmqha.security.identity import Identity
 from rmqha.security.tls import ClientAuth, TlsMode, TlsSettings
+
+
+def _ca(pki: Path) -> Path:
+    # rmqha.security.certs loads cryptography: imported when used, so `rmqha`'s parser
+    # (which shows the demo's docstring, and the demo uses this module) starts without it.
+    from rmqha.security.certs import CA_CERT
+    return pki / CA_CERT
 
 
 def _pair(pki: Path, identity: Identity) -> tuple[str, str]:
@@ -27,14 +33,14 @@ def server_tls(pki: Path, identity: Identity, ca: Path | None = None, *,
     directory's own CA by default)."""
     cert, key = _pair(pki, identity)
     return TlsSettings(server_mode=mode, server_cert_path=cert, server_key_path=key,
-                       server_trust_cert_path=str(ca or pki / certs.CA_CERT),
+                       server_trust_cert_path=str(ca or _ca(pki)),
                        server_need_client_auth=client_auth)
 
 
 def client_tls(pki: Path, identity: Identity | None, ca: Path | None = None) -> TlsSettings:
     """A client's settings: ``identity``'s pair from ``pki`` (None: no certificate),
     servers checked against ``ca`` (the directory's own CA by default)."""
-    trust = str(ca or pki / certs.CA_CERT)
+    trust = str(ca or _ca(pki))
     if identity is None:
         return TlsSettings(client_enable=True, client_trust_cert_path=trust)
     cert, key = _pair(pki, identity)
