@@ -58,6 +58,7 @@ from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport
 
 from rmqha.errors import AuthenticationError, ConfigError, PeerIdentityError
+from rmqha.net.memory_tls import drain
 from rmqha.security.identity import Identity, Role
 from rmqha.security.tls import ReloadingContext, TlsSettings, require_peer
 
@@ -214,14 +215,7 @@ class TlsSocket:
         """Hand what TLS wrote and the backlog to the socket; True when all went."""
         if self._outgoing.pending:
             self._backlog += self._outgoing.read()
-        backlog = self._backlog
-        while backlog:
-            try:
-                n = self.sock.send(backlog)
-            except (BlockingIOError, InterruptedError):
-                return False
-            del backlog[:n]
-        return True
+        return drain(self.sock, self._backlog)
 
     @property
     def backlog(self) -> int:

@@ -40,6 +40,7 @@ from typing import Any
 
 from rmqha.errors import AuthenticationError, ConfigError, PeerIdentityError
 from rmqha.ha.link import FileRange, Link, LinkClosed, LinkTimeout
+from rmqha.net.memory_tls import drain
 from rmqha.net.peer_check import Need
 from rmqha.security.identity import Identity
 from rmqha.security.tls import ReloadingContext, TlsSettings, peer_identity
@@ -181,14 +182,7 @@ class _TlsStream:
                 self.backlog += memoryview(cipher)[n:]
                 return False
             self.backlog += cipher
-        backlog = self.backlog
-        while backlog:
-            try:
-                n = self.sock.send(backlog)
-            except (BlockingIOError, InterruptedError):
-                return False
-            del backlog[:n]
-        return True
+        return drain(self.sock, self.backlog)
 
     # --- receive -------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ wrapped socket (``server_hostname`` given to the handshake).
 """
 from __future__ import annotations
 
+import socket
 import ssl
 
 from rmqha.errors import RemotingError
@@ -90,3 +91,16 @@ class MemoryTls:
     def version(self) -> str | None:
         """The TLS version agreed (None before the handshake)."""
         return self._tls.version()
+
+
+def drain(sock: socket.socket, backlog: bytearray) -> bool:
+    """Send ``backlog`` (records a non-blocking socket did not take yet) until it is empty
+    (True) or the socket is full (False); what went is cut from its front.  The TLS layers
+    over non-blocking sockets (the HA links', Raft's) keep such a backlog."""
+    while backlog:
+        try:
+            n = sock.send(backlog)
+        except (BlockingIOError, InterruptedError):
+            return False
+        del backlog[:n]
+    return True
