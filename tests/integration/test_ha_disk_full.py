@@ -118,7 +118,7 @@ async def _disk_full_scenario(tmp_path: Path, store) -> Seen:
                 seen.sessions_while_full = s.sessions - sessions
                 seen.full_status = s.status()
                 seen.full_metric = slave_disk_full(SimpleNamespace(ha_slave=s))
-                assert scl.max_offset == full_at < mcl.max_offset
+                assert scl.max_offset == full_at < mcl.max_offset, (scl.max_offset, full_at, mcl.max_offset)
                 free_space()
                 started = time.monotonic()
                 await wait_until_async(lambda: scl.max_offset == mcl.max_offset, 20, "catch-up once space is back")
@@ -143,16 +143,17 @@ def test_full_disk_is_logged_once_backed_off_reported_and_left_by_itself(
     st = seen.full_status
     assert st["disk_full"] is True and st["disk_full_refusals"] >= 2, st
     assert st["disk_full_ms"] >= FULL_FOR_S * 1000 * 0.9, st
-    assert "No space left on device" in st["last_error"]
-    assert seen.full_metric == 1.0
+    assert "No space left on device" in st["last_error"], st
+    assert seen.full_metric == 1.0, seen
     # Left by itself once space came back, within a backoff or so.
-    assert seen.catch_up_s < RECONNECT_MAX_MS / 1000 + 10
-    assert seen.after_status["disk_full"] is False and seen.after_status["disk_full_refusals"] == 0
-    assert seen.after_metric == 0.0
+    assert seen.catch_up_s < RECONNECT_MAX_MS / 1000 + 10, seen
+    assert seen.after_status["disk_full"] is False and seen.after_status["disk_full_refusals"] == 0, seen
+    assert seen.after_metric == 0.0, seen
     # One WARNING for the whole episode, one INFO for its end.
     warnings = _slave_log(caplog, logging.WARNING)
     assert len(warnings) == 1 and "disk full at offset" in warnings[0], warnings
-    assert len([m for m in _slave_log(caplog, logging.INFO) if "disk space is back" in m]) == 1
+    backs = [m for m in _slave_log(caplog, logging.INFO) if "disk space is back" in m]
+    assert len(backs) == 1, backs
 
 
 def test_negative_control_without_the_handling_the_checks_fire(tmp_path, caplog, monkeypatch) -> None:
