@@ -132,7 +132,7 @@ bench-peers: build
 		$(SUDO) apt-get update && DEBIAN_FRONTEND=noninteractive \
 		$(SUDO) apt-get install -y --no-install-recommends $$missing; fi
 	$(PY) -m pip install --quiet -e '.[dev,spark,peers]'
-	$(PY) benches/bench_peers.py --write-into docs/benchmarks.md --flush-sync $(PEERS_ARGS)
+	$(PY) benches/bench_peers.py --write-into docs/benchmarks.md --flush-sync --security $(PEERS_ARGS)
 
 # Ingest new pytest-benchmark runs from .benchmarks, analyse, write reports/trends/report.html.
 # Gate a CI run with TRENDS_ARGS="--fail-on-regression" (exit codes: see docs/benchmarks.md).

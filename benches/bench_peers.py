@@ -8,7 +8,7 @@ run this with ``.venv-rmq5/bin/python`` then (the peers' clients go there too if
 ``make bench-peers`` installs what is missing and runs this; by hand::
 
     .venv/bin/python benches/bench_peers.py [--systems rmqha,nats,redis,rabbitmq]
-        [--scale 1.0] [--write-into docs/benchmarks.md] [--flush-sync] [--security]
+        [--scale 1.0] [--write-into docs/benchmarks.md] [--flush-sync] [--[no-]security]
 
 Every workload runs on every system before the next workload starts (round robin), so
 machine noise hits all of them alike.  1 KiB bodies; "copies" is how many servers hold a
@@ -19,8 +19,9 @@ end, also on errors and Ctrl-C.
 
 ``--security`` then measures what rmqha's security costs (``peers/security_cost.py``): the
 3-copy produce workloads with mutual TLS and ACL signatures on, beside the same cluster
-with them off, into the ``security-table`` markers.  ``--systems none`` skips the peers
-(``make bench-peers PEERS_ARGS="--systems none --security"`` runs only that).
+with them off, and one master kill on each, into the ``security-table`` markers.
+``make bench-peers`` runs both tables; ``PEERS_ARGS="--systems none"`` only the security
+one, ``PEERS_ARGS="--no-security"`` only the peers.
 """
 from __future__ import annotations
 
@@ -239,8 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--proxy", action="store_true",
                     help="also rmqha through `rmqha proxy` with RocketMQ 5's Python client "
                          "(run with .venv-rmq5/bin/python)")
-    ap.add_argument("--security", action="store_true",
-                    help="also measure rmqha's produce workloads with TLS + ACL on vs off")
+    ap.add_argument("--security", action=argparse.BooleanOptionalAction, default=False,
+                    help="also measure rmqha's produce workloads and failover with TLS + ACL "
+                         "on vs off (make bench-peers: on)")
     ap.add_argument("--security-rounds", type=int, default=security_cost.ROUNDS,
                     help="rounds per workload of --security (the side going first alternates)")
     args = ap.parse_args(argv)
