@@ -276,15 +276,8 @@ def test_slave_apply_read(benchmark: Any, tmp_path: Any, monkeypatch: Any, path:
     over ``extra_info["blocks_per_read"]``."""
     from rmqha._core import load_twin
     from rmqha.ha import receive
-    from rmqha.ha.appender import BlockAppender
-    from rmqha.ha.auth import Proof
-    from rmqha.ha.dialects import FramedSlave
-    from rmqha.ha.disk_full import DiskFullWatch
     from rmqha.ha.link import RecvBuffer
-    from rmqha.ha.slave_epochs import EpochWriter
-    from rmqha.ha.slave_state import ConfirmTracker, SlaveProgress
-    from rmqha.ha.truncation import Truncator
-    from rmqha.testing.ha import replica_stores
+    from rmqha.testing.ha import replica_stores, slave_receive
 
     describe(benchmark, path, message_bytes=MESSAGE_BYTES, batch=blocks, replicas=2)
     benchmark.extra_info["blocks_per_read"] = blocks
@@ -299,14 +292,8 @@ def test_slave_apply_read(benchmark: Any, tmp_path: Any, monkeypatch: Any, path:
             rcl.append_batch("bench", [bytes([i & 0xFF]) * MESSAGE_BYTES])
             records.append((start, rcl.max_offset - start))
         master_mac, slave_mac = _link_macs() if authenticated else (None, None)
-        codec = FramedSlave(CFG.max_frame_bytes)
-        if slave_mac is not None:
-            codec.authenticate(Proof(slave_mac.peer, slave_mac))
-        progress, confirm, epochs = SlaveProgress(), ConfirmTracker(None), EpochWriter(sem, 2)
-        appender = BlockAppender(scl, epochs, Truncator(scl, sem, 2, progress, confirm, None), progress, confirm,
-                                 DiskFullWatch(2), protocol="framed", master="bench", master_pairs=[(1, 0)])
-        receiver = receive.Receiver(None, codec, appender, config=CFG, epochs=epochs,  # type: ignore[arg-type]
-                                    confirm=confirm, progress=progress)
+        slave = slave_receive(scl, sem, CFG, mac=slave_mac, master="bench")
+        receiver, epochs = slave.receiver, slave.epochs
         if path == "general":
             monkeypatch.setattr(receiver, "_apply_run", lambda rb: None)
         rb = RecvBuffer(1 << 20)
@@ -338,27 +325,6 @@ def test_slave_apply_read(benchmark: Any, tmp_path: Any, monkeypatch: Any, path:
         epochs.close()
 
 
-class _LoneBlockLink:
-    """A link stand-in for :func:`test_slave_live_step`: each read hands over one prepared
-    frame, each send is taken whole."""
-
-    recv_bytes = 1 << 20
-
-    def __init__(self) -> None:
-        self.frame = b""
-        self.acks = 0
-
-    def try_recv_into(self, view: memoryview) -> int:
-        n = len(self.frame)
-        view[:n] = self.frame
-        self.frame = b""
-        return n
-
-    def try_send(self, buffers: Any) -> list[memoryview]:
-        self.acks += 1
-        return []
-
-
 @pytest.mark.benchmark(group="replication-slave-live-step")
 @pytest.mark.parametrize("authenticated", [True, False], ids=["mac", "no-mac"])
 @pytest.mark.parametrize("path", ["cython", "python", "general"])
@@ -369,15 +335,8 @@ def test_slave_live_step(benchmark: Any, tmp_path: Any, monkeypatch: Any, path: 
     a TLS link's slave does above its TLS layer (frames bare)."""
     from rmqha._core import load_twin
     from rmqha.ha import receive
-    from rmqha.ha.appender import BlockAppender
-    from rmqha.ha.auth import Proof
-    from rmqha.ha.dialects import FramedSlave
-    from rmqha.ha.disk_full import DiskFullWatch
     from rmqha.ha.link import RecvBuffer
-    from rmqha.ha.slave_epochs import EpochWriter
-    from rmqha.ha.slave_state import ConfirmTracker, SlaveProgress
-    from rmqha.ha.truncation import Truncator
-    from rmqha.testing.ha import replica_stores
+    from rmqha.testing.ha import OneReadLink, replica_stores, slave_receive
 
     describe(benchmark, path, message_bytes=MESSAGE_BYTES, batch=1, replicas=2)
     benchmark.extra_info["authenticated"] = authenticated
@@ -395,15 +354,9 @@ def test_slave_live_step(benchmark: Any, tmp_path: Any, monkeypatch: Any, path: 
             data = rcl.read(start, rcl.max_offset - start)
             header = pack(start, 0, start, len(data), 1)
             frames.append(header + data + (master_mac.block_tag(header, data) if master_mac is not None else b""))
-        codec = FramedSlave(CFG.max_frame_bytes)
-        if slave_mac is not None:
-            codec.authenticate(Proof(slave_mac.peer, slave_mac))
-        progress, confirm, epochs = SlaveProgress(), ConfirmTracker(None), EpochWriter(sem, 2)
-        appender = BlockAppender(scl, epochs, Truncator(scl, sem, 2, progress, confirm, None), progress, confirm,
-                                 DiskFullWatch(2), protocol="framed", master="bench", master_pairs=[(1, 0)])
-        link = _LoneBlockLink()
-        receiver = receive.Receiver(link, codec, appender, config=CFG, epochs=epochs,  # type: ignore[arg-type]
-                                    confirm=confirm, progress=progress)
+        link = OneReadLink()
+        slave = slave_receive(scl, sem, CFG, mac=slave_mac, link=link, master="bench")
+        receiver, epochs = slave.receiver, slave.epochs
         receiver._unsent_ack = []
         if path == "general":
             monkeypatch.setattr(receiver, "_apply_run", lambda rb: None)
@@ -412,9 +365,9 @@ def test_slave_live_step(benchmark: Any, tmp_path: Any, monkeypatch: Any, path: 
         taken = iter(frames)
 
         def a_read() -> tuple[tuple[Any, ...], dict[str, Any]]:
-            link.frame = next(taken)
+            link.feed = next(taken)
             return (), {}
 
         benchmark.pedantic(lambda: step(rb), setup=a_read, rounds=APPLY_ROUNDS, iterations=1, warmup_rounds=0)
-        assert link.acks == APPLY_ROUNDS and scl.max_offset == starts[APPLY_ROUNDS]
+        assert len(link.sent) == APPLY_ROUNDS and scl.max_offset == starts[APPLY_ROUNDS]
         epochs.close()

@@ -11,6 +11,8 @@
   authenticated with :data:`TEST_SECRET` unless told ``auth=None``;
   :func:`master_running`, :func:`slave_running` and :func:`scripted_master` start one
   side of a link and always stop it (``async with``, slave before master);
+* :func:`slave_receive` / :class:`OneReadLink`: a slave's receive path over one store with
+  no HA slave around it, and a link that hands it one prepared read at a time;
 * :class:`SyncStateAuthority`: the controller's SyncStateSet rules (master id and epoch
   fencing, set epochs) in memory, for testing the master's proposals without a controller;
 * :class:`NodeProcess`: a ``python -m rmqha.ha.node`` child process driven over stdio;
@@ -33,10 +35,18 @@ from pathlib import Path
 from typing import Any
 
 from rmqha.errors import AuthenticationError, ControllerError
-from rmqha.ha.auth import HAAuth
+from rmqha.ha.appender import BlockAppender
+from rmqha.ha.auth import HAAuth, Proof
 from rmqha.ha.config import HAConfig
+from rmqha.ha.dialects import FramedSlave
+from rmqha.ha.disk_full import DiskFullWatch
+from rmqha.ha.frame_mac import FrameMac
 from rmqha.ha.master import HAMaster
+from rmqha.ha.receive import Receiver
 from rmqha.ha.slave import HASlave
+from rmqha.ha.slave_epochs import EpochWriter
+from rmqha.ha.slave_state import ConfirmTracker, SlaveProgress
+from rmqha.ha.truncation import Truncator
 from rmqha.security.identity import Identity
 from rmqha.security.secret import ENV_SECRET, ENV_SECRET_FILE, ClusterSecret, generate_secret_text
 from rmqha.store import CommitLog, EpochMap
@@ -246,6 +256,55 @@ async def read_frames(reader: Any, decoder: Any, got: list[Any], count: int) -> 
 
 # --- the controller's SyncStateSet rules, in memory ----------------------------------------------
 
+
+
+@dataclass
+class SlaveReceive:
+    """A slave's receive path (:class:`~rmqha.ha.receive.Receiver`) and the state it shares
+    with its appender, as :func:`slave_receive` built them."""
+
+    receiver: Receiver
+    epochs: EpochWriter
+    confirm: ConfirmTracker
+    progress: SlaveProgress
+
+
+def slave_receive(cl: CommitLog, em: EpochMap, config: HAConfig, *, mac: FrameMac | None = None,
+                  link: Any = None, master: str = "m") -> SlaveReceive:
+    """Broker 2's receive path of framed blocks into ``cl`` / ``em`` from master 1 (epoch 1
+    from offset 0), frames checked with ``mac`` when given: what tests and benches of the
+    receive path drive by hand, with no HA slave around it."""
+    codec = FramedSlave(config.max_frame_bytes)
+    if mac is not None:
+        codec.authenticate(Proof(mac.peer, mac))
+    progress, confirm, epochs = SlaveProgress(), ConfirmTracker(None), EpochWriter(em, 2)
+    appender = BlockAppender(cl, epochs, Truncator(cl, em, 2, progress, confirm, None), progress, confirm,
+                             DiskFullWatch(2), protocol="framed", master=master, master_pairs=[(1, 0)])
+    receiver = Receiver(link, codec, appender, config=config, epochs=epochs, confirm=confirm,
+                        progress=progress)
+    return SlaveReceive(receiver, epochs, confirm, progress)
+
+
+class OneReadLink:
+    """A link for a slave's reader callback driven by hand: each read hands over what
+    ``feed`` holds (then nothing until it is set again); each send is taken whole and kept
+    in ``sent``."""
+
+    recv_bytes = 1 << 20
+
+    def __init__(self) -> None:
+        self.feed = b""
+        self.sent: list[bytes] = []
+
+    def try_recv_into(self, view: memoryview) -> int:
+        n = len(self.feed)
+        view[:n] = self.feed
+        self.feed = b""
+        return n
+
+    def try_send(self, buffers: Any) -> list[memoryview]:
+        self.sent.append(b"".join(bytes(b) for b in buffers))
+        return []
 
 @dataclass
 class SyncStateAuthority:

@@ -17,20 +17,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rmqha.ha import frames, receive
-from rmqha.ha.appender import BlockAppender
-from rmqha.ha.auth import Proof
+from rmqha.ha import frames
 from rmqha.ha.config import HAConfig
-from rmqha.ha.dialects import FramedSlave
-from rmqha.ha.disk_full import DiskFullWatch
 from rmqha.ha.frame_mac import FrameMac
 from rmqha.ha.link import RecvBuffer
-from rmqha.ha.slave_epochs import EpochWriter
-from rmqha.ha.slave_state import ConfirmTracker, SlaveProgress
-from rmqha.ha.truncation import Truncator
 from rmqha.security.identity import Identity
 from rmqha.security.link_auth import FrameOpener, FrameSealer, LinkSession
-from rmqha.testing.ha import replica_stores, store_digest
+from rmqha.testing.ha import OneReadLink, replica_stores, slave_receive, store_digest
 
 SEG = 1 << 20
 CFG = HAConfig(max_frame_bytes=1 << 20)
@@ -90,20 +83,13 @@ def _read(kinds: list[str], records: list[tuple[int, bytes]], torn: int, mac: Fr
 def _slave(directory: str, mac: FrameMac | None, general: bool) -> Iterator[tuple[Any, ...]]:
     with replica_stores(directory, SEG, "s") as [(scl, sem)]:
         sem.append(1, 0)
-        codec = FramedSlave(CFG.max_frame_bytes)
-        if mac is not None:
-            codec.authenticate(Proof(mac.peer, mac))
-        progress, confirm, epochs = SlaveProgress(), ConfirmTracker(None), EpochWriter(sem, 2)
-        appender = BlockAppender(scl, epochs, Truncator(scl, sem, 2, progress, confirm, None), progress, confirm,
-                                 DiskFullWatch(2), protocol="framed", master="m", master_pairs=[(1, 0)])
-        receiver = receive.Receiver(None, codec, appender, config=CFG, epochs=epochs,  # type: ignore[arg-type]
-                                    confirm=confirm, progress=progress)
+        s = slave_receive(scl, sem, CFG, mac=mac)
         if general:
-            receiver._apply_run = lambda rb: None  # type: ignore[method-assign]
+            s.receiver._apply_run = lambda rb: None  # type: ignore[method-assign]
         try:
-            yield receiver, scl, sem, epochs, confirm, progress
+            yield s.receiver, scl, sem, s.epochs, s.confirm, s.progress
         finally:
-            epochs.settle_now()
+            s.epochs.settle_now()
 
 
 def _outcome(read: bytes, directory: str, authenticated: bool, general: bool) -> tuple[Any, ...]:
@@ -147,27 +133,6 @@ def test_the_comparison_can_fail(reference: list[tuple[int, bytes]], monkeypatch
     assert general[0][0] == "AuthenticationError"
 
 
-class _OneReadLink:
-    """The link of :func:`test_lone_blocks_through_the_reader_callback`: each read hands
-    over what ``feed`` holds; sends are kept."""
-
-    recv_bytes = 1 << 20
-
-    def __init__(self) -> None:
-        self.feed = b""
-        self.sent: list[bytes] = []
-
-    def try_recv_into(self, view: memoryview) -> int:
-        n = len(self.feed)
-        view[:n] = self.feed
-        self.feed = b""
-        return n
-
-    def try_send(self, buffers: Any) -> list[memoryview]:
-        self.sent.append(b"".join(bytes(b) for b in buffers))
-        return []
-
-
 @pytest.mark.parametrize("authenticated", [True, False], ids=["mac", "bare"])
 def test_lone_blocks_through_the_reader_callback(reference: list[tuple[int, bytes]], tmp_path: Any,
                                                  authenticated: bool) -> None:
@@ -188,7 +153,7 @@ def test_lone_reads_see_a_tag_left_unchecked(reference: list[tuple[int, bytes]],
 
 def _lone_reads(reference: list[tuple[int, bytes]], directory: str, authenticated: bool) -> None:
     master, slave = _macs() if authenticated else (None, None)
-    link = _OneReadLink()
+    link = OneReadLink()
     with _slave(directory, slave, general=False) as (receiver, scl, _, _, _, progress):
         receiver.link = link
         receiver._acked, receiver._unsent_ack = -1, []
@@ -216,7 +181,7 @@ def test_a_lone_block_after_an_epoch_change_is_acked_under_the_new_epoch(referen
     """The block opening epoch 2 hands the ack to the task (its entry is being written);
     once written, the next lone block's ack carries epoch 2."""
     master, slave = _macs() if authenticated else (None, None)
-    link = _OneReadLink()
+    link = OneReadLink()
     with _slave(str(tmp_path), slave, general=False) as (receiver, scl, sem, epochs, _, _):
         receiver.link = link
         receiver._acked, receiver._unsent_ack = -1, []
