@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rmqha-installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv build browser lint test test-proxy test-pure demo demo-grpc bench bench-quick bench-proxy bench-peers trends chaos soak wheel-check clean
+.PHONY: all venv build browser lint test test-proxy test-interop interop-build test-pure demo demo-grpc bench bench-quick bench-proxy bench-peers trends chaos soak wheel-check clean
 
 all: build
 
@@ -91,6 +91,17 @@ bench-proxy: $(PROXY_STAMP)
 	$(PROXY_PY) -m pip install --quiet "pytest-benchmark>=5"
 	$(PROXY_PY) -m pytest benches/bench_proxy.py --benchmark-only --benchmark-autosave \
 		--benchmark-storage=file://.benchmarks --benchmark-disable-gc -s $(BENCH_ARGS)
+
+# RocketMQ's own Java clients and mqadmin against rmqha (tests/interop): Maven resolves the
+# versions pinned in interop/pom.xml into ~/.m2 and writes interop/target/classpath.txt; the
+# Python tests start real clusters and run the Java drivers as processes.  Needs Java 17 and
+# Maven (on the machines this project runs on); .ci/run runs it after `make test`.
+MVN ?= mvn
+interop-build:
+	cd interop && $(MVN) -B -q package
+
+test-interop: build interop-build
+	$(PY) -m pytest -p no:cacheprovider tests/interop $(PYTEST_ARGS)
 
 # The same suite with the pure-Python twins forced.
 test-pure: build browser

@@ -69,4 +69,4 @@ os.environ.setdefault("PYTHONHASHSEED", "0")
 
 # The proxy's tests need the RocketMQ 5 client, which clashes with this venv's rocketmq
 # 0.4.4: `make test-proxy` runs them in their own venv (with --confcutdir=tests/proxy).
-collect_ignore = ["proxy"]
+collect_ignore = ["proxy", "interop"]
