@@ -34,9 +34,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import needs
 import pytest
 
-yaml = pytest.importorskip("yaml")
+yaml = needs.module("yaml", "PyYAML (dev extra)", module_level=True)
 
 from cluster import QUICK_BROKER, QUICK_CONTROLLER, QUICK_NAMESRV, Cluster  # noqa: E402
 

@@ -165,10 +165,11 @@ if __name__ == "__main__":
 
 # --- tests (in-process brokers) ---------------------------------------------------------------
 
-rocketmq = pytest.importorskip("rocketmq.client",
-                               reason="official client (rocketmq 0.4.4) not installed")
+import needs  # noqa: E402  (tests/support is on the path under pytest, not in the driver)
 
-from test_messaging import Env  # noqa: E402  (after the importorskip on purpose)
+rocketmq = needs.module("rocketmq.client", "the official client (rocketmq 0.4.4, dev extra)", module_level=True)
+
+from test_messaging import Env  # noqa: E402  (after the client check on purpose)
 
 from rmqha.net.loop import EventLoopThread  # noqa: E402
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
+import needs
 
-pytest.importorskip("rocketmq.client", reason="official client (rocketmq 0.4.4) not installed")
+needs.module("rocketmq.client", "the official client (rocketmq 0.4.4, dev extra)", module_level=True)
 
 from cluster import Cluster  # noqa: E402
 from test_messaging_cluster import ALL_ACK, create_topic, start_group, wait_route  # noqa: E402

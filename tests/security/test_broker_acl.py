@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
+import needs
 from test_messaging import Env, create_topic, run
 
 from rmqha.net.client import RemotingClient
@@ -61,6 +61,7 @@ async def _signed_create(addr: str, topic: str) -> RemotingCommand:
 
 
 def test_official_client_signed_sends_and_refusals(tmp_path: Path) -> None:
+    needs.module("rocketmq.client", "the official client (rocketmq 0.4.4, dev extra)")
     acl = tmp_path / "plain_acl.yml"
     acl.write_text(ACL)
 
@@ -116,5 +117,3 @@ def test_negative_control_unsigned_send_is_stored_without_acl(tmp_path: Path) ->
     assert raw.code == ResponseCode.SUCCESS, raw.remark
     assert after > before
 
-
-pytest.importorskip("rocketmq.client", reason="official client (rocketmq 0.4.4) not installed")

@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 import tomllib
 
-import pytest
+import needs
 from spark_support import PROJECT_ROOT
 
-setuptools_dist = pytest.importorskip("setuptools.dist")
-pyprojecttoml = pytest.importorskip("setuptools.config.pyprojecttoml")
+setuptools_dist = needs.module("setuptools.dist", "setuptools (the venv's build tool)", module_level=True)
+pyprojecttoml = needs.module("setuptools.config.pyprojecttoml", "setuptools (the venv's build tool)", module_level=True)
 
 
 def test_build_py_lays_out_every_spark_bench_module_and_its_log_config(tmp_path, monkeypatch) -> None:  # noqa: ANN001

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 
+import needs
 import pytest
 
-pa = pytest.importorskip("pyarrow")
-pytest.importorskip("pandas")
+pa = needs.module("pyarrow", "the spark extra", module_level=True)
+needs.module("pandas", "the spark extra", module_level=True)
 from spark_bench import parse, synthetic  # noqa: E402 - after the optional third-party module
 
 

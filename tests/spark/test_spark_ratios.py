@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-import pytest
+import needs
 import spark_support  # noqa: F401 - puts the repository root on sys.path
 
-pa = pytest.importorskip("pyarrow")
-pytest.importorskip("pandas")
-pytest.importorskip("pyspark")
+pa = needs.module("pyarrow", "the spark extra", module_level=True)
+needs.module("pandas", "the spark extra", module_level=True)
+needs.module("pyspark", "the spark extra", module_level=True)
 from spark_bench import trends  # noqa: E402 - after the optional third-party modules
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

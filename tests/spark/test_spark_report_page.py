@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import re
 
-import pytest
+import needs
 
-pd = pytest.importorskip("pandas")
-np = pytest.importorskip("numpy")
-pytest.importorskip("plotly")
+pd = needs.module("pandas", "the spark extra", module_level=True)
+np = needs.module("numpy", "the spark extra", module_level=True)
+needs.module("plotly", "the spark extra", module_level=True)
 from spark_bench import gate, report  # noqa: E402 - after the optional third-party modules
 
 SERIES, RUNS, WITH_CHANGES = 1500, 2000, 300

@@ -7,11 +7,12 @@ import os
 import subprocess
 import sys
 
+import needs
 import pytest
 import spark_support
 from spark_support import spark  # noqa: F401 - fixture (also puts the repository root on sys.path)
 
-pytest.importorskip("pyspark")
+needs.module("pyspark", "the spark extra", module_level=True)
 from spark_bench import session  # noqa: E402 - after the optional third-party module
 
 

@@ -6,7 +6,9 @@ a skip there means the environment broke and the test would silently stop testin
 """
 from __future__ import annotations
 
+import importlib
 import os
+from types import ModuleType
 
 import pytest
 
@@ -15,11 +17,38 @@ def in_ci() -> bool:
     return bool(os.environ.get("CI"))
 
 
-def unavailable(reason: str) -> None:
-    """Skip (locally) or fail (under CI) a test whose environment lacks ``reason``."""
+def unavailable(reason: str, *, module_level: bool = False) -> None:
+    """Skip (locally) or fail (under CI) a test whose environment lacks ``reason``.
+
+    ``module_level`` is for a call at a test module's top: the whole module is skipped, or,
+    under CI, fails to collect (an error the run counts, never a quiet skip)."""
     if in_ci():
-        pytest.fail(f"{reason}; CI provides it, so this test must not be skipped there")
-    pytest.skip(reason)
+        pytest.fail(f"{reason}; CI provides it, so this test must not be skipped there", pytrace=False)
+    pytest.skip(reason, allow_module_level=module_level)
+
+
+def module(name: str, why: str, *, module_level: bool = False) -> ModuleType:
+    """Import ``name`` for a test; when it does not import, skip locally and fail under CI.
+
+    The project's own files install every module a test imports this way (the dev and spark
+    extras), so under CI a missing one means the set-up broke, not that the test may rest."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        unavailable(f"{why}: {name} does not import ({exc})", module_level=module_level)
+        raise  # unreachable: unavailable() always raises; keeps the return type honest
+
+
+def missing_mark(reason: str | None) -> pytest.MarkDecorator:
+    """A mark for tests that need what ``reason`` says is missing (None: nothing is).
+
+    Locally it skips them; under CI the module asking for the mark fails to collect, as
+    :func:`unavailable` does at a module's top."""
+    if reason is None:
+        return pytest.mark.skipif(False, reason="present")
+    if in_ci():
+        pytest.fail(f"{reason}; CI provides it, so these tests must not be skipped there", pytrace=False)
+    return pytest.mark.skip(reason=reason)
 
 
 def require_root(what: str) -> None:

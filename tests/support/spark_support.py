@@ -16,6 +16,7 @@ import shutil
 import sys
 
 import pytest
+from needs import missing_mark
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if PROJECT_ROOT not in sys.path:
@@ -38,8 +39,9 @@ def _missing() -> str | None:
 SPARK_MISSING: str | None = _missing()
 SPARK_OK: bool = SPARK_MISSING is None
 
-#: Apply to every test that starts or uses a SparkSession.
-requires_spark = pytest.mark.skipif(not SPARK_OK, reason=f"Spark tests need Java and pyspark: {SPARK_MISSING}")
+#: Apply to every test that starts or uses a SparkSession: skipped without Spark locally, a
+#: failure under CI (whose set-up installs Spark's extra and has Java).
+requires_spark = missing_mark(None if SPARK_OK else f"Spark tests need Java and pyspark: {SPARK_MISSING}")
 
 #: The marks of a module of Spark tests: skipped without Spark, selectable as ``-m spark``,
 #: and two harmless pyspark 4 / pandas 3 warnings (a version notice, a copy= deprecation).
