@@ -127,8 +127,9 @@ def test_producer_and_consumer_with_the_right_certificates(pki: Pki, tmp_path: P
     async def main() -> dict[str, Any]:
         async with TlsEnv(tmp_path, pki) as env:
             good = env.client()
-            out = {"good": await _send(env, good, b"over tls"),
-                   "plaintext": await _send(env, None),
+            out = {"good": await _send(env, good, b"over tls")}
+            out["after good"] = env.broker.log.max_offset
+            out |= {"plaintext": await _send(env, None),
                    "foreign": await _send(env, env.client(pki.foreign)),
                    "expired": await _send(env, env.client(pki.expired)),
                    "no certificate": await _send(env, client_tls(pki.good, None, pki.ca))}
@@ -138,9 +139,10 @@ def test_producer_and_consumer_with_the_right_certificates(pki: Pki, tmp_path: P
                 out["broker plaintext"] = "answered"
             except RemotingError as exc:
                 out["broker plaintext"] = f"failed: {exc}"
+            # Measured before consuming: a consumer's committed offset is itself a record.
+            out["stored"] = env.broker.log.max_offset
             got = await consume(env.namesrv, "g-tls", TOPIC, 1, tls=good)
             out["consumed"] = [m.body for m in got]
-            out["stored"] = env.broker.log.max_offset
             return out
 
     out = run(main())
@@ -148,6 +150,8 @@ def test_producer_and_consumer_with_the_right_certificates(pki: Pki, tmp_path: P
     for case in ("plaintext", "foreign", "expired", "no certificate", "broker plaintext"):
         assert out[case].startswith("failed: "), (case, out[case])
     assert out["consumed"] == [b"over tls"]
+    # The refused sends stored nothing: the log ends where the one good send left it.
+    assert out["after good"] > 0 and out["stored"] == out["after good"], (out["after good"], out["stored"])
 
 
 def test_permissive_pair_serves_plaintext_and_tls_clients(pki: Pki, tmp_path: Path) -> None:
