@@ -20,9 +20,11 @@ from tls_pki import client_tls, config_keys, server_tls
 
 from rmqha.client import BlockingProducer, Message, SendStatus
 from rmqha.net.client_security import ClientSecurity, client_context
+from rmqha.protocol.message import parse_offset_msg_id
 from rmqha.security import certs
 from rmqha.security.identity import Identity
 from rmqha.security.tls import ClientAuth, TlsMode
+from rmqha.store.commitlog import CommitLog
 
 CLUSTER = "rmqha-test"
 GROUP = "broker-a"
@@ -88,7 +90,21 @@ def test_brokers_replicate_over_mutual_tls_behind_a_permissive_client_port(tmp_p
         with BlockingProducer(ns.address, tls=client, retry_deadline_s=20) as p:
             sent = p.send("TopicHaTls", Message(b"replicated over TLS"))
         assert sent.status is SendStatus.SEND_OK  # every SyncStateSet member holds it
+        _, offset = parse_offset_msg_id(sent.offset_msg_id)
 
         assert _plaintext_gets(master.ha_address) == b""
         c.wait_for(lambda: master.log_contains("refusing HA link from"), 10, what="the refusal logged")
         assert "TLS only" in next(line for line in master.log_text().splitlines() if "refusing HA link" in line)
+
+        # The acknowledged message is in the slave's own store, byte for byte the master's.
+        slave.stop()
+        master.stop()
+        seg = int(master.config["segment_bytes"])
+        logs = [CommitLog(b.commitlog_dir, segment_bytes=seg, prefault=False) for b in (master, slave)]
+        try:
+            copies = [log.read_message(offset) for log in logs]
+            assert copies[1].body == b"replicated over TLS"
+            assert copies[0] == copies[1]
+        finally:
+            for log in logs:
+                log.close()
