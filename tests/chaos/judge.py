@@ -264,13 +264,17 @@ def check_stored_values(outcomes: list[Outcome], final: list[StoredRecord], repo
     return problems
 
 
-def check_tail(reads: list[Read], tail_errors: list[str], final: list[StoredRecord]) -> list[str]:
+def check_tail(reads: list[Read], tail_errors: list[str], final: list[StoredRecord],
+               outcomes: Iterable[Outcome] = (), fault_at: float | None = None) -> list[str]:
     """Every read holds what the final log holds at that queue offset (a read of a record
     later truncated does not), none of the final log's records below the furthest read
-    offset of a queue was skipped, and the tail read something."""
+    offset of a queue was skipped, and the tail kept reading: it read a value whose send
+    began after the fault (or, with no fault, in the second half of the sends), so a tail
+    that stalled after its first reads cannot pass on the evidence it left."""
     problems = list(tail_errors[:1])
     if not reads:
         return [*problems, "the tailing group read nothing"]
+    problems += _check_tail_kept_up(reads, list(outcomes), fault_at)
     at = {(rec.queue_id, rec.queue_offset): rec.value for rec in final}
     wrong = [x for x in reads if at.get((x.queue_id, x.queue_offset)) != x.value]
     if wrong:
@@ -285,6 +289,21 @@ def check_tail(reads: list[Read], tail_errors: list[str], final: list[StoredReco
         problems.append(f"tailing group skipped {len(skipped)} stored records "
                         f"(e.g. queue {skipped[0][0]} offset {skipped[0][1]})")
     return problems
+
+
+def _check_tail_kept_up(reads: list[Read], outcomes: list[Outcome], fault_at: float | None) -> list[str]:
+    acked = [o for o in outcomes if o.status is OutcomeStatus.ACKED]
+    if not acked:
+        return []  # nothing to have read (check_progress reports a run that acknowledged nothing)
+    if fault_at is None:
+        starts = sorted(o.sent_at for o in acked)
+        anchor, when = starts[len(starts) // 2], "in the second half of the run"
+    else:
+        anchor, when = fault_at, "after the fault"
+    late = {o.value for o in acked if o.sent_at >= anchor}
+    if late and late.isdisjoint(x.value for x in reads):
+        return [f"the tailing group stalled: it read none of the {len(late)} values acknowledged {when}"]
+    return []
 
 
 def check_one_master_per_epoch(broker_samples: Iterable[BrokerSample],
@@ -440,6 +459,9 @@ def check_ack_windows(windows: list[AckWindow], fault_at: float | None,
         later = [w.first_acked for w in windows if before and w.epoch > max(before)]
         if later:
             report.new_master_ack_s = min(later) - fault_at
+    if not windows:
+        # No evidence is not a pass: the overlap check above compared nothing.
+        return ["no probe acknowledgement could be placed in a master's epoch: two writers could not be checked"]
     if report.ack_overlap_s > 0:
         return [f"two brokers acknowledged writes at once for {report.ack_overlap_s:.3f}s"]
     return []
@@ -515,7 +537,7 @@ def judge(ev: Evidence) -> Report:
     r.uncovered, problems = check_coverage(ev.outcomes, ev.broker_samples, final, ev.brokers, ev.need,
                                            ev.addresses)
     r.problems += problems
-    r.problems += check_tail(ev.reads, ev.tail_errors, final)
+    r.problems += check_tail(ev.reads, ev.tail_errors, final, ev.outcomes, ev.fault_at)
     r.problems += check_one_master_per_epoch(ev.broker_samples, ev.controller_samples)
     r.two_writer_samples = count_stale_writer_samples(ev.broker_samples)
     if r.two_writer_samples:

@@ -393,3 +393,45 @@ def test_only_a_refusal_before_storing_on_the_only_attempt_is_a_definite_failure
     assert h.error_outcome("v", retried, 1.0, 1.1).attempts == 3
     timed_out = RemotingTimeoutError("no answer in 2 s")
     assert h.error_outcome("v", timed_out, 1.0, 1.1).status is OutcomeStatus.UNKNOWN
+
+
+# --- judges that must not pass on missing evidence ----------------------------------------
+
+
+def test_a_tail_that_stalls_after_its_first_read_fires() -> None:
+    ev = clean()
+    ev.reads = ev.reads[:1]
+    fires(ev, "the tailing group stalled: it read none of the 2 values acknowledged after the fault")
+
+
+def test_a_stalled_tail_fires_in_a_run_without_a_fault_too() -> None:
+    ev = clean()
+    ev.fault_at, ev.expect_failover = None, False
+    assert problems(ev) == []
+    ev.reads = ev.reads[:2]
+    fires(ev, "acknowledged in the second half of the run")
+
+
+def test_a_run_with_no_probe_acknowledgement_fires() -> None:
+    ev = clean()
+    ev.probe_acks = []
+    fires(ev, "no probe acknowledgement could be placed in a master's epoch")
+
+
+def test_a_failover_check_with_no_faulted_master_fires() -> None:
+    ev = clean()
+    ev.faulted_master = None
+    fires(ev, "the fault named no master it takes down")
+
+
+def test_no_final_store_fires() -> None:
+    ev = clean()
+    ev.raw = {}
+    fires(ev, "no final store was read")
+
+
+def test_many_malformed_answers_are_summed_up() -> None:
+    ev = clean()
+    ev.monitor.malformed += [f"b1's status has no 'k{i}'" for i in range(5)]
+    report = fires(ev, "... 5 malformed status answers in all")
+    assert sum(p.startswith("malformed status: ") for p in report.problems) == 3
