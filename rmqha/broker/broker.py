@@ -374,7 +374,7 @@ class Broker:
         if bad is None:
             return
         before = int(self.commitlog.max_offset)
-        log.warning("cutting the log at %d, the first record that failed its CRC check (%d bytes "
+        log.warning("cutting the log at %d, the first record that failed its check (%d bytes "
                     "dropped); the master sends them again", bad, before - bad)
         self.commitlog.truncate(bad)
         self.epoch_map.truncate_suffix(bad)

@@ -571,6 +571,25 @@ def test_truncate_and_queue_offsets(twin, logs, tmp_path) -> None:
     assert again.queue_offset("a") == 11 and again.queue_offset("b") == 11
 
 
+@pytest.mark.parametrize("field_at", [84, 4], ids=["body length", "magic"])
+def test_truncate_cuts_at_a_record_damaged_past_reading(twin, logs, tmp_path, field_at) -> None:
+    """A record whose length or magic rotted cannot be read, yet its start is a boundary
+    (the records before it tile up to it): cutting there is the slave's repair, so it is
+    allowed; a cut inside it is still refused."""
+    log = logs(tmp_path, twin)
+    offs = [log.append("a", b"x" * 700)[0] for i in range(12)]
+    bad = offs[7]
+    base = log.segment_start(bad)
+    seg = log._segments[base]
+    seg.mm[bad - base + field_at:bad - base + field_at + 4] = b"\x7f\x00\x00\x00"
+    with pytest.raises(StoreError, match="not a record boundary"):
+        log.truncate(bad + 8)
+    log.truncate(bad)
+    assert log.max_offset == bad
+    assert log.read_message(offs[6]).body == b"x" * 700
+    assert log.read_message(log.append("a", b"again")[0]).queue_offset == 7
+
+
 def test_delete_segments_before_keeps_queue_offsets(twin, logs, tmp_path) -> None:
     log = logs(tmp_path, twin)
     for i in range(80):

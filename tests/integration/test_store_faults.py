@@ -7,12 +7,14 @@ aside and is rebuilt by replication, ending byte-identical to its master.
 """
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
 
-
+import pytest
 from cluster import Cluster
+
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.testing.ha import assert_same_log
 from rmqha.store import CommitLog
@@ -134,7 +136,7 @@ def test_bytes_changed_at_rest_are_never_served_and_a_slave_is_repaired(cluster)
     cluster.wait_role(slave, "slave", 30)
     cluster.wait_for(lambda: cluster.broker_status(slave)["maxOffset"] == cluster.broker_status(master)["maxOffset"],
                      30, what="the repaired slave to catch up")
-    assert "first record that failed its CRC check" in slave.log_text()
+    assert "first record that failed its check" in slave.log_text()
     resp = _pull(cluster, slave.address, 650)
     assert resp.code == ResponseCode.SUCCESS and b"000650" in resp.body
     slave.stop()
@@ -142,3 +144,86 @@ def test_bytes_changed_at_rest_are_never_served_and_a_slave_is_repaired(cluster)
     assert code == 0, out
     code, out = _scrub(master.store_dir)
     assert code == 1 and str(offsets[500]) in out
+
+
+# --- every kind of damage at rest, at the start, middle and end of a slave's log ---------------
+
+#: Where each kind of damage goes inside a record (RocketMQ's layout: total size at 0, magic
+#: at 4, body length at 84, the body from 96 for an IPv4 record), and the value written there.
+_DAMAGE = {
+    "length": (84, b"\x7f\x00\x00\x00"),  # the body length no longer sums to the record's size
+    "magic": (4, b"\xde\xad\xbe\xef"),
+    "crc": (96 + 10, None),  # one bit of the body: the CRC check fails
+    "tail": (-1, b"\x00"),  # the record's last byte zeroed, as a torn write leaves it
+}
+
+
+def _damage(commitlog_dir, segment_bytes: int, record_offset: int, size: int, kind: str) -> None:
+    at, value = _DAMAGE[kind]
+    path = commitlog_dir / f"{record_offset - record_offset % segment_bytes:020d}"
+    pos = record_offset % segment_bytes + (size + at if at < 0 else at)
+    with open(path, "r+b") as fh:
+        fh.seek(pos)
+        old = fh.read(len(value) if value else 1)
+        fh.seek(pos)
+        fh.write(value if value is not None else bytes([old[0] ^ 0x10]))
+
+
+def _repaired_after_damage(cluster: Cluster, kinds: list[str], places: list[str]) -> None:
+    """A slave whose store was damaged at rest (each kind at each place in turn) starts,
+    cuts its log at the damage, fetches the rest again and serves the damaged message."""
+    cluster.start_controllers(1)
+    master, slave = cluster.start_group("broker-a", 2, in_sync=True, all_ack_in_sync_state_set=True)
+    seg = int(master.config["segment_bytes"])
+    n = 700  # about 2.8 MiB: three 1 MiB segments, so damage lies below the newest one too
+    offsets = _send_recorded(cluster, master.address, n)
+    sizes = [b - a for a, b in zip(offsets, offsets[1:])] + [offsets[1] - offsets[0]]
+    # The segments a broker checks when it opens (verify_segments_on_open = 2): from the
+    # first record of the second one to the last record of the log.
+    checked = next(i for i, o in enumerate(offsets) if o >= seg)
+    index = {"start": checked, "middle": (checked + n) // 2 - 40, "end": n - 1}
+    # One clean restart first: that open checks the log, and the next open's recovery walks
+    # only what came after it, so damage below is found by the CRC pass alone (the path
+    # that used to stick).
+    cluster.wait_for(lambda: cluster.broker_status(slave)["maxOffset"]
+                     == cluster.broker_status(master)["maxOffset"], 30, what="the slave caught up")
+    slave.stop()
+    slave.start()
+    cluster.wait_role(slave, "slave", 30)
+    for kind in kinds:
+        for place in places:
+            i = index[place]
+            cluster.wait_for(lambda: cluster.broker_status(slave)["maxOffset"]
+                             == cluster.broker_status(master)["maxOffset"], 30, what="the slave caught up")
+            slave.stop()
+            _damage(slave.commitlog_dir, seg, offsets[i], sizes[i], kind)
+            slave.start()
+            cluster.wait_role(slave, "slave", 30)
+            cluster.wait_for(lambda: cluster.broker_status(slave)["maxOffset"]
+                             == cluster.broker_status(master)["maxOffset"], 30,
+                             what=f"the slave repaired after {kind} damage at its {place}")
+            # Cut there, by recovery (a walk of the records) or by the broker (the CRC check).
+            assert re.search(r"cut(ting)? the log at (offset )?%d\b" % offsets[i], slave.log_text()), (
+                kind, place, slave.log_tail())
+            resp = _pull(cluster, slave.address, i)
+            assert resp.code == ResponseCode.SUCCESS and b"%06d" % i in resp.body, (kind, place, resp.remark)
+    slave.stop()
+    master.stop()
+    a = CommitLog(master.commitlog_dir, segment_bytes=seg, prefault=False)
+    b = CommitLog(slave.commitlog_dir, segment_bytes=seg, prefault=False)
+    try:
+        assert_same_log(a, b, "repaired slave vs master")
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_slave_with_a_damaged_length_in_its_log_cuts_there_and_is_repaired(cluster):
+    """Issue 40.3: a corrupt length used to fail every role change with "truncate to N: not
+    a record boundary (BAD_LENGTHS)", so the slave never got a role and never repaired."""
+    _repaired_after_damage(cluster, ["length"], ["middle"])
+
+
+@pytest.mark.slow
+def test_every_kind_of_damage_at_every_place_is_repaired(cluster):
+    _repaired_after_damage(cluster, list(_DAMAGE), ["start", "middle", "end"])
