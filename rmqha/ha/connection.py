@@ -13,7 +13,7 @@ heartbeat (an empty block) every ``ha_send_heartbeat_interval_ms``.
 Acks are read by a reader callback in the loop turn that receives them
 (:meth:`SlaveConnection.read_acks`), checked (never backwards, never beyond what was sent,
 never under an epoch newer than the master's) and handed to the owner's ``on_ack``: what
-they mean for the confirm offset and the SyncStateSet is :mod:`rmqha.ha.service`'s job.
+they mean for the confirm offset and the SyncStateSet is :mod:`rmqha.ha.sync_service`'s job.
 
 On an authenticated plaintext link every block is followed by its tag
 (:mod:`rmqha.ha.frame_mac`: the GMAC of the block's bytes is taken from the same mmap view
