@@ -344,7 +344,7 @@ def _own_field_comments(cls: type) -> dict[str, str]:
 
 
 def describe_keys(cls: type) -> list[KeyDoc]:
-    """Every key of a config dataclass with its default, for ``rmqha config-keys`` and README."""
+    """Every key of a config dataclass with its default, for ``rmqha config-keys`` and docs/configuration.md."""
     comments = _field_comments(cls)
     out = []
     for f in dataclasses.fields(cls):
