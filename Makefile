@@ -50,8 +50,9 @@ lint: build
 	$(PY) -m mypy.stubtest --mypy-config-file pyproject.toml --allowlist rmqha/_core/stubtest_allowlist.txt $(TWIN_MODULES)
 	$(VENV)/bin/lint-imports --no-logo
 
-# ARCHITECTURE.md's layer line and import graph, rewritten from pyproject.toml and the code
-# (tests/unit/test_doc_map.py fails with the diff while they are stale).
+# ARCHITECTURE.md's layer line and import graph, rewritten from pyproject.toml and the code,
+# and docs/configuration.md's tables from `rmqha config-keys --markdown` (tests/unit/
+# test_doc_map.py and test_config_keys_doc.py fail while they are stale).
 docs-map: venv
 	$(PY) tests/support/doc_map.py --write
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from rmqha.config import describe_keys
 
@@ -59,6 +60,12 @@ def markdown_tables(kinds: list[str] | None = None) -> str:
         out += [f"## {kind}", "", "| key | also read as | default | meaning |", "|---|---|---|---|"]
         for d in describe_keys(classes[kind]):
             aliases = ", ".join(f"`{a}`" for a in d.aliases)
-            out.append(f"| `{d.key}` | {aliases} | `{d.default}` | {d.doc} |")
+            out.append(f"| `{d.key}` | {aliases} | `{_portable(d.default)}` | {d.doc} |")
         out.append("")
     return "\n".join(out) + "\n"
+
+
+def _portable(default: str) -> str:
+    """A default under the home directory as ``~/...``: the page is the same for every user."""
+    home = str(Path.home())
+    return "~" + default[len(home):] if default == home or default.startswith(home + "/") else default

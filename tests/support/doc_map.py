@@ -8,7 +8,8 @@ contract forbids, a package drawn without one it imports). The layers come from
 graph import-linter checks (the fact), so neither can say what the code does not.
 
 ``python tests/support/doc_map.py`` prints the two blocks; ``--write`` rewrites them in
-ARCHITECTURE.md (``make docs-map``); ``--check`` exits 1 with a diff when they differ.
+ARCHITECTURE.md and docs/configuration.md's tables (``make docs-map``); ``--check`` exits 1
+with a diff when the blocks differ.
 """
 from __future__ import annotations
 
@@ -304,6 +305,21 @@ def unresolved_in_docstrings(root: Path = ROOT / PACKAGE) -> dict[str, list[str]
     return bad
 
 
+# -- docs/configuration.md ----------------------------------------------------------------
+
+CONFIGURATION = ROOT / "docs" / "configuration.md"
+CONFIG_BEGIN = "<!-- generated: rmqha config-keys --markdown -->\n"
+CONFIG_END = "<!-- end: rmqha config-keys --markdown -->"
+
+
+def configuration_page(page: str) -> str:
+    """The page with its tables replaced by ``rmqha config-keys --markdown``'s."""
+    from rmqha.cli.config_keys import markdown_tables
+
+    head, rest = page.split(CONFIG_BEGIN)
+    return head + CONFIG_BEGIN + markdown_tables() + CONFIG_END + rest.split(CONFIG_END)[1]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = parser.add_mutually_exclusive_group()
@@ -314,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     text = ARCHITECTURE.read_text(encoding="utf-8")
     if args.write:
         ARCHITECTURE.write_text(rewrite(text, blocks), encoding="utf-8")
+        CONFIGURATION.write_text(configuration_page(CONFIGURATION.read_text(encoding="utf-8")), encoding="utf-8")
         return 0
     if args.check:
         diffs = block_diffs(text, blocks)
