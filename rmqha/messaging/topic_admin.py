@@ -9,7 +9,7 @@ and applied at once, so topic configs replicate with the log.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ConfigError, ProtocolError
@@ -34,7 +34,14 @@ from rmqha.protocol.command import RemotingCommand
 
 if TYPE_CHECKING:
     from rmqha.messaging.log_writer import LogWriter
-    from rmqha.messaging.state_replication import StateReplication
+
+
+class StateWriter(Protocol):
+    """What topic administration needs of the state log: a record written and applied
+    (:class:`rmqha.messaging.state_replication.StateReplication`, which imports this module
+    to seed the default topic, so this side names only the method)."""
+
+    def write_state(self, body: bytes, *, wait_flush: bool = True) -> tuple[int, int]: ...
 
 
 def seed_default_topic(ctx: MessagingContext) -> None:
@@ -48,7 +55,7 @@ def seed_default_topic(ctx: MessagingContext) -> None:
 class TopicAdmin:
     """UPDATE_AND_CREATE_TOPIC, DELETE_TOPIC_IN_BROKER, GET_ALL_TOPIC_CONFIG, auto-creation."""
 
-    def __init__(self, ctx: MessagingContext, state_log: StateReplication,
+    def __init__(self, ctx: MessagingContext, state_log: StateWriter,
                  writer: LogWriter) -> None:
         self.ctx = ctx
         self.state_log = state_log
