@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rmqha.net.peer import RequestPeer
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ConfigError, ProtocolError
 from rmqha.messaging.context import check_admin_token, Handler, MessagingContext, Refused
@@ -90,7 +91,7 @@ class TopicAdmin:
         ctx.topics_changed()
         return cfg
 
-    async def on_create_topic(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_create_topic(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         try:
             check_admin_token(self.ctx.config, cmd)
             self.ctx.check_writable()
@@ -120,7 +121,7 @@ class TopicAdmin:
             raise ConfigError("MIXED message type is not supported.")
         return out
 
-    async def on_delete_topic(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_delete_topic(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         ctx = self.ctx
         try:
             check_admin_token(self.ctx.config, cmd)
@@ -138,7 +139,7 @@ class TopicAdmin:
         code, status = await self.writer.await_durable(offset + size)
         return cmd.response(code, None if code == ResponseCode.SUCCESS else status, {})
 
-    async def on_all_topics(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_all_topics(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         return cmd.response(ResponseCode.SUCCESS, None, {},
                             {"topicConfigTable": self.topic_configs(),
                              "dataVersion": {"timestamp": int(time.time() * 1000), "counter": 0}})
