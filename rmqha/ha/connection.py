@@ -41,6 +41,7 @@ from rmqha.ha.config import HAConfig
 from rmqha.ha.dialects import Ack, MasterCodec, SlaveHello
 from rmqha.ha.frame_mac import TAG
 from rmqha.ha.link import FileRange, Link, LinkClosed, LinkTimeout, Waker
+from rmqha.ha.replicated_log import ReplicatedLog
 
 # The master side logs under one name, whichever module says it (operators filter on it).
 log = logging.getLogger("rmqha.ha.master")
@@ -71,7 +72,7 @@ class LinkState(str, Enum):
     SHUTDOWN = "SHUTDOWN"
 
 
-def blocks(commitlog: Any, epoch_map: Any, batch: int, nxt: int, max_offset: int,
+def blocks(commitlog: ReplicatedLog, epoch_map: Any, batch: int, nxt: int, max_offset: int,
            budget: int) -> Iterator[tuple[int, int, int, int]]:
     """(epoch, epoch start, offset, size) of the blocks that carry ``nxt``..``max_offset``,
     at most ``budget`` bytes (at least one block); a block never crosses an epoch boundary
@@ -126,7 +127,7 @@ class SlaveConnection:
     ``confirm`` gives the master's confirm offset (every block carries it); ``on_ack`` is
     called with each batch of checked acks, in the loop turn that read them."""
 
-    def __init__(self, link: Link, codec: MasterCodec, hello: SlaveHello, *, commitlog: Any,
+    def __init__(self, link: Link, codec: MasterCodec, hello: SlaveHello, *, commitlog: ReplicatedLog,
                  epoch_map: Any, config: HAConfig, confirm: Callable[[], int]) -> None:
         self.link = link
         self.codec = codec
