@@ -221,6 +221,12 @@ def missing_paths(text: str, repo: Repo) -> list[str]:
     return sorted(set(missing))
 
 
+def missing_links(text: str, page_dir: Path) -> list[str]:
+    """Relative markdown links of a page (``[x](docs/y.md#z)``) whose file does not exist."""
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    return sorted({link for link in links if "://" not in link and not (page_dir / link).exists()})
+
+
 # -- module names ---------------------------------------------------------------------------
 
 _MODULE_NAME = re.compile(r"(?<![\w/.-])rmqha(?:\.\w+)+")  # not a file name: deploy/kubernetes/rmqha.yaml

@@ -3,7 +3,8 @@
 - ARCHITECTURE.md's layer line is pyproject.toml's import-linter contract, and its import
   graph is the code's (grimp's, the graph import-linter checks); a stale block fails with
   the diff, and ``make docs-map`` rewrites it;
-- every repository path in backticks in README.md, ARCHITECTURE.md and docs/*.md exists;
+- every repository path in backticks in README.md, ARCHITECTURE.md and docs/*.md exists,
+  and every relative link of theirs reaches a file;
 - every ``rmqha.x.y`` a page or a module's docstring names imports (and its attributes
   resolve).
 
@@ -92,6 +93,17 @@ def test_things_that_are_not_repository_paths_pass(repo: doc_map.Repo) -> None:
     assert doc_map.missing_paths(not_paths, repo) == []
     fenced = "```\ntests/test_nothing.py\n```\n"
     assert doc_map.missing_paths(fenced, repo) == []
+
+
+@pytest.mark.parametrize("page", doc_map.doc_pages(), ids=lambda p: p.name)
+def test_every_link_of_a_page_reaches_a_file(page: Path) -> None:
+    missing = doc_map.missing_links(page.read_text(encoding="utf-8"), page.parent)
+    assert not missing, f"{page.relative_to(ROOT)} links to files that do not exist: {missing}"
+
+
+def test_the_link_rule_fires() -> None:
+    text = "[a](benchmarks.md#x), [b](../README.md), [c](gone.md), [d](https://example.org/x.md)"
+    assert doc_map.missing_links(text, ROOT / "docs") == ["gone.md"]
 
 
 @pytest.mark.parametrize("page", doc_map.doc_pages(), ids=lambda p: p.name)
