@@ -43,7 +43,7 @@ from rmqha.protocol.message import (
 )
 from rmqha.protocol.version import java_reads_lz4
 from rmqha.protocol.command import RemotingCommand
-from rmqha.store.consume_queue import QueueIndex
+from rmqha.store.queue_index import QueueIndex
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,6 @@ LONG_TODAY: dict[str, int] = {
     "rmqha/net/connection.py": 936,
     "rmqha/broker/broker.py": 922,
     "rmqha/_core/frames_py.py": 915,
-    "rmqha/store/consume_queue.py": 884,
     "rmqha/_core/send_frames.pyx": 859,
     "rmqha/messaging/send_path.py": 813,
 }
