@@ -26,7 +26,7 @@ LONG_TODAY: dict[str, int] = {
     "rmqha/store/commitlog.py": 1026,
     "rmqha/net/connection.py": 936,
     "rmqha/broker/broker.py": 922,
-    "rmqha/_core/frames_py.py": 915,
+    "rmqha/_core/frames_py.py": 846,
     "rmqha/_core/send_frames.pyx": 859,
     "rmqha/messaging/send_path.py": 813,
 }
