@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rmqha-installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv build browser lint test test-proxy test-interop interop-build test-pure demo demo-grpc bench bench-quick bench-proxy bench-peers trends chaos soak wheel-check clean
+.PHONY: all venv build browser lint docs-map test test-proxy test-interop interop-build test-pure demo demo-grpc bench bench-quick bench-proxy bench-peers trends chaos soak wheel-check clean
 
 all: build
 
@@ -35,8 +35,8 @@ browser:
 			chromium </dev/null; }
 
 # The habits every change keeps (config in pyproject.toml): ruff; mypy over rmqha/ (strict on
-# protocol/ and net/); the compiled twins' stubs against the built extensions (stubtest);
-# the import rules of ARCHITECTURE.md's map (import-linter).  tests/test_lint_controls.py
+# the layers under the rest: _core's API, protocol, net, security, store, ha); the compiled twins' stubs against the built extensions (stubtest);
+# the import rules of ARCHITECTURE.md's map (import-linter).  tests/unit/test_lint_controls.py
 # shows each of the last three failing on the fault it is there for.
 TWIN_MODULES := rmqha._core.records rmqha._core.epoch_map rmqha._core.frames \
 	rmqha._core.ha_offsets rmqha._core.message_index rmqha._core.queue_scan \
@@ -49,6 +49,12 @@ lint: build
 	$(PY) -m mypy
 	$(PY) -m mypy.stubtest --mypy-config-file pyproject.toml --allowlist rmqha/_core/stubtest_allowlist.txt $(TWIN_MODULES)
 	$(VENV)/bin/lint-imports --no-logo
+
+# ARCHITECTURE.md's layer line and import graph, rewritten from pyproject.toml and the code,
+# and docs/configuration.md's tables from `rmqha config-keys --markdown` (tests/unit/
+# test_doc_map.py and test_config_keys_doc.py fail while they are stale).
+docs-map: venv
+	$(PY) tests/support/doc_map.py --write
 
 # Two workers: most cluster tests wait on processes and sockets, so two streams finish in
 # little more than half the time of one on two cores (tests/conftest.py's scheduler keeps a

@@ -4,7 +4,7 @@
   ``recv_into``s a reusable buffer: the ceiling for any Python replication on this machine.
 * ``catch-up``: an empty HASlave in this process replicates a pre-written log of 1 KiB
   records (1 GiB; 128 MiB with ``RMQHA_BENCH_QUICK=1``) from an HAMaster in its own
-  process (``python -m rmqha.ha.node``), until byte-for-byte caught up, with the HA
+  process (``python -m rmqha.testing.ha_node``), until byte-for-byte caught up, with the HA
   settings a broker really runs (``HAConfig.from_object(BrokerConfig())``: its
   ``ha_transfer_batch_bytes``) and, beside it, with 256 KiB blocks.
   ``extra_info["ratio_vs_tcp_raw"]`` compares it with the raw figure of the same run

@@ -344,7 +344,7 @@ def _own_field_comments(cls: type) -> dict[str, str]:
 
 
 def describe_keys(cls: type) -> list[KeyDoc]:
-    """Every key of a config dataclass with its default, for ``rmqha config-keys`` and README."""
+    """Every key of a config dataclass with its default, for ``rmqha config-keys`` and docs/configuration.md."""
     comments = _field_comments(cls)
     out = []
     for f in dataclasses.fields(cls):
@@ -378,7 +378,9 @@ class TlsKeys:
     #: PEM certificate (chain) and key of this process's TLS ports (`rmqha certs issue`);
     #: re-read when the files change, for new connections.
     tls_server_cert_path: str = dataclasses.field(default="", metadata={"aliases": ("tls.server.certPath",)})
+    #: PEM private key of that certificate.
     tls_server_key_path: str = dataclasses.field(default="", metadata={"aliases": ("tls.server.keyPath",)})
+    #: Password of an encrypted tls_server_key_path; empty = not encrypted.
     tls_server_key_password: str = dataclasses.field(default="", metadata={"aliases": ("tls.server.keyPassword",)})
     #: CA certificate(s) client certificates are checked against.
     tls_server_trust_cert_path: str = dataclasses.field(default="", metadata={"aliases": ("tls.server.trustCertPath",)})
@@ -387,8 +389,12 @@ class TlsKeys:
         default="none", metadata={"aliases": ("tls.server.need.client.auth",)})
     #: This process's own links to other cluster processes use TLS, with the tls.client.* files.
     tls_enable: bool = dataclasses.field(default=False, metadata={"aliases": ("tls.enable",)})
+    #: PEM certificate (chain) this process presents when it dials with TLS (to controllers,
+    #: name servers, brokers' HA ports).
     tls_client_cert_path: str = dataclasses.field(default="", metadata={"aliases": ("tls.client.certPath",)})
+    #: PEM private key of tls_client_cert_path.
     tls_client_key_path: str = dataclasses.field(default="", metadata={"aliases": ("tls.client.keyPath",)})
+    #: Password of an encrypted tls_client_key_path; empty = not encrypted.
     tls_client_key_password: str = dataclasses.field(default="", metadata={"aliases": ("tls.client.keyPassword",)})
     #: CA certificate(s) servers are checked against (by the rmqha identity they name).
     tls_client_trust_cert_path: str = dataclasses.field(default="", metadata={"aliases": ("tls.client.trustCertPath",)})

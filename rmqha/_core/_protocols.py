@@ -546,37 +546,3 @@ class AckTableTwin(Protocol):
     def settle(self, queues: Mapping[int | None, Any], acks: Sequence[int], floor: int,
                max_offset: int, on_error: Callable[[BaseException], Any]) -> int: ...
 
-
-if TYPE_CHECKING:
-    # Conformance, checked by mypy: each twin offers its feature's whole API.
-    from rmqha._core import (
-        ack_table,
-        ack_table_py,
-        epoch_map,
-        epoch_map_py,
-        frames,
-        ha_offsets,
-        ha_offsets_py,
-        message_index,
-        message_index_py,
-        pull_answer,
-        pull_answer_py,
-        queue_scan,
-        queue_scan_py,
-        records,
-        send_codec,
-        send_codec_py,
-        send_frames,
-        send_frames_py,
-    )
-
-    _records: tuple[RecordsTwin, RecordsTwin] = (records, records_py)
-    _epoch_map: tuple[EpochMapTwin, EpochMapTwin] = (epoch_map, epoch_map_py)
-    _frames: tuple[FramesTwin, FramesTwin] = (frames, frames_py)
-    _ha_offsets: tuple[HaOffsetsTwin, HaOffsetsTwin] = (ha_offsets, ha_offsets_py)
-    _message_index: tuple[MessageIndexTwin, MessageIndexTwin] = (message_index, message_index_py)
-    _queue_scan: tuple[QueueScanTwin, QueueScanTwin] = (queue_scan, queue_scan_py)
-    _send_codec: tuple[SendCodecTwin, SendCodecTwin] = (send_codec, send_codec_py)
-    _pull_answer: tuple[PullAnswerTwin, PullAnswerTwin] = (pull_answer, pull_answer_py)
-    _send_frames: tuple[SendFramesTwin, SendFramesTwin] = (send_frames, send_frames_py)
-    _ack_table: tuple[AckTableTwin, AckTableTwin] = (ack_table, ack_table_py)

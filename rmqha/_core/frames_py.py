@@ -1,10 +1,11 @@
-"""Pure-Python twin of the HA wire frames (a hot path; ARCHITECTURE.md lists them), and the frame types.
+"""Pure-Python twin of the HA wire frames (a hot path; ARCHITECTURE.md lists them).
 
-This module owns both HA dialects' byte layouts, the frame dataclasses and enums (shared by
-the compiled twin ``rmqha._core.frames``, which imports them from here so both twins return
-equal objects; only TRANSFER_DATA has a compiled type of its own there, which compares equal
-to this dataclass and which both twins encode), single-frame encode/decode, the incremental
-decoders and the batch helpers for TRANSFER_DATA headers.  All integers are big-endian.
+This module owns both HA dialects' byte layouts, single-frame encode/decode, the incremental
+decoders and the batch helpers for TRANSFER_DATA headers.  The frame dataclasses and enums
+are :mod:`rmqha._core.frame_types`'s, named here too (the compiled twin ``rmqha._core.frames``
+imports them from here, so both twins return equal objects; only TRANSFER_DATA has a
+compiled type of its own there, which compares equal to the dataclass and which both twins
+encode).  All integers are big-endian.
 
 ``framed`` (default; rmqha's own: one envelope for every frame type)::
 
@@ -38,75 +39,102 @@ from __future__ import annotations
 import struct
 from abc import ABC, abstractmethod
 from array import array
-from dataclasses import dataclass, field
-from enum import Enum, IntEnum
-from typing import Any, Union
+from typing import Any
 
+from rmqha._core.frame_types import (
+    DEFAULT_MAX_FRAME_BYTES as DEFAULT_MAX_FRAME_BYTES,
+)
+from rmqha._core.frame_types import (
+    HEADER_SIZE as HEADER_SIZE,
+)
+from rmqha._core.frame_types import (
+    INT32_MAX as INT32_MAX,
+)
+from rmqha._core.frame_types import (
+    INT64_MAX as INT64_MAX,
+)
+from rmqha._core.frame_types import (
+    MASTER_TO_SLAVE_TYPES as MASTER_TO_SLAVE_TYPES,
+)
+from rmqha._core.frame_types import (
+    RETURN_EPOCH_ENTRY_SIZE as RETURN_EPOCH_ENTRY_SIZE,
+)
+from rmqha._core.frame_types import (
+    RMQ_EPOCH_ENTRY_SIZE as RMQ_EPOCH_ENTRY_SIZE,
+)
+from rmqha._core.frame_types import (
+    RMQ_MASTER_HANDSHAKE_SIZE as RMQ_MASTER_HANDSHAKE_SIZE,
+)
+from rmqha._core.frame_types import (
+    RMQ_MASTER_TRANSFER_SIZE as RMQ_MASTER_TRANSFER_SIZE,
+)
+from rmqha._core.frame_types import (
+    RMQ_SLAVE_ACK_SIZE as RMQ_SLAVE_ACK_SIZE,
+)
+from rmqha._core.frame_types import (
+    RMQ_SLAVE_HANDSHAKE_SIZE as RMQ_SLAVE_HANDSHAKE_SIZE,
+)
+from rmqha._core.frame_types import (
+    SLAVE_TO_MASTER_TYPES as SLAVE_TO_MASTER_TYPES,
+)
+from rmqha._core.frame_types import (
+    TRANSFER_HEADER_SIZE as TRANSFER_HEADER_SIZE,
+)
+from rmqha._core.frame_types import (  # re-exported: both twins' API names them
+    CheckResult as CheckResult,
+)
+from rmqha._core.frame_types import (
+    ConfirmTruncate as ConfirmTruncate,
+)
+from rmqha._core.frame_types import (
+    ConnectionState as ConnectionState,
+)
+from rmqha._core.frame_types import (
+    Dialect as Dialect,
+)
+from rmqha._core.frame_types import (
+    Direction as Direction,
+)
+from rmqha._core.frame_types import (
+    FramedFrame as FramedFrame,
+)
+from rmqha._core.frame_types import (
+    FrameType as FrameType,
+)
+from rmqha._core.frame_types import (
+    HandshakeMaster as HandshakeMaster,
+)
+from rmqha._core.frame_types import (
+    HandshakeSlave as HandshakeSlave,
+)
+from rmqha._core.frame_types import (
+    QueryEpoch as QueryEpoch,
+)
+from rmqha._core.frame_types import (
+    ReturnEpoch as ReturnEpoch,
+)
+from rmqha._core.frame_types import (
+    RmqMasterHandshake as RmqMasterHandshake,
+)
+from rmqha._core.frame_types import (
+    RmqMasterTransfer as RmqMasterTransfer,
+)
+from rmqha._core.frame_types import (
+    RmqSlaveAck as RmqSlaveAck,
+)
+from rmqha._core.frame_types import (
+    RmqSlaveHandshake as RmqSlaveHandshake,
+)
+from rmqha._core.frame_types import (
+    RocketMQFrame as RocketMQFrame,
+)
+from rmqha._core.frame_types import (
+    TransferAck as TransferAck,
+)
+from rmqha._core.frame_types import (
+    TransferData as TransferData,
+)
 from rmqha.errors import ProtocolError
-
-# --- enums and sizes -------------------------------------------------------------------------
-
-
-class FrameType(IntEnum):
-    """Types of the ``framed`` dialect."""
-
-    HANDSHAKE_SLAVE = 1
-    HANDSHAKE_MASTER = 2
-    QUERY_EPOCH = 3
-    RETURN_EPOCH = 4
-    CONFIRM_TRUNCATE = 5
-    TRANSFER_DATA = 6
-    TRANSFER_ACK = 7
-
-
-class ConnectionState(IntEnum):
-    """HAConnectionState; the ordinal is the ``state`` int of the rocketmq dialect."""
-
-    READY = 0
-    HANDSHAKE = 1
-    TRANSFER = 2
-    SUSPEND = 3
-    SHUTDOWN = 4
-
-
-class Direction(IntEnum):
-    """Which side sends the frames a decoder reads."""
-
-    MASTER_TO_SLAVE = 1
-    SLAVE_TO_MASTER = 2
-
-
-class Dialect(str, Enum):
-    FRAMED = "framed"
-    ROCKETMQ = "rocketmq"
-
-
-class CheckResult(IntEnum):
-    """check_result of HANDSHAKE_MASTER: 0 accepts, anything else names the refusal."""
-
-    ACCEPTED = 0
-    PROTOCOL_NOT_SUPPORTED = 1
-    IDENTITY_MISMATCH = 2
-    NOT_MASTER = 3
-    REFUSED = 4
-
-
-HEADER_SIZE = 24
-TRANSFER_HEADER_SIZE = 48
-RETURN_EPOCH_ENTRY_SIZE = 20
-RMQ_SLAVE_HANDSHAKE_SIZE = 16
-RMQ_SLAVE_ACK_SIZE = 12
-RMQ_MASTER_HANDSHAKE_SIZE = 20
-RMQ_MASTER_TRANSFER_SIZE = 36
-RMQ_EPOCH_ENTRY_SIZE = 12
-#: Default bound of one frame (header included); a larger announced length is an error.
-DEFAULT_MAX_FRAME_BYTES = 16 << 20
-
-MASTER_TO_SLAVE_TYPES = frozenset({2, 4, 6})
-SLAVE_TO_MASTER_TYPES = frozenset({1, 3, 5, 7})
-
-INT32_MAX = (1 << 31) - 1
-INT64_MAX = (1 << 63) - 1
 
 _HDR = struct.Struct(">iiqq")
 _HS_SLAVE = struct.Struct(">iqqi")
@@ -121,103 +149,6 @@ _RMQ_ACK = struct.Struct(">iq")
 _RMQ_HS_MASTER = struct.Struct(">iiqi")
 _RMQ_ENTRY = struct.Struct(">iq")
 _RMQ_TRANSFER = struct.Struct(">iiqiqq")
-
-# --- frame dataclasses -------------------------------------------------------------------------
-# Envelope fields (timestamp_ms, epoch) come last with defaults so callers name payload fields.
-
-
-@dataclass(slots=True)
-class HandshakeSlave:
-    broker_id: int
-    segment_bytes: int
-    address: str
-    sync_from_last_file: bool = False
-    async_learner: bool = False
-    timestamp_ms: int = 0
-    epoch: int = 0
-
-
-@dataclass(slots=True)
-class HandshakeMaster:
-    check_result: int
-    master_max_offset: int
-    master_last_epoch: int
-    timestamp_ms: int = 0
-    epoch: int = 0
-
-
-@dataclass(slots=True)
-class QueryEpoch:
-    timestamp_ms: int = 0
-    epoch: int = 0
-
-
-@dataclass(slots=True)
-class ReturnEpoch:
-    entries: tuple[tuple[int, int, int], ...] = ()
-    timestamp_ms: int = 0
-    epoch: int = 0
-
-
-@dataclass(slots=True)
-class ConfirmTruncate:
-    offset: int
-    timestamp_ms: int = 0
-    epoch: int = 0
-
-
-@dataclass(slots=True)
-class TransferData:
-    """A block of the log; ``epoch`` (envelope) is the block's own epoch; empty data = heartbeat."""
-
-    block_start_offset: int
-    epoch_start_offset: int
-    confirm_offset: int
-    data: Any = b""
-    timestamp_ms: int = 0
-    epoch: int = 0
-
-
-@dataclass(slots=True)
-class TransferAck:
-    slave_max_offset: int
-    timestamp_ms: int = 0
-    epoch: int = 0
-
-
-@dataclass(slots=True)
-class RmqSlaveHandshake:
-    broker_id: int
-    sync_from_last_file: bool = False
-    async_learner: bool = False
-
-
-@dataclass(slots=True)
-class RmqSlaveAck:
-    max_offset: int
-
-
-@dataclass(slots=True)
-class RmqMasterHandshake:
-    max_offset: int
-    last_epoch: int
-    entries: tuple[tuple[int, int], ...] = field(default=())
-    state: int = ConnectionState.HANDSHAKE
-
-
-@dataclass(slots=True)
-class RmqMasterTransfer:
-    offset: int
-    epoch: int
-    epoch_start_offset: int
-    confirm_offset: int
-    data: Any = b""
-
-
-FramedFrame = Union[
-    HandshakeSlave, HandshakeMaster, QueryEpoch, ReturnEpoch, ConfirmTruncate, TransferData, TransferAck
-]
-RocketMQFrame = Union[RmqSlaveHandshake, RmqSlaveAck, RmqMasterHandshake, RmqMasterTransfer]
 
 # --- helpers -----------------------------------------------------------------------------------
 

@@ -29,29 +29,41 @@ def _alias(*names: str) -> dict[str, tuple[str, ...]]:
 @dataclass
 class BrokerConfig(TlsKeys):
     # --- identity -------------------------------------------------------------------------
+    #: Cluster name (brokerClusterName): routes, identities and HA peers must match it.
     cluster: str = field(default="DefaultCluster", metadata=_alias("brokerClusterName", "cluster_name"))
+    #: Broker group name: the brokers of one group replicate one commitlog.
     broker_name: str = field(default="broker-a", metadata=_alias("brokerName"))
+    #: Root of this broker's store (commitlog, consume queues, epoch file, .broker.meta).
     store_dir: Path = field(default=Path("~/store"), metadata=_alias("storePathRootDir", "store_path_root_dir"))
 
     # --- network --------------------------------------------------------------------------
+    #: Address the remoting port binds; off loopback only with a cluster secret or
+    #: allow_insecure.
     listen_host: str = "127.0.0.1"
     #: The IP others use to reach this broker (advertised); empty = ``listen_host``.
     broker_ip: str = field(default="", metadata=_alias("brokerIP1"))
+    #: The remoting port clients and other processes dial.
     listen_port: int = field(default=10911, metadata=_alias("listenPort", "client_port"))
     #: 0 = ``listen_port + 1`` (RocketMQ: haListenPort <= 0 -> listenPort + 1).
     ha_listen_port: int = field(default=0, metadata=_alias("haListenPort", "ha_port"))
     #: host:port slaves dial for replication when it differs from the HA listener (a proxy,
     #: NAT or relay in between); empty = the advertised host and the HA port.
     ha_advertised_address: str = field(default="", metadata=_alias("haAdvertisedAddress"))
+    #: Controllers' remoting addresses, host:port;...
     controller_addr: list[str] = field(default_factory=list, metadata=_alias("controllerAddr", "controller_addresses"))
+    #: Name servers' addresses, host:port;...; empty = register with none.
     namesrv_addr: list[str] = field(default_factory=list, metadata=_alias("namesrvAddr", "namesrv_addresses"))
+    #: Largest remoting frame accepted; a longer length closes the connection before
+    #: anything is allocated.
     max_frame_bytes: int = 16 * 1024 * 1024
+    #: Timeout of one request to a controller or name server.
     rpc_timeout_ms: int = 3000
     #: Admin writes (topic changes, config updates) need this token when it is set.
     admin_token: str = ""
     #: RocketMQ ACL 1.0 on the client port: every request signed by an account of
     #: ``acl_file`` (``plain_acl.yml``; a relative path is beside the config file).
     acl_enable: bool = field(default=False, metadata=_alias("aclEnable"))
+    #: The ACL accounts file; re-read when it changes.
     acl_file: Path = field(default=Path("plain_acl.yml"), metadata=_alias("aclFile"))
     #: The secret shared by every process of the cluster (at least 16 bytes; make one with
     #: ``rmqha certs secret``).  Given, every HA link authenticates both ways (the peer
@@ -61,6 +73,8 @@ class BrokerConfig(TlsKeys):
     #: line of ``cluster_secret_file`` (or ``RMQHA_CLUSTER_SECRET_FILE``).  Without any,
     #: the broker runs on loopback only (see ``allow_insecure``).
     cluster_secret: str = field(default="", repr=False, metadata=_alias("clusterSecret"))
+    #: A file whose first line is the cluster secret (a mounted Secret); cluster_secret
+    #: wins.
     cluster_secret_file: str = field(default="", metadata=_alias("clusterSecretFile"))
     #: With a cluster secret, also accept (master) or speak (slave) RocketMQ's own HA wire,
     #: which has no room for authentication: such a link is open to an impostor.
@@ -78,9 +92,14 @@ class BrokerConfig(TlsKeys):
     #: Ignored, as in RocketMQ controller mode (the id comes from the controller and is kept
     #: in .broker.meta; the role from elections).  Accepted so quick-start confs load.
     broker_id: int = field(default=-1, metadata=_alias("brokerId"))
+    #: Ignored, as broker_id is: the role comes from elections.
     broker_role: str = field(default="", metadata=_alias("brokerRole"))
+    #: How often this broker sends BROKER_HEARTBEAT to every controller.
     broker_heartbeat_interval_ms: int = field(default=1000, metadata=_alias("brokerHeartbeatInterval"))
+    #: A broker silent this long is dead to the controllers (sent with each heartbeat); the
+    #: master lease is shorter.
     controller_heartbeat_timeout_ms: int = field(default=10000, metadata=_alias("controllerHeartBeatTimeoutMills"))
+    #: How long one heartbeat round waits for the controllers' answers.
     send_heartbeat_timeout_ms: int = field(default=1000, metadata=_alias("sendHeartbeatTimeoutMillis"))
     #: The master accepts and acknowledges writes only while it holds a lease from the
     #: controller leader (rmqha.broker.master_lease); off = RocketMQ's behaviour (a master
@@ -92,47 +111,69 @@ class BrokerConfig(TlsKeys):
     #: How much shorter than the heartbeat timeout the lease is: covers a controller leader
     #: cut off from its quorum (1.5 s Raft fallback + a tick) and clock-rate differences.
     master_lease_margin_ms: int = field(default=2000, metadata=_alias("masterLeaseMarginMillis"))
+    #: How often this broker polls the controller for its group's replica info (role,
+    #: epochs, SyncStateSet).
     sync_broker_metadata_period_ms: int = field(default=5000, metadata=_alias("syncBrokerMetadataPeriod"))
+    #: How often a master checks whether a slave should join or leave the SyncStateSet.
     check_sync_state_set_period_ms: int = field(default=5000, metadata=_alias("checkSyncStateSetPeriod"))
     #: Accepted for RocketMQ confs; unused: the controller client follows NOT_LEADER
     #: answers and re-asks GET_METADATA_INFO whenever the leader moves.
     sync_controller_metadata_period_ms: int = field(default=10000, metadata=_alias("syncControllerMetadataPeriod"))
     #: Lower is preferred in elections (RocketMQ brokerElectionPriority).
     broker_election_priority: int = field(default=INT32_MAX, metadata=_alias("brokerElectionPriority"))
+    #: How often this broker renews its registration with every name server.
     register_name_server_period_ms: int = field(default=30000, metadata=_alias("registerNameServerPeriod"))
     #: How long the name server keeps this broker without a renewal.
     namesrv_broker_timeout_ms: int = field(default=120000, metadata=_alias("heartbeatTimeoutMillis"))
 
     # --- store ----------------------------------------------------------------------------
+    #: Size of one commitlog segment file (mapped, sparse).
     segment_bytes: int = field(default=1 << 30, metadata=_alias("mappedFileSizeCommitLog"))
     #: ``async`` or ``sync`` (RocketMQ ASYNC_FLUSH / SYNC_FLUSH accepted). With ``sync`` a
     #: master fsyncs on its event loop once per loop turn, while the slaves copy.
     flush: str = field(default="async", metadata=_alias("flushDiskType", "flush_mode"))
+    #: With flush = async, how often the commitlog is fsynced.
     flush_interval_ms: int = field(default=500, metadata=_alias("flushIntervalCommitLog"))
+    #: Segments older than this are deleted by retention (never the active one).
     file_reserved_hours: int = field(default=72, metadata=_alias("fileReservedTime"))
     #: Segments are sparse: disk blocks are reserved (fallocate) and faulted in this far
     #: ahead of the writer, so a full disk refuses a write cleanly instead of a SIGBUS.
     prefault_window_bytes: int = field(default=32 << 20, metadata=_alias("prefaultWindowBytes"))
 
     # --- acks -----------------------------------------------------------------------------
+    #: A send is acknowledged only once every SyncStateSet member holds it (else
+    #: in_sync_replicas copies).
     all_ack_in_sync_state_set: bool = field(default=False, metadata=_alias("allAckInSyncStateSet"))
+    #: Without all_ack_in_sync_state_set: copies (master included) a send needs before it is
+    #: acknowledged.
     in_sync_replicas: int = field(default=1, metadata=_alias("inSyncReplicas"))
+    #: The floor: fewer copies than this never acknowledge a send, and a smaller
+    #: SyncStateSet refuses writes.
     min_in_sync_replicas: int = field(default=1, metadata=_alias("minInSyncReplicas"))
     #: Accepted for RocketMQ confs; unused (only slave-acting-master mode reads it).
     total_replicas: int = field(default=1, metadata=_alias("totalReplicas"))
+    #: How long a send waits for its copies before it answers FLUSH_SLAVE_TIMEOUT (stored,
+    #: not confirmed).
     slave_timeout_ms: int = field(default=3000, metadata=_alias("slaveTimeout"))
 
     # --- HA -------------------------------------------------------------------------------
+    #: HA wire a slave speaks: framed (rmqha's own) or rocketmq (RocketMQ 5's AutoSwitch
+    #: HA); a master takes both.
     ha_protocol: str = "framed"
+    #: An idle HA link carries an empty block (master) or an ack (slave) this often.
     ha_send_heartbeat_interval_ms: int = field(default=5000, metadata=_alias("haSendHeartbeatInterval"))
+    #: An HA link silent this long is closed (and a slave dials again).
     ha_housekeeping_interval_ms: int = field(default=20000, metadata=_alias("haHousekeepingInterval"))
     #: 256 KiB, not RocketMQ's 32 KiB: Python pays per frame, and slave catch-up on loopback
     #: runs twice as fast with the larger blocks (benches/bench_replication.py).
     ha_transfer_batch_bytes: int = field(default=262144, metadata=_alias("haTransferBatchSize"))
+    #: A SyncStateSet member not caught up for this long is proposed out of the set.
     ha_max_time_slave_not_catchup_ms: int = field(default=15000, metadata=_alias("haMaxTimeSlaveNotCatchup"))
+    #: An empty slave starts from its master's last segment instead of its first byte.
     sync_from_last_file: bool = field(default=False, metadata=_alias("syncFromLastFile"))
     #: A slave fsyncs what it received before acking it (RocketMQ's slaves do not: off).
     ha_slave_flush_before_ack: bool = False
+    #: This slave replicates but never joins the SyncStateSet (RocketMQ's asyncLearner).
     async_learner: bool = field(default=False, metadata=_alias("asyncLearner"))
     #: A store that fails its start-up checks (a missing segment file) is moved aside to
     #: ``store_dir/aside-<time>/`` and the broker starts empty, to be rebuilt by replication
@@ -143,9 +184,14 @@ class BrokerConfig(TlsKeys):
     verify_segments_on_open: int = 2
 
     # --- messaging ------------------------------------------------------------------------
+    #: Accepted for RocketMQ confs; unused: compression is the client's choice (its
+    #: compress_over_bytes).
     compress_msg_body_over_bytes: int = field(default=4096, metadata=_alias("compressMsgBodyOverHowmuch"))
+    #: A send to an unknown topic creates it with default_topic_queue_nums queues.
     auto_create_topic_enable: bool = field(default=True, metadata=_alias("autoCreateTopicEnable"))
+    #: Queues of an auto-created topic.
     default_topic_queue_nums: int = field(default=4, metadata=_alias("defaultTopicQueueNums"))
+    #: Longest a pull or pop is held waiting for new messages, whatever the client asks.
     long_polling_max_ms: int = 15000
     #: How often retention looks for segments older than ``file_reserved_hours``.
     retention_interval_s: float = 60.0
@@ -190,13 +236,16 @@ class BrokerConfig(TlsKeys):
     # --- operations -----------------------------------------------------------------------
     #: Prometheus /metrics port; 0 = off (as the controller's metricsPromExporterPort).
     metrics_port: int = field(default=0, metadata=_alias("metricsPromExporterPort"))
+    #: Address the Prometheus exporter binds.
     metrics_host: str = field(default="127.0.0.1", metadata=_alias("metricsPromExporterHost"))
     #: Serve /metrics over HTTPS with the tls.server.* certificate (and client certificates
     #: as tls.server.need.client.auth asks); read at start.
     https_enable: bool = field(default=False, metadata=_alias("httpsEnable"))
+    #: DEBUG, INFO, WARNING, ERROR or CRITICAL.
     log_level: str = "INFO"
     #: Append JSON-line logs to this file instead of stderr; empty = stderr.
     log_file: str = ""
+    #: One JSON object per log line; false = plain text.
     log_json: bool = True
 
     def validate(self) -> None:

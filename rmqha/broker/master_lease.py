@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rmqha.controller.raft import LEADER_FALLBACK_TIMEOUT_S, RAFT_TICK_S
+from rmqha.protocol.lease_timing import LEADER_FALLBACK_TIMEOUT_S, RAFT_TICK_S
 
 #: Largest rate difference assumed between two hosts' monotonic clocks (NTP slews at most
 #: 500 ppm; twice that).

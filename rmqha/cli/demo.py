@@ -17,8 +17,9 @@ from pathlib import Path
 
 from rmqha import _core
 from rmqha.demo import cluster as cluster_demo
-from rmqha.demo.cluster import DemoOptions, run_demo
 from rmqha.demo.grpc_load import client_missing
+from rmqha.demo.options import DemoOptions
+from rmqha.demo.run import run_demo
 from rmqha.demo.store import run_twin
 
 

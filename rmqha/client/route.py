@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from rmqha.net.peer import RequestPeer
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import (
     ClientError,
@@ -68,13 +69,13 @@ class ClientSession:
                 connect_timeout=self.rpc_timeout_s, security=self.security)
         return c
 
-    async def _on_ids_changed(self, cmd: RemotingCommand, conn: Any) -> None:
+    async def _on_ids_changed(self, cmd: RemotingCommand, conn: RequestPeer) -> None:
         group = ConsumerIdsChangedHeader.parse(cmd.ext_fields).consumer_group
         if self.on_consumer_ids_changed is not None and group:
             self.on_consumer_ids_changed(group)
         return None
 
-    async def _on_check_transaction(self, cmd: RemotingCommand, conn: Any) -> None:
+    async def _on_check_transaction(self, cmd: RemotingCommand, conn: RequestPeer) -> None:
         if self.on_check_transaction is not None:
             await self.on_check_transaction(cmd, conn)
         return None

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Union
 
+from rmqha.net.peer import RequestPeer
 from rmqha.client.model import Message, SendResult
 from rmqha.client.send_request import RequestBuilder, SendRequest
 from rmqha.client.sender import Sender
@@ -184,7 +185,7 @@ class TransactionSupport:
             return False
         return True
 
-    async def _on_check(self, cmd: RemotingCommand, conn: Any) -> None:
+    async def _on_check(self, cmd: RemotingCommand, conn: RequestPeer) -> None:
         """CHECK_TRANSACTION_STATE from a broker: ask the listener, answer one-way."""
         if self.check_listener is None:
             return None

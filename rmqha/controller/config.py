@@ -54,16 +54,30 @@ def _parse_peer_list(text: str, key: str) -> list[tuple[str, str]]:
 
 @dataclass
 class ControllerConfig(TlsKeys):
+    #: Name of the controller group (RocketMQ's controllerDLegerGroup); shown in metrics and
+    #: GET_CONTROLLER_CONFIG.
     controller_group: str = field(default="rmqha-controller",
                                   metadata={"aliases": ("controllerDLegerGroup",)})
+    #: Every controller as id-host:port;... where host:port is its remoting (RPC) address.
     controller_peers: str = field(default="n0-127.0.0.1:9878",
                                   metadata={"aliases": ("controllerDLegerPeers",)})
+    #: This controller's id among controller_peers.
     controller_self_id: str = field(default="n0", metadata={"aliases": ("controllerDLegerSelfId",)})
+    #: Every controller's Raft (pysyncobj) address as id-host:port;...; empty = each RPC
+    #: port plus raft_port_offset.
     raft_peers: str = ""
+    #: Added to a controller's RPC port to get its Raft port when raft_peers is empty.
     raft_port_offset: int = 1000
+    #: Address the remoting port binds; off loopback only with a cluster secret or
+    #: allow_insecure.
     listen_host: str = "127.0.0.1"
+    #: Directory of the Raft journal, its metadata and snapshots (raft/ under it).
     controller_store_path: Path = field(default_factory=lambda: Path.home() / "rmqha" / "controller")
+    #: Accepted for RocketMQ confs; unused (UPDATE_CONTROLLER_CONFIG changes are not
+    #: persisted).
     config_store_path: Path | None = None
+    #: Keys UPDATE_CONTROLLER_CONFIG refuses, ;-separated, on top of the built-in list
+    #: (storage, membership, security).
     config_black_list: str = "configBlackList;configStorePath"
     #: The secret the whole cluster shares (env RMQHA_CLUSTER_SECRET): control requests
     #: carry an HMAC under it, and Raft traffic is encrypted with it unless raft_password
@@ -78,10 +92,17 @@ class ControllerConfig(TlsKeys):
     raft_password: str | None = None
     #: When set, admin writes (elect, clean, config update) must carry it (extField adminToken).
     admin_token: str | None = None
+    #: How often brokers whose heartbeat timed out are looked for (ms).
     scan_not_active_broker_interval: int = 5000
+    #: How often the leader looks for groups whose master is gone and elects one (ms).
     scan_inactive_master_interval: int = 5000
+    #: Attempts of one election before the leader gives up until the next scan.
     elect_master_max_retry_count: int = 3
+    #: Elect a live replica outside the SyncStateSet when no member is alive (may lose
+    #: acknowledged messages).
     enable_elect_unclean_master: bool = False
+    #: Push NOTIFY_BROKER_ROLE_CHANGED to a group's brokers after an election (they also
+    #: poll).
     notify_broker_role_changed: bool = True
     #: Heartbeat timeout assumed when a broker's heartbeat does not say, and the longest
     #: one a broker may ask for (ms; its answers say what is in force).
@@ -94,15 +115,22 @@ class ControllerConfig(TlsKeys):
     #: fsync the Raft log before any message leaves and the term/vote before any vote
     #: (group commit); off only to measure what durability costs.
     raft_durable: bool = True
+    #: Shortest Raft election timeout (ms); each wait is random between this and
+    #: raft_max_timeout.
     raft_min_timeout: int = 400
+    #: Longest Raft election timeout (ms).
     raft_max_timeout: int = 800
     #: Raft heartbeat period (ms); without raft_fast also the append batching period.
     raft_heartbeat_interval: int = 50
+    #: How long a write waits for its Raft commit before the request fails (ms).
     commit_timeout: int = 5000
+    #: Largest remoting frame accepted; a longer length closes the connection before
+    #: anything is allocated.
     max_frame_bytes: int = 16 * 1024 * 1024
 
     #: Prometheus exporter port (0 = off).
     metrics_port: int = field(default=0, metadata={"aliases": ("metricsPromExporterPort",)})
+    #: Address the Prometheus exporter binds.
     metrics_host: str = field(default="127.0.0.1", metadata={"aliases": ("metricsPromExporterHost",)})
     #: Serve /metrics over HTTPS with the tls.server.* certificate (and client certificates
     #: as tls.server.need.client.auth asks); read at start.

@@ -24,9 +24,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from rmqha.controller.elect_policy import CandidateInfo
+from rmqha.net.peer import RequestPeer
 
 DEFAULT_PRIORITY = 2**31 - 1
 
@@ -43,7 +43,7 @@ class BrokerLiveInfo:
     max_offset: int = -1
     confirm_offset: int = -1
     priority: int = DEFAULT_PRIORITY
-    conn: Any = None
+    conn: RequestPeer | None = None
 
     def expired(self, now: float) -> bool:
         return now - self.last_update > self.timeout_s
@@ -142,7 +142,7 @@ class BrokerHeartbeatManager:
         self, cluster: str, broker_name: str, broker_id: int, address: str, *,
         epoch: int | None = None, max_offset: int | None = None,
         confirm_offset: int | None = None, timeout_ms: int | None = None,
-        priority: int | None = None, conn: Any = None, default_timeout_ms: int = 10000,
+        priority: int | None = None, conn: RequestPeer | None = None, default_timeout_ms: int = 10000,
         signed_ms: int | None = None,
     ) -> None:
         now = self._clock()
@@ -180,7 +180,7 @@ class BrokerHeartbeatManager:
                 conn.add_close_callback(self._on_conn_closed)
             tracked.add(key)
 
-    def _on_conn_closed(self, conn: Any) -> None:
+    def _on_conn_closed(self, conn: RequestPeer) -> None:
         for key in list(conn.attributes.get("heartbeat_keys", ())):
             info = self._table.get(key)
             if info is not None and info.conn is conn:

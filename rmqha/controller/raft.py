@@ -55,6 +55,7 @@ from pysyncobj.transport import TCPTransport
 
 from rmqha.security.secret_policy import SECRET_KEYS_TEXT, is_loopback
 from rmqha.errors import ConfigError, ControllerError, NotLeaderError
+from rmqha.protocol.lease_timing import LEADER_FALLBACK_TIMEOUT_S, RAFT_TICK_S
 from rmqha.controller.raft_journal import DurableJournal, SyncHook
 from rmqha.controller.raft_tls import RaftTls, tls_transport
 
@@ -82,13 +83,6 @@ _FAIL_TEXT = {
     FAIL_REASON.REQUEST_DENIED: "request denied",
     FAIL_REASON.UNKNOWN_OUTCOME: "unknown outcome",
 }
-
-
-#: A leader without a majority's answers for this long steps down (pysyncobj
-#: ``leaderFallbackTimeout``); the master lease's margin covers it (rmqha.broker.master_lease).
-LEADER_FALLBACK_TIMEOUT_S = 1.5
-#: pysyncobj's tick (``autoTickPeriod``): the fallback is checked once a tick.
-RAFT_TICK_S = 0.05
 
 
 class RaftRole(enum.IntEnum):

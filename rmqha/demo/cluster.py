@@ -19,7 +19,7 @@ Whatever the outcome, every process it started is stopped and the demo checks th
 of their ports still accepts connections.
 
 The links are the demo's own: each broker advertises a relay in this process as its HA
-address (:class:`ReplicationLinks`), and a stall holds the master's bytes in the relay.
+address (:class:`rmqha.demo.relay.ReplicationLinks`), and a stall holds the master's bytes in the relay.
 Freezing the slaves (SIGSTOP) would not do: on one machine the master's bytes wait in the
 kernel's socket buffers, which outlive a SIGKILL, and the slaves read them once resumed,
 so the new master would hold the whole tail and nothing would be cut.
@@ -40,38 +40,30 @@ requests.  ``--plaintext`` runs the cluster with the cluster secret only, for co
 With ``--grpc`` the same scenario runs with the load going through an ``rmqha proxy``
 and RocketMQ 5's official Python client (:mod:`rmqha.demo.grpc_load`).
 
-This module owns the demo's scenario and its output; processes are
-:mod:`rmqha.testing.local_cluster`'s.
+This module owns the scenario (:class:`Demo`); the rest is one module per job: the options
+and names (:mod:`rmqha.demo.options`), the load (:mod:`rmqha.demo.load`), the relay
+(:mod:`rmqha.demo.relay`), the output (:mod:`rmqha.demo.report`) and the entry point
+(:mod:`rmqha.demo.run`); processes are :mod:`rmqha.testing.local_cluster`'s.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import shutil
 import signal
-import struct
-import sys
 import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from concurrent.futures import CancelledError
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from rich.console import Console as RichConsole
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn
-
-from rmqha.ha import frames
-from rmqha.ha.auth import PREFACE
-from rmqha.ha.frame_mac import TAG as FRAME_TAG_BYTES
-from rmqha.client import Consumer, Message, Producer
+from rmqha.client import Consumer
 from rmqha.client.admin import TopicAdmin
-from rmqha.errors import LocalClusterError, ProtocolError, RemotingError, RmqhaError, SendError
+from rmqha.errors import LocalClusterError, RemotingError, RmqhaError
 from rmqha.testing.local_cluster import (
     QUICK_BROKER,
     QUICK_CONTROLLER,
@@ -83,712 +75,21 @@ from rmqha.testing.local_cluster import (
     port_open,
 )
 from rmqha.testing.secure_setup import Account, SecureSetup
-from rmqha.protocol.message import parse_offset_msg_id
 from rmqha.security.secret import generate_secret_text
 from rmqha.net.loop import EventLoopThread
+from rmqha.demo.load import AckProgress, ProduceLoad, seq_of
+from rmqha.demo.options import (
+    ADMIN_KEY, ALL_ACK, APP_KEY, CLUSTER_NAME, GROUP, HA_ADVERTISED_KEY, QUEUES, TOPIC, DemoOptions,
+)
+from rmqha.demo.relay import ReplicationLinks, check_stall_timing, stall_cap_s
+from rmqha.demo.report import Console, DemoSummary, ElectionEvent, ProgressBar, ids_text, warn
 
-TOPIC = "DemoTopic"
-GROUP = "broker-a"
-CLUSTER_NAME = "rmqha-demo"
-#: The accounts of the secured demo's ``plain_acl.yml``: its clients', and an admin's.
-APP_KEY = "demo-app"
-ADMIN_KEY = "demo-admin"
-QUEUES = 8
-#: The broker settings that make the point of the demo: a send is acknowledged only once
-#: every replica in the SyncStateSet holds it (RocketMQ's allAckInSyncStateSet), and never
-#: with fewer than two copies, even while a new master's set is still itself alone.
-ALL_ACK = {"all_ack_in_sync_state_set": True, "min_in_sync_replicas": 2, "slave_timeout_ms": 3000}
-#: The first bytes of every body: the message's sequence number, so the reader can tell
-#: which message it is and count duplicates without trusting any id.
-_SEQ_DIGITS = 10
-
-#: The first byte of a TLS connection (a handshake record); no HA dialect starts so: a
-#: frame's length, an offset or the authenticated link's preface come first.
-_TLS_HANDSHAKE = b"\x16"
 # The restarted broker's HA slave logs how much it cut (rmqha.ha.slave).
 _TRUNCATE_LINE = re.compile(r"truncating at (\d+): dropping (\d+) bytes.*?\(local max (\d+)\)")
 _DROP_ALL_LINE = re.compile(r"dropping (?:its|the) whole log \((\d+) bytes")
 # ... and the broker where its store ended when it opened (rmqha.broker.broker).
 _STORE_OPEN_LINE = re.compile(r"store open: .*? max offset (\d+)")
 
-#: The broker key that makes a broker tell slaves another HA address than the one it
-#: listens on (the demo's relay in front of it).
-HA_ADVERTISED_KEY = "ha_advertised_address"
-#: A stall lasts at most this fraction of the shortest timer it could trip (see
-#: :func:`check_stall_timing`).
-_STALL_MARGIN = 4
-
-
-
-
-def stall_cap_s(broker: dict[str, Any], controller: dict[str, Any]) -> float:
-    """The longest stall that trips no timer and so cannot change the story: a side that
-    hears nothing for ha_housekeeping_interval_ms drops the link, a member not caught up for
-    ha_max_time_slave_not_catchup_ms is shrunk out of the SyncStateSet, a send waits
-    slave_timeout_ms for its acks.  Heartbeats to the controller do not cross the relay,
-    but its timeouts are kept clear as well, so no election can pick another node."""
-    timers = _stall_timers(broker, controller)
-    return min(timers.values()) / 1000 / _STALL_MARGIN
-
-
-def check_stall_timing(stall_s: float, broker: dict[str, Any], controller: dict[str, Any]) -> None:
-    """Refuse a stall longer than :func:`stall_cap_s` allows, naming the timer."""
-    for name, ms in _stall_timers(broker, controller).items():
-        if stall_s * 1000 * _STALL_MARGIN > ms:
-            raise RmqhaError(f"a {stall_s:.2f} s stall is too long for {name} = {ms} ms "
-                             f"(at most 1/{_STALL_MARGIN} of it)")
-
-
-def _stall_timers(broker: dict[str, Any], controller: dict[str, Any]) -> dict[str, int]:
-    timers = {
-        "ha_housekeeping_interval_ms": broker.get("ha_housekeeping_interval_ms"),
-        "ha_max_time_slave_not_catchup_ms": broker.get("ha_max_time_slave_not_catchup_ms"),
-        "slave_timeout_ms": broker.get("slave_timeout_ms"),
-        "controller_heartbeat_timeout_ms": broker.get("controller_heartbeat_timeout_ms"),
-        "broker_heartbeat_timeout": controller.get("broker_heartbeat_timeout"),
-    }
-    return {name: ms for name, ms in timers.items() if isinstance(ms, int)}
-
-
-@dataclass
-class DemoOptions:
-    messages: int = 100_000
-    body_bytes: int = 256
-    batch: int = 32
-    in_flight: int = 4
-    #: The master is killed once this fraction of the messages is acknowledged.
-    kill_at: float = 0.4
-    directory: Path | None = None
-    keep: bool = False
-    json: bool = False
-    #: Longest wait for any one step (a new master, a rejoin, the last message).
-    step_timeout_s: float = 60.0
-    #: Stall the replication links just before the kill, so the master holds a tail.
-    stall: bool = True
-    #: How long the links stall at least before the kill (the producer keeps sending
-    #: meanwhile); longer, up to stall_cap_s, until the master holds writes no slave has.
-    stall_s: float = 0.3
-    #: The load goes through an ``rmqha proxy`` with RocketMQ 5's official client
-    #: (:mod:`rmqha.demo.grpc_load`) instead of rmqha's own over remoting.
-    grpc: bool = False
-    #: No TLS and no ACL: the cluster secret only (for comparison).
-    plaintext: bool = False
-
-
-@dataclass
-class ElectionEvent:
-    """One change of the controller's view of the group, seconds after the kill."""
-
-    after_s: float
-    master_id: int | None
-    master_address: str | None
-    master_epoch: int
-    sync_state_set: list[int]
-
-
-@dataclass
-class Failover:
-    killed: str = ""
-    killed_pid: int = 0
-    acked_at_kill: int = 0
-    old_master_id: int | None = None
-    old_master_address: str | None = None
-    old_epoch: int = 0
-    old_sync_state_set: list[int] = field(default_factory=list)
-    new_master_id: int | None = None
-    new_master_address: str | None = None
-    new_epoch: int = 0
-    new_sync_state_set: list[int] = field(default_factory=list)
-    #: The links to the slaves stalled before the kill (see DemoOptions.stall).
-    stalled: bool = False
-    stall_s: float | None = None
-    #: The master's max offset just after the links stalled: no slave can have more.
-    master_max_at_stall: int | None = None
-    #: As seen at the end of the stall, just before the kill: the master's max offset, its
-    #: slaves' acks and the slaves' own max offsets.
-    master_max_at_kill: int | None = None
-    slave_acks_at_kill: list[int] = field(default_factory=list)
-    slave_max_at_kill: list[int] = field(default_factory=list)
-    #: Where the last whole block that crossed each slave's link before the stall ends, in
-    #: the order of slave_max_at_kill (None: the relay could not follow that stream).
-    crossed_at_stall: list[int | None] = field(default_factory=list)
-    #: master_max_at_kill - max(slave_max_at_kill): on no slave, never acknowledged.
-    tail_bytes: int | None = None
-    #: Bytes the stalled links held when the master died, dropped with it.
-    link_bytes_dropped: int = 0
-    #: SIGKILL -> the controller names another master.
-    election_s: float | None = None
-    #: SIGKILL -> the first send acknowledged by the new master.
-    first_ack_s: float | None = None
-    events: list[ElectionEvent] = field(default_factory=list)
-
-
-@dataclass
-class Rejoin:
-    broker: str = ""
-    broker_id: int | None = None
-    role: str | None = None
-    master_id: int | None = None
-    master_epoch: int = 0
-    #: Where its log ended when it came back, where it was cut, and how much was cut.
-    log_end_before: int | None = None
-    truncated_at: int | None = None
-    truncated_bytes: int | None = None
-    #: Where the new master's epoch starts in its own epoch map.
-    new_epoch_start: int | None = None
-    epoch_map: list[dict[str, int]] = field(default_factory=list)
-    matches_master_epochs: bool = False
-    as_slave_s: float | None = None
-    in_sync_s: float | None = None
-    sync_state_set: list[int] = field(default_factory=list)
-
-
-@dataclass
-class DemoSummary:
-    messages: int
-    body_bytes: int
-    sent: int = 0
-    acked: int = 0
-    not_acked: int = 0
-    send_errors: int = 0
-    consumed: int = 0
-    duplicates: int = 0
-    lost: int = 0
-    lost_sample: list[int] = field(default_factory=list)
-    unacked_but_stored: int = 0
-    #: "mutual TLS + ACL", or "cluster secret only" (--plaintext); where the certificates
-    #: and accounts are (secured).
-    security: str = ""
-    certificates: str | None = None
-    acl_file: str | None = None
-    #: Which clients carried the load, and the proxy they went through (gRPC demo).
-    client: str = "rmqha Producer and Consumer over remoting"
-    proxy: str | None = None
-    #: gRPC demo: sends the demo repeated after the client's own attempts failed, receives
-    #: that failed, and acks the proxy refused (those messages come again).
-    send_retries: int = 0
-    receive_errors: int = 0
-    acks_refused: int = 0
-    produce_s: float = 0.0
-    produce_msgs_per_s: float = 0.0
-    produce_mb_per_s: float = 0.0
-    consume_s: float = 0.0
-    consume_msgs_per_s: float = 0.0
-    failover_s: float | None = None
-    failover: Failover = field(default_factory=Failover)
-    rejoin: Rejoin = field(default_factory=Rejoin)
-    processes_started: int = 0
-    leftover_processes: list[str] = field(default_factory=list)
-    leftover_ports: list[int] = field(default_factory=list)
-    directory: str = ""
-    kept: bool = False
-    total_s: float = 0.0
-    interrupted: bool = False
-    error: str | None = None
-    ok: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-# --- output ---------------------------------------------------------------------------------
-
-
-class ProgressBar:
-    """A one-line progress bar on stderr, drawn by rich.
-
-    On a terminal it is a live bar (redrawn a few times a second, the demo's other lines
-    scrolling above it); anywhere else (a pipe, a file, a CI log) nothing is redrawn: only
-    the final line is written, as plain text without escape codes.
-    """
-
-    def __init__(self, label: str, total: int, *, console: RichConsole | None = None,
-                 enabled: bool = True) -> None:
-        self.label, self.total = label, max(total, 1)
-        self.console = console if console is not None else RichConsole(
-            file=sys.stderr, highlight=False, emoji=False)
-        self.enabled = enabled
-        self.live = enabled and self.console.is_terminal and not self.console.is_dumb_terminal
-        self.done = 0
-        self.suffix = ""
-        self._progress: Progress | None = None
-        if self.live:
-            # The demo's lines go to stdout: when that is the same terminal, rich prints
-            # them above the bar; when it is a pipe they must stay on stdout untouched.
-            stdout_tty = sys.stdout.isatty()
-            self._progress = Progress(
-                TextColumn("{task.description:<10}"), BarColumn(bar_width=30),
-                TaskProgressColumn(), MofNCompleteColumn(), TextColumn("{task.fields[suffix]}"),
-                console=self.console, transient=True, refresh_per_second=5,
-                redirect_stdout=stdout_tty, redirect_stderr=False)
-            self._task = self._progress.add_task(label, total=self.total, suffix="")
-            self._progress.start()
-
-    def line(self) -> str:
-        """The bar as one plain line (what a pipe gets at the end)."""
-        pct = min(100, self.done * 100 // self.total)
-        return f"{self.label:<10} {pct:3d}% {self.done:,}/{self.total:,} {self.suffix}".rstrip()
-
-    def update(self, done: int, suffix: str = "") -> None:
-        self.done, self.suffix = done, suffix
-        if self._progress is not None:
-            self._progress.update(self._task, completed=min(done, self.total), suffix=suffix)
-
-    def finish(self) -> None:
-        if not self.enabled:
-            return
-        if self._progress is not None:
-            self._progress.update(self._task, completed=min(self.done, self.total), suffix=self.suffix)
-            self._progress.stop()  # transient: the live bar leaves the screen ...
-            self._progress = None
-        # ... and one final line stays, on a terminal and in a log alike.
-        self.console.file.write(self.line() + "\n")
-        self.console.file.flush()
-
-
-class Console:
-    """The demo's human output (stdout), kept clear of a live progress bar on stderr."""
-
-    def __init__(self, quiet: bool) -> None:
-        self.quiet = quiet
-        self.bar: ProgressBar | None = None
-
-    def say(self, text: str = "") -> None:
-        if self.quiet:
-            return
-        # With a live bar on the same terminal, rich has taken over stdout and prints
-        # this above the bar.
-        print(text, flush=True)
-
-    def progress(self, label: str, total: int) -> ProgressBar:
-        self.bar = ProgressBar(label, total, enabled=not self.quiet)
-        return self.bar
-
-    def end_progress(self) -> None:
-        if self.bar is not None:
-            self.bar.finish()
-            self.bar = None
-
-
-def warn(text: str) -> None:
-    print(f"rmqha demo: {text}", file=sys.stderr, flush=True)
-
-
-def _ids(ids: list[int]) -> str:
-    return "{" + ", ".join(str(i) for i in ids) + "}"
-
-
-def _s(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds:.2f} s"
-
-
-# --- the producer ---------------------------------------------------------------------------
-
-
-def numbered_body(seq: int, size: int) -> bytes:
-    head = str(seq).zfill(_SEQ_DIGITS).encode()
-    return head + b"." * max(0, size - len(head))
-
-
-def seq_of(body: bytes) -> int | None:
-    head = body[:_SEQ_DIGITS]
-    return int(head) if len(head) == _SEQ_DIGITS and head.isdigit() else None
-
-
-class ProduceLoad:
-    """Numbered messages sent in batches by ``in_flight`` concurrent senders of one
-    :class:`Producer`, on the demo's client loop; counters read from the main thread."""
-
-    #: How the first send acknowledged after the kill got there (the demo says it).
-    after_kill_note = "the producer retried by itself"
-
-    def __init__(self, loop: EventLoopThread, namesrv: list[str], opts: DemoOptions,
-                 client_options: Mapping[str, Any] | None = None) -> None:
-        self.loop = loop
-        self.namesrv = namesrv
-        self.opts = opts
-        #: The Producer's certificate and account (secured demo).
-        self.client_options = dict(client_options or {})
-        self.sent = 0
-        self.acked: set[int] = set()
-        self.not_acked = 0
-        self.send_errors = 0
-        self.last_error = ""
-        self.started_at = 0.0
-        self.finished_at: float | None = None
-        #: Set by the main thread just before it kills the master.
-        self.kill_time: float | None = None
-        self.killed_address: str | None = None
-        self.first_ack_after_kill: float | None = None
-        #: Senders start no batch at or past this sequence number until :meth:`release`:
-        #: a fast producer could otherwise finish between two looks of the main thread,
-        #: and the master would be killed after the load instead of in the middle of it.
-        self.hold_at: int | None = None
-        self._released = asyncio.Event()
-        self._next = 0
-        self._future: Any = None
-        self._tasks: list[asyncio.Task[None]] = []
-        self._task: asyncio.Task[None] | None = None
-        self._stopping = False
-        self._producer: Producer | None = None
-
-    @property
-    def done(self) -> bool:
-        return self._future is not None and self._future.done()
-
-    @property
-    def settled(self) -> int:
-        """Messages whose send has an outcome (acknowledged, refused or failed)."""
-        return len(self.acked) + self.not_acked + self.send_errors
-
-    def release(self) -> None:
-        """Let the senders past :attr:`hold_at` (from the main thread)."""
-        self.loop.loop.call_soon_threadsafe(self._released.set)
-
-    def start(self) -> None:
-        self.started_at = time.monotonic()
-        self._future = asyncio.run_coroutine_threadsafe(self._run(), self.loop.loop)
-
-    def result(self) -> None:
-        """Re-raise what made the load fail (SendErrors are counted, not raised)."""
-        if self._future is not None and self._future.done():
-            self._future.result()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Cancel the senders and wait until the producer is closed (for an early exit)."""
-        if self._future is None or self._future.done():
-            return
-
-        async def cancel() -> None:
-            # The flag as well as the cancel: asyncio.wait_for (3.11) can swallow a
-            # cancellation that races with a response, and the sender would go on.
-            self._stopping = True
-            if self._task is not None:
-                self._task.cancel()
-                await asyncio.wait([self._task], timeout=timeout)
-
-        try:
-            self.loop.run(cancel(), timeout + 1)
-        except (TimeoutError, RuntimeError) as exc:  # a stuck close must not stop the clean-up
-            warn(f"the producer did not stop cleanly: {exc!r}")
-
-    async def _run(self) -> None:
-        self._task = asyncio.current_task()
-        await self._open()
-        try:
-            self._tasks = [asyncio.ensure_future(self._sender()) for _ in range(self.opts.in_flight)]
-            await asyncio.gather(*self._tasks)
-        finally:
-            for task in self._tasks:
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-            await self._close()
-            self.finished_at = time.monotonic()
-
-    async def _open(self) -> None:
-        self._producer = Producer(self.namesrv, "demo-producer", send_timeout_s=3.0,
-                                  backoff_s=0.02, max_backoff_s=0.2, retry_deadline_s=30.0,
-                                  compress_over_bytes=-1, **self.client_options)
-
-    async def _close(self) -> None:
-        if self._producer is not None:
-            await self._producer.close()
-
-    async def _take(self, n: int) -> range | None:
-        """The next ``n`` sequence numbers to send (fewer at the end), counted as sent;
-        None once all are taken or the load stops.  Waits at :attr:`hold_at`."""
-        while self._next < self.opts.messages and not self._stopping:
-            if self.hold_at is not None and self._next >= self.hold_at \
-                    and not self._released.is_set():
-                await self._released.wait()
-                continue
-            seqs = range(self._next, min(self._next + n, self.opts.messages))
-            self._next = seqs.stop
-            self.sent += len(seqs)
-            return seqs
-        return None
-
-    async def _sender(self) -> None:
-        assert self._producer is not None
-        opts = self.opts
-        while (seqs := await self._take(opts.batch)) is not None:
-            try:
-                results = await self._producer.send_batch(
-                    TOPIC, [Message(numbered_body(s, opts.body_bytes)) for s in seqs])
-            except SendError as exc:
-                self.send_errors += len(seqs)
-                self.last_error = str(exc)
-                continue
-            now = time.monotonic()
-            for seq, r in zip(seqs, results):
-                if not r.ok:
-                    self.not_acked += 1
-                    continue
-                self.acked.add(seq)
-                if self.kill_time is not None and self.first_ack_after_kill is None:
-                    try:
-                        host, _ = parse_offset_msg_id(r.offset_msg_id)
-                    except ProtocolError:
-                        host = ""
-                    if host and host != self.killed_address:
-                        self.first_ack_after_kill = now
-
-
-class _AckProgress:
-    """Fails a produce phase in which no send is acknowledged for ``timeout_s``: every send
-    ends within the producer's retry deadline, but a cluster that refuses them all would
-    keep the demo going batch after batch, saying nothing."""
-
-    def __init__(self, load: ProduceLoad, timeout_s: float) -> None:
-        self.load = load
-        self.timeout_s = timeout_s
-        self._acked = len(load.acked)
-        self._since = time.monotonic()
-
-    def check(self, cluster: Cluster) -> None:
-        acked, now = len(self.load.acked), time.monotonic()
-        if acked != self._acked:
-            self._acked, self._since = acked, now
-        elif now - self._since > self.timeout_s:
-            raise RmqhaError(f"no send acknowledged for {self.timeout_s:.0f} s (last send error: "
-                             f"{self.load.last_error or 'none'})\n{cluster.describe()}")
-
-
-# --- the replication links -----------------------------------------------------------------
-
-
-class _Link:
-    """One relayed HA connection (slave <-> master); what the master sends once the link
-    is stalled is counted, never forwarded (a stalled link is not resumed: its master dies).
-
-    The relay reads the frames it forwards (framed dialect) when it can: the slave's broker
-    id from its handshake, and the log end of the last whole block that went to it, which is
-    what the slave will have stored once it has read everything it was sent.  Over TLS (the
-    secured demo: the brokers' HA links are mutual TLS) it sees ciphertext only: it forwards
-    and holds the bytes all the same, but knows neither (:attr:`opaque`)."""
-
-    def __init__(self, slave_writer: asyncio.StreamWriter, master_writer: asyncio.StreamWriter) -> None:
-        self.slave_writer = slave_writer
-        self.master_writer = master_writer
-        self.stalled = False
-        self.held_bytes = 0
-        #: The link is TLS: the relay cannot read its frames.
-        self.opaque = False
-        self.slave_id: int | None = None
-        #: Log end of the last whole TRANSFER_DATA block forwarded (None: not known, e.g.
-        #: the slave speaks the rocketmq dialect).
-        self.forwarded_end: int | None = 0
-        # Any block a broker may send (its own limit is configurable): the relay only counts.
-        self._to_slave_frames = frames.framed.decoder(frames.Direction.MASTER_TO_SLAVE, max_frame_bytes=1 << 30)
-        self._to_master_frames: Any = frames.framed.decoder(frames.Direction.SLAVE_TO_MASTER)
-        # An authenticated link (the cluster secret) wraps the frames: the relay has no keys,
-        # so it reads past the handshake and the tags (the two ends check them).
-        self._from_slave = _SealedView(messages=2)
-        self._to_slave: _SealedView | None = None
-
-    def saw_from_slave(self, data: bytes) -> None:
-        if self._to_master_frames is None:
-            return
-        if self._from_slave.sealed is None and data[:1] == _TLS_HANDSHAKE:
-            self.opaque = True  # a ClientHello: no frame of this link is readable here
-            self._to_master_frames, self.forwarded_end = None, None
-            return
-        try:
-            for frame in self._to_master_frames.feed(self._from_slave.feed(data)):
-                if isinstance(frame, frames.HandshakeSlave):
-                    self.slave_id = frame.broker_id
-                    self._to_master_frames = None  # all it was read for
-                    return
-        except ProtocolError:
-            self._to_master_frames = None
-            self.forwarded_end = None
-
-    def forwarded_to_slave(self, data: bytes) -> None:
-        if self.forwarded_end is None:
-            return
-        if self._to_slave is None:
-            self._to_slave = _SealedView(messages=1, sealed=self._from_slave.sealed)
-        try:
-            for frame in self._to_slave_frames.feed(self._to_slave.feed(data)):
-                if type(frame) is frames.TransferData and len(frame.data):
-                    self.forwarded_end = max(self.forwarded_end,
-                                             frame.block_start_offset + len(frame.data))
-        except ProtocolError:
-            self.forwarded_end = None
-
-
-class _SealedView:
-    """The framed-dialect bytes of one direction of an HA link, as a relay without the keys
-    sees them: an authenticated link (it opens with :data:`rmqha.ha.auth.PREFACE`) carries
-    length-prefixed handshake messages, then every frame followed by its MAC tag; the view
-    drops those and passes the frames on.  A link that does not open with the preface is
-    passed through as it is."""
-
-    def __init__(self, messages: int, sealed: bool | None = None) -> None:
-        self.sealed = sealed
-        self._messages = messages
-        self._buf = bytearray()
-
-    def feed(self, data: bytes) -> bytes:
-        buf = self._buf
-        buf += data
-        if self.sealed is None:
-            if len(buf) < len(PREFACE):
-                return b""
-            self.sealed = bytes(buf[:len(PREFACE)]) == PREFACE
-            if self.sealed:
-                del buf[:len(PREFACE)]
-        if not self.sealed:
-            out = bytes(buf)
-            buf.clear()
-            return out
-        return self._frames(buf)
-
-    def _frames(self, buf: bytearray) -> bytes:
-        out = bytearray()
-        while self._messages and len(buf) >= 2:
-            (n,) = struct.unpack_from(">H", buf, 0)
-            if len(buf) < 2 + n:
-                return bytes(out)
-            del buf[:2 + n]
-            self._messages -= 1
-        while not self._messages and len(buf) >= 4:
-            (n,) = struct.unpack_from(">i", buf, 0)
-            if n < 4:
-                raise ProtocolError(f"an authenticated HA frame of {n} bytes")
-            if len(buf) < n + FRAME_TAG_BYTES:
-                break
-            out += buf[:n]
-            del buf[:n + FRAME_TAG_BYTES]
-        return bytes(out)
-
-
-class ReplicationLinks:
-    """The HA links of the demo's brokers, relayed through this process.
-
-    One relay listens in front of each broker's HA port; the broker advertises the relay's
-    address, so every slave reaches its master through it.  :meth:`stall` stops the
-    master-to-slave bytes of the links open at that moment (acks still flow, so the
-    producer goes on sending and the master on appending).  When the master dies, a
-    stalled link drops what it held and resets the slave's side: those bytes never reach
-    a slave, as when a host dies with its links stuck.  A later link (to the new master)
-    is never stalled.  The relay forwards bytes: over TLS it holds ciphertext it cannot
-    read, and the stall is the same.  Runs on its own event loop thread.
-    """
-
-    def __init__(self) -> None:
-        self._loop = EventLoopThread("demo-links")
-        self._servers: list[asyncio.Server] = []
-        self._links: set[_Link] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
-        self.ports: list[int] = []
-        #: Bytes held by stalled links when their master side ended (never delivered).
-        self.dropped_bytes = 0
-
-    def front(self, target: str) -> str:
-        """Start a relay to ``target`` (host:port); the address slaves should dial."""
-        host, _, port = target.rpartition(":")
-        server = self._loop.run(asyncio.start_server(
-            lambda r, w: self._accept(r, w, host, int(port)), "127.0.0.1", 0), 10)
-        self._servers.append(server)
-        relay_port = int(server.sockets[0].getsockname()[1])
-        self.ports.append(relay_port)
-        return f"127.0.0.1:{relay_port}"
-
-    def stall(self) -> int:
-        """Stall every open link; how many were stalled."""
-        async def stall() -> int:
-            for link in self._links:
-                link.stalled = True
-            return len(self._links)
-        return int(self._loop.run(stall(), 5))
-
-    def forwarded_ends(self) -> dict[int, int | None]:
-        """Slave broker id -> log end of the last whole block its stalled link forwarded
-        (None when the relay could not follow the stream)."""
-        async def ends() -> dict[int, int | None]:
-            return {link.slave_id: link.forwarded_end for link in self._links
-                    if link.stalled and link.slave_id is not None}
-        return dict(self._loop.run(ends(), 5))
-
-    def opaque(self) -> bool:
-        """Whether a stalled link is one the relay cannot read (TLS)."""
-        async def any_opaque() -> bool:
-            return any(link.stalled and link.opaque for link in self._links)
-        return bool(self._loop.run(any_opaque(), 5))
-
-    def flushed(self) -> bool:
-        """Whether every stalled link has handed the kernel all it forwarded to its slave
-        (on loopback the bytes are then in the slave's socket)."""
-        async def flushed() -> bool:
-            return all(link.slave_writer.transport.get_write_buffer_size() == 0
-                       for link in self._links if link.stalled)
-        return bool(self._loop.run(flushed(), 5))
-
-    def close(self) -> None:
-        async def close() -> None:
-            for server in self._servers:
-                server.close()
-            for link in list(self._links):
-                link.slave_writer.transport.abort()
-                link.master_writer.transport.abort()
-            for task in list(self._tasks):
-                task.cancel()
-            if self._tasks:
-                await asyncio.wait(list(self._tasks), timeout=5)
-            for server in self._servers:
-                await server.wait_closed()
-        try:
-            self._loop.run(close(), 10)
-        except (TimeoutError, RuntimeError, OSError) as exc:
-            warn(f"the replication links did not close cleanly: {exc!r}")
-        self._loop.stop()
-
-    async def _accept(self, slave_reader: asyncio.StreamReader, slave_writer: asyncio.StreamWriter,
-                      host: str, port: int) -> None:
-        try:
-            master_reader, master_writer = await asyncio.open_connection(host, port)
-        except OSError:
-            slave_writer.transport.abort()  # as if the master's port refused: the slave retries
-            return
-        link = _Link(slave_writer, master_writer)
-        self._links.add(link)
-        tasks = [asyncio.ensure_future(self._to_master(link, slave_reader)),
-                 asyncio.ensure_future(self._to_slave(link, master_reader))]
-        self._tasks.update(tasks)
-        try:
-            await asyncio.gather(*tasks, return_exceptions=True)
-        finally:
-            self._tasks.difference_update(tasks)
-            self._links.discard(link)
-
-    async def _to_master(self, link: _Link, reader: asyncio.StreamReader) -> None:
-        try:
-            while data := await reader.read(1 << 20):
-                link.saw_from_slave(data)
-                link.master_writer.write(data)
-                await link.master_writer.drain()
-        except (OSError, ConnectionError):
-            pass  # the slave's side broke: same as its end
-        link.master_writer.close()
-
-    async def _to_slave(self, link: _Link, reader: asyncio.StreamReader) -> None:
-        try:
-            while data := await reader.read(1 << 20):
-                if link.stalled:
-                    link.held_bytes += len(data)
-                    continue
-                link.forwarded_to_slave(data)
-                link.slave_writer.write(data)
-                await link.slave_writer.drain()
-        except (OSError, ConnectionError):
-            pass  # the master's side broke: same as its end
-        if link.stalled:
-            # The master is gone: a stalled link's bytes die with it; the slave sees a reset.
-            self.dropped_bytes += link.held_bytes
-            link.slave_writer.transport.abort()
-        else:
-            link.slave_writer.close()
 
 
 # --- the scenario ---------------------------------------------------------------------------
@@ -924,7 +225,7 @@ class Demo:
             out.say(f"      broker {b.group} id {b.broker_id()} {b.address:<16} pid {b.pid:<7} "
                     f"{role}  (HA port {b.ha_address.rpartition(':')[2]})")
         out.say(f"      controller's view: master id {info.master_id}, master epoch "
-                f"{info.master_epoch}, SyncStateSet {_ids(info.sync_state_set)}  "
+                f"{info.master_epoch}, SyncStateSet {ids_text(info.sync_state_set)}  "
                 f"(up in {time.monotonic() - t0:.1f} s)")
         self.summary.processes_started = len(c.processes)
 
@@ -986,7 +287,7 @@ class Demo:
         if master is None:
             raise RmqhaError(f"no running broker has the master's id {before.master_id}")
         load.start()
-        progress = _AckProgress(load, self.opts.step_timeout_s)
+        progress = AckProgress(load, self.opts.step_timeout_s)
         while not load.done and load.settled < kill_after:
             self._tick(bar, load)
             progress.check(self._c)
@@ -1003,7 +304,7 @@ class Demo:
         out.say(f"  >>> SIGKILL {master.name} (pid {f.killed_pid}): the master, id {f.old_master_id}, "
                 f"master epoch {f.old_epoch}, after {f.acked_at_kill:,} acknowledged messages")
         self._watch_election(bar, load, before)
-        progress = _AckProgress(load, self.opts.step_timeout_s)
+        progress = AckProgress(load, self.opts.step_timeout_s)
         while not load.done:
             self._tick(bar, load)
             self._watch_sync_state_set(load)
@@ -1166,7 +467,7 @@ class Demo:
                                       info.master_epoch, info.sync_state_set))
         if info.master_id is None:
             return (f"controller: no master (epoch {info.master_epoch}), SyncStateSet "
-                    f"{_ids(info.sync_state_set)}")
+                    f"{ids_text(info.sync_state_set)}")
         if info.master_id != f.old_master_id and f.election_s is None:
             f.election_s = after
             f.new_master_id, f.new_master_address = info.master_id, info.master_address
@@ -1174,12 +475,12 @@ class Demo:
             f.new_sync_state_set = info.sync_state_set
             return (f"controller elected id {info.master_id} ({info.master_address}): master "
                     f"epoch {f.old_epoch} -> {info.master_epoch}, SyncStateSet "
-                    f"{_ids(f.old_sync_state_set)} -> {_ids(info.sync_state_set)}")
+                    f"{ids_text(f.old_sync_state_set)} -> {ids_text(info.sync_state_set)}")
         if info.master_id == f.new_master_id:
             f.new_epoch = info.master_epoch
             f.new_sync_state_set = info.sync_state_set
         return (f"controller: master id {info.master_id}, epoch {info.master_epoch}, "
-                f"SyncStateSet {_ids(info.sync_state_set)}")
+                f"SyncStateSet {ids_text(info.sync_state_set)}")
 
     def _restart_old_master(self) -> None:
         c, out, f, r = self._c, self.out, self.summary.failover, self.summary.rejoin
@@ -1252,7 +553,7 @@ class Demo:
         epochs = ", ".join(f"epoch {e['epoch']} from {e['startOffset']:,}" for e in r.epoch_map)
         same = "same as the master's" if r.matches_master_epochs else "DIFFERS from the master's"
         out.say(f"      its epoch map now: {epochs} ({same})")
-        self._say_at([(r.in_sync_s, f"caught up: SyncStateSet {_ids(r.sync_state_set)} "
+        self._say_at([(r.in_sync_s, f"caught up: SyncStateSet {ids_text(r.sync_state_set)} "
                                     f"(SyncStateSet epoch {info.sync_state_set_epoch})")])
 
     def _read_truncation(self, log: str, status: dict[str, Any], epoch_start: int | None) -> None:
@@ -1430,97 +731,3 @@ def _handle_stop_signals() -> Callable[[], None]:
             signal.signal(sig, handler)
 
     return restore
-
-
-def _rows(s: DemoSummary) -> Iterator[tuple[str, str, str]]:
-    f, r = s.failover, s.rejoin
-    yield "messages sent", f"{s.sent:,}", ""
-    yield "acknowledged (all-ack)", f"{s.acked:,}", "every replica in the SyncStateSet had it"
-    yield "not acknowledged", f"{s.not_acked + s.send_errors:,}", \
-        "failed after the producer's retries, or replicas too slow" if s.not_acked + s.send_errors else ""
-    yield "consumed (distinct)" if s.proxy is None else "received (distinct)", f"{s.consumed:,}", \
-        "" if s.proxy is None else "by the SimpleConsumer, from the first send on"
-    twice = "a retried send stored twice (same message id)" if s.proxy is None else \
-        "a repeated send stored twice, or a delivery whose ack did not hold"
-    yield "duplicates", f"{s.duplicates:,}", twice if s.duplicates else ""
-    yield "lost (acknowledged, not read)", f"{s.lost:,}", "MUST be 0" if s.lost else ""
-    if s.unacked_but_stored:
-        yield "stored without an ack", f"{s.unacked_but_stored:,}", "its ack was lost in the failover"
-    if s.proxy is not None:
-        yield "client", "RocketMQ 5", f"{s.client} via {s.proxy}, the only address they know"
-        yield "sends repeated by the demo", f"{s.send_retries:,}", \
-            "after the client's own attempts failed" if s.send_retries else ""
-        yield "receives failed / acks refused", f"{s.receive_errors:,} / {s.acks_refused:,}", \
-            "their messages are delivered again after their invisible time" if s.acks_refused else ""
-    yield "failover: election", _s(f.election_s), "SIGKILL -> controller names a new master"
-    yield "failover: first acked write", _s(f.first_ack_s), "SIGKILL -> new master acknowledges"
-    yield "master epoch", f"{f.old_epoch} -> {f.new_epoch}", \
-        f"master id {f.old_master_id} -> {f.new_master_id}"
-    if f.stalled:
-        tail = "-" if f.tail_bytes is None else f"{f.tail_bytes:,} bytes"
-        yield "unreplicated tail at kill", tail, \
-            f"written while the links stalled {_s(f.stall_s)}; lost with the master, never acked"
-    cut = "-" if r.truncated_bytes is None else f"{r.truncated_bytes:,} bytes"
-    yield "old master cut on rejoin", cut, f"back in sync after {_s(r.in_sync_s)}"
-    yield "produce throughput", f"{s.produce_msgs_per_s:,.0f} msg/s", \
-        f"{s.produce_mb_per_s:.1f} MB/s of bodies over {s.produce_s:.1f} s, failover included"
-    yield "consume throughput", f"{s.consume_msgs_per_s:,.0f} msg/s", f"over {s.consume_s:.1f} s" + (
-        "" if s.proxy is None else ", from before the first send to the last message received")
-    left = len(s.leftover_processes)
-    ports = ", ".join(map(str, s.leftover_ports)) or "none"
-    yield "processes stopped", f"{s.processes_started - left} of {s.processes_started}", \
-        f"ports still open: {ports}"
-    yield "wall time", f"{s.total_s:.1f} s", ""
-
-
-def format_summary(s: DemoSummary) -> str:
-    rows = list(_rows(s))
-    w1 = max(len(a) for a, _, _ in rows)
-    w2 = max(len(b) for _, b, _ in rows)
-    lines = ["", "Summary"]
-    lines += [f"  {a:<{w1}}  {b:>{w2}}  {c}".rstrip() for a, b, c in rows]
-    return "\n".join(lines)
-
-
-def verdict(s: DemoSummary) -> str:
-    if s.interrupted:
-        return "interrupted."
-    problems = []
-    if s.error:
-        problems.append(s.error.splitlines()[0])
-    if s.lost:
-        problems.append(f"{s.lost:,} acknowledged message(s) missing, e.g. seq {s.lost_sample[:5]}")
-    f = s.failover
-    if s.error is None and (f.new_master_id is None or f.new_epoch <= f.old_epoch):
-        problems.append("no failover to a new master with a higher epoch was seen")
-    if s.leftover_processes or s.leftover_ports:
-        problems.append(f"left behind: processes {s.leftover_processes}, ports {s.leftover_ports}")
-    if problems:
-        return "FAILED: " + "; ".join(problems)
-    return "OK: every acknowledged message was read back after the failover."
-
-
-def run_demo(opts: DemoOptions) -> int:
-    """Run the demo; the process exit code (0 ok, 1 failed, 130 interrupted)."""
-    if opts.grpc:
-        from rmqha.demo.grpc_load import GrpcDemo  # it imports this module
-
-        s = GrpcDemo(opts).run()
-    else:
-        s = Demo(opts).run()
-    if opts.json:
-        print(json.dumps(s.to_json(), indent=None, sort_keys=True), flush=True)
-    else:
-        if not s.interrupted:
-            print(format_summary(s))
-        else:
-            left = len(s.leftover_processes)
-            print(f"stopped {s.processes_started - left} of {s.processes_started} processes; "
-                  f"ports still open: {', '.join(map(str, s.leftover_ports)) or 'none'}")
-        print(verdict(s))
-        if s.kept:
-            print(f"configs, stores and logs kept in {s.directory}")
-        sys.stdout.flush()
-    if s.interrupted:
-        return 130
-    return 0 if s.ok else 1

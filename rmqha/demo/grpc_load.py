@@ -43,15 +43,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rmqha.demo.cluster import (
-    TOPIC,
-    Demo,
-    DemoOptions,
-    ProduceLoad,
-    numbered_body,
-    seq_of,
-    warn,
-)
+from rmqha.demo.cluster import Demo
+from rmqha.demo.load import ProduceLoad, numbered_body, seq_of
+from rmqha.demo.options import TOPIC, DemoOptions
+from rmqha.demo.report import warn
 from rmqha.errors import RmqhaError
 from rmqha.net.loop import EventLoopThread
 from rmqha.security.identity import Identity

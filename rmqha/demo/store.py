@@ -11,7 +11,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from rmqha.demo.cluster import ProgressBar
+from rmqha.demo.report import ProgressBar
 from rmqha.store import CommitLog
 
 _TOPIC = "demo-topic"

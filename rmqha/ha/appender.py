@@ -29,6 +29,7 @@ from typing import Any
 from rmqha.errors import ProtocolError
 from rmqha.ha.dialects import Block
 from rmqha.ha.disk_full import DiskFullWatch
+from rmqha.ha.replicated_log import ReplicatedLog
 from rmqha.ha.slave_epochs import EpochWriter
 from rmqha.ha.slave_state import ConfirmTracker, SlaveProgress, SlaveState
 from rmqha.ha.truncation import Truncator
@@ -40,7 +41,7 @@ log = logging.getLogger("rmqha.ha.slave")
 class BlockAppender:
     """Applies one session's blocks to the slave's log."""
 
-    def __init__(self, commitlog: Any, epochs: EpochWriter, truncator: Truncator, progress: SlaveProgress,
+    def __init__(self, commitlog: ReplicatedLog, epochs: EpochWriter, truncator: Truncator, progress: SlaveProgress,
                  confirm: ConfirmTracker, disk: DiskFullWatch, *, protocol: str, master: str,
                  master_pairs: list[tuple[int, int]]) -> None:
         self.commitlog = commitlog

@@ -13,7 +13,7 @@ heartbeat (an empty block) every ``ha_send_heartbeat_interval_ms``.
 Acks are read by a reader callback in the loop turn that receives them
 (:meth:`SlaveConnection.read_acks`), checked (never backwards, never beyond what was sent,
 never under an epoch newer than the master's) and handed to the owner's ``on_ack``: what
-they mean for the confirm offset and the SyncStateSet is :mod:`rmqha.ha.service`'s job.
+they mean for the confirm offset and the SyncStateSet is :mod:`rmqha.ha.sync_service`'s job.
 
 On an authenticated plaintext link every block is followed by its tag
 (:mod:`rmqha.ha.frame_mac`: the GMAC of the block's bytes is taken from the same mmap view
@@ -41,6 +41,7 @@ from rmqha.ha.config import HAConfig
 from rmqha.ha.dialects import Ack, MasterCodec, SlaveHello
 from rmqha.ha.frame_mac import TAG
 from rmqha.ha.link import FileRange, Link, LinkClosed, LinkTimeout, Waker
+from rmqha.ha.replicated_log import ReplicatedLog
 
 # The master side logs under one name, whichever module says it (operators filter on it).
 log = logging.getLogger("rmqha.ha.master")
@@ -71,7 +72,7 @@ class LinkState(str, Enum):
     SHUTDOWN = "SHUTDOWN"
 
 
-def blocks(commitlog: Any, epoch_map: Any, batch: int, nxt: int, max_offset: int,
+def blocks(commitlog: ReplicatedLog, epoch_map: Any, batch: int, nxt: int, max_offset: int,
            budget: int) -> Iterator[tuple[int, int, int, int]]:
     """(epoch, epoch start, offset, size) of the blocks that carry ``nxt``..``max_offset``,
     at most ``budget`` bytes (at least one block); a block never crosses an epoch boundary
@@ -126,7 +127,7 @@ class SlaveConnection:
     ``confirm`` gives the master's confirm offset (every block carries it); ``on_ack`` is
     called with each batch of checked acks, in the loop turn that read them."""
 
-    def __init__(self, link: Link, codec: MasterCodec, hello: SlaveHello, *, commitlog: Any,
+    def __init__(self, link: Link, codec: MasterCodec, hello: SlaveHello, *, commitlog: ReplicatedLog,
                  epoch_map: Any, config: HAConfig, confirm: Callable[[], int]) -> None:
         self.link = link
         self.codec = codec

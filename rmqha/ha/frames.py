@@ -19,10 +19,11 @@ Receiving::
 """
 from __future__ import annotations
 
-from types import ModuleType
+from collections.abc import Callable
 from typing import Any
 
 from rmqha import _core
+from rmqha._core._protocols import FramesTwin
 from rmqha._core.frames_py import (
     DEFAULT_MAX_FRAME_BYTES,
     HEADER_SIZE,
@@ -52,7 +53,7 @@ from rmqha._core.frames_py import (
     TransferAck,
 )
 
-_impl: ModuleType = _core.load("frames")
+_impl: FramesTwin = _core.load("frames")
 
 #: The TRANSFER_DATA frame type of the twin in use: the decoders return it, so
 #: ``type(frame) is TransferData`` holds for decoded frames.  The compiled twin's type
@@ -93,6 +94,9 @@ class DialectCodec:
         mod = _impl if implementation is None else _core.load_twin("frames", implementation)
         self.dialect = dialect
         self._mod = mod
+        # Both decoders are called (buf, direction, max_frame_bytes); only rocketmq's needs
+        # the direction, so their signatures differ in its default.
+        self._decode: Callable[[Any, Any, int], Any]
         if dialect is Dialect.FRAMED:
             self._encode = mod.encode_framed
             self._decode = mod.decode_framed

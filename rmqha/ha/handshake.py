@@ -50,6 +50,7 @@ from rmqha.ha.dialects import (
     master_codec,
 )
 from rmqha.ha.link import Link
+from rmqha.ha.replicated_log import ReplicatedLog
 
 # The master half logs under the master side's one name (operators filter on it).
 log = logging.getLogger("rmqha.ha.master")
@@ -82,7 +83,7 @@ class Introduction:
 class MasterHandshake:
     """The master's half, for every connection to one master."""
 
-    def __init__(self, commitlog: Any, epoch_map: Any, config: HAConfig, *, group: str, broker_id: int,
+    def __init__(self, commitlog: ReplicatedLog, epoch_map: Any, config: HAConfig, *, group: str, broker_id: int,
                  is_known_replica: KnownReplica | None) -> None:
         self.commitlog = commitlog
         self.epoch_map = epoch_map

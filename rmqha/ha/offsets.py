@@ -13,11 +13,10 @@ RocketMQ's behaviour are documented in ``rmqha._core.ha_offsets_py``, and the co
 """
 from __future__ import annotations
 
-from types import ModuleType
-
 from rmqha import _core
+from rmqha._core._protocols import HaOffsetsTwin
 
-_impl: ModuleType = _core.load("ha_offsets")
+_impl: HaOffsetsTwin = _core.load("ha_offsets")
 
 DEFAULT_MAX_BATCH: int = _impl.DEFAULT_MAX_BATCH
 DEFAULT_MAX_LAG_MS: int = _impl.DEFAULT_MAX_LAG_MS

@@ -36,6 +36,7 @@ from rmqha.ha.dialects import slave_codec
 from rmqha.ha.disk_full import DiskFullWatch, is_disk_full
 from rmqha.ha.handshake import Identity
 from rmqha.ha.link import LinkClosed, LinkTimeout
+from rmqha.ha.replicated_log import ReplicatedLog
 from rmqha.ha.slave_epochs import EpochWriter
 from rmqha.ha.slave_session import SlaveSession
 from rmqha.ha.slave_state import ConfirmTracker, SlaveProgress, SlaveState
@@ -56,7 +57,7 @@ class HASlave:
 
     def __init__(
         self,
-        commitlog: Any,
+        commitlog: ReplicatedLog,
         epoch_map: Any,
         *,
         group: str,

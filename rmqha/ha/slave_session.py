@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 from rmqha.errors import ReplicationError
 from rmqha.ha.appender import BlockAppender
@@ -26,6 +25,7 @@ from rmqha.ha.disk_full import DiskFullWatch
 from rmqha.ha.handshake import Identity, SlaveHandshake
 from rmqha.ha.link import Link, connect
 from rmqha.ha.receive import Receiver
+from rmqha.ha.replicated_log import ReplicatedLog
 from rmqha.ha.slave_epochs import EpochWriter
 from rmqha.ha.slave_state import ConfirmTracker, SlaveProgress, SlaveState
 from rmqha.ha.tls_link import HATls, TlsLink
@@ -45,7 +45,7 @@ def split_address(address: str) -> tuple[str, int]:
 class SlaveSession:
     """One connection to ``master``, from connect until the link fails."""
 
-    def __init__(self, master: str, me: Identity, *, commitlog: Any, config: HAConfig, protocol: str,
+    def __init__(self, master: str, me: Identity, *, commitlog: ReplicatedLog, config: HAConfig, protocol: str,
                  progress: SlaveProgress, confirm: ConfirmTracker, epochs: EpochWriter,
                  truncator: Truncator, disk: DiskFullWatch, auth: HAAuth | None = None,
                  tls: HATls | None = None) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from rmqha.errors import ReplicationError
 from rmqha.failpoints import Failpoint, hit
+from rmqha.ha.replicated_log import ReplicatedLog
 from rmqha.ha.slave_state import ConfirmTracker, SlaveProgress
 
 # The slave side logs under one name, whichever module says it (operators filter on it).
@@ -30,7 +31,7 @@ log = logging.getLogger("rmqha.ha.slave")
 class Truncator:
     """The cuts of one slave's commitlog and epoch map."""
 
-    def __init__(self, commitlog: Any, epoch_map: Any, broker_id: int, progress: SlaveProgress,
+    def __init__(self, commitlog: ReplicatedLog, epoch_map: Any, broker_id: int, progress: SlaveProgress,
                  confirm: ConfirmTracker, on_truncate: Callable[[int], Any] | None) -> None:
         self.commitlog = commitlog
         self.epoch_map = epoch_map

@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from rmqha.net.peer import RequestPeer
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, RmqhaError
 from rmqha.messaging.clients import mq_json, parse_mq_set
@@ -47,7 +48,7 @@ class ClientRequests:
             rc.UNLOCK_BATCH_MQ: self.on_unlock,
         }
 
-    async def on_heartbeat(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_heartbeat(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         try:
             data = HeartbeatData.parse(json.loads(cmd.body or b"{}"))
         except (ValueError, ProtocolError) as exc:
@@ -62,18 +63,18 @@ class ClientRequests:
                 self.topic_admin.ensure_topic(RETRY_GROUP_TOPIC_PREFIX + group)
         return cmd.response(ResponseCode.SUCCESS, None, {})
 
-    def _client_connection_closed(self, conn: Any) -> None:
+    def _client_connection_closed(self, conn: RequestPeer) -> None:
         for client_id in self.ctx.clients.connection_closed(conn):
             self.ctx.locks.release_client(client_id)
 
-    async def on_unregister(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_unregister(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         h = UnregisterClientHeader.parse(cmd.ext_fields)
         self.ctx.clients.unregister(h.client_id, h.consumer_group, h.producer_group)
         if h.client_id and h.consumer_group:
             self.ctx.locks.release_client(h.client_id, h.consumer_group)
         return cmd.response(ResponseCode.SUCCESS, None, {})
 
-    async def on_consumer_list(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_consumer_list(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         group = ConsumerListHeader.parse(cmd.ext_fields).consumer_group
         ids = [c.client_id for c in self.ctx.clients.consumers(group)]
         if not ids:
@@ -99,7 +100,7 @@ class ClientRequests:
             task.add_done_callback(self.ctx.tasks.discard)
 
     @staticmethod
-    async def _notify(conn: Any, req: RemotingCommand) -> None:
+    async def _notify(conn: RequestPeer, req: RemotingCommand) -> None:
         try:
             await conn.send(req)
         except RmqhaError as exc:
@@ -114,13 +115,13 @@ class ClientRequests:
             raise ProtocolError("lock body is not an object")
         return str(body.get("consumerGroup", "")), str(body.get("clientId", "")), parse_mq_set(body)
 
-    async def on_lock(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_lock(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         group, client, mqs = self._lock_body(cmd)
         held = self.ctx.locks.lock(group, client, mqs)
         return cmd.response(ResponseCode.SUCCESS, None, {},
                             {"lockOKMQSet": [mq_json(m) for m in held]})
 
-    async def on_unlock(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_unlock(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         group, client, mqs = self._lock_body(cmd)
         self.ctx.locks.unlock(group, client, mqs)
         return cmd.response(ResponseCode.SUCCESS, None, {})

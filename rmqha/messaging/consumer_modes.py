@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from rmqha.net.peer import RequestPeer
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.messaging.context import Handler
 from rmqha.protocol.command import RemotingCommand
@@ -36,7 +37,7 @@ class ConsumerModes:
             rc.CHECK_CLIENT_CONFIG: self.on_check_client_config,
         }
 
-    async def on_check_client_config(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_check_client_config(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         body = _json_body(cmd)
         if body is None:
             return cmd.response(ResponseCode.INVALID_PARAMETER,

@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Any
 
+from rmqha.net.peer import RequestPeer
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import StoreError
 from rmqha.messaging.context import Handler, MessagingContext
@@ -58,7 +58,7 @@ class ConsumerOffsets:
         if self._offset_flush is not None:
             self._offset_flush.cancel()
 
-    async def on_query_offset(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_query_offset(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         h = QueryConsumerOffsetHeader.parse(cmd.ext_fields)
         group, topic, qid = h.consumer_group, h.topic, h.queue_id
         offset = self.ctx.state.offsets.get(group, topic, qid)
@@ -84,7 +84,7 @@ class ConsumerOffsets:
         behind = self.ctx.log.max_offset - q.phys[0]
         return behind <= _IN_MEMORY_BYTES
 
-    async def on_update_offset(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_update_offset(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         h = UpdateConsumerOffsetHeader.parse(cmd.ext_fields)
         if h.commit_offset >= 0:
             self.commit(h.consumer_group, h.topic, h.queue_id, h.commit_offset, immediate=True)

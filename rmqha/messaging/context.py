@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from rmqha.net.peer import RequestPeer
 from rmqha.protocol.codes import ResponseCode
 from rmqha.errors import RmqhaError, StoreError
 from rmqha.messaging.clients import ClientRegistry, QueueLocks
@@ -29,7 +30,7 @@ from rmqha.protocol.request_auth import tokens_match
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[RemotingCommand, Any], Awaitable[RemotingCommand | None]]
+Handler = Callable[[RemotingCommand, RequestPeer], Awaitable[RemotingCommand | None]]
 
 #: RocketMQ's default maxReconsumeTimes before a message goes to the group's DLQ.
 MAX_RECONSUME_TIMES = 16
@@ -275,7 +276,7 @@ class MessagingContext:
         task.add_done_callback(self.tasks.discard)
 
     @staticmethod
-    def born_host(conn: Any) -> tuple[str, int]:
+    def born_host(conn: RequestPeer) -> tuple[str, int]:
         host, _, port = (getattr(conn, "peer", "") or "").rpartition(":")
         return (host, int(port)) if host and port.isdigit() and host.count(".") == 3 else (
             "127.0.0.1", 0)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
 
 from rmqha.errors import ConfigError, ProtocolError
 from rmqha.messaging.context import Handler, MessagingContext, Refused, check_admin_token
 from rmqha.messaging.log_writer import LogWriter
 from rmqha.messaging.state import group_delete_record, group_put_record
 from rmqha.messaging.state_replication import StateReplication
+from rmqha.net.peer import RequestPeer
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.command import RemotingCommand
 from rmqha.protocol.groups import SubscriptionGroupConfig
@@ -40,7 +40,7 @@ class GroupAdmin:
             rc.DELETE_SUBSCRIPTIONGROUP: self.on_delete_group,
         }
 
-    async def on_update_group(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_update_group(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         try:
             check_admin_token(self.ctx.config, cmd)
             self.ctx.check_writable()
@@ -58,7 +58,7 @@ class GroupAdmin:
         code, status = await self.writer.await_durable(offset + size)
         return cmd.response(code, None if code == ResponseCode.SUCCESS else status, {})
 
-    async def on_delete_group(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_delete_group(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         try:
             check_admin_token(self.ctx.config, cmd)
             self.ctx.check_writable()
@@ -72,7 +72,7 @@ class GroupAdmin:
         code, status = await self.writer.await_durable(offset + size)
         return cmd.response(code, None if code == ResponseCode.SUCCESS else status, {})
 
-    async def on_all_groups(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_all_groups(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         table = {name: cfg.to_rocketmq() for name, cfg in self.ctx.state.groups.items()}
         return cmd.response(ResponseCode.SUCCESS, None, {}, {
             "subscriptionGroupTable": table,

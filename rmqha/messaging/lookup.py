@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from rmqha.net.peer import RequestPeer
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, StoreError
 from rmqha.messaging.context import Handler, MessagingContext
@@ -118,7 +119,7 @@ class MessageLookup:
                 out.append(FoundMessage(offset, raw))
         return out
 
-    async def on_query_message(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_query_message(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         try:
             h = QueryMessageHeader.parse(cmd.ext_fields)
         except ProtocolError as exc:

@@ -39,6 +39,7 @@ from rmqha.messaging.pop_logic import (
 )
 from rmqha.messaging.pop_state import ack_record, change_record
 from rmqha.messaging.receipt import ReceiptHandle, Refusal, parse, refuse, verify
+from rmqha.net.peer import RequestPeer
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.command import RemotingCommand
 from rmqha.protocol.headers import AckHeader
@@ -91,7 +92,7 @@ class PopAcks:
 
     # --- ACK_MESSAGE -------------------------------------------------------------------
 
-    async def on_ack(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_ack(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         try:
             h = AckHeader.from_ext(cmd.ext_fields)
             await self._admit()
@@ -107,7 +108,7 @@ class PopAcks:
 
     # --- CHANGE_MESSAGE_INVISIBLETIME --------------------------------------------------
 
-    async def on_change(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_change(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         try:
             h = AckHeader.from_ext(cmd.ext_fields, change=True)
             if h.invisible_time is None or h.invisible_time <= 0:
@@ -130,7 +131,7 @@ class PopAcks:
 
     # --- BATCH_ACK_MESSAGE -------------------------------------------------------------
 
-    async def on_batch_ack(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_batch_ack(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         try:
             _, entries = parse_batch_ack_body(cmd.body)
             if not entries:

@@ -23,7 +23,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from rmqha.errors import ProtocolError, StoreError
 from rmqha.messaging.context import Handler, MessagingContext, Refused
@@ -40,6 +39,7 @@ from rmqha.messaging.pop_state import batch_record
 from rmqha.messaging.pull_path import lz4_to_zlib, reads_lz4
 from rmqha.messaging.receipt import ReceiptHandle
 from rmqha.messaging.state import STATE_TOPIC
+from rmqha.net.peer import RequestPeer
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.command import RemotingCommand
 from rmqha.protocol.groups import SubscriptionGroupConfig
@@ -131,7 +131,7 @@ class PopPath:
 
     # --- the request -------------------------------------------------------------------
 
-    async def on_pop(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_pop(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         try:
             req = self._admit(PopHeader.from_ext(cmd.ext_fields))
             if not self.ledger.ready() and not await self.ledger.wait_ready(READY_WAIT_S):

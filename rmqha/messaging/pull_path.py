@@ -15,8 +15,8 @@ import logging
 import struct
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
 
+from rmqha.net.peer import RequestPeer
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError
 from rmqha.messaging.context import Handler, MessagingContext
@@ -43,7 +43,7 @@ from rmqha.protocol.message import (
 )
 from rmqha.protocol.version import java_reads_lz4
 from rmqha.protocol.command import RemotingCommand
-from rmqha.store.consume_queue import QueueIndex
+from rmqha.store.queue_index import QueueIndex
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class PullPath:
         queue_offset = getattr(self.ctx.log, "queue_offset", None)
         return int(queue_offset(topic, queue_id)) if queue_offset is not None else 0
 
-    async def on_pull(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_pull(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         ctx = self.ctx
         try:
             h = PullHeader.parse(cmd.ext_fields)

@@ -39,6 +39,7 @@ from rmqha.messaging.context import Handler, MessagingContext, Refused, check_ad
 from rmqha.messaging.log_writer import LogWriter
 from rmqha.messaging.state import request_mode_record
 from rmqha.messaging.state_replication import StateReplication
+from rmqha.net.peer import RequestPeer
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.command import RemotingCommand
 from rmqha.protocol.headers import RouteInfoHeader
@@ -122,7 +123,7 @@ class QueueAssignment:
 
     # --- SET_MESSAGE_REQUEST_MODE ---------------------------------------------------------
 
-    async def on_set_request_mode(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_set_request_mode(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         try:
             check_admin_token(self.ctx.config, cmd)
             topic, group, setting = parse_mode_request(_json_object(cmd, "SET_MESSAGE_REQUEST_MODE"))
@@ -149,7 +150,7 @@ class QueueAssignment:
 
     # --- QUERY_ASSIGNMENT -----------------------------------------------------------------
 
-    async def on_query_assignment(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_query_assignment(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         try:
             query = AssignmentQuery.from_json(_json_object(cmd, "QUERY_ASSIGNMENT"))
         except ProtocolError as exc:

@@ -1,8 +1,8 @@
 """Lookups on queues and the log: min/max offsets, offset by time, a message by offset."""
 from __future__ import annotations
 
-from typing import Any
 
+from rmqha.net.peer import RequestPeer
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, StoreError
 from rmqha.messaging.context import Handler, MessagingContext
@@ -30,17 +30,17 @@ class QueueQueries:
             rc.VIEW_MESSAGE_BY_ID: self.on_view_message,
         }
 
-    async def on_max_offset(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_max_offset(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         topic, qid = req_str(cmd.ext_fields, "topic"), req_int(cmd.ext_fields, "queueId")
         return cmd.response(ResponseCode.SUCCESS, None,
                             {"offset": self.ctx.queue_bounds(topic, qid)[1]})
 
-    async def on_min_offset(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_min_offset(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         topic, qid = req_str(cmd.ext_fields, "topic"), req_int(cmd.ext_fields, "queueId")
         return cmd.response(ResponseCode.SUCCESS, None,
                             {"offset": self.ctx.queue_bounds(topic, qid)[0]})
 
-    async def on_search_offset(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_search_offset(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         ctx = self.ctx
         ext = cmd.ext_fields
         topic, qid = req_str(ext, "topic"), req_int(ext, "queueId")
@@ -64,13 +64,13 @@ class QueueQueries:
             lo = max(lo - 1, 0)
         return cmd.response(ResponseCode.SUCCESS, None, {"offset": q.base + lo})
 
-    async def on_earliest_time(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_earliest_time(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         topic, qid = req_str(cmd.ext_fields, "topic"), req_int(cmd.ext_fields, "queueId")
         q = self.ctx.index.queue(topic, qid)
         ts = self.ctx.store_timestamp(q.phys[0]) if q is not None and len(q) else 0
         return cmd.response(ResponseCode.SUCCESS, None, {"timestamp": ts})
 
-    async def on_view_message(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_view_message(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         offset = ViewMessageHeader.parse(cmd.ext_fields).offset
         try:
             body = self.ctx.read_record(offset)

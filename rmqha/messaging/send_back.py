@@ -1,8 +1,8 @@
 """Consumer retries: CONSUMER_SEND_MSG_BACK moves a message to %RETRY%group or %DLQ%group."""
 from __future__ import annotations
 
-from typing import Any
 
+from rmqha.net.peer import RequestPeer
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import StoreError
 from rmqha.messaging.context import MAX_RECONSUME_TIMES, Handler, MessagingContext, Refused
@@ -28,7 +28,7 @@ class SendBack:
     def handlers(self) -> dict[int, Handler]:
         return {RequestCode.CONSUMER_SEND_MSG_BACK: self.on_send_back}
 
-    async def on_send_back(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_send_back(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         ctx = self.ctx
         ext = cmd.ext_fields
         group = req_str(ext, "group")

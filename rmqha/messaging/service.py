@@ -44,6 +44,7 @@ from typing import Any
 from rmqha.errors import StoreError
 from rmqha.messaging.client_requests import ClientRequests
 from rmqha.messaging.clients import ClientRegistry, QueueLocks
+from rmqha.store.commitlog import CommitLog
 from rmqha.store.consume_queue import ConsumeQueueIndex, ScannedRecord
 from rmqha.messaging.consumer_modes import ConsumerModes
 from rmqha.messaging.consumer_offsets import ConsumerOffsets
@@ -95,7 +96,7 @@ class MessageService:
 
     def __init__(
         self,
-        commitlog: Any,
+        commitlog: CommitLog,
         *,
         store_dir: str | Path,
         config: Any,

@@ -9,8 +9,9 @@ and applied at once, so topic configs replicate with the log.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from rmqha.net.peer import RequestPeer
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ConfigError, ProtocolError
 from rmqha.messaging.context import check_admin_token, Handler, MessagingContext, Refused
@@ -34,7 +35,14 @@ from rmqha.protocol.command import RemotingCommand
 
 if TYPE_CHECKING:
     from rmqha.messaging.log_writer import LogWriter
-    from rmqha.messaging.state_replication import StateReplication
+
+
+class StateWriter(Protocol):
+    """What topic administration needs of the state log: a record written and applied
+    (:class:`rmqha.messaging.state_replication.StateReplication`, which imports this module
+    to seed the default topic, so this side names only the method)."""
+
+    def write_state(self, body: bytes, *, wait_flush: bool = True) -> tuple[int, int]: ...
 
 
 def seed_default_topic(ctx: MessagingContext) -> None:
@@ -48,7 +56,7 @@ def seed_default_topic(ctx: MessagingContext) -> None:
 class TopicAdmin:
     """UPDATE_AND_CREATE_TOPIC, DELETE_TOPIC_IN_BROKER, GET_ALL_TOPIC_CONFIG, auto-creation."""
 
-    def __init__(self, ctx: MessagingContext, state_log: StateReplication,
+    def __init__(self, ctx: MessagingContext, state_log: StateWriter,
                  writer: LogWriter) -> None:
         self.ctx = ctx
         self.state_log = state_log
@@ -83,7 +91,7 @@ class TopicAdmin:
         ctx.topics_changed()
         return cfg
 
-    async def on_create_topic(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_create_topic(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         try:
             check_admin_token(self.ctx.config, cmd)
             self.ctx.check_writable()
@@ -113,7 +121,7 @@ class TopicAdmin:
             raise ConfigError("MIXED message type is not supported.")
         return out
 
-    async def on_delete_topic(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_delete_topic(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         ctx = self.ctx
         try:
             check_admin_token(self.ctx.config, cmd)
@@ -131,7 +139,7 @@ class TopicAdmin:
         code, status = await self.writer.await_durable(offset + size)
         return cmd.response(code, None if code == ResponseCode.SUCCESS else status, {})
 
-    async def on_all_topics(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_all_topics(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         return cmd.response(ResponseCode.SUCCESS, None, {},
                             {"topicConfigTable": self.topic_configs(),
                              "dataVersion": {"timestamp": int(time.time() * 1000), "counter": 0}})

@@ -30,8 +30,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
 
+from rmqha.net.peer import RequestPeer
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, RmqhaError, StoreError
 from rmqha.messaging.background import BackgroundJob
@@ -218,7 +218,7 @@ class Transactions:
 
     # --- END_TRANSACTION ---------------------------------------------------------------------
 
-    async def on_end_transaction(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand | None:
+    async def on_end_transaction(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand | None:
         try:
             self.ctx.check_writable()
             h = EndTransactionHeader.parse(cmd.ext_fields)

@@ -21,7 +21,10 @@ def _alias(*names: str) -> dict[str, tuple[str, ...]]:
 
 @dataclass
 class NamesrvConfig(TlsKeys):
+    #: Address the remoting port binds; off loopback only with a cluster secret or
+    #: allow_insecure.
     listen_host: str = "127.0.0.1"
+    #: The remoting port clients and other processes dial.
     listen_port: int = field(default=9876, metadata=_alias("listenPort"))
     #: A broker not renewed for this long is dropped (RocketMQ: 120 s).
     broker_expire_ms: int = field(default=120_000, metadata=_alias("brokerChannelExpiredTime"))
@@ -30,6 +33,8 @@ class NamesrvConfig(TlsKeys):
     #: Drop a broker's registrations as soon as the connection it registered over closes
     #: (RocketMQ's BrokerHousekeepingService does the same on channel close).
     drop_on_disconnect: bool = True
+    #: Largest remoting frame accepted; a longer length closes the connection before
+    #: anything is allocated.
     max_frame_bytes: int = 16 * 1024 * 1024
     #: Admin writes (topic deletion from the route table) need this token when set.
     admin_token: str = ""
@@ -43,13 +48,17 @@ class NamesrvConfig(TlsKeys):
     allow_insecure: bool = field(default=False, metadata=_alias("allowInsecure"))
 
 
+    #: Run a controller inside this name server process (RocketMQ's
+    #: enableControllerInNamesrv).
     enable_controller_in_namesrv: bool = field(default=False, metadata=_alias("enableControllerInNamesrv"))
+    #: Config file of the embedded controller (else the [controller] table of this file).
     controller_config_file: str = ""
     #: ``[controller]`` table of a TOML file: controller settings (any key spelling).
     controller: dict[str, Any] = field(default_factory=dict)
 
     #: Prometheus /metrics port; 0 = off (as the controller's metricsPromExporterPort).
     metrics_port: int = field(default=0, metadata=_alias("metricsPromExporterPort"))
+    #: Address the Prometheus exporter binds.
     metrics_host: str = field(default="127.0.0.1", metadata=_alias("metricsPromExporterHost"))
     #: Read-only HTML status page (groups, masters, SyncStateSets, lag, elections) on this
     #: port; 0 = off.  On loopback unless status_host says otherwise: it has no login.
@@ -61,9 +70,11 @@ class NamesrvConfig(TlsKeys):
     #: Serve /metrics and the status page over HTTPS with the tls.server.* certificate (and client certificates
     #: as tls.server.need.client.auth asks); read at start.
     https_enable: bool = field(default=False, metadata=_alias("httpsEnable"))
+    #: DEBUG, INFO, WARNING, ERROR or CRITICAL.
     log_level: str = "INFO"
     #: Append JSON-line logs to this file instead of stderr; empty = stderr.
     log_file: str = ""
+    #: One JSON object per log line; false = plain text.
     log_json: bool = True
 
     def validate(self) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 from rocketmq.grpc_protocol import service_pb2 as spb
 
 from rmqha.errors import ProtocolError, RemotingError
+from rmqha.net.peer import RequestPeer
 from rmqha.protocol.codes import RequestCode
 from rmqha.protocol.command import RemotingCommand
 from rmqha.protocol.message import decode_record
@@ -85,7 +86,7 @@ class TransactionRelay:
             except asyncio.TimeoutError:
                 pass
 
-    async def on_check(self, cmd: RemotingCommand, conn: Any) -> None:
+    async def on_check(self, cmd: RemotingCommand, conn: RequestPeer) -> None:
         """A broker's CHECK_TRANSACTION_STATE: to a producer of the half message's topic."""
         ext = cmd.ext_fields
         try:

@@ -30,6 +30,10 @@ rather than serve a wrong record.
 its tail (lowering the checkpoint first), :meth:`ConsumeQueueIndex.trim_below` follows
 retention (whole files below the new start are deleted, the last file of a queue is kept
 for its max offset, as RocketMQ does).
+
+One queue's units, read by queue offset, are :mod:`rmqha.store.queue_index`'s
+(:class:`~rmqha.store.queue_index.QueueIndex`); this module keeps them all, durable and true
+to the log.
 """
 from __future__ import annotations
 
@@ -40,7 +44,7 @@ import struct
 import threading
 import time
 from array import array
-from collections.abc import Callable, Container, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,13 +62,13 @@ from rmqha.store.checkpoint import (
 from rmqha.store.consume_queue_file import (
     DEFAULT_MAX_MAPPED,
     DEFAULT_UNITS_PER_FILE,
-    INT32_MAX,
     MappingCache,
     QueueFileError,
     QueueFiles,
     topic_dir_name,
     topic_from_dir_name,
 )
+from rmqha.store.queue_index import UNIT, PartialWrite, QueueIndex, is_blank
 from rmqha.store.segments import fsync_dir
 
 log = logging.getLogger(__name__)
@@ -72,7 +76,6 @@ log = logging.getLogger(__name__)
 _queue_scan = _core.load("queue_scan")
 _pull_answer = _core.load("pull_answer")
 _NO_TOPICS: frozenset[bytes] = frozenset()
-_UNIT = struct.Struct(">qiq")
 _PHYS_SIZE = struct.Struct(">qi")
 #: A record's total size, magic, body CRC, queue id, flag, queue offset.
 _RECORD_HEAD = struct.Struct(">iIiiiq")
@@ -85,10 +88,6 @@ SCAN_CHUNK = 8 << 20
 def _tag_hash_bytes(raw: bytes) -> int:
     """The tag hash of a raw TAGS value that is not ASCII (ASCII ones hash in C)."""
     return tag_hash(raw.decode("utf-8", errors="replace"))
-
-
-def _is_blank(unit: tuple[int, int, int]) -> bool:
-    return unit[1] == INT32_MAX and unit[0] == 0
 
 
 class LogReader(Protocol):
@@ -108,14 +107,6 @@ class LogReader(Protocol):
 def _log_end(log_: LogReader) -> int:
     # A slave's log may end inside a record; only whole records are indexed.
     return int(getattr(log_, "whole_offset", log_.max_offset))
-
-
-@dataclass(frozen=True)
-class IndexEntry:
-    queue_offset: int
-    commit_offset: int
-    size: int
-    tag_hash: int
 
 
 @dataclass
@@ -144,151 +135,6 @@ class RecoveryReport:
     #: Queue -> why it was rebuilt from the commitlog.
     rebuilt: dict[tuple[str, int], str] = field(default_factory=dict)
     full_rebuild: str | None = None
-
-
-class _Column:
-    """``q.phys[i]`` / ``q.sizes[i]`` / ``q.tags[i]``: field ``f`` of unit ``base + i``,
-    read from the mapping as asked (no check against the log: see :meth:`QueueIndex.get`)."""
-
-    __slots__ = ("_q", "_f")
-
-    def __init__(self, q: QueueIndex, f: int) -> None:
-        self._q = q
-        self._f = f
-
-    def __len__(self) -> int:
-        return len(self._q)
-
-    def __getitem__(self, i: int) -> int:
-        n = len(self._q)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"unit {i} of a queue holding {n}")
-        return self._q.files.unit(self._q.min_offset + i)[self._f]
-
-
-class _PartialWrite(Exception):
-    """A queue took only the units before ``next_offset`` (the filesystem is full)."""
-
-    def __init__(self, next_offset: int, cause: OSError) -> None:
-        super().__init__(str(cause))
-        self.next_offset = next_offset
-
-
-class QueueIndex:
-    """The index of one topic/queue: consecutive queue offsets from ``min_offset``."""
-
-    __slots__ = ("topic", "raw_topic", "queue_id", "files", "_owner", "phys", "sizes", "tags")
-
-    def __init__(self, owner: ConsumeQueueIndex, topic: str, raw_topic: bytes, queue_id: int,
-                 files: QueueFiles) -> None:
-        self.topic = topic
-        self.raw_topic = raw_topic
-        self.queue_id = queue_id
-        self.files = files
-        self._owner = owner
-        files.sink = _queue_scan.QueueSink((topic, queue_id), raw_topic, queue_id)
-        self.phys = _Column(self, 0)
-        self.sizes = _Column(self, 1)
-        self.tags = _Column(self, 2)
-
-    @property
-    def min_offset(self) -> int:
-        return self.files.min_offset
-
-    @property
-    def base(self) -> int:
-        return self.files.min_offset
-
-    @property
-    def max_offset(self) -> int:
-        """The next queue offset to be indexed (RocketMQ's "max offset")."""
-        return self.files.max_offset
-
-    def __len__(self) -> int:
-        return self.files.max_offset - self.files.min_offset
-
-    # --- writes -------------------------------------------------------------------------
-
-    def extend(self, first: int, units: bytes) -> int:
-        """Append a run of units with consecutive queue offsets from ``first``; returns how
-        many leading ones were already held.  A queue holding nothing starts where the
-        run does; a gap (records lost below us) restarts the queue there rather than
-        invent entries (consumers get PULL_OFFSET_MOVED for the hole)."""
-        f = self.files
-        end = f.max_offset
-        skip = 0
-        if first != end:
-            if not len(self) or not f.starts:
-                self._restart(first)
-            elif first < end:
-                skip = min(len(units) // _UNIT.size, end - first)
-                log.warning("index %s/%d: queue offsets %d..%d already indexed (next %d); "
-                            "skipped", self.topic, self.queue_id, first, first + skip - 1, end)
-            else:
-                log.warning("index %s/%d: gap from %d to %d; restarting the index there",
-                            self.topic, self.queue_id, end, first)
-                self._restart(first)
-        elif not f.starts:
-            self._restart(first)
-        written_from = f.max_offset
-        try:
-            f.append(units[_UNIT.size * skip:] if skip else units)
-        except OSError as exc:
-            raise _PartialWrite(f.max_offset if f.max_offset >= written_from else first,
-                                exc) from exc
-        return skip
-
-    def _restart(self, first: int) -> None:
-        try:
-            self.files.begin_at(first)
-        except OSError as exc:
-            self.files.destroy()
-            raise _PartialWrite(first, exc) from exc
-
-    # --- reads --------------------------------------------------------------------------
-
-    def get(self, queue_offset: int) -> IndexEntry | None:
-        """The entry at ``queue_offset``, checked against its record; None outside."""
-        if not self.min_offset <= queue_offset < self.max_offset:
-            return None
-        phys, size, tag = self._owner.checked_unit(self, queue_offset)
-        return IndexEntry(queue_offset, phys, size, tag)
-
-    def slice(self, queue_offset: int, count: int) -> tuple[array[int], array[int], array[int]]:
-        """Up to ``count`` entries from ``queue_offset`` (which must be within the index),
-        each checked against its record (a damaged queue is rebuilt first)."""
-        return self._owner.checked_slice(self, queue_offset, count)
-
-    def answer(self, queue_offset: int, count: int, hashes: Container[int] | None,
-               max_bytes: int) -> tuple[bytes, int] | None:
-        """A pull answer from ``queue_offset`` (within the index) in one checked pass: see
-        :meth:`ConsumeQueueIndex.read_answer`."""
-        return self._owner.read_answer(self, queue_offset, count, hashes, max_bytes)
-
-    def entries(self, start: int | None = None) -> Iterator[IndexEntry]:
-        """Every entry from ``start`` (default: the first), checked."""
-        k = self.min_offset if start is None else max(start, self.min_offset)
-        while k < self.max_offset:
-            phys, sizes, tags = self.slice(k, 1024)
-            if not phys:
-                return
-            for i in range(len(phys)):
-                yield IndexEntry(k + i, phys[i], sizes[i], tags[i])
-            k += len(phys)
-
-    def offset_for_commit_offset(self, commit_offset: int) -> int:
-        """The queue offset of the first entry at or after a commitlog offset."""
-        return self.files.first_not(self.min_offset, self.max_offset,
-                                    lambda u: u[0] < commit_offset)
-
-    def first_at_or_past(self, commit_offset: int) -> int:
-        """Like :meth:`offset_for_commit_offset`, over every unit the files hold (pre-blank
-        ones and those below the log start count as before any offset)."""
-        f = self.files
-        return f.first_not(f.first_start, f.max_offset,
-                           lambda u: _is_blank(u) or u[0] < commit_offset)
 
 
 class ConsumeQueueIndex:
@@ -458,12 +304,12 @@ class ConsumeQueueIndex:
         first = f.first_start
         durable = f.first_not(
             first, f.starts[-1] + f.upf,
-            lambda u: u[1] > 0 and u[0] >= 0 and (u[0] < threshold or _is_blank(u)))
+            lambda u: u[1] > 0 and u[0] >= 0 and (u[0] < threshold or is_blank(u)))
         report.units_dropped += f.settle_end(durable, thorough)
         if durable == first:
             self._forget(q)  # nothing durable: dispatching again rebuilds it
             return None
-        f.min_offset = f.first_not(first, durable, lambda u: _is_blank(u) or u[0] < low)
+        f.min_offset = f.first_not(first, durable, lambda u: is_blank(u) or u[0] < low)
         f.drop_files_below(f.min_offset)
         if len(q):
             for k in {q.min_offset, q.max_offset - 1}:
@@ -536,7 +382,7 @@ class ConsumeQueueIndex:
             if why is None:
                 if not raw:
                     break
-                phys, sizes, tags = zip(*_UNIT.iter_unpack(raw))
+                phys, sizes, tags = zip(*UNIT.iter_unpack(raw))
                 return array("q", phys), array("i", sizes), array("q", tags)
             self._repair(q, why)
             if not q.min_offset <= k < q.max_offset:
@@ -555,14 +401,14 @@ class ConsumeQueueIndex:
         bad record), so a damaged store answers exactly as it did before this pass."""
         log_ = self._log
         raw = q.files.units(k, count)
-        n = len(raw) // _UNIT.size
+        n = len(raw) // UNIT.size
         if log_ is None or not n:
             return None
         low, end = log_.min_offset, _log_end(log_)
         parts: list[bytes] = []
         i = total = taken = 0
         while True:
-            phys, size = _PHYS_SIZE.unpack_from(raw, _UNIT.size * i)
+            phys, size = _PHYS_SIZE.unpack_from(raw, UNIT.size * i)
             if size < _FIXED or phys < low or phys + size > end:
                 return None
             view = log_.read(phys, min(log_.segment_end(phys), end) - phys)
@@ -582,11 +428,11 @@ class ConsumeQueueIndex:
         log_ = self._log
         if log_ is None:
             return None
-        n = len(raw) // _UNIT.size
+        n = len(raw) // UNIT.size
         low, end = log_.min_offset, _log_end(log_)
         i = 0
         while i < n:
-            unit = _UNIT.unpack_from(raw, _UNIT.size * i)
+            unit = UNIT.unpack_from(raw, UNIT.size * i)
             phys, size = unit[0], unit[1]
             if size < _FIXED or phys < low or phys + size > end:
                 return self._mismatch(q, k + i, unit)
@@ -594,7 +440,7 @@ class ConsumeQueueIndex:
             j, bad = _queue_scan.check_units(log_.read(phys, stop - phys), phys, raw, i, n, k,
                                              q.queue_id, q.raw_topic)
             if bad or j == i:
-                unit = _UNIT.unpack_from(raw, _UNIT.size * j)
+                unit = UNIT.unpack_from(raw, UNIT.size * j)
                 return self._mismatch(q, k + j, unit) or (
                     f"unit {k + j} (commitlog offset {unit[0]}) is out of order")
             i = j
@@ -669,7 +515,7 @@ class ConsumeQueueIndex:
                                                          self.watched_property, _tag_hash_bytes)
             for raw_topic, queue_id, first, units, hits in runs:
                 for i in hits:
-                    phys, size = _PHYS_SIZE.unpack_from(units, _UNIT.size * i)
+                    phys, size = _PHYS_SIZE.unpack_from(units, UNIT.size * i)
                     on_watched(ScannedRecord(self._topic_name(raw_topic), queue_id, first + i,
                                              phys, size))
                     found += 1
@@ -731,16 +577,16 @@ class ConsumeQueueIndex:
             q = queues.get(key)
             if q is None:
                 q = self._make_queue(raw_topic, queue_id)
-            n = len(units) // _UNIT.size
+            n = len(units) // UNIT.size
             try:
                 skipped = q.extend(first, units)
-            except _PartialWrite as exc:
+            except PartialWrite as exc:
                 self._out_of_space(exc, q)
                 done = exc.next_offset - first
                 self.dispatched += max(done, 0)
                 if grown is not None and done > 0:
                     grown.add(key)
-                return (_PHYS_SIZE.unpack_from(units, _UNIT.size * max(done, 0))[0] - base,
+                return (_PHYS_SIZE.unpack_from(units, UNIT.size * max(done, 0))[0] - base,
                         None)
             self._space_error = False
             q.files.arm()
@@ -751,7 +597,7 @@ class ConsumeQueueIndex:
                 if hits and on_watched is not None:
                     for i in hits:
                         if i >= skipped:
-                            phys, size = _PHYS_SIZE.unpack_from(units, _UNIT.size * i)
+                            phys, size = _PHYS_SIZE.unpack_from(units, UNIT.size * i)
                             on_watched(ScannedRecord(key[0], queue_id, first + i, phys, size))
         if bad is not None:
             at, magic, total = bad
@@ -759,7 +605,7 @@ class ConsumeQueueIndex:
                       base + at, magic, total)
         return consumed, bad
 
-    def _out_of_space(self, exc: _PartialWrite, q: QueueIndex) -> None:
+    def _out_of_space(self, exc: PartialWrite, q: QueueIndex) -> None:
         self._blocked = True
         if not self._space_error:
             self._space_error = True
@@ -786,7 +632,7 @@ class ConsumeQueueIndex:
         for q in self.queues.values():
             f = q.files
             new_min = f.first_not(f.min_offset, f.max_offset,
-                                  lambda u: _is_blank(u) or u[0] < commit_offset)
+                                  lambda u: is_blank(u) or u[0] < commit_offset)
             if new_min > f.min_offset:
                 f.min_offset = new_min
                 f.drop_files_below(new_min)

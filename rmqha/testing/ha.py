@@ -15,7 +15,7 @@
   no HA slave around it, and a link that hands it one prepared read at a time;
 * :class:`SyncStateAuthority`: the controller's SyncStateSet rules (master id and epoch
   fencing, set epochs) in memory, for testing the master's proposals without a controller;
-* :class:`NodeProcess`: a ``python -m rmqha.ha.node`` child process driven over stdio;
+* :class:`NodeProcess`: a ``python -m rmqha.testing.ha_node`` child process driven over stdio;
 * :func:`wait_until` / :func:`wait_until_async`: polling with a deadline, never fixed sleeps.
 """
 from __future__ import annotations
@@ -54,7 +54,7 @@ from rmqha.testing.sealed_script import ScriptedAuth, SealedReader, SealedWriter
 
 EPOCH_FILE = "epochFileCheckpoint"
 #: The broker group of every HA object these helpers build, and its cluster (the default
-#: of ``python -m rmqha.ha.node``).
+#: of ``python -m rmqha.testing.ha_node``).
 GROUP = "g"
 CLUSTER = "DefaultCluster"
 #: The cluster secret of the HA objects and node processes these helpers start (fresh
@@ -393,7 +393,7 @@ async def wait_until_async(pred: Callable[[], bool], timeout: float, what: str =
 
 
 class NodeProcess:
-    """One ``python -m rmqha.ha.node`` child; ``args`` are its command-line flags.  Its HA
+    """One ``python -m rmqha.testing.ha_node`` child; ``args`` are its command-line flags.  Its HA
     links authenticate with ``secret`` (default :data:`TEST_SECRET_TEXT`; None: without)."""
 
     def __init__(self, args: list[str], *, env: dict[str, str] | None = None, log_path: str | None = None,
@@ -406,7 +406,7 @@ class NodeProcess:
         if secret is not None:
             full_env[ENV_SECRET] = secret
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rmqha.ha.node", *args],
+            [sys.executable, "-m", "rmqha.testing.ha_node", *args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
             env=full_env,
         )

@@ -37,7 +37,8 @@ import pytest
 
 from rich.console import Console as RichConsole
 
-from rmqha.demo.cluster import APP_KEY, HA_ADVERTISED_KEY, TOPIC, ProgressBar
+from rmqha.demo.options import APP_KEY, HA_ADVERTISED_KEY, TOPIC
+from rmqha.demo.report import ProgressBar
 from rmqha.net.client_security import client_context, current
 from rmqha.security.acl import AclConfig, Perm
 from rmqha.testing.local_cluster import live_processes_naming

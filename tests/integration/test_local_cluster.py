@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from rmqha.errors import LocalClusterError
-from rmqha.testing import local_cluster
+from rmqha.testing import local_cluster, ports, processes
 from rmqha.testing.local_cluster import (
     PORT_TAKEN,
     BrokerProc,
@@ -87,7 +87,7 @@ STARTS: dict[str, Callable[[Cluster], ControllerProc | NamesrvProc | BrokerProc]
     "broker": lambda c: c.start_broker(),
 }
 NEEDS: dict[str, Callable[[Cluster], object]] = {"broker": lambda c: c.start_controllers(1)}
-real_bindable = local_cluster._bindable
+real_bindable = processes._bindable
 
 
 @contextmanager
@@ -104,7 +104,9 @@ def hand_out_first(monkeypatch: pytest.MonkeyPatch, port: int) -> None:
     """The harness's next port choice is ``port`` (as if another worker bound it after
     the choice); the ones after are free as usual."""
     real, handed = free_port, iter([port])
-    monkeypatch.setattr(local_cluster, "free_port", lambda count=1: next(handed, None) or real(count))
+    choose = lambda count=1: next(handed, None) or real(count)  # noqa: E731
+    for module in (local_cluster, processes, ports):  # every place that chooses ports
+        monkeypatch.setattr(module, "free_port", choose)
 
 
 @pytest.mark.parametrize("kind", list(STARTS))
@@ -122,7 +124,7 @@ def test_a_process_whose_port_was_taken_is_started_again_on_fresh_ports(
             assert proc.listens(proc.address) and port not in proc.ports()
             assert proc.starts == 2 and proc.log_contains(f"127.0.0.1:{port} {PORT_TAKEN}")
             assert all(node.listens(node.address) and node.starts == 2 for node in c.controllers[1:])
-        monkeypatch.setattr(local_cluster, "PORT_CLASH_RETRIES", 1)
+        monkeypatch.setattr(processes, "PORT_CLASH_RETRIES", 1)
         with Cluster(tmp_path / "once") as c:
             NEEDS.get(kind, lambda c: None)(c)
             hand_out_first(monkeypatch, port)
@@ -145,8 +147,8 @@ def test_a_port_given_is_waited_for_and_never_moves(tmp_path: Path, monkeypatch:
         c.wait_for(lambda: port_open(address), what="the name server back on its port", process=ns)
         assert ns.address == address and ns.starts == 2
         ns.kill()
-        monkeypatch.setattr(local_cluster, "_bindable", real_bindable)
-        monkeypatch.setattr(local_cluster, "PORT_FREE_TIMEOUT", 0.3)
+        monkeypatch.setattr(processes, "_bindable", real_bindable)
+        monkeypatch.setattr(processes, "PORT_FREE_TIMEOUT", 0.3)
         with holding(port), pytest.raises(LocalClusterError, match=rf"port\(s\) \[{port}\] .* still taken"):
             ns.start()
         assert ns.address == address and ns.starts == 2 and not ns.alive
@@ -165,5 +167,5 @@ def release_when_seen_taken(monkeypatch: pytest.MonkeyPatch, port: int,
             release()
         return free
 
-    monkeypatch.setattr(local_cluster, "_bindable", bindable)
+    monkeypatch.setattr(processes, "_bindable", bindable)
     return seen

@@ -27,8 +27,9 @@ from pathlib import Path
 import pytest
 
 from rmqha.demo import grpc_load
-from rmqha.demo.cluster import APP_KEY, DemoOptions, verdict
 from rmqha.demo.grpc_load import GrpcDemo, client_missing
+from rmqha.demo.options import APP_KEY, DemoOptions
+from rmqha.demo.report import verdict
 from rmqha.testing.local_cluster import live_processes_naming
 
 MESSAGES = 600

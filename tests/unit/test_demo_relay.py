@@ -1,4 +1,4 @@
-"""The demo's HA relay (``rmqha.demo.cluster._Link``): it reads a plaintext link's frames
+"""The demo's HA relay (``rmqha.demo.relay._Link``): it reads a plaintext link's frames
 (the slave's broker id from its hello) and takes a link that opens with a TLS ClientHello
 for one it cannot read, without feeding ciphertext to its frame decoders."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import ssl
 from typing import Any
 
-from rmqha.demo.cluster import _Link
+from rmqha.demo.relay import _Link
 from rmqha.ha import frames
 
 

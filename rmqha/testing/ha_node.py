@@ -1,4 +1,5 @@
-"""A standalone HA replica process without controller or broker: ``python -m rmqha.ha.node``.
+"""A harness, not a product part: a standalone HA replica process without controller or broker
+(``python -m rmqha.testing.ha_node``).
 
 It opens a commitlog and epoch map in ``--dir`` and runs either an :class:`HAMaster`
 (``--role master``, optionally appending a new epoch first) or an :class:`HASlave`
@@ -47,7 +48,7 @@ def _ids(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m rmqha.ha.node", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m rmqha.testing.ha_node", description=__doc__.splitlines()[0])
     p.add_argument("--dir", required=True, help="store directory (commitlog/ and the epoch file)")
     p.add_argument("--role", choices=("master", "slave"), required=True)
     p.add_argument("--cluster", default="DefaultCluster")
