@@ -59,7 +59,7 @@ from rmqha.store.message import (
 from rmqha.store.queue_offsets import QUEUE_BASE_FILE, QueueOffsets
 from rmqha.store.receive import ReceivePath
 from rmqha.store.recovery import recover
-from rmqha.store.scrub import BadRecord, bad_records
+from rmqha.store.scrub import BadRecord, bad_records, queues_before
 from rmqha.store.segments import (
     DEFAULT_PREFAULT_WINDOW,
     PAGE,
@@ -835,11 +835,9 @@ class CommitLog(ReceivePath):
             if offset == self._max_offset:
                 return
             if offset > self._max_offset or offset < self.min_offset:
-                raise StoreError(f"truncate to {offset} outside the log "
-                                 f"{self.min_offset}..{self._max_offset}")
-            S = self._codec.ScanStop
-            base = self.segment_start(offset)
-            seg = self._segments[base] if base in self._segments else None
+                raise StoreError(f"truncate to {offset} outside the log {self.min_offset}..{self._max_offset}")
+            S, base = self._codec.ScanStop, self.segment_start(offset)
+            seg = self._segments.get(base)
             # Forget the dropped records' queue offsets (the lowest dropped one per queue).
             dropped: dict[tuple[bytes, int], int] = {}
             cur = offset
@@ -847,19 +845,13 @@ class CommitLog(ReceivePath):
                 b = self.segment_start(cur)
                 s = self._segments[b]
                 data_end = min(self._sb, self._whole_offset - b)
-                pos, stop, _ = self._codec.scan(s.mm, cur - b, data_end, b, 1 << 62,
-                                                dropped, True)
+                pos, stop, _ = self._codec.scan(s.mm, cur - b, data_end, b, 1 << 62, dropped, True)
                 if cur == offset and pos == cur - b and stop not in (S.END, S.BLANK):
-                    kept = self._queues_before(offset)
+                    # Unreadable at the cut (damaged at rest): proved from the records before.
+                    kept = queues_before(self._codec, s.mm, b, offset)
                     if kept is None:
-                        raise StoreError(f"truncate to {offset}: not a record boundary "
-                                         f"({S(stop).name})")
-                    # The record at the cut is unreadable (damaged at rest), and so is the
-                    # rest of its segment: each queue seen before the cut in this segment
-                    # continues right after its last record there; later segments start
-                    # on a boundary and are walked as usual.
-                    for key, nxt in kept.items():
-                        dropped[key] = min(nxt, dropped.get(key, nxt))
+                        raise StoreError(f"truncate to {offset}: not a record boundary ({S(stop).name})")
+                    dropped.update({key: min(nxt, dropped.get(key, nxt)) for key, nxt in kept.items()})
                 elif stop != S.BLANK:
                     break
                 cur = b + self._sb
@@ -890,25 +882,6 @@ class CommitLog(ReceivePath):
             self._table_moved_back()
             self._flusher.flush_now(force_checkpoint=True)  # and a snapshot at the cut
             log.info("commitlog truncated to %d", offset)
-
-    def _queues_before(self, offset: int) -> dict[tuple[bytes, int], int] | None:
-        """The next queue offset of each queue with records between ``offset``'s segment
-        start and ``offset``, or None when a walk over whole records from that start does
-        not land on ``offset`` (not a record boundary).
-
-        Truncation checks its cut by reading the record there; a record damaged at rest
-        (a length, its magic) cannot be read, yet cutting at its start is exactly a
-        slave's repair (it fetches the rest again), so the cut is proved from the records
-        before it instead.  A queue whose only records in that segment lie past the cut
-        keeps its old next offset until the re-fetched records set it.  Rare (repairs
-        only), so one walk of at most a segment is fine."""
-        base = self.segment_start(offset)
-        seg = self._segments.get(base)
-        if seg is None:
-            return None
-        table: dict[tuple[bytes, int], int] = {}
-        pos, _, _ = self._codec.scan(seg.mm, 0, offset - base, base, 1 << 62, table)
-        return table if pos == offset - base else None
 
     def reset(self, offset: int) -> None:
         """Make this EMPTY log start at ``offset`` (a multiple of ``segment_bytes``), durably.

@@ -100,3 +100,19 @@ def scrub_store(directory: str | os.PathLike[str], codec: RecordsTwin | None = N
         report.bytes_checked += size
         report.bad.extend((path, b) for b in bad)
     return report
+
+
+def queues_before(codec: RecordsTwin, buf: Any, base: int, offset: int) -> dict[tuple[bytes, int], int] | None:
+    """The next queue offset of each queue with records between the segment start ``base``
+    (``buf`` its mapping) and ``offset``, or None when a walk over whole records from
+    ``base`` does not land on ``offset`` (not a record boundary).
+
+    Truncation checks its cut by reading the record there; a record damaged at rest (a
+    length, its magic) cannot be read, yet cutting at its start is exactly a slave's repair
+    (it fetches the rest again), so the cut is proved from the records before it, and so
+    are the queues' next offsets.  The rest of that segment is unreadable too: a queue whose
+    only records in it lie past the cut keeps its old next offset until the re-fetched
+    records set it.  Rare (repairs only), so a walk of at most a segment is fine."""
+    table: dict[tuple[bytes, int], int] = {}
+    pos, _, _ = codec.scan(buf, 0, offset - base, base, 1 << 62, table)
+    return table if pos == offset - base else None
