@@ -54,6 +54,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from rmqha.protocol.code_rules import require_declared
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.request_auth import (
     CONTROLLER_SIGNED_CODES, RefusalLog, check, request_auth, signed_timestamp_ms, tokens_match,
@@ -269,6 +270,7 @@ class ControllerServer:
                 lambda logic, cmd: logic.clean_broker_data(cmd.ext_fields), admin=lambda c: True,
                 after=self._after_clean),
         }
+        require_declared(table, "the controller")
         for code, fn in table.items():
             if code in CONTROLLER_SIGNED_CODES:
                 fn = self._authenticated(fn)
