@@ -63,6 +63,7 @@ from rmqha.net.client_security import ClientSecurity
 from rmqha.net.connection import Connection
 from rmqha.net.peer_check import Need, PeerCheck
 from rmqha.net.server import RemotingServer
+from rmqha.protocol.code_rules import APPEND_CODES, require_declared
 from rmqha.protocol.command import RemotingCommand
 from rmqha.security.tls import TlsSettings
 from rmqha.protocol.request_auth import OpenAuth, RequestAuthenticator, request_auth
@@ -81,10 +82,12 @@ OPEN_END = (1 << 63) - 1
 #: Who may send NOTIFY_BROKER_ROLE_CHANGED, by TLS certificate (rmqha.net.peer_check).
 FROM_CONTROLLER = Need(frozenset({IdentityRole.CONTROLLER}))
 
-#: Codes that write messages: refused unless this broker is master (fencing, #6508).
-WRITE_CODES = frozenset({
-    RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE,
-})
+#: Codes that write messages: refused unless this broker is master (fencing, #6508); the
+#: codes' declarations say which (rmqha.protocol.code_rules).
+WRITE_CODES = APPEND_CODES
+#: What the broker process serves itself, besides its messaging service's codes.
+BROKER_OWN_CODES = (RequestCode.NOTIFY_BROKER_ROLE_CHANGED, RequestCode.GET_BROKER_EPOCH_CACHE,
+                    RequestCode.GET_BROKER_HA_STATUS)
 
 
 class Replication:
@@ -315,11 +318,11 @@ class Broker:
             cfg.listen_host, cfg.listen_port, max_frame_bytes=cfg.max_frame_bytes, tls=self.tls,
             channels=channel.expecting((SecurityRole.CONTROLLER,)) if channel is not None else None)
         if cfg.acl_enable:
-            guard = acl_guard(cfg.acl_file, auth=self.auth)
-            self.server.dispatcher.guard = guard
-            self.server.dispatcher.plain_guard = guard.plain  # signed plain sends stay on the lane
+            acl_guard(cfg.acl_file, auth=self.auth).protect(self.server, self.message_service)
         if self._served_bytes is not None and handlers.get(int(RequestCode.PULL_MESSAGE)) is not None:
             handlers[int(RequestCode.PULL_MESSAGE)] = self._count_served(handlers[int(RequestCode.PULL_MESSAGE)])
+        require_declared([*handlers, *self.message_service.immediate_handlers(), *BROKER_OWN_CODES],
+                         "the broker")
         for code, handler in handlers.items():
             self.server.register(code, self._guard(code, handler))
         for code, now in self.message_service.immediate_handlers().items():
