@@ -473,3 +473,31 @@ class OpenCheck:
 
 
 OPEN_CHECK = OpenCheck()
+
+
+# --- the table in docs/security.md -------------------------------------------------------
+
+
+def _where(res: Resource) -> str:
+    if res.kind == Kind.CLUSTER:
+        return "cluster"
+    place = {Found.HEADER: f"header `{res.field}`", Found.BODY_FIELD: f"body `{res.field}`",
+             Found.BODY_QUEUE_LIST: f"queues in body `{res.field}`",
+             Found.RECORD_AT_OFFSET: f"record at offset `{res.field}`"}.get(res.found, res.found.value)
+    return f"{res.kind.value} {res.need.value}: {place}"
+
+
+def _names(flag: enum.Flag) -> str:
+    return ", ".join(m.name.lower() for m in type(flag) if m.value and m in flag) or "-"
+
+
+def markdown_table() -> str:
+    """:data:`RULES` as the Markdown table docs/security.md lists (a test keeps them equal)."""
+    lines = ["| Code | Name | Access | Resources (permission: where found) | Senders | Served by |",
+             "|---:|---|---|---|---|---|"]
+    for code, rule in sorted(RULES.items(), key=lambda item: int(item[0])):
+        senders = "admin only" if rule.senders == Sender.ADMIN else _names(rule.senders)
+        flags = " (appends)" if rule.appends else " (signed)" if rule.signed else ""
+        lines.append(f"| {int(code)} | {code.name} | {rule.access.value}{flags} | "
+                     f"{'; '.join(_where(r) for r in rule.resources)} | {senders} | {_names(rule.served_by)} |")
+    return "\n".join(lines) + "\n"

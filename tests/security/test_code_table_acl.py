@@ -26,15 +26,19 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from test_messaging import Env, LocalBroker
 
+from rmqha.broker.acl_guard import acl_guard
+from rmqha.errors import RemoteCommandError
 from rmqha.net.client import RemotingClient
 from rmqha.protocol.code_rules import APP, RULES, CodeRule, Server, codes_served_by
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.command import RemotingCommand
 from rmqha.protocol.message import BatchItem, encode_batch, parse_offset_msg_id
+from rmqha.security.identity import Identity
 from rmqha.security.signature import sign
 
 rc = RequestCode
@@ -54,8 +58,8 @@ accounts:
 """
 #: What an ACL refusal's remark says (rmqha.security.acl, rmqha.messaging.context).
 REFUSAL = re.compile(r"accessKey=|needs an admin|no declaration|permission for the record")
-#: Codes the broker process serves itself (not its messaging service): their guard is
-#: covered by tests/security/test_ha_status_signed.py and tests/unit/test_code_rules.py.
+#: Codes the broker process serves itself (not its messaging service): asked at its guard
+#: below (test_the_broker_process_own_codes_by_account_and_certificate).
 OWN = {rc.NOTIFY_BROKER_ROLE_CHANGED, rc.GET_BROKER_EPOCH_CACHE, rc.GET_BROKER_HA_STATUS}
 
 
@@ -354,3 +358,38 @@ def test_negative_control_wrong_declarations_show_as_leaks(tmp_path: Path) -> No
                                    "VIEW_MESSAGE_BY_ID", "send into another group's retry topic"], wrong.leaks
     assert "pull as another group" not in wrong.leaks and "PULL_MESSAGE" not in wrong.leaks
     assert wrong.log_grew > 0  # the wrongly open send stored its message
+
+
+def test_the_broker_process_own_codes_by_account_and_certificate(tmp_path: Path) -> None:
+    """The three codes the broker process serves itself, at its guard: an application
+    account and an application's certificate are refused the epoch cache and the HA status,
+    an admin account or a cluster certificate gets them; the controller's role notice
+    passes the guard to the checks of its own handler (secret's proof, controller
+    certificate), which tests/security/test_notice_channel.py covers."""
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text(ACL)
+    guard = acl_guard(acl)
+
+    def conn(identity: Identity | None = None) -> Any:
+        return SimpleNamespace(peer="127.0.0.1:1", peer_identity=identity)
+
+    def admitted(code: RequestCode, key: str | None, identity: Identity | None = None) -> bool:
+        secret = {APP_KEY: APP_SECRET, ADMIN_KEY: ADMIN_SECRET}.get(key or "", "")
+        fields = sign({}, None, key, secret) if key else {}
+        try:
+            guard(RemotingCommand.request(code, fields), conn(identity))
+        except RemoteCommandError:
+            return False
+        return True
+
+    for code in (rc.GET_BROKER_EPOCH_CACHE, rc.GET_BROKER_HA_STATUS):
+        assert not admitted(code, APP_KEY)
+        assert not admitted(code, APP_KEY, Identity.client("app"))
+        assert admitted(code, ADMIN_KEY)
+        assert admitted(code, None, Identity.broker("c", "g", "b0"))
+        assert admitted(code, None, Identity.admin("ops"))
+    assert admitted(rc.NOTIFY_BROKER_ROLE_CHANGED, None)
+    # Negative control: a code the broker does not declare for applications, opened.
+    guard.validator.rules = {**RULES, rc.GET_BROKER_EPOCH_CACHE: dataclasses.replace(
+        RULES[rc.GET_BROKER_EPOCH_CACHE], senders=APP)}
+    assert admitted(rc.GET_BROKER_EPOCH_CACHE, APP_KEY)

@@ -35,6 +35,7 @@ from rmqha.protocol.code_rules import (
     Need,
     Server,
     codes_served_by,
+    markdown_table,
     require_declared,
     resources_of,
     topic_resource,
@@ -159,3 +160,11 @@ def test_queue_lists_in_bodies_name_their_topics() -> None:
     with pytest.raises(ProtocolError, match="not a list of queues"):
         resources_of(RequestCode.LOCK_BATCH_MQ, {}, b'{"mqSet": 3}')
 
+
+
+def test_docs_list_the_table() -> None:
+    """docs/security.md lists the declarations as they are (regenerate the block between
+    the code-table markers with ``rmqha.protocol.code_rules.markdown_table()``)."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
+    block = text.split("<!-- code-table:begin", 1)[1].split("-->\n", 1)[1].split("<!-- code-table:end -->")[0]
+    assert block == markdown_table()
