@@ -101,6 +101,8 @@ class Server(enum.Flag):
     CONTROLLER = enum.auto()
     #: rmqha's clients: what a broker asks a producer or consumer.
     CLIENT = enum.auto()
+    #: the gRPC proxy: an RPC standing for the code (rmqha.proxy.service.RPC_CODES).
+    PROXY = enum.auto()
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,7 @@ CLUSTER_OPS = Sender.BROKER | Sender.CONTROLLER | Sender.ADMIN
 BROKER_ONLY = Sender.BROKER
 R, W = Access.READ, Access.WRITE
 B, N, C, CL, NONE = Server.BROKER, Server.NAMESRV, Server.CONTROLLER, Server.CLIENT, Server.NONE
+BP, NP = Server.BROKER | Server.PROXY, Server.NAMESRV | Server.PROXY
 
 
 def topic(field: str = "topic", need: Need = Need.SUB) -> Resource:
@@ -181,18 +184,18 @@ rc = RequestCode
 RULES: Mapping[RequestCode, CodeRule] = dict([
     # --- messages in ---------------------------------------------------------------------
     _rule(rc.SEND_MESSAGE, W, (topic("topic", Need.PUB),), APP, B, appends=True),
-    _rule(rc.SEND_MESSAGE_V2, W, SEND_V2, APP, B, appends=True),
+    _rule(rc.SEND_MESSAGE_V2, W, SEND_V2, APP, BP, appends=True),
     _rule(rc.SEND_BATCH_MESSAGE, W, SEND_V2, APP, B, appends=True),
-    _rule(rc.CONSUMER_SEND_MSG_BACK, W, (group("group"), record("offset")), APP, B),
+    _rule(rc.CONSUMER_SEND_MSG_BACK, W, (group("group"), record("offset")), APP, BP),
     # A producer group is no ACL resource (RocketMQ's groupPerms are consumer groups').
-    _rule(rc.END_TRANSACTION, W, (record("commitLogOffset", Need.PUB),), APP, B),
+    _rule(rc.END_TRANSACTION, W, (record("commitLogOffset", Need.PUB),), APP, BP),
     # --- messages out --------------------------------------------------------------------
     _rule(rc.PULL_MESSAGE, R, (topic(), group()), APP, B),
     _rule(rc.LITE_PULL_MESSAGE, R, (topic(), group()), APP, B),
-    _rule(rc.POP_MESSAGE, R, POP, APP, B),
+    _rule(rc.POP_MESSAGE, R, POP, APP, BP),
     _rule(rc.PEEK_MESSAGE, R, POP, APP, NONE),
-    _rule(rc.ACK_MESSAGE, W, POP, APP, B),
-    _rule(rc.CHANGE_MESSAGE_INVISIBLETIME, W, POP, APP, B),
+    _rule(rc.ACK_MESSAGE, W, POP, APP, BP),
+    _rule(rc.CHANGE_MESSAGE_INVISIBLETIME, W, POP, APP, BP),
     _rule(rc.BATCH_ACK_MESSAGE, W, (Resource(Kind.TOPIC, Found.BATCH_ACK_BODY),
                                     Resource(Kind.GROUP, Found.BATCH_ACK_BODY)), APP, B),
     _rule(rc.NOTIFICATION, R, POP, APP, NONE),
@@ -212,8 +215,8 @@ RULES: Mapping[RequestCode, CodeRule] = dict([
     _rule(rc.INVOKE_BROKER_TO_RESET_OFFSET, W, (topic(), group("group")), OPS, NONE),
     # --- clients and groups --------------------------------------------------------------
     _rule(rc.HEART_BEAT, W, (Resource(Kind.GROUP, Found.HEARTBEAT_BODY),
-                             Resource(Kind.TOPIC, Found.HEARTBEAT_BODY)), APP, B),
-    _rule(rc.UNREGISTER_CLIENT, W, (group(),), APP, B),
+                             Resource(Kind.TOPIC, Found.HEARTBEAT_BODY)), APP, BP),
+    _rule(rc.UNREGISTER_CLIENT, W, (group(),), APP, BP),
     _rule(rc.GET_CONSUMER_LIST_BY_GROUP, R, (group(),), APP, B),
     _rule(rc.LOCK_BATCH_MQ, W, (Resource(Kind.GROUP, Found.BODY_FIELD, "consumerGroup"),
                                 Resource(Kind.TOPIC, Found.BODY_QUEUE_LIST, "mqSet")), APP, B),
@@ -221,7 +224,7 @@ RULES: Mapping[RequestCode, CodeRule] = dict([
                                   Resource(Kind.TOPIC, Found.BODY_QUEUE_LIST, "mqSet")), APP, B),
     _rule(rc.CHECK_CLIENT_CONFIG, R, (Resource(Kind.GROUP, Found.BODY_FIELD, "group"),), APP, B),
     _rule(rc.QUERY_ASSIGNMENT, R, (Resource(Kind.TOPIC, Found.BODY_FIELD, "topic"),
-                                   Resource(Kind.GROUP, Found.BODY_FIELD, "consumerGroup")), APP, B),
+                                   Resource(Kind.GROUP, Found.BODY_FIELD, "consumerGroup")), APP, BP),
     _rule(rc.SET_MESSAGE_REQUEST_MODE, W, (CLUSTER,), OPS, B),
     _rule(rc.GET_CONSUMER_CONNECTION_LIST, R, (group(),), OPS, NONE),
     _rule(rc.GET_PRODUCER_CONNECTION_LIST, R, (group("producerGroup"),), OPS, NONE),
@@ -247,7 +250,7 @@ RULES: Mapping[RequestCode, CodeRule] = dict([
     # --- name server ---------------------------------------------------------------------
     _rule(rc.REGISTER_BROKER, W, (CLUSTER,), BROKER_ONLY, N, signed=True),
     _rule(rc.UNREGISTER_BROKER, W, (CLUSTER,), BROKER_ONLY, N, signed=True),
-    _rule(rc.GET_ROUTEINFO_BY_TOPIC, R, (topic("topic", Need.ANY),), APP | Sender.BROKER, N),
+    _rule(rc.GET_ROUTEINFO_BY_TOPIC, R, (topic("topic", Need.ANY),), APP | Sender.BROKER, NP),
     _rule(rc.GET_BROKER_CLUSTER_INFO, R, (CLUSTER,), APP | Sender.BROKER, N),
     _rule(rc.GET_BROKER_MEMBER_GROUP, R, (CLUSTER,), CLUSTER_OPS, N),
     _rule(rc.GET_ALL_TOPIC_LIST_FROM_NAMESERVER, R, (listed(Kind.TOPIC, Need.ANY),), APP, N),

@@ -168,3 +168,4 @@ def test_docs_list_the_table() -> None:
     text = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
     block = text.split("<!-- code-table:begin", 1)[1].split("-->\n", 1)[1].split("<!-- code-table:end -->")[0]
     assert block == markdown_table()
+
