@@ -491,7 +491,7 @@ def _where(res: Resource) -> str:
 
 
 def _names(flag: enum.Flag) -> str:
-    return ", ".join(m.name.lower() for m in type(flag) if m.value and m in flag) or "-"
+    return ", ".join(str(m.name).lower() for m in type(flag) if m.value and m in flag) or "-"
 
 
 def markdown_table() -> str:
