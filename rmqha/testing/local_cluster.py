@@ -68,6 +68,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from rmqha.protocol.control_headers import GetReplicaInfoHeader
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import LocalClusterError, RemotingError
 from rmqha.net.client import RemotingClient
@@ -1115,7 +1116,8 @@ class Cluster:
 
     def replica_info(self, group: str) -> ReplicaInfo | None:
         """GET_REPLICA_INFO of a group from the controller leader (None if unknown)."""
-        resp = self.controller_request(RequestCode.CONTROLLER_GET_REPLICA_INFO, {"brokerName": group})
+        resp = self.controller_request(RequestCode.CONTROLLER_GET_REPLICA_INFO,
+                                       GetReplicaInfoHeader(broker_name=group).build())
         if resp.code != ResponseCode.SUCCESS:
             return None
         ext = resp.ext_fields
