@@ -85,7 +85,8 @@ FROM_CONTROLLER = Need(frozenset({IdentityRole.CONTROLLER}))
 #: Codes that write messages: refused unless this broker is master (fencing, #6508); the
 #: codes' declarations say which (rmqha.protocol.code_rules).
 WRITE_CODES = APPEND_CODES
-#: What the broker process serves itself, besides its messaging service's codes.
+#: What the broker process serves itself, besides its messaging service's codes (the
+#: declarations' served_by is checked against them, tests/unit/test_code_rules.py).
 BROKER_OWN_CODES = (RequestCode.NOTIFY_BROKER_ROLE_CHANGED, RequestCode.GET_BROKER_EPOCH_CACHE,
                     RequestCode.GET_BROKER_HA_STATUS)
 
@@ -321,8 +322,6 @@ class Broker:
             acl_guard(cfg.acl_file, auth=self.auth).protect(self.server, self.message_service)
         if self._served_bytes is not None and handlers.get(int(RequestCode.PULL_MESSAGE)) is not None:
             handlers[int(RequestCode.PULL_MESSAGE)] = self._count_served(handlers[int(RequestCode.PULL_MESSAGE)])
-        require_declared([*handlers, *self.message_service.immediate_handlers(), *BROKER_OWN_CODES],
-                         "the broker")
         for code, handler in handlers.items():
             self.server.register(code, self._guard(code, handler))
         for code, now in self.message_service.immediate_handlers().items():
@@ -337,6 +336,7 @@ class Broker:
                                                          self.replicas.handle_notify))
         self.server.register(RequestCode.GET_BROKER_EPOCH_CACHE, self._handle_epoch_cache)
         self.server.register(RequestCode.GET_BROKER_HA_STATUS, self._handle_ha_status)
+        require_declared(self.server.dispatcher.served_codes(), "the broker")
         try:
             await self.server.start()
         except OSError as exc:
