@@ -393,3 +393,23 @@ def test_the_broker_process_own_codes_by_account_and_certificate(tmp_path: Path)
     guard.validator.rules = {**RULES, rc.GET_BROKER_EPOCH_CACHE: dataclasses.replace(
         RULES[rc.GET_BROKER_EPOCH_CACHE], senders=APP)}
     assert admitted(rc.GET_BROKER_EPOCH_CACHE, APP_KEY)
+
+
+def test_codes_the_broker_does_not_serve_give_an_application_nothing(tmp_path: Path) -> None:
+    """Every other declared code, asked of the broker by the application account naming
+    ``Theirs`` and ``gTheirs`` wherever its declaration looks: refused (by the ACL or as
+    not supported), with no body and no header field."""
+    others = sorted(set(RULES) - codes_served_by(Server.BROKER))
+    fields = {"topic": "Theirs", "consumerGroup": "gTheirs", "group": "gTheirs", "producerGroup": "gTheirs",
+              "b": "Theirs", "brokerName": "broker-a", "clusterName": "c", "offset": "0"}
+
+    async def body(b: LocalBroker, seeded: Seeded) -> dict[str, str]:
+        gave: dict[str, str] = {}
+        for code in others:
+            resp = await _ask(b.address, code, Request(fields))
+            if resp.code == ResponseCode.SUCCESS or resp.body or resp.ext_fields:
+                gave[code.name] = f"code {resp.code}, body {len(resp.body)} bytes, fields {sorted(resp.ext_fields)}"
+        return gave
+
+    assert len(others) > 40
+    assert _run(tmp_path, body) == {}
