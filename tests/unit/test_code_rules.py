@@ -169,3 +169,15 @@ def test_docs_list_the_table() -> None:
     block = text.split("<!-- code-table:begin", 1)[1].split("-->\n", 1)[1].split("<!-- code-table:end -->")[0]
     assert block == markdown_table()
 
+
+
+def test_the_module_docstring_figures_are_the_tables() -> None:
+    import rmqha.protocol.code_rules as module
+    doc = " ".join((module.__doc__ or "").split())
+    served = {s: len(codes_served_by(s)) for s in Server if s.value}
+    none = sum(1 for r in RULES.values() if not r.served_by.value)
+    for text in (f"Of the {len(RULES)} codes", f"the broker serves {served[Server.BROKER]}",
+                 f"name server {served[Server.NAMESRV]}", f"the controller {served[Server.CONTROLLER]}",
+                 f"clients {served[Server.CLIENT]}", f"stand for {served[Server.PROXY]}",
+                 f"{none} are served by none", f"{len(ADMIN_ONLY_CODES)} are for admin accounts"):
+        assert text in doc, text
