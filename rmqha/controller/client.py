@@ -38,6 +38,7 @@ from rmqha.protocol.control_headers import (
     GetNextBrokerIdHeader,
     GetReplicaInfoHeader,
     RegisterBrokerToControllerHeader,
+    ReplicaInfoAnswer,
 )
 from rmqha.errors import ControllerError, RemoteCommandError, RemotingError
 from rmqha.net.client import RemotingClient
@@ -354,10 +355,9 @@ class ControllerClient:
         resp = await self.call_leader(RequestCode.CONTROLLER_GET_REPLICA_INFO,
                                       GetReplicaInfoHeader(broker_name=broker_name).build())
         resp.check_success(RequestCode.CONTROLLER_GET_REPLICA_INFO)
-        ext = resp.ext_fields
+        h = ReplicaInfoAnswer.parse(resp.ext_fields)
         ids, epoch = _ids(resp.json_body())
-        return ReplicaInfo(_opt_int(ext.get("masterBrokerId")), ext.get("masterAddress") or None,
-                           int(ext.get("masterEpoch", 0)), ids, epoch)
+        return ReplicaInfo(h.master_broker_id, h.master_address or None, h.master_epoch, ids, epoch)
 
     async def alter_sync_state_set(self, broker_name: str, master_broker_id: int, master_epoch: int,
                                    new_sync_state_set: Iterable[int],

@@ -25,6 +25,7 @@ from rmqha.protocol.control_headers import (
     GetNextBrokerIdHeader,
     GetReplicaInfoHeader,
     RegisterBrokerToControllerHeader,
+    ReplicaInfoAnswer,
 )
 from rmqha.controller.elect_policy import elect
 from rmqha.controller.heartbeat import BrokerHeartbeatManager
@@ -95,8 +96,8 @@ class ControllerLogic:
             return Decision(ResponseCode.CONTROLLER_BROKER_METADATA_NOT_EXIST,
                             "Broker metadata is not existed")
         return Decision(
-            ext_fields={"masterBrokerId": g.master_id, "masterAddress": g.master_address,
-                        "masterEpoch": g.master_epoch},
+            ext_fields=ReplicaInfoAnswer(master_broker_id=g.master_id, master_address=g.master_address,
+                                         master_epoch=g.master_epoch).build(),
             body=sync_state_body(g),
         )
 

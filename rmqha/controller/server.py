@@ -55,7 +55,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rmqha.protocol.code_rules import require_declared
-from rmqha.protocol.control_headers import BrokerHeartbeatHeader
+from rmqha.protocol.control_headers import BrokerHeartbeatHeader, RoleChangedHeader
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.request_auth import (
     CONTROLLER_SIGNED_CODES, RefusalLog, check, request_auth, signed_timestamp_ms, tokens_match,
@@ -699,8 +699,9 @@ class ControllerServer:
         g = self.state.group(broker_name)
         if g is None or g.master_id is None:
             return
-        header = {"masterAddress": g.master_address, "masterEpoch": g.master_epoch,
-                  "syncStateSetEpoch": g.sync_state_set_epoch, "masterBrokerId": g.master_id}
+        header = RoleChangedHeader(master_address=g.master_address, master_epoch=g.master_epoch,
+                                   sync_state_set_epoch=g.sync_state_set_epoch,
+                                   master_broker_id=g.master_id).build()
         body = {"syncStateSet": sorted(g.sync_state_set), "syncStateSetEpoch": g.sync_state_set_epoch}
         for bid, entry in sorted(g.brokers.items()):
             if not self.heartbeats.is_alive(broker_name, bid):

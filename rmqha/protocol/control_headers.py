@@ -117,3 +117,24 @@ class CleanBrokerDataHeader(ControlHeader):
     broker_controller_ids_to_clean: str | None = _wire("brokerControllerIdsToClean", None)
     is_clean_living_broker: bool = _wire("isCleanLivingBroker", False)
     invoke_time: int | None = _wire("invokeTime", None)
+
+
+@dataclass(kw_only=True)
+class RoleChangedHeader(ControlHeader):
+    """NOTIFY_BROKER_ROLE_CHANGED, controller to broker (``NotifyBrokerRoleChangedRequestHeader``);
+    the SyncStateSet travels in the body."""
+
+    master_address: str | None = _wire("masterAddress", None)
+    master_epoch: int = _wire("masterEpoch", 0)
+    sync_state_set_epoch: int | None = _wire("syncStateSetEpoch", None)
+    master_broker_id: int | None = _wire("masterBrokerId", None)
+
+
+@dataclass(kw_only=True)
+class ReplicaInfoAnswer(ControlHeader):
+    """CONTROLLER_GET_REPLICA_INFO's answer header (``GetReplicaInfoResponseHeader``); the
+    SyncStateSet travels in the body."""
+
+    master_broker_id: int | None = _wire("masterBrokerId", None)
+    master_address: str | None = _wire("masterAddress", None)
+    master_epoch: int = _wire("masterEpoch", 0)

@@ -25,6 +25,8 @@ from rmqha.protocol.control_headers import (
     GetNextBrokerIdHeader,
     GetReplicaInfoHeader,
     RegisterBrokerToControllerHeader,
+    ReplicaInfoAnswer,
+    RoleChangedHeader,
 )
 
 SAMPLES = [
@@ -39,6 +41,8 @@ SAMPLES = [
     ElectMasterHeader(cluster_name="c", broker_name="g", broker_id=2, designate_elect=True, invoke_time=5),
     CleanBrokerDataHeader(cluster_name="c", broker_name="g", broker_controller_ids_to_clean="1;2",
                           is_clean_living_broker=False, invoke_time=5),
+    RoleChangedHeader(master_address="h:1", master_epoch=3, sync_state_set_epoch=4, master_broker_id=1),
+    ReplicaInfoAnswer(master_broker_id=None, master_address=None, master_epoch=2),
 ]
 
 
