@@ -11,23 +11,36 @@ first put to :class:`rmqha.security.acl_lane.SendLane` (:meth:`AclGuard.plain`):
 admits is what the check would admit, and everything else goes to the check as a command,
 which answers today's refusal.
 
-A role notice from the controller carries no client credentials: it is left to the
-cluster secret's and the certificate's own checks and never reaches a client handler.
-GET_BROKER_EPOCH_CACHE needs an admin account (:data:`rmqha.security.acl.RMQHA_ADMIN_CODES`),
-or, over TLS, a certificate naming a cluster process or an operator (broker, controller,
-admin): the cluster's own tools ask with their certificate.  GET_BROKER_HA_STATUS needs an
-account, such a certificate or, without TLS, the cluster secret's proof
-(:func:`rmqha.protocol.request_auth.proves_secret`: HMAC, fresh, nonce not seen before): a
-new slave asks its master for the HA address it advertises, signed as every control
-request is, and a broker holds no account of its own.
+Who may send what is each code's declaration (:mod:`rmqha.protocol.code_rules`):
+
+- a code only cluster processes send (the controller's role notice) carries no client
+  credentials: it is left to the cluster secret's and the certificate's own checks and
+  never reaches a client handler;
+- a code cluster processes and operators send (GET_BROKER_EPOCH_CACHE,
+  GET_BROKER_HA_STATUS) needs an admin account, or, over TLS, a certificate naming one of
+  its senders (broker, controller, admin): the cluster's own tools ask with their
+  certificate; GET_BROKER_HA_STATUS also takes, without TLS, the cluster secret's proof
+  (:func:`rmqha.protocol.request_auth.proves_secret`: HMAC, fresh, nonce not seen before): a
+  new slave asks its master for the HA address it advertises, signed as every control
+  request is, and a broker holds no account of its own;
+- every other code is the ACL's (:mod:`rmqha.security.acl`), and a code without a
+  declaration is refused there.
+
+The guard is also the messaging layer's :class:`~rmqha.protocol.code_rules.ResourceCheck`
+(:meth:`AclGuard.allows`): a handler asks it about a record's topic before answering with
+the record, and about each entry of a listing.  :meth:`AclGuard.protect` puts both in place,
+for the broker process and the test harness alike.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from rmqha.errors import AclError, RemoteCommandError
 from rmqha.net.connection import Connection
-from rmqha.protocol.codes import RequestCode
+from rmqha.net.server import RemotingServer
+from rmqha.protocol.code_rules import RULES, CodeRule, Named, Sender, rule_of
 from rmqha.protocol.command import RemotingCommand, SendFrame
 from rmqha.protocol.request_auth import (
     OPTIONALLY_SIGNED_CODES,
@@ -40,12 +53,30 @@ from rmqha.security.acl import AclValidator
 from rmqha.security.acl_lane import SendLane
 from rmqha.security.identity import Role
 
+_PROCESSES = Sender.BROKER | Sender.CONTROLLER
+#: The certificate role of each sender a certificate can prove.
+SENDER_ROLES: Mapping[Sender, Role] = {Sender.BROKER: Role.BROKER, Sender.CONTROLLER: Role.CONTROLLER,
+                                       Sender.ADMIN: Role.ADMIN}
+
+
+def _is_cluster_code(rule: CodeRule) -> bool:
+    """Only cluster processes send it, with the secret's proof: the handler's checks decide."""
+    return rule.signed and not (rule.senders & ~_PROCESSES)
+
+
+def _by_certificate(rule: CodeRule) -> frozenset[Role]:
+    """The certificate roles that send ``rule``'s code without an account: its senders',
+    for an admin-only code that cluster processes send too."""
+    if not rule.admin_only or not rule.senders & _PROCESSES:
+        return frozenset()
+    return frozenset(role for sender, role in SENDER_ROLES.items() if sender in rule.senders)
+
+
 #: Codes only cluster processes send to a broker (not a client's request).
-CLUSTER_CODES = frozenset({int(RequestCode.NOTIFY_BROKER_ROLE_CHANGED)})
-#: Admin codes a cluster process or operator may also send by certificate alone.
-BY_CERTIFICATE = frozenset({int(RequestCode.GET_BROKER_EPOCH_CACHE), int(RequestCode.GET_BROKER_HA_STATUS)})
-#: The certificate roles :data:`BY_CERTIFICATE` takes.
-CLUSTER_ROLES = frozenset({Role.BROKER, Role.CONTROLLER, Role.ADMIN})
+CLUSTER_CODES = frozenset(int(c) for c, r in RULES.items() if _is_cluster_code(r))
+#: Admin codes a cluster process or operator may also send by certificate alone, and the roles.
+BY_CERTIFICATE: Mapping[int, frozenset[Role]] = {int(c): roles for c, r in RULES.items()
+                                                 if (roles := _by_certificate(r))}
 
 
 class AclGuard:
@@ -72,6 +103,24 @@ class AclGuard:
         return (cmd.code in OPTIONALLY_SIGNED_CODES and SIGNATURE_FIELD in cmd.ext_fields
                 and proves_secret(self.auth, cmd))
 
+    def allows(self, cmd: RemotingCommand, conn: Any, named: Named) -> bool:
+        """The :class:`~rmqha.protocol.code_rules.ResourceCheck`: whether the sender of
+        ``cmd`` (which this guard let through) may see ``named``."""
+        if cmd.code in CLUSTER_CODES or _cluster_peer(cmd, conn) or self._by_secret(cmd):
+            return True
+        return self.validator.allows(cmd.ext_fields, _host(conn.peer), named)
+
+    def declared(self, code: int) -> CodeRule | None:
+        """The declaration this guard decides ``code`` by."""
+        return rule_of(code, self.validator.rules)
+
+    def protect(self, server: RemotingServer, service: Any) -> None:
+        """Guard ``server``'s client port and hand ``service`` (a
+        :class:`rmqha.messaging.MessageService`) this guard as its resource check."""
+        server.dispatcher.guard = self
+        server.dispatcher.plain_guard = self.plain  # signed plain sends stay on the lane
+        service.set_access(self)
+
     def plain(self, send: SendFrame, conn: Connection) -> bool:
         """Whether the check would let this plain send through (False: ask it)."""
         return self.lane.admits(send[12], send[3], send[13], send[14], send[10],
@@ -85,9 +134,9 @@ def acl_guard(acl_file: Path, *, recheck_interval_s: float = 1.0,
     return AclGuard(acl_file, recheck_interval_s=recheck_interval_s, auth=auth)
 
 
-def _cluster_peer(cmd: RemotingCommand, conn: Connection) -> bool:
-    identity = conn.peer_identity
-    return cmd.code in BY_CERTIFICATE and identity is not None and identity.role in CLUSTER_ROLES
+def _cluster_peer(cmd: RemotingCommand, conn: Any) -> bool:
+    identity = getattr(conn, "peer_identity", None)
+    return identity is not None and identity.role in BY_CERTIFICATE.get(cmd.code, ())
 
 
 def _host(peer: str) -> str:

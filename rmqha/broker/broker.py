@@ -63,6 +63,7 @@ from rmqha.net.client_security import ClientSecurity
 from rmqha.net.connection import Connection
 from rmqha.net.peer_check import Need, PeerCheck
 from rmqha.net.server import RemotingServer
+from rmqha.protocol.code_rules import APPEND_CODES, require_declared
 from rmqha.protocol.command import RemotingCommand
 from rmqha.security.tls import TlsSettings
 from rmqha.protocol.request_auth import OpenAuth, RequestAuthenticator, request_auth
@@ -81,10 +82,10 @@ OPEN_END = (1 << 63) - 1
 #: Who may send NOTIFY_BROKER_ROLE_CHANGED, by TLS certificate (rmqha.net.peer_check).
 FROM_CONTROLLER = Need(frozenset({IdentityRole.CONTROLLER}))
 
-#: Codes that write messages: refused unless this broker is master (fencing, #6508).
-WRITE_CODES = frozenset({
-    RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE,
-})
+#: What the broker process serves itself, besides its messaging service's codes (the
+#: declarations' served_by is checked against them, tests/unit/test_code_rules.py).
+BROKER_OWN_CODES = (RequestCode.NOTIFY_BROKER_ROLE_CHANGED, RequestCode.GET_BROKER_EPOCH_CACHE,
+                    RequestCode.GET_BROKER_HA_STATUS)
 
 
 class Replication:
@@ -307,7 +308,7 @@ class Broker:
         self.message_service.set_role("fenced", None)
 
         # Every write code gets the role guard, even one the messaging layer does not serve.
-        handlers: dict[int, Any] = {int(code): None for code in WRITE_CODES}
+        handlers: dict[int, Any] = {int(code): None for code in APPEND_CODES}
         handlers.update({int(code): h for code, h in self.message_service.handlers().items()})
         # With the secret the client port also takes channels, from controllers only (their
         # role notices); plain clients are served as before, told apart by the preface.
@@ -315,9 +316,7 @@ class Broker:
             cfg.listen_host, cfg.listen_port, max_frame_bytes=cfg.max_frame_bytes, tls=self.tls,
             channels=channel.expecting((SecurityRole.CONTROLLER,)) if channel is not None else None)
         if cfg.acl_enable:
-            guard = acl_guard(cfg.acl_file, auth=self.auth)
-            self.server.dispatcher.guard = guard
-            self.server.dispatcher.plain_guard = guard.plain  # signed plain sends stay on the lane
+            acl_guard(cfg.acl_file, auth=self.auth).protect(self.server, self.message_service)
         if self._served_bytes is not None and handlers.get(int(RequestCode.PULL_MESSAGE)) is not None:
             handlers[int(RequestCode.PULL_MESSAGE)] = self._count_served(handlers[int(RequestCode.PULL_MESSAGE)])
         for code, handler in handlers.items():
@@ -334,6 +333,7 @@ class Broker:
                                                          self.replicas.handle_notify))
         self.server.register(RequestCode.GET_BROKER_EPOCH_CACHE, self._handle_epoch_cache)
         self.server.register(RequestCode.GET_BROKER_HA_STATUS, self._handle_ha_status)
+        require_declared(self.server.dispatcher.served_codes(), "the broker")
         try:
             await self.server.start()
         except OSError as exc:
@@ -476,7 +476,7 @@ class Broker:
                 return cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f" request type {cmd.code} not supported")
             return await handler(cmd, conn)
 
-        if code in WRITE_CODES:
+        if code in APPEND_CODES:  # refused unless this broker is master (fencing, #6508)
             return guarded
         return handler
 

@@ -50,11 +50,12 @@ from rmqha.broker.identity import IdentityStore, negotiate_broker_id
 from rmqha.broker.master_lease import LeaseGrant, MasterLease
 from rmqha.protocol.codes import ResponseCode
 from rmqha.errors import (
-    BrokerError, BrokerIdentityError, ControllerError, RemoteCommandError, RemotingError, RmqhaError,
+    BrokerError, BrokerIdentityError, ControllerError, ProtocolError, RemoteCommandError, RemotingError, RmqhaError,
 )
 from rmqha.net.channel import refused_off_channel
 from rmqha.net.connection import Connection
 from rmqha.protocol.command import RemotingCommand
+from rmqha.protocol.control_headers import RoleChangedHeader
 from rmqha.protocol.request_auth import OpenAuth, RefusalLog, RequestAuthenticator, check
 from rmqha.security.identity import Role as PeerRole
 
@@ -469,17 +470,17 @@ class ReplicasManager:
         if refused is not None:
             self._refusals.note(cmd, conn.peer, refused.remark or "")
             return refused
-        ext = cmd.ext_fields
-        body = cmd.json_body() or {}
         try:
+            h = RoleChangedHeader.parse(cmd.ext_fields)
+            body = cmd.json_body() or {}
             state = GroupState(
-                master_id=_opt_int(ext.get("masterBrokerId")),
-                master_address=ext.get("masterAddress") or None,
-                master_epoch=int(ext.get("masterEpoch", 0) or 0),
+                master_id=h.master_broker_id,
+                master_address=h.master_address or None,
+                master_epoch=h.master_epoch,
                 sync_state_set=frozenset(int(i) for i in body.get("syncStateSet", [])),
-                sync_state_set_epoch=int(body.get("syncStateSetEpoch", ext.get("syncStateSetEpoch", 0)) or 0),
+                sync_state_set_epoch=int(body.get("syncStateSetEpoch", h.sync_state_set_epoch or 0) or 0),
             )
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, ProtocolError) as exc:
             return cmd.response(ResponseCode.CONTROLLER_INVALID_REQUEST, f"bad role notification: {exc}")
         if self.status.broker_id is None or not self.status.registered:
             log.info("ignoring role notification (epoch %d): not registered yet", state.master_epoch)

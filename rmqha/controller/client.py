@@ -29,6 +29,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rmqha.protocol.codes import RequestCode, ResponseCode
+from rmqha.protocol.control_headers import (
+    AlterSyncStateSetHeader,
+    ApplyBrokerIdHeader,
+    BrokerHeartbeatHeader,
+    CleanBrokerDataHeader,
+    ElectMasterHeader,
+    GetNextBrokerIdHeader,
+    GetReplicaInfoHeader,
+    RegisterBrokerToControllerHeader,
+    ReplicaInfoAnswer,
+)
 from rmqha.errors import ControllerError, RemoteCommandError, RemotingError
 from rmqha.net.client import RemotingClient
 from rmqha.net.client_security import ClientSecurity
@@ -273,7 +284,7 @@ class ControllerClient:
 
     async def get_next_broker_id(self, cluster: str, broker_name: str) -> int:
         resp = (await self.call_leader(RequestCode.CONTROLLER_GET_NEXT_BROKER_ID,
-                                       {"clusterName": cluster, "brokerName": broker_name}))
+                                       GetNextBrokerIdHeader(cluster_name=cluster, broker_name=broker_name).build()))
         resp.check_success(RequestCode.CONTROLLER_GET_NEXT_BROKER_ID)
         return int(resp.ext_fields["nextBrokerId"])
 
@@ -281,16 +292,16 @@ class ControllerClient:
                               register_check_code: str) -> None:
         """Raises RemoteCommandError(CONTROLLER_BROKER_ID_INVALID) when refused; the remark
         and ``nextBrokerId`` in the answer say which id is next."""
-        resp = await self.call_leader(RequestCode.CONTROLLER_APPLY_BROKER_ID, {
-            "clusterName": cluster, "brokerName": broker_name, "appliedBrokerId": broker_id,
-            "registerCheckCode": register_check_code})
+        resp = await self.call_leader(RequestCode.CONTROLLER_APPLY_BROKER_ID, ApplyBrokerIdHeader(
+            cluster_name=cluster, broker_name=broker_name, applied_broker_id=broker_id,
+            register_check_code=register_check_code).build())
         resp.check_success(RequestCode.CONTROLLER_APPLY_BROKER_ID)
 
     async def register_broker(self, cluster: str, broker_name: str, broker_id: int,
                               broker_address: str) -> RegisterResult:
-        resp = await self.call_leader(RequestCode.CONTROLLER_REGISTER_BROKER, {
-            "clusterName": cluster, "brokerName": broker_name, "brokerId": broker_id,
-            "brokerAddress": broker_address, "invokeTime": int(time.time() * 1000)})
+        resp = await self.call_leader(RequestCode.CONTROLLER_REGISTER_BROKER, RegisterBrokerToControllerHeader(
+            cluster_name=cluster, broker_name=broker_name, broker_id=broker_id,
+            broker_address=broker_address, invoke_time=int(time.time() * 1000)).build())
         resp.check_success(RequestCode.CONTROLLER_REGISTER_BROKER)
         ext = resp.ext_fields
         ids, epoch = _ids(resp.json_body())
@@ -302,10 +313,8 @@ class ControllerClient:
                         *, epoch: int = -1, max_offset: int = -1, confirm_offset: int = -1,
                         timeout_ms: int = 10000, priority: int | None = None) -> None:
         """One-way BROKER_HEARTBEAT to every controller (errors are ignored per controller)."""
-        ext = {"clusterName": cluster, "brokerName": broker_name, "brokerId": broker_id,
-               "brokerAddr": broker_address, "epoch": epoch, "maxOffset": max_offset,
-               "confirmOffset": confirm_offset, "heartbeatTimeoutMills": timeout_ms,
-               "electionPriority": priority}
+        ext = _heartbeat_header(cluster, broker_name, broker_id, broker_address, epoch, max_offset,
+                                confirm_offset, timeout_ms, priority)
         round_ms = self.heartbeat_round_ms()
 
         async def one(addr: str) -> None:
@@ -327,10 +336,8 @@ class ControllerClient:
         """BROKER_HEARTBEAT to one controller, answered: the leader's answer grants the
         master lease (``leaseGranted``) with its record of the group's master.  Every
         heartbeat of one round should share ``round_ms`` (:meth:`heartbeat_round_ms`)."""
-        ext = {"clusterName": cluster, "brokerName": broker_name, "brokerId": broker_id,
-               "brokerAddr": broker_address, "epoch": epoch, "maxOffset": max_offset,
-               "confirmOffset": confirm_offset, "heartbeatTimeoutMills": timeout_ms,
-               "electionPriority": priority}
+        ext = _heartbeat_header(cluster, broker_name, broker_id, broker_address, epoch, max_offset,
+                                confirm_offset, timeout_ms, priority)
         cmd = self.auth.sign(RemotingCommand.request(RequestCode.BROKER_HEARTBEAT, ext),
                              timestamp_ms=round_ms if round_ms is not None else self.heartbeat_round_ms())
         resp = await self._client(addr).request(cmd, timeout or self.request_timeout)
@@ -346,20 +353,19 @@ class ControllerClient:
 
     async def get_replica_info(self, broker_name: str) -> ReplicaInfo:
         resp = await self.call_leader(RequestCode.CONTROLLER_GET_REPLICA_INFO,
-                                      {"brokerName": broker_name})
+                                      GetReplicaInfoHeader(broker_name=broker_name).build())
         resp.check_success(RequestCode.CONTROLLER_GET_REPLICA_INFO)
-        ext = resp.ext_fields
+        h = ReplicaInfoAnswer.parse(resp.ext_fields)
         ids, epoch = _ids(resp.json_body())
-        return ReplicaInfo(_opt_int(ext.get("masterBrokerId")), ext.get("masterAddress") or None,
-                           int(ext.get("masterEpoch", 0)), ids, epoch)
+        return ReplicaInfo(h.master_broker_id, h.master_address or None, h.master_epoch, ids, epoch)
 
     async def alter_sync_state_set(self, broker_name: str, master_broker_id: int, master_epoch: int,
                                    new_sync_state_set: Iterable[int],
                                    sync_state_set_epoch: int) -> SyncStateSet:
         resp = await self.call_leader(
             RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET,
-            {"brokerName": broker_name, "masterBrokerId": master_broker_id,
-             "masterEpoch": master_epoch, "invokeTime": int(time.time() * 1000)},
+            AlterSyncStateSetHeader(broker_name=broker_name, master_broker_id=master_broker_id,
+                                    master_epoch=master_epoch, invoke_time=int(time.time() * 1000)).build(),
             {"syncStateSet": sorted(set(new_sync_state_set)), "syncStateSetEpoch": sync_state_set_epoch})
         resp.check_success(RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET)
         ids, epoch = _ids(resp.json_body())
@@ -369,9 +375,8 @@ class ControllerClient:
                            designate: bool = False) -> ElectResult:
         """A broker-triggered election (``designate=False``) or an admin's choice of master.
         Returns on SUCCESS and on MASTER_STILL_EXIST (``result.code`` says which)."""
-        ext: dict[str, Any] = {"clusterName": cluster, "brokerName": broker_name,
-                               "brokerId": broker_id, "designateElect": designate,
-                               "invokeTime": int(time.time() * 1000)}
+        ext = ElectMasterHeader(cluster_name=cluster, broker_name=broker_name, broker_id=broker_id,
+                                designate_elect=designate, invoke_time=int(time.time() * 1000)).build()
         resp = await self.call_leader(RequestCode.CONTROLLER_ELECT_MASTER,
                                       self._admin(ext) if designate else ext)
         if resp.code not in (ResponseCode.SUCCESS, ResponseCode.CONTROLLER_MASTER_STILL_EXIST):
@@ -404,11 +409,10 @@ class ControllerClient:
 
     async def clean_broker_data(self, broker_name: str, broker_ids: Iterable[int] | None = None, *,
                                 cluster: str = "", clean_living_broker: bool = False) -> None:
-        ext: dict[str, Any] = {"clusterName": cluster, "brokerName": broker_name,
-                               "isCleanLivingBroker": clean_living_broker,
-                               "invokeTime": int(time.time() * 1000)}
-        if broker_ids:
-            ext["brokerControllerIdsToClean"] = ";".join(str(i) for i in broker_ids)
+        ids = ";".join(str(i) for i in broker_ids) if broker_ids else None
+        ext = CleanBrokerDataHeader(cluster_name=cluster, broker_name=broker_name,
+                                    broker_controller_ids_to_clean=ids, is_clean_living_broker=clean_living_broker,
+                                    invoke_time=int(time.time() * 1000)).build()
         resp = await self.call_leader(RequestCode.CLEAN_BROKER_DATA, self._admin(ext))
         resp.check_success(RequestCode.CLEAN_BROKER_DATA)
 
@@ -464,3 +468,11 @@ class BlockingControllerClient:
 __all__ = ["ControllerClient", "BlockingControllerClient",
            "ControllerMetadata", "ReplicaInfo", "RegisterResult", "ElectResult", "SyncStateSet",
            "ReplicaIdentity", "BrokerReplicasState"]
+
+
+def _heartbeat_header(cluster: str, broker_name: str, broker_id: int, broker_address: str, epoch: int,
+                      max_offset: int, confirm_offset: int, timeout_ms: int, priority: int | None) -> dict[str, str]:
+    return BrokerHeartbeatHeader(cluster_name=cluster, broker_name=broker_name, broker_id=broker_id,
+                                 broker_addr=broker_address, epoch=epoch, max_offset=max_offset,
+                                 confirm_offset=confirm_offset, heartbeat_timeout_mills=timeout_ms,
+                                 election_priority=priority).build()

@@ -12,9 +12,21 @@ broker; a removed master leaves the group masterless).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+from rmqha.errors import ProtocolError
 from rmqha.protocol.codes import ResponseCode
+from rmqha.protocol.control_headers import (
+    AlterSyncStateSetHeader,
+    ApplyBrokerIdHeader,
+    CleanBrokerDataHeader,
+    ControlHeader,
+    ElectMasterHeader,
+    GetNextBrokerIdHeader,
+    GetReplicaInfoHeader,
+    RegisterBrokerToControllerHeader,
+    ReplicaInfoAnswer,
+)
 from rmqha.controller.elect_policy import elect
 from rmqha.controller.heartbeat import BrokerHeartbeatManager
 from rmqha.controller.state import BrokerGroup, ReplicasState
@@ -31,18 +43,15 @@ class Decision:
     elected: int | None = None
 
 
-def _int(ext: dict[str, str], key: str, default: int | None = None) -> int | None:
-    raw = ext.get(key)
-    if raw is None or raw == "" or raw == "null":
-        return default
+H = TypeVar("H", bound=ControlHeader)
+
+
+def _parse(cls: type[H], ext: dict[str, str]) -> H:
+    """The request's header (rmqha.protocol.control_headers); a malformed one is a BadRequest."""
     try:
-        return int(raw)
-    except ValueError:
-        raise BadRequest(f"header field {key} is not an integer: {raw!r}") from None
-
-
-def _bool(ext: dict[str, str], key: str) -> bool:
-    return ext.get(key, "false").strip().lower() == "true"
+        return cls.parse(ext)
+    except ProtocolError as exc:
+        raise BadRequest(str(exc)) from None
 
 
 class BadRequest(Exception):
@@ -52,13 +61,6 @@ class BadRequest(Exception):
 def sync_state_body(group: BrokerGroup) -> dict[str, Any]:
     return {"syncStateSet": sorted(group.sync_state_set),
             "syncStateSetEpoch": group.sync_state_set_epoch}
-
-
-def _required(ext: dict[str, str], key: str) -> str:
-    value = ext.get(key)
-    if not value:
-        raise BadRequest(f"header field {key} is required")
-    return value
 
 
 class ControllerLogic:
@@ -81,20 +83,21 @@ class ControllerLogic:
     # --- reads -----------------------------------------------------------------------
 
     def get_next_broker_id(self, ext: dict[str, str]) -> Decision:
-        cluster, name = ext.get("clusterName", ""), _required(ext, "brokerName")
+        h = _parse(GetNextBrokerIdHeader, ext)
+        cluster, name = h.cluster_name, h.broker_name
         g = self.state.group(name)
         return Decision(ext_fields={"clusterName": cluster, "brokerName": name,
                                     "nextBrokerId": 1 if g is None else g.next_id})
 
     def get_replica_info(self, ext: dict[str, str]) -> Decision:
-        name = _required(ext, "brokerName")
+        name = _parse(GetReplicaInfoHeader, ext).broker_name
         g = self.state.group(name)
         if g is None:
             return Decision(ResponseCode.CONTROLLER_BROKER_METADATA_NOT_EXIST,
                             "Broker metadata is not existed")
         return Decision(
-            ext_fields={"masterBrokerId": g.master_id, "masterAddress": g.master_address,
-                        "masterEpoch": g.master_epoch},
+            ext_fields=ReplicaInfoAnswer(master_broker_id=g.master_id, master_address=g.master_address,
+                                         master_epoch=g.master_epoch).build(),
             body=sync_state_body(g),
         )
 
@@ -143,10 +146,8 @@ class ControllerLogic:
     # --- writes ----------------------------------------------------------------------
 
     def apply_broker_id(self, ext: dict[str, str]) -> Decision:
-        cluster = ext.get("clusterName", "")
-        name = _required(ext, "brokerName")
-        broker_id = _int(ext, "appliedBrokerId")
-        code = _required(ext, "registerCheckCode")
+        h = _parse(ApplyBrokerIdHeader, ext)
+        cluster, name, broker_id, code = h.cluster_name, h.broker_name, h.applied_broker_id, h.register_check_code
         if broker_id is None:
             raise BadRequest("header field appliedBrokerId is required")
         address = code.split(";")[0]
@@ -175,10 +176,8 @@ class ControllerLogic:
             {**header, "nextBrokerId": g.next_id})
 
     def register_broker(self, ext: dict[str, str]) -> Decision:
-        cluster = ext.get("clusterName", "")
-        name = _required(ext, "brokerName")
-        broker_id = _int(ext, "brokerId")
-        address = _required(ext, "brokerAddress")
+        h = _parse(RegisterBrokerToControllerHeader, ext)
+        cluster, name, broker_id, address = h.cluster_name, h.broker_name, h.broker_id, h.broker_address
         g = self.state.group(name)
         if g is None:
             return Decision(ResponseCode.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED,
@@ -210,10 +209,8 @@ class ControllerLogic:
         return Decision(ext_fields=header, body=sync_state_body(g), event=event)
 
     def elect_master(self, ext: dict[str, str]) -> Decision:
-        cluster = ext.get("clusterName", "")
-        name = _required(ext, "brokerName")
-        broker_id = _int(ext, "brokerId", -1)
-        designate = _bool(ext, "designateElect")
+        h = _parse(ElectMasterHeader, ext)
+        cluster, name, broker_id, designate = h.cluster_name, h.broker_name, h.broker_id, h.designate_elect
         controller_trigger = broker_id is None or broker_id < 0
         revision = self.state.revision
         g = self.state.group(name)
@@ -283,9 +280,8 @@ class ControllerLogic:
                         f"Failed to elect a new master: {reason}")
 
     def alter_sync_state_set(self, ext: dict[str, str], body: Any) -> Decision:
-        name = _required(ext, "brokerName")
-        master_id = _int(ext, "masterBrokerId")
-        master_epoch = _int(ext, "masterEpoch")
+        h = _parse(AlterSyncStateSetHeader, ext)
+        name, master_id, master_epoch = h.broker_name, h.master_broker_id, h.master_epoch
         if not isinstance(body, dict) or not isinstance(body.get("syncStateSet"), list):
             raise BadRequest("body must be a SyncStateSet {syncStateSet, syncStateSetEpoch}")
         try:
@@ -333,9 +329,9 @@ class ControllerLogic:
         )
 
     def clean_broker_data(self, ext: dict[str, str]) -> Decision:
-        name = _required(ext, "brokerName")
-        ids_text = (ext.get("brokerControllerIdsToClean") or "").strip()
-        clean_living = _bool(ext, "isCleanLivingBroker")
+        h = _parse(CleanBrokerDataHeader, ext)
+        name, clean_living = h.broker_name, h.is_clean_living_broker
+        ids_text = (h.broker_controller_ids_to_clean or "").strip()
         invalid = ResponseCode.CONTROLLER_INVALID_CLEAN_BROKER_METADATA
         g = self.state.group(name)
         if g is None:

@@ -54,6 +54,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from rmqha.protocol.code_rules import require_declared
+from rmqha.protocol.control_headers import BrokerHeartbeatHeader, RoleChangedHeader
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.request_auth import (
     CONTROLLER_SIGNED_CODES, RefusalLog, check, request_auth, signed_timestamp_ms, tokens_match,
@@ -269,6 +271,7 @@ class ControllerServer:
                 lambda logic, cmd: logic.clean_broker_data(cmd.ext_fields), admin=lambda c: True,
                 after=self._after_clean),
         }
+        require_declared(table, "the controller")
         for code, fn in table.items():
             if code in CONTROLLER_SIGNED_CODES:
                 fn = self._authenticated(fn)
@@ -459,23 +462,16 @@ class ControllerServer:
         })
 
     async def _heartbeat(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
-        ext = cmd.ext_fields
-        if not ext.get("brokerId"):
+        if not cmd.ext_fields.get("brokerId"):
             return cmd.response(ResponseCode.CONTROLLER_INVALID_REQUEST, "Heart beat with empty brokerId")
-
-        def num(key: str) -> int | None:
-            raw = ext.get(key)
-            if raw in (None, "", "null"):
-                return None
-            try:
-                return int(raw)
-            except ValueError:
-                raise BadRequest(f"header field {key} is not an integer: {raw!r}") from None
-
-        name, broker_id, address = ext.get("brokerName", ""), int(num("brokerId") or 0), ext.get("brokerAddr", "")
+        try:
+            h = BrokerHeartbeatHeader.parse(cmd.ext_fields)
+        except ProtocolError as exc:
+            raise BadRequest(str(exc)) from None
+        name, broker_id, address = h.broker_name, int(h.broker_id or 0), h.broker_addr
         # Only as itself: its registered id and address (an impostor must not refresh, or
         # move, another broker's liveness), at an epoch the group has reached.
-        refused = self.logic.heartbeat_refusal(name, broker_id, address, num("epoch"))
+        refused = self.logic.heartbeat_refusal(name, broker_id, address, h.epoch)
         if refused is not None:
             return cmd.response(refused.code, refused.remark)
         signed_ms = signed_timestamp_ms(cmd) if self.auth.enabled else None
@@ -483,11 +479,11 @@ class ControllerServer:
             return cmd.response(ResponseCode.NO_PERMISSION,
                                 f"heartbeat of {name}/{broker_id} signed at {signed_ms} is not newer "
                                 "than the last one taken (a replayed copy?); refused")
-        timeout_ms = self._heartbeat_timeout_ms(num("heartbeatTimeoutMills"))
+        timeout_ms = self._heartbeat_timeout_ms(h.heartbeat_timeout_mills)
         self.heartbeats.on_heartbeat(
-            ext.get("clusterName", ""), name, broker_id, address, epoch=num("epoch"), max_offset=num("maxOffset"),
-            confirm_offset=num("confirmOffset"), timeout_ms=timeout_ms,
-            priority=num("electionPriority"), conn=conn,
+            h.cluster_name, name, broker_id, address, epoch=h.epoch, max_offset=h.max_offset,
+            confirm_offset=h.confirm_offset, timeout_ms=timeout_ms,
+            priority=h.election_priority, conn=conn,
             default_timeout_ms=self.config.broker_heartbeat_timeout, signed_ms=signed_ms,
         )
         answer = {**self._lease_answer(name), "heartbeatTimeoutMills": timeout_ms}
@@ -703,8 +699,9 @@ class ControllerServer:
         g = self.state.group(broker_name)
         if g is None or g.master_id is None:
             return
-        header = {"masterAddress": g.master_address, "masterEpoch": g.master_epoch,
-                  "syncStateSetEpoch": g.sync_state_set_epoch, "masterBrokerId": g.master_id}
+        header = RoleChangedHeader(master_address=g.master_address, master_epoch=g.master_epoch,
+                                   sync_state_set_epoch=g.sync_state_set_epoch,
+                                   master_broker_id=g.master_id).build()
         body = {"syncStateSet": sorted(g.sync_state_set), "syncStateSetEpoch": g.sync_state_set_epoch}
         for bid, entry in sorted(g.brokers.items()):
             if not self.heartbeats.is_alive(broker_name, bid):

@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from rmqha.net.peer import RequestPeer
+from rmqha.protocol.code_rules import OPEN_CHECK, Found, Kind, Named, ResourceCheck
 from rmqha.protocol.codes import ResponseCode
 from rmqha.errors import RmqhaError, StoreError
 from rmqha.messaging.clients import ClientRegistry, QueueLocks
@@ -200,6 +201,30 @@ class MessagingContext:
     closed: bool = False
     #: Background tasks (notifications, ...) cancelled on close.
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    #: Whether a request's sender may see a resource found in stored data or listed in an
+    #: answer (the broker's ACL guard; open without ACL).  See rmqha.protocol.code_rules.
+    access: ResourceCheck = OPEN_CHECK
+
+    def listed(self, cmd: RemotingCommand, conn: RequestPeer, kind: Kind, names: Iterable[str]) -> set[str]:
+        """The entries of a listing ``cmd``'s sender may see, as its code's declaration
+        says (:attr:`rmqha.protocol.code_rules.Found.ANSWER_ENTRIES`; none declared: all)."""
+        rule = self.access.declared(cmd.code)
+        needs = [r.need for r in rule.derived if r.kind == kind and r.found == Found.ANSWER_ENTRIES] if rule else []
+        return {name for name in names
+                if all(self.access.allows(cmd, conn, Named(kind, name, need)) for need in needs)}
+
+    def check_record(self, cmd: RemotingCommand, conn: RequestPeer, offset: int, topic: str) -> None:
+        """Refuse (:class:`Refused`) unless the sender may read ``topic``, the topic of the
+        record it named by ``offset``, as its code's declaration says
+        (:attr:`rmqha.protocol.code_rules.Found.RECORD_AT_OFFSET`).  The answer carries
+        nothing of the record (not its topic, not its size), in the same words whatever
+        the topic was."""
+        rule = self.access.declared(cmd.code)
+        for res in rule.derived if rule else ():
+            if res.found == Found.RECORD_AT_OFFSET and not self.access.allows(
+                    cmd, conn, Named(Kind.TOPIC, topic, res.need)):
+                raise Refused(ResponseCode.SYSTEM_ERROR, f"request code {cmd.code}: no {res.need.value} "
+                                                         f"permission for the record at offset {offset}")
 
     def check_writable(self) -> None:
         """Refuse a write unless this broker is master with enough in-sync replicas."""

@@ -17,6 +17,7 @@ from rmqha.messaging.log_writer import LogWriter
 from rmqha.messaging.state import group_delete_record, group_put_record
 from rmqha.messaging.state_replication import StateReplication
 from rmqha.net.peer import RequestPeer
+from rmqha.protocol.code_rules import Kind
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.command import RemotingCommand
 from rmqha.protocol.groups import SubscriptionGroupConfig
@@ -73,7 +74,9 @@ class GroupAdmin:
         return cmd.response(code, None if code == ResponseCode.SUCCESS else status, {})
 
     async def on_all_groups(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
-        table = {name: cfg.to_rocketmq() for name, cfg in self.ctx.state.groups.items()}
+        groups = dict(self.ctx.state.groups.items())
+        visible = self.ctx.listed(cmd, conn, Kind.GROUP, groups)  # only the sender's groups
+        table = {name: cfg.to_rocketmq() for name, cfg in groups.items() if name in visible}
         return cmd.response(ResponseCode.SUCCESS, None, {}, {
             "subscriptionGroupTable": table,
             "dataVersion": {"timestamp": int(time.time() * 1000), "counter": len(table)}})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rmqha.net.peer import RequestPeer
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ProtocolError, StoreError
-from rmqha.messaging.context import Handler, MessagingContext
+from rmqha.messaging.context import Handler, MessagingContext, Refused
 from rmqha.messaging.state import STATE_TOPIC
 from rmqha.protocol.headers import ViewMessageHeader, opt_int, req_int, req_str
 from rmqha.protocol.message import decode_record
@@ -80,4 +80,8 @@ class QueueQueries:
         if topic == STATE_TOPIC:
             # The broker's own state (it holds the pop receipt-handle key).
             return cmd.response(ResponseCode.NO_PERMISSION, f"the record at {offset} is internal")
+        try:
+            self.ctx.check_record(cmd, conn, offset, topic)
+        except Refused as r:
+            return cmd.response(r.code, r.remark)
         return cmd.response(ResponseCode.SUCCESS, None, {}, body)

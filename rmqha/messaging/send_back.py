@@ -43,6 +43,11 @@ class SendBack:
         except StoreError as exc:
             return cmd.response(ResponseCode.SYSTEM_ERROR, str(exc))
         msg, _ = decode_record(raw, inflate=False)
+        try:
+            # The record's own topic: a copy into the sender's retry topic is a read of it.
+            ctx.check_record(cmd, conn, offset, msg.topic)
+        except Refused as r:
+            return cmd.response(r.code, r.remark)
         props = dict(msg.properties)
         props.setdefault(Prop.RETRY_TOPIC, msg.topic)
         props.setdefault(Prop.ORIGIN_MESSAGE_ID,

@@ -76,6 +76,7 @@ from rmqha.messaging.send_path import SendPath
 from rmqha.messaging.state import STATE_TOPIC, BrokerState
 from rmqha.messaging.state_replication import StateReplication
 from rmqha.messaging.topic_admin import TopicAdmin, seed_default_topic
+from rmqha.protocol.code_rules import ResourceCheck
 from rmqha.protocol.topics import TopicTable
 from rmqha.messaging.transactions import COMMITTED_MARK, HALF_TOPIC, OP_TOPIC, Transactions
 
@@ -244,6 +245,11 @@ class MessageService:
         """The send path's handler of a run of plain sends (see
         :meth:`rmqha.net.connection.Dispatcher.register_plain_sends`)."""
         return self._send.on_plain_sends
+
+    def set_access(self, check: ResourceCheck) -> None:
+        """What the handlers ask about resources found in stored data or listed in an
+        answer (the broker's ACL guard, :mod:`rmqha.broker.acl_guard`)."""
+        self.ctx.access = check
 
     def set_role(self, role: str, master_address: str | None = None) -> None:
         if role not in ("master", "slave", "fenced"):

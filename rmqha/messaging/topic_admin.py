@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rmqha.net.peer import RequestPeer
+from rmqha.protocol.code_rules import Kind
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ConfigError, ProtocolError
 from rmqha.messaging.context import check_admin_token, Handler, MessagingContext, Refused
@@ -140,6 +141,10 @@ class TopicAdmin:
         return cmd.response(code, None if code == ResponseCode.SUCCESS else status, {})
 
     async def on_all_topics(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
+        """Only the topics the sender may see (PUB or SUB on each; a retry topic: its group)."""
+        configs = self.topic_configs()
+        visible = self.ctx.listed(cmd, conn, Kind.TOPIC, configs)
+        table = {name: cfg for name, cfg in configs.items() if name in visible}
         return cmd.response(ResponseCode.SUCCESS, None, {},
-                            {"topicConfigTable": self.topic_configs(),
+                            {"topicConfigTable": table,
                              "dataVersion": {"timestamp": int(time.time() * 1000), "counter": 0}})

@@ -236,10 +236,21 @@ class Transactions:
             # as RocketMQ).
             return None
         try:
+            self._check_real_topic(cmd, conn, h.commit_log_offset)
             code, remark = await self.end(h.producer_group, h.commit_log_offset, outcome)
         except Refused as r:
             return cmd.response(r.code, r.remark, r.ext)
         return cmd.response(code, remark, {})
+
+    def _check_real_topic(self, cmd: RemotingCommand, conn: RequestPeer, offset: int) -> None:
+        """Ending a transaction writes its message to its real topic: the sender needs PUB
+        there (the record's own topic when it is no half message; :meth:`end` refuses it)."""
+        try:
+            msg, _ = decode_record(self.ctx.read_record(offset), inflate=False)
+        except (StoreError, ProtocolError):
+            return  # nothing readable there: end() answers it, naming nothing of a record
+        real = msg.properties.get(Prop.REAL_TOPIC, "") if msg.topic == HALF_TOPIC else msg.topic
+        self.ctx.check_record(cmd, conn, offset, real)
 
     async def end(self, group: str, commit_offset: int,
                   outcome: Outcome) -> tuple[int, str | None]:
@@ -251,8 +262,7 @@ class Transactions:
         except (StoreError, ProtocolError) as exc:
             return ResponseCode.SYSTEM_ERROR, f"Find prepared transaction message failed: {exc}"
         if msg.topic != HALF_TOPIC:
-            return ResponseCode.SYSTEM_ERROR, (f"the message at {commit_offset} is not a half "
-                                               f"message (topic {msg.topic})")
+            return ResponseCode.SYSTEM_ERROR, f"the message at {commit_offset} is not a half message"
         if msg.properties.get(Prop.PRODUCER_GROUP, "") != group:
             return ResponseCode.SYSTEM_ERROR, "The producer group wrong"
         txn = (msg.properties.get(Prop.TRANSACTION_ID) or msg.properties.get(Prop.UNIQ_KEY)

@@ -43,6 +43,7 @@ import logging
 import time
 from typing import Any
 
+from rmqha.protocol.code_rules import require_declared
 from rmqha.protocol.codes import RequestCode, ResponseCode, code_name
 from rmqha.errors import ConfigError
 from rmqha.metrics import MetricsRegistry
@@ -133,7 +134,7 @@ class NameServer:
                                                 ssl_context=server_context(self.tls) if config.https_enable else None)
         if self.metrics is not None:
             self._register_metrics(self.metrics)
-        for code, handler in (
+        served = (
             (RequestCode.REGISTER_BROKER, self._register_broker),
             (RequestCode.UNREGISTER_BROKER, self._unregister_broker),
             (RequestCode.GET_ROUTEINFO_BY_TOPIC, self._route_by_topic),
@@ -141,7 +142,9 @@ class NameServer:
             (RequestCode.GET_BROKER_MEMBER_GROUP, self._member_group),
             (RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER, self._topic_list),
             (RequestCode.DELETE_TOPIC_IN_NAMESRV, self._delete_topic),
-        ):
+        )
+        require_declared((code for code, _ in served), "the name server")
+        for code, handler in served:
             if code in NAMESRV_SIGNED_CODES:
                 handler = self._identified(self._authenticated(handler))
             self.server.register(code, self._metered(int(code), handler))

@@ -179,6 +179,11 @@ class Dispatcher:
     def register_immediate(self, code: int, handler: ImmediateHandler) -> None:
         self.immediate[int(code)] = handler
 
+    def served_codes(self) -> frozenset[int]:
+        """Every code with a handler (tests check each has a declaration,
+        :mod:`rmqha.protocol.code_rules`)."""
+        return frozenset(self._handlers) | frozenset(self.immediate)
+
     def register_plain_send(self, handler: PlainSendHandler, refuse: tuple[bytes, ...]) -> None:
         """Connections made from now on parse plain sends from their frames (properties
         holding none of ``refuse``) and give them to ``handler`` before any other

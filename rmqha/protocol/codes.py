@@ -7,7 +7,9 @@ RocketMQ's (``CONTROLLER_ELECT_MASTER``); short aliases (``ELECT_MASTER``) name 
 values, and ``RequestCode(1002).name`` is always the RocketMQ name (metrics use it).
 
 Layout: controller codes first, then a marked block for the client protocol (route,
-send, pull, offsets, ...), then rmqha's own codes.  Add members inside the right block.
+send, pull, offsets, ...), then rmqha's own codes.  Add members inside the right block,
+and the new code's declaration to :data:`rmqha.protocol.code_rules.RULES` (a test fails
+for a code without one).
 """
 from __future__ import annotations
 
@@ -73,6 +75,8 @@ class RequestCode(IntEnum):
     GET_ALL_CONSUMER_OFFSET = 43
     GET_ALL_DELAY_OFFSET = 45
     CHECK_CLIENT_CONFIG = 46
+    PUT_KV_CONFIG = 100
+    DELETE_KV_CONFIG = 102
     REGISTER_BROKER = 103
     UNREGISTER_BROKER = 104
     GET_ROUTEINFO_BY_TOPIC = 105
@@ -90,10 +94,13 @@ class RequestCode(IntEnum):
     DELETE_TOPIC_IN_NAMESRV = 216
     RESET_CONSUMER_CLIENT_OFFSET = 220
     GET_CONSUMER_STATUS_FROM_CLIENT = 221
+    INVOKE_BROKER_TO_RESET_OFFSET = 222
     GET_CONSUMER_RUNNING_INFO = 307
     CONSUME_MESSAGE_DIRECTLY = 309
     SEND_MESSAGE_V2 = 310
+    UPDATE_NAMESRV_CONFIG = 318
     SEND_BATCH_MESSAGE = 320
+    ADD_WRITE_PERM_OF_BROKER = 327
     LITE_PULL_MESSAGE = 361
     QUERY_ASSIGNMENT = 400
     SET_MESSAGE_REQUEST_MODE = 401

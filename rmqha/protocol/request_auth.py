@@ -50,6 +50,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from rmqha.errors import RequestAuthError
+from rmqha.protocol.code_rules import RULES, Server
 from rmqha.protocol.codes import RequestCode, ResponseCode, code_name
 from rmqha.protocol.command import RemotingCommand
 
@@ -58,19 +59,18 @@ NONCE_FIELD = "authNonce"
 SIGNATURE_FIELD = "authSignature"
 AUTH_FIELDS = frozenset({TIMESTAMP_FIELD, NONCE_FIELD, SIGNATURE_FIELD})
 
-#: Requests a controller takes only with proof (they change its state).
-CONTROLLER_SIGNED_CODES: frozenset[int] = frozenset({
-    RequestCode.CONTROLLER_APPLY_BROKER_ID, RequestCode.CONTROLLER_REGISTER_BROKER,
-    RequestCode.BROKER_HEARTBEAT, RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET,
-    RequestCode.CONTROLLER_ELECT_MASTER, RequestCode.CLEAN_BROKER_DATA,
-    RequestCode.UPDATE_CONTROLLER_CONFIG,
-})
+
+def _signed(server: Server) -> frozenset[int]:
+    return frozenset(int(c) for c, r in RULES.items() if r.signed and server in r.served_by)
+
+
+#: Requests a controller takes only with proof (they change its state): the declarations
+#: with ``signed`` (:mod:`rmqha.protocol.code_rules`), by who serves them.
+CONTROLLER_SIGNED_CODES: frozenset[int] = _signed(Server.CONTROLLER)
 #: Requests a name server takes only with proof (they change the routes).
-NAMESRV_SIGNED_CODES: frozenset[int] = frozenset({
-    RequestCode.REGISTER_BROKER, RequestCode.UNREGISTER_BROKER,
-})
+NAMESRV_SIGNED_CODES: frozenset[int] = _signed(Server.NAMESRV)
 #: Requests a broker takes only with proof (they change its role).
-BROKER_SIGNED_CODES: frozenset[int] = frozenset({RequestCode.NOTIFY_BROKER_ROLE_CHANGED})
+BROKER_SIGNED_CODES: frozenset[int] = _signed(Server.BROKER)
 SIGNED_CODES: frozenset[int] = CONTROLLER_SIGNED_CODES | NAMESRV_SIGNED_CODES | BROKER_SIGNED_CODES
 #: Requests a holder of the secret signs although no server demands proof of them: a
 #: broker's ACL guard takes the proof in place of an account (:func:`proves_secret`).

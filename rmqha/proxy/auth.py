@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rmqha.errors import ProxyError
+from rmqha.protocol.code_rules import Kind, Need, topic_resource
 from rmqha.proxy.status import Code
 from rmqha.security.acl import (
     AclConfig,
@@ -74,8 +75,16 @@ class Needs:
     groups: Mapping[str, Perm]
 
     def resources(self) -> dict[str, Perm]:
+        """Account keys -> perms; a topic ``%RETRY%<g>`` / ``%DLQ%<g>`` is group g's (SUB),
+        a pop retry topic of one of the groups stands for its topic (rmqha.protocol.code_rules)."""
         out = {retry_topic(g): p for g, p in self.groups.items() if g}
-        out.update({t: p for t, p in self.topics.items() if t})
+        for t, p in self.topics.items():
+            if t:
+                named = topic_resource(t, Need.SUB, tuple(g for g in self.groups if g))
+                if named.kind == Kind.GROUP:
+                    out[retry_topic(named.name)] = Perm.SUB
+                else:
+                    out[named.name] = p
         return out
 
 

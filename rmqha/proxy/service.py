@@ -9,12 +9,16 @@ A refusal (:class:`~rmqha.errors.ProxyError`) becomes the response's ``status``,
 RocketMQ's proxy answers: the call itself succeeds.  Telemetry is the exception: bad
 Settings end the stream with INVALID_ARGUMENT, as RocketMQ's does.  RPCs rmqha does not
 serve (PullMessage, offsets, RecallMessage, lite topics) answer NOT_IMPLEMENTED.
+
+What an RPC's topics and groups need is the declaration of the request code it stands for
+(:data:`RPC_CODES`, :mod:`rmqha.protocol.code_rules`): the same table the brokers decide
+by, so a gRPC client may do what a remoting client of the same account may.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import grpc
@@ -23,6 +27,8 @@ from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.grpc_protocol import service_pb2_grpc
 
 from rmqha.errors import ProxyError, RmqhaError
+from rmqha.protocol.code_rules import RULES, Kind, Need
+from rmqha.protocol.codes import RequestCode
 from rmqha.proxy import auth
 from rmqha.proxy.calls import Call, call_of
 from rmqha.proxy.client_activity import ClientActivity
@@ -38,20 +44,48 @@ Op = Callable[[Any, Call], Awaitable[Any]]
 NeedsOf = Callable[[Any], auth.Needs]
 
 
-def _needs(topics: dict[str, Perm] | None = None, groups: dict[str, Perm] | None = None) -> auth.Needs:
-    return auth.Needs(topics or {}, groups or {})
+#: The request code each served RPC stands for.  Telemetry's Settings are a heartbeat.
+RPC_CODES: Mapping[str, RequestCode] = {
+    "QueryRoute": RequestCode.GET_ROUTEINFO_BY_TOPIC,
+    "QueryAssignment": RequestCode.QUERY_ASSIGNMENT,
+    "Heartbeat": RequestCode.HEART_BEAT,
+    "NotifyClientTermination": RequestCode.UNREGISTER_CLIENT,
+    "SendMessage": RequestCode.SEND_MESSAGE_V2,
+    "EndTransaction": RequestCode.END_TRANSACTION,
+    "ReceiveMessage": RequestCode.POP_MESSAGE,
+    "AckMessage": RequestCode.ACK_MESSAGE,
+    "ChangeInvisibleDuration": RequestCode.CHANGE_MESSAGE_INVISIBLETIME,
+    "ForwardMessageToDeadLetterQueue": RequestCode.CONSUMER_SEND_MSG_BACK,
+    "Telemetry": RequestCode.HEART_BEAT,
+}
+#: RPCs answered NOT_IMPLEMENTED: they stand for no code.
+UNSERVED_RPCS = frozenset({"PullMessage", "UpdateOffset", "GetOffset", "QueryOffset", "RecallMessage",
+                           "SyncLiteSubscription"})
+_PERM = {Need.PUB: Perm.PUB, Need.SUB: Perm.SUB, Need.ANY: Perm.ANY}
 
 
-def _topic_and_group(perm: Perm) -> NeedsOf:
-    return lambda r: _needs({r.topic.name: perm}, {r.group.name: Perm.SUB})
+def needs_of(rpc: str, topics: Iterable[str] = (), groups: Iterable[str] = ()) -> auth.Needs:
+    """What ``rpc`` naming ``topics`` and ``groups`` needs, by its code's declaration:
+    each topic the declared topic permission, each group SUB (a code declaring no group
+    resource asks nothing of a group the message names)."""
+    rule = RULES[RPC_CODES[rpc]]
+    topic_needs = [r.need for r in rule.resources if r.kind == Kind.TOPIC]
+    has_group = any(r.kind == Kind.GROUP for r in rule.resources)
+    return auth.Needs({t: _PERM[topic_needs[0]] for t in topics} if topic_needs else {},
+                      {g: Perm.SUB for g in groups} if has_group else {})
+
+
+def _topic_and_group(rpc: str) -> NeedsOf:
+    return lambda r: needs_of(rpc, [r.topic.name], [r.group.name])
 
 
 def _settings_needs(command: Any) -> auth.Needs:
     s = command.settings
     if s.WhichOneof("pub_sub") == "publishing":
-        return _needs({t.name: Perm.PUB for t in s.publishing.topics})
+        # A producer's Settings name the topics it will send to: what a send needs.
+        return needs_of("SendMessage", [t.name for t in s.publishing.topics])
     sub = s.subscription
-    return _needs({e.topic.name: Perm.SUB for e in sub.subscriptions}, {sub.group.name: Perm.SUB})
+    return needs_of("Telemetry", [e.topic.name for e in sub.subscriptions], [sub.group.name])
 
 
 class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: ignore[misc]
@@ -87,37 +121,39 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
 
     async def QueryRoute(self, request: Any, context: Any) -> Any:
         return await self._unary(request, context, spb.QueryRouteResponse,
-                                 lambda r: _needs({r.topic.name: Perm.ANY}), self.activity.query_route)
+                                 lambda r: needs_of("QueryRoute", [r.topic.name]), self.activity.query_route)
 
     async def QueryAssignment(self, request: Any, context: Any) -> Any:
         return await self._unary(request, context, spb.QueryAssignmentResponse,
-                                 _topic_and_group(Perm.SUB), self.activity.query_assignment)
+                                 _topic_and_group("QueryAssignment"), self.activity.query_assignment)
 
     async def Heartbeat(self, request: Any, context: Any) -> Any:
         return await self._unary(request, context, spb.HeartbeatResponse,
-                                 lambda r: _needs(groups={r.group.name: Perm.SUB}), self.activity.heartbeat)
+                                 lambda r: needs_of("Heartbeat", groups=[r.group.name]), self.activity.heartbeat)
 
     async def NotifyClientTermination(self, request: Any, context: Any) -> Any:
         return await self._unary(request, context, spb.NotifyClientTerminationResponse,
-                                 lambda r: _needs(groups={r.group.name: Perm.SUB}), self.activity.terminate)
+                                 lambda r: needs_of("NotifyClientTermination", groups=[r.group.name]),
+                                 self.activity.terminate)
 
     # --- producers ---------------------------------------------------------------------
 
     async def SendMessage(self, request: Any, context: Any) -> Any:
         return await self._unary(request, context, spb.SendMessageResponse,
-                                 lambda r: _needs({m.topic.name: Perm.PUB for m in r.messages}),
+                                 lambda r: needs_of("SendMessage", [m.topic.name for m in r.messages]),
                                  self.producing.send)
 
     async def EndTransaction(self, request: Any, context: Any) -> Any:
         return await self._unary(request, context, spb.EndTransactionResponse,
-                                 lambda r: _needs({r.topic.name: Perm.PUB}), self.producing.end_transaction)
+                                 lambda r: needs_of("EndTransaction", [r.topic.name]),
+                                 self.producing.end_transaction)
 
     # --- consumers ---------------------------------------------------------------------
 
     async def ReceiveMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
         try:
-            call = self._admit(request, context, lambda r: _needs(
-                {r.message_queue.topic.name: Perm.SUB}, {r.group.name: Perm.SUB}))
+            call = self._admit(request, context, lambda r: needs_of(
+                "ReceiveMessage", [r.message_queue.topic.name], [r.group.name]))
         except ProxyError as exc:
             yield spb.ReceiveMessageResponse(status=pb.Status(code=exc.code, message=exc.message))
             return
@@ -126,15 +162,15 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
 
     async def AckMessage(self, request: Any, context: Any) -> Any:
         return await self._unary(request, context, spb.AckMessageResponse,
-                                 _topic_and_group(Perm.SUB), self.consuming.ack)
+                                 _topic_and_group("AckMessage"), self.consuming.ack)
 
     async def ChangeInvisibleDuration(self, request: Any, context: Any) -> Any:
         return await self._unary(request, context, spb.ChangeInvisibleDurationResponse,
-                                 _topic_and_group(Perm.SUB), self.consuming.change_invisible)
+                                 _topic_and_group("ChangeInvisibleDuration"), self.consuming.change_invisible)
 
     async def ForwardMessageToDeadLetterQueue(self, request: Any, context: Any) -> Any:
         return await self._unary(request, context, spb.ForwardMessageToDeadLetterQueueResponse,
-                                 _topic_and_group(Perm.SUB), self.consuming.forward_to_dlq)
+                                 _topic_and_group("ForwardMessageToDeadLetterQueue"), self.consuming.forward_to_dlq)
 
     # --- Telemetry ---------------------------------------------------------------------
 

@@ -12,8 +12,9 @@ Modules and what each owns:
   server or broker may run without one (loopback, ``allow_insecure``).
 - ``signature``: RocketMQ ACL 1.0 request signatures (HMAC-SHA1), checking and signing.
 - ``address_pattern``: RocketMQ's remote-address patterns (``192.168.*.*``, ``{1,2}``, ...).
-- ``acl``: ``plain_acl.yml`` (reloaded when it changes), the permission each request code
-  needs, and ``AclValidator.check`` (raises ``rmqha.errors.AclError``).
+- ``acl``: ``plain_acl.yml`` (reloaded when it changes), the resources and permissions a
+  request names (as its code's declaration in ``rmqha.protocol.code_rules`` says), and
+  ``AclValidator.check`` (raises ``rmqha.errors.AclError``).
 - ``link_auth``: shared-secret mutual handshake for internal links without TLS, then a MAC
   on every frame (``Handshake``, ``LinkSession.seal`` / ``open``).
 - ``channel_auth``: that handshake and MAC on a remoting connection (``ChannelEndpoint``,
@@ -24,6 +25,7 @@ Modules and what each owns:
   change, one-port TLS/plaintext by first byte, and the peer's identity from its certificate.
 
 Imports allowed in this package: the standard library, ``cryptography``, ``yaml``
-(PyYAML, imported lazily by ``acl`` only) and ``rmqha.errors``, plus its own modules.
-Nothing else of rmqha, so the package can be wired into any layer without cycles.
+(PyYAML, imported lazily by ``acl`` only), ``rmqha.errors`` and ``rmqha.protocol`` (the
+layer below: the request codes and their declarations, never copied here), plus its own
+modules.
 """

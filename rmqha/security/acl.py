@@ -25,16 +25,20 @@ The check (``PlainPermissionManager.validate`` + ``PlainPermissionChecker.check`
 3. a remote address in the account's ``whiteRemoteAddress`` passes (no signature check);
 4. a wrong ``Signature``: refused;
 5. a send to ``RMQ_SYS_TRACE_TOPIC`` passes;
-6. an admin account passes; an admin request code from another account is refused;
+6. an admin account passes; a code without a declaration in
+   :data:`rmqha.protocol.code_rules.RULES`, or one no application may send, is refused;
 7. each resource the request names needs its permission (the topic's or group's own entry,
    else the default; a group is checked as its retry topic ``%RETRY%<group>``).
 
-Pop consumption: POP_MESSAGE, ACK_MESSAGE and CHANGE_MESSAGE_INVISIBLETIME need SUB on
-the header's topic and group, BATCH_ACK_MESSAGE SUB on those of every entry of its body (a
-pop retry topic ``%RETRY%<group>_<topic>`` counts as ``<topic>``).  RocketMQ's remoting
-ACL 1.0 names no resource for these codes (only its gRPC path does, the same SUB pair);
-rmqha checks them, as ACL 2.0 does for the single-message codes.  Subscription group
-changes (UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, DELETE_SUBSCRIPTIONGROUP) are admin codes.
+What a code names and needs is its declaration's (:mod:`rmqha.protocol.code_rules`, the one
+place that decides it): this module only reads the names out and compares perms.  A topic
+``%RETRY%<group>`` or ``%DLQ%<group>`` is the group's resource, so a send into another
+group's retry topic needs that group's SUB; a pop retry topic ``%RETRY%<group>_<topic>``
+of the request's own group counts as ``<topic>``.  Resources found only in stored data
+(the record at a commitlog offset) or in the answer (listings) are the handler's to check,
+through :meth:`AclValidator.allows`.  RocketMQ's remoting ACL 1.0 names no resource for
+the pop codes, checks any signed account's reads of offsets and records by id not at all,
+and keeps five codes for admins (:data:`ROCKETMQ_ADMIN_CODES`); rmqha checks all of them.
 
 RocketMQ's broker answers every refusal with SYSTEM_ERROR (1); the raised
 :class:`~rmqha.errors.AclError` carries that code and the remark.
@@ -42,10 +46,9 @@ RocketMQ's broker answers every refusal with SYSTEM_ERROR (1); the raised
 from __future__ import annotations
 
 import enum
-import json
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,7 +58,10 @@ from rmqha.errors import (
     AclError,
     AclPermissionError,
     ConfigError,
+    ProtocolError,
 )
+from rmqha.protocol.code_rules import RULES, CodeRule, Kind, Named, Need, resources_of, rule_of, topic_resource
+from rmqha.protocol.codes import RequestCode
 from rmqha.security.address_pattern import AddressPattern, parse_ip
 from rmqha.security.signature import ACCESS_KEY, SIGNATURE, signature_matches
 
@@ -91,62 +97,13 @@ _PERM_WORDS: dict[str, Perm] = {
 }
 
 
-class Code(enum.IntEnum):
-    """The RocketMQ request codes the ACL decides on.  Values are RocketMQ's
-    ``RequestCode`` (the same as ``rmqha.protocol.codes.RequestCode``; rmqha.security does not import
-    it).  Codes rmqha.protocol.codes lacks are marked."""
-
-    SEND_MESSAGE = 10
-    PULL_MESSAGE = 11
-    QUERY_MESSAGE = 12
-    UPDATE_CONSUMER_OFFSET = 15
-    UPDATE_AND_CREATE_TOPIC = 17
-    UPDATE_BROKER_CONFIG = 25
-    HEART_BEAT = 34
-    UNREGISTER_CLIENT = 35
-    CONSUMER_SEND_MSG_BACK = 36
-    GET_CONSUMER_LIST_BY_GROUP = 38
-    PUT_KV_CONFIG = 100  # not in rmqha.protocol.codes
-    DELETE_KV_CONFIG = 102  # not in rmqha.protocol.codes
-    UPDATE_AND_CREATE_SUBSCRIPTIONGROUP = 200
-    WIPE_WRITE_PERM_OF_BROKER = 205
-    DELETE_SUBSCRIPTIONGROUP = 207
-    DELETE_TOPIC_IN_BROKER = 215
-    DELETE_TOPIC_IN_NAMESRV = 216
-    INVOKE_BROKER_TO_RESET_OFFSET = 222  # not in rmqha.protocol.codes (mqadmin resetOffsetByTime)
-    SEND_MESSAGE_V2 = 310
-    UPDATE_NAMESRV_CONFIG = 318  # not in rmqha.protocol.codes
-    QUERY_ASSIGNMENT = 400
-    SET_MESSAGE_REQUEST_MODE = 401
-    SEND_BATCH_MESSAGE = 320
-    ADD_WRITE_PERM_OF_BROKER = 327  # not in rmqha.protocol.codes
-    GET_BROKER_EPOCH_CACHE = 1007
-    UPDATE_CONTROLLER_CONFIG = 1009
-    CLEAN_BROKER_DATA = 1011
-    POP_MESSAGE = 200050
-    ACK_MESSAGE = 200051
-    CHANGE_MESSAGE_INVISIBLETIME = 200053
-    BATCH_ACK_MESSAGE = 200151
-
-
-#: ``Permission.ADMIN_CODE``: the codes RocketMQ's ACL keeps for admin accounts.
+#: RocketMQ's ``Permission.ADMIN_CODE`` (for comparison: rmqha keeps every code of
+#: :data:`rmqha.protocol.code_rules.ADMIN_ONLY_CODES` for admins, a superset).
 ROCKETMQ_ADMIN_CODES: frozenset[int] = frozenset({
-    Code.UPDATE_AND_CREATE_TOPIC, Code.UPDATE_BROKER_CONFIG, Code.DELETE_TOPIC_IN_BROKER,
-    Code.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, Code.DELETE_SUBSCRIPTIONGROUP,
+    RequestCode.UPDATE_AND_CREATE_TOPIC, RequestCode.UPDATE_BROKER_CONFIG, RequestCode.DELETE_TOPIC_IN_BROKER,
+    RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, RequestCode.DELETE_SUBSCRIPTIONGROUP,
 })
-
-#: Further codes rmqha keeps for admin accounts (RocketMQ lets any signed account send
-#: them): offset resets, route and write-permission changes, configuration updates (a
-#: group's message request mode too), and GET_BROKER_EPOCH_CACHE (``mqadmin
-#: getBrokerEpoch``: a broker's epochs and log end are for operators and the cluster's own
-#: processes, which the broker lets in by certificate, see ``rmqha.broker.acl_guard``).
-RMQHA_ADMIN_CODES: frozenset[int] = ROCKETMQ_ADMIN_CODES | frozenset({
-    Code.INVOKE_BROKER_TO_RESET_OFFSET, Code.DELETE_TOPIC_IN_NAMESRV,
-    Code.WIPE_WRITE_PERM_OF_BROKER, Code.ADD_WRITE_PERM_OF_BROKER,
-    Code.UPDATE_NAMESRV_CONFIG, Code.PUT_KV_CONFIG, Code.DELETE_KV_CONFIG,
-    Code.UPDATE_CONTROLLER_CONFIG, Code.CLEAN_BROKER_DATA, Code.GET_BROKER_EPOCH_CACHE,
-    Code.SET_MESSAGE_REQUEST_MODE,
-})
+_NEED_PERM = {Need.PUB: Perm.PUB, Need.SUB: Perm.SUB, Need.ANY: Perm.ANY}
 
 
 # --- configuration ---------------------------------------------------------------------
@@ -331,101 +288,25 @@ def describe_resource(resource: str) -> str:
     return f"topic:{resource}"
 
 
-def _send_needs(topic: str | None, group: str | None) -> list[tuple[str | None, Perm]]:
-    # A send to a retry topic is a consumer sending back: it needs SUB on the group.
-    if topic is not None and topic.startswith(RETRY_PREFIX):
-        return [(retry_topic(group) if group else None, Perm.SUB)]
-    return [(topic, Perm.PUB)]
+def resource_key(named: Named) -> str:
+    """The key of ``named`` in an account's perms: a topic's name, a group's retry topic."""
+    return retry_topic(named.name) if named.kind == Kind.GROUP else named.name
 
 
-def _heartbeat_needs(body: bytes | None) -> list[tuple[str | None, Perm]]:
-    try:
-        data = json.loads(body or b"{}")
-        needs: list[tuple[str | None, Perm]] = []
-        for consumer in data.get("consumerDataSet") or []:
-            needs.append((retry_topic(consumer["groupName"]), Perm.SUB))
-            needs += [(sub["topic"], Perm.SUB) for sub in consumer.get("subscriptionDataSet") or []]
-        return needs
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise AclError(f"heartbeat body cannot be read for the ACL check: {exc!r}") from None
-
-
-def _group_field(fields: Mapping[str, str], key: str) -> str | None:
-    group = fields.get(key)
-    return retry_topic(group) if group else None
-
-
-def _consumed_topic(topic: str | None, group: str | None) -> str | None:
-    """The topic a pop consumer of ``group`` reads: a pop retry topic of that group
-    (``%RETRY%<group>_<topic>``, or ``+`` in version 2) stands for ``<topic>``, so acking a
-    redelivered message needs what acking the first delivery needed, not a grant on a
-    group named ``<group>_<topic>``."""
-    if topic and group:
-        for sep in ("_", "+"):
-            prefix = f"{RETRY_PREFIX}{group}{sep}"
-            if topic.startswith(prefix) and len(topic) > len(prefix):
-                return topic[len(prefix):]
-    return topic
-
-
-def _pop_needs(topic: str | None, group: str | None) -> list[tuple[str | None, Perm]]:
-    # What RocketMQ's gRPC ReceiveMessage / AckMessage / ChangeInvisibleDuration need in
-    # ACL 1.0, and its remoting pop headers in ACL 2.0 (@RocketMQAction SUB on both).
-    return [(_consumed_topic(topic, group), Perm.SUB),
-            (retry_topic(group) if group else None, Perm.SUB)]
-
-
-def _batch_ack_needs(body: bytes | None) -> list[tuple[str | None, Perm]]:
-    """SUB on the topic and group of every entry of a BatchAckMessageRequestBody (short
-    keys ``t`` / ``c`` as fastjson writes them, or the long names).  RocketMQ checks no
-    resource for this code; rmqha does, or a batch ack would settle what a single ack
-    may not."""
-    try:
-        acks = json.loads(body or b"null")["acks"]
-        needs: list[tuple[str | None, Perm]] = []
-        for entry in acks:
-            group = entry.get("c", entry.get("consumerGroup"))
-            topic = entry.get("t", entry.get("topic"))
-            if not isinstance(group, str) or not isinstance(topic, str):
-                raise TypeError("an entry names no topic or group")
-            needs += _pop_needs(topic, group)
-        return needs
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise AclError(f"batch ack body cannot be read for the ACL check: {exc!r}") from None
-
-
-_NEEDS: dict[int, Callable[[Mapping[str, str], bytes | None], list[tuple[str | None, Perm]]]] = {
-    Code.SEND_MESSAGE: lambda f, b: _send_needs(f.get("topic"), f.get("group")),
-    Code.SEND_MESSAGE_V2: lambda f, b: _send_needs(f.get("b"), f.get("a")),
-    Code.SEND_BATCH_MESSAGE: lambda f, b: _send_needs(f.get("b"), f.get("a")),
-    Code.CONSUMER_SEND_MSG_BACK: lambda f, b: [(_group_field(f, "group"), Perm.SUB)],
-    Code.PULL_MESSAGE: lambda f, b: [(f.get("topic"), Perm.SUB),
-                                     (_group_field(f, "consumerGroup"), Perm.SUB)],
-    Code.QUERY_MESSAGE: lambda f, b: [(f.get("topic"), Perm.SUB)],
-    Code.HEART_BEAT: lambda f, b: _heartbeat_needs(b),
-    Code.UNREGISTER_CLIENT: lambda f, b: [(_group_field(f, "consumerGroup"), Perm.SUB)],
-    Code.GET_CONSUMER_LIST_BY_GROUP: lambda f, b: [(_group_field(f, "consumerGroup"), Perm.SUB)],
-    Code.UPDATE_CONSUMER_OFFSET: lambda f, b: [(_group_field(f, "consumerGroup"), Perm.SUB),
-                                               (f.get("topic"), Perm.SUB)],
-    Code.POP_MESSAGE: lambda f, b: _pop_needs(f.get("topic"), f.get("consumerGroup")),
-    Code.ACK_MESSAGE: lambda f, b: _pop_needs(f.get("topic"), f.get("consumerGroup")),
-    Code.CHANGE_MESSAGE_INVISIBLETIME: lambda f, b: _pop_needs(f.get("topic"),
-                                                               f.get("consumerGroup")),
-    Code.BATCH_ACK_MESSAGE: lambda f, b: _batch_ack_needs(b),
-}
-
-
-def required_access(code: int, ext_fields: Mapping[str, str], body: bytes | None) -> RequiredAccess:
-    """The resources a request needs, as ``PlainAccessResource.parse`` decides them (a
+def required_access(code: int, ext_fields: Mapping[str, str], body: bytes | None,
+                    rules: Mapping[RequestCode, CodeRule] = RULES) -> RequiredAccess:
+    """The resources a request names, as its declaration in ``rules`` finds them (a
     resource named twice keeps its last perm, like RocketMQ's map).  An empty group names
     no resource: the C++ client unregisters a producer with ``consumerGroup=""``, which
-    RocketMQ checks as group "" and refuses under ``defaultGroupPerm: DENY``."""
-    rule = _NEEDS.get(code)
-    resources: dict[str, Perm] = {}
-    for resource, perm in (rule(ext_fields, body) if rule else []):
-        if resource:
-            resources[resource] = perm
-    return RequiredAccess(code, resources)
+    RocketMQ checks as group "" and refuses under ``defaultGroupPerm: DENY``.  A code
+    without a declaration is refused."""
+    if rule_of(code, rules) is None:
+        raise AclPermissionError(f"request code {code} has no declaration in rmqha.protocol.code_rules: refused")
+    try:
+        named = resources_of(code, ext_fields, body, rules)
+    except ProtocolError as exc:
+        raise AclError(f"request code {code}: {exc} (read for the ACL check)") from None
+    return RequiredAccess(code, {resource_key(n): _NEED_PERM[n.need] for n in named})
 
 
 # --- the check ---------------------------------------------------------------------------
@@ -433,7 +314,7 @@ def required_access(code: int, ext_fields: Mapping[str, str], body: bytes | None
 
 def check_request(config: AclConfig, code: int, ext_fields: Mapping[str, str], body: bytes | None,
                   remote_ip: str, *, version: int | None = None,
-                  admin_codes: Collection[int] = RMQHA_ADMIN_CODES) -> None:
+                  rules: Mapping[RequestCode, CodeRule] = RULES) -> None:
     """Raise an :class:`~rmqha.errors.AclError` unless ``config`` lets this request through."""
     ip = parse_ip(remote_ip)
     if any(p.matches_ip(ip) for p in config.global_white):
@@ -450,13 +331,14 @@ def check_request(config: AclConfig, code: int, ext_fields: Mapping[str, str], b
         raise AclAuthenticationError(f"request code {code} for accessKey={access_key} carries no Signature")
     if not signature_matches(ext_fields, body, account.secret_key, version):
         raise AclAuthenticationError(f"check signature failed for accessKey={access_key}")
-    _check_permissions(account, required_access(code, ext_fields, body), admin_codes)
+    _check_permissions(account, required_access(code, ext_fields, body, rules), rules)
 
 
-def _check_permissions(account: Account, need: RequiredAccess, admin_codes: Collection[int]) -> None:
+def _check_permissions(account: Account, need: RequiredAccess, rules: Mapping[RequestCode, CodeRule]) -> None:
     if need.resources.get(TRACE_TOPIC) == Perm.PUB or account.admin:
         return
-    if need.code in admin_codes:
+    rule = rule_of(need.code, rules)
+    if rule is None or rule.admin_only:
         raise AclPermissionError(f"request code {need.code} needs an admin account, and "
                                  f"accessKey={account.access_key} is not one")
     for resource, perm in need.resources.items():
@@ -488,10 +370,11 @@ class AclValidator:
     """
 
     def __init__(self, path: str | Path, *, recheck_interval_s: float = 1.0,
-                 admin_codes: Iterable[int] = RMQHA_ADMIN_CODES) -> None:
+                 rules: Mapping[RequestCode, CodeRule] = RULES) -> None:
         self.path = Path(path)
         self.recheck_interval_s = recheck_interval_s
-        self.admin_codes = frozenset(admin_codes)
+        #: The code declarations it decides by (a test hands a wrong one to its negative control).
+        self.rules = rules
         stamp = _stamp(self.path)
         if stamp is None:
             raise ConfigError(f"ACL file {self.path} does not exist or cannot be read")
@@ -546,4 +429,21 @@ class AclValidator:
         """
         self._maybe_reload()
         check_request(self.config, code, ext_fields, body, remote_ip, version=version,
-                      admin_codes=self.admin_codes)
+                      rules=self.rules)
+
+    def allows(self, ext_fields: Mapping[str, str], remote_ip: str, named: Named) -> bool:
+        """Whether the account of a request :meth:`check` let through may see ``named``,
+        a resource its handler found in stored data (a record's topic, a listed entry)."""
+        config = self.current()
+        ip = parse_ip(remote_ip)
+        if any(p.matches_ip(ip) for p in config.global_white):
+            return True
+        account = config.accounts.get(ext_fields.get(ACCESS_KEY, ""))
+        if account is None:
+            return False
+        if account.admin or account.white_address.matches_ip(ip):
+            return True
+        if named.kind == Kind.TOPIC:
+            named = topic_resource(named.name, named.need)
+        owned, _ = account.owned(resource_key(named))
+        return perm_allows(_NEED_PERM[named.need], owned)

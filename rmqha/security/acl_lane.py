@@ -12,8 +12,8 @@ says True only where that check lets it through:
   account may PUB to the topic (its entry or default, an admin account, or the trace topic).
 
 Everything else (no or an unknown AccessKey, a wrong signature, no permission, a send to a
-retry topic, a header unusual for signing) is False: the broker then runs the ordinary
-check on the decoded command, which refuses it as it always did.
+group's retry or dead-letter topic, a header unusual for signing) is False: the broker then
+runs the ordinary check on the decoded command, which refuses it as it always did.
 
 What an account may do on a topic is worked out once per connection, account and topic
 (:class:`_Grants`, kept in the connection's state) and forgotten when ``plain_acl.yml``
@@ -27,7 +27,8 @@ import hmac
 from collections.abc import MutableMapping
 from typing import Any
 
-from rmqha.security.acl import RETRY_PREFIX, TRACE_TOPIC, AclConfig, AclValidator, Perm, perm_allows
+from rmqha.protocol.code_rules import group_of_topic
+from rmqha.security.acl import TRACE_TOPIC, AclConfig, AclValidator, Perm, perm_allows
 from rmqha.security.address_pattern import parse_ip
 from rmqha.security.signature import Sha1Mac, mac_for
 
@@ -71,8 +72,8 @@ class _Grants:
             return None
         if account.white_address.matches_ip(self.ip):
             return _WHITE
-        if topic.startswith(RETRY_PREFIX):
-            return None  # a consumer's send back needs SUB on its group: the ordinary check
+        if group_of_topic(topic) is not None:
+            return None  # a group's retry or dead-letter topic needs SUB on the group: the ordinary check
         if not (topic == TRACE_TOPIC or account.admin
                 or perm_allows(Perm.PUB, account.owned(topic)[0])):
             return None

@@ -67,6 +67,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from rmqha.protocol.control_headers import GetReplicaInfoHeader, ReplicaInfoAnswer
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import LocalClusterError, RemotingError
 from rmqha.net.client import RemotingClient
@@ -545,16 +546,16 @@ class Cluster:
 
     def replica_info(self, group: str) -> ReplicaInfo | None:
         """GET_REPLICA_INFO of a group from the controller leader (None if unknown)."""
-        resp = self.controller_request(RequestCode.CONTROLLER_GET_REPLICA_INFO, {"brokerName": group})
+        resp = self.controller_request(RequestCode.CONTROLLER_GET_REPLICA_INFO,
+                                       GetReplicaInfoHeader(broker_name=group).build())
         if resp.code != ResponseCode.SUCCESS:
             return None
-        ext = resp.ext_fields
+        h = ReplicaInfoAnswer.parse(resp.ext_fields)
         body = resp.json_body() or {}
-        master_id = ext.get("masterBrokerId")
         return ReplicaInfo(
-            master_id=int(master_id) if master_id not in (None, "", "null") else None,
-            master_address=ext.get("masterAddress") or None,
-            master_epoch=int(ext.get("masterEpoch", 0) or 0),
+            master_id=h.master_broker_id,
+            master_address=h.master_address or None,
+            master_epoch=h.master_epoch,
             sync_state_set=sorted(int(i) for i in body.get("syncStateSet", [])),
             sync_state_set_epoch=int(body.get("syncStateSetEpoch", 0) or 0),
         )

@@ -240,7 +240,7 @@ class LocalBroker:
         self.server = RemotingServer("127.0.0.1", self.port, self.svc.handlers(), tls=self.tls)
         if self.acl_file is not None:
             guard = acl_guard(self.acl_file)
-            self.server.dispatcher.guard = guard
+            guard.protect(self.server, self.svc)  # as the broker process does
             self.server.dispatcher.plain_guard = self._counted_lane(guard.plain)
         if self.immediate:
             for code, now in self.svc.immediate_handlers().items():

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from rmqha.errors import AclAuthenticationError, AclError, AclPermissionError
-from rmqha.security.acl import AclValidator, Code
+from rmqha.protocol.codes import RequestCode
+from rmqha.security.acl import AclValidator
 
 ROUTE_CODE = 105
 ACL = """\
@@ -114,7 +115,7 @@ class AclServer:
             self.refusals.append(exc)
             reply.update(code=exc.response_code, remark=exc.remark)
             return _frame(reply)
-        if req.code in (Code.SEND_MESSAGE, Code.SEND_MESSAGE_V2):
+        if req.code in (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2):
             reply["extFields"] = {"msgId": "7F00000100002A9F0000000000000000", "queueId": "0",
                                   "queueOffset": "0"}
         return _frame(reply)
@@ -152,7 +153,7 @@ class AclServer:
 
 
 def _sends(server: AclServer) -> list[Request]:
-    return [r for r in server.requests if r.code in (Code.SEND_MESSAGE, Code.SEND_MESSAGE_V2)]
+    return [r for r in server.requests if r.code in (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2)]
 
 
 @pytest.fixture

@@ -10,7 +10,8 @@ from types import ModuleType
 import pytest
 
 from rmqha.errors import AclPermissionError
-from rmqha.security.acl import AclConfig, Code, check_request
+from rmqha.protocol.codes import RequestCode
+from rmqha.security.acl import AclConfig, check_request
 from rmqha.security.signature import sign
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,7 +98,7 @@ def test_secure_setup_files_name_real_certificates_and_a_narrow_account(tmp_path
     def send(topic: str) -> None:
         fields = sign({"a": "bench_async", "b": topic}, b"x", security_cost.PRODUCER_KEY,
                       setup.app.secret_key)
-        check_request(config, Code.SEND_MESSAGE_V2, fields, b"x", "127.0.0.1")
+        check_request(config, RequestCode.SEND_MESSAGE_V2, fields, b"x", "127.0.0.1")
 
     send("Bench3")
     with pytest.raises(AclPermissionError, match="no PUB default permission for topic:Other"):
