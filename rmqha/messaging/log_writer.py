@@ -16,7 +16,6 @@ from array import array
 from collections.abc import Callable
 
 from rmqha._core._protocols import SendFrame
-from rmqha.protocol.codes import ResponseCode
 from rmqha.errors import InvalidMessageError, StoreError
 from rmqha.failpoints import Failpoint, hit
 from rmqha.messaging.context import MessagingContext
