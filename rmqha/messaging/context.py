@@ -42,6 +42,8 @@ MASTER_ADDRESS_FIELD = "masterAddress"
 PUT_STATUS_FIELD = "putStatus"
 
 _QOFF = struct.Struct(">q")
+# Read once: an Enum member read off its class costs hundreds of ns on 3.11 (per group).
+_UNASKED, _NO_FLUSH, _ADMITTED = Copies.UNASKED, Flush.NONE, Outcome.PUT_OK
 
 
 class Replication(Protocol):
@@ -221,8 +223,8 @@ class MessagingContext:
         # A broker without replication is a SyncStateSet of one (itself).
         size = 1 if replication is None else int(replication.sync_state_set_size())
         need = int(self.config.min_in_sync_replicas)
-        outcome = verdict(master, lease, size, need, Copies.UNASKED, Flush.NONE)
-        if outcome == Outcome.PUT_OK:
+        outcome = verdict(master, lease, size, need, _UNASKED, _NO_FLUSH)
+        if outcome == _ADMITTED:
             return
         code, status = ANSWERS[outcome]
         ext: dict[str, Any] = {PUT_STATUS_FIELD: status}
