@@ -3,9 +3,9 @@
 * ``one-at-a-time``: a master and two slaves in this process (one event loop, real sockets
   on loopback, authenticated links, every SyncStateSet member waited for): each round
   appends one 1 KiB message, pushes it (``push_now``), waits for its copies with the
-  broker's callback (``when_replicas``) and records the latency.  Per step, the master's
+  broker's callback (``when_copies``) and records the latency.  Per step, the master's
   CPU per message (timing wrappers around its push, its ack read and parse, ``on_ack`` and
-  ``when_replicas``; the slaves' own work is in the same process but not in these steps)
+  ``when_copies``; the slaves' own work is in the same process but not in these steps)
   goes to ``extra_info``, beside p50/p99 and the process CPU per message, for each twin of
   the waiter table (``cython``/``python``) and the heap waiters before it (``heaps``,
   below), their rounds alternating in one run.
@@ -132,7 +132,7 @@ class _Trio:
             async with master_running(m) as port, \
                     slave_running(ha_slave(s2cl, s2em, port, cfg, broker_id=2, tls=tls.get(2))), \
                     slave_running(ha_slave(s3cl, s3em, port, cfg, broker_id=3, tls=tls.get(3))):
-                await wait_until_async(lambda: len(m._service.links) == 2, 10, "two slave links")
+                await wait_until_async(lambda: len(m.sync.links) == 2, 10, "two slave links")
                 yield m, mcl
 
 
@@ -141,10 +141,10 @@ async def _one(m: Any, mcl: Any, steps: _Steps, lat: list[int]) -> None:
     fut = asyncio.get_running_loop().create_future()
     t0 = time.perf_counter_ns()
     mcl.append_batch("bench", [BODY])
-    m.push_now()
+    m.sync.push_now()
     t1 = time.perf_counter_ns()
-    m.when_replicas(mcl.max_offset, 3.0, fut.set_result)
-    steps.ns["when_replicas"] += time.perf_counter_ns() - t1
+    m.sync.when_copies(mcl.max_offset, 3.0, fut.set_result)
+    steps.ns["when_copies"] += time.perf_counter_ns() - t1
     assert await fut
     lat.append(time.perf_counter_ns() - t0)
 
@@ -167,7 +167,7 @@ async def _round(m: Any, mcl: Any, steps: _Steps, row: dict[str, float]) -> None
 async def _sends(tmp: str, twins: list[str], steps: _Steps) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     async with _Trio(tmp).running() as (m, mcl):
-        svc = m._service
+        svc = m.sync
         loop = asyncio.get_running_loop()
         for _ in range(200):
             await _one(m, mcl, steps, [])

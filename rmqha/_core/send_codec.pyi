@@ -7,7 +7,7 @@ from rmqha._core.send_codec_py import ANSWER_FIELDS as ANSWER_FIELDS
 from rmqha._core.send_codec_py import DEFAULT_TOPIC as DEFAULT_TOPIC
 from rmqha._core.send_codec_py import ENTRY_FIXED as ENTRY_FIXED
 from rmqha._core.send_codec_py import LANGUAGE as LANGUAGE
-from rmqha._core.send_codec_py import Answer
+from rmqha._core.send_codec_py import Answer as Answer
 from rmqha._core.send_codec_py import month_bounds as month_bounds
 from rmqha.errors import ProtocolError as ProtocolError
 

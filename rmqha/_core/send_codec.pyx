@@ -10,17 +10,22 @@ not small integers) to the pure twin, so both read every frame alike.
 cimport cython
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.object cimport PyTypeObject
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_DecodeASCII
 from libc.string cimport memcmp, memcpy
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
 from rmqha.errors import ProtocolError
-from rmqha._core.send_codec_py import ANSWER_FIELDS, DEFAULT_TOPIC, ENTRY_FIXED, LANGUAGE
+from rmqha._core.send_codec_py import ANSWER_FIELDS, DEFAULT_TOPIC, ENTRY_FIXED, LANGUAGE, Answer
 from rmqha._core.send_codec_py import decode_send_answer as _py_decode_send_answer
 from rmqha._core.send_codec_py import month_bounds
 
 cdef extern from "Python.h":
     const char* PyUnicode_AsUTF8AndSize(object text, Py_ssize_t* size) except NULL
+    # A tuple subclass's allocator (what tuple.__new__ calls for one): a new reference.
+    object PyType_GenericAlloc(PyTypeObject* type, Py_ssize_t nitems)
 
 cdef const char* _HEX = b"0123456789ABCDEF"
 cdef const char* _HEXL = b"0123456789abcdef"
@@ -502,10 +507,29 @@ cdef int _read_answer(_Scan* s, const unsigned char* frame, Py_ssize_t header_le
     return _header(s)
 
 
-cdef inline tuple _answer(_Scan* s):
-    return (s.code, s.opaque, s.flag, _text(s, S_REMARK), _text(s, S_MSG_ID),
-            _text(s, S_QUEUE_ID), _text(s, S_QUEUE_OFFSET), _text(s, S_PUT_STATUS),
-            _text(s, S_MASTER))
+#: send_codec_py's NamedTuple (a tuple subclass, no dict), held by the import above.
+cdef PyTypeObject* _ANSWER = <PyTypeObject*>Answer
+
+
+cdef inline void _slot(object answer, Py_ssize_t i, object value):
+    Py_INCREF(value)  # PyTuple_SET_ITEM steals it
+    PyTuple_SET_ITEM(answer, i, value)
+
+
+cdef inline object _answer(_Scan* s):
+    """An Answer, filled in place as tuple.__new__ fills one (the pure twin's way) without
+    the intermediate tuple: as cheap as the plain tuple this used to return."""
+    cdef object answer = PyType_GenericAlloc(_ANSWER, 9)
+    _slot(answer, 0, s.code)
+    _slot(answer, 1, s.opaque)
+    _slot(answer, 2, s.flag)
+    _slot(answer, 3, _text(s, S_REMARK))
+    _slot(answer, 4, _text(s, S_MSG_ID))
+    _slot(answer, 5, _text(s, S_QUEUE_ID))
+    _slot(answer, 6, _text(s, S_QUEUE_OFFSET))
+    _slot(answer, 7, _text(s, S_PUT_STATUS))
+    _slot(answer, 8, _text(s, S_MASTER))
+    return answer
 
 
 cdef inline unsigned int _u32(const unsigned char* p) noexcept:
@@ -576,9 +600,9 @@ def match_answers(data, dict pending not None, dict deadlines not None,
                     answer = _py_decode_send_answer(memoryview(data)[pos + 4:pos + 4 + total])
                 except ProtocolError:
                     break
-                if answer is None or not answer[2] & FLAG_RESPONSE:
+                if answer is None or not answer.flag & FLAG_RESPONSE:
                     break
-                opaque = answer[1]
+                opaque = answer.opaque
                 fut = pending.pop(opaque, None)
                 if fut is None:
                     break

@@ -91,7 +91,10 @@ BROKER_OWN_CODES = (RequestCode.NOTIFY_BROKER_ROLE_CHANGED, RequestCode.GET_BROK
 class Replication:
     """What the messaging layer needs of replication, read from whichever HA side is running.
 
-    Master: the HAMaster's SyncStateSet, acks and confirm offset.  Slave: the HASlave's
+    It reports facts and judges nothing: whether a write is admitted or acknowledged is
+    :func:`rmqha.messaging.verdict.verdict` of them.  Master: the HA master's
+    (:class:`rmqha.ha.sync_service.SyncService`, asked directly) SyncStateSet, copies and
+    confirm offset; the lease.  Slave: the HASlave's
     confirm offset (what the master confirmed, capped at the local log).  Neither (fenced,
     or stepping down between the two): the last confirm offset either side reported,
     never the log's max offset: records past it may still be cut by a truncation, and a
@@ -123,52 +126,42 @@ class Replication:
     def push_now(self) -> None:
         master = self._broker.ha_master
         if master is not None:
-            master.push_now()
+            master.sync.push_now()
 
     def defer_push(self) -> None:
         master = self._broker.ha_master
         if master is not None:
-            master.defer_push()
+            master.sync.defer_push()
 
     def sync_state_set_size(self) -> int:
         master = self._broker.ha_master
         if master is None:
             return 1
-        return int(master.sync_state_set_size())
+        return int(master.sync.sync_state.replica_count())
 
-    async def wait_for_replicas(self, end_offset: int, timeout_s: float) -> bool:
+    async def wait_for_copies(self, end_offset: int, timeout_s: float) -> bool:
         master = self._broker.ha_master
         if master is None:
-            # Not master (or stepping down): nothing is acknowledged from here.
+            # Not master (or stepping down): no copies are counted from here.
             return False
-        # all_ack_in_sync_state_set / in_sync_replicas / min_in_sync_replicas are applied
-        # by the HA master.
-        return self._acknowledged(await master.wait_for_replicas(end_offset, timeout_s))
+        return await master.sync.wait_for_copies(end_offset, timeout_s)
 
-    def when_replicated(self, end_offset: int, timeout_s: float,
-                        done: Callable[[bool], None]) -> None:
-        """:meth:`wait_for_replicas` for a caller without a task: ``done(ok)`` runs once."""
+    def when_copies(self, end_offset: int, timeout_s: float,
+                    done: Callable[[bool], None]) -> None:
+        """:meth:`wait_for_copies` for a caller without a task: ``done(held)`` runs once,
+        called by the HA master's waiter itself."""
         master = self._broker.ha_master
         if master is None:
             done(False)
             return
-        master.when_replicas(end_offset, timeout_s, lambda ok: done(self._acknowledged(ok)))
+        master.sync.when_copies(end_offset, timeout_s, done)
 
-    def replicated_now(self, end_offset: int) -> bool:
-        """Whether a send ending at ``end_offset`` could be acknowledged now (see
-        :meth:`_acknowledged`), without waiting."""
+    def copies_held(self, end_offset: int) -> bool:
         master = self._broker.ha_master
-        return master is not None and self._acknowledged(master.replicas_hold(end_offset))
+        return master is not None and master.sync.copies_held(end_offset)
 
-    def _acknowledged(self, replicated: bool) -> bool:
-        """The copies are there, but an acknowledgement is a master's promise: a master
-        whose lease ran out while the send waited may already have a successor."""
-        if not replicated or not self.holds_master_lease():
-            return False
-        self._note_ack()
-        return True
-
-    def _note_ack(self) -> None:
+    def acknowledged(self) -> None:
+        """A write was answered PUT_OK: note when, under the master epoch (``ack_windows``)."""
         replicas = self._broker.replicas
         epoch = replicas.master_epoch if replicas is not None else 0
         now = time.monotonic()

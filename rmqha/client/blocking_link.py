@@ -294,7 +294,7 @@ class BlockingLink:
             found: RemotingCommand | Answer | None = None
             for frame in self._frames(data):  # ProtocolError past max_frame_bytes
                 answer = _CODEC.decode_send_answer(frame) if fields else None
-                if answer is not None and answer[2] & FLAG_RESPONSE and answer[1] == opaque:
+                if answer is not None and answer.flag & FLAG_RESPONSE and answer.opaque == opaque:
                     found = answer
                     continue
                 cmd = decode_frame(frame)
@@ -342,7 +342,8 @@ class BlockingLink:
 
 
 def answer_of(cmd: RemotingCommand) -> Answer:
-    """A decoded command as the send codec's answer tuple (the fields a producer reads)."""
+    """A decoded command as the send codec's :class:`Answer` (the fields a producer reads)."""
     ext = cmd.ext_fields
-    return (cmd.code, cmd.opaque, cmd.flag, cmd.remark, ext.get("msgId"), ext.get("queueId"),
-            ext.get("queueOffset"), ext.get("putStatus"), ext.get("masterAddress"))
+    return Answer(cmd.code, cmd.opaque, cmd.flag, cmd.remark, ext.get("msgId"),
+                  ext.get("queueId"), ext.get("queueOffset"), ext.get("putStatus"),
+                  ext.get("masterAddress"))

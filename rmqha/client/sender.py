@@ -33,7 +33,7 @@ import asyncio
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 from rmqha._core import load
 from rmqha._core.send_codec_py import Answer
@@ -63,12 +63,6 @@ _STATUS: dict[int, SendStatus] = {
 }
 #: The client send codec (compiled unless disabled): an answer's fields in one call.
 _CODEC = load("send_codec")
-#: Where the send codec's answer tuple (``rmqha._core.send_codec``) holds each field.
-_MSG_ID: Final = 4
-_QUEUE_ID: Final = 5
-_QUEUE_OFFSET: Final = 6
-_PUT_STATUS: Final = 7
-_MASTER: Final = 8
 #: Broker answers after which another attempt (maybe elsewhere) can succeed.
 _RETRYABLE = {
     ResponseCode.SYSTEM_ERROR, ResponseCode.SYSTEM_BUSY, ResponseCode.SERVICE_NOT_AVAILABLE,
@@ -127,14 +121,14 @@ class Attempts:
 
     def refused(self, answer: Answer, addr: str, broker_name: str) -> None:
         """An answer that is not a send status (see ``_STATUS``)."""
-        code, remark = answer[0], answer[3] or ""
+        code, remark = answer.code, answer.remark or ""
         self.last_code, self.last_error = code, remark
-        self.last_status = answer[_PUT_STATUS] or ""
+        self.last_status = answer.put_status or ""
         if code not in _RETRYABLE:
             self.final = True
             return
         self.refresh = True
-        master = answer[_MASTER] or _master_in_remark(remark)
+        master = answer.master_address or _master_in_remark(remark)
         if master and master != addr:
             self.redirect = master  # a slave named its master: go there directly
         else:
@@ -258,8 +252,8 @@ class Sender:
         """The results if the answer (a command, or the send codec's decoded fields) is a
         send status; else None, with the refusal noted in ``tried`` (``tried.final`` when
         no retry can help)."""
-        answer = resp if type(resp) is tuple else answer_of(resp)  # type: ignore[arg-type]
-        status = _STATUS.get(answer[0])
+        answer = resp if type(resp) is Answer else answer_of(resp)  # type: ignore[arg-type]
+        status = _STATUS.get(answer.code)
         if status is not None:
             return self._results(answer, status, mq, req.uniq_keys, tried.made)
         tried.refused(answer, addr, mq.broker_name)
@@ -287,7 +281,7 @@ class Sender:
         except asyncio.CancelledError:
             conn.forget(opaque)
             raise
-        status = _STATUS.get(answer[0])
+        status = _STATUS.get(answer.code)
         if status is not None:
             return self._results(answer, status, mq, req.uniq_keys, 1)
         tried = Attempts(deadline, made=1)
@@ -374,14 +368,14 @@ class Sender:
 
     def _results(self, answer: Answer, status: SendStatus, mq: MessageQueue,
                  uniq_keys: list[str], attempts: int) -> list[SendResult]:
-        queue_id_text, offset_text = answer[_QUEUE_ID], answer[_QUEUE_OFFSET]
+        queue_id_text, offset_text = answer.queue_id, answer.queue_offset
         try:
             queue_id = mq.queue_id if queue_id_text is None else int(queue_id_text)
             first = int(offset_text)  # type: ignore[arg-type]  # None: TypeError
         except (TypeError, ValueError) as exc:
             raise ProtocolError(f"send response without queueOffset: queueId={queue_id_text!r} "
                                 f"queueOffset={offset_text!r}") from exc
-        ids = (answer[_MSG_ID] or "").split(",")
+        ids = (answer.msg_id or "").split(",")
         # The picked queue itself unless the broker stored elsewhere (a frozen dataclass
         # costs a microsecond to make, on every send).
         queue = mq if queue_id == mq.queue_id else MessageQueue(mq.topic, mq.broker_name, queue_id)

@@ -20,6 +20,10 @@ work is split by job, as RocketMQ's ``store/ha/autoswitch`` splits it:
   :mod:`rmqha.ha.proposals` (expand and shrink), :mod:`rmqha.ha.sync_state`,
   :mod:`rmqha.ha.offsets` (block cutting).
 
+The façade starts and stops the parts and reports their status; what a broker asks while
+it runs (pushes, copies of an offset, the SyncStateSet) it asks :attr:`HAMaster.sync`, the
+:class:`~rmqha.ha.sync_service.SyncService`, directly.
+
 The master owns the confirm offset (min ack over the SyncStateSet, counting itself with its
 max offset; a member without a live link freezes it, RocketMQ #6662), waits for acks on
 behalf of producers, and proposes SyncStateSet changes through the broker's async
@@ -36,7 +40,6 @@ from typing import Any
 from rmqha.ha.acceptor import Acceptor
 from rmqha.ha.auth import HAAuth
 from rmqha.ha.config import HAConfig
-from rmqha.ha.confirm import copies_needed, needs_no_wait
 from rmqha.ha.connection import LinkState
 from rmqha.ha.handshake import MasterHandshake
 from rmqha.ha.set_changes import AlterCallback
@@ -102,7 +105,6 @@ class HAMaster:
         handshake = MasterHandshake(commitlog, epoch_map, self.config, group=group, broker_id=self.broker_id,
                                     is_known_replica=is_known_replica)
         self._acceptor = Acceptor(handshake, self._service, auth, tls)
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped = False
         self.address = ""
 
@@ -110,7 +112,6 @@ class HAMaster:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen on host:port (0 picks a free port); returns the bound port."""
-        self._loop = asyncio.get_running_loop()
         bound = self._acceptor.listen(host, port)
         self.address = f"{host}:{bound}"
         self._service.start()
@@ -146,6 +147,13 @@ class HAMaster:
     # --- the SyncStateSet and the confirm offset ---------------------------------------------
 
     @property
+    def sync(self) -> SyncService:
+        """The links, confirm offset, SyncStateSet and waiting sends, asked directly: the
+        pushes (``push_now``, ``defer_push``) and the waits for copies (``when_copies``,
+        ``wait_for_acks``, ...) have no forwarding method here."""
+        return self._service
+
+    @property
     def confirm_offset(self) -> int:
         return self._service.confirm_now()
 
@@ -158,10 +166,6 @@ class HAMaster:
     def sync_state_set_epoch(self) -> int:
         return self._service.sync_state.epoch
 
-    def sync_state_set_size(self) -> int:
-        """Replicas counted for ``min_in_sync_replicas`` (max of old/new while a change is in flight)."""
-        return self._service.sync_state.replica_count()
-
     def set_sync_state_set(self, ids: Iterable[int], epoch: int) -> bool:
         """Adopt the controller's set (ignored if ``epoch`` is older than the one held)."""
         return self._service.apply_set(ids, epoch)
@@ -173,68 +177,6 @@ class HAMaster:
         next block after ``start`` already travels under the new epoch (#9689).
         """
         self._service.on_new_epoch(epoch, start)
-
-    async def check_sync_state_set(self) -> None:
-        """Propose a shrink/expand if the set should change (also run periodically)."""
-        await self._service.check_sync_state_set()
-
-    def copies_of(self, offset: int) -> int:
-        """SyncStateSet members (this master included) that hold ``offset``."""
-        return self._service.rule.copies_of(offset, self.commitlog.max_offset)
-
-    # --- waiting for copies ------------------------------------------------------------------
-
-    async def wait_for_acks(self, offset: int, need: int | None = None, timeout: float = 3.0) -> bool:
-        """True once ``need`` replicas (None: every SyncStateSet member) hold ``offset``."""
-        if self._service.acks_reached(offset, need):
-            return True
-        if self._stopped:
-            return False
-        return await self._service.waiters.wait(offset, need, timeout)
-
-    def when_acks(self, offset: int, need: int | None, done: Callable[[bool], None],
-                  timeout: float) -> None:
-        """:meth:`wait_for_acks` for a caller without a task: ``done(ok)`` runs once, in the
-        loop turn that handles the deciding ack (or at once, or after ``timeout``)."""
-        if self._service.acks_reached(offset, need):
-            done(True)
-            return
-        if self._stopped:
-            done(False)
-            return
-        assert self._loop is not None
-        self._service.waiters.call_when(self._loop, offset, need, done, timeout)
-
-    async def wait_for_replicas(self, offset: int, timeout: float) -> bool:
-        """True once the ack policy (:func:`rmqha.ha.confirm.copies_needed`) holds for ``offset``."""
-        need = copies_needed(self.config)
-        if needs_no_wait(need):
-            return True
-        return await self.wait_for_acks(offset, need, timeout)
-
-    def replicas_hold(self, offset: int) -> bool:
-        """Whether the ack policy holds for ``offset`` now."""
-        need = copies_needed(self.config)
-        return needs_no_wait(need) or self._service.acks_reached(offset, need)
-
-    def when_replicas(self, offset: int, timeout: float, done: Callable[[bool], None]) -> None:
-        """:meth:`wait_for_replicas` with a callback (see :meth:`when_acks`)."""
-        need = copies_needed(self.config)
-        if needs_no_wait(need):
-            done(True)
-            return
-        self.when_acks(offset, need, done, timeout)
-
-    def defer_push(self) -> None:
-        """The caller appends now and calls :meth:`push_now` in this loop turn: nothing is
-        queued for its appends meanwhile (see :meth:`SyncService.defer_push`)."""
-        self._service.defer_push()
-
-    def push_now(self) -> None:
-        """Send what was appended in this loop turn now rather than at the start of the
-        next one: a send that is alone on its connection saves a turn of its round trip
-        (concurrent sends leave it to the turn's end, so they share one push)."""
-        self._service.push_now()
 
     # --- status ----------------------------------------------------------------------------
 

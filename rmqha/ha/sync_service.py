@@ -6,7 +6,9 @@ each advance), the SyncStateSet (:class:`rmqha.ha.sync_state.SyncStateSet`, chan
 :class:`rmqha.ha.set_changes.SetChanges`: expand when a slave's ack reaches the confirm
 offset and the current epoch's start, shrink a member not caught up for
 ``ha_max_time_slave_not_catchup_ms``; async learners never join), and the sends waiting
-for their copies (:class:`rmqha.ha.waiters.AckWaiters`).  Each checked ack of a held link
+for their copies (:class:`rmqha.ha.waiters.AckWaiters`, waited on with
+:meth:`SyncService.when_copies` and its kin: whether copies exist is a fact this reports;
+what a send is answered is :func:`rmqha.messaging.verdict.verdict`'s).  Each checked ack of a held link
 (:meth:`SyncService.on_ack`) moves them, in that loop turn: caught-up time, expansion,
 waiters, confirm offset.
 
@@ -22,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rmqha.ha.config import HAConfig
-from rmqha.ha.confirm import ConfirmRule
+from rmqha.ha.confirm import ConfirmRule, copies_needed, needs_no_wait
 from rmqha.ha.connection import SlaveConnection, now_ms
 from rmqha.ha.handshake import Introduction
 from rmqha.ha.link import Link, LinkClosed
@@ -173,6 +175,53 @@ class SyncService:
     def acks_reached(self, offset: int, need: int | None) -> bool:
         return self.rule.reached(offset, need, self.commitlog.max_offset)
 
+    def copies_of(self, offset: int) -> int:
+        """SyncStateSet members (this master included) that hold ``offset``."""
+        return self.rule.copies_of(offset, self.commitlog.max_offset)
+
+    # --- waiting for copies --------------------------------------------------------------------
+
+    async def wait_for_acks(self, offset: int, need: int | None = None, timeout: float = 3.0) -> bool:
+        """True once ``need`` replicas (None: every SyncStateSet member) hold ``offset``;
+        False after ``timeout`` or when the master stops."""
+        if self.acks_reached(offset, need):
+            return True
+        if self.stopped:
+            return False
+        return await self.waiters.wait(offset, need, timeout)
+
+    def when_acks(self, offset: int, need: int | None, done: Callable[[bool], None],
+                  timeout: float) -> None:
+        """:meth:`wait_for_acks` for a caller without a task: ``done(ok)`` runs once, in the
+        loop turn that handles the deciding ack (or at once, or after ``timeout``)."""
+        if self.acks_reached(offset, need):
+            done(True)
+            return
+        if self.stopped or self._loop is None:
+            done(False)
+            return
+        self.waiters.call_when(self._loop, offset, need, done, timeout)
+
+    async def wait_for_copies(self, offset: int, timeout: float) -> bool:
+        """True once the ack policy (:func:`rmqha.ha.confirm.copies_needed`) holds for ``offset``."""
+        need = copies_needed(self.config)
+        if needs_no_wait(need):
+            return True
+        return await self.wait_for_acks(offset, need, timeout)
+
+    def copies_held(self, offset: int) -> bool:
+        """Whether the ack policy holds for ``offset`` now."""
+        need = copies_needed(self.config)
+        return needs_no_wait(need) or self.acks_reached(offset, need)
+
+    def when_copies(self, offset: int, timeout: float, done: Callable[[bool], None]) -> None:
+        """:meth:`wait_for_copies` with a callback (see :meth:`when_acks`)."""
+        need = copies_needed(self.config)
+        if needs_no_wait(need):
+            done(True)
+            return
+        self.when_acks(offset, need, done, timeout)
+
     def check_waiters(self) -> None:
         self.waiters.settle(self.rule.member_acks(), self.rule.floor, self.commitlog.max_offset)
 
@@ -202,8 +251,10 @@ class SyncService:
             self._push_promised = True
 
     def push_now(self) -> None:
-        """Send what was appended in this loop turn now (see :meth:`HAMaster.push_now`);
-        ends a :meth:`defer_push`."""
+        """Send what was appended in this loop turn now rather than at the start of the
+        next one: a send that is alone on its connection saves a turn of its round trip
+        (concurrent sends leave it to the turn's end, so they share one push).  Ends a
+        :meth:`defer_push`."""
         self._push_promised = False
         if self._wake_pending:
             # This wake covers every append so far: the one they scheduled would find

@@ -2,8 +2,9 @@
 
 Every writer (sends, send-back, ...) appends through :class:`LogWriter` so rows of one
 request land back to back, and answers once the ack policy (``replication.
-wait_for_replicas``) and, with ``flush = sync``, the fsync hold for the end of what it
-wrote.
+wait_for_copies``) and, with ``flush = sync``, the fsync hold for the end of what it
+wrote: what the waits find is handed, as facts, to
+:func:`rmqha.messaging.verdict.verdict`, which decides the answer.
 """
 from __future__ import annotations
 
@@ -15,17 +16,22 @@ from array import array
 from collections.abc import Callable
 
 from rmqha._core._protocols import SendFrame
-from rmqha.protocol.codes import ResponseCode
 from rmqha.errors import InvalidMessageError, StoreError
 from rmqha.failpoints import Failpoint, hit
 from rmqha.messaging.context import MessagingContext
+from rmqha.messaging.verdict import ANSWERS, Copies, Flush, Outcome, verdict
 from rmqha.protocol.message import decode_properties
 
 log = logging.getLogger(__name__)
 
 #: The put status of a send whose group commit fsync failed (answered SYSTEM_ERROR, which
 #: clients retry: the record is stored but not known to be on disk).
-FLUSH_DISK_FAILED = "FLUSH_DISK_FAILED"
+FLUSH_DISK_FAILED = ANSWERS[Outcome.FLUSH_DISK_FAILED][1]
+# The verdict's enum members read once: a read off the Enum class goes through the enum
+# machinery (hundreds of ns on 3.11), and these are read for every send group.
+_HELD, _SHORT = Copies.HELD, Copies.SHORT
+_NO_FLUSH, _FLUSHED, _FLUSH_LATE, _FLUSH_FAILED = Flush.NONE, Flush.DONE, Flush.LATE, Flush.FAILED
+_PUT_OK = Outcome.PUT_OK
 
 class LogWriter:
     """Appends rows and awaits their durability; ``on_confirmed(offset)`` runs when the
@@ -157,7 +163,8 @@ class LogWriter:
             fut.set_exception(exc)
 
     async def await_durable(self, end_offset: int, *, index_now: bool = True) -> tuple[int, str]:
-        """Wait for the ack policy and the flush policy; (response code, put status).
+        """Wait for the ack policy and the flush policy; (response code, put status), the
+        :func:`~rmqha.messaging.verdict.verdict` of what the waits found.
 
         With flush = sync the master's fsync (the group commit of this loop turn) runs
         while the slaves copy the bytes: the answer waits for the longer of the two, not
@@ -172,76 +179,95 @@ class LogWriter:
         if ctx.config.flush == "sync":
             flushed = self._group_commit(end_offset)
             started = time.monotonic()
-        ok = True
+        held = True
+        flush = _NO_FLUSH
         try:
             if ctx.replication is not None:
-                ok = await ctx.replication.wait_for_replicas(end_offset, timeout_s)
+                held = await ctx.replication.wait_for_copies(end_offset, timeout_s)
                 on_confirmed(ctx.replication_confirm())
             else:
                 on_confirmed(end_offset)
             if flushed is not None:
+                flush = _FLUSHED
                 if not flushed.done():  # usually it is: it ran during the round trip
                     left = max(0.0, timeout_s - (time.monotonic() - started))
                     try:
                         # Shielded: the group commit is shared with the turn's other sends.
                         await asyncio.wait_for(asyncio.shield(flushed), left)
                     except asyncio.TimeoutError:
-                        return ResponseCode.FLUSH_DISK_TIMEOUT, "FLUSH_DISK_TIMEOUT"
+                        flush = _FLUSH_LATE
                     except (OSError, StoreError):
-                        pass  # answered below
-                if flushed.cancelled() or flushed.exception() is not None:
-                    return ResponseCode.SYSTEM_ERROR, FLUSH_DISK_FAILED
+                        pass  # read below
+                if flush == _FLUSHED and (flushed.cancelled() or flushed.exception() is not None):
+                    flush = _FLUSH_FAILED
         finally:
             if flushed is not None and flushed.done() and not flushed.cancelled():
                 flushed.exception()  # seen: a failed fsync is answered by whoever awaited it
-        return self._verdict(ok, end_offset)
+        return self.answer(_HELD if held else _SHORT, flush)
 
     def when_durable(self, end_offset: int, done: Callable[[int, str], None]) -> None:
         """:meth:`await_durable` (``index_now=False``) for a caller without a task:
         ``done(code, put status)`` runs once, in the loop turn that decides it (the last
         ack, or with flush = sync the group commit if that ends later).  Reads nothing
-        the indexing derives."""
+        the indexing derives.  The HA master's waiter calls ``copied`` itself: no hop in
+        between."""
         ctx = self.ctx
         replication = ctx.replication
         timeout_s = ctx.config.slave_timeout_ms / 1000.0
         flushed = self._group_commit(end_offset) if ctx.config.flush == "sync" else None
         started = time.monotonic()
-        replicated: list[tuple[int, str]] = []
+        copies: list[Copies] = []
 
         def settle() -> None:
-            if not replicated or (flushed is not None and not flushed.done()):
+            if not copies or (flushed is not None and not flushed.done()):
                 return
-            code, status = replicated[0]
+            flush = _NO_FLUSH
             if flushed is not None:
-                # As await_durable decides: a failed fsync, then one slower than the wait.
+                # As await_durable finds it: a failed fsync, then one slower than the wait.
                 if flushed.cancelled() or flushed.exception() is not None:
-                    code, status = ResponseCode.SYSTEM_ERROR, FLUSH_DISK_FAILED
+                    flush = _FLUSH_FAILED
                 elif time.monotonic() - started > timeout_s:
-                    code, status = ResponseCode.FLUSH_DISK_TIMEOUT, "FLUSH_DISK_TIMEOUT"
-            done(code, status)
+                    flush = _FLUSH_LATE
+                else:
+                    flush = _FLUSHED
+            done(*self.answer(copies[0], flush))
 
-        def on_replicated(ok: bool) -> None:
+        def copied(held: bool) -> None:
             self._confirmed_soon(ctx.replication_confirm())
-            replicated.append(self._verdict(ok, end_offset))
+            copies.append(_HELD if held else _SHORT)
             settle()
 
         if flushed is not None:
             flushed.add_done_callback(lambda _: settle())
         if replication is None:
             self._confirmed_soon(end_offset)
-            replicated.append((ResponseCode.SUCCESS, "PUT_OK"))
+            copies.append(_HELD)
             settle()
         else:
-            replication.when_replicated(end_offset, timeout_s, on_replicated)
+            replication.when_copies(end_offset, timeout_s, copied)
 
-    def _verdict(self, ok: bool, end_offset: int) -> tuple[int, str]:
-        """(response code, put status) of a send whose wait for the ack policy ended.
+    def answer(self, copies: Copies, flush: Flush) -> tuple[int, str]:
+        """(response code, put status) of a stored write whose copies and flush are known:
+        :func:`~rmqha.messaging.verdict.verdict` of them and of the broker's role, lease
+        and SyncStateSet now.  A PUT_OK is noted with the replication (its ack windows)."""
+        ctx = self.ctx
+        replication = ctx.replication
+        if replication is None:  # a lone broker: no lease, a SyncStateSet of one
+            outcome = verdict(ctx.role == "master", True, 1, int(ctx.config.min_in_sync_replicas),
+                              copies, flush)
+        else:
+            outcome = verdict(ctx.role == "master", replication.holds_master_lease(),
+                              replication.sync_state_set_size(),
+                              int(ctx.config.min_in_sync_replicas), copies, flush)
+            if outcome == _PUT_OK:
+                replication.acknowledged()
+        return ANSWERS[outcome]
 
-        The record is in the log by now, so a wait that fell short is FLUSH_SLAVE_TIMEOUT
-        ("stored, not confirmed": a retry may duplicate it), even when the SyncStateSet
-        shrank below ``min_in_sync_replicas`` meanwhile.  IN_SYNC_REPLICAS_NOT_ENOUGH is a
-        definite failure that clients raise, so it is kept for refusals before anything is
-        written (``MessagingContext.check_writable``), as RocketMQ's store does."""
-        if not ok:
-            return ResponseCode.FLUSH_SLAVE_TIMEOUT, "FLUSH_SLAVE_TIMEOUT"
-        return ResponseCode.SUCCESS, "PUT_OK"
+    def answer_now(self, end_offset: int) -> tuple[int, str]:
+        """:meth:`answer` for a write ending at ``end_offset`` whose flush is known to have
+        succeeded in time (if asked for), with its copies as they are now: a send of a
+        group whose end fell short may be held."""
+        replication = self.ctx.replication
+        held = replication is None or replication.copies_held(end_offset)
+        flush = _FLUSHED if self.ctx.config.flush == "sync" else _NO_FLUSH
+        return self.answer(_HELD if held else _SHORT, flush)

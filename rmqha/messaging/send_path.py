@@ -1,9 +1,26 @@
 """The send path: SEND_MESSAGE, SEND_MESSAGE_V2 and SEND_BATCH_MESSAGE.
 
-A send is checked (master, enough in-sync replicas, a writable topic, created on first
-use when allowed, of the topic's ``message.type`` when it declares one), appended through
-the :class:`~rmqha.messaging.log_writer.LogWriter` and answered once it is durable by the
-broker's ack and flush policies.
+A send is checked (admitted by the verdict: master, its lease, enough in-sync replicas; a
+writable topic, created on first use when allowed, of the topic's ``message.type`` when it
+declares one), appended through the :class:`~rmqha.messaging.log_writer.LogWriter` and
+answered once its copies and flush are known.  Four ways in, one answer rule:
+
+* :meth:`SendPath.on_send`: the task handler (a coroutine per send), for a master still
+  waiting for its first lease and for whatever the others leave;
+* :meth:`SendPath.on_send_now`: the immediate handler, a decoded command in the loop turn
+  that read it, stored into the connection's :class:`_SendGroup`;
+* :meth:`SendPath.on_plain_send`: a plain send straight from its frame's fields
+  (``send_frames.scan``), no command or header object, into the same group;
+* :meth:`SendPath.on_plain_sends`: a run of plain sends, appended in one call
+  (``CommitLog.append_plain_run``) as one :class:`_RunAnswer`.
+
+Whatever the way in, the answer is :func:`rmqha.messaging.verdict.verdict` of facts: the
+refusal before writing (``MessagingContext.check_writable``, once per group) and the
+status after (``LogWriter.when_durable`` / ``await_durable``: the copies the HA master's
+waiter reports, the group commit, the lease); a group waits once, for its last send, and
+when that fell short each earlier send is judged again with its own copies
+(``LogWriter.answer_now``).  A group's SUCCESS answers are encoded in one call each
+(``send_frames.encode_send_ok``; a run's in one, ``encode_send_oks``).
 """
 from __future__ import annotations
 
@@ -199,10 +216,6 @@ class _SendGroup:
         #: The same for plain sends: topics that exist and declare no message type.
         self.plain_topics: dict[str, Any] = {}
         self.writable = False
-
-
-#: Put statuses of a wait that ended without the replicas the ack policy asks for.
-_SHORT_OF_REPLICAS = frozenset({"FLUSH_SLAVE_TIMEOUT"})
 
 
 class SendPath:
@@ -521,14 +534,15 @@ class SendPath:
             if code == ResponseCode.SUCCESS and ctx.metrics is None:
                 self._answer_ok(conn, answers, status)
                 return
-            replication = ctx.replication
+            short = code == ResponseCode.FLUSH_SLAVE_TIMEOUT
             for a in self._each(answers):
                 c, st = code, status
-                if st in _SHORT_OF_REPLICAS and replication is not None:
-                    # The group's end fell short; an earlier send of it may be held.
+                if short:
+                    # The group's end fell short; an earlier send of it may be held: the
+                    # verdict again, with that send's copies as they are now.
                     off, size = a.placed[-1]
-                    if off + size < end and replication.replicated_now(off + size):
-                        c, st = ResponseCode.SUCCESS, "PUT_OK"
+                    if off + size < end:
+                        c, st = self.writer.answer_now(off + size)
                 plain = a.plain
                 if plain is not None and c == ResponseCode.SUCCESS:
                     conn.answer_frame(self._plain_ok(plain, a, st))

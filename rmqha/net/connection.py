@@ -706,7 +706,7 @@ class Connection(asyncio.Protocol):
     def send_frame(self, frame: bytes, opaque: int, timeout: float) -> asyncio.Future[Any]:
         """Send a two-way request encoded already (a producer's send; its opaque is
         ``opaque``, ``frame`` with its length field) and return the future of its answer:
-        the send codec's fields of it (``decode_send_answer``'s tuple) when a read brings
+        the send codec's fields of it (``decode_send_answer``'s ``Answer``) when a read brings
         it whole where the codec reads it, else its frame undecoded (bytes, without its
         length field); RemotingTimeoutError after ``timeout``, RemotingError when the
         connection closes.  No coroutine: the caller waits for the transport

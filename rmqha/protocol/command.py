@@ -542,7 +542,7 @@ def _raw_opaque(head: memoryview | bytes, raw: Container[int]) -> int | None:
     except ProtocolError:
         answer = None
     if answer is not None:
-        flag, opaque = answer[2], answer[1]
+        flag, opaque = answer.flag, answer.opaque
     else:
         cmd = _decode(head, b"")
         flag, opaque = cmd.flag, cmd.opaque

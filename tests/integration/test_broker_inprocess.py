@@ -75,7 +75,7 @@ def test_fenced_alter_sync_state_set_rereads_and_adopts_the_controller_set(clust
         # A lone master confirms everything it has.
         assert broker.replication.sync_state_set_size() == 1
         assert broker.replication.confirm_offset() == broker.commitlog.max_offset
-        assert loop.run(broker.replication.wait_for_replicas(broker.commitlog.max_offset, 1.0), 5)
+        assert loop.run(broker.replication.wait_for_copies(broker.commitlog.max_offset, 1.0), 5)
 
         # A notice older than the held epoch changes nothing.
         stale = GroupState(master_id=9, master_address="127.0.0.1:1", master_epoch=rm.master_epoch - 1)

@@ -150,18 +150,18 @@ def test_shrunk_set_does_not_satisfy_min_in_sync_replicas(tmp_path) -> None:
                 try:
                     async with slave_running(ha_slave(scl, sem, proxy.port, cfg)):
                         end = fill(mcl, 50_000, seed=1)
-                        assert await m.wait_for_replicas(end, 10.0)
-                        assert m.copies_of(end) == 2
+                        assert await m.sync.wait_for_copies(end, 10.0)
+                        assert m.sync.copies_of(end) == 2
                         proxy.cut("blackhole")
                         end2 = fill(mcl, 50_000, seed=2)
-                        waiting = asyncio.ensure_future(m.wait_for_replicas(end2, 5.0))
+                        waiting = asyncio.ensure_future(m.sync.wait_for_copies(end2, 5.0))
                         await wait_until_async(lambda: m.sync_state_set == {1}, 10, "shrink to {1}")
                         # All of the (now one-member) set holds it, but one copy is not two.
                         assert await waiting is False
-                        assert m.copies_of(end2) == 1
+                        assert m.sync.copies_of(end2) == 1
                         # in_sync_replicas below the floor is raised to it as well.
                         m.config.all_ack_in_sync_state_set = False
-                        assert await m.wait_for_replicas(end2, 0.2) is False
+                        assert await m.sync.wait_for_copies(end2, 0.2) is False
                 finally:
                     proxy.stop()
 

@@ -51,7 +51,7 @@ def test_isolated_slave_is_shrunk_after_timeout_and_expanded_after_catch_up(tmp_
                     async with slave_running(ha_slave(scl, sem, proxy.port, CFG)):
                         await wait_until_async(lambda: m.sync_state_set == {1, 2}, 10, "expansion")
                         end = fill(mcl, 200_000, seed=1)
-                        assert await m.wait_for_acks(end, None, timeout=10)
+                        assert await m.sync.wait_for_acks(end, None, timeout=10)
                         assert m.confirm_offset == end
 
                         proxy.cut("blackhole")  # a partition: nobody sees a FIN
@@ -59,7 +59,7 @@ def test_isolated_slave_is_shrunk_after_timeout_and_expanded_after_catch_up(tmp_
                         end2 = fill(mcl, 300_000, seed=2)
                         await asyncio.sleep(0.1)
                         assert m.confirm_offset == end  # member 2 lags: not confirmed
-                        assert not await m.wait_for_acks(end2, None, timeout=0.2)
+                        assert not await m.sync.wait_for_acks(end2, None, timeout=0.2)
                         await wait_until_async(lambda: m.sync_state_set == {1}, 10, "shrink")
                         shrunk_after = time.monotonic() - cut_at
                         assert shrunk_after >= MAX_LAG_MS / 1000 * 0.9, shrunk_after
@@ -91,15 +91,15 @@ def test_union_of_old_and_new_set_counts_while_proposal_in_flight(tmp_path) -> N
                 try:
                     await wait_until_async(lambda: m.status()["proposed_sync_state_set"] == [1, 2], 10, "proposal")
                     assert m.sync_state_set == {1}
-                    assert m.sync_state_set_size() == 2
+                    assert m.sync.sync_state.replica_count() == 2
                     end = fill(mcl, 100_000, seed=1)
-                    assert await m.wait_for_acks(end, None, timeout=10)  # slave 2 acks: fine
+                    assert await m.sync.wait_for_acks(end, None, timeout=10)  # slave 2 acks: fine
                     await s.stop()
                     await wait_until_async(lambda: not m.status()["slaves"], 5, "link gone")
                     confirm = m.confirm_offset
                     end2 = fill(mcl, 100_000, seed=2)
                     # The applied set is only {1}, but {1,2} may be live on the controller.
-                    assert not await m.wait_for_acks(end2, None, timeout=0.3)
+                    assert not await m.sync.wait_for_acks(end2, None, timeout=0.3)
                     assert m.confirm_offset == confirm < end2
                     authority.gate.set()
                     await wait_until_async(lambda: m.sync_state_set == {1, 2}, 5, "answer applied")

@@ -38,7 +38,7 @@ from rmqha.testing.ha import (
 from rmqha.testing.sealed_script import ScriptedAuth, SealedReader, SealedWriter
 
 SEG = 1 << 20
-#: The broker's default wait for a send's copies (HAMaster.wait_for_acks).
+#: The broker's default wait for a send's copies (SyncService.wait_for_acks).
 ACK_TIMEOUT_S = 3.0
 CFG = fast_config(ha_housekeeping_interval_ms=2000)
 
@@ -105,7 +105,7 @@ class DelayedAttempt:
 async def _acked(m: HAMaster, mcl, seed: int) -> bool:
     """Append a little and wait for every SyncStateSet member's copy, as a send does."""
     end = fill(mcl, 20_000, seed=seed)
-    return await m.wait_for_acks(end, None, timeout=ACK_TIMEOUT_S)
+    return await m.sync.wait_for_acks(end, None, timeout=ACK_TIMEOUT_S)
 
 
 async def _delayed_attempt_scenario(tmp_path, check) -> None:

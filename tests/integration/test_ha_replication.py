@@ -221,18 +221,18 @@ def test_confirm_offset_acks_and_frozen_member(tmp_path, auth: dict) -> None:
                         on_confirm=confirms.append, **auth)
             async with master_running(m) as port:
                 assert m.confirm_offset == 0  # member 2 never connected: frozen
-                assert not await m.wait_for_acks(mcl.max_offset, None, timeout=0.2)
-                assert await m.wait_for_acks(mcl.max_offset, 1, timeout=0.2)  # the master alone
+                assert not await m.sync.wait_for_acks(mcl.max_offset, None, timeout=0.2)
+                assert await m.sync.wait_for_acks(mcl.max_offset, 1, timeout=0.2)  # the master alone
                 async with slave_running(_slave(scl, sem, port, **auth)) as s:
                     end = fill(mcl, 100_000, seed=1)
-                    assert await m.wait_for_acks(end, None, timeout=10)
-                    assert await m.wait_for_acks(end, 2, timeout=10)
+                    assert await m.sync.wait_for_acks(end, None, timeout=10)
+                    assert await m.sync.wait_for_acks(end, 2, timeout=10)
                     assert m.confirm_offset == end
                     await wait_until_async(lambda: s.confirm_offset == end, 5, "slave learns the confirm offset")
                 await wait_until_async(lambda: not m.status()["slaves"], 5, "link gone")
                 end2 = fill(mcl, 10_000, seed=2)
                 assert m.confirm_offset == end  # member 2 has no link: frozen, not advanced
-                assert not await m.wait_for_acks(end2, None, timeout=0.2)
+                assert not await m.sync.wait_for_acks(end2, None, timeout=0.2)
                 # The controller drops member 2: the lone master confirms its max again.
                 m.set_sync_state_set([1], 2)
                 assert m.confirm_offset == end2

@@ -45,15 +45,18 @@ class ScriptedReplication:
     def defer_push(self) -> None:
         self.deferred += 1
 
-    async def wait_for_replicas(self, end_offset: int, timeout_s: float) -> bool:
+    async def wait_for_copies(self, end_offset: int, timeout_s: float) -> bool:
         return end_offset <= self.acked
 
-    def when_replicated(self, end_offset: int, timeout_s: float,
-                        done: Callable[[bool], None]) -> None:
+    def when_copies(self, end_offset: int, timeout_s: float,
+                    done: Callable[[bool], None]) -> None:
         self.waits.append((end_offset, done))
 
-    def replicated_now(self, end_offset: int) -> bool:
+    def copies_held(self, end_offset: int) -> bool:
         return end_offset <= self.acked
+
+    def acknowledged(self) -> None:
+        return None
 
     def confirm_offset(self) -> int:
         return self.acked

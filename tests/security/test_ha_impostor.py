@@ -186,7 +186,7 @@ def test_impostor_claiming_a_slave_id_gets_nothing_and_changes_nothing(tmp_path,
             assert len(refusals) == 1 and "refusing HA link" in refusals[0], refusals
             # Sends go on being acknowledged, and only by the real slave's copies.
             end = _append_marked(mcl, 20_000, start=100_000 * (round_ + 1))
-            assert await m.wait_for_acks(end, None, timeout=5)
+            assert await m.sync.wait_for_acks(end, None, timeout=5)
             assert scl.max_offset >= end
             [link] = m.status()["slaves"]
             assert (link["broker_id"], link["address"]) == (real["broker_id"], real["address"])
@@ -368,7 +368,7 @@ def test_a_tampered_ack_closes_the_link_and_is_not_counted(tmp_path, caplog) -> 
                                            "the control ack counted")
                     await loop.run_in_executor(None, tamper, sock, script)
                 await wait_until_async(lambda: not m.status()["slaves"], 5, "the link dropped")
-                assert not await m.wait_for_acks(end, None, timeout=0.3)
+                assert not await m.sync.wait_for_acks(end, None, timeout=0.3)
                 assert m.confirm_offset == half
 
         asyncio.run(run())

@@ -137,7 +137,7 @@ def test_a_client_written_from_the_documented_wire_replicates_and_is_acked(tmp_p
                 with socket.create_connection(("127.0.0.1", port)) as sock:
                     log = await asyncio.get_running_loop().run_in_executor(None, client, sock)
                     assert log == bytes(mcl.read(0, end))
-                    assert await m.wait_for_acks(end, None, timeout=5)  # the sealed ack counted
+                    assert await m.sync.wait_for_acks(end, None, timeout=5)  # the sealed ack counted
 
         asyncio.run(run())
 

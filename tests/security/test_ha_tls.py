@@ -163,11 +163,11 @@ def test_three_copies_over_tls_and_the_messages_read_back_from_a_slave(tmp_path,
             async with master_running(m) as port, \
                     slave_running(ha_slave(s2, em2, port, CFG, tls=keys.ha(SLAVE))) as a, \
                     slave_running(ha_slave(s3, em3, port, CFG, broker_id=3, tls=keys.ha(SLAVE_3))):
-                assert await m.wait_for_acks(bulk, None, timeout=20)
+                assert await m.sync.wait_for_acks(bulk, None, timeout=20)
                 for i in range(50):  # live: one acknowledged send at a time
-                    assert await m.wait_for_acks(_append_marked(mcl, 1, i), None, timeout=5)
+                    assert await m.sync.wait_for_acks(_append_marked(mcl, 1, i), None, timeout=5)
                 end = _append_marked(mcl, 2000, 50)  # and a burst
-                assert await m.wait_for_acks(end, None, timeout=10)
+                assert await m.sync.wait_for_acks(end, None, timeout=10)
                 links = sorted(m.status()["slaves"], key=lambda s: s["broker_id"])
                 assert [(s["tls"], s["certificate"], s["identity"], s["ack_offset"]) for s in links] == [
                     (True, str(SLAVE), f"rmqha:broker/{CLUSTER}/{GROUP}/2", end),
@@ -196,8 +196,8 @@ def test_a_relay_between_slave_and_master_sees_no_message_body(tmp_path, keys: K
                           tls=keys.ha(MASTER) if tls else None)
             async with master_running(m) as port, recording_relay(port) as (relay, seen), \
                     slave_running(ha_slave(scl, sem, relay, CFG, tls=keys.ha(SLAVE) if tls else None)):
-                assert await m.wait_for_acks(mcl.max_offset, None, timeout=10)
-                assert await m.wait_for_acks(_append_marked(mcl, 1, 100), None, timeout=5)
+                assert await m.sync.wait_for_acks(mcl.max_offset, None, timeout=10)
+                assert await m.sync.wait_for_acks(_append_marked(mcl, 1, 100), None, timeout=5)
                 return bytes(seen)
 
         seen = asyncio.run(run())
@@ -233,7 +233,7 @@ async def replicating(tmp_path: Path, keys: Keys, secret: bool = False,
         async with master_running(m) as port, \
                 slave_running(ha_slave(scl, sem, port, CFG, auth=auth_for(2) if secret else None,
                                        tls=keys.ha(SLAVE))) as s:
-            assert await m.wait_for_acks(mcl.max_offset, None, timeout=10)
+            assert await m.sync.wait_for_acks(mcl.max_offset, None, timeout=10)
             yield m, s, mcl
 
 
@@ -256,7 +256,7 @@ def test_a_slave_without_a_certificate_of_this_group_is_refused_and_gets_nothing
                 async with slave_running(impostor):
                     await wait_until_async(lambda: len(refusals()) >= 2, 10, "the impostor refused twice")
                     end = _append_marked(mcl, 20, 1000)
-                    assert await m.wait_for_acks(end, None, timeout=5)
+                    assert await m.sync.wait_for_acks(end, None, timeout=5)
                     assert (icl.max_offset, impostor.master_max_offset) == (0, -1)
                     assert impostor.last_error
             [link] = m.status()["slaves"]
@@ -450,7 +450,7 @@ def test_a_relay_with_a_stolen_broker_key_cannot_ride_the_secrets_handshake(tmp_
                     await wait_until_async(lambda: s.sessions >= 2, 10, "the slave failing twice")
                     assert m.status()["slaves"] == []
                 else:
-                    assert await m.wait_for_acks(mcl.max_offset, None, timeout=10)
+                    assert await m.sync.wait_for_acks(mcl.max_offset, None, timeout=10)
                 return bytes(seen), s
 
         seen, s = asyncio.run(run())

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from rmqha import _core
 from rmqha._core import load_twin
+from rmqha._core.send_codec_py import Answer
 from rmqha.client.blocking_link import answer_of
 from rmqha.client.model import Message, MessageQueue
 from rmqha.client.producer import Producer
@@ -188,12 +189,30 @@ def test_unusual_json_reads_as_the_pure_twin_reads_it(twin: str, header: bytes) 
         assert got == answer_of(decode_frame(frame))
 
 
+def test_an_answer_has_named_fields_from_either_twin(twin: str) -> None:
+    """Both twins make the same NamedTuple, and every way a producer gets an answer (the
+    compiled read, the pure one, a decoded command) gives that type: the sender tells an
+    answer from a command by it."""
+    frame = encode(success(9, "41", "2"))[4:]
+    got = load_twin("send_codec", twin).decode_send_answer(frame)
+    assert type(got) is Answer
+    assert type(answer_of(decode_frame(frame))) is Answer
+    assert (got.code, got.opaque, got.queue_id, got.queue_offset, got.put_status) == (
+        0, 9, "2", "41", "PUT_OK")
+    assert got.msg_id == "7F000001000027AF0000000000000100" and got.master_address is None
+    refused = load_twin("send_codec", twin).decode_send_answer(encode(refusal())[4:])
+    assert refused.master_address == "127.0.0.1:10911"
+    assert refused.put_status == "SERVICE_NOT_AVAILABLE"
+    assert Answer._fields[4:] == ("msg_id", "queue_id", "queue_offset", "put_status",
+                                  "master_address")
+
+
 def test_a_binary_header_is_left_to_the_general_decoder(twin: str) -> None:
     cmd = success(9, "41", "2")
     cmd.serialize_type = SERIALIZE_ROCKETMQ
     frame = encode(cmd)[4:]
     assert load_twin("send_codec", twin).decode_send_answer(frame) is None
-    assert answer_of(decode_frame(frame))[6] == "41"
+    assert answer_of(decode_frame(frame)).queue_offset == "41"
 
 
 @pytest.mark.parametrize("frame, message", [
