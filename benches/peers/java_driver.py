@@ -1,0 +1,85 @@
+"""The Java load driver (``benches/peers/maven/driver``, ``io.rmqha.peers.Load``) as a
+long-lived child process: one JVM per (system, client), started once, so the JIT is warm
+and the client's connections stay open across workloads as in an application.
+
+Each workload is one command line on the driver's stdin and one answer line on its stdout:
+``ok ELAPSED_NS CPU_NS COUNT [LATENCY_NS ...]``.  Elapsed time and latencies are measured in
+the JVM around the client's calls (not around the pipe), and CPU is the JVM's own, so
+"client µs/msg" is the Java client's cost.
+"""
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from peers.jvm import Heap, classpath, java
+
+MAIN = "io.rmqha.peers.Load"
+
+
+class DriverError(RuntimeError):
+    """The driver answered an error (its text) or died."""
+
+
+@dataclass
+class Answer:
+    elapsed_s: float
+    cpu_s: float
+    count: int
+    latencies_s: list[float] = field(default_factory=list)
+
+
+class JavaDriver:
+    """``Load rocketmq NAMESRV`` or ``Load kafka BOOTSTRAP``; stderr (the clients' logs) to ``log``."""
+
+    def __init__(self, kind: str, address: str, heap: Heap, log: Path) -> None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.log = log
+        with open(log, "ab") as err:
+            self.proc = subprocess.Popen(
+                [java(), *heap.options(), "-Djava.net.preferIPv4Stack=true",
+                 # The RocketMQ client logs to ~/logs/rocketmqlogs unless told otherwise.
+                 f"-Duser.home={log.parent}",
+                 "-cp", classpath("driver"), MAIN, kind, address],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1,
+                start_new_session=True)
+        ready = self._line()
+        if ready != "ready":
+            self.close()
+            raise DriverError(f"driver did not start: {ready!r}\n{self.log_tail()}")
+
+    def _line(self) -> str:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise DriverError(f"driver exited ({self.proc.poll()})\n{self.log_tail()}")
+        return line.strip()
+
+    def run(self, *command: object) -> Answer:
+        """Send one command and wait for its answer (the driver bounds every wait itself)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(" ".join(str(c) for c in command) + "\n")
+        self.proc.stdin.flush()
+        words = self._line().split()
+        if words[0] != "ok":
+            raise DriverError(" ".join(words[1:]) or "empty answer")
+        return Answer(int(words[1]) / 1e9, int(words[2]) / 1e9, int(words[3]),
+                      [int(x) / 1e9 for x in words[4:]])
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.flush()
+                self.proc.wait(10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait(10)
