@@ -1,21 +1,27 @@
-"""The Java load driver (``benches/peers/maven/driver``, ``io.rmqha.peers.Load``) as a
-long-lived child process: one JVM per (system, client), started once, so the JIT is warm
-and the client's connections stay open across workloads as in an application.
+"""A load driver as a long-lived child process: the Java one (``benches/peers/maven/driver``,
+``io.rmqha.peers.Load``: RocketMQ's remoting client or Kafka's client) or the Python
+``rocketmq`` 0.4.4 one (``rocketmq044_driver.py``), both speaking one line protocol.  One
+process per (system, client), started once, so a JIT is warm and the client's connections
+stay open across workloads as in an application.
 
 Each workload is one command line on the driver's stdin and one answer line on its stdout:
 ``ok ELAPSED_NS CPU_NS COUNT [LATENCY_NS ...]``.  Elapsed time and latencies are measured in
-the JVM around the client's calls (not around the pipe), and CPU is the JVM's own, so
-"client µs/msg" is the Java client's cost.
+the driver around the client's calls (not around the pipe), and CPU is the driver process's
+own, so "client µs/msg" is that client's cost.
 """
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from peers.jvm import Heap, classpath, java
 
 MAIN = "io.rmqha.peers.Load"
+PY044_DRIVER = Path(__file__).resolve().parent / "rocketmq044_driver.py"
 
 
 class DriverError(RuntimeError):
@@ -30,18 +36,30 @@ class Answer:
     latencies_s: list[float] = field(default_factory=list)
 
 
-class JavaDriver:
-    """``Load rocketmq NAMESRV`` or ``Load kafka BOOTSTRAP``; stderr (the clients' logs) to ``log``."""
+def java_driver(kind: str, address: str, heap: Heap, log: Path) -> LoadDriver:
+    """``Load rocketmq NAMESRV`` or ``Load kafka BOOTSTRAP``."""
+    return LoadDriver([java(), *heap.options(), "-Djava.net.preferIPv4Stack=true",
+                       # The RocketMQ client logs to ~/logs/rocketmqlogs unless told otherwise.
+                       f"-Duser.home={log.parent}",
+                       "-cp", classpath("driver"), MAIN, kind, address], log)
 
-    def __init__(self, kind: str, address: str, heap: Heap, log: Path) -> None:
+
+def rocketmq044_driver(namesrv: str, log: Path) -> LoadDriver:
+    """The Python ``rocketmq`` 0.4.4 client (this interpreter's) against ``namesrv``."""
+    # The C++ client writes its logs under ~/logs/rocketmq-cpp: keep them beside the run's.
+    return LoadDriver([sys.executable, str(PY044_DRIVER), namesrv], log,
+                      {**os.environ, "HOME": str(log.parent)})
+
+
+class LoadDriver:
+    """One driver process; its stderr (the client's logs) goes to ``log``."""
+
+    def __init__(self, argv: Sequence[str], log: Path, env: dict[str, str] | None = None) -> None:
         log.parent.mkdir(parents=True, exist_ok=True)
         self.log = log
         with open(log, "ab") as err:
             self.proc = subprocess.Popen(
-                [java(), *heap.options(), "-Djava.net.preferIPv4Stack=true",
-                 # The RocketMQ client logs to ~/logs/rocketmqlogs unless told otherwise.
-                 f"-Duser.home={log.parent}",
-                 "-cp", classpath("driver"), MAIN, kind, address],
+                list(argv), cwd=log.parent, env=env,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1,
                 start_new_session=True)
         ready = self._line()
