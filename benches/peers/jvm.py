@@ -8,8 +8,8 @@ else is downloaded at run time.
 
 Heaps are fixed per role (:class:`Heap`) and named in the table: the machine this runs on
 has two cores and every server of every peer shares them, so each JVM gets a heap sized for
-that (a broker 512 MiB with a 256 MiB young generation; RocketMQ's own scripts ask for
-8 GiB, Kafka's for 1 GiB), and the tests run with half of it.
+that (a RocketMQ broker 512 MiB with a 256 MiB young generation, a Kafka node 512 MiB;
+RocketMQ's own scripts ask for 8 GiB, Kafka's for 1 GiB), and the tests run with half.
 """
 from __future__ import annotations
 
@@ -32,22 +32,24 @@ class JarsMissing(RuntimeError):
 
 @dataclass(frozen=True)
 class Heap:
-    """A JVM's heap: -Xms = -Xmx (no resizing during a run) and the young generation."""
+    """A JVM's heap: -Xms = -Xmx (no resizing during a run) and the young generation
+    (0: G1 sizes it, as Kafka's scripts leave it)."""
 
     max_mb: int
-    young_mb: int
+    young_mb: int = 0
 
     def options(self) -> list[str]:
-        return [f"-Xms{self.max_mb}m", f"-Xmx{self.max_mb}m", f"-Xmn{self.young_mb}m"]
+        young = [f"-Xmn{self.young_mb}m"] if self.young_mb else []
+        return [f"-Xms{self.max_mb}m", f"-Xmx{self.max_mb}m", *young]
 
     def __str__(self) -> str:
-        return f"-Xmx{self.max_mb}m -Xmn{self.young_mb}m"
+        return f"-Xmx{self.max_mb}m" + (f" -Xmn{self.young_mb}m" if self.young_mb else "")
 
 
 #: Heaps of the benchmark run (the table states them) and of the smoke tests.
-BENCH_HEAPS = {"broker": Heap(512, 256), "namesrv": Heap(256, 128), "kafka": Heap(512, 256),
+BENCH_HEAPS = {"broker": Heap(512, 256), "namesrv": Heap(256, 128), "kafka": Heap(512),
                "client": Heap(256, 128)}
-TEST_HEAPS = {"broker": Heap(256, 128), "namesrv": Heap(128, 64), "kafka": Heap(256, 128),
+TEST_HEAPS = {"broker": Heap(256, 128), "namesrv": Heap(128, 64), "kafka": Heap(256),
               "client": Heap(128, 64)}
 
 

@@ -74,14 +74,20 @@ class LoadDriver:
             raise DriverError(f"driver exited ({self.proc.poll()})\n{self.log_tail()}")
         return line.strip()
 
-    def run(self, *command: object) -> Answer:
-        """Send one command and wait for its answer (the driver bounds every wait itself)."""
+    def raw(self, *command: object) -> list[str]:
+        """Send one command; the words of its ``ok`` answer, ``ok`` first (the driver bounds
+        every wait itself)."""
         assert self.proc.stdin is not None
         self.proc.stdin.write(" ".join(str(c) for c in command) + "\n")
         self.proc.stdin.flush()
         words = self._line().split()
-        if words[0] != "ok":
+        if not words or words[0] != "ok":
             raise DriverError(" ".join(words[1:]) or "empty answer")
+        return words
+
+    def run(self, *command: object) -> Answer:
+        """One workload: its elapsed time, CPU time, count and latencies."""
+        words = self.raw(*command)
         return Answer(int(words[1]) / 1e9, int(words[2]) / 1e9, int(words[3]),
                       [int(x) / 1e9 for x in words[4:]])
 

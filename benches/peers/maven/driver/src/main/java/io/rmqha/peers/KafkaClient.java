@@ -17,6 +17,7 @@ import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.clients.producer.RecordMetadata;
 import org.apache.kafka.common.PartitionInfo;
 import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.TopicPartitionInfo;
 import org.apache.kafka.common.serialization.ByteArrayDeserializer;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
 
@@ -50,6 +51,18 @@ final class KafkaClient implements Load.Client {
         try (Admin admin = Admin.create(p)) {
             admin.createTopics(List.of(new NewTopic(topic, partitions, rf)
                 .configs(Map.of("min.insync.replicas", minIsr)))).all().get();
+        }
+    }
+
+    /** "LEADER ISR_SIZE" of partition 0 of {@code topic} (leader -1 while there is none). */
+    static String partition(String bootstrap, String topic) throws Exception {
+        Properties p = new Properties();
+        p.put("bootstrap.servers", bootstrap);
+        try (Admin admin = Admin.create(p)) {
+            TopicPartitionInfo info = admin.describeTopics(List.of(topic)).allTopicNames().get()
+                .get(topic).partitions().get(0);
+            int leader = info.leader() == null ? -1 : info.leader().id();
+            return leader + " " + info.isr().size();
         }
     }
 

@@ -25,6 +25,7 @@ import java.util.concurrent.atomic.AtomicReference;
  * read TOPIC N                 read at least N messages from the start
  * until_ok TOPIC BYTES MS      send until one is acked (the failover probe), at most MS
  * create BOOTSTRAP TOPIC PARTITIONS RF MISR   a Kafka topic (Admin client)
+ * partition BOOTSTRAP TOPIC   partition 0's leader and ISR size: {@code ok 0 0 LEADER ISR}
  * quit
  * </pre>
  *
@@ -144,6 +145,8 @@ public final class Load {
             case "read":
                 count = c.read(w[1], Long.parseLong(w[2]));
                 break;
+            case "partition":
+                return "ok 0 0 " + KafkaClient.partition(w[1], w[2]);
             case "create":
                 KafkaClient.create(w[1], w[2], Integer.parseInt(w[3]), Short.parseShort(w[4]), w[5]);
                 count = 0;
