@@ -1,6 +1,7 @@
 """A load driver as a long-lived child process: the Java one (``benches/peers/maven/driver``,
 ``io.rmqha.peers.Load``: RocketMQ's remoting client or Kafka's client) or the Python
-``rocketmq`` 0.4.4 one (``rocketmq044_driver.py``), both speaking one line protocol.  One
+``rocketmq`` 0.4.4 and ``confluent-kafka`` ones (``py_driver.py``), all speaking one line
+protocol.  One
 process per (system, client), started once, so a JIT is warm and the client's connections
 stay open across workloads as in an application.
 
@@ -21,7 +22,7 @@ from pathlib import Path
 from peers.jvm import Heap, classpath, java
 
 MAIN = "io.rmqha.peers.Load"
-PY044_DRIVER = Path(__file__).resolve().parent / "rocketmq044_driver.py"
+PY_DRIVER = Path(__file__).resolve().parent / "py_driver.py"
 
 
 class DriverError(RuntimeError):
@@ -47,8 +48,13 @@ def java_driver(kind: str, address: str, heap: Heap, log: Path) -> LoadDriver:
 def rocketmq044_driver(namesrv: str, log: Path) -> LoadDriver:
     """The Python ``rocketmq`` 0.4.4 client (this interpreter's) against ``namesrv``."""
     # The C++ client writes its logs under ~/logs/rocketmq-cpp: keep them beside the run's.
-    return LoadDriver([sys.executable, str(PY044_DRIVER), namesrv], log,
+    return LoadDriver([sys.executable, str(PY_DRIVER), "rocketmq044", namesrv], log,
                       {**os.environ, "HOME": str(log.parent)})
+
+
+def confluent_driver(bootstrap: str, log: Path) -> LoadDriver:
+    """``confluent-kafka`` (this interpreter's) against ``bootstrap``."""
+    return LoadDriver([sys.executable, str(PY_DRIVER), "confluent", bootstrap], log)
 
 
 class LoadDriver:

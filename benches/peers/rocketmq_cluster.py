@@ -30,7 +30,6 @@ from typing import Any
 
 from peers.base import free_port, wait_port
 from peers.jvm import Heap, JvmProc
-
 from rmqha.errors import RemotingError
 from rmqha.net.client import RemotingClient
 from rmqha.net.loop import EventLoopThread

@@ -7,6 +7,7 @@ import java.util.Map;
 import java.util.Properties;
 import java.util.concurrent.Future;
 import java.util.concurrent.Semaphore;
+import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicReference;
 import org.apache.kafka.clients.admin.Admin;
 import org.apache.kafka.clients.admin.NewTopic;
@@ -127,10 +128,10 @@ final class KafkaClient implements Load.Client {
     }
 
     @Override
-    public void probe(String topic, byte[] body) throws Exception {
+    public void probe(String topic, byte[] body, long timeoutMs) throws Exception {
         // The producer retries until delivery.timeout.ms itself: the first send answered is
         // the first one acked after the kill.
-        producer.send(new ProducerRecord<>(topic, body)).get();
+        producer.send(new ProducerRecord<>(topic, body)).get(timeoutMs, TimeUnit.MILLISECONDS);
     }
 
     @Override

@@ -47,8 +47,8 @@ public final class Load {
 
         long read(String topic, long n) throws Exception;
 
-        /** One send with short timeouts for the failover probe. */
-        void probe(String topic, byte[] body) throws Exception;
+        /** One send for the failover probe, waiting at most {@code timeoutMs}. */
+        void probe(String topic, byte[] body, long timeoutMs) throws Exception;
     }
 
     public static void main(String[] args) throws Exception {
@@ -159,7 +159,8 @@ public final class Load {
                 while (System.nanoTime() < deadline) {
                     count++;
                     try {
-                        c.probe(w[1], b);
+                        long left = Math.max(1, (deadline - System.nanoTime()) / 1_000_000L);
+                        c.probe(w[1], b, left);
                         last.set(null);
                         break;
                     } catch (Exception e) {

@@ -106,8 +106,8 @@ final class RocketmqClient implements Load.Client {
     }
 
     @Override
-    public void probe(String topic, byte[] body) throws Exception {
-        check(producer.send(new Message(topic, body), 1000));
+    public void probe(String topic, byte[] body, long timeoutMs) throws Exception {
+        check(producer.send(new Message(topic, body), Math.min(1000, timeoutMs)));
     }
 
     @Override
