@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rmqha-installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv build browser lint test test-proxy test-interop interop-build test-pure demo demo-grpc bench bench-quick bench-proxy bench-peers peers-jars trends chaos soak wheel-check clean
+.PHONY: all venv build browser lint test test-proxy test-interop interop-build test-pure demo demo-grpc bench bench-quick bench-proxy bench-peers peers-jars test-peers-smoke trends chaos soak wheel-check clean
 
 all: build
 
@@ -143,6 +143,13 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Maven resolves the pinned versions into ~/.m2 and writes <module>/target/classpath.txt.
 peers-jars:
 	cd benches/peers/maven && $(MVN) -B -q package
+
+# The JVM peers' harness at tiny size (tests/peers_smoke): RocketMQ 5 in controller mode and
+# Kafka in KRaft, 100 messages per workload through the benchmark's drivers, one leader kill
+# each.  Needs Java 17, Maven, rocketmq 0.4.4 (dev extra) and confluent-kafka (peers extra).
+test-peers-smoke: build peers-jars
+	$(PY) -m pip install --quiet -e '.[dev,spark,peers]'
+	$(PY) -m pytest -p no:cacheprovider tests/peers_smoke $(PYTEST_ARGS)
 
 bench-peers: build peers-jars
 	@missing=""; for p in $(PEER_PACKAGES); do \

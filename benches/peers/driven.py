@@ -273,7 +273,9 @@ class DrivenSystem(PeerSystem):
         assert self.driver is not None
         self.target.heal()
         topic = self.target.topic()
-        self.driver.run("one", topic, 1, len(body))
+        # One acknowledged send first; a client may still hold the route it had before the
+        # heal (the C++ client refreshes every 30 s), so it gets the probe's deadline.
+        self.driver.run("until_ok", topic, len(body), int(FAILOVER_DEADLINE_S * 1000))
         self.target.kill_leader()
         killed = time.perf_counter()
         try:

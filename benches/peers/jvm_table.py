@@ -188,8 +188,8 @@ def _failover_cell(value: str | None, base: str | None) -> str:
 
 
 def heaps_text(system: str, heaps: dict[str, Heap]) -> str:
-    if system == "rmqha":
-        return "Python processes (no heap)"
+    if system.startswith("rmqha"):
+        return "Python processes (no heap limit)"
     if system.startswith("rocketmq"):
         return f"name server + controller {heaps['namesrv']}, 3 brokers {heaps['broker']} each"
     return f"3 nodes {heaps['kafka']} each"
@@ -220,7 +220,8 @@ def table(results: dict[str, dict[str, Measurement]], failovers: dict[str, str],
         "above 1, rmqha is ahead.",
         f"- **RocketMQ {ROCKETMQ_VERSION}**: controller mode, name server with the controller embedded "
         "(DLedger, one node), three brokers, allAckInSyncStateSet=true (the SYNC_MASTER answers once "
-        "every broker of the SyncStateSet holds the message), minInSyncReplicas=1, ASYNC_FLUSH.",
+        "every broker of the SyncStateSet holds the message), minInSyncReplicas=1, ASYNC_FLUSH, "
+        "waitTimeMillsInSendQueue=1000 (default 200: sends refused as \"broker busy\" under load).",
         f"- **Kafka {KAFKA_VERSION}**: KRaft, three combined broker/controller nodes, one partition "
         "replicated three times, acks=all (answered once every in-sync replica has it), "
         "min.insync.replicas 3 or 2 (both three copies while all are up; with 3 nothing is acked "

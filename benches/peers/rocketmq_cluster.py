@@ -42,6 +42,7 @@ NAMESRV_MAIN = "org.apache.rocketmq.namesrv.NamesrvStartup"
 BROKER_MAIN = "org.apache.rocketmq.broker.BrokerStartup"
 #: 128 MiB commitlog files (1 GiB by default: only the file size differs, not the path).
 COMMITLOG_FILE_BYTES = 128 * 1024 * 1024
+WAIT_IN_SEND_QUEUE_MS = 1000
 
 
 def write_conf(path: Path, values: Mapping[str, Any]) -> Path:
@@ -144,6 +145,10 @@ class RocketmqCluster:
             "storePathCommitLog": node / "store" / "commitlog",
             "mappedFileSizeCommitLog": COMMITLOG_FILE_BYTES,
             "autoCreateTopicEnable": "false",
+            # A send waiting longer than this in the broker's queue is refused ("broker busy",
+            # TIMEOUT_CLEAN_QUEUE); the default 200 ms refused windowed sends of the quick run
+            # on a loaded machine, and RocketMQ's FAQ raises it for exactly that.
+            "waitTimeMillsInSendQueue": WAIT_IN_SEND_QUEUE_MS,
         })
         self.brokers[name] = JvmProc(name, "rocketmq", BROKER_MAIN, ["-c", str(conf)],
                                      self.heaps["broker"], node / "broker.out", self._env(),
