@@ -227,6 +227,9 @@ def table(results: dict[str, dict[str, Measurement]], failovers: dict[str, str],
         "min.insync.replicas 3 or 2 (both three copies while all are up; with 3 nothing is acked "
         "with a node down), no flush per record.",
         "- **rmqha**: all_ack_in_sync_state_set, flush = async, one controller (as the RocketMQ row).",
+        "- **rocketmq 0.4.4's batch on RocketMQ 5**: the C++ 1.2 client sends SEND_BATCH_MESSAGE "
+        "without the header's `batch` field and 5.x decides on that field, so RocketMQ stores each "
+        "batch of 32 as one message (32 KiB body, one message read back); rmqha stores 32.",
     ]
     if quick:
         notes.append("- **quick mode** (`--quick`): a few hundred messages per workload and the tests' "

@@ -35,12 +35,15 @@ def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clusters]:
         c.stop()
 
 
+BATCHES = 3
+
+
 def _drive(system: DrivenSystem, workdir: Path) -> int:
-    """Every produce workload at N messages; how many were acknowledged."""
+    """Every produce workload at N messages (batches: BATCHES of 32); how many were acknowledged."""
     system.start(workdir)
     sent = 1  # the warm-up send of start()
     for workload, param in (("one at a time", 1), ("batch of 32", 32), ("window of 256", 256)):
-        n = N if workload != "batch of 32" else 96
+        n = N if workload != "batch of 32" else 32 * BATCHES
         m = system.measure(workload, n, param, BODY)
         assert m.messages == n and not m.note, (workload, m)
         assert m.elapsed_s > 0 and m.client_cpu_s >= 0, m
@@ -64,8 +67,13 @@ def test_rocketmq5_controller_mode_driven_by_java_and_rocketmq044(clusters: Clus
     try:
         for name, system in systems.items():
             acked += _drive(system, tmp_path / name)
+        # RocketMQ 5 stores each batch of rocketmq 0.4.4 as ONE message: the C++ 1.2 client
+        # sends SEND_BATCH_MESSAGE without the header's `batch` field, and 5.x decides on that
+        # field, not on the request code (SendMessageProcessor), so its 32 entries stay one
+        # opaque body.  rmqha decides on the code and stores 32 (issue 36, part 2).
+        acked -= (32 - 1) * BATCHES
         for system in systems.values():
-            assert _read_all(system, acked) >= acked
+            assert _read_all(system, acked) == acked
         java = systems["rocketmq-java"]
         master_before = cluster.master()
         seconds = java.failover(b"x" * BODY)
