@@ -84,8 +84,11 @@ def test_rocketmq5_controller_mode_driven_by_java_and_rocketmq044(clusters: Clus
         # No acknowledged message lost: the new master serves every one (a fresh group reads
         # from the first offset of every queue).
         assert _read_all(java, acked) >= acked
-        # The Python client finds the new master too (its own route refresh).
-        assert systems["rocketmq-py044"].measure("one at a time", 10, 1, BODY).messages == 10
+        # The C++ client finds the new master too, by its own route refresh (every 30 s: its
+        # sends answer "No route info" until then), within the probe's minute.
+        py044 = systems["rocketmq-py044"].driver
+        assert py044 is not None
+        assert int(py044.raw("until_ok", "Bench3", BODY, 60_000)[3]) >= 1
     finally:
         for system in systems.values():
             system.stop()
