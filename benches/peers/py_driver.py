@@ -87,6 +87,10 @@ class Rocketmq044:
         failures: list[BaseException] = []
 
         def ok(result: Any) -> None:
+            from rocketmq.client import SendStatus
+
+            if result.status != SendStatus.OK:
+                failures.append(RuntimeError(f"send answered {result.status!r}"))
             free.release()
 
         def failed(exc: BaseException) -> None:
