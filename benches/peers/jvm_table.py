@@ -208,7 +208,7 @@ def table(results: dict[str, dict[str, Measurement]], failovers: dict[str, str],
              for name, s in driven.items()]
     for name, system, client, baseline in rows:
         by_w, base = results.get(name, {}), results.get(baseline, {})
-        cells = [system + (f" (vs {baseline})" if baseline != name else ""), client,
+        cells = [f"`{name}`: {system}" + (f" (× vs `{baseline}`)" if baseline != name else ""), client,
                  heaps_text(name, heaps) + (f"; client JVM {heaps['client']}" if "java" in name else "")]
         cells += [_cell(by_w.get(w), base.get(w) if baseline != name else None) for w in workloads]
         cells.append(_failover_cell(failovers.get(name),
