@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rmqha-installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv build browser lint docs-map test test-proxy test-interop interop-build test-pure demo demo-grpc bench bench-quick bench-proxy bench-peers trends chaos soak wheel-check clean
+.PHONY: all venv build browser lint docs-map test test-proxy test-interop interop-build test-pure demo demo-grpc bench bench-quick bench-proxy bench-peers peers-jars test-peers-smoke trends chaos soak wheel-check clean
 
 all: build
 
@@ -138,18 +138,34 @@ bench-quick: build
 
 # rmqha side by side with NATS JetStream, Redis and RabbitMQ, each a real 3-node group on
 # loopback (benches/bench_peers.py); installs the Debian packages and the Python clients
-# (the `peers` extra) when missing and writes the table into docs/benchmarks.md.  Not part
-# of test.
+# (the `peers` extra) when missing and writes the table into docs/benchmarks.md.  Then
+# rmqha beside real RocketMQ 5 and Kafka 4 (--jvm-peers; their servers' jars and the Java
+# load driver from benches/peers/maven, `make peers-jars`), logs kept in reports/bench-peers.
+# PEERS_ARGS="--quick" runs it all at a few hundred messages (proves the harness, no figures).
+# Not part of test.
 PEER_PACKAGES := nats-server redis-server rabbitmq-server
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-bench-peers: build
+# The JVM peers' jars (RocketMQ 5.5.0's servers, Kafka 4.1.1) and the Java load driver:
+# Maven resolves the pinned versions into ~/.m2 and writes <module>/target/classpath.txt.
+peers-jars:
+	cd benches/peers/maven && $(MVN) -B -q package
+
+# The JVM peers' harness at tiny size (tests/peers_smoke): RocketMQ 5 in controller mode and
+# Kafka in KRaft, 100 messages per workload through the benchmark's drivers, one leader kill
+# each.  Needs Java 17, Maven, rocketmq 0.4.4 (dev extra) and confluent-kafka (peers extra).
+test-peers-smoke: build peers-jars
+	$(PY) -m pip install --quiet -e '.[dev,spark,peers]'
+	$(PY) -m pytest -p no:cacheprovider tests/peers_smoke $(PYTEST_ARGS)
+
+bench-peers: build peers-jars
 	@missing=""; for p in $(PEER_PACKAGES); do \
 		dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		$(SUDO) apt-get update && DEBIAN_FRONTEND=noninteractive \
 		$(SUDO) apt-get install -y --no-install-recommends $$missing; fi
 	$(PY) -m pip install --quiet -e '.[dev,spark,peers]'
-	$(PY) benches/bench_peers.py --write-into docs/benchmarks.md --flush-sync --security $(PEERS_ARGS)
+	$(PY) benches/bench_peers.py --write-into docs/benchmarks.md --flush-sync --security \
+		--jvm-peers --keep-logs reports/bench-peers $(PEERS_ARGS)
 
 # Ingest new pytest-benchmark runs from .benchmarks, analyse, write reports/trends/report.html.
 # Gate a CI run with TRENDS_ARGS="--fail-on-regression" (exit codes: see docs/benchmarks.md).

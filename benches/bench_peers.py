@@ -9,6 +9,7 @@ run this with ``.venv-rmq5/bin/python`` then (the peers' clients go there too if
 
     .venv/bin/python benches/bench_peers.py [--systems rmqha,nats,redis,rabbitmq]
         [--scale 1.0] [--write-into docs/benchmarks.md] [--flush-sync] [--[no-]security]
+        [--[no-]jvm-peers] [--jvm-systems ...] [--quick] [--keep-logs DIR]
 
 Every workload runs on every system before the next workload starts (round robin), so
 machine noise hits all of them alike.  1 KiB bodies; "copies" is how many servers hold a
@@ -16,6 +17,13 @@ message when it is acked (3: the replicated destination, 1: a single-copy one). 
 table goes to stdout and, with ``--write-into FILE``, between the ``peers-table`` markers
 of that Markdown file (``docs/benchmarks.md``).  Every server this starts is stopped at the
 end, also on errors and Ctrl-C.
+
+``--jvm-peers`` (on in ``make bench-peers``) then runs rmqha beside real Apache RocketMQ 5
+(controller mode, three brokers) and Apache Kafka 4 (KRaft, three nodes), each row one
+client against one system, the same client for rmqha and RocketMQ in a row
+(``peers/driven.py``; jars from ``peers/maven``, ``make peers-jars``), into the
+``jvm-peers-table`` markers; ``--jvm-systems`` picks the rows, ``--quick`` runs every
+workload at a few hundred messages with small heaps (proves the harness; not numbers).
 
 ``--security`` then measures what rmqha's security costs (``peers/security_cost.py``): the
 3-copy produce workloads with mutual TLS and ACL signatures on, beside the same cluster
@@ -35,7 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peers import security_cost  # noqa: E402
+from peers import jvm_table, security_cost  # noqa: E402
 from peers.base import MESSAGE_BYTES, Measurement, NotOffered, PeerSystem, run_workload  # noqa: E402
 
 BEGIN, END = "<!-- peers-table:begin -->", "<!-- peers-table:end -->"
@@ -216,6 +224,18 @@ def compare_peers(args: argparse.Namespace, names: list[str], body: bytes) -> No
         write_table(args.write_into, text)
 
 
+def compare_jvm_peers(args: argparse.Namespace, body: bytes) -> None:
+    """rmqha beside RocketMQ 5 and Kafka, one client per row (the jvm-peers table)."""
+    with tempfile.TemporaryDirectory(prefix="bench-jvm-peers-") as tmp:
+        text = jvm_table.run(Path(tmp), jvm_table.parse_systems(args.jvm_systems), args.scale,
+                             body, quick=args.quick, failover=not args.no_failover,
+                             keep_logs=args.keep_logs,
+                             log=lambda line: print(line, flush=True))
+    print(text)
+    if args.write_into:
+        write_table(args.write_into, text, jvm_table.BEGIN, jvm_table.END)
+
+
 def compare_security(args: argparse.Namespace, body: bytes) -> None:
     """The security table: rmqha's produce workloads with TLS and ACL on and off."""
     with tempfile.TemporaryDirectory(prefix="bench-security-") as tmp:
@@ -231,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--systems", default="rmqha,nats,redis,rabbitmq",
                     help="systems of the peer table, or 'none' to skip it")
-    ap.add_argument("--scale", type=float, default=1.0, help="multiply message counts")
+    ap.add_argument("--scale", type=float, default=None, help="multiply message counts (1.0)")
     ap.add_argument("--write-into", type=Path, metavar="FILE",
                     help="write the tables between their markers of this Markdown file")
     ap.add_argument("--flush-sync", action="store_true",
@@ -240,20 +260,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--proxy", action="store_true",
                     help="also rmqha through `rmqha proxy` with RocketMQ 5's Python client "
                          "(run with .venv-rmq5/bin/python)")
+    ap.add_argument("--jvm-peers", action=argparse.BooleanOptionalAction, default=False,
+                    help="also rmqha beside real RocketMQ 5 and Kafka, one client per row "
+                         "(make bench-peers: on; jars: make peers-jars)")
+    ap.add_argument("--jvm-systems", default=",".join(jvm_table.SYSTEMS),
+                    help="rows of --jvm-peers (rmqha, its native client, is always run)")
+    ap.add_argument("--quick", action="store_true",
+                    help="tiny sizes and small heaps: proves the harness, gives no figures "
+                         "(sets --scale 0.02 unless given, and one security round)")
+    ap.add_argument("--keep-logs", type=Path, metavar="DIR",
+                    help="copy the JVM peers' configs and logs here at the end")
     ap.add_argument("--security", action=argparse.BooleanOptionalAction, default=False,
                     help="also measure rmqha's produce workloads and failover with TLS + ACL "
                          "on vs off (make bench-peers: on)")
     ap.add_argument("--security-rounds", type=int, default=security_cost.ROUNDS,
                     help="rounds per workload of --security (the side going first alternates)")
     args = ap.parse_args(argv)
+    if args.scale is None:
+        args.scale = jvm_table.QUICK_SCALE if args.quick else 1.0
+    if args.quick:
+        args.security_rounds = 1
     names = [s.strip() for s in args.systems.split(",") if s.strip() and s.strip() != "none"]
     if args.proxy and "rmqha-proxy" not in names:
         names.append("rmqha-proxy")
     if "rmqha-proxy" in names:
         from peers.proxy_system import client_module
         client_module()  # before any server starts: without the client, stop here
-    if not names and not args.security:
-        raise SystemExit("nothing to run: --systems none without --security")
+    if not names and not args.security and not args.jvm_peers:
+        raise SystemExit("nothing to run: --systems none without --security or --jvm-peers")
     if args.security_rounds < 1:
         raise SystemExit(f"--security-rounds {args.security_rounds}: at least 1")
     if args.write_into:
@@ -261,9 +295,15 @@ def main(argv: list[str] | None = None) -> int:
             check_markers(args.write_into)
         if args.security:
             check_markers(args.write_into, security_cost.BEGIN, security_cost.END)
+        if args.jvm_peers:
+            check_markers(args.write_into, jvm_table.BEGIN, jvm_table.END)
+    if args.jvm_peers:
+        jvm_table.check_ready(jvm_table.parse_systems(args.jvm_systems))  # before any server starts
     body = os.urandom(MESSAGE_BYTES // 2).hex().encode()
     if names:
         compare_peers(args, names, body)
+    if args.jvm_peers:
+        compare_jvm_peers(args, body)
     if args.security:
         compare_security(args, body)
     return 0

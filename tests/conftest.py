@@ -69,4 +69,5 @@ os.environ.setdefault("PYTHONHASHSEED", "0")
 
 # The proxy's tests need the RocketMQ 5 client, which clashes with this venv's rocketmq
 # 0.4.4: `make test-proxy` runs them in their own venv (with --confcutdir=tests/proxy).
-collect_ignore = ["proxy", "interop"]
+# tests/peers_smoke starts real RocketMQ 5 and Kafka JVMs: `make test-peers-smoke` only.
+collect_ignore = ["proxy", "interop", "peers_smoke"]
