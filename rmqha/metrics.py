@@ -13,9 +13,10 @@ import threading
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client import disable_created_metrics, start_http_server
+from prometheus_client import disable_created_metrics
 
 from rmqha.errors import ConfigError
+from rmqha.metrics_http import serve_metrics
 from rmqha.security.tls import ClientAuth, TlsSettings
 
 disable_created_metrics()
@@ -64,8 +65,7 @@ class MetricsRegistry:
         With ``tls``: HTTPS with its server certificate, and client certificates checked
         against its trust file when ``tls.server.need.client.auth`` asks for them."""
         try:
-            self._server, self._thread = start_http_server(port, addr=host, registry=self.registry,
-                                                           **_https_options(tls))
+            self._server, self._thread = serve_metrics(self.registry, host, port, _https_context(tls))
         except OSError as exc:
             raise ConfigError(f"metrics_port {port} on {host} cannot be bound: {exc.strerror}") from exc
         return int(self._server.server_port)
@@ -77,17 +77,22 @@ class MetricsRegistry:
             self._server = None
 
 
-def _https_options(tls: TlsSettings | None) -> dict[str, Any]:
-    """``start_http_server``'s TLS arguments for ``tls`` (none for plain HTTP)."""
+def _https_context(tls: TlsSettings | None) -> ssl.SSLContext | None:
+    """The /metrics port's TLS context for ``tls`` (None for plain HTTP)."""
     if tls is None:
-        return {}
+        return None
     if not tls.server_cert_path or not tls.server_key_path:
         raise ConfigError("https_enable needs tls.server.certPath and tls.server.keyPath")
     if tls.server_key_password:
         raise ConfigError("https_enable: /metrics cannot use a key with tls.server.keyPassword; "
                           "give it an unencrypted key file (mode 600)")
-    wants_certs = tls.server_need_client_auth is not ClientAuth.NONE
-    return {"certfile": tls.server_cert_path, "keyfile": tls.server_key_path,
-            "client_cafile": tls.server_trust_cert_path if wants_certs else None,
-            "client_auth_required": tls.server_need_client_auth is ClientAuth.REQUIRE,
-            "tls_min_version": ssl.TLSVersion.TLSv1_2}
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(tls.server_cert_path, tls.server_key_path)
+    if tls.server_need_client_auth is not ClientAuth.NONE:
+        if not tls.server_trust_cert_path:
+            raise ConfigError("https_enable with client certificates needs tls.server.trustCertPath")
+        context.load_verify_locations(cafile=tls.server_trust_cert_path)
+        context.verify_mode = (ssl.CERT_REQUIRED if tls.server_need_client_auth is ClientAuth.REQUIRE
+                               else ssl.CERT_OPTIONAL)
+    return context
