@@ -148,3 +148,42 @@ def test_raft_port_drops_silent_and_stalled_links_and_caps_them(tmp_path: Path) 
         finally:
             for s in [*links, bare]:
                 s.close()
+
+
+def _scrape(port: int) -> bytes:
+    with _connect(port) as sock:
+        sock.settimeout(5)
+        sock.sendall(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data
+
+
+@pytest.mark.timeout(120)
+def test_remoting_and_metrics_ports_drop_silent_peers(tmp_path: Path) -> None:
+    """A silent connection to a name server's client port and to its metrics port is
+    closed within the 10 s deadline; a scrape is answered meanwhile.  Negative control:
+    prometheus_client's own server, in this process, still holds its silent peer then."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    bare_server, _ = start_http_server(0, addr="127.0.0.1", registry=CollectorRegistry())
+    with Cluster(tmp_path) as c:
+        ns = c.start_namesrv(metrics_port=free_port())
+        metrics = int(ns.config["metrics_port"])
+        c.wait_for(lambda: ns.listens(f"127.0.0.1:{metrics}"), what="metrics port", process=ns)
+        bare = _connect(bare_server.server_port)
+        started = time.monotonic()
+        silent = [_connect(int(ns.config["listen_port"])), _connect(metrics)]
+        try:
+            assert b"rmqha_" in _scrape(metrics), "no scrape while a silent peer is connected"
+            c.wait_for(lambda: all(map(_closed, silent)), HANDSHAKE_DEADLINE_S + 8,
+                       what="silent peers dropped", interval=0.5, process=ns)
+            took = time.monotonic() - started
+            assert took >= HANDSHAKE_DEADLINE_S - 0.5, f"dropped after {took:.1f} s, before the deadline"
+            assert not _closed(bare), "prometheus_client alone dropped a silent peer: the control shows nothing"
+        finally:
+            for s in [*silent, bare]:
+                s.close()
+            bare_server.shutdown()
+            bare_server.server_close()
