@@ -59,7 +59,7 @@ from rmqha.messaging import MessageService
 from rmqha.messaging.queue_assignment import namesrv_route_source
 from rmqha.metrics import MetricsRegistry
 from rmqha.net.client import RemotingClient, split_address
-from rmqha.net.client_security import ClientSecurity
+from rmqha.net.client_security import ClientSecurity, ServerRole
 from rmqha.net.connection import Connection
 from rmqha.net.peer_check import Need, PeerCheck
 from rmqha.net.server import RemotingServer
@@ -689,7 +689,8 @@ class Broker:
         address from the name server.  Asking the master works without a name server;
         if it does not answer, its default (client port + 1) is used.
         """
-        client = RemotingClient(master_address, connect_timeout=1.0, security=self._links)
+        client = RemotingClient(master_address, connect_timeout=1.0, security=self._links,
+                                expect=ServerRole.broker(self.config.cluster, self.config.broker_name))
         try:
             for _ in range(3):
                 try:
@@ -756,7 +757,8 @@ class Broker:
         client = self._ns_clients.get(addr)
         if client is None:
             client = self._ns_clients[addr] = RemotingClient(addr, connect_timeout=1.0,
-                                                             security=self._ns_links)
+                                                             security=self._ns_links,
+                                                             expect=ServerRole.namesrv())
         return client
 
     async def _namesrv_request(self, addr: str, cmd: RemotingCommand) -> RemotingCommand:
