@@ -64,7 +64,7 @@ from rmqha.net.connection import Connection
 from rmqha.net.peer_check import Need, PeerCheck
 from rmqha.net.server import RemotingServer
 from rmqha.protocol.command import RemotingCommand
-from rmqha.security.tls import TlsSettings
+from rmqha.security.tls import TlsMode, TlsSettings
 from rmqha.protocol.request_auth import OpenAuth, RequestAuthenticator, request_auth
 from rmqha.security.channel_auth import ChannelKey
 from rmqha.security.identity import Identity
@@ -340,6 +340,13 @@ class Broker:
             raise ConfigError(f"listen_port: cannot listen on {cfg.listen_host}:{cfg.listen_port}: {exc}") from exc
         log.info("broker %s/%s id %d serving clients on %s", cfg.cluster, cfg.broker_name, broker_id,
                  self.server.address)
+        if cfg.acl_enable and self.server.tls_mode is not TlsMode.ENFORCING:
+            # ACL 1.0 signs the request, not a time or nonce: on a plaintext link a captured
+            # request is a valid request for ever (issue 37; docs/security.md).
+            log.warning("ACL on %s over plaintext (tls.server.mode = %s): a signed request captured "
+                        "on the network can be replayed as it is (ACL 1.0 signs no time or nonce); "
+                        "serve TLS only (tls.server.mode = enforcing) to keep requests from being "
+                        "captured", self.server.address, self.server.tls_mode.value)
 
         if self.metrics is not None:
             self.metrics_port = self.metrics.serve(cfg.metrics_port, cfg.metrics_host,

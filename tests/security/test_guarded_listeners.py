@@ -5,7 +5,8 @@ loopback) with neither TLS nor ACL refuse to start: the process exits non-zero b
 binds anything, and its error names the keys to set (``acl_enable``, ``tls.server.mode``,
 ``allow_insecure``).  The negative controls: the same broker and name server with
 ``allow_insecure = true`` start and listen on the wildcard (so the refusals above were the
-rule, not a broken start), and a broker with ACL on starts without it.  The rule's unit
+rule, not a broken start), and a broker with ACL on starts without it, warning that ACL
+over plaintext is replayable (a broker without ACL does not).  The rule's unit
 (:func:`require_guarded_listener`) is shown on each address kind.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ from rmqha.testing.local_proxy import ProxyProc
 
 WILDCARD = "0.0.0.0"
 ACL = """accounts:
-  - accessKey: app
+  - accessKey: appAccount
     secretKey: app-secret-key-1234
     defaultTopicPerm: DENY
     defaultGroupPerm: DENY
@@ -85,6 +86,7 @@ def test_negative_control_allow_insecure_starts_them_on_the_wildcard(tmp_path: P
             c.wait_for(lambda p=proc, n=port: n in _wildcard_ports(p), what=f"{proc.name} on {WILDCARD}",
                        process=proc)
             assert "with neither TLS nor ACL (allow_insecure = true)" in proc.log_text()
+        assert "can be replayed" not in broker.log_text()  # no ACL: no ACL replay warning
 
 
 def test_a_broker_with_acl_starts_on_the_wildcard(tmp_path: Path) -> None:
@@ -97,6 +99,9 @@ def test_a_broker_with_acl_starts_on_the_wildcard(tmp_path: Path) -> None:
         broker = c.start_broker("g1", listen_host=WILDCARD, acl_enable=True, acl_file=str(acl))
         port = int(broker.config["listen_port"])
         c.wait_for(lambda: port in _wildcard_ports(broker), what="broker on the wildcard", process=broker)
+        # ACL over plaintext says it is replayable (issue 37 point 3).
+        c.wait_for(lambda: broker.log_contains("can be replayed as it is"), what="the replay warning",
+                   process=broker)
 
 
 @pytest.mark.parametrize("address,refused", [
