@@ -70,7 +70,8 @@ class BrokerConfig(TlsKeys):
 
 
     # --- without a cluster secret ------------------------------------------------------
-    #: Listen off loopback without a cluster secret (role notices then go unchecked).
+    #: Listen off loopback without a cluster secret (role notices then go unchecked) or
+    #: with neither ACL nor a TLS-only port (every topic open to anyone who reaches it).
     allow_insecure: bool = field(default=False, metadata=_alias("allowInsecure"))
 
     # --- controller mode ------------------------------------------------------------------

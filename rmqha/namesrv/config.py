@@ -40,7 +40,8 @@ class NamesrvConfig(TlsKeys):
     cluster_secret: str = field(default="", metadata=_alias("clusterSecret"))
     #: A file whose first line is the cluster secret (a mounted Secret); cluster_secret wins.
     cluster_secret_file: str = field(default="", metadata=_alias("clusterSecretFile"))
-    #: Listen off loopback without a cluster secret (registrations then go unchecked).
+    #: Listen off loopback without a cluster secret (registrations then go unchecked) or
+    #: without a TLS-only port (routes then readable by anyone who reaches it).
     allow_insecure: bool = field(default=False, metadata=_alias("allowInsecure"))
 
 
