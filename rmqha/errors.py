@@ -82,6 +82,12 @@ class RemotingError(RmqhaError):
     """An RPC failed at the transport level (connection lost, closed)."""
 
 
+class ServerIdentityError(RemotingError):
+    """A server's TLS certificate does not name what the client dialled it as (a name
+    server, a broker of the cluster and group its route gives): the connection is closed
+    before a request is written, and the message says what was expected and what came."""
+
+
 class RemotingTimeoutError(RemotingError):
     """An RPC got no answer in time."""
 

@@ -59,13 +59,13 @@ from rmqha.messaging import MessageService
 from rmqha.messaging.queue_assignment import namesrv_route_source
 from rmqha.metrics import MetricsRegistry
 from rmqha.net.client import RemotingClient, split_address
-from rmqha.net.client_security import ClientSecurity
+from rmqha.net.client_security import ClientSecurity, ServerRole
 from rmqha.net.connection import Connection
 from rmqha.net.peer_check import Need, PeerCheck
 from rmqha.net.server import RemotingServer
 from rmqha.protocol.code_rules import APPEND_CODES, require_declared
 from rmqha.protocol.command import RemotingCommand
-from rmqha.security.tls import TlsSettings
+from rmqha.security.tls import TlsMode, TlsSettings
 from rmqha.protocol.request_auth import OpenAuth, RequestAuthenticator, request_auth
 from rmqha.security.channel_auth import ChannelKey
 from rmqha.security.identity import Identity
@@ -333,6 +333,13 @@ class Broker:
             raise ConfigError(f"listen_port: cannot listen on {cfg.listen_host}:{cfg.listen_port}: {exc}") from exc
         log.info("broker %s/%s id %d serving clients on %s", cfg.cluster, cfg.broker_name, broker_id,
                  self.server.address)
+        if cfg.acl_enable and self.server.tls_mode is not TlsMode.ENFORCING:
+            # ACL 1.0 signs the request, not a time or nonce: on a plaintext link a captured
+            # request is a valid request for ever (issue 37; docs/security.md).
+            log.warning("ACL on %s over plaintext (tls.server.mode = %s): a signed request captured "
+                        "on the network can be replayed as it is (ACL 1.0 signs no time or nonce); "
+                        "serve TLS only (tls.server.mode = enforcing) to keep requests from being "
+                        "captured", self.server.address, self.server.tls_mode.value)
 
         if self.metrics is not None:
             self.metrics_port = self.metrics.serve(cfg.metrics_port, cfg.metrics_host,
@@ -682,7 +689,8 @@ class Broker:
         address from the name server.  Asking the master works without a name server;
         if it does not answer, its default (client port + 1) is used.
         """
-        client = RemotingClient(master_address, connect_timeout=1.0, security=self._links)
+        client = RemotingClient(master_address, connect_timeout=1.0, security=self._links,
+                                expect=ServerRole.broker(self.config.cluster, self.config.broker_name))
         try:
             for _ in range(3):
                 try:
@@ -749,7 +757,8 @@ class Broker:
         client = self._ns_clients.get(addr)
         if client is None:
             client = self._ns_clients[addr] = RemotingClient(addr, connect_timeout=1.0,
-                                                             security=self._ns_links)
+                                                             security=self._ns_links,
+                                                             expect=ServerRole.namesrv())
         return client
 
     async def _namesrv_request(self, addr: str, cmd: RemotingCommand) -> RemotingCommand:

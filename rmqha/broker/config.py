@@ -17,7 +17,8 @@ from rmqha.config import TlsKeys, load_config
 from rmqha.errors import ConfigError
 from rmqha.security.identity import Identity
 from rmqha.security.secret import ClusterSecret, load_cluster_secret
-from rmqha.security.secret_policy import check_optional_secret, resolve_secret
+from rmqha.security.secret_policy import check_optional_secret, require_guarded_listener, resolve_secret
+from rmqha.security.tls import TlsMode, TlsSettings
 
 INT32_MAX = 2**31 - 1
 
@@ -83,7 +84,8 @@ class BrokerConfig(TlsKeys):
 
 
     # --- without a cluster secret ------------------------------------------------------
-    #: Listen off loopback without a cluster secret (role notices then go unchecked).
+    #: Listen off loopback without a cluster secret (role notices then go unchecked) or
+    #: with neither ACL nor a TLS-only port (every topic open to anyone who reaches it).
     allow_insecure: bool = field(default=False, metadata=_alias("allowInsecure"))
 
     # --- controller mode ------------------------------------------------------------------
@@ -353,8 +355,13 @@ class BrokerConfig(TlsKeys):
     def check_security(self) -> str | None:
         """The cluster secret; ConfigError if this broker may not run without one."""
         secret = self.secret()
-        check_optional_secret(secret, self.allow_insecure, [self.listen_host],
-                              f"broker {self.broker_name} ({self.broker_address})")
+        who = f"broker {self.broker_name} ({self.broker_address})"
+        check_optional_secret(secret, self.allow_insecure, [self.listen_host], who)
+        tls_only = TlsSettings.from_config(self, "broker config").server_mode is TlsMode.ENFORCING
+        require_guarded_listener(who, [self.listen_host], guarded=self.acl_enable or tls_only,
+                                 allow_insecure=self.allow_insecure,
+                                 guards="acl_enable = true (aclEnable) or tls_server_mode = \"enforcing\" "
+                                        "(tls.server.mode)")
         return secret
 
     @property

@@ -31,7 +31,7 @@ from rmqha.config import check_port_free
 from rmqha import log as rmqha_log
 from rmqha.log import configure_logging
 from rmqha.net.blocking import BlockingRemotingClient
-from rmqha.net.client_security import ClientSecurity
+from rmqha.net.client_security import ClientSecurity, ServerRole
 from rmqha.protocol.command import RemotingCommand
 
 
@@ -90,7 +90,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _query(addr: str, code: int, timeout: float, security: ClientSecurity | None = None) -> Any:
-    with BlockingRemotingClient(addr, connect_timeout=timeout, security=security) as client:
+    with BlockingRemotingClient(addr, connect_timeout=timeout, security=security,
+                                expect=ServerRole.broker()) as client:
         resp = client.request(RemotingCommand.request(code), timeout)
     resp.check_success(code)
     return resp.json_body()

@@ -26,7 +26,7 @@ from rmqha.client.admin import TopicAdmin, TopicChange
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import RemotingError
 from rmqha.net.blocking import BlockingRemotingClient
-from rmqha.net.client_security import ClientSecurity
+from rmqha.net.client_security import ClientSecurity, ServerRole
 from rmqha.protocol.command import RemotingCommand
 
 
@@ -101,8 +101,8 @@ def _delete_topic(args: argparse.Namespace) -> int:
     namesrv: dict[str, str] = {}
     for addr in split_addresses(args.namesrv):
         try:
-            with BlockingRemotingClient(addr, connect_timeout=args.timeout,
-                                        security=client_security(args)) as client:
+            with BlockingRemotingClient(addr, connect_timeout=args.timeout, security=client_security(args),
+                                        expect=ServerRole.namesrv()) as client:
                 resp = client.request(RemotingCommand.request(RequestCode.DELETE_TOPIC_IN_NAMESRV, ext),
                                       args.timeout)
             namesrv[addr] = "OK" if resp.code == ResponseCode.SUCCESS else f"FAILED {resp.remark}"
@@ -119,8 +119,8 @@ def _ns_request(args: argparse.Namespace, code: int) -> Any:
     errors = []
     for addr in split_addresses(args.namesrv):
         try:
-            with BlockingRemotingClient(addr, connect_timeout=args.timeout,
-                                        security=client_security(args)) as client:
+            with BlockingRemotingClient(addr, connect_timeout=args.timeout, security=client_security(args),
+                                        expect=ServerRole.namesrv()) as client:
                 resp = client.request(RemotingCommand.request(code), args.timeout)
         except (RemotingError, TimeoutError) as exc:
             errors.append(f"{addr}: {exc or type(exc).__name__}")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from rmqha.protocol.codes import RequestCode
 from rmqha.errors import ClientError, RemotingError
 from rmqha.net.blocking import BlockingRemotingClient
-from rmqha.net.client_security import ClientSecurity
+from rmqha.net.client_security import ClientSecurity, ServerRole
 from rmqha.protocol.command import RemotingCommand
 
 
@@ -34,7 +34,8 @@ def cluster_info(namesrv: str, timeout: float = 3.0, security: ClientSecurity | 
     errors = []
     for addr in split_addresses(namesrv):
         try:
-            with BlockingRemotingClient(addr, connect_timeout=timeout, security=security) as client:
+            with BlockingRemotingClient(addr, connect_timeout=timeout, security=security,
+                                        expect=ServerRole.namesrv()) as client:
                 resp = client.request(RemotingCommand.request(RequestCode.GET_BROKER_CLUSTER_INFO), timeout)
         except (RemotingError, TimeoutError) as exc:
             errors.append(f"{addr}: {exc or type(exc).__name__}")

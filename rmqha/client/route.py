@@ -23,7 +23,7 @@ from rmqha.errors import (
 from rmqha.protocol.headers import ConsumerIdsChangedHeader, RouteInfoHeader
 from rmqha.protocol.route import MASTER_ID, BrokerData, QueueData, TopicRoute
 from rmqha.net.client import RemotingClient
-from rmqha.net.client_security import ClientSecurity
+from rmqha.net.client_security import ClientSecurity, ServerRole
 from rmqha.net.connection import Connection
 from rmqha.protocol.command import RemotingCommand
 
@@ -53,6 +53,8 @@ class ClientSession:
         self.route_ttl_s = route_ttl_s
         self.rpc_timeout_s = rpc_timeout_s
         self._clients: dict[str, RemotingClient] = {}
+        #: What each broker address was last named as by a route (its cluster and group).
+        self._brokers: dict[str, ServerRole] = {}
         self._routes: dict[str, TopicRoute] = {}
         self._ns_index = 0
         #: Called with the group name when a broker says a group's members changed.
@@ -66,8 +68,26 @@ class ClientSession:
             c = self._clients[addr] = RemotingClient(
                 addr, handler={RequestCode.NOTIFY_CONSUMER_IDS_CHANGED: self._on_ids_changed,
                                RequestCode.CHECK_TRANSACTION_STATE: self._on_check_transaction},
-                connect_timeout=self.rpc_timeout_s, security=self.security)
+                connect_timeout=self.rpc_timeout_s, security=self.security, expect=self.server_role(addr))
         return c
+
+    def server_role(self, addr: str) -> ServerRole:
+        """What ``addr`` is dialled as: a name server when it is one of ours, else a broker
+        (of the cluster and group a route named it with, once one did).  Over TLS with a
+        cluster CA its certificate must say so."""
+        if addr in self.namesrv:
+            return ServerRole.namesrv()
+        return self._brokers.get(addr) or ServerRole.broker()
+
+    def learn_brokers(self, route: TopicRoute) -> None:
+        """Remember the cluster and group ``route`` names each broker address with."""
+        for data in route.broker_datas.values():
+            role = ServerRole.broker(data.cluster, data.broker_name)
+            for addr in data.broker_addrs.values():
+                self._brokers[addr] = role
+                client = self._clients.get(addr)
+                if client is not None:
+                    client.expect = role
 
     async def _on_ids_changed(self, cmd: RemotingCommand, conn: RequestPeer) -> None:
         group = ConsumerIdsChangedHeader.parse(cmd.ext_fields).consumer_group
@@ -149,6 +169,7 @@ class ClientSession:
                 last = ClientError(f"empty route for {topic} from {addr}")
                 continue
             route = TopicRoute.from_json(topic, data)
+            self.learn_brokers(route)
             self._routes[topic] = route
             return route
         if cached is not None:

@@ -13,6 +13,9 @@ What this module owns:
   both, the secret runs inside the TLS.  The controller asks for more
   (:mod:`rmqha.security.secret_policy`): a secret even on loopback unless told
   ``allow_insecure``;
+* the port (:mod:`rmqha.controller.raft_port`): it listens on ``bind_host`` (the
+  controller's ``listen_host``), never on pysyncobj's default wildcard, and drops links
+  that do not identify within 10 s or stay silent for 20 s, with a cap per host;
 * the commit path: :meth:`RaftNode.submit` takes a small dict, commits it as JSON text and
   resolves a future with what the state machine's ``apply`` returned for it.  Nothing
   arbitrary from the network is ever committed; the state machine sees plain dicts.
@@ -57,6 +60,7 @@ from rmqha.security.secret_policy import SECRET_KEYS_TEXT, is_loopback
 from rmqha.errors import ConfigError, ControllerError, NotLeaderError
 from rmqha.protocol.lease_timing import LEADER_FALLBACK_TIMEOUT_S, RAFT_TICK_S
 from rmqha.controller.raft_journal import DurableJournal, SyncHook
+from rmqha.controller.raft_port import bind_address, deadline_transport
 from rmqha.controller.raft_tls import RaftTls, tls_transport
 
 #: pysyncobj's constructor is patched for the journal factory one node at a time.
@@ -127,11 +131,14 @@ class RaftSettings:
     on_sync: SyncHook | None = None
     #: Mutual TLS under every Raft link (None: plain TCP).
     tls: RaftTls | None = None
+    #: The host the Raft port listens on (the controller's ``listen_host``); None: the
+    #: self address's host.  Never a wildcard unless given one (rmqha.controller.raft_port).
+    bind_host: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def check(self) -> None:
         others = [p for p in self.peers if p != self.self_address]
-        remote = [p for p in [self.self_address, *others] if not is_loopback(p)]
+        remote = [p for p in [self.self_address, *others, self.bind_address] if not is_loopback(p)]
         if remote and not self.password and self.tls is None:
             raise ConfigError(
                 "Raft peers on non-loopback addresses "
@@ -152,9 +159,15 @@ class RaftSettings:
                     "(pip install cryptography)"
                 ) from None
 
+    @property
+    def bind_address(self) -> str:
+        """host:port the Raft port listens on."""
+        return bind_address(self.bind_host, self.self_address)
+
     def to_conf(self, on_state_changed: Callable[[int, int], None]) -> SyncObjConf:
         dump = self.full_dump_file or Path(str(self.journal_file) + ".dump")
         kwargs: dict[str, Any] = dict(
+            bindAddress=self.bind_address,
             journalFile=str(self.journal_file),
             fullDumpFile=str(dump),
             password=self.password,
@@ -331,6 +344,7 @@ class RaftNode:
                 log.warning("pysyncobj %s is not a version the fast-commit guard was checked "
                             "against (%s)", PYSYNCOBJ_VERSION, ", ".join(_GUARDED_VERSIONS))
             transport_class = _GuardedTransport
+        transport_class = deadline_transport(transport_class)
         if self.settings.tls is not None:
             transport_class = tls_transport(transport_class, self.settings.tls)
         self._role = RaftRole.FOLLOWER

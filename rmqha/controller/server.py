@@ -140,6 +140,8 @@ class ControllerServer:
                 append_entries_period=config.raft_heartbeat_interval / 1000,
                 # Serving TLS: the Raft links too, mutual, with this controller's pair and CA.
                 tls=RaftTls.from_settings(self.tls, {p.raft_address: p.id for p in self.peers}),
+                # The Raft port listens where the RPC port does (pysyncobj alone: 0.0.0.0).
+                bind_host=config.listen_host,
             ),
             self.state.apply, self.state.snapshot, self.state.restore,
             on_role_change=self._role_changed_from_raft,
@@ -168,9 +170,9 @@ class ControllerServer:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        rhost, _, rport = self.self_peer.raft_address.rpartition(":")
+        rport = self.self_peer.raft_address.rpartition(":")[2]
         check_port_free(self.config.listen_host, int(self.remoting.port), "controller_peers (RPC port)")
-        check_port_free(rhost, int(rport), "raft port (raft_peers / raft_port_offset)")
+        check_port_free(self.config.listen_host, int(rport), "raft port (raft_peers / raft_port_offset)")
         try:
             await self.remoting.start()
         except OSError as exc:

@@ -12,7 +12,8 @@ from typing import Any
 
 from rmqha.config import TlsKeys, load_config
 from rmqha.errors import ConfigError
-from rmqha.security.secret_policy import check_optional_secret, resolve_secret
+from rmqha.security.secret_policy import check_optional_secret, require_guarded_listener, resolve_secret
+from rmqha.security.tls import TlsMode, TlsSettings
 
 
 def _alias(*names: str) -> dict[str, tuple[str, ...]]:
@@ -44,7 +45,8 @@ class NamesrvConfig(TlsKeys):
     cluster_secret: str = field(default="", metadata=_alias("clusterSecret"))
     #: A file whose first line is the cluster secret (a mounted Secret); cluster_secret wins.
     cluster_secret_file: str = field(default="", metadata=_alias("clusterSecretFile"))
-    #: Listen off loopback without a cluster secret (registrations then go unchecked).
+    #: Listen off loopback without a cluster secret (registrations then go unchecked) or
+    #: without a TLS-only port (routes then readable by anyone who reaches it).
     allow_insecure: bool = field(default=False, metadata=_alias("allowInsecure"))
 
 
@@ -109,8 +111,12 @@ class NamesrvConfig(TlsKeys):
     def check_security(self) -> str | None:
         """The cluster secret; ConfigError if this name server may not run without one."""
         secret = self.secret()
-        check_optional_secret(secret, self.allow_insecure, [self.listen_host],
-                              f"name server {self.address}")
+        who = f"name server {self.address}"
+        check_optional_secret(secret, self.allow_insecure, [self.listen_host], who)
+        tls_only = TlsSettings.from_config(self, "name server config").server_mode is TlsMode.ENFORCING
+        require_guarded_listener(who, [self.listen_host], guarded=tls_only, allow_insecure=self.allow_insecure,
+                                 guards="tls_server_mode = \"enforcing\" (tls.server.mode) with the "
+                                        "cluster CA's certificates")
         return secret
 
 

@@ -25,7 +25,9 @@ changes no route; and they are taken only over an authenticated channel
 the answers are authenticated too) or over TLS with a verified certificate, from a broker
 for its own cluster and group (or an admin tool).  Over mutual TLS the sender's
 certificate must name a broker of the cluster and group the request names
-(:mod:`rmqha.net.peer_check`), else NO_PERMISSION.  Read-only requests (routes, cluster
+(:mod:`rmqha.net.peer_check`), else NO_PERMISSION.  DELETE_TOPIC_IN_NAMESRV, a route
+change that names no broker, takes a certificate of a broker, an admin tool or a
+controller, never an application's.  Read-only requests (routes, cluster
 info) stay open to plain RocketMQ clients.  Without a secret the name server runs on
 loopback only, unless told ``allow_insecure`` (:mod:`rmqha.security.secret_policy`).
 
@@ -80,6 +82,10 @@ def _int(ext: dict[str, str], key: str, default: int) -> int:
     if raw in (None, "", "null"):
         return default
     return int(raw)
+
+
+#: Who may change routes without naming a broker: any broker, an admin tool, a controller.
+_ROUTE_EDITORS = Need(frozenset({Role.BROKER, Role.ADMIN, Role.CONTROLLER}))
 
 
 def _broker_named(cmd: RemotingCommand) -> Need:
@@ -147,6 +153,8 @@ class NameServer:
         for code, handler in served:
             if code in NAMESRV_SIGNED_CODES:
                 handler = self._identified(self._authenticated(handler))
+            elif code == RequestCode.DELETE_TOPIC_IN_NAMESRV:
+                handler = self._admin_or_broker(handler)
             self.server.register(code, self._metered(int(code), handler))
 
     def _authenticated(self, handler: Any) -> Any:
@@ -164,6 +172,13 @@ class NameServer:
         """``handler`` behind the certificate check: the broker the request names
         (``clusterName``, ``brokerName``) must be the one the sender's certificate names."""
         return self.peer_check.guarded(_broker_named, handler,
+                                       lambda cmd, conn, why: self._refusals.note(cmd, conn.peer, why))
+
+    def _admin_or_broker(self, handler: Any) -> Any:
+        """``handler`` behind the certificate check of a route change no broker names
+        (DELETE_TOPIC_IN_NAMESRV): a broker, an admin tool or a controller may; an
+        application's certificate never (issue 37)."""
+        return self.peer_check.guarded(lambda cmd: _ROUTE_EDITORS, handler,
                                        lambda cmd, conn, why: self._refusals.note(cmd, conn.peer, why))
 
     def _channel_check(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand | None:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from rmqha.net.client import RemotingClient
-from rmqha.net.client_security import ClientSecurity
+from rmqha.net.client_security import ClientSecurity, ServerRole
 from rmqha.net.loop import EventLoopThread
 from rmqha.protocol.command import RemotingCommand
 
@@ -11,9 +11,10 @@ class BlockingRemotingClient:
     """Blocking façade over :class:`RemotingClient` (its loop runs on a private thread)."""
 
     def __init__(self, addr: str, *, connect_timeout: float = 3.0,
-                 security: ClientSecurity | None = None) -> None:
+                 security: ClientSecurity | None = None, expect: ServerRole | None = None) -> None:
         self._loop = EventLoopThread(f"rmqha-remoting-{addr}")
-        self._client = RemotingClient(addr, connect_timeout=connect_timeout, security=security)
+        self._client = RemotingClient(addr, connect_timeout=connect_timeout, security=security,
+                                      expect=expect)
         self.addr = addr
 
     def request(self, cmd: RemotingCommand, timeout: float = 3.0) -> RemotingCommand:

@@ -5,9 +5,9 @@ import asyncio
 import ssl
 from collections.abc import Awaitable, Mapping
 
-from rmqha.errors import RemotingError, RemotingTimeoutError
+from rmqha.errors import RemotingError, RemotingTimeoutError, ServerIdentityError
 from rmqha.net.channel import dial
-from rmqha.net.client_security import ClientSecurity, current
+from rmqha.net.client_security import ClientSecurity, ServerRole, current
 from rmqha.net.connection import Connection, Dispatcher, Handler
 from rmqha.protocol.command import DEFAULT_MAX_FRAME_BYTES, RemotingCommand
 
@@ -27,6 +27,10 @@ class RemotingClient:
     new connections, an authenticated channel (its handshake done before the connection
     is used; a connection whose handshake fails is closed and the call raises
     RemotingError), and a hook that sees (and signs) every request before it is sent.
+    ``expect``: what the server is dialled as; when ``security.checks_roles``, a TLS
+    server whose certificate does not name it is dropped before anything is written
+    (ServerIdentityError).  May be set later (a route names a broker's group): it holds
+    from the next connection on.
     """
 
     def __init__(
@@ -37,9 +41,11 @@ class RemotingClient:
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         handler: Handler | Mapping[int, Handler] | None = None,
         security: ClientSecurity | None = None,
+        expect: ServerRole | None = None,
     ) -> None:
         self.addr = addr
         self.security = security
+        self.expect = expect
         self._hook = security.rpc_hook if security is not None else None
         self.host, self.port = split_address(addr)
         self.connect_timeout = connect_timeout
@@ -80,10 +86,22 @@ class RemotingClient:
             # Some loops (uvloop) call connection_made a turn after create_connection
             # returns; the connection must be usable now.
             conn.connection_made(transport)
+            if context is not None:
+                self._check_server(conn)
             if self.security is not None and self.security.channel is not None:
                 await dial(conn, self.security.channel, self.connect_timeout)
             self._conn = conn
             return conn
+
+    def _check_server(self, conn: Connection) -> None:
+        """Drop ``conn`` unless its certificate names what the server was dialled as."""
+        if self.expect is None or self.security is None or not self.security.checks_roles:
+            return
+        try:
+            self.expect.check(self.addr, conn.peer_identity)
+        except ServerIdentityError:
+            conn.drop("the server's certificate names another identity")
+            raise
 
     def open_connection(self) -> Connection | None:
         """The connection if it is open, without I/O (:meth:`connection` opens one)."""

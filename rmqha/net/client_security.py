@@ -33,9 +33,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rmqha.errors import ConfigError
+from rmqha.errors import ConfigError, ServerIdentityError
 from rmqha.protocol.command import RemotingCommand
 from rmqha.security.channel_auth import ChannelKey
+from rmqha.security.identity import Identity, Role
 from rmqha.security.signature import ACCESS_KEY, mac_for, sign, signed_fields_with
 from rmqha.security.tls import ReloadingContext, TlsSettings
 
@@ -141,6 +142,46 @@ def current(source: ContextSource | None) -> ssl.SSLContext | None:
 
 
 @dataclass(frozen=True)
+class ServerRole:
+    """What a client dials a server as: a name server, a controller, or a broker (of
+    ``cluster`` and ``group`` when the route names them).  Over TLS with a cluster CA the
+    server's certificate must name it (:meth:`check`)."""
+
+    role: Role
+    cluster: str | None = None
+    group: str | None = None
+
+    @classmethod
+    def namesrv(cls) -> ServerRole:
+        return cls(Role.NAMESRV)
+
+    @classmethod
+    def broker(cls, cluster: str | None = None, group: str | None = None) -> ServerRole:
+        return cls(Role.BROKER, cluster or None, group or None)
+
+    def describe(self) -> str:
+        """As an operator writes the certificate's name."""
+        if self.role is Role.BROKER:
+            return f"rmqha:broker/{self.cluster or '<cluster>'}/{self.group or '<group>'}/<name>"
+        return f"rmqha:{self.role.value}/<name>"
+
+    def allows(self, peer: Identity | None) -> bool:
+        return (peer is not None and peer.role is self.role
+                and (self.cluster is None or peer.cluster == self.cluster)
+                and (self.group is None or peer.group == self.group))
+
+    def check(self, addr: str, peer: Identity | None) -> None:
+        """ServerIdentityError naming the expected and the presented identity unless
+        ``peer`` (the server certificate's identity, None: it names none) is one."""
+        if not self.allows(peer):
+            shown = str(peer) if peer is not None else "no rmqha identity"
+            raise ServerIdentityError(
+                f"{addr} was dialled as {self.describe()}, but its certificate names {shown}: "
+                "refused before sending anything (a process serves only as the identity its "
+                "certificate names)")
+
+
+@dataclass(frozen=True)
 class ClientSecurity:
     """TLS, the authenticated channel and the request hook of a client's connections
     (each optional)."""
@@ -150,6 +191,11 @@ class ClientSecurity:
     channel: ChannelKey | None = None
     #: The credentials whose :meth:`Credentials.sign` is ``rpc_hook`` (None: another hook).
     credentials: Credentials | None = None
+    #: Whether servers' certificates must name the role they are dialled as
+    #: (:class:`ServerRole`): True when ``ssl_context`` trusts a cluster CA (a CA file,
+    #: TlsSettings), whose certificates name rmqha identities; False for the system's CAs
+    #: or a ready SSLContext, whose servers carry none.
+    checks_roles: bool = False
 
     @property
     def frame_signer(self) -> Credentials | None:
@@ -161,7 +207,7 @@ class ClientSecurity:
 
     def with_channel(self, key: ChannelKey | None) -> ClientSecurity:
         """These settings, and connections made as authenticated channels with ``key``."""
-        return ClientSecurity(self.ssl_context, self.rpc_hook, key, self.credentials)
+        return ClientSecurity(self.ssl_context, self.rpc_hook, key, self.credentials, self.checks_roles)
 
     @classmethod
     def from_options(cls, *, access_key: str | None = None, secret_key: str | None = None,
@@ -172,9 +218,11 @@ class ClientSecurity:
         context = client_context(tls)
         if creds is None and context is None:
             return None
+        roles = (isinstance(tls, (str, Path, ReloadingContext))
+                 or (isinstance(tls, TlsSettings) and tls.client_auth_server))
         if creds is None:
-            return cls(context)
-        return cls(context, creds.sign, credentials=creds)
+            return cls(context, checks_roles=roles)
+        return cls(context, creds.sign, credentials=creds, checks_roles=roles)
 
     @classmethod
     def for_links(cls, settings: TlsSettings) -> ClientSecurity | None:
@@ -182,4 +230,4 @@ class ClientSecurity:
         brokers): TLS with the ``tls.client.*`` files when ``tls.enable`` is on."""
         if not settings.client_enable:
             return None
-        return cls(ReloadingContext.client(settings))
+        return cls(ReloadingContext.client(settings), checks_roles=settings.client_auth_server)

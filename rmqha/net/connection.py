@@ -237,6 +237,8 @@ class Connection(asyncio.Protocol):
         self._frame_read_timeout = frame_read_timeout
         self._stall_timer: asyncio.TimerHandle | None = None
         self._last_data = 0.0
+        #: Whether any byte came from the peer (a server drops a link silent from the start).
+        self.heard = False
         self._dispatcher = dispatcher
         self.max_frame_bytes = max_frame_bytes
         plain = dispatcher is not None and dispatcher.plain_send is not None
@@ -319,6 +321,7 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closed.done():
             return
+        self.heard = True
         if self._sends and not (self._deferred or self._backlog or self._seal is not None):
             if not self._decoder.buffered:
                 # The answers a read starts with go to their sends in one compiled call;
@@ -805,6 +808,10 @@ class Connection(asyncio.Protocol):
             # nothing would hold the caller (a producer closing a timed-out link) forever.
             if self._transport is not None:
                 self._transport.abort()
+
+    def drop(self, reason: str) -> None:
+        """Close now, without waiting for what is queued to leave."""
+        self._mark_closed(reason)
 
     def _mark_closed(self, reason: str) -> None:
         if self._closed.done():

@@ -34,7 +34,8 @@ from rmqha.security.tls import ReloadingContext, TlsMode, TlsSettings, accept_co
 
 log = logging.getLogger(__name__)
 
-#: A new connection must open (and finish its TLS handshake) within this many seconds.
+#: A new connection must open (and finish its TLS handshake) within this many seconds,
+#: and send its first bytes within as long after that (a silent peer is dropped).
 HANDSHAKE_TIMEOUT_S = 10.0
 
 
@@ -127,6 +128,7 @@ class RemotingServer:
         await self.stop()
 
     def _accept(self, conn: Connection) -> None:
+        asyncio.get_running_loop().call_later(HANDSHAKE_TIMEOUT_S, _drop_if_silent, conn, self.address)
         self.connections.add(conn)
         conn.add_close_callback(self.connections.discard)
         for cb in self._connect_callbacks:
@@ -168,6 +170,14 @@ class RemotingServer:
         if self._listener is not None:
             self._listener.close()
             self._listener = None
+
+
+def _drop_if_silent(conn: Connection, where: str) -> None:
+    """Close ``conn`` if its peer has not sent a byte since it was accepted."""
+    if not conn.heard and not conn.closed:
+        log.info("%s: closed connection from %s: nothing received within %.0f s", where, conn.peer,
+                 HANDSHAKE_TIMEOUT_S)
+        conn.drop(f"nothing received within {HANDSHAKE_TIMEOUT_S:.0f} s")
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -13,12 +13,22 @@ account, the account's white address passes, else the signature must match; an a
 account passes; else every resource the RPC names needs its permission (a topic PUB to
 send or end a transaction, SUB to receive; a group SUB, checked as ``%RETRY%<group>``).
 Every refusal is UNAUTHORIZED, as RocketMQ's proxy answers an ACL exception.
+
+Replay window.  The signature covers only ``x-mq-date-time`` (second resolution), so one
+captured header pair signs any call for as long as the proxy takes that time: a correctly
+signed call whose ``x-mq-date-time`` is missing, malformed or more than
+:data:`REPLAY_WINDOW_S` (5 minutes) from the proxy's clock is refused, naming the skew.
+Within the window a captured pair still works (the protocol signs no nonce a cache could
+hold: many calls of one second share one signature); TLS on the gRPC port is what keeps
+it from being captured.
 """
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import hmac
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -37,6 +47,10 @@ from rmqha.security.address_pattern import parse_ip
 AUTHORIZATION = "authorization"
 DATE_TIME = "x-mq-date-time"
 ALGORITHM = "MQv2-HMAC-SHA1"
+#: A signed call's x-mq-date-time may be at most this far from the proxy's clock.
+REPLAY_WINDOW_S = 300.0
+#: x-mq-date-time's format (RocketMQ 5 clients: yyyyMMdd'T'HHmmss'Z', UTC).
+DATE_TIME_FORMAT = "%Y%m%dT%H%M%SZ"
 _FIELDS = re.compile(r"(\w+)=([^,\s]*)")
 
 
@@ -88,8 +102,25 @@ class Needs:
         return out
 
 
-def check(config: AclConfig, metadata: Mapping[str, str], peer_ip: str, needs: Needs) -> None:
-    """Let the call through or raise ProxyError UNAUTHORIZED saying why."""
+def check_date_time(date_time: str, now: float | None = None) -> None:
+    """ProxyError UNAUTHORIZED unless ``date_time`` (x-mq-date-time) is within
+    :data:`REPLAY_WINDOW_S` of ``now`` (the clock, by default)."""
+    try:
+        signed = dt.datetime.strptime(date_time, DATE_TIME_FORMAT).replace(tzinfo=dt.UTC).timestamp()
+    except ValueError:
+        raise ProxyError(Code.UNAUTHORIZED, f"{DATE_TIME} {date_time!r} is missing or not "
+                         "yyyyMMdd'T'HHmmss'Z' (it is what the signature signs)") from None
+    skew = signed - (time.time() if now is None else now)
+    if abs(skew) > REPLAY_WINDOW_S:
+        raise ProxyError(Code.UNAUTHORIZED, f"{DATE_TIME} {date_time} is {abs(skew):.0f} s "
+                         f"{'behind' if skew < 0 else 'ahead of'} the proxy's clock; at most "
+                         f"{REPLAY_WINDOW_S:.0f} s are taken (an older signature may be a replay)")
+
+
+def check(config: AclConfig, metadata: Mapping[str, str], peer_ip: str, needs: Needs,
+          now: float | None = None) -> None:
+    """Let the call through or raise ProxyError UNAUTHORIZED saying why (``now``: the
+    clock the replay window is measured on, by default the system's)."""
     ip = parse_ip(peer_ip)
     if any(p.matches_ip(ip) for p in config.global_white):
         return
@@ -104,6 +135,7 @@ def check(config: AclConfig, metadata: Mapping[str, str], peer_ip: str, needs: N
     expected = signature(account.secret_key, creds.date_time)
     if not hmac.compare_digest(expected, creds.signature.lower()):
         raise ProxyError(Code.UNAUTHORIZED, f"check signature failed for accessKey={creds.access_key}")
+    check_date_time(creds.date_time, now)
     if account.admin:
         return
     for resource, perm in needs.resources().items():

@@ -16,6 +16,7 @@ from pathlib import Path
 from rmqha.config import TlsKeys, load_config
 from rmqha.errors import ConfigError
 from rmqha.proxy.rocketmq_keys import ROCKETMQ_PROXY_KEYS, check_ignored_value
+from rmqha.security.secret_policy import require_guarded_listener
 from rmqha.security.tls import TlsMode, TlsSettings, server_context
 
 DAY_MS = 24 * 3600 * 1000
@@ -128,6 +129,9 @@ class ProxyConfig(TlsKeys):
     acl_enable: bool = field(default=False, metadata=_alias("aclEnable"))
     #: The brokers' ``plain_acl.yml``; a relative path is beside the config file.
     acl_file: Path = field(default=Path("plain_acl.yml"), metadata=_alias("aclFile"))
+    #: Serve gRPC off loopback with neither ACL nor TLS (refused without it:
+    #: rmqha.security.secret_policy.require_guarded_listener).
+    allow_insecure: bool = field(default=False, metadata=_alias("allowInsecure"))
     #: The account the proxy signs its own broker requests with (brokers with aclEnable);
     #: empty: unsigned.
     inner_access_key: str = ""
@@ -164,6 +168,11 @@ class ProxyConfig(TlsKeys):
         if len(halves) == 1:
             raise ConfigError("inner_access_key and inner_secret_key are set together (or neither)")
         check_port_settings(self.tls)
+        require_guarded_listener(
+            f"proxy {self.address}", [self.grpc_server_host],
+            guarded=self.acl_enable or self.tls.server_mode is TlsMode.ENFORCING,
+            allow_insecure=self.allow_insecure,
+            guards="acl_enable = true (aclEnable) or tls_server_mode = \"enforcing\" (tls.server.mode)")
 
     def _validate_cluster(self) -> None:
         if not self.namesrv_addr.strip():

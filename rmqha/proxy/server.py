@@ -35,6 +35,17 @@ log = logging.getLogger(__name__)
 #: RocketMQ's ``grpcMaxInboundMessageSize``: a request may carry a batch of large bodies.
 MAX_INBOUND_BYTES = 130 * 1024 * 1024
 GRACE_S = 1.0
+#: A connection's TLS and HTTP/2 handshake within this long (gRPC's own default: 120 s),
+#: as the remoting ports' deadline; a connection with no call open this long is closed
+#: (GOAWAY: clients dial again when they next call), RocketMQ's 120 s channel idle time.
+HANDSHAKE_TIMEOUT_MS = 10_000
+IDLE_TIMEOUT_MS = 120_000
+#: The server's channel options: frame size and the deadlines above.
+SERVER_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.max_receive_message_length", MAX_INBOUND_BYTES),
+    ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
+    ("grpc.max_connection_idle_ms", IDLE_TIMEOUT_MS),
+]
 
 
 def build_service(cfg: ProxyConfig) -> tuple[MessagingService, ClusterAccess, TransactionRelay]:
@@ -53,7 +64,7 @@ async def run_proxy(cfg: ProxyConfig, stop: asyncio.Event) -> None:
     """Serve until ``stop`` is set."""
     service, cluster, relay = build_service(cfg)
     renewal = service.consuming.renewal
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_INBOUND_BYTES)])
+    server = grpc.aio.server(options=SERVER_OPTIONS)
     service_pb2_grpc.add_MessagingServiceServicer_to_server(service, server)
     credentials = port_credentials(cfg.tls)
     bound = (server.add_insecure_port(cfg.address) if credentials is None

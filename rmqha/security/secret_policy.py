@@ -14,6 +14,15 @@ Without a secret:
   its peers send, and only the secret makes it authenticate that first;
 * a **name server** or **broker** runs unauthenticated (logging a warning) when everything
   it listens on is loopback, and refuses otherwise unless ``allow_insecure = true``.
+
+Beyond the secret, which guards control requests only, a process that serves clients off
+loopback must guard their data too (:func:`require_guarded_listener`): a **broker** or
+**proxy** needs ACL (``acl_enable``) or a TLS-only port (``tls.server.mode = enforcing``,
+whose client certificates come from the cluster CA), a **name server** the TLS-only port.
+Otherwise it refuses to start, before it binds anything, unless ``allow_insecure = true``.
+One rule decides what counts as off loopback for all of them (:func:`off_loopback`):
+anything but 127.0.0.0/8, ::1 and ``localhost``, so the wildcards ``0.0.0.0`` and ``::``
+count, as does a DNS name.
 """
 from __future__ import annotations
 
@@ -61,6 +70,29 @@ def resolve_secret(value: str | None, path: Path | str | None, *fallbacks: str |
     return next((f for f in fallbacks if f), None)
 
 
+def off_loopback(addresses: Iterable[str]) -> list[str]:
+    """The addresses of ``addresses`` that are not loopback, sorted, each once."""
+    return sorted({a for a in addresses if not is_loopback(a)})
+
+
+def require_guarded_listener(who: str, addresses: Iterable[str], *, guarded: bool,
+                             allow_insecure: bool, guards: str) -> None:
+    """ConfigError naming the keys (``guards``, e.g. "acl_enable = true or
+    tls.server.mode = enforcing") when ``who`` would serve clients on a non-loopback
+    address of ``addresses`` without ``guarded`` (ACL or a TLS-only port), unless
+    ``allow_insecure``; a warning when it runs so anyway."""
+    remote = off_loopback(addresses)
+    if not remote or guarded:
+        return
+    if not allow_insecure:
+        raise ConfigError(
+            f"{who} would listen on {', '.join(remote)} with neither TLS nor ACL: anyone who "
+            f"reaches it could read and write every topic; set {guards}, or allow_insecure = true "
+            "(allowInsecure) to serve it unprotected anyway")
+    log.warning("%s serves %s with neither TLS nor ACL (allow_insecure = true): anyone who "
+                "reaches it can read and write every topic", who, ", ".join(remote))
+
+
 def _long_enough(secret: str, who: str) -> None:
     """Every process takes the same secrets (a broker's HA links refuse shorter ones)."""
     if len(secret.encode()) < MIN_SECRET_BYTES:
@@ -79,7 +111,7 @@ def require_controller_secret(secret: str | None, allow_insecure: bool,
             f"{who} has no cluster secret: set {SECRET_KEYS_TEXT} (or raft_password) to the "
             "secret every controller, name server and broker of the cluster shares; "
             "allow_insecure = true runs without one, on loopback only")
-    remote = sorted({a for a in addresses if not is_loopback(a)})
+    remote = off_loopback(addresses)
     if remote:
         raise ConfigError(
             f"{who}: allow_insecure = true is refused because {', '.join(remote)} "
@@ -94,7 +126,7 @@ def check_optional_secret(secret: str | None, allow_insecure: bool,
     if secret:
         _long_enough(secret, who)
         return
-    remote = sorted({a for a in addresses if not is_loopback(a)})
+    remote = off_loopback(addresses)
     if remote and not allow_insecure:
         raise ConfigError(
             f"{who} has no cluster secret and listens on {', '.join(remote)}: anyone who "

@@ -85,6 +85,8 @@ from rmqha.testing.ports import (
     _children_naming,
     free_port,
     free_port_pair,
+    ListenSocket,
+    listening_sockets,
     live_processes_naming,
     pid_listens,
     port_open,
@@ -657,6 +659,6 @@ __all__ = [
     "DEFAULT_TIMEOUT", "PORT_CLASH_RETRIES", "PORT_FREE_TIMEOUT", "PORT_TAKEN", "QUICK_BROKER",
     "QUICK_CONTROLLER", "QUICK_NAMESRV", "BrokerProc", "Cluster", "ControllerProc", "Leftovers",
     "NamesrvProc", "PortChoice", "Process", "ReplicaInfo", "_children_naming", "controller_config",
-    "free_port", "free_port_pair", "live_processes_naming", "pid_listens", "port_open", "taken_port",
-    "write_toml",
+    "free_port", "free_port_pair", "ListenSocket", "listening_sockets", "live_processes_naming",
+    "pid_listens", "port_open", "taken_port", "write_toml",
 ]

@@ -9,10 +9,12 @@ and what still runs (the leftovers check of :class:`rmqha.testing.local_cluster.
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 import random
 import re
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 
 from rmqha.errors import LocalClusterError
@@ -129,6 +131,55 @@ def _listening(table: Path, port: int) -> set[str]:
         if fields[3] == "0A" and int(fields[1].rpartition(":")[2], 16) == port:
             found.add(f"socket:[{fields[9]}]")
     return found
+
+
+@dataclass(frozen=True)
+class ListenSocket:
+    """One TCP socket a process listens on, as /proc shows it."""
+
+    host: str
+    port: int
+
+    @property
+    def wildcard(self) -> bool:
+        """Whether it listens on every interface (0.0.0.0 or ::)."""
+        return self.host in ("0.0.0.0", "::")
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def listening_sockets(pid: int) -> list[ListenSocket]:
+    """Every TCP socket process ``pid`` itself listens on (Linux /proc: the listening
+    rows of its network namespace's tcp and tcp6 tables whose inode is one of its open
+    descriptors), sorted; empty when it exited."""
+    try:
+        inodes = {_link(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()}
+        found = {sock for table in ("tcp", "tcp6")
+                 for sock, inode in _listen_rows(Path(f"/proc/{pid}/net/{table}")) if inode in inodes}
+    except (OSError, IndexError, ValueError):
+        return []
+    return sorted(found, key=lambda s: (s.port, s.host))
+
+
+def _listen_rows(table: Path) -> list[tuple[ListenSocket, str]]:
+    """(socket, its fd link name) for the listening rows of a /proc/net/tcp{,6} table."""
+    rows = []
+    for line in table.read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] != "0A":
+            continue
+        hex_host, _, hex_port = fields[1].rpartition(":")
+        rows.append((ListenSocket(_proc_host(hex_host), int(hex_port, 16)), f"socket:[{fields[9]}]"))
+    return rows
+
+
+def _proc_host(hex_host: str) -> str:
+    """/proc's address (32-bit words in host byte order, little-endian here) as text."""
+    raw = bytes.fromhex(hex_host)
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    # ipaddress, not socket.inet_ntop: importing pysyncobj replaces the latter.
+    return str(ipaddress.ip_address(words))
 
 
 def _link(path: Path) -> str:

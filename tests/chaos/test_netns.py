@@ -22,6 +22,9 @@ from rmqha.testing.local_cluster import controller_config
 
 SUBNET = "10.213.7"
 SECRET = "chaos-netns-secret"
+#: Without the secure mode, name servers and brokers serve plaintext without ACL on the
+#: namespaces' private addresses: off loopback that needs allow_insecure (issue 37).
+_PRIVATE_NET = {"allow_insecure": True}
 
 
 class NetnsHosts:
@@ -84,7 +87,7 @@ class NetnsRun(h.ChaosRun):
             proc.start()
         c.wait_for(lambda: c.controller_leader() is not None, 60, what="a controller leader across hosts")
         config = {"listen_port": free_port(), **c.namesrv_defaults, "listen_host": hosts.ips[3],
-                  **c.secret_settings("namesrv"), **(secure.namesrv_keys() if secure else {})}
+                  **c.secret_settings("namesrv"), **(secure.namesrv_keys() if secure else _PRIVATE_NET)}
         ns = NamesrvProc(c, "namesrv0", "namesrv", config, c.base_dir / "namesrv0")
         ns.launcher = hosts.launcher(3)
         c.namesrvs.append(ns)
@@ -94,7 +97,7 @@ class NetnsRun(h.ChaosRun):
         for i in range(3):
             b = c.add_broker(h.GROUP, listen_host=hosts.ips[4 + i], broker_ip=hosts.ips[4 + i],
                              listen_port=free_port_pair(), **self.acks,
-                             **(secure.broker_keys(h.GROUP, f"{h.GROUP}-{i}") if secure else {}))
+                             **(secure.broker_keys(h.GROUP, f"{h.GROUP}-{i}") if secure else _PRIVATE_NET))
             b.launcher = hosts.launcher(4 + i)
             b.start()
             c.wait_broker_up(b)

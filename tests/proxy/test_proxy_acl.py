@@ -3,6 +3,9 @@
 its own broker requests as its inner account."""
 from __future__ import annotations
 
+import datetime
+import hashlib
+import hmac
 from pathlib import Path
 from typing import Any
 
@@ -108,3 +111,36 @@ def test_proxy_without_inner_account_is_refused_by_brokers(secured: Any) -> None
     unsigned = start_proxy(cluster, acl_enable=False)
     resp = send_as(unsigned, "acl_topic", "", "")
     assert resp.status.code != pb.Code.OK
+
+
+def _signed_at(ak: str, sk: str, when: datetime.datetime) -> list[tuple[str, str]]:
+    """The headers a RocketMQ 5 client signs with, as captured at ``when``."""
+    date_time = when.strftime("%Y%m%dT%H%M%SZ")
+    sig = hmac.new(sk.encode(), date_time.encode(), hashlib.sha1).hexdigest()
+    return [("x-mq-client-id", "acl-test-client"), ("x-mq-date-time", date_time),
+            ("authorization", f"MQv2-HMAC-SHA1 Credential={ak}, SignedHeaders=x-mq-date-time, Signature={sig}")]
+
+
+def _send_with(proxy: Any, topic: str, meta: list[tuple[str, str]]) -> Any:
+    msg = pb.Message(body=b"replayed")
+    msg.topic.name = topic
+    msg.system_properties.message_id = "ACL0002"
+    msg.system_properties.message_type = pb.MessageType.NORMAL
+    with grpc.insecure_channel(proxy.address) as channel:
+        return MessagingServiceStub(channel).SendMessage(
+            spb.SendMessageRequest(messages=[msg]), metadata=meta, timeout=10)
+
+
+@pytest.mark.parametrize(("skew_s", "why"), [(-600, "behind the proxy's clock"),
+                                             (600, "ahead of the proxy's clock")])
+def test_a_signature_outside_the_window_is_refused(secured: Any, skew_s: int, why: str) -> None:
+    """A correctly signed call captured ten minutes ago (or dated ten minutes ahead) is
+    refused, naming the window; the same headers signed now pass (negative control)."""
+    cluster, proxy = secured
+    now = datetime.datetime.now(datetime.UTC)
+    old = _send_with(proxy, "acl_topic", _signed_at("aliceUser", "aliceSecret",
+                                                    now + datetime.timedelta(seconds=skew_s)))
+    assert old.status.code == pb.Code.UNAUTHORIZED and why in old.status.message, old.status
+    assert "at most 300 s" in old.status.message
+    fresh = _send_with(proxy, "acl_topic", _signed_at("aliceUser", "aliceSecret", now))
+    assert fresh.status.code == pb.Code.OK, fresh.status

@@ -83,8 +83,10 @@ class TlsEnv:
                                            **config_keys(ns_tls)))
         await self.ns.start()
         links = ClientSecurity(client_context(client_tls(self.pki.good, LINK_BROKER, self.pki.ca)))
+        # The broker serves the certificate of the group it registers as: clients take a
+        # broker only with a certificate of the group its route names.
         self.broker = LocalBroker(self.base, "broker-a", self.ns.address, links=links,
-                                  tls=server_tls(self.pki.good, BROKER, self.pki.ca,
+                                  tls=server_tls(self.pki.good, LINK_BROKER, self.pki.ca,
                                                  mode=self.mode, client_auth=self.auth))
         await self.broker.start()
         await self.request(self.broker.address, RequestCode.UPDATE_AND_CREATE_TOPIC, {
