@@ -50,8 +50,6 @@ from rmqha.messaging.context import (
     Refused,
 )
 from rmqha.messaging.delayed_delivery import (
-    SCHEDULE_TOPIC,
-    TIMER_TOPIC,
     DelayedDelivery,
     asks_for_delay,
 )
@@ -66,68 +64,32 @@ from rmqha.protocol.message import (
     offset_msg_id,
     strip_compression,
 )
-from rmqha.messaging.state import STATE_TOPIC
 from rmqha.messaging.topic_admin import TopicAdmin
 from rmqha.protocol.topic_attributes import (
     TopicMessageType,
-    message_type_of,
     topic_message_type,
-    type_mismatch,
 )
 from rmqha.protocol.topics import PERM_WRITE, validate_topic_name
 from rmqha.messaging.transactions import (
-    CHECK_MAX_TOPIC,
     COMMITTED_MARK,
-    HALF_TOPIC,
-    OP_TOPIC,
     Transactions,
     transaction_type,
 )
 from rmqha.protocol.command import VERSION, RemotingCommand
+from rmqha.messaging.send_rules import (
+    INTERNAL_TOPICS,
+    MAX_BATCH_ITEMS,
+    PLAIN_SEND_REFUSE,
+    RESERVED_KEYS,
+    RESERVED_PREFIXES,
+    check_type,
+    send_asks_for_delay,
+    without_mark,
+)
 
 log = logging.getLogger(__name__)
 _records = _core.load("records")
 _send_frames = _core.load("send_frames")
-#: As RocketMQ's MessageDecoder: at most this many messages in one batch body.
-MAX_BATCH_ITEMS = 65536
-#: Property keys that keep a batch off the stored-as-it-came path: a delay (refused in a
-#: batch) and the committed-transaction mark (only the broker sets it; stripped).
-_RESERVED_KEYS = (b"DELAY", COMMITTED_MARK.encode())
-_RESERVED_PREFIXES = (b"TIMER_",)
-#: Topics only the broker writes (RocketMQ's NOT_ALLOWED_SEND_TOPIC_SET, and rmqha's state).
-INTERNAL_TOPICS = frozenset({STATE_TOPIC, SCHEDULE_TOPIC, TIMER_TOPIC, HALF_TOPIC, OP_TOPIC,
-                             CHECK_MAX_TOPIC})
-#: What a plain send's properties must not contain (the decoder's ``plain_sends``): what
-#: asks for a delay (as ``asks_for_delay`` reads it) or marks a committed transaction.
-PLAIN_SEND_REFUSE = (b"DELAY\x01", b"TIMER_", COMMITTED_MARK.encode())
-
-
-def _asks_for_delay(props: str | dict[str, str]) -> bool:
-    if isinstance(props, str):
-        return asks_for_delay(props)
-    return any(k == "DELAY" or k.startswith("TIMER_") for k in props)
-
-
-def _without_mark(props: str | dict[str, str]) -> str | dict[str, str]:
-    """Properties without COMMITTED_MARK, which only the broker sets."""
-    if isinstance(props, str):
-        if COMMITTED_MARK not in props:
-            return props
-        props = decode_properties(props)
-    elif COMMITTED_MARK not in props:
-        return props
-    return {k: v for k, v in props.items() if k != COMMITTED_MARK}
-
-
-def _check_type(expected: TopicMessageType, props: dict[str, str], sys_flag: int) -> None:
-    """RocketMQ 5's topic message type check (its proxy's, applied by the broker)."""
-    actual = message_type_of(
-        props, prepared=transaction_type(sys_flag) == SysFlag.TRANSACTION_PREPARED)
-    refusal = type_mismatch(expected, actual)
-    if refusal is not None:
-        raise Refused(ResponseCode.MESSAGE_ILLEGAL, refusal)
-
-
 @dataclass(slots=True)
 class _Send:
     """A checked send: what to append where, and the queue its answer names."""
@@ -472,7 +434,7 @@ class SendPath:
         """A SEND_BATCH_MESSAGE whose entries are all stored as they came (``batch_plain``),
         as :meth:`_prepare` and :meth:`_store` do it."""
         body = send[10]
-        count = _records.batch_plain(body, MAX_BATCH_ITEMS, _RESERVED_KEYS, _RESERVED_PREFIXES)
+        count = _records.batch_plain(body, MAX_BATCH_ITEMS, RESERVED_KEYS, RESERVED_PREFIXES)
         if count <= 0:
             return False
         try:
@@ -678,8 +640,8 @@ class SendPath:
             if expected is not None:
                 self._check_batch_type(expected, body, sys_flag)
             if not transaction_type(sys_flag):
-                count = _records.batch_plain(body, MAX_BATCH_ITEMS, _RESERVED_KEYS,
-                                             _RESERVED_PREFIXES)
+                count = _records.batch_plain(body, MAX_BATCH_ITEMS, RESERVED_KEYS,
+                                             RESERVED_PREFIXES)
                 if count > 0:
                     # The common batch: every entry's properties are already the bytes
                     # its record holds, and none asks for anything but storing.
@@ -691,19 +653,19 @@ class SendPath:
                 raise Refused(ResponseCode.MESSAGE_ILLEGAL, f"bad batch body: {exc}") from None
             if not items:
                 raise Refused(ResponseCode.MESSAGE_ILLEGAL, "empty batch")
-            if transaction_type(sys_flag) or any(_asks_for_delay(item.properties)
+            if transaction_type(sys_flag) or any(send_asks_for_delay(item.properties)
                                                  for item in items):
                 # As RocketMQ: a batch is neither transactional nor delayed.
                 raise Refused(ResponseCode.MESSAGE_ILLEGAL,
                               "transactional or delayed messages cannot be sent as a batch")
             rows: list[tuple[bytes, str | dict[str, str], int, int]] = [
-                (item.body, _without_mark(item.properties), item.flag, 0) for item in items]
+                (item.body, without_mark(item.properties), item.flag, 0) for item in items]
             topic = h.topic
         else:
             sys_flag = h.sys_flag
             topic, props = h.topic, h.properties
             if expected is not None:
-                _check_type(expected, decode_properties(props), sys_flag)
+                check_type(expected, decode_properties(props), sys_flag)
             if transaction_type(sys_flag) or asks_for_delay(props) or COMMITTED_MARK in props:
                 topic, queue_id, sys_flag, props = self._divert(h, queue_id)
             rows = [(cmd.body, props, h.flag, h.reconsume_times)]
@@ -723,7 +685,7 @@ class SendPath:
         except ProtocolError as exc:
             raise Refused(ResponseCode.MESSAGE_ILLEGAL, f"bad batch body: {exc}") from None
         for item in items:
-            _check_type(expected, item.properties, sys_flag)
+            check_type(expected, item.properties, sys_flag)
 
     def _writable_topic(self, topic: str) -> Any:
         """The config of a topic a producer may send to (created on first use when

@@ -24,11 +24,13 @@ LONG_TODAY: dict[str, int] = {
     "rmqha/_core/records.pyx": 1234,
     "rmqha/_core/frames.pyx": 1173,
     "rmqha/store/commitlog.py": 1026,
-    "rmqha/net/connection.py": 936,
-    "rmqha/broker/broker.py": 922,
+    # Raised once, by the merge of round 13: the request-code table's served_codes() and the
+    # silent-peer deadline (issues 37, 38) each added lines; splitting the Dispatcher out
+    # needs its handler types off Connection first (a type-only cycle otherwise).
+    "rmqha/net/connection.py": 948,
+    "rmqha/broker/broker.py": 924,
     "rmqha/_core/frames_py.py": 846,
     "rmqha/_core/send_frames.pyx": 859,
-    "rmqha/messaging/send_path.py": 813,
 }
 
 
