@@ -3,12 +3,13 @@
 The proxy needs the ``proxy`` extra, which cannot share ``.venv`` with the dev extra's
 ``rocketmq`` 0.4.4: these tests run from ``.venv`` and start the proxy process with
 ``.venv-rmq5``'s Python (``make test-interop`` builds it).  The cluster is the interop one in
-its plaintext mode (the cluster secret); TLS and credentials through the proxy, push
-consumers, transactions and a master kill are not covered here yet (docs/compatibility.md).
+its plaintext mode (the cluster secret); TLS and credentials through the proxy,
+transactions and a master kill are not covered here yet (docs/compatibility.md).
 
 ``io.rmqha.interop.grpc.GrpcSendReceive`` sends with the client's Producer and receives and
-acks with its SimpleConsumer; the test checks every sent id came back exactly as sent, a
-FIFO group's messages in send order and delayed ones not before their delivery time.
+acks with its SimpleConsumer (``push``: a PushConsumer's listener); the test checks every
+sent id came back, a FIFO group's messages in send order and delayed ones not before their
+delivery time.
 """
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ def proxied(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InteropC
     assert not cluster.leftovers(), cluster.leftovers()
 
 
-@pytest.mark.parametrize("kind, message_type", [("normal", "NORMAL"), ("fifo", "FIFO"), ("delay", "DELAY")])
+@pytest.mark.parametrize("kind, message_type", [("normal", "NORMAL"), ("fifo", "FIFO"), ("delay", "DELAY"),
+                                                ("push", "NORMAL")])
 def test_producer_and_simple_consumer(proxied: tuple[InteropCluster, ProxyProc], kind: str,
                                       message_type: str) -> None:
     target, proxy = proxied

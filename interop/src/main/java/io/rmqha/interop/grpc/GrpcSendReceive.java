@@ -6,12 +6,15 @@ import java.util.HashSet;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
 import org.apache.rocketmq.client.apis.ClientConfiguration;
 import org.apache.rocketmq.client.apis.ClientConfigurationBuilder;
 import org.apache.rocketmq.client.apis.ClientServiceProvider;
 import org.apache.rocketmq.client.apis.StaticSessionCredentialsProvider;
+import org.apache.rocketmq.client.apis.consumer.ConsumeResult;
 import org.apache.rocketmq.client.apis.consumer.FilterExpression;
 import org.apache.rocketmq.client.apis.consumer.FilterExpressionType;
+import org.apache.rocketmq.client.apis.consumer.PushConsumer;
 import org.apache.rocketmq.client.apis.consumer.SimpleConsumer;
 import org.apache.rocketmq.client.apis.message.Message;
 import org.apache.rocketmq.client.apis.message.MessageBuilder;
@@ -22,8 +25,8 @@ import org.apache.rocketmq.client.apis.producer.SendReceipt;
 /**
  * RocketMQ 5's gRPC Java client through {@code rmqha proxy}: a Producer sends {@code count}
  * messages of one kind ({@code normal}, {@code fifo}: one message group, {@code delay}: a
- * delivery timestamp 2 s ahead), then a SimpleConsumer receives and acks until it has them
- * all.  Arguments: kind topic group count.  Environment: {@code INTEROP_PROXY} (host:port),
+ * delivery timestamp 2 s ahead; {@code push}: normal ones), then a SimpleConsumer receives and
+ * acks until it has them all ({@code push}: a PushConsumer's listener consumes them).  Arguments: kind topic group count.  Environment: {@code INTEROP_PROXY} (host:port),
  * {@code INTEROP_SSL} ("true": TLS), {@code INTEROP_ACCESS_KEY} / {@code INTEROP_SECRET_KEY}
  * (credentials, when set).  One JSON line per send ({@code sent}), per receipt
  * ({@code received}, with its message group, delivery timestamp and when it came)
@@ -99,6 +102,36 @@ public final class GrpcSendReceive {
             }
         }
         Map<String, FilterExpression> subscription = Map.of(topic, new FilterExpression("*", FilterExpressionType.TAG));
+        Set<String> received = "push".equals(kind) ? pushReceive(provider, config, group, subscription, sent)
+            : simpleReceive(provider, config, group, subscription, sent);
+        emit("done", received.containsAll(sent), "sent", sent.size(), "received", received.size());
+        System.exit(received.containsAll(sent) ? 0 : 1);
+    }
+
+    /** A PushConsumer whose listener reports each message and answers SUCCESS (the ack). */
+    static Set<String> pushReceive(ClientServiceProvider provider, ClientConfiguration config, String group,
+                                   Map<String, FilterExpression> subscription, Set<String> sent) throws Exception {
+        Set<String> received = ConcurrentHashMap.newKeySet();
+        long deadline = System.currentTimeMillis() + 60_000;
+        try (PushConsumer consumer = provider.newPushConsumerBuilder().setClientConfiguration(config)
+            .setConsumerGroup(group).setSubscriptionExpressions(subscription).setConsumptionThreadCount(2)
+            .setMessageListener(view -> {
+                emit("received", view.getMessageId().toString(), "body",
+                    StandardCharsets.UTF_8.decode(view.getBody()).toString(), "messageGroup",
+                    view.getMessageGroup().orElse(""), "deliveryTimestamp", view.getDeliveryTimestamp().orElse(0L),
+                    "at", System.currentTimeMillis());
+                received.add(view.getMessageId().toString());
+                return ConsumeResult.SUCCESS;
+            }).build()) {
+            while (!received.containsAll(sent) && System.currentTimeMillis() < deadline) {
+                Thread.sleep(100);
+            }
+        }
+        return received;
+    }
+
+    static Set<String> simpleReceive(ClientServiceProvider provider, ClientConfiguration config, String group,
+                                     Map<String, FilterExpression> subscription, Set<String> sent) throws Exception {
         Set<String> received = new HashSet<>();
         long deadline = System.currentTimeMillis() + 60_000;
         try (SimpleConsumer consumer = provider.newSimpleConsumerBuilder().setClientConfiguration(config)
@@ -117,7 +150,6 @@ public final class GrpcSendReceive {
                 }
             }
         }
-        emit("done", received.containsAll(sent), "sent", sent.size(), "received", received.size());
-        System.exit(received.containsAll(sent) ? 0 : 1);
+        return received;
     }
 }
