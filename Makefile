@@ -101,12 +101,13 @@ bench-proxy: $(PROXY_STAMP)
 # RocketMQ's own Java clients and mqadmin against rmqha (tests/interop): Maven resolves the
 # versions pinned in interop/pom.xml into ~/.m2 and writes interop/target/classpath.txt; the
 # Python tests start real clusters and run the Java drivers as processes.  Needs Java 17 and
-# Maven (on the machines this project runs on); .ci/run runs it after `make test`.
+# Maven (on the machines this project runs on); .ci/run runs it after `make test`.  The gRPC
+# client's tests start `rmqha proxy` with the proxy venv's Python (the proxy extra cannot share .venv).
 MVN ?= mvn
 interop-build:
 	cd interop && $(MVN) -B -q package
 
-test-interop: build interop-build
+test-interop: build interop-build $(PROXY_STAMP)
 	$(PY) -m pytest -p no:cacheprovider tests/interop $(PYTEST_ARGS)
 
 # The same suite with the pure-Python twins forced.

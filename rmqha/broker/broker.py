@@ -39,6 +39,7 @@ from typing import Any
 
 from rmqha import log as rmqha_log
 from rmqha.broker.acl_guard import acl_guard
+from rmqha.broker.admin_info import BrokerAdminInfo
 from rmqha.messaging.service import CONSUME_QUEUE_DIR
 from rmqha.broker.config import BrokerConfig
 from rmqha.broker.confirm_checkpoint import FILE_NAME as CONFIRM_FILE
@@ -85,7 +86,7 @@ FROM_CONTROLLER = Need(frozenset({IdentityRole.CONTROLLER}))
 #: What the broker process serves itself, besides its messaging service's codes (the
 #: declarations' served_by is checked against them, tests/unit/test_code_rules.py).
 BROKER_OWN_CODES = (RequestCode.NOTIFY_BROKER_ROLE_CHANGED, RequestCode.GET_BROKER_EPOCH_CACHE,
-                    RequestCode.GET_BROKER_HA_STATUS)
+                    RequestCode.GET_BROKER_HA_STATUS, *BrokerAdminInfo.CODES)
 
 
 class Replication:
@@ -325,6 +326,10 @@ class Broker:
                              PeerCheck(self.tls).guarded(lambda cmd: FROM_CONTROLLER,
                                                          self.replicas.handle_notify))
         self.server.register(RequestCode.GET_BROKER_EPOCH_CACHE, self._handle_epoch_cache)
+        admin = BrokerAdminInfo(cfg, is_master=lambda: self.role == Role.MASTER,
+                                earliest_store_time=self._earliest_store_time, store_dir=str(self.store_dir))
+        for code, handler in admin.handlers().items():
+            self.server.register(code, self._guard(code, handler))
         self.server.register(RequestCode.GET_BROKER_HA_STATUS, self._handle_ha_status)
         require_declared(self.server.dispatcher.served_codes(), "the broker")
         try:
@@ -815,6 +820,16 @@ class Broker:
             "epochList": epoch_list,
             "maxOffset": int(self.commitlog.max_offset) if self.commitlog is not None else 0,
         }
+
+    def _earliest_store_time(self) -> int:
+        """The store time of the oldest record kept (0 for an empty log)."""
+        service = self.message_service
+        if service is None or self.commitlog is None or self.commitlog.max_offset <= self.commitlog.min_offset:
+            return 0
+        try:
+            return service.ctx.store_timestamp(self.commitlog.min_offset)
+        except (StoreError, ValueError, OSError):
+            return 0
 
     async def _handle_epoch_cache(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
         return cmd.response(ResponseCode.SUCCESS, None, None, self.epoch_cache())

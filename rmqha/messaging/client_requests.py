@@ -53,7 +53,7 @@ class ClientRequests:
             data = HeartbeatData.parse(json.loads(cmd.body or b"{}"))
         except (ValueError, ProtocolError) as exc:
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"bad heartbeat: {exc}")
-        info = self.ctx.clients.heartbeat(data, conn)
+        info = self.ctx.clients.heartbeat(data, conn, language=str(cmd.language), version=int(cmd.version))
         if conn is not None and hasattr(conn, "add_close_callback") and not getattr(
                 conn, "attributes", {}).get("rmqha_client_watch"):
             conn.attributes["rmqha_client_watch"] = True

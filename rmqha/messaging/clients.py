@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rmqha.protocol.headers import HeartbeatData
+from rmqha.protocol.headers import ConsumerData, HeartbeatData
 
 #: A RocketMQ MessageQueue: (topic, brokerName, queueId).
 MQ = tuple[str, str, int]
@@ -30,6 +30,12 @@ class ClientInfo:
     #: group -> topic -> subscription expression
     subscriptions: dict[str, dict[str, str]] = field(default_factory=dict)
     connection: Any = None
+    #: What its last heartbeat said besides the groups (mqadmin's consumerConnection and
+    #: producerConnection show them): the frame's language and version, the consumers'
+    #: entries as sent (consume type, message model, where to start).
+    language: str = "JAVA"
+    version: int = 0
+    consumers: dict[str, ConsumerData] = field(default_factory=dict)
 
 
 def _list(value: Any) -> list[Any]:
@@ -47,8 +53,9 @@ class ClientRegistry:
         self._on_group_change = on_group_change
         self._clock = clock
 
-    def heartbeat(self, data: HeartbeatData, connection: Any = None) -> ClientInfo:
-        """Record a HEART_BEAT body."""
+    def heartbeat(self, data: HeartbeatData, connection: Any = None, *, language: str = "JAVA",
+                  version: int = 0) -> ClientInfo:
+        """Record a HEART_BEAT body (``language`` and ``version``: its frame's)."""
         client_id = data.client_id
         now = self._clock()
         info = self._clients.get(client_id)
@@ -63,6 +70,8 @@ class ClientRegistry:
         groups = set(subs)
         info.consumer_groups = groups
         info.subscriptions = subs
+        info.consumers = {c.group: c for c in data.consumers}
+        info.language, info.version = language, version
         info.producer_groups = set(data.producer_groups)
         for group in groups ^ before:
             self._changed(group)
@@ -102,6 +111,13 @@ class ClientRegistry:
     def consumers(self, group: str) -> list[ClientInfo]:
         self.expire()
         return sorted((i for i in self._clients.values() if group in i.consumer_groups),
+                      key=lambda i: i.client_id)
+
+    def producer_members(self, group: str) -> list[ClientInfo]:
+        """Every live producer of a group that heartbeats this broker (mqadmin
+        producerConnection), connected or not."""
+        self.expire()
+        return sorted((i for i in self._clients.values() if group in i.producer_groups),
                       key=lambda i: i.client_id)
 
     def producers(self, group: str) -> list[ClientInfo]:

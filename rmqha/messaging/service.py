@@ -10,7 +10,8 @@ MessagingContext` (store, settings, replication, tables) and the pieces that sha
 - :mod:`~rmqha.messaging.pull_path` serves pulls from the consume-queue index (which never
   passes the confirm offset, so any replica can serve them) and holds empty pulls;
 - :mod:`~rmqha.messaging.queue_queries` answers offset and time lookups,
-  :mod:`~rmqha.messaging.lookup` queries by key and unique id (the message index);
+  :mod:`~rmqha.messaging.lookup` queries by key and unique id (the message index),
+  :mod:`~rmqha.messaging.admin_stats` mqadmin's topic, progress and connection queries;
 - :mod:`~rmqha.messaging.consumer_offsets`, :mod:`~rmqha.messaging.topic_admin` and
   :mod:`~rmqha.messaging.state_replication` keep consumer offsets and topic configs as
   records in the state topic (see :mod:`rmqha.messaging.state`), so they replicate with
@@ -42,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from rmqha.errors import StoreError
+from rmqha.messaging.admin_stats import AdminStats
 from rmqha.messaging.client_requests import ClientRequests
 from rmqha.messaging.clients import ClientRegistry, QueueLocks
 from rmqha.store.commitlog import CommitLog
@@ -149,6 +151,7 @@ class MessageService:
                               self.transactions)
         self._pulls = PullPath(ctx, self._offsets.commit)
         self._queries = QueueQueries(ctx)
+        self._admin_stats = AdminStats(ctx)
         self._consumer_modes = ConsumerModes()
         self._send_back = SendBack(ctx, self._writer, self._topic_admin, self.delayed)
         self._retention = Retention(ctx, self._state_log, self._writer, on_segments_deleted)
@@ -227,7 +230,7 @@ class MessageService:
         for piece in (self._send, self._pulls, self._offsets, self._queries, self._clients,
                       self._send_back, self._topic_admin, self.transactions,
                       self._consumer_modes, self._lookup, self._groups, self._pops,
-                      self._pop_acks, self._assignment):
+                      self._pop_acks, self._assignment, self._admin_stats):
             out.update(piece.handlers())
         return out
 

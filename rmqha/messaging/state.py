@@ -68,6 +68,10 @@ class OffsetTable:
     def groups(self) -> set[str]:
         return {g for g, _, _ in self._offsets}
 
+    def topics_of(self, group: str) -> frozenset[str]:
+        """The topics a group has committed offsets on (RocketMQ's ``whichTopicByConsumer``)."""
+        return frozenset(t for g, t, _ in self._offsets if g == group)
+
     def drop_topic(self, topic: str) -> None:
         for key in [k for k in self._offsets if k[1] == topic]:
             del self._offsets[key]

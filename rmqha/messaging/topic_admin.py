@@ -69,6 +69,7 @@ class TopicAdmin:
             rc.UPDATE_AND_CREATE_TOPIC: self.on_create_topic,
             rc.DELETE_TOPIC_IN_BROKER: self.on_delete_topic,
             rc.GET_ALL_TOPIC_CONFIG: self.on_all_topics,
+            rc.GET_TOPIC_CONFIG: self.on_topic_config,
         }
 
     def topic_configs(self) -> dict[str, dict[str, Any]]:
@@ -148,3 +149,12 @@ class TopicAdmin:
         return cmd.response(ResponseCode.SUCCESS, None, {},
                             {"topicConfigTable": table,
                              "dataVersion": {"timestamp": int(time.time() * 1000), "counter": 0}})
+
+    async def on_topic_config(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+        """GET_TOPIC_CONFIG (RocketMQ 5's ``TopicConfigAndQueueMapping``: the topic's
+        config; rmqha has no static topics, so no ``mappingDetail``)."""
+        topic = str(cmd.ext_fields.get("topic") or "")
+        config = self.ctx.topics.get(topic)
+        if config is None:
+            return cmd.response(ResponseCode.TOPIC_NOT_EXIST, f"No topic in this broker. topic: {topic}")
+        return cmd.response(ResponseCode.SUCCESS, None, {}, config.to_rocketmq())

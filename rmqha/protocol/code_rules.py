@@ -24,10 +24,10 @@ everything that decided something per code reads it:
 A topic named ``%RETRY%<group>`` or ``%DLQ%<group>`` is the group's resource (SUB on the
 group, whatever the code), so a send into another group's retry topic asks that group's
 permission; a pop retry topic ``%RETRY%<group>_<topic>`` (``+`` in version 2) of the
-request's own group stands for ``<topic>``.  Of the 81 codes, the broker serves 36, the
+request's own group stands for ``<topic>``.  Of the 84 codes, the broker serves 46, the
 name server 7, the controller 12, rmqha's clients 2 (what a broker asks them) and the proxy's
-gRPC calls stand for 10; 24 are served by none (declared so that a tool sending one is
-refused by name); 47 are for admin accounts or cluster processes only.
+gRPC calls stand for 10; 17 are served by none (declared so that a tool sending one is
+refused by name); 50 are for admin accounts or cluster processes only.
 """
 from __future__ import annotations
 
@@ -217,7 +217,7 @@ RULES: Mapping[RequestCode, CodeRule] = dict([
     _rule(rc.QUERY_BROKER_OFFSET, R, (CLUSTER,), OPS, NONE),
     _rule(rc.GET_ALL_CONSUMER_OFFSET, R, (CLUSTER,), OPS, NONE),
     _rule(rc.GET_ALL_DELAY_OFFSET, R, (CLUSTER,), OPS, NONE),
-    _rule(rc.INVOKE_BROKER_TO_RESET_OFFSET, W, (topic(), group("group")), OPS, NONE),
+    _rule(rc.INVOKE_BROKER_TO_RESET_OFFSET, W, (topic(), group("group")), OPS, B),
     # --- clients and groups --------------------------------------------------------------
     _rule(rc.HEART_BEAT, W, (Resource(Kind.GROUP, Found.HEARTBEAT_BODY),
                              Resource(Kind.TOPIC, Found.HEARTBEAT_BODY)), APP, BP),
@@ -231,9 +231,10 @@ RULES: Mapping[RequestCode, CodeRule] = dict([
     _rule(rc.QUERY_ASSIGNMENT, R, (Resource(Kind.TOPIC, Found.BODY_FIELD, "topic"),
                                    Resource(Kind.GROUP, Found.BODY_FIELD, "consumerGroup")), APP, BP),
     _rule(rc.SET_MESSAGE_REQUEST_MODE, W, (CLUSTER,), OPS, B),
-    _rule(rc.GET_CONSUMER_CONNECTION_LIST, R, (group(),), OPS, NONE),
-    _rule(rc.GET_PRODUCER_CONNECTION_LIST, R, (group("producerGroup"),), OPS, NONE),
-    _rule(rc.GET_CONSUME_STATS, R, (group(),), OPS, NONE),
+    _rule(rc.GET_CONSUMER_CONNECTION_LIST, R, (group(),), OPS, B),
+    _rule(rc.GET_PRODUCER_CONNECTION_LIST, R, (group("producerGroup"),), OPS, B),
+    _rule(rc.GET_CONSUME_STATS, R, (group(),), OPS, B),
+    _rule(rc.QUERY_TOPIC_CONSUME_BY_WHO, R, (topic("topic", Need.ANY),), OPS, B),
     _rule(rc.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, W, (CLUSTER,), OPS, B),
     _rule(rc.DELETE_SUBSCRIPTIONGROUP, W, (CLUSTER,), OPS, B),
     _rule(rc.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, R, (listed(Kind.GROUP, Need.SUB),), APP, B),
@@ -243,10 +244,12 @@ RULES: Mapping[RequestCode, CodeRule] = dict([
     _rule(rc.GET_ALL_TOPIC_CONFIG, R, (listed(Kind.TOPIC, Need.ANY),), APP, B),
     _rule(rc.GET_TOPIC_CONFIG_LIST, R, (CLUSTER,), OPS, NONE),
     _rule(rc.GET_TOPIC_NAME_LIST, R, (CLUSTER,), OPS, NONE),
-    _rule(rc.GET_TOPIC_STATS_INFO, R, (topic("topic", Need.ANY),), OPS, NONE),
+    _rule(rc.GET_TOPIC_STATS_INFO, R, (topic("topic", Need.ANY),), OPS, B),
+    _rule(rc.GET_TOPIC_CONFIG, R, (topic("topic", Need.ANY),), OPS, B),
     # --- broker administration -----------------------------------------------------------
-    _rule(rc.UPDATE_BROKER_CONFIG, W, (CLUSTER,), OPS, NONE),
-    _rule(rc.GET_BROKER_CONFIG, R, (CLUSTER,), OPS, NONE),
+    _rule(rc.UPDATE_BROKER_CONFIG, W, (CLUSTER,), OPS, B),
+    _rule(rc.GET_BROKER_CONFIG, R, (CLUSTER,), OPS, B),
+    _rule(rc.GET_BROKER_RUNTIME_INFO, R, (CLUSTER,), OPS, B),
     _rule(rc.WIPE_WRITE_PERM_OF_BROKER, W, (CLUSTER,), OPS, NONE),
     _rule(rc.ADD_WRITE_PERM_OF_BROKER, W, (CLUSTER,), OPS, NONE),
     _rule(rc.GET_BROKER_EPOCH_CACHE, R, (CLUSTER,), CLUSTER_OPS, B),

@@ -34,16 +34,20 @@ class ProxyProc(Process):
         return self.picked_ports()
 
 
-def start_proxy(cluster: Cluster, *, timeout: float = DEFAULT_TIMEOUT, **config: Any) -> ProxyProc:
+def start_proxy(cluster: Cluster, *, timeout: float = DEFAULT_TIMEOUT, python: str | None = None,
+                **config: Any) -> ProxyProc:
     """Start a proxy for ``cluster`` (``config`` adds or overrides proxy keys) and wait
     until its gRPC port accepts connections.  A gRPC port it chose moves if another
-    process takes it first (:class:`~rmqha.testing.local_cluster.PortChoice`)."""
+    process takes it first (:class:`~rmqha.testing.local_cluster.PortChoice`).
+    ``python``: the interpreter to run it with when the cluster's lacks the ``proxy`` extra
+    (the interop tests run from ``.venv`` and start the proxy from ``.venv-rmq5``)."""
     chosen = "grpc_server_port" not in config
     full = {"namesrv_addr": ";".join(cluster.namesrv_addresses),
             "rocketmq_cluster_name": cluster.cluster_name,
             "grpc_server_port": free_port() if chosen else 0, **config}
     name = f"proxy{len(cluster.processes)}"
     proc = ProxyProc(cluster, name, "proxy", full, cluster.base_dir / name)
+    proc.python = python
     if chosen:
         PortChoice([proc], proc.picked_ports(), proc.choose_ports)
     cluster.processes.append(proc)

@@ -126,6 +126,8 @@ class Process:
         #: Words before the command, e.g. ``["ip", "netns", "exec", "ns1"]`` to run the
         #: process on a test host of its own (a network namespace with its own address).
         self.launcher: list[str] = []
+        #: The Python that runs it (None: the cluster's); a proxy may need another venv.
+        self.python: str | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         #: Which of its ports the harness chose (they may move) and which are meant.
@@ -170,7 +172,7 @@ class Process:
             log.write(f"\n===== start #{self.starts} of {self.name} at {time.time():.3f} "
                       f"env={self._start_env} =====\n".encode())
             self.proc = subprocess.Popen(
-                [*self.launcher, self.cluster.python, "-m", "rmqha", self.kind, "--config",
+                [*self.launcher, self.python or self.cluster.python, "-m", "rmqha", self.kind, "--config",
                  str(self.config_path)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 cwd=self.workdir, env=full_env,
