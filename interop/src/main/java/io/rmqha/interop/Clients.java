@@ -1,65 +1,63 @@
 package io.rmqha.interop;
 
+import java.nio.charset.StandardCharsets;
 import java.util.LinkedHashMap;
 import java.util.Map;
-import org.apache.rocketmq.acl.common.AclClientRPCHook;
-import org.apache.rocketmq.acl.common.SessionCredentials;
 import org.apache.rocketmq.client.ClientConfig;
+import org.apache.rocketmq.common.message.MessageClientExt;
 import org.apache.rocketmq.common.message.MessageExt;
 import org.apache.rocketmq.common.message.MessageQueue;
-import org.apache.rocketmq.remoting.RPCHook;
-import org.apache.rocketmq.remoting.netty.TlsSystemConfig;
 
 /**
- * What every consumer driver shares: the name server ({@code INTEROP_NAMESRV}), the ACL hook
- * when the test passes an account ({@code INTEROP_ACCESS_KEY} / {@code INTEROP_SECRET_KEY},
- * so keys stay off the command line), and a message as one JSON object.
- *
- * TLS is the client's own business: RocketMQ's {@code TlsSystemConfig} reads the
- * {@code tls.*} system properties the test puts on the JVM's command line.
+ * What every consumer driver shares beyond {@link Connect} (name server, ACL hook, TLS): a
+ * longer client API timeout, the name-server poll interval a test asks for, where the
+ * client keeps its files, and a message as one JSON line ({@link Out}).
  */
 final class Clients {
-    static final String NAMESRV_ENV = "INTEROP_NAMESRV";
-    static final String ACCESS_KEY_ENV = "INTEROP_ACCESS_KEY";
-    static final String SECRET_KEY_ENV = "INTEROP_SECRET_KEY";
-
     private Clients() {
     }
 
-    /** Client log files go under the test's directory when it names one, not ~/logs. */
-    static void logsUnder(DriverArgs args) {
+    /**
+     * System properties the client reads once, when its classes load, so before any client
+     * object exists: broadcasting consumers' local offsets under the test's directory (not
+     * ~/.rocketmq_offsets), and the rebalance interval a test asks for (20 s by default).
+     */
+    static void systemProperties(DriverArgs args) {
         String dir = args.or("log-dir", null);
         if (dir != null) {
-            System.setProperty("rocketmq.log.root", dir);
             System.setProperty("rocketmq.client.localOffsetStoreDir", dir + "/offsets");
         }
+        long rebalance = args.longOr("rebalance-ms", -1);
+        if (rebalance > 0) {
+            System.setProperty("rocketmq.client.rebalance.waitInterval", String.valueOf(rebalance));
+        }
     }
 
-    static RPCHook rpcHook() {
-        String ak = System.getenv(ACCESS_KEY_ENV);
-        String sk = System.getenv(SECRET_KEY_ENV);
-        if (ak == null || ak.isEmpty()) {
-            return null;
-        }
-        return new AclClientRPCHook(new SessionCredentials(ak, sk));
-    }
-
-    static void configure(ClientConfig config, DriverArgs args, String instance) {
-        String namesrv = System.getenv(NAMESRV_ENV);
-        if (namesrv == null || namesrv.isEmpty()) {
-            throw new IllegalStateException(NAMESRV_ENV + " is not set: run the driver from tests/interop");
-        }
-        config.setNamesrvAddr(namesrv);
-        config.setUseTLS(TlsSystemConfig.tlsEnable);
-        config.setInstanceName(instance + "-" + ProcessHandle.current().pid());
+    static <T extends ClientConfig> T configure(T config, DriverArgs args) {
+        Connect.configure(config);
+        // 3 s by default; a JVM still warming up on two busy cores can miss it, and the client
+        // then closes the channel under every other request on it.
+        config.setMqClientApiTimeout(10_000);
         long poll = args.longOr("poll-namesrv-ms", -1);
         if (poll > 0) {
             config.setPollNameServerInterval((int) poll);
         }
+        return config;
     }
 
     static String queueName(MessageQueue mq) {
         return mq.getBrokerName() + "/" + mq.getTopic() + "/" + mq.getQueueId();
+    }
+
+    /** Print a map as one JSON line (keys in insertion order). */
+    static void emit(Map<String, Object> event) {
+        Object[] pairs = new Object[event.size() * 2];
+        int i = 0;
+        for (Map.Entry<String, Object> entry : event.entrySet()) {
+            pairs[i++] = entry.getKey();
+            pairs[i++] = entry.getValue();
+        }
+        Out.emit(pairs);
     }
 
     static Map<String, Object> message(MessageExt msg) {
@@ -69,10 +67,9 @@ final class Clients {
         out.put("queueId", msg.getQueueId());
         out.put("queueOffset", msg.getQueueOffset());
         out.put("msgId", msg.getMsgId());
-        out.put("offsetMsgId", msg instanceof org.apache.rocketmq.common.message.MessageClientExt
-            ? ((org.apache.rocketmq.common.message.MessageClientExt) msg).getOffsetMsgId() : null);
+        out.put("offsetMsgId", msg instanceof MessageClientExt ? ((MessageClientExt) msg).getOffsetMsgId() : null);
         out.put("brokerName", msg.getBrokerName());
-        out.put("body", new String(msg.getBody(), java.nio.charset.StandardCharsets.UTF_8));
+        out.put("body", new String(msg.getBody(), StandardCharsets.UTF_8));
         out.put("tags", msg.getTags());
         out.put("keys", msg.getKeys());
         out.put("reconsumeTimes", msg.getReconsumeTimes());

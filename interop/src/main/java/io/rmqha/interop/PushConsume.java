@@ -31,7 +31,8 @@ import org.apache.rocketmq.remoting.protocol.heartbeat.MessageModel;
  * [--model clustering|broadcasting] [--listener concurrently|orderly]
  * [--later-until N] (answer RECONSUME_LATER while reconsumeTimes &lt; N; -1 always)
  * [--retry-delay-level L] [--max-reconsume-times N] [--pop] (clientRebalance=false: the
- * broker assigns queues and says pull or pop) [--poll-namesrv-ms MS] [--log-dir DIR] --stop-file PATH}.
+ * broker assigns queues and says pull or pop) [--poll-namesrv-ms MS] [--rebalance-ms MS]
+ * [--log-dir DIR] --stop-file PATH}.
  */
 public final class PushConsume {
     private PushConsume() {
@@ -39,7 +40,7 @@ public final class PushConsume {
 
     public static void main(String[] argv) throws Exception {
         DriverArgs args = DriverArgs.parse(argv);
-        Clients.logsUnder(args);
+        Clients.systemProperties(args);
         int instances = args.intOr("consumers", 1);
         List<DefaultMQPushConsumer> consumers = new ArrayList<>();
         for (int i = 0; i < instances; i++) {
@@ -48,21 +49,23 @@ public final class PushConsume {
         for (DefaultMQPushConsumer consumer : consumers) {
             consumer.start();
         }
-        Json.emit("started", "consumers", instances);
+        Out.emit("event", "started", "consumers", instances);
         Thread watcher = new Thread(() -> watchAssignments(consumers, args.need("topic")), "assignments");
         watcher.setDaemon(true);
         watcher.start();
         awaitStopFile(args.need("stop-file"));
+        watcher.interrupt();  // no assignment line after "stopped"
+        watcher.join();
         for (DefaultMQPushConsumer consumer : consumers) {
             consumer.shutdown();
         }
-        Json.emit("stopped");
+        Out.emit("event", "stopped");
         System.exit(0);
     }
 
     private static DefaultMQPushConsumer build(DriverArgs args, int index) throws Exception {
-        DefaultMQPushConsumer consumer = new DefaultMQPushConsumer(args.need("group"), Clients.rpcHook());
-        Clients.configure(consumer, args, "c" + index);
+        DefaultMQPushConsumer consumer = new DefaultMQPushConsumer(args.need("group"), Connect.rpcHook());
+        Clients.configure(consumer, args);
         consumer.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
         consumer.setMessageModel("broadcasting".equals(args.or("model", "clustering"))
             ? MessageModel.BROADCASTING : MessageModel.CLUSTERING);
@@ -109,7 +112,7 @@ public final class PushConsume {
         Map<String, Object> out = Clients.message(msg);
         out.put("consumer", index);
         out.put("accepted", accepted);
-        Json.emit(out);
+        Clients.emit(out);
     }
 
     private static void watchAssignments(List<DefaultMQPushConsumer> consumers, String topic) {
@@ -125,7 +128,7 @@ public final class PushConsume {
                 rebalance.getPopProcessQueueTable().forEach((mq, pq) -> add(now, mq, topic, !pq.isDropped(), "pop"));
                 if (!now.equals(seen.get(i))) {
                     seen.set(i, now);
-                    Json.emit("assignment", "consumer", i, "queues", new ArrayList<>(now));
+                    Out.emit("event", "assignment", "consumer", i, "queues", new ArrayList<>(now));
                 }
             }
             try {
