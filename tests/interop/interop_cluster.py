@@ -96,8 +96,8 @@ class InteropCluster:
         given key pair and ``tls.client.authServer=true`` makes it check the brokers' and
         name server's certificates against the cluster's CA; the key is PKCS#8 PEM (what
         Netty's SslContextBuilder reads)."""
-        props = {"rocketmq.client.logRoot": str(self.base_dir / "java-logs"),
-                 "rocketmq.client.logLevel": "WARN"}
+        props = {"rocketmq.log.root": str(self.base_dir / "java-logs"),  # rmq.client.logback.xml's
+                 "rocketmq.log.level": "INFO"}
         if self.security is not None:
             tls = self.security.client_tls()
             props.update({
@@ -129,7 +129,7 @@ class InteropCluster:
                        INTEROP_SECRET_KEY=self.security.admin.secret_key)
         return env
 
-    def run(self, main_class: str, *args: str, timeout: float = 60.0, check: bool = True,
+    def run(self, main_class: str, *args: str, timeout: float = 150.0, check: bool = True,
             admin: bool = False) -> subprocess.CompletedProcess[str]:
         """Run a driver against this cluster to its end."""
         env = self.java_admin_env() if admin else self.java_env()

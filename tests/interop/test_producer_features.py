@@ -82,25 +82,26 @@ def test_transaction_checked_back_after_the_producer_dies(ic: InteropCluster) ->
 
 
 def read_until(proc: subprocess.Popen[str], done: Any, timeout: float) -> list[Line]:
-    """Lines of a running driver until one satisfies ``done`` (AssertionError at the deadline
-    or if it exits first)."""
-    assert proc.stdout is not None
+    """Lines of a running driver up to the first that satisfies ``done`` (AssertionError at
+    the deadline or if it exits first); ``done`` sees each line once, in order."""
     lines: list[Line] = []
-    found = threading.Event()
+    hit = threading.Event()
+    ended = threading.Event()
 
     def pump() -> None:
         assert proc.stdout is not None
         for text in proc.stdout:
-            got = json_lines(text)
-            lines.extend(got)
-            if any(done(line) for line in got):
-                found.set()
-                return
-        found.set()
+            for line in json_lines(text):
+                lines.append(line)
+                if done(line):
+                    hit.set()
+                    ended.set()
+                    return
+        ended.set()
 
     threading.Thread(target=pump, daemon=True).start()
-    found.wait(timeout)
-    assert any(done(line) for line in lines), f"the driver did not get there in {timeout} s: {lines}"
+    ended.wait(timeout)
+    assert hit.is_set(), f"the driver did not get there in {timeout} s (exit {proc.poll()}): {lines[-5:]}"
     return lines
 
 
@@ -166,8 +167,8 @@ def test_message_trace_is_written_like_rocketmqs(ic: InteropCluster) -> None:
             if fields[0] == "Pub":
                 pubs[fields[5]] = fields
     for line in sent:
-        fields = pubs.get(line["msgId"])
-        assert fields is not None, f"no Pub trace for {line}: {[r.body for r in records]}"
+        assert line["msgId"] in pubs, f"no Pub trace for {line}: {[r.body for r in records]}"
+        fields = pubs[line["msgId"]]
         assert (fields[3], fields[4], fields[7]) == ("traced", TRACED_TOPIC, f"key-traced-{line['i']}"), fields
         assert fields[12] == line["offsetMsgId"] and fields[13] == "true", fields
 
@@ -185,7 +186,7 @@ def test_producer_rides_through_a_master_sigkill(ic: InteropCluster) -> None:
     were acknowledged by the new master."""
     proc = ic.start("ProducerDriver", "failover", FAILOVER_TOPIC, "failover", str(FAILOVER_COUNT))
     try:
-        lines = read_until(proc, lambda line: sum_ok(line), 120)
+        lines = read_until(proc, AckCounter(KILL_AFTER), 120)
         killed, new = ic.kill_master()
         killed_at = time.time() * 1000
         rest, _ = proc.communicate(timeout=180)
@@ -211,11 +212,14 @@ def test_producer_rides_through_a_master_sigkill(ic: InteropCluster) -> None:
           f"{len(errors)} sends failed after the client's retries, {len(stored)} stored")
 
 
-_acks = {"n": 0}
+class AckCounter:
+    """True at the n-th SEND_OK line it is shown (the driver's lines come in order)."""
 
+    def __init__(self, n: int) -> None:
+        self.n, self.seen = n, 0
 
-def sum_ok(line: Line) -> bool:
-    """True at the KILL_AFTER-th SEND_OK line seen (the driver's lines come in order)."""
-    if line.get("status") == "SEND_OK":
-        _acks["n"] += 1
-    return _acks["n"] >= KILL_AFTER and line.get("status") == "SEND_OK"
+    def __call__(self, line: Line) -> bool:
+        if line.get("status") != "SEND_OK":
+            return False
+        self.seen += 1
+        return self.seen == self.n
