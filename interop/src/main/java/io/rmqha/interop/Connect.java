@@ -42,13 +42,13 @@ public final class Connect {
     }
 
     /**
-     * Every client call's timeout: {@code INTEROP_TIMEOUT_MS} (default 10 s, not the client's
+     * Every client call's timeout: {@code INTEROP_TIMEOUT_MS} (default 20 s, not the client's
      * 3 s: the tests share two cores with other clusters, and a starved JVM's first calls
      * are slow; a lost answer still fails, only later).
      */
     public static int timeoutMs() {
         String value = System.getenv("INTEROP_TIMEOUT_MS");
-        return value == null || value.isEmpty() ? 10_000 : Integer.parseInt(value);
+        return value == null || value.isEmpty() ? 20_000 : Integer.parseInt(value);
     }
 
     /** Name server, TLS, timeouts and a unique instance name (two drivers never share a client). */

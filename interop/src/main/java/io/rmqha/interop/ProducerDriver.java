@@ -30,18 +30,38 @@ import org.apache.rocketmq.common.message.MessageQueue;
  *   ProducerDriver trace   TOPIC RUN COUNT
  *   ProducerDriver failover TOPIC RUN COUNT
  * </pre>
- * RUN also names the producer group.  Transactions: {@link TransactionDriver}; queries:
- * {@link QueryDriver}.
+ * RUN also names the producer group.  Several commands separated by {@code --} run one
+ * after the other in one JVM (a JVM's start costs seconds on a busy machine); every line
+ * then carries its command as {@code "cmd"}.  Transactions: {@link TransactionDriver};
+ * queries: {@link QueryDriver}.
  */
 public final class ProducerDriver {
     private ProducerDriver() {
     }
 
     public static void main(String[] args) throws Exception {
+        List<String> current = new ArrayList<>();
+        for (String arg : args) {
+            if (arg.equals("--")) {
+                runOne(current.toArray(new String[0]));
+                current.clear();
+            } else {
+                current.add(arg);
+            }
+        }
+        runOne(current.toArray(new String[0]));
+        Out.step(null);
+        Out.emit("done", true);
+        // The client's non-daemon threads may outlive shutdown(): the driver is done.
+        System.exit(0);
+    }
+
+    static void runOne(String[] args) throws Exception {
         if (args.length < 4) {
-            throw new IllegalArgumentException("usage: ProducerDriver COMMAND TOPIC RUN N [ARG]");
+            throw new IllegalArgumentException("usage: ProducerDriver COMMAND TOPIC RUN N [ARG] [-- ...]");
         }
         String command = args[0];
+        Out.step(command);
         String topic = args[1];
         String run = args[2];
         int n = Integer.parseInt(args[3]);
@@ -57,9 +77,6 @@ public final class ProducerDriver {
             case "failover" -> failover(topic, run, n);
             default -> throw new IllegalArgumentException("unknown command " + command);
         }
-        Out.emit("done", true);
-        // The client's non-daemon threads may outlive shutdown(): the driver is done.
-        System.exit(0);
     }
 
     static Message numbered(String topic, String run, int i) {
@@ -79,14 +96,17 @@ public final class ProducerDriver {
         Out.emit(all);
     }
 
-    static DefaultMQProducer started(String run) throws Exception {
+    /** A started producer of group RUN that fetched TOPIC's route while starting (so the
+     * first sends, async ones too, do not all race to look it up). */
+    static DefaultMQProducer started(String topic, String run) throws Exception {
         DefaultMQProducer producer = Connect.producer(run);
+        producer.setTopics(List.of(topic));
         producer.start();
         return producer;
     }
 
     static void sync(String topic, String run, int count) throws Exception {
-        DefaultMQProducer producer = started(run);
+        DefaultMQProducer producer = started(topic, run);
         try {
             for (int i = 0; i < count; i++) {
                 emitResult(i, producer.send(numbered(topic, run, i)));
@@ -97,7 +117,7 @@ public final class ProducerDriver {
     }
 
     static void async(String topic, String run, int count) throws Exception {
-        DefaultMQProducer producer = started(run);
+        DefaultMQProducer producer = started(topic, run);
         CountDownLatch left = new CountDownLatch(count);
         try {
             for (int i = 0; i < count; i++) {
@@ -125,7 +145,7 @@ public final class ProducerDriver {
     }
 
     static void oneway(String topic, String run, int count) throws Exception {
-        DefaultMQProducer producer = started(run);
+        DefaultMQProducer producer = started(topic, run);
         try {
             for (int i = 0; i < count; i++) {
                 producer.sendOneway(numbered(topic, run, i));
@@ -138,7 +158,7 @@ public final class ProducerDriver {
 
     /** One line per message of each batch: the batch's ids split, offsets from its first. */
     static void batch(String topic, String run, int count, int size) throws Exception {
-        DefaultMQProducer producer = started(run);
+        DefaultMQProducer producer = started(topic, run);
         try {
             for (int start = 0; start < count; start += size) {
                 List<Message> batch = new ArrayList<>();
@@ -161,7 +181,7 @@ public final class ProducerDriver {
 
     /** KEYS order keys, PER_KEY messages each, interleaved; the selector picks the queue by key. */
     static void orderly(String topic, String run, int keys, int perKey) throws Exception {
-        DefaultMQProducer producer = started(run);
+        DefaultMQProducer producer = started(topic, run);
         MessageQueueSelector byKey = (List<MessageQueue> mqs, Message msg, Object arg) ->
             mqs.get(Math.floorMod(arg.hashCode(), mqs.size()));
         try {
@@ -182,7 +202,7 @@ public final class ProducerDriver {
     }
 
     static void delay(String topic, String run, int count, int level) throws Exception {
-        DefaultMQProducer producer = started(run);
+        DefaultMQProducer producer = started(topic, run);
         try {
             for (int i = 0; i < count; i++) {
                 Message msg = numbered(topic, run, i);
@@ -196,7 +216,7 @@ public final class ProducerDriver {
     }
 
     static void timer(String topic, String run, int count, long delayMs) throws Exception {
-        DefaultMQProducer producer = started(run);
+        DefaultMQProducer producer = started(topic, run);
         try {
             for (int i = 0; i < count; i++) {
                 Message msg = numbered(topic, run, i);
@@ -211,7 +231,8 @@ public final class ProducerDriver {
 
     /** enableMsgTrace: the client writes a trace record per send to RMQ_SYS_TRACE_TOPIC. */
     static void trace(String topic, String run, int count) throws Exception {
-        DefaultMQProducer producer = Connect.configureProducer(new DefaultMQProducer(run, Connect.rpcHook(), true, null));
+        DefaultMQProducer producer = Connect.configureProducer(
+            new DefaultMQProducer(run, Connect.rpcHook(), List.of(topic), true, null));
         producer.start();
         try {
             for (int i = 0; i < count; i++) {
@@ -230,7 +251,11 @@ public final class ProducerDriver {
      */
     static void failover(String topic, String run, int count) throws Exception {
         DefaultMQProducer producer = Connect.producer(run);
+        producer.setTopics(List.of(topic));
         producer.setRetryTimesWhenSendFailed(4);
+        // The client learns the new master from the name server on this period (30 s by
+        // default, as against RocketMQ itself): kept short so the test is.
+        producer.setPollNameServerInterval(1000);
         producer.start();
         try {
             for (int i = 0; i < count; i++) {
