@@ -9,9 +9,9 @@ import org.apache.rocketmq.common.message.MessageExt;
 import org.apache.rocketmq.common.message.MessageQueue;
 
 /**
- * What every consumer driver shares beyond {@link Connect} (name server, ACL hook, TLS): a
- * longer client API timeout, the name-server poll interval a test asks for, where the
- * client keeps its files, and a message as one JSON line ({@link Out}).
+ * What every consumer driver shares beyond {@link Connect} (name server, ACL hook, TLS,
+ * timeouts): the name-server poll and rebalance intervals a test asks for, where the client
+ * keeps its local offsets, and a message as one JSON line ({@link Out}).
  */
 final class Clients {
     private Clients() {
@@ -35,9 +35,6 @@ final class Clients {
 
     static <T extends ClientConfig> T configure(T config, DriverArgs args) {
         Connect.configure(config);
-        // 3 s by default; a JVM still warming up on two busy cores can miss it, and the client
-        // then closes the channel under every other request on it.
-        config.setMqClientApiTimeout(10_000);
         long poll = args.longOr("poll-namesrv-ms", -1);
         if (poll > 0) {
             config.setPollNameServerInterval((int) poll);
