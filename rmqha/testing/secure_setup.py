@@ -20,6 +20,7 @@ certificate (a broker's HA links too: mutual TLS); brokers check ACL 1.0 signatu
 """
 from __future__ import annotations
 
+import json
 import secrets
 import socket
 import ssl
@@ -62,8 +63,9 @@ class Account:
         head = f"  - accessKey: {self.access_key}\n    secretKey: {self.secret_key}\n"
         if self.admin:
             return head + "    admin: true\n"
-        topics = ", ".join(f"{topic}={perm}" for topic, perm in self.topics.items())
-        groups = ", ".join(f"{group}=SUB" for group in self.groups)
+        # Quoted: a name may start with a character YAML reserves (RocketMQ's %DLQ%<group>).
+        topics = ", ".join(json.dumps(f"{topic}={perm}") for topic, perm in self.topics.items())
+        groups = ", ".join(json.dumps(f"{group}=SUB") for group in self.groups)
         return (head + "    defaultTopicPerm: DENY\n    defaultGroupPerm: DENY\n"
                 + f"    topicPerms: [{topics}]\n" + (f"    groupPerms: [{groups}]\n" if groups else ""))
 

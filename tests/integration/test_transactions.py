@@ -209,3 +209,26 @@ def test_bad_transactional_sends_are_refused(tmp_path: Path) -> None:
             assert Prop.TRANSACTION_PREPARED_QUEUE_OFFSET not in got[0].properties
 
     run(main())
+
+
+def test_prepared_send_answer_names_its_transaction_id(tmp_path: Path) -> None:
+    """As RocketMQ's broker, a prepared send's answer carries its unique key as
+    ``transactionId`` (the Java client's ``TransactionSendResult.getTransactionId()``, sent
+    back in END_TRANSACTION); a plain send's answer does not."""
+    async def main() -> None:
+        async with Env(tmp_path) as env:
+            b = await env.broker()
+            await create_topic(b.address, "tx", 1)
+            async with RemotingClient(b.address) as rc:
+                prepared = await rc.request(RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, {
+                    "a": "PG_TXID", "b": "tx", "e": 0, "f": int(SysFlag.TRANSACTION_PREPARED),
+                    "m": "false", "i": f"{Prop.UNIQ_KEY}\x01TXID-1\x02"}, b"held"))
+                assert prepared.code == ResponseCode.SUCCESS, prepared.remark
+                assert prepared.ext_fields.get("transactionId") == "TXID-1"
+                plain = await rc.request(RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, {
+                    "a": "PG_TXID", "b": "tx", "e": 0, "f": 0, "m": "false",
+                    "i": f"{Prop.UNIQ_KEY}\x01PLAIN-1\x02"}, b"plain"))
+                assert plain.code == ResponseCode.SUCCESS, plain.remark
+                assert "transactionId" not in plain.ext_fields
+
+    run(main())

@@ -47,7 +47,8 @@ ALL_ACK: dict[str, Any] = {"all_ack_in_sync_state_set": True, "min_in_sync_repli
                            "slave_timeout_ms": 3000}
 #: Transaction checks within seconds, not RocketMQ's 6 s / 60 s (the check-back tests wait
 #: for them); everything else is the brokers' default.
-QUICK_CHECKS: dict[str, Any] = {"transaction_timeout_ms": 2000, "transaction_check_interval_ms": 1000}
+QUICK_CHECKS: dict[str, Any] = {"transaction_timeout_ms": 2000, "transaction_check_interval_ms": 1000,
+                                "transaction_check_max": 120}
 #: Longest wait for the cluster to come up on two busy cores.
 START_TIMEOUT_S = 90.0
 
@@ -95,8 +96,8 @@ class InteropCluster:
         given key pair and ``tls.client.authServer=true`` makes it check the brokers' and
         name server's certificates against the cluster's CA; the key is PKCS#8 PEM (what
         Netty's SslContextBuilder reads)."""
-        props = {"rocketmq.client.logRoot": str(self.base_dir / "java-logs"),
-                 "rocketmq.client.logLevel": "WARN"}
+        props = {"rocketmq.log.root": str(self.base_dir / "java-logs"),  # rmq.client.logback.xml's
+                 "rocketmq.log.level": "INFO"}
         if self.security is not None:
             tls = self.security.client_tls()
             props.update({
@@ -128,7 +129,7 @@ class InteropCluster:
                        INTEROP_SECRET_KEY=self.security.admin.secret_key)
         return env
 
-    def run(self, main_class: str, *args: str, timeout: float = 60.0, check: bool = True,
+    def run(self, main_class: str, *args: str, timeout: float = 150.0, check: bool = True,
             admin: bool = False) -> subprocess.CompletedProcess[str]:
         """Run a driver against this cluster to its end."""
         env = self.java_admin_env() if admin else self.java_env()
@@ -231,7 +232,9 @@ def start_interop_cluster(base: Path, mode: Mode, grants: Grants) -> tuple[Clust
             cluster.client_security = security.harness_security()
         cluster.start_controllers(3, wait=False, **({"per_node": security.controller_keys(3)} if security else {}))
         cluster.wait_controllers(cluster.controllers, START_TIMEOUT_S)
-        cluster.start_namesrv(**(security.namesrv_keys() if security else {}))
+        ns = cluster.start_namesrv(wait=False, **(security.namesrv_keys() if security else {}))
+        cluster.wait_for(lambda: ns.listens(ns.address), START_TIMEOUT_S, what=f"{ns.name} listening",
+                         process=ns)
         brokers = []
         for i in range(REPLICAS):
             keys = security.broker_keys(GROUP, f"{GROUP}-{i}") if security else {}

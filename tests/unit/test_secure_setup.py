@@ -18,7 +18,9 @@ from rmqha.testing.secure_setup import Account, SecureSetup
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> SecureSetup:
-    app = Account.new("app-account", topics={"Orders": "PUB|SUB", "Audit": "SUB"}, groups=["billing"])
+    # %DLQ%billing: a name YAML cannot take unquoted (it once stopped the brokers from starting).
+    app = Account.new("app-account", topics={"Orders": "PUB|SUB", "Audit": "SUB", "%DLQ%billing": "SUB"},
+                      groups=["billing"])
     return SecureSetup.make(Path(tmp_path_factory.mktemp("secure")), cluster="c1", groups={"g": 2},
                             app=app, controllers=3, admin_key="ops-admin")
 
@@ -52,6 +54,7 @@ def test_the_application_account_holds_what_it_was_given_and_nothing_else(setup:
     app = setup.app
     _check(setup, app, RequestCode.SEND_MESSAGE_V2, {"a": "p", "b": "Orders"})
     _check(setup, app, RequestCode.PULL_MESSAGE, {"topic": "Audit", "consumerGroup": "billing"})
+    _check(setup, app, RequestCode.PULL_MESSAGE, {"topic": "%DLQ%billing", "consumerGroup": "billing"})
     with pytest.raises(AclPermissionError, match="no PUB permission for topic:Audit"):
         _check(setup, app, RequestCode.SEND_MESSAGE_V2, {"a": "p", "b": "Audit"})
     with pytest.raises(AclPermissionError, match="no PUB default permission for topic:Other"):

@@ -253,6 +253,9 @@ public final class ProducerDriver {
         DefaultMQProducer producer = Connect.producer(run);
         producer.setTopics(List.of(topic));
         producer.setRetryTimesWhenSendFailed(4);
+        // The client learns the new master from the name server on this period (30 s by
+        // default, as against RocketMQ itself): kept short so the test is.
+        producer.setPollNameServerInterval(1000);
         producer.start();
         try {
             for (int i = 0; i < count; i++) {
