@@ -24,10 +24,13 @@ from typing import Any
 
 from rmqha import __version__
 from rmqha.config import to_dict
+from rmqha.errors import StoreError
+from rmqha.messaging.service import MessageService
 from rmqha.protocol.admin_bodies import kv_table_body, properties_text
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.command import RemotingCommand
 from rmqha.protocol.version import ADVERTISED
+from rmqha.store import CommitLog
 
 #: Config values never shown by GET_BROKER_CONFIG.
 SECRET_KEYS = frozenset({"clusterSecret", "adminToken", "tlsServerKeyPassword", "tlsClientKeyPassword"})
@@ -108,3 +111,14 @@ def _human(size: int) -> str:
         if value < 1024:
             return f"{value:.1f} {unit}iB"
     return f"{value:.1f} EiB"
+
+
+def earliest_store_time(service: MessageService | None, commitlog: CommitLog | None) -> int:
+    """The store time of the oldest record kept (0 for an empty log): brokerStatus's
+    ``earliestMessageTimeStamp``."""
+    if service is None or commitlog is None or commitlog.max_offset <= commitlog.min_offset:
+        return 0
+    try:
+        return service.ctx.store_timestamp(commitlog.min_offset)
+    except (StoreError, ValueError, OSError):
+        return 0

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
 import time
 from collections.abc import Callable
@@ -39,10 +38,9 @@ from typing import Any
 
 from rmqha import log as rmqha_log
 from rmqha.broker.acl_guard import acl_guard
-from rmqha.broker.admin_info import BrokerAdminInfo
-from rmqha.messaging.service import CONSUME_QUEUE_DIR
+from rmqha.broker.admin_info import BrokerAdminInfo, earliest_store_time
+from rmqha.broker.store_repair import COMMITLOG_DIR, EPOCH_FILE, cut_at_first_bad_record, move_store_aside
 from rmqha.broker.config import BrokerConfig
-from rmqha.broker.confirm_checkpoint import FILE_NAME as CONFIRM_FILE
 from rmqha.broker.confirm_checkpoint import ConfirmCheckpoint
 from rmqha.failpoints import Failpoint, hit
 from rmqha.broker.metrics import (
@@ -76,8 +74,6 @@ from rmqha.store.disk_usage import directory_usage
 
 log = logging.getLogger(__name__)
 
-COMMITLOG_DIR = "commitlog"
-EPOCH_FILE = "epochFileCheckpoint"
 #: Java Long.MAX_VALUE: RocketMQ's wire value for the open end of the last epoch.
 OPEN_END = (1 << 63) - 1
 #: Who may send NOTIFY_BROKER_ROLE_CHANGED, by TLS certificate (rmqha.net.peer_check).
@@ -279,7 +275,7 @@ class Broker:
         except MissingSegmentError as exc:
             if not cfg.rebuild_store_from_master:
                 raise StoreError(f"{exc} [store {self.store_dir}]") from None
-            aside = self._move_store_aside(str(exc))
+            aside = move_store_aside(self.store_dir, str(exc))
             log.warning("store moved aside to %s (%s); starting empty, replication rebuilds it "
                         "from the master", aside, exc)
             self.commitlog = self._open_commitlog()
@@ -327,7 +323,7 @@ class Broker:
                                                          self.replicas.handle_notify))
         self.server.register(RequestCode.GET_BROKER_EPOCH_CACHE, self._handle_epoch_cache)
         admin = BrokerAdminInfo(cfg, is_master=lambda: self.role == Role.MASTER,
-                                earliest_store_time=self._earliest_store_time, store_dir=str(self.store_dir))
+                                earliest_store_time=lambda: earliest_store_time(self.message_service, self.commitlog), store_dir=str(self.store_dir))
         for code, handler in admin.handlers().items():
             self.server.register(code, self._guard(code, handler))
         self.server.register(RequestCode.GET_BROKER_HA_STATUS, self._handle_ha_status)
@@ -371,30 +367,6 @@ class Broker:
             verify_segments_on_open=cfg.verify_segments_on_open,
             prefault_window_bytes=cfg.prefault_window_bytes,
         )
-
-    def _cut_corrupt_tail(self) -> None:
-        """A slave repairs records that failed their CRC: it cuts its log at the first one
-        and the HA link fetches everything from there again from the master."""
-        bad = self.commitlog.first_corrupt_offset()
-        if bad is None:
-            return
-        before = int(self.commitlog.max_offset)
-        log.warning("cutting the log at %d, the first record that failed its check (%d bytes "
-                    "dropped); the master sends them again", bad, before - bad)
-        self.commitlog.truncate(bad)
-        self.epoch_map.truncate_suffix(bad)
-        self.commitlog.flush()
-        self._on_truncate(bad)
-
-    def _move_store_aside(self, why: str) -> Path:
-        """Move the log, its epoch map, confirm offset and consume queues (not the identity) aside."""
-        aside = self.store_dir / f"aside-{time.strftime('%Y%m%dT%H%M%S')}"
-        aside.mkdir()
-        for name in (COMMITLOG_DIR, EPOCH_FILE, EPOCH_FILE + ".bak", CONFIRM_FILE, CONSUME_QUEUE_DIR):
-            if (self.store_dir / name).exists():
-                os.replace(self.store_dir / name, aside / name)
-        (aside / "WHY").write_text(why + "\n", encoding="utf-8")
-        return aside
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         if task.cancelled():
@@ -669,7 +641,8 @@ class Broker:
                 slave, self.ha_slave = self.ha_slave, None
                 await slave.stop()
             self._slave_of = None
-            self._cut_corrupt_tail()
+            if (cut := cut_at_first_bad_record(self.commitlog, self.epoch_map)) is not None:
+                self._on_truncate(cut)
             ha_addr = await self._master_ha_address(master_address)
             log.info("became slave of %d (%s, HA %s) at epoch %d", master_id, master_address, ha_addr, epoch)
             await self._start_ha_slave(ha_addr)
@@ -820,16 +793,6 @@ class Broker:
             "epochList": epoch_list,
             "maxOffset": int(self.commitlog.max_offset) if self.commitlog is not None else 0,
         }
-
-    def _earliest_store_time(self) -> int:
-        """The store time of the oldest record kept (0 for an empty log)."""
-        service = self.message_service
-        if service is None or self.commitlog is None or self.commitlog.max_offset <= self.commitlog.min_offset:
-            return 0
-        try:
-            return service.ctx.store_timestamp(self.commitlog.min_offset)
-        except (StoreError, ValueError, OSError):
-            return 0
 
     async def _handle_epoch_cache(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
         return cmd.response(ResponseCode.SUCCESS, None, None, self.epoch_cache())

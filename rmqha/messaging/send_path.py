@@ -57,7 +57,6 @@ from rmqha.protocol.headers import SendHeader
 from rmqha.messaging.log_writer import FLUSH_DISK_FAILED, LogWriter
 from rmqha.protocol.message import (
     DecompressError,
-    Prop,
     SysFlag,
     decode_batch,
     decode_properties,
@@ -84,6 +83,7 @@ from rmqha.messaging.send_rules import (
     RESERVED_KEYS,
     RESERVED_PREFIXES,
     check_type,
+    prepared_transaction_id,
     send_asks_for_delay,
     without_mark,
 )
@@ -747,7 +747,7 @@ class SendPath:
         ext = {"msgId": ids, "queueId": str(reply_queue_id),
                "queueOffset": str(queue_offset), PUT_STATUS_FIELD: status,
                "commitLogOffset": str(first_offset)}
-        transaction_id = _prepared_transaction_id(cmd)
+        transaction_id = prepared_transaction_id(cmd)
         if transaction_id:
             ext["transactionId"] = transaction_id
         if code == ResponseCode.SUCCESS:
@@ -792,19 +792,3 @@ class SendPath:
             return h.topic, queue_id, h.sys_flag, props
         return where[0], where[1], h.sys_flag, props
 
-
-def _prepared_transaction_id(cmd: RemotingCommand) -> str | None:
-    """The ``transactionId`` of a prepared (transactional) send's answer: its unique key, as
-    RocketMQ's SendMessageProcessor answers.  The Java client hands it to the application
-    (``TransactionSendResult.getTransactionId()``) and sends it back in END_TRANSACTION.
-    Only prepared sends get it: they never take the plain-frame answer path, whose bytes
-    both twins write, and nothing reads it on any other send."""
-    v2 = cmd.code != RequestCode.SEND_MESSAGE
-    ext = cmd.ext_fields
-    try:
-        sys_flag = int(ext.get("f" if v2 else "sysFlag") or 0)
-    except ValueError:
-        return None  # the send itself was refused for it before anything was stored
-    if transaction_type(sys_flag) != SysFlag.TRANSACTION_PREPARED:
-        return None
-    return decode_properties(ext.get("i" if v2 else "properties") or "").get(Prop.UNIQ_KEY)

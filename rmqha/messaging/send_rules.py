@@ -11,8 +11,9 @@ from rmqha.messaging.context import Refused
 from rmqha.messaging.delayed_delivery import SCHEDULE_TOPIC, TIMER_TOPIC, asks_for_delay
 from rmqha.messaging.state import STATE_TOPIC
 from rmqha.messaging.transactions import CHECK_MAX_TOPIC, COMMITTED_MARK, HALF_TOPIC, OP_TOPIC, transaction_type
-from rmqha.protocol.codes import ResponseCode
-from rmqha.protocol.message import SysFlag, decode_properties
+from rmqha.protocol.codes import RequestCode, ResponseCode
+from rmqha.protocol.command import RemotingCommand
+from rmqha.protocol.message import Prop, SysFlag, decode_properties
 from rmqha.protocol.topic_attributes import TopicMessageType, message_type_of, type_mismatch
 
 #: As RocketMQ's MessageDecoder: at most this many messages in one batch body.
@@ -53,3 +54,20 @@ def check_type(expected: TopicMessageType, props: dict[str, str], sys_flag: int)
     refusal = type_mismatch(expected, actual)
     if refusal is not None:
         raise Refused(ResponseCode.MESSAGE_ILLEGAL, refusal)
+
+
+def prepared_transaction_id(cmd: RemotingCommand) -> str | None:
+    """The ``transactionId`` of a prepared (transactional) send's answer: its unique key, as
+    RocketMQ's SendMessageProcessor answers.  The Java client hands it to the application
+    (``TransactionSendResult.getTransactionId()``) and sends it back in END_TRANSACTION.
+    Only prepared sends get it: they never take the plain-frame answer path, whose bytes
+    both twins write, and nothing reads it on any other send."""
+    v2 = cmd.code != RequestCode.SEND_MESSAGE
+    ext = cmd.ext_fields
+    try:
+        sys_flag = int(ext.get("f" if v2 else "sysFlag") or 0)
+    except ValueError:
+        return None  # the send itself was refused for it before anything was stored
+    if transaction_type(sys_flag) != SysFlag.TRANSACTION_PREPARED:
+        return None
+    return decode_properties(ext.get("i" if v2 else "properties") or "").get(Prop.UNIQ_KEY)
