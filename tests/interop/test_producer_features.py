@@ -58,6 +58,8 @@ def test_transaction_commit_and_rollback(ic: InteropCluster) -> None:
     sent = [line for line in json_lines(out.stdout) if "status" in line]
     assert [(s["status"], s["localState"]) for s in sent] == [
         ("SEND_OK", "COMMIT_MESSAGE" if i % 2 == 0 else "ROLLBACK_MESSAGE") for i in range(10)], out.stdout
+    # As from RocketMQ's broker: TransactionSendResult.getTransactionId() is the unique key.
+    assert all(s.get("transactionId") == s["msgId"] for s in sent), sent
     stored = read_topic(ic, TX_TOPIC, READER, 5, settle_s=1.5)
     assert bodies(stored) == sorted(f"body-txend-{i}" for i in range(0, 10, 2))
     assert {s.msg_id for s in stored} == {s["msgId"] for s in sent[::2]}
