@@ -13,24 +13,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+from peer_socket import peer_closed
 from proxy_harness import start_cluster, start_proxy
 
 from rmqha.proxy.server import HANDSHAKE_TIMEOUT_MS
 from rmqha.testing.local_cluster import listening_sockets
-
-
-def _closed(sock: socket.socket) -> bool:
-    """Whether the other end closed ``sock`` (EOF or reset), without waiting; whatever it
-    sent first (a gRPC server's SETTINGS) is read and dropped."""
-    sock.setblocking(False)
-    try:
-        while sock.recv(65536):
-            pass
-        return True
-    except BlockingIOError:
-        return False
-    except ConnectionError:
-        return True
 
 
 @pytest.mark.timeout(180)
@@ -51,11 +38,11 @@ def test_the_proxy_listens_on_loopback_and_drops_silent_peers(tmp_path: Path) ->
         started = time.monotonic()
         try:
             deadline_s = HANDSHAKE_TIMEOUT_MS / 1000
-            cluster.wait_for(lambda: _closed(silent), deadline_s + 10, what="the silent peer dropped",
+            cluster.wait_for(lambda: peer_closed(silent), deadline_s + 10, what="the silent peer dropped",
                              interval=0.5, process=proxy)
             took = time.monotonic() - started
             assert took >= deadline_s - 1, f"dropped after {took:.1f} s, before the deadline"
-            assert not _closed(control), "gRPC's defaults dropped the silent peer too: the control shows nothing"
+            assert not peer_closed(control), "gRPC's defaults dropped the silent peer too: the control shows nothing"
         finally:
             silent.close()
             control.close()

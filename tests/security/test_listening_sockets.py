@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from cluster import Cluster, Process, free_port
+from peer_socket import peer_closed
 from pysyncobj import SyncObj, SyncObjConf
 
 from rmqha.controller.raft_port import HANDSHAKE_DEADLINE_S, MAX_UNIDENTIFIED_PER_HOST
@@ -99,18 +100,6 @@ def test_negative_control_pysyncobj_alone_binds_every_interface(tmp_path: Path) 
         assert [s.host for s in mine] == ["0.0.0.0"], mine
 
 
-def _closed(sock: socket.socket) -> bool:
-    """Whether the other end closed ``sock`` (EOF or reset), without waiting; whatever it
-    sent first (a gRPC server's SETTINGS) is read and dropped."""
-    sock.setblocking(False)
-    try:
-        while sock.recv(65536):
-            pass
-        return True
-    except BlockingIOError:
-        return False
-    except ConnectionError:
-        return True
 
 
 def _connect(port: int) -> socket.socket:
@@ -130,15 +119,15 @@ def test_raft_port_drops_silent_and_stalled_links_and_caps_them(tmp_path: Path) 
         links = [_connect(raft) for _ in range(MAX_UNIDENTIFIED_PER_HOST + 2)]
         try:
             # The two over the cap are closed at accept, long before any deadline.
-            c.wait_for(lambda: sum(map(_closed, links)) >= 2, 5, what="links over the cap closed", process=ctrl)
-            kept = [s for s in links if not _closed(s)]
+            c.wait_for(lambda: sum(map(peer_closed, links)) >= 2, 5, what="links over the cap closed", process=ctrl)
+            kept = [s for s in links if not peer_closed(s)]
             assert len(kept) == MAX_UNIDENTIFIED_PER_HOST
             trickler = kept[0]
 
             def all_closed() -> bool:
                 with contextlib.suppress(OSError):
                     trickler.send(b"\x00")  # a byte at a time: never a whole frame
-                return all(_closed(s) for s in kept)
+                return all(peer_closed(s) for s in kept)
 
             c.wait_for(all_closed, HANDSHAKE_DEADLINE_S + 8, what="silent and stalled links dropped",
                        interval=0.5, process=ctrl)
@@ -147,7 +136,7 @@ def test_raft_port_drops_silent_and_stalled_links_and_caps_them(tmp_path: Path) 
             c.wait_for(lambda: ctrl.log_contains("did not identify as a member within 10 s")
                        and ctrl.log_contains("already waiting to identify"), 5, what="drops logged")
             # Negative control: pysyncobj alone still holds its silent connection.
-            assert not _closed(bare), "pysyncobj alone dropped a silent link: the control shows nothing"
+            assert not peer_closed(bare), "pysyncobj alone dropped a silent link: the control shows nothing"
         finally:
             for s in [*links, bare]:
                 s.close()
@@ -180,11 +169,11 @@ def test_remoting_and_metrics_ports_drop_silent_peers(tmp_path: Path) -> None:
         silent = [_connect(int(ns.config["listen_port"])), _connect(metrics)]
         try:
             assert b"rmqha_" in _scrape(metrics), "no scrape while a silent peer is connected"
-            c.wait_for(lambda: all(map(_closed, silent)), HANDSHAKE_DEADLINE_S + 8,
+            c.wait_for(lambda: all(map(peer_closed, silent)), HANDSHAKE_DEADLINE_S + 8,
                        what="silent peers dropped", interval=0.5, process=ns)
             took = time.monotonic() - started
             assert took >= HANDSHAKE_DEADLINE_S - 0.5, f"dropped after {took:.1f} s, before the deadline"
-            assert not _closed(bare), "prometheus_client alone dropped a silent peer: the control shows nothing"
+            assert not peer_closed(bare), "prometheus_client alone dropped a silent peer: the control shows nothing"
         finally:
             for s in [*silent, bare]:
                 s.close()
