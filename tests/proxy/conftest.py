@@ -8,6 +8,7 @@ never a skip.  The client writes its log under
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
@@ -35,3 +36,22 @@ def proxied(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, 
     cluster = start_cluster(Path(tmp_path_factory.mktemp("proxied")))
     with cluster:
         yield cluster, start_proxy(cluster)
+
+
+@pytest.fixture(autouse=True)
+def main_thread_event_loop() -> Iterator[None]:
+    """An event loop set for the main thread during each test.
+
+    The official client creates its telemetry stream with ``asyncio.get_event_loop()`` in
+    whichever thread runs its route callback, and that is the main thread when the gRPC
+    future is already done as the callback is added.  After any ``asyncio.run`` in this
+    process (test_proxy_config_compat's) the main thread has no loop, so that call raised
+    "There is no current event loop in thread 'MainThread'" and the client lost its route:
+    test_delay_message failed that way once in two CI runs."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        yield
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -210,10 +211,14 @@ def signed(ak: str, sk: str, date: str = "20240102T030405Z") -> dict[str, str]:
     return {"authorization": header, "x-mq-date-time": date}
 
 
+#: The clock of the checks below: the signatures' own time (the window has its own test).
+SIGNED_AT = datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone.utc).timestamp()
+
+
 def test_signature_and_permissions() -> None:
     send = auth.Needs({"orders": Perm.PUB}, {})
-    auth.check(ACL, signed("aliceUser", "aliceSecret"), "127.0.0.1", send)
-    auth.check(ACL, {}, "10.9.9.1", send)  # globally white-listed
+    auth.check(ACL, signed("aliceUser", "aliceSecret"), "127.0.0.1", send, now=SIGNED_AT)
+    auth.check(ACL, {}, "10.9.9.1", send, now=SIGNED_AT)  # globally white-listed
     cases = [
         (signed("aliceUser", "nope"), send, "check signature failed"),
         (signed("bobUser", "aliceSecret"), send, "no ACL account"),
@@ -223,7 +228,7 @@ def test_signature_and_permissions() -> None:
         ({"authorization": "Basic abc"}, send, "not MQv2-HMAC-SHA1"),
     ]
     for metadata, needs, why in cases:
-        assert why in refused(Code.UNAUTHORIZED, auth.check, ACL, metadata, "127.0.0.1", needs)
+        assert why in refused(Code.UNAUTHORIZED, auth.check, ACL, metadata, "127.0.0.1", needs, now=SIGNED_AT)
 
 
 # --- config and docs ---------------------------------------------------------------------------
