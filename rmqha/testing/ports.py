@@ -125,12 +125,7 @@ def pid_listens(pid: int, port: int) -> bool | None:
 def _listening(table: Path, port: int) -> set[str]:
     """The sockets (as /proc/PID/fd links name them) listening on ``port`` in a
     /proc/net/tcp table (slow to read on a busy machine: a few ms)."""
-    found = set()
-    for line in table.read_text().splitlines()[1:]:
-        fields = line.split()  # sl local_address rem_address st ... uid timeout inode
-        if fields[3] == "0A" and int(fields[1].rpartition(":")[2], 16) == port:
-            found.add(f"socket:[{fields[9]}]")
-    return found
+    return {inode for sock, inode in _listen_rows(table) if sock.port == port}
 
 
 @dataclass(frozen=True)
