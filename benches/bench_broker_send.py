@@ -22,7 +22,8 @@ import pytest
 from benches.conftest import describe
 from rmqha.messaging.context import MessagingConfig
 from rmqha.messaging.service import MessageService
-from rmqha.net.connection import Connection, Dispatcher
+from rmqha.net.connection import Connection
+from rmqha.net.dispatcher import Dispatcher
 from rmqha.protocol.codes import RequestCode
 from rmqha.protocol.command import SERIALIZE_JSON, SERIALIZE_ROCKETMQ, RemotingCommand, encode
 from rmqha.protocol.headers import SendHeader

@@ -1,4 +1,4 @@
-"""The broker's RocketMQ ACL 1.0 check on its client port, as a :data:`rmqha.net.connection.Guard`.
+"""The broker's RocketMQ ACL 1.0 check on its client port, as a :data:`rmqha.net.dispatcher.Guard`.
 
 With ``aclEnable`` every request is checked before any handler runs (the send fast path
 included): the ``AccessKey`` must name an account of ``plain_acl.yml``, the ``Signature``
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from rmqha.errors import AclError, RemoteCommandError
-from rmqha.net.connection import Connection
+from rmqha.net.dispatcher import LanePeer
 from rmqha.net.server import RemotingServer
 from rmqha.protocol.code_rules import RULES, CodeRule, Named, Sender, rule_of
 from rmqha.protocol.command import RemotingCommand, SendFrame
@@ -80,8 +80,8 @@ BY_CERTIFICATE: Mapping[int, frozenset[Role]] = {int(c): roles for c, r in RULES
 
 
 class AclGuard:
-    """The broker's :data:`~rmqha.net.connection.Guard` (``guard(cmd, conn)``) and its
-    :data:`~rmqha.net.connection.PlainGuard` (:meth:`plain`), over one validator."""
+    """The broker's :data:`~rmqha.net.dispatcher.Guard` (``guard(cmd, conn)``) and its
+    :data:`~rmqha.net.dispatcher.PlainGuard` (:meth:`plain`), over one validator."""
 
     def __init__(self, acl_file: Path, *, recheck_interval_s: float = 1.0,
                  auth: RequestAuthenticator | None = None) -> None:
@@ -89,7 +89,7 @@ class AclGuard:
         self.lane = SendLane(self.validator)
         self.auth: RequestAuthenticator = auth if auth is not None else OpenAuth()
 
-    def __call__(self, cmd: RemotingCommand, conn: Connection) -> None:
+    def __call__(self, cmd: RemotingCommand, conn: LanePeer) -> None:
         if cmd.code in CLUSTER_CODES or _cluster_peer(cmd, conn) or self._by_secret(cmd):
             return
         try:
@@ -103,7 +103,7 @@ class AclGuard:
         return (cmd.code in OPTIONALLY_SIGNED_CODES and SIGNATURE_FIELD in cmd.ext_fields
                 and proves_secret(self.auth, cmd))
 
-    def allows(self, cmd: RemotingCommand, conn: Any, named: Named) -> bool:
+    def allows(self, cmd: RemotingCommand, conn: LanePeer, named: Named) -> bool:
         """The :class:`~rmqha.protocol.code_rules.ResourceCheck`: whether the sender of
         ``cmd`` (which this guard let through) may see ``named``."""
         if cmd.code in CLUSTER_CODES or _cluster_peer(cmd, conn) or self._by_secret(cmd):
@@ -121,7 +121,7 @@ class AclGuard:
         server.dispatcher.plain_guard = self.plain  # signed plain sends stay on the lane
         service.set_access(self)
 
-    def plain(self, send: SendFrame, conn: Connection) -> bool:
+    def plain(self, send: SendFrame, conn: LanePeer) -> bool:
         """Whether the check would let this plain send through (False: ask it)."""
         return self.lane.admits(send[12], send[3], send[13], send[14], send[10],
                                 conn.attributes, _host(conn.peer))
@@ -134,7 +134,7 @@ def acl_guard(acl_file: Path, *, recheck_interval_s: float = 1.0,
     return AclGuard(acl_file, recheck_interval_s=recheck_interval_s, auth=auth)
 
 
-def _cluster_peer(cmd: RemotingCommand, conn: Any) -> bool:
+def _cluster_peer(cmd: RemotingCommand, conn: LanePeer) -> bool:
     identity = getattr(conn, "peer_identity", None)
     return identity is not None and identity.role in BY_CERTIFICATE.get(cmd.code, ())
 

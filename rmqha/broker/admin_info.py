@@ -26,6 +26,7 @@ from rmqha import __version__
 from rmqha.config import to_dict
 from rmqha.errors import StoreError
 from rmqha.messaging.service import MessageService
+from rmqha.net.peer import RequestPeer
 from rmqha.protocol.admin_bodies import kv_table_body, properties_text
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.command import RemotingCommand
@@ -82,7 +83,7 @@ class BrokerAdminInfo:
             "remainHowManyDataToFlush": "0 B",
         }
 
-    async def on_runtime_info(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_runtime_info(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         return cmd.response(ResponseCode.SUCCESS, None, {}, kv_table_body(self.runtime_info()))
 
     def config_view(self) -> dict[str, Any]:
@@ -92,12 +93,12 @@ class BrokerAdminInfo:
                 view[key] = "******"
         return view
 
-    async def on_get_config(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_get_config(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         version = {"counter": 0, "stateVersion": 0, "timestamp": self.started_ms}
         return cmd.response(ResponseCode.SUCCESS, None, {"version": json.dumps(version, separators=(",", ":"))},
                             properties_text(self.config_view()))
 
-    async def on_update_config(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_update_config(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         return cmd.response(ResponseCode.SYSTEM_ERROR, UPDATE_REFUSED)
 
 

@@ -59,7 +59,8 @@ from rmqha.messaging.queue_assignment import namesrv_route_source
 from rmqha.metrics import MetricsRegistry
 from rmqha.net.client import RemotingClient, split_address
 from rmqha.net.client_security import ClientSecurity, ServerRole
-from rmqha.net.connection import Connection
+from rmqha.net.dispatcher import LanePeer
+from rmqha.net.peer import RequestPeer
 from rmqha.net.peer_check import Need, PeerCheck
 from rmqha.net.server import RemotingServer
 from rmqha.protocol.code_rules import APPEND_CODES, require_declared
@@ -69,7 +70,6 @@ from rmqha.protocol.request_auth import OpenAuth, RequestAuthenticator, request_
 from rmqha.security.channel_auth import ChannelKey
 from rmqha.security.identity import Identity
 from rmqha.security.identity import Role as IdentityRole
-from rmqha.security.identity import Role as SecurityRole
 from rmqha.store.disk_usage import directory_usage
 
 log = logging.getLogger(__name__)
@@ -260,7 +260,7 @@ class Broker:
         channel = self._channel_key()
         if channel is not None:
             self._ns_links = (self._links or ClientSecurity()).with_channel(
-                channel.expecting((SecurityRole.NAMESRV,)))
+                channel.expecting((IdentityRole.NAMESRV,)))
         controller = self._controller_client or ControllerClient(
             cfg.controller_addr, request_timeout=cfg.rpc_timeout_ms / 1000, security=self._links,
             auth=self.auth, channel=channel)
@@ -304,7 +304,7 @@ class Broker:
         # role notices); plain clients are served as before, told apart by the preface.
         self.server = RemotingServer(
             cfg.listen_host, cfg.listen_port, max_frame_bytes=cfg.max_frame_bytes, tls=self.tls,
-            channels=channel.expecting((SecurityRole.CONTROLLER,)) if channel is not None else None)
+            channels=channel.expecting((IdentityRole.CONTROLLER,)) if channel is not None else None)
         if cfg.acl_enable:
             acl_guard(cfg.acl_file, auth=self.auth).protect(self.server, self.message_service)
         if self._served_bytes is not None and handlers.get(int(RequestCode.PULL_MESSAGE)) is not None:
@@ -425,7 +425,7 @@ class Broker:
         """Wrap the pull handler: count the bytes of every response body (messages out)."""
         counter = self._served_bytes
 
-        async def counted(cmd: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        async def counted(cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand | None:
             resp = await handler(cmd, conn)
             if resp is not None and resp.body:
                 counter.inc(len(resp.body))
@@ -436,7 +436,7 @@ class Broker:
     def _guard(self, code: int, handler: Any) -> Any:
         """Wrap a write handler: refuse unless master (SERVICE_NOT_AVAILABLE names the master)."""
 
-        async def guarded(cmd: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+        async def guarded(cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand | None:
             role = self.role
             if role != Role.MASTER:
                 master = self.replicas.status.master_address if self.replicas else None
@@ -462,7 +462,7 @@ class Broker:
         a master takes the request now; anything else goes to the guarded task, which
         refuses it."""
 
-        def guarded_now(cmd: RemotingCommand, conn: Connection) -> bool:
+        def guarded_now(cmd: RemotingCommand, conn: LanePeer) -> bool:
             return self.role == Role.MASTER and handler(cmd, conn)
 
         return guarded_now
@@ -471,7 +471,7 @@ class Broker:
         """:meth:`_guard_now` for a run of plain sends: a master takes them, anything else
         takes none (each then goes the guarded way, which refuses it)."""
 
-        def guarded_many(sends: Any, conn: Connection) -> int:
+        def guarded_many(sends: Any, conn: LanePeer) -> int:
             return handler(sends, conn) if self.role == Role.MASTER else 0
 
         return guarded_many
@@ -794,7 +794,7 @@ class Broker:
             "maxOffset": int(self.commitlog.max_offset) if self.commitlog is not None else 0,
         }
 
-    async def _handle_epoch_cache(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+    async def _handle_epoch_cache(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         return cmd.response(ResponseCode.SUCCESS, None, None, self.epoch_cache())
 
     def ha_status(self) -> dict[str, Any]:
@@ -832,7 +832,7 @@ class Broker:
             status["ha"] = _jsonable(self.ha_slave.status())
         return status
 
-    async def _handle_ha_status(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+    async def _handle_ha_status(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         return cmd.response(ResponseCode.SUCCESS, None, None, self.ha_status())
 
 

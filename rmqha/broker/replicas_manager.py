@@ -53,7 +53,7 @@ from rmqha.errors import (
     BrokerError, BrokerIdentityError, ControllerError, ProtocolError, RemoteCommandError, RemotingError, RmqhaError,
 )
 from rmqha.net.channel import refused_off_channel
-from rmqha.net.connection import Connection
+from rmqha.net.peer import RequestPeer
 from rmqha.protocol.command import RemotingCommand
 from rmqha.protocol.control_headers import RoleChangedHeader
 from rmqha.protocol.request_auth import OpenAuth, RefusalLog, RequestAuthenticator, check
@@ -462,7 +462,7 @@ class ReplicasManager:
 
     # --- notifications --------------------------------------------------------------------
 
-    async def handle_notify(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+    async def handle_notify(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         """NOTIFY_BROKER_ROLE_CHANGED (1008) from the controller: signed and over a
         controller's channel (with a secret), and confirmed with the controller leader
         before it makes this broker master."""
@@ -491,7 +491,7 @@ class ReplicasManager:
             await self.change_role(state, source="notification")
         return cmd.response(ResponseCode.SUCCESS)
 
-    def _off_channel(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+    def _off_channel(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand | None:
         """With the secret, a notice that did not come from a controller over a channel
         (or TLS): a signature copied onto a plain connection proves nothing of its sender."""
         return refused_off_channel(cmd, conn, (PeerRole.CONTROLLER,)) if self.auth.enabled else None

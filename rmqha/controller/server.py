@@ -74,7 +74,7 @@ from rmqha.controller.raft_tls import RaftTls
 from rmqha.net.client import RemotingClient
 from rmqha.net.channel import refused_off_channel
 from rmqha.net.client_security import ClientSecurity
-from rmqha.net.connection import Connection
+from rmqha.net.peer import RequestPeer
 from rmqha.net.peer_check import PeerCheck
 from rmqha.net.server import RemotingServer
 from rmqha.protocol.command import RemotingCommand
@@ -246,7 +246,7 @@ class ControllerServer:
     # --- request plumbing ------------------------------------------------------------
 
     def _register_handlers(self) -> None:
-        table: dict[int, Callable[[RemotingCommand, Connection], Awaitable[RemotingCommand]]] = {
+        table: dict[int, Callable[[RemotingCommand, RequestPeer], Awaitable[RemotingCommand]]] = {
             RequestCode.CONTROLLER_GET_METADATA_INFO: self._get_metadata,
             RequestCode.BROKER_HEARTBEAT: self._heartbeat,
             RequestCode.GET_CONTROLLER_CONFIG: self._get_config,
@@ -280,10 +280,10 @@ class ControllerServer:
             fn = self._identified(fn)
             self.remoting.register(code, self._metered(int(code), fn))
 
-    def _authenticated(self, fn: Callable[[RemotingCommand, Connection], Awaitable[RemotingCommand]]):
+    def _authenticated(self, fn: Callable[[RemotingCommand, RequestPeer], Awaitable[RemotingCommand]]):
         """``fn`` behind the proof check: a request without valid proof, or (with the
         secret) not over an authenticated channel or TLS, changes nothing."""
-        async def handler(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        async def handler(cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
             refused = check(self.auth, cmd, conn) or self._channel_check(cmd, conn)
             if refused is not None:
                 self._refusals.note(cmd, conn.peer, refused.remark or "")
@@ -291,17 +291,17 @@ class ControllerServer:
             return await fn(cmd, conn)
         return handler
 
-    def _identified(self, fn: Callable[[RemotingCommand, Connection], Awaitable[RemotingCommand]]):
+    def _identified(self, fn: Callable[[RemotingCommand, RequestPeer], Awaitable[RemotingCommand]]):
         """``fn`` behind the certificate identity check: a broker acts only as itself,
         admin requests need an admin or controller (rmqha.controller.peer_rules)."""
         return self.peer_check.guarded(lambda cmd: need_for(cmd, self.state), fn,
                                        lambda cmd, conn, why: self._refusals.note(cmd, conn.peer, why))
 
-    def _channel_check(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+    def _channel_check(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand | None:
         return refused_off_channel(cmd, conn, _WRITERS) if self.auth.enabled else None
 
-    def _metered(self, code: int, fn: Callable[[RemotingCommand, Connection], Awaitable[RemotingCommand]]):
-        async def handler(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def _metered(self, code: int, fn: Callable[[RemotingCommand, RequestPeer], Awaitable[RemotingCommand]]):
+        async def handler(cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
             try:
                 resp = await fn(cmd, conn)
             except BadRequest as exc:
@@ -429,8 +429,8 @@ class ControllerServer:
         admin: Callable[[RemotingCommand], bool] | None = None,
         after: Callable[[RemotingCommand, Decision], None] | None = None,
         before: Callable[[RemotingCommand], Awaitable[None]] | None = None,
-    ) -> Callable[[RemotingCommand, Connection], Awaitable[RemotingCommand]]:
-        async def handler(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+    ) -> Callable[[RemotingCommand, RequestPeer], Awaitable[RemotingCommand]]:
+        async def handler(cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
             if admin is not None and admin(cmd):
                 refused = self._check_admin(cmd)
                 if refused is not None:
@@ -453,7 +453,7 @@ class ControllerServer:
 
     # --- any-node handlers -----------------------------------------------------------
 
-    async def _get_metadata(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+    async def _get_metadata(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         leader = self.leader_peer()
         return cmd.response(ext_fields={
             "group": self.config.controller_group,
@@ -463,7 +463,7 @@ class ControllerServer:
             "peers": "".join(f"{p.id}:{p.rpc_address};" for p in self.peers),
         })
 
-    async def _heartbeat(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+    async def _heartbeat(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         if not cmd.ext_fields.get("brokerId"):
             return cmd.response(ResponseCode.CONTROLLER_INVALID_REQUEST, "Heart beat with empty brokerId")
         try:
@@ -519,11 +519,11 @@ class ControllerServer:
                 view[camel] = "******"
         return view
 
-    async def _get_config(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+    async def _get_config(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         text = "".join(f"{k}={'' if v is None else v}\n" for k, v in self._config_view().items())
         return cmd.response(body=text)
 
-    async def _update_config(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+    async def _update_config(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         refused = self._check_admin(cmd)
         if refused is not None:
             return refused

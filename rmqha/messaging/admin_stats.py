@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from rmqha.messaging.context import Handler, MessagingContext
+from rmqha.net.peer import RequestPeer
 from rmqha.protocol.admin_bodies import (
     ClientConnection,
     QueueProgress,
@@ -61,7 +62,7 @@ class AdminStats:
             return 0
         return self.ctx.store_timestamp(q.phys[offset - q.base])
 
-    async def on_topic_stats(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_topic_stats(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         topic = req_str(cmd.ext_fields, "topic")
         config = self.ctx.topics.get(topic)
         if config is None:
@@ -73,7 +74,7 @@ class AdminStats:
                          self._last_store_time(topic, qid, hi - 1) if hi > 0 else 0))
         return cmd.response(ResponseCode.SUCCESS, None, {}, topic_stats_body(rows))
 
-    async def on_consume_stats(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_consume_stats(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         group = req_str(cmd.ext_fields, "consumerGroup")
         asked = (cmd.ext_fields.get("topic") or "").strip()
         listed = [t for t in (cmd.ext_fields.get("topicList") or "").split(";") if t]
@@ -90,7 +91,7 @@ class AdminStats:
                     self._last_store_time(topic, qid, committed - 1) if committed > 0 else 0))
         return cmd.response(ResponseCode.SUCCESS, None, {}, consume_stats_body(progress))
 
-    async def on_consumer_connections(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_consumer_connections(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         group = req_str(cmd.ext_fields, "consumerGroup")
         members = self.ctx.clients.consumers(group)
         if not members:
@@ -104,7 +105,7 @@ class AdminStats:
             message_model=data.message_model, consume_from_where=data.consume_from_where)
         return cmd.response(ResponseCode.SUCCESS, None, {}, body)
 
-    async def on_producer_connections(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_producer_connections(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         group = req_str(cmd.ext_fields, "producerGroup")
         members = self.ctx.clients.producer_members(group)
         if not members:
@@ -112,7 +113,7 @@ class AdminStats:
         return cmd.response(ResponseCode.SUCCESS, None, {},
                             producer_connection_body([_connection(m) for m in members]))
 
-    async def on_consumed_by(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_consumed_by(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         """QUERY_TOPIC_CONSUME_BY_WHO (queryMsgById's track): the groups with offsets on the
         topic or a member subscribed to it (``GroupList``)."""
         topic = req_str(cmd.ext_fields, "topic")
@@ -122,7 +123,7 @@ class AdminStats:
                 groups.add(group)
         return cmd.response(ResponseCode.SUCCESS, None, {}, {"groupList": sorted(groups)})
 
-    async def on_reset_offset(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_reset_offset(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         group = req_str(cmd.ext_fields, "group")
         if not self.ctx.clients.consumers(group):
             return cmd.response(ResponseCode.CONSUMER_NOT_ONLINE,

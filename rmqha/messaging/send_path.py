@@ -214,7 +214,7 @@ class SendPath:
 
     def plain_send_handler(self) -> tuple[Any, tuple[bytes, ...]]:
         """The handler of plain sends parsed from their frames and what their properties
-        must not hold (:meth:`rmqha.net.connection.Dispatcher.register_plain_send`)."""
+        must not hold (:meth:`rmqha.net.dispatcher.Dispatcher.register_plain_send`)."""
         return self.on_plain_send, PLAIN_SEND_REFUSE
 
     async def on_send(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
@@ -302,7 +302,7 @@ class SendPath:
 
     def on_plain_sends(self, sends: Sequence[SendFrame], conn: Any) -> int:
         """:meth:`on_plain_send` for a run of plain sends that arrived together, in one
-        call (:meth:`rmqha.net.connection.Dispatcher.register_plain_sends`): how many,
+        call (:meth:`rmqha.net.dispatcher.Dispatcher.register_plain_sends`): how many,
         from the first, it took; the next is left to the ordinary way.  A failure of
         its own on one send answers that send SYSTEM_ERROR, as the connection would."""
         group, opened = self._group_of(conn)

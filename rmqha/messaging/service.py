@@ -236,17 +236,17 @@ class MessageService:
 
     def immediate_handlers(self) -> dict[int, Callable[[Any, Any], bool]]:
         """Request code -> handler run in the loop turn that decoded the request (see
-        :class:`rmqha.net.connection.Dispatcher`): the send path."""
+        :class:`rmqha.net.dispatcher.Dispatcher`): the send path."""
         return self._send.immediate_handlers()
 
     def plain_send_handler(self) -> tuple[Callable[[Any, Any], bool], tuple[bytes, ...]]:
         """The send path's handler of plain sends parsed from their frames, and what their
-        properties must not hold (see :meth:`rmqha.net.connection.Dispatcher.register_plain_send`)."""
+        properties must not hold (see :meth:`rmqha.net.dispatcher.Dispatcher.register_plain_send`)."""
         return self._send.plain_send_handler()
 
     def plain_sends_handler(self) -> Callable[[Any, Any], int]:
         """The send path's handler of a run of plain sends (see
-        :meth:`rmqha.net.connection.Dispatcher.register_plain_sends`)."""
+        :meth:`rmqha.net.dispatcher.Dispatcher.register_plain_sends`)."""
         return self._send.on_plain_sends
 
     def set_access(self, check: ResourceCheck) -> None:

@@ -150,7 +150,7 @@ class TopicAdmin:
                             {"topicConfigTable": table,
                              "dataVersion": {"timestamp": int(time.time() * 1000), "counter": 0}})
 
-    async def on_topic_config(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_topic_config(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         """GET_TOPIC_CONFIG (RocketMQ 5's ``TopicConfigAndQueueMapping``: the topic's
         config; rmqha has no static topics, so no ``mappingDetail``)."""
         topic = str(cmd.ext_fields.get("topic") or "")

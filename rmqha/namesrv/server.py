@@ -55,7 +55,7 @@ from rmqha.namesrv.route_table import BrokerRegistration, RouteTable, TopicConfi
 from rmqha.namesrv.status_page import StatusPageServer
 from rmqha.net.channel import refused_off_channel
 from rmqha.net.client_security import ClientSecurity
-from rmqha.net.connection import Connection
+from rmqha.net.peer import RequestPeer
 from rmqha.net.peer_check import Need, PeerCheck
 from rmqha.net.server import RemotingServer
 from rmqha.protocol.command import RemotingCommand
@@ -125,7 +125,7 @@ class NameServer:
         self.peer_check = PeerCheck(self.tls)
         self.controller: Any = None
         # (broker_name, broker_addr) -> the connection it last registered over
-        self._reg_conn: dict[tuple[str, str], Connection] = {}
+        self._reg_conn: dict[tuple[str, str], RequestPeer] = {}
         self._scan_task: asyncio.Task[None] | None = None
         self.metrics: MetricsRegistry | None = MetricsRegistry() if config.metrics_port > 0 else None
         self.metrics_port: int | None = None
@@ -160,7 +160,7 @@ class NameServer:
     def _authenticated(self, handler: Any) -> Any:
         """``handler`` behind the proof check (and, with the secret, the channel check):
         without them no route changes."""
-        async def checked(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        async def checked(cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
             refused = check(self.auth, cmd, conn) or self._channel_check(cmd, conn)
             if refused is not None:
                 self._refusals.note(cmd, conn.peer, refused.remark or "")
@@ -181,7 +181,7 @@ class NameServer:
         return self.peer_check.guarded(lambda cmd: _ROUTE_EDITORS, handler,
                                        lambda cmd, conn, why: self._refusals.note(cmd, conn.peer, why))
 
-    def _channel_check(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand | None:
+    def _channel_check(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand | None:
         return refused_off_channel(cmd, conn, _REGISTRARS) if self.auth.enabled else None
 
     @property
@@ -203,7 +203,7 @@ class NameServer:
             return handler
         counter = self._requests
 
-        async def metered(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        async def metered(cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
             resp = await handler(cmd, conn)
             ok = resp is None or resp.code == ResponseCode.SUCCESS
             counter.labels(request_type=code_name(code), result="success" if ok else "failed").inc()
@@ -265,7 +265,7 @@ class NameServer:
             for reg in self.routes.expire(now_ms()):
                 self._reg_conn.pop((reg.broker_name, reg.broker_addr), None)
 
-    def _on_conn_closed(self, conn: Connection) -> None:
+    def _on_conn_closed(self, conn: RequestPeer) -> None:
         if not self.config.drop_on_disconnect:
             return
         for key in list(conn.attributes.get(_CONN_KEY, ())):
@@ -276,7 +276,7 @@ class NameServer:
 
     # --- handlers -------------------------------------------------------------------------
 
-    async def _register_broker(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+    async def _register_broker(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         ext = cmd.ext_fields
         try:
             name, addr, cluster = ext["brokerName"], ext["brokerAddr"], ext["clusterName"]
@@ -314,7 +314,7 @@ class NameServer:
                             {"masterAddr": result.master_addr, "haServerAddr": result.ha_server_addr},
                             {"table": {}})
 
-    async def _unregister_broker(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+    async def _unregister_broker(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         ext = cmd.ext_fields
         name, addr = ext.get("brokerName", ""), ext.get("brokerAddr", "")
         registered_on = self._reg_conn.get((name, addr))
@@ -327,17 +327,17 @@ class NameServer:
         self.routes.unregister(name, addr)
         return cmd.response(ResponseCode.SUCCESS)
 
-    async def _route_by_topic(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+    async def _route_by_topic(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         topic = cmd.ext_fields.get("topic", "")
         route = self.routes.topic_route(topic)
         if route is None:
             return cmd.response(ResponseCode.TOPIC_NOT_EXIST, f"No topic route info in name server for the topic: {topic}")
         return cmd.response(ResponseCode.SUCCESS, None, None, route)
 
-    async def _cluster_info(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+    async def _cluster_info(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         return cmd.response(ResponseCode.SUCCESS, None, None, self.routes.cluster_info())
 
-    async def _member_group(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+    async def _member_group(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         name = cmd.ext_fields.get("brokerName", "")
         route = self.routes.group_route(name)
         if route is None:
@@ -350,7 +350,7 @@ class NameServer:
         }
         return cmd.response(ResponseCode.SUCCESS, None, None, body)
 
-    async def _delete_topic(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+    async def _delete_topic(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         token = self.config.admin_token
         if token and not tokens_match(cmd.ext_fields.get("adminToken"), token):
             return cmd.response(ResponseCode.NO_PERMISSION, "admin token missing or wrong")
@@ -359,7 +359,7 @@ class NameServer:
         log.info("topic %s deleted from the routes of %d broker(s)", topic, removed)
         return cmd.response(ResponseCode.SUCCESS)
 
-    async def _topic_list(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+    async def _topic_list(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         return cmd.response(ResponseCode.SUCCESS, None, None, {"topicList": self.routes.topics()})
 
 

@@ -22,6 +22,7 @@ from collections.abc import Callable, Collection, Container, Sequence
 from typing import TYPE_CHECKING
 
 from rmqha.errors import AuthenticationError, RemotingError
+from rmqha.net.peer import RequestPeer
 from rmqha.protocol.codes import ResponseCode, code_name
 from rmqha.protocol.command import RawAnswer, RemotingCommand, SendFrame, read_frame
 from rmqha.security.channel_auth import ChannelEndpoint, ChannelKey, channel_refusal
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def refused_off_channel(cmd: RemotingCommand, conn: Connection,
+def refused_off_channel(cmd: RemotingCommand, conn: RequestPeer,
                         roles: Collection[Role]) -> RemotingCommand | None:
     """NO_PERMISSION naming why, for a state-changing request that did not come over a
     channel (or TLS with a verified certificate) from a peer of ``roles`` acting for itself

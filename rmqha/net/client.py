@@ -8,7 +8,8 @@ from collections.abc import Awaitable, Mapping
 from rmqha.errors import RemotingError, RemotingTimeoutError, ServerIdentityError
 from rmqha.net.channel import dial
 from rmqha.net.client_security import ClientSecurity, ServerRole, current
-from rmqha.net.connection import Connection, Dispatcher, Handler
+from rmqha.net.connection import Connection
+from rmqha.net.dispatcher import Dispatcher, Handler
 from rmqha.protocol.command import DEFAULT_MAX_FRAME_BYTES, RemotingCommand
 
 

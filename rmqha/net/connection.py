@@ -1,8 +1,9 @@
-"""One TCP connection speaking remoting frames, in either direction, and its dispatcher.
+"""One TCP connection speaking remoting frames, in either direction.
 
 :class:`Connection` is the transport's asyncio protocol: it decodes frames as they arrive
 (:class:`rmqha.protocol.command.FrameDecoder`), dispatches requests to handlers
-(:class:`Dispatcher`, code -> handler), matches responses to pending requests by
+(:class:`rmqha.net.dispatcher.Dispatcher`, code -> handler, typed on the
+:class:`~rmqha.net.dispatcher.RequestPeer` part of a connection), matches responses to pending requests by
 ``opaque`` and writes with back-pressure.  A request may also leave encoded already
 (:meth:`Connection.request_frame`): its response comes back as its frame, undecoded (the
 decoder's :class:`~rmqha.protocol.command.RawAnswer`).  A producer's send goes as a frame
@@ -28,8 +29,8 @@ import asyncio
 import logging
 import ssl
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection, Container, Mapping, Sequence
-from typing import Any, Protocol, TypeVar, Union, cast
+from collections.abc import Callable, Collection, Container, Sequence
+from typing import Any, Protocol, TypeVar, cast
 
 from rmqha.errors import (
     AuthenticationError,
@@ -39,6 +40,12 @@ from rmqha.errors import (
     RemotingError,
     RemotingTimeoutError,
     RmqhaError,
+)
+from rmqha.net.dispatcher import (
+    Dispatcher,
+    Guard,
+    ImmediateHandler,
+    PlainSendsHandler,
 )
 from rmqha.protocol.codes import ResponseCode
 from rmqha.protocol.command import (
@@ -61,8 +68,6 @@ log = logging.getLogger(__name__)
 #: A server drops a peer that sends part of a frame and then nothing for this long (a
 #: stalled or malicious client must not hold a connection and its buffer forever).
 DEFAULT_FRAME_READ_TIMEOUT_S = 30.0
-
-Handler = Callable[[RemotingCommand, "Connection"], Awaitable[Union[RemotingCommand, None]]]
 
 _T = TypeVar("_T")
 
@@ -116,93 +121,6 @@ class _Opaques:
 
     def __len__(self) -> int:
         return len(self._sends) + len(self._raw)
-
-
-#: ``guard(cmd, conn) -> None``: runs before any handler of a request; a refusal is a
-#: :class:`~rmqha.errors.RemoteCommandError` (answered with its code and remark, and no handler
-#: runs).  The broker's ACL check is one.
-Guard = Callable[[RemotingCommand, "Connection"], None]
-
-#: ``handler(cmd, conn) -> bool``: takes the request in the loop turn that decoded it (True:
-#: it answers with :meth:`Connection.answer`, now or from a later callback) or leaves it to
-#: the code's ordinary task-based handler (False).
-ImmediateHandler = Callable[[RemotingCommand, "Connection"], bool]
-
-#: ``handler(send, conn) -> bool``: takes a plain send parsed from its frame (no command
-#: made; see :class:`~rmqha.protocol.command.FrameDecoder`) and answers it with
-#: :meth:`Connection.answer_frame` or :meth:`Connection.answer` (True), or leaves it to
-#: the ordinary way, as the command its frame decodes to (False).
-PlainSendHandler = Callable[[SendFrame, "Connection"], bool]
-
-#: ``handler(sends, conn) -> int``: :data:`PlainSendHandler` for a run of plain sends that
-#: arrived together, in one call: how many of them, from the first, it took (and answers);
-#: the one after those goes the ordinary way.  It answers a failure of its own on a send
-#: it took (SYSTEM_ERROR) rather than raise.
-PlainSendsHandler = Callable[[Sequence[SendFrame], "Connection"], int]
-
-#: ``plain_guard(send, conn) -> bool``: with a :data:`Guard`, whether a plain send (parsed
-#: with its ACL signing material) passes it as its command would; False leaves the send to
-#: the guard, as that command.
-PlainGuard = Callable[[SendFrame, "Connection"], bool]
-
-
-class Dispatcher:
-    """Request code -> handler, with an optional fallback handler for other codes.
-
-    A code may also have an immediate handler (:meth:`register_immediate`), tried first
-    without a task: a one-at-a-time request then costs no task creation and no task steps,
-    which on the send path is a good part of the broker's time per message."""
-
-    def __init__(self, fallback: Handler | Mapping[int, Handler] | None = None) -> None:
-        self._handlers: dict[int, Handler] = {}
-        self._fallback: Handler | None = None
-        self.immediate: dict[int, ImmediateHandler] = {}
-        #: Checked before every request (:data:`Guard`); None lets everything through.
-        self.guard: Guard | None = None
-        #: Plain sends taken from their frames (see :meth:`register_plain_send`).
-        self.plain_send: PlainSendHandler | None = None
-        self.plain_send_refuse: tuple[bytes, ...] = ()
-        #: The same for a run of them (see :meth:`register_plain_sends`).
-        self.plain_sends: PlainSendsHandler | None = None
-        #: The :attr:`guard`'s check of a plain send (:data:`PlainGuard`); None: a guard
-        #: sends every plain send the ordinary way.
-        self.plain_guard: PlainGuard | None = None
-        if isinstance(fallback, Mapping):
-            for code, fn in fallback.items():
-                self.register(code, fn)
-        else:
-            self._fallback = fallback
-
-    def register(self, code: int, handler: Handler) -> None:
-        self._handlers[int(code)] = handler
-
-    def register_immediate(self, code: int, handler: ImmediateHandler) -> None:
-        self.immediate[int(code)] = handler
-
-    def served_codes(self) -> frozenset[int]:
-        """Every code with a handler (tests check each has a declaration,
-        :mod:`rmqha.protocol.code_rules`)."""
-        return frozenset(self._handlers) | frozenset(self.immediate)
-
-    def register_plain_send(self, handler: PlainSendHandler, refuse: tuple[bytes, ...]) -> None:
-        """Connections made from now on parse plain sends from their frames (properties
-        holding none of ``refuse``) and give them to ``handler`` before any other
-        handler; with a :attr:`guard` they go the ordinary way (the guard reads commands)
-        unless :attr:`plain_guard` admits them."""
-        self.plain_send = handler
-        self.plain_send_refuse = refuse
-
-    def register_plain_sends(self, handler: PlainSendsHandler) -> None:
-        """With :meth:`register_plain_send`: the plain sends a dispatch holds back to back
-        go to ``handler`` in one call (without a :attr:`guard`; with one, each send is
-        checked and goes alone)."""
-        self.plain_sends = handler
-
-    async def __call__(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand | None:
-        handler = self._handlers.get(cmd.code, self._fallback)
-        if handler is None:
-            return not_supported(cmd)
-        return await handler(cmd, conn)
 
 
 #: Commands of one read dispatched in one loop turn; the rest wait for the next turns.

@@ -26,6 +26,10 @@ class RequestPeer(Protocol):
     attributes: dict[str, Any]
     #: The identity a verified TLS certificate names, else None.
     peer_identity: Identity | None
+    #: The identity the peer proved with the cluster secret on a channel, else None.
+    channel_peer: Identity | None
+    #: Why the connection closed (a log line's words); None while it is open.
+    close_reason: str | None
 
     async def send(self, cmd: RemotingCommand) -> None:
         """Send a request to the peer (a check-back, a notice), without waiting for an answer."""

@@ -23,7 +23,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from rmqha.net.connection import Connection
+from rmqha.net.peer import RequestPeer
 from rmqha.protocol.codes import ResponseCode, code_name
 from rmqha.protocol.command import RemotingCommand
 from rmqha.security.identity import Identity, Role
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 #: Roles that administer a cluster (an operator's tool, a controller).
 ADMIN_ROLES: frozenset[Role] = frozenset({Role.ADMIN, Role.CONTROLLER})
 
-Handler = Callable[[RemotingCommand, Connection], Awaitable[RemotingCommand]]
+Handler = Callable[[RemotingCommand, RequestPeer], Awaitable[RemotingCommand]]
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class PeerCheck:
         self.required = (tls.server_mode is TlsMode.ENFORCING
                          and tls.server_need_client_auth is not ClientAuth.NONE)
 
-    def refusal(self, cmd: RemotingCommand, conn: Connection, need: Need) -> RemotingCommand | None:
+    def refusal(self, cmd: RemotingCommand, conn: RequestPeer, need: Need) -> RemotingCommand | None:
         """None when ``conn``'s peer may send ``cmd``; otherwise NO_PERMISSION saying what
         certificate was expected and what came."""
         peer = conn.peer_identity
@@ -94,10 +94,10 @@ class PeerCheck:
             f"may send it (a process acts only as the identity its certificate names)")
 
     def guarded(self, rule: Callable[[RemotingCommand], Need | None], fn: Handler,
-                on_refusal: Callable[[RemotingCommand, Connection, str], None] | None = None) -> Handler:
+                on_refusal: Callable[[RemotingCommand, RequestPeer, str], None] | None = None) -> Handler:
         """``fn`` behind this check, with ``rule`` saying who may send each request (None:
         anyone); a refused request is answered here and never reaches ``fn``."""
-        async def handler(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        async def handler(cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
             need = rule(cmd)
             refused = None if need is None else self.refusal(cmd, conn, need)
             if refused is None:

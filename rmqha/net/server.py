@@ -21,13 +21,8 @@ from collections.abc import Callable, Mapping
 
 from rmqha.errors import AuthenticationError
 from rmqha.net.channel import accepting_layer
-from rmqha.net.connection import (
-    DEFAULT_FRAME_READ_TIMEOUT_S,
-    Connection,
-    Dispatcher,
-    Handler,
-    ImmediateHandler,
-)
+from rmqha.net.connection import DEFAULT_FRAME_READ_TIMEOUT_S, Connection
+from rmqha.net.dispatcher import Dispatcher, Handler, ImmediateHandler
 from rmqha.protocol.command import DEFAULT_MAX_FRAME_BYTES
 from rmqha.security.channel_auth import ChannelKey
 from rmqha.security.tls import ReloadingContext, TlsMode, TlsSettings, accept_connection

@@ -21,7 +21,8 @@ from test_send_groups import ScriptedReplication
 from rmqha.broker.acl_guard import acl_guard
 from rmqha.messaging.context import MessagingConfig
 from rmqha.messaging.service import MessageService
-from rmqha.net.connection import Connection, Dispatcher
+from rmqha.net.connection import Connection
+from rmqha.net.dispatcher import Dispatcher
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.command import (
     FLAG_ONEWAY,

@@ -18,7 +18,8 @@ from rmqha.errors import ProtocolError, RemoteCommandError, RemotingError, Remot
 from rmqha.net.blocking import BlockingRemotingClient
 from rmqha.net.client import RemotingClient
 from rmqha.net.client_security import ClientSecurity
-from rmqha.net.connection import DISPATCH_BUDGET, Connection, Dispatcher
+from rmqha.net.connection import DISPATCH_BUDGET, Connection
+from rmqha.net.dispatcher import Dispatcher
 from rmqha.net.server import RemotingServer
 from rmqha.protocol.command import (
     FLAG_ONEWAY,

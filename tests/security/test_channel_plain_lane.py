@@ -14,7 +14,8 @@ import asyncio
 from typing import Any
 
 from rmqha.net.channel import accepting_layer
-from rmqha.net.connection import Connection, Dispatcher
+from rmqha.net.connection import Connection
+from rmqha.net.dispatcher import Dispatcher
 from rmqha.protocol.codes import RequestCode
 from rmqha.protocol.command import RemotingCommand, encode
 from rmqha.protocol.headers import SendHeader

@@ -23,7 +23,8 @@ from rmqha.client.route import BrokerData, QueueData, TopicRoute
 from rmqha.client.send_request import SendRequest
 from rmqha.client.sender import Sender
 from rmqha.errors import RemotingError, RemotingTimeoutError, SendError
-from rmqha.net.connection import DISPATCH_BUDGET, Connection, Dispatcher
+from rmqha.net.connection import DISPATCH_BUDGET, Connection
+from rmqha.net.dispatcher import Dispatcher
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.command import (
     DEFAULT_MAX_FRAME_BYTES,
