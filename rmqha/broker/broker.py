@@ -47,6 +47,7 @@ from rmqha.broker.metrics import (
     FlushProbe, flush_latency_histogram, register_broker_metrics, served_bytes_counter,
 )
 from rmqha.broker.replicas_manager import ReplicasManager, Role
+from rmqha.broker.role_fence import RoleFence
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import (
     BrokerError, ConfigError, MissingSegmentError, RemoteCommandError, RemotingError, StoreError,
@@ -59,7 +60,6 @@ from rmqha.messaging.queue_assignment import namesrv_route_source
 from rmqha.metrics import MetricsRegistry
 from rmqha.net.client import RemotingClient, split_address
 from rmqha.net.client_security import ClientSecurity, ServerRole
-from rmqha.net.dispatcher import LanePeer
 from rmqha.net.peer import RequestPeer
 from rmqha.net.peer_check import Need, PeerCheck
 from rmqha.net.server import RemotingServer
@@ -297,7 +297,9 @@ class Broker:
         self.message_service = self._make_message_service(broker_id)
         self.message_service.set_role("fenced", None)
 
-        # Every write code gets the role guard, even one the messaging layer does not serve.
+        # Every write code is fenced, even one the messaging layer does not serve.
+        fence = RoleFence(lambda: self.role, lambda: self.replicas.status.master_address if self.replicas else None,
+                          cfg.broker_address, cfg.broker_name)
         handlers: dict[int, Any] = {int(code): None for code in APPEND_CODES}
         handlers.update({int(code): h for code, h in self.message_service.handlers().items()})
         # With the secret the client port also takes channels, from controllers only (their
@@ -310,13 +312,12 @@ class Broker:
         if self._served_bytes is not None and handlers.get(int(RequestCode.PULL_MESSAGE)) is not None:
             handlers[int(RequestCode.PULL_MESSAGE)] = self._count_served(handlers[int(RequestCode.PULL_MESSAGE)])
         for code, handler in handlers.items():
-            self.server.register(code, self._guard(code, handler))
+            self.server.register(code, fence.task(code, handler))
         for code, now in self.message_service.immediate_handlers().items():
-            self.server.register_immediate(code, self._guard_now(now))
+            self.server.register_immediate(code, fence.now(now))
         plain, refuse = self.message_service.plain_send_handler()
-        self.server.dispatcher.register_plain_send(self._guard_now(plain), refuse)
-        self.server.dispatcher.register_plain_sends(
-            self._guard_many(self.message_service.plain_sends_handler()))
+        self.server.dispatcher.register_plain_send(fence.now(plain), refuse)
+        self.server.dispatcher.register_plain_sends(fence.run(self.message_service.plain_sends_handler()))
         # Over mutual TLS a role notice comes only from a controller's certificate.
         self.server.register(RequestCode.NOTIFY_BROKER_ROLE_CHANGED,
                              PeerCheck(self.tls).guarded(lambda cmd: FROM_CONTROLLER,
@@ -325,7 +326,7 @@ class Broker:
         admin = BrokerAdminInfo(cfg, is_master=lambda: self.role == Role.MASTER,
                                 earliest_store_time=lambda: earliest_store_time(self.message_service, self.commitlog), store_dir=str(self.store_dir))
         for code, handler in admin.handlers().items():
-            self.server.register(code, self._guard(code, handler))
+            self.server.register(code, fence.task(code, handler))
         self.server.register(RequestCode.GET_BROKER_HA_STATUS, self._handle_ha_status)
         require_declared(self.server.dispatcher.served_codes(), "the broker")
         try:
@@ -432,49 +433,6 @@ class Broker:
             return resp
 
         return counted
-
-    def _guard(self, code: int, handler: Any) -> Any:
-        """Wrap a write handler: refuse unless master (SERVICE_NOT_AVAILABLE names the master)."""
-
-        async def guarded(cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand | None:
-            role = self.role
-            if role != Role.MASTER:
-                master = self.replicas.status.master_address if self.replicas else None
-                ext: dict[str, Any] = {}
-                if role == Role.SLAVE and master:
-                    remark = f"broker {self.config.broker_address} is a slave; the master of " \
-                             f"{self.config.broker_name} is {master}"
-                    # Clients re-route to the master without waiting for the name server.
-                    ext["masterAddress"] = master
-                else:
-                    remark = f"broker {self.config.broker_address} is fenced: its role is not confirmed by the controller yet"
-                return cmd.response(ResponseCode.SERVICE_NOT_AVAILABLE, remark, ext)
-            if handler is None:
-                return cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f" request type {cmd.code} not supported")
-            return await handler(cmd, conn)
-
-        if code in APPEND_CODES:  # refused unless this broker is master (fencing, #6508)
-            return guarded
-        return handler
-
-    def _guard_now(self, handler: Any) -> Any:
-        """The role guard of :meth:`_guard` for an immediate (or plain send) handler: only
-        a master takes the request now; anything else goes to the guarded task, which
-        refuses it."""
-
-        def guarded_now(cmd: RemotingCommand, conn: LanePeer) -> bool:
-            return self.role == Role.MASTER and handler(cmd, conn)
-
-        return guarded_now
-
-    def _guard_many(self, handler: Any) -> Any:
-        """:meth:`_guard_now` for a run of plain sends: a master takes them, anything else
-        takes none (each then goes the guarded way, which refuses it)."""
-
-        def guarded_many(sends: Any, conn: LanePeer) -> int:
-            return handler(sends, conn) if self.role == Role.MASTER else 0
-
-        return guarded_many
 
     def _ha_config(self) -> HAConfig:
         return HAConfig.from_object(self.config)

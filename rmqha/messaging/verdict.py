@@ -7,7 +7,8 @@ not judge themselves:
 ============  ===============================================================  ==============
 fact          what it says                                                     reported by
 ============  ===============================================================  ==============
-``master``    this broker's messaging role is master                           ``MessagingContext.role``
+``master``    this broker's messaging role is master                           ``MessagingContext.role``,
+                                                                               ``RoleFence``
 ``lease``     it holds the controller's lease for the epoch it is master of    ``Replication.holds_master_lease``
 ``in_sync``   replicas counted for ``min_in_sync_replicas`` (the SyncStateSet)  ``Replication.sync_state_set_size``
 ``floor``     ``min_in_sync_replicas``                                         the broker config
