@@ -50,7 +50,7 @@ _UNASKED, _NO_FLUSH, _ADMITTED = Copies.UNASKED, Flush.NONE, Outcome.PUT_OK
 
 class Replication(Protocol):
     """The one object the messaging layer asks about replication (the broker's
-    ``rmqha.broker.broker.Replication``): facts for :func:`~rmqha.messaging.verdict.verdict`
+    ``rmqha.broker.replication.Replication``): facts for :func:`~rmqha.messaging.verdict.verdict`
     (the lease, the SyncStateSet's size, whether a send's copies exist) and the pushes.  It
     judges nothing: whether a send gets SEND_OK is the verdict's."""
 

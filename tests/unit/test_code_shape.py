@@ -27,7 +27,6 @@ LONG_TODAY: dict[str, int] = {
     # The Dispatcher and the lane types moved to net/dispatcher.py (handlers typed on
     # RequestPeer/LanePeer, not Connection); what is left is frames, writes and pending answers.
     "rmqha/net/connection.py": 866,
-    "rmqha/broker/broker.py": 860,
     "rmqha/_core/frames_py.py": 846,
     "rmqha/_core/send_frames.pyx": 859,
 }
