@@ -42,6 +42,7 @@ from rmqha.ha.dialects import Ack, MasterCodec, SlaveHello
 from rmqha.ha.frame_mac import TAG
 from rmqha.ha.link import FileRange, Link, LinkClosed, LinkTimeout, Waker
 from rmqha.ha.replicated_log import ReplicatedLog
+from rmqha.store.epoch_map import EpochMap
 
 # The master side logs under one name, whichever module says it (operators filter on it).
 log = logging.getLogger("rmqha.ha.master")
@@ -72,7 +73,7 @@ class LinkState(str, Enum):
     SHUTDOWN = "SHUTDOWN"
 
 
-def blocks(commitlog: ReplicatedLog, epoch_map: Any, batch: int, nxt: int, max_offset: int,
+def blocks(commitlog: ReplicatedLog, epoch_map: EpochMap, batch: int, nxt: int, max_offset: int,
            budget: int) -> Iterator[tuple[int, int, int, int]]:
     """(epoch, epoch start, offset, size) of the blocks that carry ``nxt``..``max_offset``,
     at most ``budget`` bytes (at least one block); a block never crosses an epoch boundary
@@ -128,7 +129,7 @@ class SlaveConnection:
     called with each batch of checked acks, in the loop turn that read them."""
 
     def __init__(self, link: Link, codec: MasterCodec, hello: SlaveHello, *, commitlog: ReplicatedLog,
-                 epoch_map: Any, config: HAConfig, confirm: Callable[[], int]) -> None:
+                 epoch_map: EpochMap, config: HAConfig, confirm: Callable[[], int]) -> None:
         self.link = link
         self.codec = codec
         self.broker_id = hello.broker_id

@@ -51,6 +51,7 @@ from rmqha.ha.dialects import (
 )
 from rmqha.ha.link import Link
 from rmqha.ha.replicated_log import ReplicatedLog
+from rmqha.store.epoch_map import EpochMap
 
 # The master half logs under the master side's one name (operators filter on it).
 log = logging.getLogger("rmqha.ha.master")
@@ -83,7 +84,7 @@ class Introduction:
 class MasterHandshake:
     """The master's half, for every connection to one master."""
 
-    def __init__(self, commitlog: ReplicatedLog, epoch_map: Any, config: HAConfig, *, group: str, broker_id: int,
+    def __init__(self, commitlog: ReplicatedLog, epoch_map: EpochMap, config: HAConfig, *, group: str, broker_id: int,
                  is_known_replica: KnownReplica | None) -> None:
         self.commitlog = commitlog
         self.epoch_map = epoch_map

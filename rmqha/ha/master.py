@@ -37,6 +37,8 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from rmqha.ha.replicated_log import ReplicatedLog
+from rmqha.store.epoch_map import EpochMap
 from rmqha.ha.acceptor import Acceptor
 from rmqha.ha.auth import HAAuth
 from rmqha.ha.config import HAConfig
@@ -69,8 +71,8 @@ class HAMaster:
 
     def __init__(
         self,
-        commitlog: Any,
-        epoch_map: Any,
+        commitlog: ReplicatedLog,
+        epoch_map: EpochMap,
         *,
         group: str,
         broker_id: int,

@@ -30,9 +30,11 @@ from rmqha.ha.handshake import Introduction
 from rmqha.ha.link import Link, LinkClosed
 from rmqha.ha.link_table import LinkTable
 from rmqha.ha.proposals import Candidate, can_expand, desired_set
+from rmqha.ha.replicated_log import ReplicatedLog
 from rmqha.ha.set_changes import AlterCallback, SetChanges
 from rmqha.ha.sync_state import SyncStateSet
 from rmqha.ha.waiters import AckWaiters
+from rmqha.store.epoch_map import EpochMap
 
 # The master side logs under one name, whichever module says it (operators filter on it).
 log = logging.getLogger("rmqha.ha.master")
@@ -42,7 +44,7 @@ class SyncService:
     """Links, confirm offset, SyncStateSet and ack waiters of one master.  Call it on the
     master's event loop (:meth:`on_append` excepted)."""
 
-    def __init__(self, commitlog: Any, epoch_map: Any, config: HAConfig, broker_id: int, *,
+    def __init__(self, commitlog: ReplicatedLog, epoch_map: EpochMap, config: HAConfig, broker_id: int, *,
                  alter: AlterCallback | None, on_confirm: Callable[[int], Any] | None,
                  sync_state_set: Iterable[int], sync_state_set_epoch: int, confirm_offset: int | None) -> None:
         self.commitlog = commitlog
