@@ -34,9 +34,13 @@ from rmqha.protocol.control_headers import (
     ApplyBrokerIdHeader,
     BrokerHeartbeatHeader,
     CleanBrokerDataHeader,
+    ElectMasterAnswer,
     ElectMasterHeader,
     GetNextBrokerIdHeader,
     GetReplicaInfoHeader,
+    HeartbeatAnswerHeader,
+    NextBrokerIdAnswer,
+    RegisterBrokerAnswer,
     RegisterBrokerToControllerHeader,
     ReplicaInfoAnswer,
 )
@@ -286,7 +290,10 @@ class ControllerClient:
         resp = (await self.call_leader(RequestCode.CONTROLLER_GET_NEXT_BROKER_ID,
                                        GetNextBrokerIdHeader(cluster_name=cluster, broker_name=broker_name).build()))
         resp.check_success(RequestCode.CONTROLLER_GET_NEXT_BROKER_ID)
-        return int(resp.ext_fields["nextBrokerId"])
+        answer = NextBrokerIdAnswer.parse(resp.ext_fields)
+        if answer.next_broker_id is None:
+            raise ControllerError("the controller's answer to GET_NEXT_BROKER_ID names no nextBrokerId")
+        return answer.next_broker_id
 
     async def apply_broker_id(self, cluster: str, broker_name: str, broker_id: int,
                               register_check_code: str) -> None:
@@ -303,11 +310,10 @@ class ControllerClient:
             cluster_name=cluster, broker_name=broker_name, broker_id=broker_id,
             broker_address=broker_address, invoke_time=int(time.time() * 1000)).build())
         resp.check_success(RequestCode.CONTROLLER_REGISTER_BROKER)
-        ext = resp.ext_fields
+        h = RegisterBrokerAnswer.parse(resp.ext_fields)
         ids, epoch = _ids(resp.json_body())
-        return RegisterResult(cluster, broker_name, _opt_int(ext.get("masterBrokerId")),
-                              ext.get("masterAddress") or None, int(ext.get("masterEpoch", 0)),
-                              int(ext.get("syncStateSetEpoch", epoch)), ids)
+        return RegisterResult(cluster, broker_name, h.master_broker_id, h.master_address or None, h.master_epoch,
+                              epoch if h.sync_state_set_epoch is None else h.sync_state_set_epoch, ids)
 
     async def heartbeat(self, cluster: str, broker_name: str, broker_id: int, broker_address: str,
                         *, epoch: int = -1, max_offset: int = -1, confirm_offset: int = -1,
@@ -342,14 +348,9 @@ class ControllerClient:
                              timestamp_ms=round_ms if round_ms is not None else self.heartbeat_round_ms())
         resp = await self._client(addr).request(cmd, timeout or self.request_timeout)
         resp.check_success(RequestCode.BROKER_HEARTBEAT)
-        out = resp.ext_fields
-        return HeartbeatAnswer(
-            address=addr,
-            lease_granted=str(out.get("leaseGranted", "false")).lower() == "true",
-            master_broker_id=_opt_int(out.get("masterBrokerId")),
-            master_epoch=int(out.get("masterEpoch", 0) or 0),
-            heartbeat_timeout_ms=_opt_int(out.get("heartbeatTimeoutMills")),
-        )
+        h = HeartbeatAnswerHeader.parse(resp.ext_fields)
+        return HeartbeatAnswer(address=addr, lease_granted=h.lease_granted, master_broker_id=h.master_broker_id,
+                               master_epoch=h.master_epoch, heartbeat_timeout_ms=h.heartbeat_timeout_ms)
 
     async def get_replica_info(self, broker_name: str) -> ReplicaInfo:
         resp = await self.call_leader(RequestCode.CONTROLLER_GET_REPLICA_INFO,
@@ -381,11 +382,11 @@ class ControllerClient:
                                       self._admin(ext) if designate else ext)
         if resp.code not in (ResponseCode.SUCCESS, ResponseCode.CONTROLLER_MASTER_STILL_EXIST):
             raise RemoteCommandError(resp.code, resp.remark, RequestCode.CONTROLLER_ELECT_MASTER)
-        h = resp.ext_fields
+        e = ElectMasterAnswer.parse(resp.ext_fields)
         body = resp.json_body() or {}
         group = body.get("brokerMemberGroup") or {}
-        return ElectResult(resp.code, _opt_int(h.get("masterBrokerId")), h.get("masterAddress") or None,
-                           int(h.get("masterEpoch", 0)), int(h.get("syncStateSetEpoch", 0)),
+        return ElectResult(resp.code, e.master_broker_id, e.master_address or None,
+                           e.master_epoch, e.sync_state_set_epoch,
                            [int(i) for i in body.get("syncStateSet") or []],
                            {int(k): v for k, v in (group.get("brokerAddrs") or {}).items()})
 

@@ -17,13 +17,17 @@ from typing import Any, TypeVar
 from rmqha.errors import ProtocolError
 from rmqha.protocol.codes import ResponseCode
 from rmqha.protocol.control_headers import (
+    AlterSyncStateSetAnswer,
     AlterSyncStateSetHeader,
     ApplyBrokerIdHeader,
     CleanBrokerDataHeader,
     ControlHeader,
+    ElectMasterAnswer,
     ElectMasterHeader,
     GetNextBrokerIdHeader,
     GetReplicaInfoHeader,
+    NextBrokerIdAnswer,
+    RegisterBrokerAnswer,
     RegisterBrokerToControllerHeader,
     ReplicaInfoAnswer,
 )
@@ -86,8 +90,8 @@ class ControllerLogic:
         h = _parse(GetNextBrokerIdHeader, ext)
         cluster, name = h.cluster_name, h.broker_name
         g = self.state.group(name)
-        return Decision(ext_fields={"clusterName": cluster, "brokerName": name,
-                                    "nextBrokerId": 1 if g is None else g.next_id})
+        return Decision(ext_fields=NextBrokerIdAnswer(cluster_name=cluster, broker_name=name,
+                                                      next_broker_id=1 if g is None else g.next_id).build())
 
     def get_replica_info(self, ext: dict[str, str]) -> Decision:
         name = _parse(GetReplicaInfoHeader, ext).broker_name
@@ -151,7 +155,7 @@ class ControllerLogic:
         if broker_id is None:
             raise BadRequest("header field appliedBrokerId is required")
         address = code.split(";")[0]
-        header = {"clusterName": cluster, "brokerName": name}
+        header = NextBrokerIdAnswer(cluster_name=cluster, broker_name=name).build()
         revision = self.state.revision
         g = self.state.group(name)
         event = {"type": "apply_broker_id", "cluster": cluster, "broker_name": name,
@@ -164,7 +168,7 @@ class ControllerLogic:
                 ResponseCode.CONTROLLER_BROKER_ID_INVALID,
                 f"Broker-set: {name} hasn't been registered in controller, but broker try to "
                 f"apply brokerId: {broker_id}; the next id is 1",
-                {**header, "nextBrokerId": 1})
+                NextBrokerIdAnswer(cluster_name=cluster, broker_name=name, next_broker_id=1).build())
         held = g.brokers.get(broker_id)
         if held is not None and held.register_code == code:
             return Decision(ext_fields=header)  # a retry of an applied id: already done
@@ -173,7 +177,7 @@ class ControllerLogic:
         return Decision(
             ResponseCode.CONTROLLER_BROKER_ID_INVALID,
             f"Fail to apply brokerId: {broker_id} in broker-set: {name}; the next id is {g.next_id}",
-            {**header, "nextBrokerId": g.next_id})
+            NextBrokerIdAnswer(cluster_name=cluster, broker_name=name, next_broker_id=g.next_id).build())
 
     def register_broker(self, ext: dict[str, str]) -> Decision:
         h = _parse(RegisterBrokerToControllerHeader, ext)
@@ -185,12 +189,11 @@ class ControllerLogic:
         if broker_id is None or broker_id not in g.brokers:
             return Decision(ResponseCode.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED,
                             f"BrokerId: {broker_id} hasn't been registered in broker-set: {name}")
-        header: dict[str, Any] = {"clusterName": cluster, "brokerName": name,
-                                  "masterEpoch": g.master_epoch,
-                                  "syncStateSetEpoch": g.sync_state_set_epoch}
-        if g.master_id is not None and self._master_alive(g):
-            header["masterBrokerId"] = g.master_id
-            header["masterAddress"] = g.master_address
+        alive = g.master_id is not None and self._master_alive(g)
+        header = RegisterBrokerAnswer(cluster_name=cluster, broker_name=name, master_epoch=g.master_epoch,
+                                      sync_state_set_epoch=g.sync_state_set_epoch,
+                                      master_broker_id=g.master_id if alive else None,
+                                      master_address=g.master_address if alive else None).build()
         event = None
         if g.brokers[broker_id].address != address:
             live = self.heartbeats.info(name, broker_id)
@@ -250,16 +253,17 @@ class ControllerLogic:
             return Decision(
                 ResponseCode.CONTROLLER_MASTER_STILL_EXIST,
                 f"The old master {old} is still alive, not need to elect new master for broker {name}",
-                {"masterBrokerId": old, "masterAddress": g.master_address,
-                 "masterEpoch": g.master_epoch, "syncStateSetEpoch": g.sync_state_set_epoch},
+                ElectMasterAnswer(master_broker_id=old, master_address=g.master_address,
+                                  master_epoch=g.master_epoch,
+                                  sync_state_set_epoch=g.sync_state_set_epoch).build(),
                 {"syncStateSet": sorted(g.sync_state_set)},
             )
         if new_master is not None:
             return Decision(
-                ext_fields={"masterBrokerId": new_master,
-                            "masterAddress": g.address_of(new_master),
-                            "masterEpoch": g.master_epoch + 1,
-                            "syncStateSetEpoch": g.sync_state_set_epoch + 1},
+                ext_fields=ElectMasterAnswer(master_broker_id=new_master,
+                                             master_address=g.address_of(new_master),
+                                             master_epoch=g.master_epoch + 1,
+                                             sync_state_set_epoch=g.sync_state_set_epoch + 1).build(),
                 body={"brokerMemberGroup": {
                           "cluster": g.cluster or cluster, "brokerName": name,
                           "brokerAddrs": {str(b): e.address for b, e in sorted(g.brokers.items())}},
@@ -272,7 +276,8 @@ class ControllerLogic:
             return Decision(
                 ResponseCode.CONTROLLER_MASTER_NOT_AVAILABLE,
                 f"Old master has down and failed to elect a new broker master: {reason}",
-                {"masterEpoch": g.master_epoch + 1, "syncStateSetEpoch": g.sync_state_set_epoch},
+                ElectMasterAnswer(master_epoch=g.master_epoch + 1,
+                                  sync_state_set_epoch=g.sync_state_set_epoch).build(),
                 event={"type": "elect", "broker_name": name, "new_master": None,
                        "expect_revision": revision} if old is not None else None,
             )
@@ -322,7 +327,7 @@ class ControllerLogic:
                                     f"newSyncStateSet don't contains origin leader {g.master_id}")
         new_epoch = g.sync_state_set_epoch + 1
         return Decision(
-            ext_fields={"newSyncStateSetEpoch": new_epoch},
+            ext_fields=AlterSyncStateSetAnswer(new_sync_state_set_epoch=new_epoch).build(),
             body={"syncStateSet": new_set, "syncStateSetEpoch": new_epoch},
             event={"type": "alter_set", "broker_name": name, "sync_state_set": new_set,
                    "expect_revision": self.state.revision},

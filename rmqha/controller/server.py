@@ -55,7 +55,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rmqha.protocol.code_rules import require_declared
-from rmqha.protocol.control_headers import BrokerHeartbeatHeader, RoleChangedHeader
+from rmqha.protocol.control_headers import BrokerHeartbeatHeader, HeartbeatAnswerHeader, RoleChangedHeader
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.request_auth import (
     CONTROLLER_SIGNED_CODES, RefusalLog, check, request_auth, signed_timestamp_ms, tokens_match,
@@ -488,8 +488,9 @@ class ControllerServer:
             priority=h.election_priority, conn=conn,
             default_timeout_ms=self.config.broker_heartbeat_timeout, signed_ms=signed_ms,
         )
-        answer = {**self._lease_answer(name), "heartbeatTimeoutMills": timeout_ms}
-        return cmd.response(remark="Heart beat success", ext_fields=answer)
+        answer = self._lease_answer(name)
+        answer.heartbeat_timeout_ms = timeout_ms
+        return cmd.response(remark="Heart beat success", ext_fields=answer.build())
 
     def _heartbeat_timeout_ms(self, asked: int | None) -> int:
         """The timeout a broker gets: what it asked for, at most ``broker_heartbeat_timeout``
@@ -497,7 +498,7 @@ class ControllerServer:
         cap = self.config.broker_heartbeat_timeout
         return cap if asked is None or asked <= 0 else min(asked, cap)
 
-    def _lease_answer(self, broker_name: str) -> dict[str, Any]:
+    def _lease_answer(self, broker_name: str) -> HeartbeatAnswerHeader:
         """The master lease part of a heartbeat answer (rmqha.broker.master_lease).
 
         Granted only by a leader that has applied everything before its term, with no
@@ -507,9 +508,9 @@ class ControllerServer:
         granted = (self.raft.is_leader and self._ready_term == self.raft.term and g is not None
                    and broker_name not in self._elections_in_flight)
         if not granted or g is None:
-            return {"leaseGranted": "false"}
-        return {"leaseGranted": "true", "masterEpoch": g.master_epoch,
-                "masterBrokerId": "" if g.master_id is None else g.master_id}
+            return HeartbeatAnswerHeader(lease_granted=False)
+        return HeartbeatAnswerHeader(lease_granted=True, master_epoch=g.master_epoch,
+                                     master_broker_id=g.master_id)
 
     def _config_view(self) -> dict[str, Any]:
         view = to_dict(self.config)

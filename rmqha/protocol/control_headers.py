@@ -1,4 +1,4 @@
-"""Request headers of the controller protocol: one class per request, used by both sides.
+"""Headers of the controller protocol: one class per request and per answer, used by both sides.
 
 Before these classes a controller request's field names were typed by hand twice: where a
 broker (:mod:`rmqha.controller.client`) built its ``extFields`` and where the controller
@@ -6,7 +6,8 @@ broker (:mod:`rmqha.controller.client`) built its ``extFields`` and where the co
 sender calls :meth:`~rmqha.protocol.headers.RequestHeader.build` and the controller
 :meth:`ControlHeader.parse`, as the client protocol's headers do
 (:mod:`rmqha.protocol.headers`); a field's wire name (RocketMQ's, ``remoting/.../header/
-controller/``) is written once, here.
+controller/``) is written once, here.  Answers go the other way with the same classes: the
+controller's logic builds ``...Answer`` headers, the broker's controller client parses them.
 
 RocketMQ's Java broker writes an absent Long as the text ``null``: :meth:`ControlHeader.parse`
 takes it as absent, and a malformed value raises :class:`~rmqha.errors.ProtocolError`
@@ -138,3 +139,60 @@ class ReplicaInfoAnswer(ControlHeader):
     master_broker_id: int | None = _wire("masterBrokerId", None)
     master_address: str | None = _wire("masterAddress", None)
     master_epoch: int = _wire("masterEpoch", 0)
+
+
+# --- answers: the controller builds them, brokers and admin tools parse them ------------------
+
+
+@dataclass(kw_only=True)
+class NextBrokerIdAnswer(ControlHeader):
+    """CONTROLLER_GET_NEXT_BROKER_ID's answer (``GetNextBrokerIdResponseHeader``), also the
+    header of an APPLY_BROKER_ID refusal, which says which id is next."""
+
+    cluster_name: str | None = _wire("clusterName", None)
+    broker_name: str | None = _wire("brokerName", None)
+    next_broker_id: int | None = _wire("nextBrokerId", None)
+
+
+@dataclass(kw_only=True)
+class RegisterBrokerAnswer(ControlHeader):
+    """CONTROLLER_REGISTER_BROKER's answer (``RegisterBrokerToControllerResponseHeader``); the
+    master is named only while it is alive, the SyncStateSet travels in the body."""
+
+    cluster_name: str | None = _wire("clusterName", None)
+    broker_name: str | None = _wire("brokerName", None)
+    master_broker_id: int | None = _wire("masterBrokerId", None)
+    master_address: str | None = _wire("masterAddress", None)
+    master_epoch: int = _wire("masterEpoch", 0)
+    sync_state_set_epoch: int | None = _wire("syncStateSetEpoch", None)
+
+
+@dataclass(kw_only=True)
+class ElectMasterAnswer(ControlHeader):
+    """CONTROLLER_ELECT_MASTER's answer (``ElectMasterResponseHeader``), on SUCCESS and on
+    CONTROLLER_MASTER_STILL_EXIST; the new SyncStateSet and the group travel in the body."""
+
+    master_broker_id: int | None = _wire("masterBrokerId", None)
+    master_address: str | None = _wire("masterAddress", None)
+    master_epoch: int = _wire("masterEpoch", 0)
+    sync_state_set_epoch: int = _wire("syncStateSetEpoch", 0)
+
+
+@dataclass(kw_only=True)
+class AlterSyncStateSetAnswer(ControlHeader):
+    """CONTROLLER_ALTER_SYNC_STATE_SET's answer (``AlterSyncStateSetResponseHeader``)."""
+
+    new_sync_state_set_epoch: int = _wire("newSyncStateSetEpoch")
+
+
+@dataclass(kw_only=True)
+class HeartbeatAnswerHeader(ControlHeader):
+    """BROKER_HEARTBEAT's answer: rmqha's master lease (:mod:`rmqha.broker.master_lease`),
+    granted with the leader's record of the group's master, and the heartbeat timeout the
+    broker got (at most the controller's cap).  RocketMQ's controller answers a heartbeat
+    with no header; its brokers read none of these fields."""
+
+    lease_granted: bool = _wire("leaseGranted", False)
+    master_epoch: int = _wire("masterEpoch", 0)
+    master_broker_id: int | None = _wire("masterBrokerId", None)
+    heartbeat_timeout_ms: int | None = _wire("heartbeatTimeoutMills", None)

@@ -1,5 +1,5 @@
-"""The controller requests' header classes: what a broker builds is what the controller
-parses, field by field, and a malformed header is refused naming its field.
+"""The controller's header classes, requests and answers: what one side builds is what the
+other parses, field by field, and a malformed header is refused naming its field.
 
 The wire names are RocketMQ's (a Java broker's request parses the same): the last test
 feeds the controller's logic the fields as RocketMQ 5's broker writes them (``null`` for an
@@ -17,13 +17,18 @@ from rmqha.controller.state import ReplicasState
 from rmqha.errors import ProtocolError
 from rmqha.protocol.codes import ResponseCode
 from rmqha.protocol.control_headers import (
+    AlterSyncStateSetAnswer,
     AlterSyncStateSetHeader,
     ApplyBrokerIdHeader,
     BrokerHeartbeatHeader,
     CleanBrokerDataHeader,
+    ElectMasterAnswer,
     ElectMasterHeader,
     GetNextBrokerIdHeader,
     GetReplicaInfoHeader,
+    HeartbeatAnswerHeader,
+    NextBrokerIdAnswer,
+    RegisterBrokerAnswer,
     RegisterBrokerToControllerHeader,
     ReplicaInfoAnswer,
     RoleChangedHeader,
@@ -43,6 +48,14 @@ SAMPLES = [
                           is_clean_living_broker=False, invoke_time=5),
     RoleChangedHeader(master_address="h:1", master_epoch=3, sync_state_set_epoch=4, master_broker_id=1),
     ReplicaInfoAnswer(master_broker_id=None, master_address=None, master_epoch=2),
+    NextBrokerIdAnswer(cluster_name="c", broker_name="g", next_broker_id=3),
+    RegisterBrokerAnswer(cluster_name="c", broker_name="g", master_broker_id=1, master_address="h:1",
+                         master_epoch=2, sync_state_set_epoch=3),
+    RegisterBrokerAnswer(cluster_name="c", broker_name="g", master_epoch=2, sync_state_set_epoch=3),
+    ElectMasterAnswer(master_broker_id=2, master_address="h:2", master_epoch=4, sync_state_set_epoch=5),
+    AlterSyncStateSetAnswer(new_sync_state_set_epoch=6),
+    HeartbeatAnswerHeader(lease_granted=True, master_epoch=4, master_broker_id=1, heartbeat_timeout_ms=3000),
+    HeartbeatAnswerHeader(lease_granted=False),
 ]
 
 
@@ -64,7 +77,7 @@ def test_java_nulls_are_absent_and_bad_fields_are_named() -> None:
 def test_the_controller_logic_reads_the_headers() -> None:
     logic = ControllerLogic(ReplicasState(), BrokerHeartbeatManager(1.0), False)
     java = {"clusterName": "c", "brokerName": "g"}
-    assert logic.get_next_broker_id(java).ext_fields["nextBrokerId"] == 1
+    assert logic.get_next_broker_id(java).ext_fields["nextBrokerId"] == "1"
     unknown = logic.get_replica_info(GetReplicaInfoHeader(broker_name="g").build())
     assert unknown.code == ResponseCode.CONTROLLER_BROKER_METADATA_NOT_EXIST
     with pytest.raises(BadRequest, match="brokerName is required"):

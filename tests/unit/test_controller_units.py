@@ -60,7 +60,7 @@ def test_apply_broker_id_rules_and_next_id():
     d = logic.apply_broker_id(ext)
     assert d.code == ResponseCode.CONTROLLER_BROKER_ID_INVALID and "next id is 1" in d.remark
     _commit(state, logic.apply_broker_id({**ext, "appliedBrokerId": "1"}))
-    assert logic.get_next_broker_id({"brokerName": "b"}).ext_fields["nextBrokerId"] == 2
+    assert logic.get_next_broker_id({"brokerName": "b"}).ext_fields["nextBrokerId"] == "2"
     # The same code again is a retry: success without a new event.
     d = logic.apply_broker_id({**ext, "appliedBrokerId": "1"})
     assert d.code == 0 and d.event is None
