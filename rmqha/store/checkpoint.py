@@ -15,10 +15,13 @@ import struct
 import zlib
 
 from rmqha.errors import StoreError
+from rmqha.store.segments import sidecar_path
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_FILE = "commitlog.checkpoint"
+#: The commitlog directory's sidecar (:func:`rmqha.store.segments.sidecar_path`):
+#: ``store/commitlog.checkpoint`` for ``store/commitlog``.
+CHECKPOINT_FILE = "checkpoint"
 # magic, flushed offset, min offset, flags, CRC32 of the preceding 32 bytes
 _CHECKPOINT = struct.Struct(">8sqqqI")
 _CLEAN = 1   # flags bit: written by close(); the log ended exactly at the flushed offset
@@ -29,7 +32,7 @@ class Checkpoint:
     """The open checkpoint file of one commitlog directory, locked for this process."""
 
     def __init__(self, directory: str) -> None:
-        self.path = os.path.join(directory, CHECKPOINT_FILE)
+        self.path = sidecar_path(directory, CHECKPOINT_FILE)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             # One writer per directory, across processes too (released on close or exit).

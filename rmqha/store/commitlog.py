@@ -65,15 +65,14 @@ from rmqha.store.segments import (
     PAGE,
     PrefaultWindow,
     Segment,
+    adopt_legacy_sidecars,
     fsync_dir,
     page_up,
     segment_path,
 )
 
-__all__ = [
-    "CHECKPOINT_FILE", "DEFAULT_PREFAULT_WINDOW", "QUEUE_BASE_FILE", "BatchAppendResult",
-    "CommitLog", "FlushMode", "StoredMessage", "decode_host", "encode_host",
-]
+__all__ = ["CHECKPOINT_FILE", "DEFAULT_PREFAULT_WINDOW", "QUEUE_BASE_FILE", "BatchAppendResult", "CommitLog",
+           "FlushMode", "StoredMessage", "decode_host", "encode_host"]
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +135,7 @@ class CommitLog(ReceivePath):
         self._limit = 0
         self._topics: dict[str | bytes, bytes] = {}
         self._decoded: dict[bytes, object] = {}  # topic and host bytes -> decoded value
+        adopt_legacy_sidecars(self._dir)
         self._queues = QueueOffsets(self._dir)
         self._queue_offsets = self._queues.next  # the hot path's reference (changed in place)
         self._closed = False

@@ -10,10 +10,11 @@ import logging
 import os
 
 from rmqha.errors import MissingSegmentError
-from rmqha.store.segments import fsync_dir, segment_path
+from rmqha.store.segments import fsync_dir, segment_path, sidecar_path
 
 log = logging.getLogger(__name__)
 
+#: Sidecars of the commitlog directory (:func:`rmqha.store.segments.sidecar_path`).
 QUEUE_BASE_FILE = "queue_offsets.json"
 QUEUE_SNAPSHOT_FILE = "queue_offsets.snapshot"
 
@@ -34,7 +35,7 @@ class QueueOffsets:
 
     @property
     def _path(self) -> str:
-        return os.path.join(self._dir, QUEUE_BASE_FILE)
+        return sidecar_path(self._dir, QUEUE_BASE_FILE)
 
     def replace(self, table: dict[QueueKey, int]) -> None:
         self.next.clear()
@@ -67,14 +68,14 @@ class QueueOffsets:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-        fsync_dir(self._dir)
+        fsync_dir(os.path.dirname(path))
 
     def save_snapshot(self, valid_at: int, table: dict[QueueKey, int], since: int) -> None:
         """Write ``table`` as the whole table at log offset ``valid_at``, a record boundary
         below which the log is flushed; ``since`` is an earlier record boundary (the
         previous snapshot's), from which opening the log checks that records still tile up
         to ``valid_at``.  fsynced, atomically: a crash leaves the old one or the new one."""
-        path = os.path.join(self._dir, QUEUE_SNAPSHOT_FILE)
+        path = sidecar_path(self._dir, QUEUE_SNAPSHOT_FILE)
         doc = {"valid_at": valid_at, "since": since,
                "queues": [[t.decode("latin-1"), q, n] for (t, q), n in table.items()]}
         tmp = path + ".tmp"
@@ -87,7 +88,7 @@ class QueueOffsets:
     def load_snapshot(self) -> tuple[int, int, dict[QueueKey, int]] | None:
         """(valid_at, since, table) of the last snapshot; None when there is none or it is
         unreadable (then the log is scanned from its start)."""
-        path = os.path.join(self._dir, QUEUE_SNAPSHOT_FILE)
+        path = sidecar_path(self._dir, QUEUE_SNAPSHOT_FILE)
         try:
             with open(path, encoding="utf-8") as fh:
                 doc = json.load(fh)

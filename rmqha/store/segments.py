@@ -53,6 +53,40 @@ def segment_path(directory: str, base: int) -> str:
     return os.path.join(directory, f"{base:020d}")
 
 
+def sidecar_path(log_dir: str, name: str) -> str:
+    """Where a commitlog directory's own file ``name`` lives: beside the directory, named after
+    it (``store/commitlog.checkpoint`` for ``store/commitlog``), never inside it.  RocketMQ's
+    loader takes every file in the commitlog directory for a segment and refuses to start on
+    a store holding any other (``length not matched message store config value``), so a
+    store rmqha wrote opens in RocketMQ only if segments are all the directory holds."""
+    log_dir = os.path.abspath(log_dir)
+    return os.path.join(os.path.dirname(log_dir), f"{os.path.basename(log_dir)}.{name}")
+
+
+#: What rmqha before 0.14 kept inside the commitlog directory -> the sidecar name now.
+LEGACY_SIDECARS = {"commitlog.checkpoint": "checkpoint", "queue_offsets.json": "queue_offsets.json",
+                   "queue_offsets.snapshot": "queue_offsets.snapshot"}
+
+
+def adopt_legacy_sidecars(log_dir: str) -> None:
+    """Move the files an older rmqha left inside ``log_dir`` to their sidecar paths (a store
+    written before the move opens unchanged); where both exist the sidecar is the newer."""
+    moved = False
+    for old_name, name in LEGACY_SIDECARS.items():
+        old = os.path.join(log_dir, old_name)
+        if not os.path.exists(old):
+            continue
+        new = sidecar_path(log_dir, name)
+        if os.path.exists(new):
+            os.unlink(old)
+        else:
+            os.replace(old, new)
+        moved = True
+    if moved:
+        fsync_dir(os.path.dirname(os.path.abspath(log_dir)))
+        fsync_dir(log_dir)
+
+
 def fsync_dir(directory: str) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:

@@ -28,6 +28,7 @@ from rmqha.errors import (
 )
 from rmqha.protocol.message import encode_batch_entries
 from rmqha.store import CommitLog, StoredMessage
+from rmqha.store.segments import sidecar_path
 from rmqha.testing.ha import wait_until
 
 SEG = 16384
@@ -92,6 +93,14 @@ def logs(tmp_path):
     yield make
     for log in opened:
         log.close()
+
+
+def copy_log(src, dst) -> None:
+    """A log directory and its sidecars (checkpoint, queue offsets) beside it, as they are."""
+    shutil.copytree(src, dst)
+    for name in ("checkpoint", "queue_offsets.json", "queue_offsets.snapshot"):
+        if os.path.exists(sidecar_path(str(src), name)):
+            shutil.copy2(sidecar_path(str(src), name), sidecar_path(str(dst), name))
 
 
 def store_bytes(directory) -> dict[str, bytes]:
@@ -285,7 +294,7 @@ def test_recovery_after_truncating_a_segment_file(twin, logs, tmp_path) -> None:
     records, original, files = _closed_source(logs, twin, src, 60, rnd)
     for trial in range(12):
         d = tmp_path / f"t{trial}"
-        shutil.copytree(src, d)
+        copy_log(src, d)
         name = rnd.choice(files[-2:])
         base = int(name)
         cut = rnd.randrange(0, SEG)
@@ -303,12 +312,12 @@ def test_recovery_with_flipped_tail_bytes(twin, logs, tmp_path) -> None:
     records += _fill(log, 30, rnd)
     # A crash now: the files as they are (the page cache holds the unflushed tail).
     snap = tmp_path / "snap"
-    shutil.copytree(src, snap)
+    copy_log(src, snap)
     original = store_bytes(snap)
     assert flushed < log.max_offset
     for trial in range(15):
         d = tmp_path / f"f{trial}"
-        shutil.copytree(snap, d)
+        copy_log(snap, d)
         victim = rnd.randrange(31, 60)
         off, size, body = records[victim]
         # Flip a byte in a validated part: size, magic, CRC, physical offset, or the body.
@@ -328,7 +337,7 @@ def test_recovery_with_zeroed_tail(twin, logs, tmp_path) -> None:
     records, original, files = _closed_source(logs, twin, src, 50, rnd)
     for trial in range(8):
         d = tmp_path / f"z{trial}"
-        shutil.copytree(src, d)
+        copy_log(src, d)
         name = files[-1] if trial % 2 else files[-2]
         start = rnd.randrange(0, SEG)
         with open(d / name, "r+b") as fh:
@@ -347,10 +356,10 @@ def test_checkpoint_tracks_flushes_and_survives_reopen(twin, logs, tmp_path) -> 
     assert fut.result(timeout=5) >= log.max_offset
     assert log.flush_future(1).done()
     log.close()
-    raw = (tmp_path / "commitlog.checkpoint").read_bytes()
+    raw = Path(sidecar_path(str(tmp_path), "checkpoint")).read_bytes()
     assert struct.unpack_from(">q", raw, 8)[0] == log.max_offset
     # A corrupt checkpoint only means "validate everything".
-    (tmp_path / "commitlog.checkpoint").write_bytes(b"garbage")
+    Path(sidecar_path(str(tmp_path), "checkpoint")).write_bytes(b"garbage")
     again = logs(tmp_path, twin)
     assert again.max_offset == log.max_offset
 
@@ -616,7 +625,7 @@ def test_reopen_walks_only_from_the_queue_offset_snapshot(twin, logs, tmp_path) 
     for i in range(7):
         log.append("a", b"late", 1)
     crash = tmp_path / "crash"
-    shutil.copytree(tmp_path / "a", crash)  # the files as a crash now leaves them
+    copy_log(tmp_path / "a", crash)  # the files as a crash now leaves them
     end, table = log.max_offset, log.queue_offsets()
     log.close()
     again = logs(tmp_path / "a", twin)
@@ -624,13 +633,41 @@ def test_reopen_walks_only_from_the_queue_offset_snapshot(twin, logs, tmp_path) 
     crashed = logs(crash, twin)
     assert crashed.recovery_start == flushed_at > 2 * SEG
     assert (crashed.max_offset, crashed.queue_offsets()) == (end, table)
-    os.unlink(tmp_path / "a" / "queue_offsets.snapshot")
+    os.unlink(Path(sidecar_path(str(tmp_path / "a"), "queue_offsets.snapshot")))
     again.close()
     walked = logs(tmp_path / "a", twin)
     assert (walked.recovery_start, walked.max_offset, walked.queue_offsets()) == (0, end, table)
     # The snapshot written by that open: the next one checks no more than the last segment.
-    snap = json.loads((tmp_path / "a" / "queue_offsets.snapshot").read_text())
+    snap = json.loads(Path(sidecar_path(str(tmp_path / "a"), "queue_offsets.snapshot")).read_text())
     assert (snap["valid_at"], snap["since"]) == (end, walked.segment_start(end - 1))
+
+
+def test_the_log_directory_holds_segments_only_and_older_stores_are_adopted(twin, logs, tmp_path) -> None:
+    """RocketMQ takes every file in a commitlog directory for a segment (and refuses to start
+    on any other), so the checkpoint and the queue-offset files live beside the directory; a
+    store an older rmqha wrote, with them inside, opens with its checkpoint and table kept."""
+    d = tmp_path / "commitlog"
+    log = logs(d, twin, flush_interval_ms=3_600_000)
+    for i in range(40):
+        log.append("t", b"s" * 900)
+    log.flush()
+    end, table = log.max_offset, log.queue_offsets()
+    log.delete_segments_before(SEG)  # writes the base table (queue_offsets.json)
+    base = log.min_offset
+    log.close()
+    names = sorted(os.listdir(d))
+    assert names and all(len(n) == 20 and n.isdigit() for n in names), names
+    sidecars = sorted(p.name for p in tmp_path.iterdir() if p.is_file())
+    assert sidecars == ["commitlog.checkpoint", "commitlog.queue_offsets.json",
+                        "commitlog.queue_offsets.snapshot"], sidecars
+    # Put them back where rmqha before the move kept them.
+    for name, old in (("checkpoint", "commitlog.checkpoint"), ("queue_offsets.json", "queue_offsets.json"),
+                      ("queue_offsets.snapshot", "queue_offsets.snapshot")):
+        os.replace(sidecar_path(str(d), name), d / old)
+    again = logs(d, twin)
+    assert (again.min_offset, again.max_offset, again.queue_offsets()) == (base, end, table)
+    assert again.recovery_start > 0  # the adopted checkpoint and snapshot were used, not a full walk
+    assert all(len(n) == 20 and n.isdigit() for n in os.listdir(d))
 
 
 def test_a_tail_lost_below_the_snapshot_is_found(twin, logs, tmp_path) -> None:
@@ -641,10 +678,10 @@ def test_a_tail_lost_below_the_snapshot_is_found(twin, logs, tmp_path) -> None:
     log.flush()
     offs += [log.append("a", b"r" * 700)[0] for _ in range(10)]
     log.close()
-    snap = json.loads((tmp_path / "a" / "queue_offsets.snapshot").read_text())
+    snap = json.loads(Path(sidecar_path(str(tmp_path / "a"), "queue_offsets.snapshot")).read_text())
     assert (snap["since"], snap["valid_at"]) == (offs[30], log.max_offset)
     damaged = tmp_path / "damaged"
-    shutil.copytree(tmp_path / "a", damaged)
+    copy_log(tmp_path / "a", damaged)
     seg = offs[35] - offs[35] % SEG
     with open(damaged / f"{seg:020d}", "r+b") as fh:  # zeros from record 35 on
         fh.seek(offs[35] - seg)
@@ -657,16 +694,16 @@ def test_a_tail_lost_below_the_snapshot_is_found(twin, logs, tmp_path) -> None:
 
 
 def test_truncate_and_retention_move_the_snapshot(twin, logs, tmp_path) -> None:
-    log = logs(tmp_path, twin, flush_interval_ms=3_600_000)
+    log = logs(tmp_path / "log", twin, flush_interval_ms=3_600_000)
     offs = [log.append("a", b"z" * 900)[0] for _ in range(60)]
     log.flush()
     log.truncate(offs[40])
     crashed = tmp_path / "after-truncate"
-    shutil.copytree(tmp_path, crashed, ignore=shutil.ignore_patterns("after-*"))
+    copy_log(tmp_path / "log", crashed)
     assert logs(crashed, twin).recovery_start == offs[40]
     log.delete_segments_before(SEG * 2)
     crashed = tmp_path / "after-delete"
-    shutil.copytree(tmp_path, crashed, ignore=shutil.ignore_patterns("after-*"))
+    copy_log(tmp_path / "log", crashed)
     reopened = logs(crashed, twin)
     assert reopened.recovery_start == offs[40] and reopened.min_offset == SEG * 2
     assert reopened.queue_offset("a") == 40
@@ -812,7 +849,7 @@ def test_a_cut_partial_record_is_durable_before_records_go_over_it(twin, logs, t
     off, size = slave.append("new", b"n" * 100, 0, {"TAGS": "t"})
     assert off == offs[1] and off + size < offs[1] + 600
     crashed = tmp_path / "crashed"
-    shutil.copytree(live, crashed)
+    copy_log(live, crashed)
     with open(crashed / f"{0:020d}", "r+b") as fh:  # the crash lost its last 3 bytes
         fh.seek(off + size - 3)
         fh.write(bytes(3))
@@ -820,7 +857,7 @@ def test_a_cut_partial_record_is_durable_before_records_go_over_it(twin, logs, t
     assert reopened.max_offset == off
     # Negative control: the same crash without the lost bytes keeps the record.
     intact = tmp_path / "intact"
-    shutil.copytree(live, intact)
+    copy_log(live, intact)
     assert logs(intact, twin).max_offset == off + size
 
 
