@@ -107,7 +107,7 @@ MVN ?= mvn
 interop-build:
 	cd interop && $(MVN) -B -q package
 
-test-interop: build interop-build $(PROXY_STAMP)
+test-interop: build interop-build peers-jars $(PROXY_STAMP)
 	$(PY) -m pytest -p no:cacheprovider tests/interop $(PYTEST_ARGS)
 
 # The same suite with the pure-Python twins forced.

@@ -22,6 +22,7 @@ GET_ROUTEINFO_BY_TOPIC at the name server).
 """
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -63,10 +64,14 @@ class ReplicaState:
 class RocketmqCluster:
     """Name server (+ controller) and a three-broker group, each a JVM started by pid."""
 
-    def __init__(self, workdir: Path, heaps: Mapping[str, Heap], brokers: int = 3) -> None:
+    def __init__(self, workdir: Path, heaps: Mapping[str, Heap], brokers: int = 3,
+                 seed_stores: Mapping[str, Path] | None = None) -> None:
         self.workdir = workdir
         self.heaps = heaps
         self.n_brokers = brokers
+        #: broker name -> a store directory copied in as its ``storePathRootDir`` before its
+        #: first start (a store another program wrote, opened by RocketMQ).
+        self.seed_stores = dict(seed_stores or {})
         self.home = workdir / "rocketmq-home"
         self.namesrv: JvmProc | None = None
         self.namesrv_port = 0
@@ -125,6 +130,9 @@ class RocketmqCluster:
         port = base + 2
         self.broker_ports[name] = port
         node = self.workdir / name
+        seed = self.seed_stores.get(name)
+        if seed is not None and not (node / "store").exists():
+            shutil.copytree(seed, node / "store")
         conf = write_conf(node / "broker.conf", {
             "brokerClusterName": CLUSTER,
             "brokerName": GROUP,
