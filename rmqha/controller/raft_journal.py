@@ -43,6 +43,18 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def durable_mkdir(path: Path) -> None:
+    """``mkdir -p`` whose new names survive a power loss: a new directory's entry is durable
+    only once its parent is fsynced (else the journal inside vanishes with it)."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        directory.mkdir(exist_ok=True)
+        fsync_dir(directory.parent)
+
+
 def durable_write(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` so that after a crash it holds the old or the new bytes."""
     tmp = path.with_name(path.name + ".tmp")
