@@ -19,8 +19,9 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,6 +56,8 @@ class PowerLossDisk:
     shadow: Path
     skip: tuple[str, ...] = ()
     cuts: int = field(default=0, init=False)
+    #: What the process reads as /proc/sys/kernel/random/boot_id: new at every power loss.
+    boot_id: str = field(default_factory=lambda: str(uuid.uuid4()), init=False)
 
     def __post_init__(self) -> None:
         if not SHIM.exists():
@@ -91,6 +94,7 @@ class PowerLossDisk:
             "RMQHA_POWERLOSS_ROOT": str(self.root),
             "RMQHA_POWERLOSS_SHADOW": str(self.shadow),
             "RMQHA_POWERLOSS_SKIP": ",".join(self.skip),
+            "RMQHA_POWERLOSS_BOOT_ID": self.boot_id,
         }
 
     def start(self, proc: Process, **config_overrides: object) -> None:
@@ -121,12 +125,15 @@ class PowerLossDisk:
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
 
-    def cut(self, *procs: Process) -> None:
+    def cut(self, proc: Process) -> None:
         """Power loss: SIGKILL between two syncs, then the root becomes the durable image."""
-        with self.frozen():
-            for proc in procs:
-                proc.kill()
+        cut_together([(self, proc)])
+
+    def restore(self) -> None:
+        """Replace the root with the durable image (the process must be dead); the next
+        start is after a reboot."""
         self.cuts += 1
+        self.boot_id = str(uuid.uuid4())
         image = self.root.with_name(f"{self.root.name}.power-loss-{self.cuts}")
         shutil.rmtree(image, ignore_errors=True)
         self.build_image(image)
@@ -156,6 +163,18 @@ class PowerLossDisk:
                 _copy_sparse(content, dest / name)
             else:
                 (dest / name).touch()  # the name survived, none of the bytes did
+
+
+def cut_together(victims: Sequence[tuple[PowerLossDisk, Process]]) -> None:
+    """One power loss for several processes (a rack): each is killed between two of its
+    syncs, then every root becomes its durable image."""
+    with ExitStack() as stack:
+        for disk, _ in victims:
+            stack.enter_context(disk.frozen())
+        for _, proc in victims:
+            proc.kill()
+    for disk, _ in victims:
+        disk.restore()
 
 
 def _copy_sparse(src: Path, dst: Path) -> None:
