@@ -81,6 +81,11 @@ class DurableJournal:
         # pysyncobj 0.3.17 internals (checked by rmqha.controller.raft's version guard).
         self._meta: dict[str, Any] = inner._FileJournal__meta
         self._file = inner._FileJournal__journalFile
+        # The journal file pysyncobj just made (or opened) is durable, with its name,
+        # before any vote's directory fsync can make its name durable without its header:
+        # an empty journal file stops pysyncobj from starting ("cannot mmap an empty file").
+        self.sync()
+        fsync_dir(self.journal_file.parent)
 
     # --- what pysyncobj calls (its camelCase API) -----------------------------------------
 
