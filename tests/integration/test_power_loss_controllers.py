@@ -28,7 +28,6 @@ import pytest
 from pysyncobj.pickle import loads
 
 from rmqha.controller.client import ControllerClient
-from rmqha.errors import LocalClusterError
 from rmqha.testing.controllers import ControllerGroup
 from rmqha.testing.power_loss import PowerLossDisk, cut_together
 
@@ -77,6 +76,14 @@ class Lost(AssertionError):
     """What the check found missing after the power loss."""
 
 
+def _back(group: ControllerGroup) -> bool:
+    """The restarted group serves with a leader; :class:`Lost` if a node ended instead."""
+    dead = [node for node in group.nodes if not node.alive]
+    if dead:
+        raise Lost(f"the controllers did not start on their images: {dead[0].log_tail(3)}")
+    return group.cluster.controller_leader() is not None and all(n.listens(n.address) for n in group.nodes)
+
+
 def _run(tmp_path: Path, skip: tuple[str, ...]) -> None:
     group = ControllerGroup(tmp_path, 3, settings={"admin_token": TOKEN}, cluster_secret=SECRET)
     stores = [Path(node.config["controller_store_path"]) for node in group.nodes]
@@ -106,10 +113,7 @@ def _run(tmp_path: Path, skip: tuple[str, ...]) -> None:
 
         for node in group.nodes:
             node.start()
-        try:
-            group.cluster.wait_controllers(group.nodes, timeout=40)
-        except LocalClusterError as exc:
-            raise Lost(f"the controllers did not start on their images: {str(exc)[-600:]}") from None
+        group.cluster.wait_for(lambda: _back(group), 40, what="the controllers back on their images")
         answers = asyncio.run(_next_ids(group.addresses, FIRST + SECOND))
         forgotten_ids = {name: n for name, n in answers.items() if n != 2}
         if forgotten_ids:
