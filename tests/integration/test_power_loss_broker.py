@@ -11,16 +11,22 @@ power.  Restarted on the image it must have:
 - the same broker id (``.broker.meta``), or it would register as someone else;
 - every epoch entry it had (``epochFileCheckpoint``), or it could not prove its log;
 - every acknowledged message, served by queue offset through the consume queues
-  (either rebuilt from the commitlog or as flushed, but consistent).
+  (either rebuilt from the commitlog or as flushed, but consistent);
+- both checkpoints (the commitlog's flushed offset, the consume queues' indexed offset)
+  as they were once they passed the sends (read from the image before the restart).
 
 Negative controls (the same run with one kind of sync recorded as not made, as if deleted
-from the code) must each make the check fail: the commitlog segments' fdatasync, the
-consume queue files' fdatasync (their checkpoint then promises entries that are not
-there), the broker id file's fsync and the epoch file's fsync.
+from the code) must each make the check fail: the commitlog segments' fdatasync, each
+checkpoint's fdatasync, the broker id file's fsync and the epoch file's fsync.  The
+consume queue files' fdatasync is the exception, and the test says so: without it the
+restart finds the files short and rebuilds them from the commitlog, losing nothing (what
+it checks is that the rebuild happens, where the durable run needs none).  A last test
+stops a broker cleanly and requires its image to equal its directory.
 """
 from __future__ import annotations
 
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -29,7 +35,7 @@ from cluster import BrokerProc, Cluster
 from rmqha.errors import LocalClusterError
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.message import decode_records
-from rmqha.store.checkpoint import DISPATCH_CHECKPOINT_FILE, DispatchCheckpoint
+from rmqha.store.checkpoint import _CHECKPOINT, CHECKPOINT_FILE, DISPATCH_CHECKPOINT_FILE, DispatchCheckpoint
 from rmqha.testing.power_loss import PowerLossDisk
 
 TOPIC = "durable"
@@ -76,6 +82,16 @@ def _indexed(broker: BrokerProc) -> int:
     return -1 if state is None else state.offset
 
 
+def _flushed(store: Path) -> int:
+    """The flushed offset the commitlog's checkpoint holds (0: missing, empty or corrupt)."""
+    path = store / "commitlog" / CHECKPOINT_FILE
+    raw = path.read_bytes()[:_CHECKPOINT.size] if path.exists() else b""
+    if len(raw) != _CHECKPOINT.size:
+        return 0
+    magic, flushed, _min, _flags, crc = _CHECKPOINT.unpack(raw)
+    return flushed if magic == b"RMQHACP1" and zlib.crc32(raw[:-4]) == crc else 0
+
+
 def _epochs(cluster: Cluster, broker: BrokerProc) -> list[tuple[int, int]]:
     return [(e["epoch"], e["startOffset"]) for e in cluster.broker_epochs(broker)["epochList"]]
 
@@ -96,10 +112,16 @@ def _run(tmp_path: Path, skip: tuple[str, ...]) -> bool:
         # The consume queues flushed and checkpointed past every send: the checkpoint now
         # promises their entries (so losing them, not the checkpoint, is what is checked).
         # (The queues flush as records are dispatched: another topic's sends drive it.)
-        cluster.wait_for(lambda: _indexed(broker) >= end or _send(cluster, broker.address, 1, "nudge") and False,
-                         20, what="a consume queue checkpoint past the sends")
+        # Likewise both checkpoints (written at most once a second) pass the sends.
+        cluster.wait_for(lambda: min(_indexed(broker), _flushed(broker.store_dir)) >= end
+                         or _send(cluster, broker.address, 1, "nudge") and False,
+                         20, what="both checkpoints past the sends")
 
         disk.cut(broker)
+        if _flushed(broker.store_dir) < end:
+            raise Lost(f"commitlog checkpoint lost: {_flushed(broker.store_dir)} after the cut, {end} before")
+        if _indexed(broker) < end:
+            raise Lost(f"consume queue checkpoint lost: {_indexed(broker)} after the cut, {end} before")
         disk.start(broker)
         try:
             cluster.wait_for(lambda: not broker.alive or cluster.broker_role(broker) == "master",
@@ -135,9 +157,11 @@ def test_consume_queues_lost_unsynced_are_rebuilt_from_the_commitlog(tmp_path):
 
 @pytest.mark.parametrize("skip, what", [
     (("commitlog/0*",), "acknowledged messages"),
+    (("commitlog/commitlog.checkpoint",), "commitlog checkpoint lost"),
+    (("consumequeue/checkpoint",), "consume queue checkpoint lost"),
     ((".broker.meta*",), "broker id|did not start"),
     (("epochFileCheckpoint*",), "epoch entries|did not start"),
-], ids=["commitlog", "broker-id", "epoch-file"])
+], ids=["commitlog", "commitlog-checkpoint", "consume-queue-checkpoint", "broker-id", "epoch-file"])
 def test_negative_control_a_skipped_sync_is_caught(tmp_path, skip, what):
     with pytest.raises(Lost, match=what):
         _run(tmp_path, skip)
