@@ -195,4 +195,4 @@ wheel-check: $(PY)
 	cd dist/wheelcheck && venv/bin/rmqha-trends --help > /dev/null && echo "rmqha-trends --help runs"
 
 clean:
-	rm -rf build dist *.egg-info rmqha/_core/*.c rmqha/_core/*.so rmqha/_core/*.html
+	rm -rf build dist *.egg-info rmqha/_core/*.c rmqha/_core/*.so rmqha/_core/*.html $(POWER_LOSS_SHIM)
