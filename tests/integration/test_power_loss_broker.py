@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 from cluster import BrokerProc, Cluster
+from mutated_source import mutated_package
 
 from rmqha.errors import LocalClusterError
 from rmqha.protocol.codes import RequestCode, ResponseCode
@@ -96,12 +97,13 @@ def _epochs(cluster: Cluster, broker: BrokerProc) -> list[tuple[int, int]]:
     return [(e["epoch"], e["startOffset"]) for e in cluster.broker_epochs(broker)["epochList"]]
 
 
-def _run(tmp_path: Path, skip: tuple[str, ...]) -> bool:
+def _run(tmp_path: Path, skip: tuple[str, ...], env: dict[str, str] | None = None) -> bool:
     """Raises :class:`Lost` for anything acknowledged that did not survive; True when the
     restart had to rebuild the topic's consume queue from the commitlog."""
     with Cluster(tmp_path) as cluster:
         cluster.start_controllers(1)
         broker = cluster.add_broker("broker-a", flush="sync", consume_queue_flush_interval_s=0.2)
+        broker.env.update(env or {})
         disk = PowerLossDisk(broker.store_dir, tmp_path / "shadow", skip)
         disk.start(broker)
         cluster.wait_role(broker, "master", 30)
@@ -165,6 +167,14 @@ def test_consume_queues_lost_unsynced_are_rebuilt_from_the_commitlog(tmp_path):
 def test_negative_control_a_skipped_sync_is_caught(tmp_path, skip, what):
     with pytest.raises(Lost, match=what):
         _run(tmp_path, skip)
+
+
+def test_negative_control_the_flushers_fdatasync_deleted_from_the_code_is_caught(tmp_path):
+    """The control without the shim's help: the commitlog flusher's own fdatasync deleted
+    (a copy of rmqha on the broker's PYTHONPATH)."""
+    code = mutated_package(tmp_path, "store/flusher.py", "os.fdatasync(seg.fd)", "None")
+    with pytest.raises(Lost, match="acknowledged messages"):
+        _run(tmp_path, (), {"PYTHONPATH": str(code)})
 
 
 def _tree(root: Path) -> dict[str, bytes | None]:

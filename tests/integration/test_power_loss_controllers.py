@@ -25,6 +25,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
+from mutated_source import mutated_package
 from pysyncobj.pickle import loads
 
 from rmqha.controller.client import ControllerClient
@@ -84,8 +85,10 @@ def _back(group: ControllerGroup) -> bool:
     return group.cluster.controller_leader() is not None and all(n.listens(n.address) for n in group.nodes)
 
 
-def _run(tmp_path: Path, skip: tuple[str, ...]) -> None:
+def _run(tmp_path: Path, skip: tuple[str, ...], env: dict[str, str] | None = None) -> None:
     group = ControllerGroup(tmp_path, 3, settings={"admin_token": TOKEN}, cluster_secret=SECRET)
+    for node in group.nodes:
+        node.env.update(env or {})
     stores = [Path(node.config["controller_store_path"]) for node in group.nodes]
     disks = [PowerLossDisk(store, tmp_path / f"shadow{i}", skip) for i, store in enumerate(stores)]
     try:
@@ -135,6 +138,15 @@ def test_raft_log_and_votes_survive_a_power_loss_of_every_controller(tmp_path):
 def test_negative_control_a_skipped_sync_is_caught(tmp_path, skip, what):
     with pytest.raises(Lost, match=what):
         _run(tmp_path, skip)
+
+
+def test_negative_control_the_vote_fsync_deleted_from_the_code_is_caught(tmp_path):
+    """The control without the shim's help: the code's own fsync of the vote's temp file
+    deleted (a copy of rmqha on the children's PYTHONPATH)."""
+    code = mutated_package(tmp_path, "controller/raft_journal.py",
+                           "        os.write(fd, data)\n        os.fsync(fd)\n", "        os.write(fd, data)\n")
+    with pytest.raises(Lost, match="votes forgotten"):
+        _run(tmp_path, (), {"PYTHONPATH": str(code)})
 
 
 def _tree(root: Path) -> dict[str, bytes | None]:
