@@ -126,6 +126,19 @@ def test_msync_keeps_the_synced_range_only(tmp_path):
     assert image["m"] == b"SYNC" + bytes(8188)
 
 
+@pytest.mark.parametrize("call", ["os.sync()", "os.fdatasync(os.open('.', os.O_RDONLY))", ""])
+def test_sync_makes_everything_durable(tmp_path, call):
+    """sync() (and syncfs) records every file and name under the root; a directory's
+    fdatasync its names only; nothing, nothing."""
+    image = _image(tmp_path, f"""
+        os.mkdir("d")
+        with open("d/f", "wb") as f:
+            f.write(b"x"); f.flush()
+        {call}
+    """)
+    assert image == {"os.sync()": {"d": None, "d/f": b"x"}, "": {}}.get(call, {"d": None})
+
+
 def test_a_skipped_pattern_is_as_if_the_sync_was_not_made(tmp_path):
     program = """
         for name in ("kept", "skipped"):
