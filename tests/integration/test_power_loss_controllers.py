@@ -94,12 +94,12 @@ def _run(tmp_path: Path, skip: tuple[str, ...], env: dict[str, str] | None = Non
     try:
         for disk, node in zip(disks, group.nodes):
             disk.start(node)
-        group.cluster.wait_controllers(group.nodes)
+        group.cluster.wait_controllers(group.nodes, timeout=60)  # three starts at once, under load
         asyncio.run(_apply(group.addresses, FIRST))
         leader = group.wait_leader()
         disks[leader].cut(group.nodes[leader])
         survivors = [i for i in range(3) if i != leader]
-        group.wait_leader(timeout=30, exclude={leader})
+        group.wait_leader(timeout=60, exclude={leader})
         asyncio.run(_apply([group.addresses[i] for i in survivors], SECOND))
         for i in survivors:
             assert disks[i].syncs(), f"the shim recorded no sync of controller {i}"
@@ -116,7 +116,7 @@ def _run(tmp_path: Path, skip: tuple[str, ...], env: dict[str, str] | None = Non
 
         for node in group.nodes:
             node.start()
-        group.cluster.wait_for(lambda: _back(group), 40, what="the controllers back on their images")
+        group.cluster.wait_for(lambda: _back(group), 60, what="the controllers back on their images")
         answers = asyncio.run(_next_ids(group.addresses, FIRST + SECOND))
         forgotten_ids = {name: n for name, n in answers.items() if n != 2}
         if forgotten_ids:
@@ -162,7 +162,7 @@ def test_cleanly_stopped_controllers_have_synced_every_file_and_name(tmp_path):
     try:
         for disk, node in zip(disks, group.nodes):
             disk.start(node)
-        group.cluster.wait_controllers(group.nodes)
+        group.cluster.wait_controllers(group.nodes, timeout=60)  # three starts at once, under load
         asyncio.run(_apply(group.addresses, FIRST))
     finally:
         group.stop()
