@@ -11,8 +11,9 @@ restart of the same process finds exactly what a machine that lost power would. 
 a sync call from rmqha (or skipping it with :attr:`PowerLossDisk.skip`, the negative
 control) loses what it covered, and the tests in tests/integration/test_power_loss.py fail.
 
-Cost: each sync copies the whole file it syncs (holes skipped), about 1 ms for a 4 MiB
-segment here, so the shim is for tests, never for production or benchmarks.
+Cost: each sync copies the whole file it syncs (holes skipped): an fsync of a 4 MiB file
+took 31 ms with the shim and 2 ms without on the 2-core test machine under load (25), so
+the shim is for tests, never for production or benchmarks; tests keep segments at 1 MiB.
 """
 from __future__ import annotations
 
