@@ -117,7 +117,7 @@ def _run(tmp_path: Path, skip: tuple[str, ...], env: dict[str, str] | None = Non
         # Likewise both checkpoints (written at most once a second) pass the sends.
         cluster.wait_for(lambda: min(_indexed(broker), _flushed(broker.store_dir)) >= end
                          or _send(cluster, broker.address, 1, "nudge") and False,
-                         20, what="both checkpoints past the sends")
+                         60, what="both checkpoints past the sends")
 
         disk.cut(broker)
         if _flushed(broker.store_dir) < end:
@@ -127,7 +127,7 @@ def _run(tmp_path: Path, skip: tuple[str, ...], env: dict[str, str] | None = Non
         disk.start(broker)
         try:
             cluster.wait_for(lambda: not broker.alive or cluster.broker_role(broker) == "master",
-                             30, what="the broker back as master (or its exit)")
+                             60, what="the broker back as master (or its exit)")
         except LocalClusterError:
             raise Lost(f"the broker did not start as master on its image:\n{broker.log_tail()}") from None
         if not broker.alive:
