@@ -4,6 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rmqha-installed
 PYTEST_ARGS ?=
+POWER_LOSS_SHIM := rmqha/testing/_power_loss_shim.so
 
 .PHONY: all venv build browser lint docs-map test test-proxy test-interop interop-build test-pure demo demo-grpc bench bench-quick bench-proxy bench-peers peers-jars test-peers-smoke trends chaos soak wheel-check clean
 
@@ -21,8 +22,13 @@ $(STAMP): $(PY) pyproject.toml setup.py
 
 venv: $(STAMP)
 
-build: $(STAMP)
+build: $(STAMP) $(POWER_LOSS_SHIM)
 	$(PY) setup.py --quiet build_ext --inplace
+
+# The power-loss tests' LD_PRELOAD library (its header says what it models), built with the
+# system cc as the extensions are.
+$(POWER_LOSS_SHIM): rmqha/testing/power_loss_shim.c
+	$${CC:-cc} -O2 -Wall -Wno-format-truncation -shared -fPIC -o $@ $< -ldl -lpthread
 
 # The status page test drives a real headless browser: Debian's chromium, installed when
 # missing (non-interactive; CI runs as root, elsewhere sudo -n is tried).
@@ -189,4 +195,4 @@ wheel-check: $(PY)
 	cd dist/wheelcheck && venv/bin/rmqha-trends --help > /dev/null && echo "rmqha-trends --help runs"
 
 clean:
-	rm -rf build dist *.egg-info rmqha/_core/*.c rmqha/_core/*.so rmqha/_core/*.html
+	rm -rf build dist *.egg-info rmqha/_core/*.c rmqha/_core/*.so rmqha/_core/*.html $(POWER_LOSS_SHIM)

@@ -10,7 +10,9 @@ broker serves what was confirmed before it went down without waiting for its new
 A stale value is safe (it is only lower than the truth); a value past the log's end (data
 lost in a crash before it was flushed) is capped at the log's end by the reader.  The file
 is one line of ASCII digits, replaced atomically, written at most every
-``interval_s`` while the offset moves, and once more on close.
+``interval_s`` while the offset moves (not fsynced: an older value is safe), and durably on
+close and on a cut: after a power loss, a value from before a cut would call confirmed the
+bytes the cut removed and that the log later took again from another master.
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ import logging
 import os
 import time
 from pathlib import Path
+
+from rmqha.broker.identity import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -68,17 +72,24 @@ class ConfirmCheckpoint:
             log.warning("log cut at %d, below the confirm offset %d (a repair, or an unclean election)",
                         offset, self._offset)
             self._offset = offset
-            self._write(time.monotonic())
+            self._write(time.monotonic(), durable=True)
 
     def flush(self) -> None:
+        """Write the offset durably (on close: a clean stop leaves nothing unsynced)."""
         if self._offset != self._written:
-            self._write(time.monotonic())
+            self._write(time.monotonic(), durable=True)
 
-    def _write(self, now: float) -> None:
+    def _write(self, now: float, *, durable: bool = False) -> None:
         tmp = self.path.with_name(FILE_NAME + ".tmp")
         try:
-            tmp.write_text(f"{self._offset}\n", encoding="ascii")
+            with open(tmp, "w", encoding="ascii") as fh:
+                fh.write(f"{self._offset}\n")
+                if durable:
+                    fh.flush()
+                    os.fsync(fh.fileno())
             os.replace(tmp, self.path)
+            if durable:
+                fsync_dir(self.path.parent)
         except OSError as exc:
             # Only an availability aid: a lost write leaves an older, still-safe value.
             log.warning("could not write %s: %s", self.path, exc)

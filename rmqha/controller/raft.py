@@ -59,7 +59,7 @@ from pysyncobj.transport import TCPTransport
 from rmqha.security.secret_policy import SECRET_KEYS_TEXT, is_loopback
 from rmqha.errors import ConfigError, ControllerError, NotLeaderError
 from rmqha.protocol.lease_timing import LEADER_FALLBACK_TIMEOUT_S, RAFT_TICK_S
-from rmqha.controller.raft_journal import DurableJournal, SyncHook
+from rmqha.controller.raft_journal import DurableJournal, SyncHook, durable_mkdir
 from rmqha.controller.raft_port import bind_address, deadline_transport
 from rmqha.controller.raft_tls import RaftTls, tls_transport
 
@@ -335,7 +335,7 @@ class RaftNode:
     def start(self) -> None:
         if self._obj is not None:
             return
-        self.settings.journal_file.parent.mkdir(parents=True, exist_ok=True)
+        durable_mkdir(self.settings.journal_file.parent)
         others = [p for p in self.settings.peers if p != self.settings.self_address]
         conf = self.settings.to_conf(self._state_changed)
         transport_class: type[TCPTransport] = _DurableTransport if self.settings.durable else TCPTransport

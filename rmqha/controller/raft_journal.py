@@ -43,6 +43,18 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def durable_mkdir(path: Path) -> None:
+    """``mkdir -p`` whose new names survive a power loss: a new directory's entry is durable
+    only once its parent is fsynced (else the journal inside vanishes with it)."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        directory.mkdir(exist_ok=True)
+        fsync_dir(directory.parent)
+
+
 def durable_write(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` so that after a crash it holds the old or the new bytes."""
     tmp = path.with_name(path.name + ".tmp")
@@ -69,6 +81,11 @@ class DurableJournal:
         # pysyncobj 0.3.17 internals (checked by rmqha.controller.raft's version guard).
         self._meta: dict[str, Any] = inner._FileJournal__meta
         self._file = inner._FileJournal__journalFile
+        # The journal file pysyncobj just made (or opened) is durable, with its name,
+        # before any vote's directory fsync can make its name durable without its header:
+        # an empty journal file stops pysyncobj from starting ("cannot mmap an empty file").
+        self.sync()
+        fsync_dir(self.journal_file.parent)
 
     # --- what pysyncobj calls (its camelCase API) -----------------------------------------
 

@@ -60,6 +60,7 @@ from typing import Any
 from rmqha import _core
 from rmqha.errors import StoreError
 from rmqha.store.checkpoint import boot_id
+from rmqha.store.segments import fsync_dir
 from rmqha.store.consume_queue import LogReader
 from rmqha.protocol.message import REC_FIXED
 
@@ -152,6 +153,7 @@ class IndexFile:
         finally:
             os.close(fd)
         os.replace(tmp, path)
+        fsync_dir(str(path.parent))  # the new file's name, or a power loss drops the file
         return cls.open(path)
 
     @classmethod

@@ -1,8 +1,10 @@
 """The controllers' Raft log and vote are on disk before anything acts on them (issue 13.2).
 
-A file-level shim stands in for a power loss: at every durable point (the journal's fsync,
-the vote's fsync) it copies the node's journal and vote files, which is exactly what a
-power loss at that instant would leave (everything not fsynced is gone).  A 3-node group
+At every durable point the code reports (the journal's sync, the vote's write) the test
+copies the node's journal and vote files.  That checks the order (nothing leaves a node
+before the point that covers it), not the syncs: the copy is taken by the code's own hook,
+so it would hold the same bytes if the fsync calls were deleted.  The syncs themselves are
+checked at the C library by tests/integration/test_power_loss_controllers.py.  A 3-node group
 of real Raft nodes on loopback commits events, loses its leader (an election: votes) and
 commits more, while every message a node sends is checked against its last copy:
 
