@@ -84,7 +84,7 @@ class QueueOffsets:
             fh.flush()
             os.fdatasync(fh.fileno())
         os.replace(tmp, path)
-        fsync_dir(self._dir)  # the rename itself, or a power loss brings the old table back
+        fsync_dir(os.path.dirname(path))  # the rename itself, or a power loss brings the old table back
 
     def load_snapshot(self) -> tuple[int, int, dict[QueueKey, int]] | None:
         """(valid_at, since, table) of the last snapshot; None when there is none or it is

@@ -37,6 +37,7 @@ from rmqha.errors import LocalClusterError
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.message import decode_records
 from rmqha.store.checkpoint import _CHECKPOINT, CHECKPOINT_FILE, DISPATCH_CHECKPOINT_FILE, DispatchCheckpoint
+from rmqha.store.segments import sidecar_path
 from rmqha.testing.power_loss import PowerLossDisk
 
 TOPIC = "durable"
@@ -85,7 +86,7 @@ def _indexed(broker: BrokerProc) -> int:
 
 def _flushed(store: Path) -> int:
     """The flushed offset the commitlog's checkpoint holds (0: missing, empty or corrupt)."""
-    path = store / "commitlog" / CHECKPOINT_FILE
+    path = Path(sidecar_path(str(store / "commitlog"), CHECKPOINT_FILE))
     raw = path.read_bytes()[:_CHECKPOINT.size] if path.exists() else b""
     if len(raw) != _CHECKPOINT.size:
         return 0
@@ -167,7 +168,7 @@ def test_consume_queues_lost_unsynced_are_rebuilt_from_the_commitlog(tmp_path):
 
 @pytest.mark.parametrize("skip, what", [
     (("commitlog/0*",), "acknowledged messages"),
-    (("commitlog/commitlog.checkpoint",), "commitlog checkpoint lost"),
+    (("commitlog.checkpoint",), "commitlog checkpoint lost"),
     (("consumequeue/checkpoint",), "consume queue checkpoint lost"),
     ((".broker.meta*",), "broker id|did not start"),
     (("epochFileCheckpoint*",), "epoch entries|did not start"),
