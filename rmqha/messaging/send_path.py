@@ -54,7 +54,8 @@ from rmqha.messaging.delayed_delivery import (
     asks_for_delay,
 )
 from rmqha.protocol.headers import SendHeader
-from rmqha.messaging.log_writer import FLUSH_DISK_FAILED, LogWriter
+from rmqha.messaging.log_writer import LogWriter
+from rmqha.messaging.send_answer import send_answer
 from rmqha.protocol.message import (
     DecompressError,
     SysFlag,
@@ -83,7 +84,6 @@ from rmqha.messaging.send_rules import (
     RESERVED_KEYS,
     RESERVED_PREFIXES,
     check_type,
-    prepared_transaction_id,
     send_asks_for_delay,
     without_mark,
 )
@@ -739,39 +739,7 @@ class SendPath:
 
     def _answer(self, cmd: RemotingCommand, reply_queue_id: int, placed: list[tuple[int, int]],
                 code: int, status: str) -> RemotingCommand:
-        ctx = self.ctx
-        first_offset, _ = placed[0]
-        queue_offset = ctx.queue_offset_at(first_offset)
-        prefix = self._msg_id_prefix
-        ids = ",".join([f"{prefix}{off:016X}" for off, _ in placed])
-        ext = {"msgId": ids, "queueId": str(reply_queue_id),
-               "queueOffset": str(queue_offset), PUT_STATUS_FIELD: status,
-               "commitLogOffset": str(first_offset)}
-        transaction_id = prepared_transaction_id(cmd)
-        if transaction_id:
-            ext["transactionId"] = transaction_id
-        if code == ResponseCode.SUCCESS:
-            remark = None
-        elif status == FLUSH_DISK_FAILED:
-            remark = (f"{status}: stored at {first_offset} but the fsync failed, so it is not "
-                      f"known to be on disk (the broker log says why)")
-        else:
-            remark = (f"{status}: stored at {first_offset} but not confirmed by "
-                      f"{self._copies_wanted()} in time{self._short_set_note()}")
-        return cmd.reply(int(code), remark, ext)
-
-    def _copies_wanted(self) -> str:
-        need = int(self.ctx.config.min_in_sync_replicas)
-        return f"min_in_sync_replicas={need} copies" if need > 1 else "the replicas"
-
-    def _short_set_note(self) -> str:
-        """Why a wait fell short when the SyncStateSet shrank below the floor meanwhile."""
-        replication = self.ctx.replication
-        need = int(self.ctx.config.min_in_sync_replicas)
-        if replication is None or need <= 1 or replication.sync_state_set_size() >= need:
-            return ""
-        return (f" (the SyncStateSet shrank to {replication.sync_state_set_size()} while it "
-                f"waited; it may still be delivered once the replicas catch up)")
+        return send_answer(self.ctx, self._msg_id_prefix, cmd, reply_queue_id, placed, code, status)
 
     def _divert(self, h: SendHeader, queue_id: int) -> tuple[str, int, int, str | dict[str, str]]:
         """Where a transactional or delayed send is stored instead of its topic."""
