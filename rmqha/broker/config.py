@@ -230,6 +230,10 @@ class BrokerConfig(TlsKeys):
     auto_create_subscription_group: bool = field(default=True, metadata=_alias("autoCreateSubscriptionGroup"))
     #: Sends to a topic with a message.type attribute must be of that type.
     topic_message_type_check: bool = True
+    #: Idempotent producers: (producer, queue) pairs whose last results the master keeps (least recently used dropped; ~2 KiB each).
+    idempotent_max_producer_queues: int = 10_000
+    #: Idempotent producers: bytes of the log's tail read back for their state when the broker becomes master.
+    idempotent_rebuild_bytes: int = 64 << 20
     #: QUERY_ASSIGNMENT's mode for a topic/group no SET_MESSAGE_REQUEST_MODE set: PULL or POP.
     default_message_request_mode: str = "PULL"
     #: POP mode's popShareQueueNum for those (-1 or 0: every consumer pops every queue).

@@ -55,7 +55,9 @@ from rmqha.messaging.delayed_delivery import (
 )
 from rmqha.protocol.headers import SendHeader
 from rmqha.messaging.log_writer import LogWriter
+from rmqha.messaging.producer_state import ProducerTable, claim_in
 from rmqha.messaging.send_answer import send_answer
+from rmqha.protocol.idempotence import PRODUCER_ID, Claim
 from rmqha.protocol.message import (
     DecompressError,
     SysFlag,
@@ -106,6 +108,8 @@ class _Send:
     #: A batch body whose ``batch_count`` entries are stored as they came (``rows`` empty).
     batch: bytes | memoryview | None = None
     batch_count: int = 0
+    #: An idempotent producer's claim (:mod:`rmqha.messaging.producer_state`).
+    claim: Claim | None = None
 
 
 #: The connection attribute holding its peer as a born host.
@@ -199,6 +203,8 @@ class SendPath:
         self._group: _SendGroup | None = None
         #: Topic names a plain send may use (valid, not internal): checked once each.
         self._plain_names: set[str] = set()
+        #: What idempotent producers stored: a retry is answered, not stored again.
+        self.producers = ProducerTable(int(ctx.config.idempotent_max_producer_queues))
 
     def handlers(self) -> dict[int, Handler]:
         rc = RequestCode
@@ -242,6 +248,8 @@ class SendPath:
         started = time.perf_counter()
         try:
             send = self._prepare(cmd, conn, group)
+            if send.claim is not None and self._answered_again(send, cmd, conn, started):
+                return True
             placed = self._store(send, conn, grouped=True)
         except Refused as r:
             resp = cmd.response(r.code, r.remark, r.ext)
@@ -593,7 +601,9 @@ class SendPath:
             # Just elected: its first lease is one heartbeat answer away (not a refusal).
             await ctx.replication.wait_for_first_lease()
         send = self._prepare(cmd, conn)
-        placed = self._store(send, conn)
+        prior = None if send.claim is None else self.producers.check(send.claim, send.topic,
+                                                                     send.queue_id)
+        placed = self._store(send, conn) if prior is None else prior.placed
         last_offset, last_size = placed[-1]
         code, status = await self.writer.await_durable(last_offset + last_size,
                                                        index_now=False)
@@ -609,6 +619,7 @@ class SendPath:
         except ProtocolError as exc:
             raise Refused(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
         batch = h.batch or cmd.code == RequestCode.SEND_BATCH_MESSAGE
+        claim = claim_in(h.properties) if PRODUCER_ID in h.properties else None
         if group is None or not group.writable:
             ctx.check_writable()
             if group is not None:
@@ -640,7 +651,7 @@ class SendPath:
                 sys_flag = strip_compression(sys_flag)
             if expected is not None:
                 self._check_batch_type(expected, body, sys_flag)
-            if not transaction_type(sys_flag):
+            if not transaction_type(sys_flag) and claim is None:
                 count = _records.batch_plain(body, MAX_BATCH_ITEMS, RESERVED_KEYS,
                                              RESERVED_PREFIXES)
                 if count > 0:
@@ -659,6 +670,9 @@ class SendPath:
                 # As RocketMQ: a batch is neither transactional nor delayed.
                 raise Refused(ResponseCode.MESSAGE_ILLEGAL,
                               "transactional or delayed messages cannot be sent as a batch")
+            if claim is not None and any(claim_in(item.properties) != claim for item in items):
+                raise Refused(ResponseCode.MESSAGE_ILLEGAL, f"an idempotent batch's entries must "
+                              f"all carry its header's claim {claim}")
             rows: list[tuple[bytes, str | dict[str, str], int, int]] = [
                 (item.body, without_mark(item.properties), item.flag, 0) for item in items]
             topic = h.topic
@@ -668,9 +682,13 @@ class SendPath:
             if expected is not None:
                 check_type(expected, decode_properties(props), sys_flag)
             if transaction_type(sys_flag) or asks_for_delay(props) or COMMITTED_MARK in props:
+                if claim is not None:
+                    raise Refused(ResponseCode.MESSAGE_ILLEGAL, "an idempotent send cannot be "
+                                  "transactional or delayed (it is stored elsewhere first)")
                 topic, queue_id, sys_flag, props = self._divert(h, queue_id)
             rows = [(cmd.body, props, h.flag, h.reconsume_times)]
-        return _Send(topic, queue_id, reply_queue_id, rows, sys_flag, born_ts, born_host)
+        return _Send(topic, queue_id, reply_queue_id, rows, sys_flag, born_ts, born_host,
+                     claim=claim)
 
     def _expected_type(self, cfg: Any) -> TopicMessageType | None:
         """The message type sends to this topic must have (None: any)."""
@@ -729,7 +747,25 @@ class SendPath:
             ctx.replication.push_now()  # alone on its connection: no turn to share
         if ctx.metrics is not None:
             self._count(placed)
+        if send.claim is not None:
+            self.producers.record(send.claim, send.topic, send.queue_id, placed, send.reply_queue_id)
         return placed
+
+    def _answered_again(self, send: _Send, cmd: RemotingCommand, conn: Any, started: float) -> bool:
+        """A retried idempotent send: its original's result, once the verdict of the
+        original's copies is known now (nothing stored); False: a new sequence, store it."""
+        assert send.claim is not None
+        prior = self.producers.check(send.claim, send.topic, send.queue_id)
+        if prior is None:
+            return False
+
+        def durable(code: int, status: str) -> None:
+            resp = self._answer(cmd, prior.reply_queue_id, prior.placed, code, status)
+            self._observe(resp, started)
+            conn.answer(cmd, resp)
+
+        self.writer.when_durable(prior.end, durable)
+        return True
 
     def _count(self, placed: list[tuple[int, int]]) -> None:
         m = self.ctx.metrics
@@ -759,4 +795,3 @@ class SendPath:
         if where is None:
             return h.topic, queue_id, h.sys_flag, props
         return where[0], where[1], h.sys_flag, props
-

@@ -80,6 +80,8 @@ class SendPlan:
 
     topic: str
     messages: list[OutgoingMessage] = field(default_factory=list)
+    #: An idempotent send's claim as encoded pairs (a batch header carries it too).
+    claim: str = ""
 
     @property
     def transactional(self) -> bool:
@@ -289,4 +291,4 @@ def send_header(plan: SendPlan, queue_id: int) -> dict[str, Any]:
 
 def batch_header(plan: SendPlan, queue_id: int) -> dict[str, Any]:
     """SEND_BATCH_MESSAGE's header; the body is the batch (rmqha.protocol.message)."""
-    return {**send_header(plan, queue_id), "i": "", "m": True}
+    return {**send_header(plan, queue_id), "i": plan.claim, "m": True}
