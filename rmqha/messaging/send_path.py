@@ -20,7 +20,8 @@ status after (``LogWriter.when_durable`` / ``await_durable``: the copies the HA 
 waiter reports, the group commit, the lease); a group waits once, for its last send, and
 when that fell short each earlier send is judged again with its own copies
 (``LogWriter.answer_now``).  A group's SUCCESS answers are encoded in one call each
-(``send_frames.encode_send_ok``; a run's in one, ``encode_send_oks``).
+(``send_frames.encode_send_ok``; a run's in one, ``encode_send_oks``).  An idempotent send
+never takes a plain lane: a retry is answered from :mod:`~rmqha.messaging.producer_state`.
 """
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 The default suite runs a reduced schedule (the master killed, the master frozen past its
 heartbeat timeout, the master partitioned from the controllers alone, and the negative
 control that must show loss); ``make chaos`` runs every scenario, the seeded random mix
-and the other negative controls (marked slow).
+and the other negative controls (marked slow), among them the idempotent producers under
+forced retries (zero duplicates) and their control without idempotence (duplicates).
 """
 from __future__ import annotations
 
