@@ -12,6 +12,7 @@ queue starts afresh.
 """
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import Counter
@@ -19,7 +20,15 @@ from collections import Counter
 import pytest
 from cluster import Cluster
 
-from rmqha.client import BlockingConsumer, BlockingProducer, SendStatus
+from rmqha.client import (
+    BlockingConsumer,
+    BlockingProducer,
+    Message,
+    Producer,
+    ReceivedMessage,
+    SendResult,
+    SendStatus,
+)
 from rmqha.errors import SequenceGapError
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.command import RemotingCommand
@@ -155,6 +164,33 @@ def test_retries_after_ack_timeouts_store_once_with_idempotence_and_twice_withou
     values, stored = _send_through_a_frozen_slave(cluster, False, "IdemOff")
     assert set(values) <= set(stored)
     assert stored["frozen"] > 1, f"the control stored no duplicate: {stored}"
+
+
+def test_a_batch_sent_again_is_answered_with_its_original_results(cluster: Cluster) -> None:
+    """A batch request sent twice by the asyncio producer (what a retry does: the same
+    claim on the same queue) is stored once, both answers naming the same records; every
+    stored entry carries the claim, which is what a rebuild reads."""
+    cluster.start_controllers(1)
+    cluster.start_namesrv()
+    (b,) = cluster.start_group("broker-a", 1)
+
+    async def main() -> tuple[list[SendResult], list[SendResult]]:
+        async with Producer(cluster.namesrv_addresses, group="idem-batch", idempotent=True) as p:
+            req = next(p.sender.requests.batches("IdemBatch", [b"b0", Message(b"b1", tags="t"), b"b2"], 2))
+            first = await p.sender.send(req)
+            assert req.ticket is not None and req.ticket.claim.seq == 0
+            return first, await p.sender.send(req)
+
+    first, again = asyncio.run(main())
+    assert [(r.offset_msg_id, r.queue_offset) for r in again] == [(r.offset_msg_id, r.queue_offset) for r in first]
+    assert all(r.ok for r in first + again) and [r.queue_offset for r in first] == [0, 1, 2]
+    assert max_offset(cluster, b.address, 2, "IdemBatch") == 3
+    got: list[ReceivedMessage] = []
+    with BlockingConsumer(cluster.namesrv_addresses, "read-batch", "IdemBatch") as consumer:
+        cluster.wait_for(lambda: got.extend(consumer.poll(timeout=0.5)) or len(got) >= 3,
+                         what="the batch read back")
+    claims = {(m.properties["RMQHA_PRODUCER_ID"], m.properties["RMQHA_PRODUCER_SEQ"]) for m in got}
+    assert len(got) == 3 and len(claims) == 1 and next(iter(claims))[1] == "0"
 
 
 def test_a_gap_is_a_sequence_gap_error_and_the_queue_starts_afresh(cluster: Cluster) -> None:
