@@ -19,6 +19,7 @@ and the broker checks the transaction back later.
 """
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from typing import Any
@@ -72,11 +73,12 @@ class Producing:
         if not queues:
             raise ProxyError(Code.FORBIDDEN, f"topic {plan.topic} has no writable queue")
         group, queue_id = queues[pick_queue(plan.sharding_key, len(queues), next(self._turns))]
-        ticket = await self._bind(plan, group, queue_id)
+        deadline = self._deadline(call)
+        ticket = await self._bind(plan, group, queue_id, deadline)
         answered = False
         try:
             resp = await self.cluster.to_master(plan.topic, group, lambda: _send_command(plan, queue_id),
-                                                self._deadline(call), what=f"send to {plan.topic}")
+                                                deadline, what=f"send to {plan.topic}")
             answered = resp.code in _STORED
         finally:
             if ticket is not None:
@@ -84,14 +86,20 @@ class Producing:
                 self._idempotence.release(ticket, answered=answered)
         return _send_response(plan, group, resp)
 
-    async def _bind(self, plan: SendPlan, group: str, queue_id: int) -> Ticket | None:
+    async def _bind(self, plan: SendPlan, group: str, queue_id: int, deadline: Deadline) -> Ticket | None:
         """An ordinary send's claim (its properties stamped), or None: idempotence off, or a
-        delayed or transactional send (stored elsewhere first)."""
+        delayed or transactional send (stored elsewhere first).  Waiting for a slot in the
+        queue's window is bounded by the call's deadline (PROXY_TIMEOUT past it)."""
         if self._idempotence is None or any(
                 m.sys_flag & SysFlag.TRANSACTION_PREPARED or Prop.TIMER_DELIVER_MS in m.properties
                 for m in plan.messages):
             return None
-        ticket = await self._idempotence.claim(MessageQueue(plan.topic, group, queue_id))
+        try:
+            ticket = await asyncio.wait_for(self._idempotence.claim(MessageQueue(plan.topic, group, queue_id)),
+                                            max(0.05, deadline.left()))
+        except asyncio.TimeoutError:
+            raise ProxyError(Code.PROXY_TIMEOUT, f"send to {plan.topic}: five earlier sends to queue "
+                             f"{group}/{queue_id} still in flight at the deadline") from None
         for m in plan.messages:
             m.properties[PRODUCER_ID] = ticket.claim.producer
             m.properties[PRODUCER_SEQ] = str(ticket.claim.seq)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rmqha.errors import ProxyError
+from rmqha.protocol.idempotence import PRODUCER_ID, PRODUCER_SEQ
 from rmqha.protocol.message import Prop, SysFlag, encode_properties
 from rmqha.protocol.topic_attributes import (
     SHARDING_KEY,
@@ -60,6 +61,11 @@ SYSTEM_PROPERTY_KEYS = frozenset({
     "TIMER_ROLL_TIMES", "TIMER_OUT_MS", "TIMER_DEL_UNIQKEY", "TIMER_DELAY_LEVEL",
     "__BORNHOST", "BORN_TIMESTAMP", "DLQ_ORIGIN_TOPIC", "DLQ_ORIGIN_MESSAGE_ID", "__CRC32#",
 })
+
+
+#: An idempotent send's claim (``rmqha.protocol.idempotence``): only the proxy sets it (a
+#: user property of that name is refused) and a delivered message does not show it.
+IDEMPOTENCE_KEYS = frozenset({PRODUCER_ID, PRODUCER_SEQ})
 
 
 @dataclass
@@ -120,7 +126,7 @@ def _user_properties(message: Any, cfg: ProxyConfig) -> tuple[dict[str, str], in
                          f"too many user properties ({len(props)}), max is {cfg.user_property_max_num}")
     size = 0
     for key, value in props.items():
-        if key in SYSTEM_PROPERTY_KEYS:
+        if key in SYSTEM_PROPERTY_KEYS or key in IDEMPOTENCE_KEYS:
             raise ProxyError(Code.ILLEGAL_MESSAGE_PROPERTY_KEY, f"property is used by system: {key}")
         if has_control_character(key) or has_control_character(value):
             raise ProxyError(Code.ILLEGAL_MESSAGE_PROPERTY_KEY,
