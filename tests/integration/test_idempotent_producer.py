@@ -118,6 +118,33 @@ def test_a_new_master_answers_retries_of_what_the_old_one_stored(cluster: Cluste
     assert placement(raw_send(cluster, slave.address, b"f2", Claim("p-failover-0", 2)))[2] == "2"
 
 
+def test_a_retry_of_a_flush_slave_timeout_waits_for_the_copies_again(cluster: Cluster) -> None:
+    """The original answered FLUSH_SLAVE_TIMEOUT (stored, its copy not in time): a retry
+    made while the slave is still frozen is answered short again, not SEND_OK; one made
+    after it thawed gets SEND_OK naming the original's record; it is stored once."""
+    cluster.start_controllers(1)
+    cluster.start_namesrv()
+    master, slave = cluster.start_group("broker-a", 2, in_sync=True, all_ack_in_sync_state_set=True,
+                                        slave_timeout_ms=600)
+    assert raw_send(cluster, master.address, b"warm", None, queue_id=1).code == ResponseCode.SUCCESS  # the topic
+    slave.pause()
+    try:
+        claim = Claim("p-short-0", 0)
+        first = raw_send(cluster, master.address, b"once", claim)
+        assert first.code == ResponseCode.FLUSH_SLAVE_TIMEOUT, (first.code, first.remark)
+        early = raw_send(cluster, master.address, b"once", claim)
+        assert early.code != ResponseCode.SUCCESS
+        assert early.ext_fields.get("commitLogOffset") in (None, first.ext_fields["commitLogOffset"])
+    finally:
+        slave.resume()
+    late = cluster.wait_for(lambda: (r := raw_send(cluster, master.address, b"once", claim)).code
+                            == ResponseCode.SUCCESS and r, 30, what="the retry answered SEND_OK")
+    assert late.ext_fields["commitLogOffset"] == first.ext_fields["commitLogOffset"]
+    assert late.ext_fields["queueOffset"] == first.ext_fields["queueOffset"]
+    assert cluster.wait_for(lambda: max_offset(cluster, master.address, int(first.ext_fields["queueId"])) == 1,
+                            what="the queue holding it once")
+
+
 def _send_through_a_frozen_slave(c: Cluster, idempotent: bool, topic: str) -> tuple[list[str], Counter[str]]:
     """A value sent while the slave is frozen past the producer's send timeout (each
     attempt times out and is retried) until it thaws, with one before and one after; the
