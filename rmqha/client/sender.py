@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -342,13 +343,13 @@ class Sender:
             tried.final = False  # an earlier send of the queue is on its way: it may close the gap
         return None
 
-    async def send(self, req: SendRequest, tried: Attempts | None = None) -> list[SendResult]:
+    def send(self, req: SendRequest,
+             tried: Attempts | None = None) -> Coroutine[Any, Any, list[SendResult]]:
         """Attempts until one is answered with a send status; SendError after a refusal
         no retry can change, ``max_attempts`` or ``retry_deadline_s``.  ``tried`` carries
-        on from attempts made elsewhere (BlockingProducer's first one)."""
-        if req.idempotent:
-            return await self._send_bound(req, tried)
-        return await self._send(req, tried)
+        on from attempts made elsewhere (BlockingProducer's first one).  The coroutine of
+        the way it takes (no coroutine of its own in between: one frame less a send)."""
+        return self._send_bound(req, tried) if req.idempotent else self._send(req, tried)
 
     async def _send_bound(self, req: SendRequest, tried: Attempts | None) -> list[SendResult]:
         """An idempotent send: bound to its queue and sequence, then :meth:`_send`; the
