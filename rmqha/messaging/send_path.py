@@ -671,9 +671,9 @@ class SendPath:
                 # As RocketMQ: a batch is neither transactional nor delayed.
                 raise Refused(ResponseCode.MESSAGE_ILLEGAL,
                               "transactional or delayed messages cannot be sent as a batch")
-            if claim is not None and any(claim_in(item.properties) != claim for item in items):
-                raise Refused(ResponseCode.MESSAGE_ILLEGAL, f"an idempotent batch's entries must "
-                              f"all carry its header's claim {claim}")
+            if any(claim_in(item.properties) != claim for item in items):  # what a rebuild reads
+                raise Refused(ResponseCode.MESSAGE_ILLEGAL, f"a batch's entries must all carry "
+                              f"its header's idempotence claim ({claim})")
             rows: list[tuple[bytes, str | dict[str, str], int, int]] = [
                 (item.body, without_mark(item.properties), item.flag, 0) for item in items]
             topic = h.topic

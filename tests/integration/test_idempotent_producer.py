@@ -34,7 +34,7 @@ from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.command import RemotingCommand
 from rmqha.protocol.headers import SEND_V2_QUEUE_ID, SendHeader
 from rmqha.protocol.idempotence import FIELD_EXPECTED, FIELD_GOT, FIELD_PRODUCER, FIELD_QUEUE, Claim
-from rmqha.protocol.message import new_uniq_key
+from rmqha.protocol.message import encode_batch_entries, new_uniq_key
 
 TOPIC = "Idempotent"
 
@@ -82,6 +82,11 @@ def test_a_retry_is_answered_with_the_original_and_a_gap_is_refused(cluster: Clu
     assert raw_send(cluster, b.address, b"plain", None).code == ResponseCode.SUCCESS  # no claim: ordinary
     malformed = raw_send(cluster, b.address, b"bad", Claim("no spaces allowed", 0))
     assert malformed.code == ResponseCode.MESSAGE_ILLEGAL and "RMQHA_PRODUCER_ID" in (malformed.remark or "")
+    # A batch whose entries claim what its header does not is refused (a rebuild reads them).
+    entries = encode_batch_entries([(b"e", b"UNIQ_KEY\x01u1\x02" + Claim("p-sneak-0", 0).properties().encode(), 0)])
+    ext = {**SendHeader.fields("idem-test", TOPIC, 0, int(time.time() * 1000), 0, "", True), SEND_V2_QUEUE_ID: "0"}
+    sneak = cluster.request(b.address, RequestCode.SEND_BATCH_MESSAGE, ext, entries)
+    assert sneak.code == ResponseCode.MESSAGE_ILLEGAL and "idempotence claim" in (sneak.remark or "")
     assert cluster.wait_for(lambda: max_offset(cluster, b.address) == 4, what="four records in the queue")
 
 
