@@ -16,6 +16,7 @@ import asyncio
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 
 import pytest
 from cluster import Cluster
@@ -37,6 +38,17 @@ from rmqha.protocol.idempotence import FIELD_EXPECTED, FIELD_GOT, FIELD_PRODUCER
 from rmqha.protocol.message import encode_batch_entries, new_uniq_key
 
 TOPIC = "Idempotent"
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One broker alone, shared by the tests that neither stop it nor need a slave (each
+    uses its own topic, queue or producer id)."""
+    with Cluster(tmp_path_factory.mktemp("idempotent-single")) as c:
+        c.start_controllers(1)
+        c.start_namesrv()
+        c.start_group("broker-a", 1)
+        yield c
 
 
 def raw_send(c: Cluster, addr: str, body: bytes, claim: Claim | None, *, queue_id: int = 0,
@@ -62,10 +74,9 @@ def placement(resp: RemotingCommand) -> tuple[str, str, str]:
     return ext["commitLogOffset"], ext["queueId"], ext["queueOffset"]
 
 
-def test_a_retry_is_answered_with_the_original_and_a_gap_is_refused(cluster: Cluster) -> None:
-    cluster.start_controllers(1)
-    cluster.start_namesrv()
-    (b,) = cluster.start_group("broker-a", 1)
+def test_a_retry_is_answered_with_the_original_and_a_gap_is_refused(single: Cluster) -> None:
+    cluster = single
+    (b,) = cluster.brokers
     claim = Claim("p-retry-0", 0)
     first = raw_send(cluster, b.address, b"one", claim)
     assert raw_send(cluster, b.address, b"one", claim).ext_fields == first.ext_fields
@@ -198,13 +209,12 @@ def test_retries_after_ack_timeouts_store_once_with_idempotence_and_twice_withou
     assert stored["frozen"] > 1, f"the control stored no duplicate: {stored}"
 
 
-def test_a_batch_sent_again_is_answered_with_its_original_results(cluster: Cluster) -> None:
+def test_a_batch_sent_again_is_answered_with_its_original_results(single: Cluster) -> None:
     """A batch request sent twice by the asyncio producer (what a retry does: the same
     claim on the same queue) is stored once, both answers naming the same records; every
     stored entry carries the claim, which is what a rebuild reads."""
-    cluster.start_controllers(1)
-    cluster.start_namesrv()
-    (b,) = cluster.start_group("broker-a", 1)
+    cluster = single
+    (b,) = cluster.brokers
 
     async def main() -> tuple[list[SendResult], list[SendResult]]:
         async with Producer(cluster.namesrv_addresses, group="idem-batch", idempotent=True) as p:
@@ -225,10 +235,8 @@ def test_a_batch_sent_again_is_answered_with_its_original_results(cluster: Clust
     assert len(got) == 3 and len(claims) == 1 and next(iter(claims))[1] == "0"
 
 
-def test_a_gap_is_a_sequence_gap_error_and_the_queue_starts_afresh(cluster: Cluster) -> None:
-    cluster.start_controllers(1)
-    cluster.start_namesrv()
-    cluster.start_group("broker-a", 1)
+def test_a_gap_is_a_sequence_gap_error_and_the_queue_starts_afresh(single: Cluster) -> None:
+    cluster = single
     with BlockingProducer(cluster.namesrv_addresses, group="idem-gap", idempotent=True) as p:
         first = p.send(TOPIC, b"a", queue_id=1)
         assert first.ok
