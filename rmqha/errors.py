@@ -161,6 +161,21 @@ class SendError(ClientError):
         super().__init__(message)
 
 
+class SequenceGapError(SendError):
+    """An idempotent send was refused because its sequence skips one its queue never
+    stored (an earlier send to that queue failed for good): nothing of it was stored.  The
+    producer starts that queue afresh (a new producer generation), so sending it again is
+    safe.  ``producer``, ``queue``, ``expected`` and ``got`` are the broker's words."""
+
+    def __init__(self, message: str, *, producer: str, queue: str, expected: int, got: int,
+                 code: int | None = None) -> None:
+        self.producer = producer
+        self.queue = queue
+        self.expected = expected
+        self.got = got
+        super().__init__(message, code, "PRODUCER_SEQUENCE_GAP")
+
+
 # --- security ----------------------------------------------------------------------------
 
 

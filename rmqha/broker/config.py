@@ -230,6 +230,12 @@ class BrokerConfig(TlsKeys):
     auto_create_subscription_group: bool = field(default=True, metadata=_alias("autoCreateSubscriptionGroup"))
     #: Sends to a topic with a message.type attribute must be of that type.
     topic_message_type_check: bool = True
+    #: Idempotent producers: (producer, queue) pairs whose last results the master keeps
+    #: (least recently used dropped; ~2 KiB each).
+    idempotent_max_producer_queues: int = 10_000
+    #: Idempotent producers: bytes of the log's tail read back for their state when the
+    #: broker becomes master.
+    idempotent_rebuild_bytes: int = 64 << 20
     #: QUERY_ASSIGNMENT's mode for a topic/group no SET_MESSAGE_REQUEST_MODE set: PULL or POP.
     default_message_request_mode: str = "PULL"
     #: POP mode's popShareQueueNum for those (-1 or 0: every consumer pops every queue).
@@ -292,7 +298,8 @@ class BrokerConfig(TlsKeys):
             raise ConfigError("controller_addr is empty: a broker needs at least one controller address")
         for key in ("broker_heartbeat_interval_ms", "sync_broker_metadata_period_ms",
                     "check_sync_state_set_period_ms", "register_name_server_period_ms",
-                    "controller_heartbeat_timeout_ms", "rpc_timeout_ms", "slave_timeout_ms"):
+                    "controller_heartbeat_timeout_ms", "rpc_timeout_ms", "slave_timeout_ms",
+                    "idempotent_max_producer_queues", "idempotent_rebuild_bytes"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be positive, got {getattr(self, key)}")
         self._check_master_lease()

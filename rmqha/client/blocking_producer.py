@@ -66,13 +66,27 @@ class _ThreadProducer:
         return results
 
     def _send_one(self, req: SendRequest) -> list[SendResult]:
-        """The first attempt over a blocking link when the route is cached and fresh; the
-        answer is used as the sender's retry loop uses it, and anything but a send status
-        leaves the rest to that loop, run on this thread's loop with what the attempt
-        learned."""
+        """:meth:`_attempts`; an idempotent send is bound to its queue and sequence by the
+        cached route first (else the sender's loop binds it), its ticket released however
+        the send ends."""
+        if not req.idempotent:
+            return self._attempts(req, True)
+        answered = False
+        try:
+            results = self._attempts(req, self.sender.bind_now(req))
+            answered = True
+            return results
+        finally:
+            self.sender.release(req, answered=answered)
+
+    def _attempts(self, req: SendRequest, blocking: bool) -> list[SendResult]:
+        """The first attempt over a blocking link when the route is cached and fresh (and
+        ``blocking``); the answer is used as the sender's retry loop uses it, and anything
+        but a send status leaves the rest to that loop, run on this thread's loop with what
+        the attempt learned."""
         sender = self.sender
         tried = sender.attempts()
-        target = sender.cached_target(req, tried)
+        target = sender.cached_target(req, tried) if blocking else None
         if target is not None:
             addr, mq = target
             tried.made = 1

@@ -13,6 +13,9 @@ ones below it:
   (properties, compression, batch chunks).
 
 The blocking producer for synchronous code is :mod:`~rmqha.client.blocking_producer`.
+``idempotent=True`` makes retries safe: a producer id and a per-queue sequence on each
+ordinary send and batch, so the broker never stores a retried send twice
+(:mod:`~rmqha.client.idempotence`).
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from typing import Any
 
 from rmqha.client.accumulator import DEFAULT_MAX_BYTES as DEFAULT_AUTO_BATCH_BYTES
 from rmqha.client.accumulator import SendAccumulator
+from rmqha.client.idempotence import Idempotence
 from rmqha.client.model import Message, SendResult
 from rmqha.client.route import ClientSession
 from rmqha.client.send_request import RequestBuilder, as_message
@@ -57,17 +61,19 @@ class Producer:
         access_key: str | None = None,
         secret_key: str | None = None,
         tls: TlsOption = None,
+        idempotent: bool = False,
     ) -> None:
         self.group = group
         security = ClientSecurity.from_options(access_key=access_key, secret_key=secret_key, tls=tls)
         self.session = ClientSession(namesrv, rpc_timeout_s=send_timeout_s, security=security)
         requests = RequestBuilder(group, compress_over_bytes=compress_over_bytes,
                                   compression=compression, max_batch_bytes=max_batch_bytes,
-                                  compress_batches=compress_batches)
+                                  compress_batches=compress_batches, idempotent=idempotent)
         #: Routes, queue choice and retries; builds requests with ``sender.requests``.
         self.sender = Sender(self.session, requests, send_timeout_s=send_timeout_s,
                              max_attempts=max_attempts, backoff_s=backoff_s,
-                             max_backoff_s=max_backoff_s, retry_deadline_s=retry_deadline_s)
+                             max_backoff_s=max_backoff_s, retry_deadline_s=retry_deadline_s,
+                             idempotence=Idempotence() if idempotent else None)
         #: Holds concurrent sends until the end of the loop turn (``auto_batch``).
         self.accumulator = (SendAccumulator(self.sender, auto_batch_max_bytes) if auto_batch
                             else None)

@@ -23,15 +23,18 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from rmqha._core import load
+from rmqha.client.idempotence import Ticket
 from rmqha.client.model import Message
 from rmqha.errors import ClientError
 from rmqha.protocol.codes import RequestCode
 from rmqha.protocol.command import VERSION
 from rmqha.protocol.headers import SendHeader
+from rmqha.protocol.idempotence import stamp_batch
 from rmqha.protocol.message import (
     UNIQ_KEYS,
     CompressionType,
     Prop,
+    SysFlag,
     compress,
     encode_batch_entries,
     encode_properties,
@@ -45,6 +48,7 @@ _BATCH = int(RequestCode.SEND_BATCH_MESSAGE)
 #: (An enum member read from its class costs more than the rest of a request's fields.)
 _SINGLE = int(RequestCode.SEND_MESSAGE_V2)
 _next_uid = UNIQ_KEYS.next
+_TRANSACTION_BITS = int(SysFlag.TRANSACTION_PREPARED | SysFlag.TRANSACTION_COMMIT)
 
 #: A batch entry: the body, its encoded properties and its flag.
 BatchEntry = tuple[bytes, bytes, int]
@@ -123,6 +127,20 @@ class SendRequest:
     body: bytes
     uniq_keys: list[str]
     queue_id: int | None
+    #: Sent by an idempotent producer: bound to one queue and sequence at its first attempt.
+    idempotent: bool = False
+    #: Its queue and claim once bound (:meth:`bind`).
+    ticket: Ticket | None = None
+
+    def bind(self, ticket: Ticket) -> None:
+        """Bind to the ticket's queue, its claim added to the properties (a batch's header
+        and every entry): every attempt from now on carries them."""
+        self.ticket = ticket
+        self.queue_id = ticket.queue.queue_id
+        pairs = ticket.claim.properties()
+        self.properties += pairs
+        if self.code == _BATCH:
+            self.body = stamp_batch(self.body, pairs.encode())
 
     @property
     def batch(self) -> bool:
@@ -148,8 +166,13 @@ class RequestBuilder:
     """Builds one producer group's send requests (see the module docstring)."""
 
     def __init__(self, group: str, *, compress_over_bytes: int, compression: CompressionType,
-                 max_batch_bytes: int, compress_batches: bool) -> None:
+                 max_batch_bytes: int, compress_batches: bool, idempotent: bool = False) -> None:
+        if idempotent and compress_batches:
+            raise ClientError("an idempotent producer cannot compress whole batches "
+                              "(each entry carries its claim; compress_batches=False)")
         self.group = group
+        #: Ordinary sends and batches are marked idempotent (see rmqha.client.idempotence).
+        self.idempotent = idempotent
         self.compress_over_bytes = compress_over_bytes
         self.compression = compression
         self.max_batch_bytes = max_batch_bytes
@@ -182,6 +205,9 @@ class RequestBuilder:
         props = self.properties(msg)
         if delay_level is not None or deliver_at is not None:
             delay_properties(props, delay_level, deliver_at)
+            req = self.message(topic, msg, props, queue_id)
+            req.idempotent = False  # stored in the schedule topic first: not idempotent
+            return req
         return self.message(topic, msg, props, queue_id)
 
     def _plain(self, topic: str, body: bytes, flag: int, queue_id: int | None) -> SendRequest:
@@ -206,9 +232,10 @@ class RequestBuilder:
         if 0 <= self.compress_over_bytes < len(body):
             body, compressed = compress(body, self.compression)
             sys_flag |= compressed
+        # A transaction's half message is stored elsewhere first: not idempotent.
         return SendRequest(topic, _SINGLE, self.group, sys_flag,
                            time.time_ns() // 1_000_000, flag, properties, body, [uid],
-                           queue_id)
+                           queue_id, self.idempotent and not sys_flag & _TRANSACTION_BITS)
 
     def batches(self, topic: str, messages: Sequence[Message | bytes | str],
                 queue_id: int | None) -> Iterator[SendRequest]:
@@ -273,4 +300,5 @@ class RequestBuilder:
             # The whole batch travels compressed; the broker inflates it before storing.
             body, sys_flag = compress(body, self.compression)
         return SendRequest(topic, _BATCH, self.group, sys_flag,
-                           time.time_ns() // 1_000_000, 0, _BATCH_PROPS, body, uids, queue_id)
+                           time.time_ns() // 1_000_000, 0, _BATCH_PROPS, body, uids, queue_id,
+                           self.idempotent)

@@ -32,12 +32,14 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 from rmqha._core import load
 from rmqha._core.send_codec_py import Answer
 from rmqha.client.blocking_link import answer_of
+from rmqha.client.idempotence import Idempotence
 from rmqha.client.model import MessageQueue, SendResult, SendStatus
 from rmqha.client.route import ClientSession, QueueData, TopicRoute
 from rmqha.client.send_request import RequestBuilder, SendRequest
@@ -47,12 +49,14 @@ from rmqha.errors import (
     RemotingError,
     RemotingTimeoutError,
     SendError,
+    SequenceGapError,
     TopicNotFoundError,
 )
 from rmqha.net.connection import Connection
 from rmqha.protocol.codes import ResponseCode
 from rmqha.protocol.command import RemotingCommand, decode_frame, next_opaque
 from rmqha.protocol.headers import SEND_V2_QUEUE_ID
+from rmqha.protocol.idempotence import parse_gap
 from rmqha.protocol.topics import DEFAULT_TOPIC
 
 _STATUS: dict[int, SendStatus] = {
@@ -108,6 +112,9 @@ class Attempts:
     last_code: int | None = None
     last_status: str = ""
     last_error: str = ""
+    #: An idempotent send's last "stored, not confirmed" results (retried; the result if
+    #: no later attempt gets SEND_OK).
+    unconfirmed: list[SendResult] | None = None
 
     def no_route(self, exc: ClientError) -> None:
         self.last_error, self.last_status, self.refresh = str(exc), "NO_ROUTE", True
@@ -135,6 +142,12 @@ class Attempts:
             self.avoid = broker_name
 
     def error(self, topic: str) -> SendError:
+        gap = parse_gap(self.last_error) if self.last_code == ResponseCode.PRODUCER_SEQUENCE_GAP else None
+        if gap is not None:
+            producer, queue, expected, got = gap
+            return SequenceGapError(f"send to {topic} refused after {self.made} attempt(s): "
+                                    f"{self.last_error}", producer=producer, queue=queue,
+                                    expected=expected, got=got, code=self.last_code)
         return SendError(
             f"send to {topic} failed after {self.made} attempt(s): "
             f"{self.last_status or self.last_code} {self.last_error}".strip(),
@@ -146,8 +159,11 @@ class Sender:
 
     def __init__(self, session: ClientSession, requests: RequestBuilder, *,
                  send_timeout_s: float, max_attempts: int, backoff_s: float,
-                 max_backoff_s: float, retry_deadline_s: float) -> None:
+                 max_backoff_s: float, retry_deadline_s: float,
+                 idempotence: Idempotence | None = None) -> None:
         self.session = session
+        #: The producer id and per-queue sequences of an idempotent producer.
+        self.idempotence = idempotence
         #: Builds the requests this sender sends (the accumulator and transactions use it).
         self.requests = requests
         self.send_timeout_s = send_timeout_s
@@ -207,12 +223,70 @@ class Sender:
     def _target(self, route: TopicRoute, req: SendRequest,
                 tried: Attempts) -> tuple[str, MessageQueue]:
         """Where the next attempt goes: a queue of the route, at its master or at the
-        address the last refusal named.  ClientError if the route has no writable queue."""
+        address the last refusal named.  ClientError if the route has no writable queue
+        (or, for a bound idempotent send, its group has no master now)."""
+        if req.ticket is not None:
+            return self._bound_target(route, req, tried)
         mq = self._pick(route, tried.avoid, req.queue_id)
         addr = tried.redirect or route.broker_datas[mq.broker_name].master
         tried.redirect = None
         assert addr is not None  # publish_queues() holds only groups with a master
         return addr, mq
+
+    @staticmethod
+    def _bound_target(route: TopicRoute, req: SendRequest,
+                      tried: Attempts) -> tuple[str, MessageQueue]:
+        """A bound idempotent send's queue, at its group's master now (a failover moves it)."""
+        assert req.ticket is not None
+        mq = req.ticket.queue
+        data = route.broker_datas.get(mq.broker_name)
+        addr = tried.redirect or (data.master if data is not None else None)
+        tried.redirect = None
+        if not addr:
+            raise ClientError(f"broker group {mq.broker_name} of {req.topic} queue {mq.queue_id} "
+                              f"has no master right now (an idempotent send stays on its queue)")
+        return addr, mq
+
+    def bind_now(self, req: SendRequest) -> bool:
+        """Bind an idempotent request to a queue of the cached route and its next sequence
+        without waiting; False when that would wait (no fresh route, a full window)."""
+        if not req.idempotent or req.ticket is not None:
+            return True
+        assert self.idempotence is not None
+        route = self.session.fresh_route(req.topic)
+        if route is None:
+            return False
+        try:
+            mq = self._pick(route, None, req.queue_id)
+        except ClientError:
+            return False
+        ticket = self.idempotence.try_claim(mq)
+        if ticket is None:
+            return False
+        req.bind(ticket)
+        return True
+
+    async def _bind(self, req: SendRequest, tried: Attempts) -> None:
+        """:meth:`bind_now`, waiting for a route (until the retry deadline) or a slot."""
+        assert self.idempotence is not None
+        delay = self.backoff_s
+        while not self.bind_now(req):
+            try:
+                mq = self._pick(await self.route(req.topic, tried.refresh), None, req.queue_id)
+            except ClientError as exc:
+                if time.monotonic() + delay > tried.deadline:
+                    raise
+                tried.no_route(exc)
+                await asyncio.sleep(delay)
+                delay = min(self.max_backoff_s, delay * 2)
+                continue
+            req.bind(await self.idempotence.claim(mq))
+
+    def release(self, req: SendRequest, *, answered: bool) -> None:
+        """A bound idempotent send ended, with a result or without (see
+        :meth:`Idempotence.release`); nothing for any other send."""
+        if req.ticket is not None and self.idempotence is not None:
+            self.idempotence.release(req.ticket, answered=answered)
 
     def cached_target(self, req: SendRequest,
                       tried: Attempts) -> tuple[str, MessageQueue] | None:
@@ -255,14 +329,43 @@ class Sender:
         answer = resp if type(resp) is Answer else answer_of(resp)  # type: ignore[arg-type]
         status = _STATUS.get(answer.code)
         if status is not None:
-            return self._results(answer, status, mq, req.uniq_keys, tried.made)
+            results = self._results(answer, status, mq, req.uniq_keys, tried.made)
+            if req.ticket is None or status is SendStatus.SEND_OK:
+                return results
+            # Stored, not confirmed: a retry of an idempotent send is safe, and the broker
+            # answers it once the original's copies are known again.
+            tried.unconfirmed, tried.last_status = results, status.value
+            tried.last_code, tried.last_error = answer.code, answer.remark or ""
+            return None
         tried.refused(answer, addr, mq.broker_name)
+        if (answer.code == ResponseCode.PRODUCER_SEQUENCE_GAP and req.ticket is not None
+                and self.idempotence is not None and self.idempotence.earlier_in_flight(req.ticket)):
+            tried.final = False  # an earlier send of the queue is on its way: it may close the gap
         return None
 
-    async def send(self, req: SendRequest, tried: Attempts | None = None) -> list[SendResult]:
+    def send(self, req: SendRequest,
+             tried: Attempts | None = None) -> Coroutine[Any, Any, list[SendResult]]:
         """Attempts until one is answered with a send status; SendError after a refusal
         no retry can change, ``max_attempts`` or ``retry_deadline_s``.  ``tried`` carries
-        on from attempts made elsewhere (BlockingProducer's first one)."""
+        on from attempts made elsewhere (BlockingProducer's first one).  The coroutine of
+        the way it takes (no coroutine of its own in between: one frame less a send)."""
+        return self._send_bound(req, tried) if req.idempotent else self._send(req, tried)
+
+    async def _send_bound(self, req: SendRequest, tried: Attempts | None) -> list[SendResult]:
+        """An idempotent send: bound to its queue and sequence, then :meth:`_send`; the
+        ticket released however it ends."""
+        answered = False
+        try:
+            if not self.bind_now(req):  # else the first attempt can go without waiting
+                tried = tried or self.attempts()
+                await self._bind(req, tried)
+            results = await self._send(req, tried)
+            answered = True
+            return results
+        finally:
+            self.release(req, answered=answered)
+
+    async def _send(self, req: SendRequest, tried: Attempts | None) -> list[SendResult]:
         if tried is not None:
             return await self._retry(req, tried)
         deadline = time.monotonic() + self.retry_deadline_s
@@ -282,10 +385,12 @@ class Sender:
             conn.forget(opaque)
             raise
         status = _STATUS.get(answer.code)
-        if status is not None:
+        if status is not None and (req.ticket is None or status is SendStatus.SEND_OK):
             return self._results(answer, status, mq, req.uniq_keys, 1)
         tried = Attempts(deadline, made=1)
-        tried.refused(answer, addr, mq.broker_name)
+        results = self.answer(answer, addr, mq, req, tried)
+        if results is not None:
+            return results
         if tried.final:
             raise tried.error(req.topic)
         return await self._retry(req, tried)
@@ -323,7 +428,9 @@ class Sender:
             if results is not None:
                 return results
             if tried.final:
-                break
+                raise tried.error(req.topic)
+        if tried.unconfirmed is not None:
+            return tried.unconfirmed  # still not confirmed: the status says so, as without retries
         raise tried.error(req.topic)
 
     def _first_attempt(self, req: SendRequest) -> tuple[

@@ -139,6 +139,10 @@ class MessagingConfig:
     default_message_request_mode: str = "PULL"
     #: POP mode's ``popShareQueueNum`` there (RocketMQ ``defaultPopShareQueueNum``).
     default_pop_share_queue_num: int = -1
+    #: Idempotent producers: (producer, queue) pairs kept (``rmqha.messaging.producer_state``).
+    idempotent_max_producer_queues: int = 10_000
+    #: Idempotent producers: the log's tail read back for their state on becoming master.
+    idempotent_rebuild_bytes: int = 64 << 20
 
     @classmethod
     def from_broker_config(cls, cfg: Any) -> MessagingConfig:

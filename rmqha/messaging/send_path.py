@@ -20,7 +20,8 @@ status after (``LogWriter.when_durable`` / ``await_durable``: the copies the HA 
 waiter reports, the group commit, the lease); a group waits once, for its last send, and
 when that fell short each earlier send is judged again with its own copies
 (``LogWriter.answer_now``).  A group's SUCCESS answers are encoded in one call each
-(``send_frames.encode_send_ok``; a run's in one, ``encode_send_oks``).
+(``send_frames.encode_send_ok``; a run's in one, ``encode_send_oks``).  An idempotent send
+never takes a plain lane: a retry is answered from :mod:`~rmqha.messaging.producer_state`.
 """
 from __future__ import annotations
 
@@ -54,7 +55,10 @@ from rmqha.messaging.delayed_delivery import (
     asks_for_delay,
 )
 from rmqha.protocol.headers import SendHeader
-from rmqha.messaging.log_writer import FLUSH_DISK_FAILED, LogWriter
+from rmqha.messaging.log_writer import LogWriter
+from rmqha.messaging.producer_state import ProducerTable, claim_in
+from rmqha.messaging.send_answer import send_answer
+from rmqha.protocol.idempotence import PRODUCER_ID, Claim
 from rmqha.protocol.message import (
     DecompressError,
     SysFlag,
@@ -83,7 +87,6 @@ from rmqha.messaging.send_rules import (
     RESERVED_KEYS,
     RESERVED_PREFIXES,
     check_type,
-    prepared_transaction_id,
     send_asks_for_delay,
     without_mark,
 )
@@ -106,6 +109,8 @@ class _Send:
     #: A batch body whose ``batch_count`` entries are stored as they came (``rows`` empty).
     batch: bytes | memoryview | None = None
     batch_count: int = 0
+    #: An idempotent producer's claim (:mod:`rmqha.messaging.producer_state`).
+    claim: Claim | None = None
 
 
 #: The connection attribute holding its peer as a born host.
@@ -199,6 +204,8 @@ class SendPath:
         self._group: _SendGroup | None = None
         #: Topic names a plain send may use (valid, not internal): checked once each.
         self._plain_names: set[str] = set()
+        #: What idempotent producers stored: a retry is answered, not stored again.
+        self.producers = ProducerTable(int(ctx.config.idempotent_max_producer_queues))
 
     def handlers(self) -> dict[int, Handler]:
         rc = RequestCode
@@ -242,6 +249,8 @@ class SendPath:
         started = time.perf_counter()
         try:
             send = self._prepare(cmd, conn, group)
+            if send.claim is not None and self._answered_again(send, cmd, conn, started):
+                return True
             placed = self._store(send, conn, grouped=True)
         except Refused as r:
             resp = cmd.response(r.code, r.remark, r.ext)
@@ -593,7 +602,9 @@ class SendPath:
             # Just elected: its first lease is one heartbeat answer away (not a refusal).
             await ctx.replication.wait_for_first_lease()
         send = self._prepare(cmd, conn)
-        placed = self._store(send, conn)
+        prior = None if send.claim is None else self.producers.check(send.claim, send.topic,
+                                                                     send.queue_id)
+        placed = self._store(send, conn) if prior is None else prior.placed
         last_offset, last_size = placed[-1]
         code, status = await self.writer.await_durable(last_offset + last_size,
                                                        index_now=False)
@@ -609,6 +620,7 @@ class SendPath:
         except ProtocolError as exc:
             raise Refused(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
         batch = h.batch or cmd.code == RequestCode.SEND_BATCH_MESSAGE
+        claim = claim_in(h.properties) if PRODUCER_ID in h.properties else None
         if group is None or not group.writable:
             ctx.check_writable()
             if group is not None:
@@ -640,7 +652,7 @@ class SendPath:
                 sys_flag = strip_compression(sys_flag)
             if expected is not None:
                 self._check_batch_type(expected, body, sys_flag)
-            if not transaction_type(sys_flag):
+            if not transaction_type(sys_flag) and claim is None:
                 count = _records.batch_plain(body, MAX_BATCH_ITEMS, RESERVED_KEYS,
                                              RESERVED_PREFIXES)
                 if count > 0:
@@ -659,6 +671,9 @@ class SendPath:
                 # As RocketMQ: a batch is neither transactional nor delayed.
                 raise Refused(ResponseCode.MESSAGE_ILLEGAL,
                               "transactional or delayed messages cannot be sent as a batch")
+            if any(claim_in(item.properties) != claim for item in items):  # what a rebuild reads
+                raise Refused(ResponseCode.MESSAGE_ILLEGAL, f"a batch's entries must all carry "
+                              f"its header's idempotence claim ({claim})")
             rows: list[tuple[bytes, str | dict[str, str], int, int]] = [
                 (item.body, without_mark(item.properties), item.flag, 0) for item in items]
             topic = h.topic
@@ -668,9 +683,13 @@ class SendPath:
             if expected is not None:
                 check_type(expected, decode_properties(props), sys_flag)
             if transaction_type(sys_flag) or asks_for_delay(props) or COMMITTED_MARK in props:
+                if claim is not None:
+                    raise Refused(ResponseCode.MESSAGE_ILLEGAL, "an idempotent send cannot be "
+                                  "transactional or delayed (it is stored elsewhere first)")
                 topic, queue_id, sys_flag, props = self._divert(h, queue_id)
             rows = [(cmd.body, props, h.flag, h.reconsume_times)]
-        return _Send(topic, queue_id, reply_queue_id, rows, sys_flag, born_ts, born_host)
+        return _Send(topic, queue_id, reply_queue_id, rows, sys_flag, born_ts, born_host,
+                     claim=claim)
 
     def _expected_type(self, cfg: Any) -> TopicMessageType | None:
         """The message type sends to this topic must have (None: any)."""
@@ -729,7 +748,25 @@ class SendPath:
             ctx.replication.push_now()  # alone on its connection: no turn to share
         if ctx.metrics is not None:
             self._count(placed)
+        if send.claim is not None:
+            self.producers.record(send.claim, send.topic, send.queue_id, placed, send.reply_queue_id)
         return placed
+
+    def _answered_again(self, send: _Send, cmd: RemotingCommand, conn: Any, started: float) -> bool:
+        """A retried idempotent send: its original's result, once the verdict of the
+        original's copies is known now (nothing stored); False: a new sequence, store it."""
+        assert send.claim is not None
+        prior = self.producers.check(send.claim, send.topic, send.queue_id)
+        if prior is None:
+            return False
+
+        def durable(code: int, status: str) -> None:
+            resp = self._answer(cmd, prior.reply_queue_id, prior.placed, code, status)
+            self._observe(resp, started)
+            conn.answer(cmd, resp)
+
+        self.writer.when_durable(prior.end, durable)
+        return True
 
     def _count(self, placed: list[tuple[int, int]]) -> None:
         m = self.ctx.metrics
@@ -739,39 +776,7 @@ class SendPath:
 
     def _answer(self, cmd: RemotingCommand, reply_queue_id: int, placed: list[tuple[int, int]],
                 code: int, status: str) -> RemotingCommand:
-        ctx = self.ctx
-        first_offset, _ = placed[0]
-        queue_offset = ctx.queue_offset_at(first_offset)
-        prefix = self._msg_id_prefix
-        ids = ",".join([f"{prefix}{off:016X}" for off, _ in placed])
-        ext = {"msgId": ids, "queueId": str(reply_queue_id),
-               "queueOffset": str(queue_offset), PUT_STATUS_FIELD: status,
-               "commitLogOffset": str(first_offset)}
-        transaction_id = prepared_transaction_id(cmd)
-        if transaction_id:
-            ext["transactionId"] = transaction_id
-        if code == ResponseCode.SUCCESS:
-            remark = None
-        elif status == FLUSH_DISK_FAILED:
-            remark = (f"{status}: stored at {first_offset} but the fsync failed, so it is not "
-                      f"known to be on disk (the broker log says why)")
-        else:
-            remark = (f"{status}: stored at {first_offset} but not confirmed by "
-                      f"{self._copies_wanted()} in time{self._short_set_note()}")
-        return cmd.reply(int(code), remark, ext)
-
-    def _copies_wanted(self) -> str:
-        need = int(self.ctx.config.min_in_sync_replicas)
-        return f"min_in_sync_replicas={need} copies" if need > 1 else "the replicas"
-
-    def _short_set_note(self) -> str:
-        """Why a wait fell short when the SyncStateSet shrank below the floor meanwhile."""
-        replication = self.ctx.replication
-        need = int(self.ctx.config.min_in_sync_replicas)
-        if replication is None or need <= 1 or replication.sync_state_set_size() >= need:
-            return ""
-        return (f" (the SyncStateSet shrank to {replication.sync_state_set_size()} while it "
-                f"waited; it may still be delivered once the replicas catch up)")
+        return send_answer(self.ctx, self._msg_id_prefix, cmd, reply_queue_id, placed, code, status)
 
     def _divert(self, h: SendHeader, queue_id: int) -> tuple[str, int, int, str | dict[str, str]]:
         """Where a transactional or delayed send is stored instead of its topic."""
@@ -791,4 +796,3 @@ class SendPath:
         if where is None:
             return h.topic, queue_id, h.sys_flag, props
         return where[0], where[1], h.sys_flag, props
-

@@ -13,21 +13,24 @@ from rmqha.messaging.state import STATE_TOPIC
 from rmqha.messaging.transactions import CHECK_MAX_TOPIC, COMMITTED_MARK, HALF_TOPIC, OP_TOPIC, transaction_type
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.command import RemotingCommand
+from rmqha.protocol.idempotence import ID_KEY_BYTES, PRODUCER_ID
 from rmqha.protocol.message import Prop, SysFlag, decode_properties
 from rmqha.protocol.topic_attributes import TopicMessageType, message_type_of, type_mismatch
 
 #: As RocketMQ's MessageDecoder: at most this many messages in one batch body.
 MAX_BATCH_ITEMS = 65536
 #: Property keys that keep a batch off the stored-as-it-came path: a delay (refused in a
-#: batch) and the committed-transaction mark (only the broker sets it; stripped).
-RESERVED_KEYS = (b"DELAY", COMMITTED_MARK.encode())
+#: batch), the committed-transaction mark (only the broker sets it; stripped) and an
+#: idempotent producer's id (its claim is checked entry by entry, the ordinary way).
+RESERVED_KEYS = (b"DELAY", COMMITTED_MARK.encode(), PRODUCER_ID.encode())
 RESERVED_PREFIXES = (b"TIMER_",)
 #: Topics only the broker writes (RocketMQ's NOT_ALLOWED_SEND_TOPIC_SET, and rmqha's state).
 INTERNAL_TOPICS = frozenset({STATE_TOPIC, SCHEDULE_TOPIC, TIMER_TOPIC, HALF_TOPIC, OP_TOPIC,
                              CHECK_MAX_TOPIC})
 #: What a plain send's properties must not contain (the decoder's ``plain_sends``): what
-#: asks for a delay (as ``asks_for_delay`` reads it) or marks a committed transaction.
-PLAIN_SEND_REFUSE = (b"DELAY\x01", b"TIMER_", COMMITTED_MARK.encode())
+#: asks for a delay (as ``asks_for_delay`` reads it), marks a committed transaction, or
+#: claims an idempotent producer's sequence (checked on the ordinary path, not the lanes).
+PLAIN_SEND_REFUSE = (b"DELAY\x01", b"TIMER_", COMMITTED_MARK.encode(), ID_KEY_BYTES)
 
 
 def send_asks_for_delay(props: str | dict[str, str]) -> bool:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,7 @@ from rmqha.messaging.pop_acks import PopAcks
 from rmqha.messaging.pop_ledger import PopLedger
 from rmqha.messaging.pop_path import PopPath
 from rmqha.messaging.pop_revive import PopReviver
+from rmqha.messaging.producer_state import ProducerTable
 from rmqha.messaging.pull_path import PullPath
 from rmqha.messaging.queue_assignment import QueueAssignment, RouteSource
 from rmqha.messaging.queue_queries import QueueQueries
@@ -263,6 +265,7 @@ class MessageService:
         ctx.master_address = master_address
         log.info("messaging role %s -> %s (master %s)", was, role, master_address)
         if role == "master":
+            self._rebuild_producers()
             self.on_confirm_offset(ctx.replication_confirm())
             seed_default_topic(ctx)
             self._state_log.on_master()
@@ -272,12 +275,27 @@ class MessageService:
             self._pop_ledger.on_master()
             self.pop_reviver.start()
         else:
+            self._send.producers.clear()  # a slave takes no writes, and its tail may be cut
             self.delayed.stop()
             self.transactions.stop()
             self.pop_reviver.stop()
         # Every replica deletes its own old segments (a slave waits for the master's
         # state checkpoint before deleting state records).
         self._retention.start()
+
+    def _rebuild_producers(self) -> None:
+        """Idempotent producers' state from the log's tail (see
+        :mod:`rmqha.messaging.producer_state`): the same records on every replica."""
+        started = time.perf_counter()
+        table = self._send.producers
+        found = table.rebuild(self.ctx.log, int(self.ctx.config.idempotent_rebuild_bytes))
+        log.info("idempotent producers: %d sends of %d producer queues read back from the log's "
+                 "tail in %.3f s", found, len(table), time.perf_counter() - started)
+
+    @property
+    def producers(self) -> ProducerTable:
+        """What idempotent producers stored (tests read it)."""
+        return self._send.producers
 
     def confirm_soon(self, offset: int) -> None:
         """:meth:`on_confirm_offset` at the end of this loop turn, once for all the advances

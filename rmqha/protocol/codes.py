@@ -194,6 +194,11 @@ class ResponseCode(IntEnum):
     BROKER_ID_INVALID = 2014
 
     # --- rmqha's own codes (>= 10000) ---------------------------------------------------
+    #: An idempotent send whose sequence skips one its queue has not stored (nothing stored;
+    #: ext fields name producer, queue, expected and got: ``rmqha.protocol.idempotence``).
+    PRODUCER_SEQUENCE_GAP = 10000
+    #: A retry older than the results the broker keeps for its producer and queue.
+    PRODUCER_SEQUENCE_STALE = 10001
 
 
 def code_name(code: int, *, response: bool = False) -> str:

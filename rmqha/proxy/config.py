@@ -62,6 +62,10 @@ class ProxyConfig(TlsKeys):
     max_transaction_recovery_second: int = 3600
     #: A send whose message type differs from its topic's ``message.type`` is refused.
     enable_topic_message_type_check: bool = True
+    #: The proxy's retries of a send (following a failover) carry a producer id and a
+    #: per-queue sequence, so the broker never stores one twice (not delayed or
+    #: transactional sends; see rmqha.client.idempotence).
+    idempotent_sends: bool = True
     #: Shortest invisible time a receive may ask for (ILLEGAL_INVISIBLE_TIME).
     min_invisible_time_mills_for_recv: int = 10_000
     #: Longest invisible time a receive or change may ask for (ILLEGAL_INVISIBLE_TIME).

@@ -18,12 +18,12 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from rmqha.protocol.message import Prop, ReceivedMessage
 from rmqha.protocol.topic_attributes import SHARDING_KEY, TopicMessageType, message_type_of
-from rmqha.proxy.sends import BORN_HOST, SYSTEM_PROPERTY_KEYS, TRACE_CONTEXT
+from rmqha.proxy.sends import BORN_HOST, IDEMPOTENCE_KEYS, SYSTEM_PROPERTY_KEYS, TRACE_CONTEXT
 
 #: Properties rmqha's brokers add that a client is not shown either.
 _HIDDEN = SYSTEM_PROPERTY_KEYS | {SHARDING_KEY, TRACE_CONTEXT, Prop.TRANSACTION_ID,
                                   Prop.TRANSACTION_CHECK_TIMES,
-                                  Prop.CHECK_IMMUNITY_TIME_IN_SECONDS}
+                                  Prop.CHECK_IMMUNITY_TIME_IN_SECONDS} | IDEMPOTENCE_KEYS
 _TYPES = {
     TopicMessageType.NORMAL: pb.MessageType.NORMAL,
     TopicMessageType.FIFO: pb.MessageType.FIFO,

@@ -7,12 +7,19 @@ until the client's deadline.  The broker's answer becomes the entry's status
 (:mod:`rmqha.proxy.status`); a transactional message's entry carries a transaction id
 naming where its half message is (:mod:`rmqha.proxy.handles`).
 
+With ``idempotent_sends`` (on by default) an ordinary send (not delayed, not
+transactional) is bound to its queue with the next sequence of the proxy's own producer id
+(:class:`rmqha.client.idempotence.Idempotence`, at most five in flight per queue): every
+attempt, after a failover too, is the same request, and the broker answers a repeat with
+the original's result instead of storing it twice.
+
 EndTransaction sends END_TRANSACTION (commit or rollback) to the master of the group the
 transaction id names; an UNSPECIFIED resolution is RocketMQ's "unknown": nothing is sent
 and the broker checks the transaction back later.
 """
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from typing import Any
@@ -20,10 +27,13 @@ from typing import Any
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
+from rmqha.client.idempotence import Idempotence, Ticket
 from rmqha.errors import ProxyError
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.command import RemotingCommand
-from rmqha.protocol.message import BatchItem, SysFlag, encode_batch
+from rmqha.protocol.idempotence import PRODUCER_ID, PRODUCER_SEQ
+from rmqha.protocol.message import BatchItem, Prop, SysFlag, encode_batch
+from rmqha.protocol.route import MessageQueue
 from rmqha.proxy.calls import Call
 from rmqha.proxy.cluster import ClusterAccess, Deadline, expect_success
 from rmqha.proxy.config import ProxyConfig
@@ -47,6 +57,8 @@ class Producing:
         self.cfg = cfg
         self.cluster = cluster
         self._turns = itertools.count()
+        #: The proxy's own producer id and per-queue sequences (``idempotent_sends``).
+        self._idempotence = Idempotence() if cfg.idempotent_sends else None
 
     def _deadline(self, call: Call) -> Deadline:
         return Deadline(call.budget_s(self.cluster.rpc_timeout_s))
@@ -61,9 +73,38 @@ class Producing:
         if not queues:
             raise ProxyError(Code.FORBIDDEN, f"topic {plan.topic} has no writable queue")
         group, queue_id = queues[pick_queue(plan.sharding_key, len(queues), next(self._turns))]
-        resp = await self.cluster.to_master(plan.topic, group, lambda: _send_command(plan, queue_id),
-                                            self._deadline(call), what=f"send to {plan.topic}")
+        deadline = self._deadline(call)
+        ticket = await self._bind(plan, group, queue_id, deadline)
+        answered = False
+        try:
+            resp = await self.cluster.to_master(plan.topic, group, lambda: _send_command(plan, queue_id),
+                                                deadline, what=f"send to {plan.topic}")
+            answered = resp.code in _STORED
+        finally:
+            if ticket is not None:
+                assert self._idempotence is not None
+                self._idempotence.release(ticket, answered=answered)
         return _send_response(plan, group, resp)
+
+    async def _bind(self, plan: SendPlan, group: str, queue_id: int, deadline: Deadline) -> Ticket | None:
+        """An ordinary send's claim (its properties stamped), or None: idempotence off, or a
+        delayed or transactional send (stored elsewhere first).  Waiting for a slot in the
+        queue's window is bounded by the call's deadline (PROXY_TIMEOUT past it)."""
+        if self._idempotence is None or any(
+                m.sys_flag & SysFlag.TRANSACTION_PREPARED or Prop.TIMER_DELIVER_MS in m.properties
+                for m in plan.messages):
+            return None
+        try:
+            ticket = await asyncio.wait_for(self._idempotence.claim(MessageQueue(plan.topic, group, queue_id)),
+                                            max(0.05, deadline.left()))
+        except asyncio.TimeoutError:
+            raise ProxyError(Code.PROXY_TIMEOUT, f"send to {plan.topic}: five earlier sends to queue "
+                             f"{group}/{queue_id} still in flight at the deadline") from None
+        for m in plan.messages:
+            m.properties[PRODUCER_ID] = ticket.claim.producer
+            m.properties[PRODUCER_SEQ] = str(ticket.claim.seq)
+        plan.claim = ticket.claim.properties()
+        return ticket
 
     # --- EndTransaction ----------------------------------------------------------------
 

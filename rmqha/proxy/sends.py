@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rmqha.errors import ProxyError
+from rmqha.protocol.idempotence import PRODUCER_ID, PRODUCER_SEQ
 from rmqha.protocol.message import Prop, SysFlag, encode_properties
 from rmqha.protocol.topic_attributes import (
     SHARDING_KEY,
@@ -62,6 +63,11 @@ SYSTEM_PROPERTY_KEYS = frozenset({
 })
 
 
+#: An idempotent send's claim (``rmqha.protocol.idempotence``): only the proxy sets it (a
+#: user property of that name is refused) and a delivered message does not show it.
+IDEMPOTENCE_KEYS = frozenset({PRODUCER_ID, PRODUCER_SEQ})
+
+
 @dataclass
 class OutgoingMessage:
     """One message ready for SEND_MESSAGE_V2 / a batch entry."""
@@ -80,6 +86,8 @@ class SendPlan:
 
     topic: str
     messages: list[OutgoingMessage] = field(default_factory=list)
+    #: An idempotent send's claim as encoded pairs (a batch header carries it too).
+    claim: str = ""
 
     @property
     def transactional(self) -> bool:
@@ -118,7 +126,7 @@ def _user_properties(message: Any, cfg: ProxyConfig) -> tuple[dict[str, str], in
                          f"too many user properties ({len(props)}), max is {cfg.user_property_max_num}")
     size = 0
     for key, value in props.items():
-        if key in SYSTEM_PROPERTY_KEYS:
+        if key in SYSTEM_PROPERTY_KEYS or key in IDEMPOTENCE_KEYS:
             raise ProxyError(Code.ILLEGAL_MESSAGE_PROPERTY_KEY, f"property is used by system: {key}")
         if has_control_character(key) or has_control_character(value):
             raise ProxyError(Code.ILLEGAL_MESSAGE_PROPERTY_KEY,
@@ -289,4 +297,4 @@ def send_header(plan: SendPlan, queue_id: int) -> dict[str, Any]:
 
 def batch_header(plan: SendPlan, queue_id: int) -> dict[str, Any]:
     """SEND_BATCH_MESSAGE's header; the body is the batch (rmqha.protocol.message)."""
-    return {**send_header(plan, queue_id), "i": "", "m": True}
+    return {**send_header(plan, queue_id), "i": plan.claim, "m": True}

@@ -98,7 +98,8 @@ class ChaosRun:
     def __init__(self, base: Path, name: str, *, acks: dict[str, Any] | None = None,
                  controller: dict[str, Any] | None = None, producers: int = 3, seed: int = 1,
                  broker_env: dict[int, dict[str, str]] | None = None,
-                 tmpfs_store: tuple[int, int] | None = None, expect_failover: bool = False) -> None:
+                 tmpfs_store: tuple[int, int] | None = None, expect_failover: bool = False,
+                 idempotent: bool = False, send_timeout_s: float = 2.0, retry_deadline_s: float = 8.0) -> None:
         tls_acl = security_mode() == "tls-acl"
         self.name = name = f"{name} [tls+acl]" if tls_acl else name
         #: (broker index, bytes): that broker's store is a tmpfs of that size (disk full).
@@ -118,13 +119,16 @@ class ChaosRun:
         self.acks = dict(SAFE_ACKS if acks is None else acks)
         self.controller_overrides = controller or {}
         self.producers = producers
+        #: The producers' settings: idempotent or not, and how soon a send is retried.
+        self.producer_options: dict[str, Any] = {"idempotent": idempotent, "send_timeout_s": send_timeout_s,
+                                                 "retry_deadline_s": retry_deadline_s}
         self.rng = random.Random(seed)
         self.brokers: list[BrokerProc] = []
         self.ha_proxies: dict[str, TcpProxy] = {}
         self.ctl_proxies: dict[str, list[TcpProxy]] = {}
         #: Everything recorded as it happens (brokers and ids are filled in at start).
         self.ev = Evidence(name, need=int(self.acks.get("min_in_sync_replicas", 1)), brokers=[],
-                           expect_failover=expect_failover)
+                           expect_failover=expect_failover, idempotent=idempotent)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -225,8 +229,7 @@ class ChaosRun:
 
     def _produce(self, ns: list[str], pid: int) -> None:
         seq = 0
-        with BlockingProducer(ns, group=f"chaos-p{pid}", retry_deadline_s=8.0, send_timeout_s=2.0,
-                              **self.client_options) as p:
+        with BlockingProducer(ns, group=f"chaos-p{pid}", **self.producer_options, **self.client_options) as p:
             while not self._stop.is_set():
                 value = f"p{pid}-{seq:07d}"
                 seq += 1
@@ -599,6 +602,20 @@ def restart_master_on_new_port(run: ChaosRun) -> None:
     run.run_load_for(1.5)
 
 
+def stall_replication(run: ChaosRun) -> None:
+    """Every slave's link to the master silently dropped for 2.5 s, then healed, while the
+    producers' send timeout is short (the idempotence scenarios run with 0.5 s): every send
+    of that window is stored, waits for copies, times out at its client and is retried on
+    the same master.  Without idempotence each retry is stored again (the negative
+    control's duplicates); with it each is answered with its original's result."""
+    m = run.master()
+    run.mark_fault()
+    run.ha_proxies[m.name].cut("blackhole")
+    run.run_load_for(2.5)
+    run.ha_proxies[m.name].restore()
+    run.run_load_for(1.5)
+
+
 def slave_disk_full(run: ChaosRun) -> None:
     """Slave 2's store is a small tmpfs: it fills up under the load (its next segment
     cannot be allocated), it falls out of the set, and the group keeps two copies with the
@@ -628,11 +645,15 @@ def run_scenario(base: Path, name: str, fault: Callable[[ChaosRun], None], *,
                  acks: dict[str, Any] | None = None, controller: dict[str, Any] | None = None,
                  warmup_s: float = 1.5, seed: int = 1,
                  broker_env: dict[int, dict[str, str]] | None = None,
-                 tmpfs_store: tuple[int, int] | None = None, failover: bool = False) -> Report:
+                 tmpfs_store: tuple[int, int] | None = None, failover: bool = False,
+                 idempotent: bool = False, send_timeout_s: float = 2.0, retry_deadline_s: float = 8.0) -> Report:
     """One run of ``fault`` under load, judged.  ``failover``: the fault moves the master,
-    so the judge requires a newer epoch with another master after it."""
+    so the judge requires a newer epoch with another master after it.  ``idempotent``: the
+    producers are, and the judge then finds any value stored twice a problem;
+    ``send_timeout_s`` short forces retries (of sends stored but waiting for copies)."""
     run = ChaosRun(base, name, acks=acks, controller=controller, seed=seed, broker_env=broker_env,
-                   tmpfs_store=tmpfs_store, expect_failover=failover)
+                   tmpfs_store=tmpfs_store, expect_failover=failover, idempotent=idempotent,
+                   send_timeout_s=send_timeout_s, retry_deadline_s=retry_deadline_s)
     try:
         run.start()
         run.start_load()

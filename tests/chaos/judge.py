@@ -144,6 +144,8 @@ class Evidence:
     expect_failover: bool = False
     #: Broker id of the master the fault took down (set by the fault).
     faulted_master: int | None = None
+    #: The producers were idempotent: then no value may be stored twice, retried or not.
+    idempotent: bool = False
 
 
 @dataclass
@@ -262,6 +264,15 @@ def check_stored_values(outcomes: list[Outcome], final: list[StoredRecord], repo
         problems.append(f"{len(stored_failures)} values stored though their send definitely failed "
                         f"(e.g. {stored_failures[0]})")
     return problems
+
+
+def check_no_duplicates(report: Report, idempotent: bool) -> list[str]:
+    """With idempotent producers a retried send is answered with its original's result,
+    so nothing is stored twice (``report.duplicates``, from :func:`check_stored_values`,
+    counts every extra copy in the final log, retried or not)."""
+    if idempotent and report.duplicates:
+        return [f"{report.duplicates} values stored twice though the producers were idempotent"]
+    return []
 
 
 def check_tail(reads: list[Read], tail_errors: list[str], final: list[StoredRecord],
@@ -534,6 +545,7 @@ def judge(ev: Evidence) -> Report:
         r.problems.append(f"{r.lost} acknowledged values lost (e.g. {lost[0]})")
     r.problems += check_prefix(ev.raw)
     r.problems += check_stored_values(ev.outcomes, final, r)
+    r.problems += check_no_duplicates(r, ev.idempotent)
     r.uncovered, problems = check_coverage(ev.outcomes, ev.broker_samples, final, ev.brokers, ev.need,
                                            ev.addresses)
     r.problems += problems

@@ -3,7 +3,8 @@
 The default suite runs a reduced schedule (the master killed, the master frozen past its
 heartbeat timeout, the master partitioned from the controllers alone, and the negative
 control that must show loss); ``make chaos`` runs every scenario, the seeded random mix
-and the other negative controls (marked slow).
+and the other negative controls (marked slow), among them the idempotent producers under
+forced retries (zero duplicates) and their control without idempotence (duplicates).
 """
 from __future__ import annotations
 
@@ -110,6 +111,39 @@ def test_acks_from_the_master_alone_only_the_lease_keeps_two_ackers_apart(tmp_pa
         assert report.ack_overlap_s == 0 and report.two_writer_samples == 0, report.problems
     else:
         assert report.ack_overlap_s > 0, "the checker did not see the two ackers the control causes"
+
+
+#: Faults that force retries (sends stored then timed out at a 0.5 s send timeout, or in
+#: flight at a failover), run with idempotent producers: nothing may be stored twice.
+IDEMPOTENT = [
+    ("ack-timeouts", h.stall_replication, False),
+    ("kill-master", h.kill_master, True),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name,fault,failover", IDEMPOTENT, ids=[n for n, _, _ in IDEMPOTENT])
+def test_idempotent_producers_store_nothing_twice_under_forced_retries(tmp_path, chaos_reports, name, fault,
+                                                                       failover):
+    """Issue 40.1: retries forced by ack timeouts and a failover, idempotence on: zero
+    duplicates (the judge's check_no_duplicates), and still nothing lost."""
+    report = h.run_scenario(tmp_path, f"idempotent: {name}", fault, failover=failover, idempotent=True,
+                            send_timeout_s=0.5, retry_deadline_s=20.0)
+    chaos_reports.append(report)
+    _assert_clean(report)
+    assert report.duplicates == 0
+    assert any(o.attempts > 1 for o in report.evidence.outcomes), "no send was retried: nothing was proved"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_negative_control_retries_without_idempotence_store_duplicates(tmp_path, chaos_reports):
+    """The same forced retries with idempotence off: the duplicate count must see them."""
+    report = h.run_scenario(tmp_path, "control: idempotence off, ack timeouts", h.stall_replication,
+                            send_timeout_s=0.5, retry_deadline_s=20.0)
+    chaos_reports.append(report)
+    assert report.duplicates > 0, "the duplicate count did not see the retries the control stores twice"
 
 
 @pytest.mark.timeout(180)

@@ -132,6 +132,19 @@ def test_a_duplicate_not_explained_by_a_retry_fires() -> None:
     assert problems(ev) == []
 
 
+def test_a_duplicate_of_a_retried_send_fires_with_idempotent_producers() -> None:
+    """The negative control of the duplicate count: a retried send stored twice passes as
+    a retry's leftover without idempotence, and is a problem with it."""
+    ev = clean()
+    ev.idempotent = True
+    assert problems(ev) == []  # nothing stored twice: clean
+    dup = dataclasses.replace(ev.logs["b0"][1], queue_offset=4, offset=400)
+    ev.logs["b0"] = [*ev.logs["b0"], dup]
+    ev.outcomes[1].attempts = 2
+    ev.reads.append(Read(dup.value, 0, 4))
+    assert fires(ev, "stored twice though the producers were idempotent").duplicates == 1
+
+
 def test_a_replica_that_diverges_fires() -> None:
     ev = clean()
     ev.raw["b1"] = b"r" * SIZE + b"X" + b"r" * (SIZE - 1)

@@ -323,7 +323,7 @@ _CLIENT_MAY_IMPORT = ("rmqha.protocol", "rmqha.net", "rmqha.errors", "rmqha._cor
 #: way (producer -> transaction/accumulator -> sender -> send_request), as aiokafka's
 #: producer package does, and consumer-side modules do not reach into them.
 _CLIENT_RANK = {
-    "model": 0, "route": 1, "blocking_link": 1, "pull_buffer": 1,
+    "model": 0, "route": 1, "blocking_link": 1, "pull_buffer": 1, "idempotence": 1,
     "send_request": 2, "consumer": 2, "message_query": 2, "admin": 2,
     "sender": 3, "accumulator": 4, "transaction": 4, "producer": 5, "blocking_producer": 6,
     "__init__": 7,

@@ -2,6 +2,7 @@
 settings, routes, the gRPC signature, the config, and docs/proxy.md listing every key."""
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from datetime import datetime, timezone
@@ -13,11 +14,16 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rmqha.client.route import TopicRoute
 from rmqha.errors import ConfigError, ProxyError, RemotingError, RemotingTimeoutError
 from rmqha.protocol.codes import ResponseCode
+from rmqha.protocol.command import RemotingCommand
 from rmqha.protocol.groups import SubscriptionGroupConfig
+from rmqha.protocol.idempotence import Claim
+from rmqha.protocol.message import decode_batch, decode_properties
 from rmqha.protocol.topic_attributes import TopicMessageType
 from rmqha.proxy import auth, sends, status
+from rmqha.proxy.cluster import Deadline
 from rmqha.proxy.config import ProxyConfig, load_proxy_config
 from rmqha.proxy.handles import compose_handle, compose_transaction_id, parse_handle, parse_transaction_id
+from rmqha.proxy.producing import Producing, _send_command
 from rmqha.proxy.routing import assignments, route_queues
 from rmqha.proxy.settings import consumer_settings, producer_settings
 from rmqha.proxy.status import Code
@@ -123,6 +129,37 @@ def test_send_properties() -> None:
     delayed = msg()
     delayed.system_properties.delivery_timestamp.FromMilliseconds(5000)
     assert sends.plan_send([delayed], "h", CFG, 0).messages[0].properties["TIMER_DELIVER_MS"] == "5000"
+
+
+def test_idempotent_sends_carry_the_proxys_claim_and_only_ordinary_ones() -> None:
+    """The proxy binds an ordinary send to its queue with its producer id and the queue's
+    next sequence (a batch's header and entries alike); a delayed or transactional one
+    goes unclaimed; a client may not set the keys, and a delivery does not show them."""
+
+    async def main() -> tuple[list[Claim | None], RemotingCommand, RemotingCommand]:
+        producing = Producing(CFG, None)  # type: ignore[arg-type]  # _bind needs no cluster
+        delayed = msg()
+        delayed.system_properties.delivery_timestamp.FromMilliseconds(5000)
+        plans = [sends.plan_send(m, "h", CFG, 0) for m in
+                 ([msg()], [msg(), msg(message_id="ID2")], [msg(message_type=pb.MessageType.TRANSACTION)],
+                  [delayed])]
+        tickets = [await producing._bind(p, "broker-a", 1, Deadline(1.0)) for p in plans]
+        return ([t.claim if t else None for t in tickets], _send_command(plans[0], 1),
+                _send_command(plans[1], 1))
+
+    claims, single, batch = asyncio.run(main())
+    first, second, txn, delayed_claim = claims
+    assert first is not None and second is not None and (first.seq, second.seq) == (0, 1)
+    assert first.producer == second.producer and txn is None and delayed_claim is None
+    assert decode_properties(single.ext_fields["i"])["RMQHA_PRODUCER_SEQ"] == "0"
+    assert decode_properties(batch.ext_fields["i"]) == {"RMQHA_PRODUCER_ID": second.producer,
+                                                        "RMQHA_PRODUCER_SEQ": "1"}
+    assert all(i.properties["RMQHA_PRODUCER_SEQ"] == "1" for i in decode_batch(batch.body))
+    forged = msg()
+    forged.user_properties["RMQHA_PRODUCER_ID"] = "someone-else"
+    refused(Code.ILLEGAL_MESSAGE_PROPERTY_KEY, sends.plan_send, [forged], "h", CFG, 0)
+    off = Producing(ProxyConfig(namesrv_addr="x:1", idempotent_sends=False), None)  # type: ignore[arg-type]
+    assert asyncio.run(off._bind(sends.plan_send([msg()], "h", CFG, 0), "broker-a", 1, Deadline(1.0))) is None
 
 
 def test_send_refusals() -> None:
