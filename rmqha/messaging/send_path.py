@@ -34,6 +34,8 @@ from functools import partial
 from typing import Any, Sequence
 
 from rmqha import _core
+from rmqha.net.dispatcher import LanePeer
+from rmqha.net.peer import RequestPeer
 from rmqha._core._protocols import SendFrame
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import (
@@ -175,7 +177,7 @@ class _SendGroup:
 
     __slots__ = ("conn", "answers", "topics", "plain_topics", "writable", "born_host")
 
-    def __init__(self, conn: Any, born_host: tuple[str, int]) -> None:
+    def __init__(self, conn: LanePeer, born_host: tuple[str, int]) -> None:
         self.conn = conn
         self.born_host = born_host
         self.answers: list[_Answer | _RunAnswer] = []
@@ -224,7 +226,7 @@ class SendPath:
         must not hold (:meth:`rmqha.net.dispatcher.Dispatcher.register_plain_send`)."""
         return self.on_plain_send, PLAIN_SEND_REFUSE
 
-    async def on_send(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def on_send(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         started = time.perf_counter()
         try:
             resp = await self._send(cmd, conn)
@@ -233,7 +235,7 @@ class SendPath:
         self._observe(resp, started)
         return resp
 
-    def on_send_now(self, cmd: RemotingCommand, conn: Any) -> bool:
+    def on_send_now(self, cmd: RemotingCommand, conn: LanePeer) -> bool:
         """The send without a task (the remoting connection's immediate handler): checks,
         append and push in the turn that decoded the request, and the answer from the ack
         callback that completes it, with no coroutine and no task step in between.  The
@@ -266,7 +268,7 @@ class SendPath:
                 conn.at_end_of_dispatch(partial(self._close_group, group))
         return True
 
-    def _open_group(self, conn: Any) -> _SendGroup | None:
+    def _open_group(self, conn: LanePeer) -> _SendGroup | None:
         """A new group for ``conn``'s sends of this dispatch; None for a master still
         waiting for its first lease (its sends go to the task-based handler)."""
         replication = self.ctx.replication
@@ -285,7 +287,7 @@ class SendPath:
             replication.defer_push()
         return group
 
-    def on_plain_send(self, send: SendFrame, conn: Any) -> bool:
+    def on_plain_send(self, send: SendFrame, conn: LanePeer) -> bool:
         """A plain send straight from its frame's fields (see
         :mod:`rmqha._core.send_frames`): :meth:`on_send_now` without a command, a header
         object or a row, in the same group as the sends dispatched with it, answered with
@@ -301,7 +303,7 @@ class SendPath:
             if opened:
                 conn.at_end_of_dispatch(partial(self._close_group, group))
 
-    def _group_of(self, conn: Any) -> tuple[_SendGroup | None, bool]:
+    def _group_of(self, conn: LanePeer) -> tuple[_SendGroup | None, bool]:
         """The open group of ``conn``'s dispatch, or a new one (None when none can be
         opened), and whether it was opened here (its opener closes it)."""
         group = self._group
@@ -309,7 +311,7 @@ class SendPath:
             return group, False
         return self._open_group(conn), True
 
-    def on_plain_sends(self, sends: Sequence[SendFrame], conn: Any) -> int:
+    def on_plain_sends(self, sends: Sequence[SendFrame], conn: LanePeer) -> int:
         """:meth:`on_plain_send` for a run of plain sends that arrived together, in one
         call (:meth:`rmqha.net.dispatcher.Dispatcher.register_plain_sends`): how many,
         from the first, it took; the next is left to the ordinary way.  A failure of
@@ -330,7 +332,7 @@ class SendPath:
                 conn.at_end_of_dispatch(partial(self._close_group, group))
         return taken
 
-    def _take_run(self, sends: list[SendFrame], start: int, conn: Any,
+    def _take_run(self, sends: list[SendFrame], start: int, conn: LanePeer,
                   group: _SendGroup) -> int:
         """From ``start``, the plain sends :meth:`_take_plain` would store one by one,
         appended in one call (``LogWriter.append_plain_run``) and answered as one
@@ -396,7 +398,7 @@ class SendPath:
             stop += 1
         return qids, stop
 
-    def _take_one(self, send: SendFrame, conn: Any, group: _SendGroup) -> bool:
+    def _take_one(self, send: SendFrame, conn: LanePeer, group: _SendGroup) -> bool:
         try:
             return self._take_plain(send, conn, group)
         except Exception as exc:  # a bug here answers SYSTEM_ERROR, never loses the link
@@ -405,7 +407,7 @@ class SendPath:
                                f"{type(exc).__name__}: {exc}", time.perf_counter())
             return True
 
-    def _take_plain(self, send: SendFrame, conn: Any, group: _SendGroup) -> bool:
+    def _take_plain(self, send: SendFrame, conn: LanePeer, group: _SendGroup) -> bool:
         started = time.perf_counter() if self.ctx.metrics is not None else 0.0
         topic = send[3]
         if not group.writable:
@@ -439,7 +441,7 @@ class SendPath:
         group.answers.append(_Answer(None, queue_id, rows, started, send, queue_offset))
         return True
 
-    def _take_plain_batch(self, send: SendFrame, conn: Any, group: _SendGroup, queue_id: int,
+    def _take_plain_batch(self, send: SendFrame, conn: LanePeer, group: _SendGroup, queue_id: int,
                           born: int, started: float) -> bool:
         """A SEND_BATCH_MESSAGE whose entries are all stored as they came (``batch_plain``),
         as :meth:`_prepare` and :meth:`_store` do it."""
@@ -462,7 +464,7 @@ class SendPath:
         group.answers.append(_Answer(None, queue_id, placed, started, send))
         return True
 
-    def _refuse_plain(self, send: SendFrame, conn: Any, code: int, remark: str,
+    def _refuse_plain(self, send: SendFrame, conn: LanePeer, code: int, remark: str,
                       started: float) -> None:
         cmd = _request_of(send)
         resp = cmd.response(code, remark)
@@ -541,7 +543,7 @@ class SendPath:
                 out.append(a)
         return out
 
-    def _answer_ok(self, conn: Any, answers: list[_Answer | _RunAnswer], status: str) -> None:
+    def _answer_ok(self, conn: LanePeer, answers: list[_Answer | _RunAnswer], status: str) -> None:
         """A group's answers when all succeeded (and no metrics to observe): the plain
         sends' frames encoded in one loop and queued together, in the group's order (a
         command's answer goes between them where it stands); a run's in one call, as one
@@ -596,7 +598,7 @@ class SendPath:
                 child = self._latency[status] = m.send_latency.labels(status)
             child.observe(time.perf_counter() - started)
 
-    async def _send(self, cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+    async def _send(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
         ctx = self.ctx
         if ctx.replication is not None and ctx.replication.awaiting_first_lease():
             # Just elected: its first lease is one heartbeat answer away (not a refusal).
@@ -610,7 +612,7 @@ class SendPath:
                                                        index_now=False)
         return self._answer(cmd, send.reply_queue_id, placed, code, status)
 
-    def _prepare(self, cmd: RemotingCommand, conn: Any, group: _SendGroup | None = None) -> _Send:
+    def _prepare(self, cmd: RemotingCommand, conn: RequestPeer, group: _SendGroup | None = None) -> _Send:
         """Check a send and decide what to store where; Refused says why not.  ``group``:
         the group it came in, whose other sends may have made some checks already."""
         ctx = self.ctx
@@ -724,7 +726,7 @@ class SendPath:
             raise Refused(ResponseCode.NO_PERMISSION, f"topic {topic} is not writable")
         return cfg
 
-    def _store(self, send: _Send, conn: Any, grouped: bool = False) -> list[tuple[int, int]]:
+    def _store(self, send: _Send, conn: RequestPeer, grouped: bool = False) -> list[tuple[int, int]]:
         """Append the send's rows and start them towards the slaves (``grouped``: the
         group's close does, once for all its sends)."""
         try:
@@ -752,7 +754,7 @@ class SendPath:
             self.producers.record(send.claim, send.topic, send.queue_id, placed, send.reply_queue_id)
         return placed
 
-    def _answered_again(self, send: _Send, cmd: RemotingCommand, conn: Any, started: float) -> bool:
+    def _answered_again(self, send: _Send, cmd: RemotingCommand, conn: LanePeer, started: float) -> bool:
         """A retried idempotent send: its original's result, once the verdict of the
         original's copies is known now (nothing stored); False: a new sequence, store it."""
         assert send.claim is not None
