@@ -245,7 +245,7 @@ class TlsSocket:
         if self._refusal is None:
             self._refusal = why
             side = "from" if self._server_side else "to"
-            self._refusals.warn((side, kind), "Raft link %s %s refused: %s", side, self.peer_address, why,
+            self._refusals.warn((side, kind, why), "Raft link %s %s refused: %s", side, self.peer_address, why,
                                 level=level)
         return ConnectionResetError(errno.ECONNRESET, f"Raft TLS link refused: {self._refusal}")
 
@@ -343,7 +343,7 @@ class TlsTransport(TCPTransport):
             why = self.raft_tls.claim_refusal(peer, message)
             if why is not None:
                 where = sock.peer_address if isinstance(sock, TlsSocket) else "?"
-                self.raft_tls.refusals.warn("claim", "Raft link from %s refused: %s", where, why)
+                self.raft_tls.refusals.warn(("claim", why), "Raft link from %s refused: %s", where, why)
                 conn.disconnect()
                 self._unknownConnections.discard(conn)
                 return

@@ -149,7 +149,7 @@ class Acceptor:
             except (LinkClosed, LinkTimeout, OSError) as exc:
                 kind, why = "TLS cut", f"{type(exc).__name__} during the TLS handshake: {exc}"
         sock.close()
-        self._refusals.warn(kind, "refusing HA link from %s: %s", peer, why)
+        self._refusals.warn((kind, why), "refusing HA link from %s: %s", peer, why)
         return None
 
     async def _admit(self, link: Link) -> tuple[Proof | None, bytes] | None:
@@ -168,7 +168,7 @@ class Acceptor:
             raise
         # A connection that closes without a byte is a port probe, not an attack.
         level = logging.WARNING if link.bytes_in else logging.INFO
-        self._refusals.warn((kind, level), "refusing HA link from %s: %s", link.peer, why, level=level)
+        self._refusals.warn((kind, level, why), "refusing HA link from %s: %s", link.peer, why, level=level)
         link.close()
         return None
 

@@ -118,7 +118,7 @@ class MasterHandshake:
         self.epoch_map.set_max_offset(max_offset)
         reply = codec.hello(reason, max_offset, self.epoch_map.last_epoch(), self.epoch_map.pairs())
         if reason != RefuseReason.ACCEPTED:
-            self.refusals.warn(reason, "refusing HA slave %d from %s (%s): %s", hello.broker_id, link.peer,
+            self.refusals.warn((reason, why), "refusing HA slave %d from %s (%s): %s", hello.broker_id, link.peer,
                                codec.name, why)
             if reply is not None:
                 await link.send([reply], self._timeout)

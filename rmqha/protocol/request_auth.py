@@ -276,7 +276,8 @@ class RefusalLog:
     a kind, then at most one line per ``period_s`` for that kind, saying how many were
     refused since the last.  The one rate limit of refusal warnings: the remoting ports
     key it by request code (:meth:`note`), the HA and Raft ports by what was refused and
-    why (:meth:`warn`), so each kind still shows once, at once."""
+    why (:meth:`warn`: a reason that names no peer address or time), so each kind still
+    shows once, at once, and a flood of one kind is a line per period."""
 
     def __init__(self, logger: logging.Logger, period_s: float = 10.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
