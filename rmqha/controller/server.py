@@ -4,7 +4,10 @@ Request handling (RocketMQ's controller codes, see :mod:`rmqha.protocol.codes`):
 
 * GET_METADATA_INFO, BROKER_HEARTBEAT, GET/UPDATE_CONTROLLER_CONFIG: answered by any node.
 * Everything else needs the Raft leader; a follower answers CONTROLLER_NOT_LEADER with
-  the leader's RPC address in ``controllerLeaderAddress`` (and in the remark).
+  the leader's address in ``controllerLeaderAddress`` (and in the remark).  That is the
+  address the leader advertises (``advertised_address``, default its ``controller_peers``
+  address), recorded by its first commit of the term (the barrier below), so brokers
+  behind a NAT, a service address or a test's proxy follow the path the leader chose.
 * On the leader, one writer task handles requests one at a time: validate against the
   committed state (:mod:`rmqha.controller.logic`), commit the event, answer after it is
   applied.  Requests that queue up meanwhile are validated in order against a scratch
@@ -234,6 +237,17 @@ class ControllerServer:
         except (_NotLeader, ControllerError) as exc:
             log.info("new leader's barrier not done: %s", exc or "not leader")
 
+    def leader_address(self) -> str:
+        """The address clients are told to dial for the leader: the one it advertised in
+        its barrier, else (before that is applied here, or from a controller that predates
+        advertised addresses) its controller_peers address; empty when no leader is known."""
+        leader = self.leader_peer()
+        if leader is None:
+            return ""
+        if leader is self.self_peer:
+            return self.config.advertised()
+        return self.state.advertised_address(leader.id) or leader.rpc_address
+
     def leader_peer(self) -> Peer | None:
         if self.raft.is_leader:
             return self.self_peer
@@ -314,7 +328,7 @@ class ControllerServer:
 
     def _not_leader(self, cmd: RemotingCommand) -> RemotingCommand:
         leader = self.leader_peer()
-        addr = leader.rpc_address if leader else ""
+        addr = self.leader_address()
         return cmd.response(
             ResponseCode.CONTROLLER_NOT_LEADER,
             f"The controller is not in leader state; leader: {addr or 'unknown'}",
@@ -337,7 +351,8 @@ class ControllerServer:
             raise _NotLeader()
         term = self.raft.term
         if self._ready_term != term:
-            await self.raft.apply({"type": "barrier"}, self.config.commit_timeout / 1000)
+            barrier = {"type": "barrier", "leader_id": self.self_peer.id, "address": self.config.advertised()}
+            await self.raft.apply(barrier, self.config.commit_timeout / 1000)
             self._ready_term = term
 
     async def _run_decision(self, decide: Callable[[ControllerLogic], Decision]) -> Decision:
@@ -458,7 +473,7 @@ class ControllerServer:
         return cmd.response(ext_fields={
             "group": self.config.controller_group,
             "controllerLeaderId": leader.id if leader else "",
-            "controllerLeaderAddress": leader.rpc_address if leader else "",
+            "controllerLeaderAddress": self.leader_address(),
             "isLeader": self.raft.is_leader,
             "peers": "".join(f"{p.id}:{p.rpc_address};" for p in self.peers),
         })
