@@ -154,7 +154,6 @@ class ControllerServer:
         self._writer: asyncio.Task[None] | None = None
         self._ready_term = -1
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._notify_clients: dict[str, RemotingClient] = {}
         self._notify_tasks: dict[str, asyncio.Task[None]] = {}
         self._electing: set[str] = set()
         #: Groups with an election decided but not yet applied: no master lease is granted
@@ -203,8 +202,6 @@ class ControllerServer:
             except asyncio.CancelledError:
                 pass
         await self.remoting.stop()
-        for client in self._notify_clients.values():
-            await client.close()
         await asyncio.get_running_loop().run_in_executor(None, self.raft.stop)
         self.metrics.stop()
 
@@ -732,15 +729,17 @@ class ControllerServer:
             self._notify_tasks[addr] = asyncio.ensure_future(self._send_notify(addr, cmd))
 
     async def _send_notify(self, addr: str, cmd: RemotingCommand) -> None:
-        # Failures are only logged: brokers also poll GET_REPLICA_INFO and catch up.
+        # Failures are only logged: brokers also poll GET_REPLICA_INFO and catch up.  One
+        # connection per notice, closed after it: notices come only after elections, and a
+        # link held open to every broker would outlive a partition between them (a path
+        # from the controllers into a broker that the network no longer gives).
+        client = RemotingClient(addr, connect_timeout=3.0, security=self._notice_links)
         try:
-            client = self._notify_clients.get(addr)
-            if client is None:
-                client = self._notify_clients[addr] = RemotingClient(addr, connect_timeout=3.0,
-                                                                     security=self._notice_links)
             await asyncio.wait_for(client.oneway(cmd), 3.0)
         except (asyncio.TimeoutError, OSError, RmqhaError) as exc:
             log.info("role-change notice to %s failed: %s", addr, exc)
+        finally:
+            await client.close()
 
     # --- background loops ------------------------------------------------------------
 
