@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from cluster import Cluster, free_port
+
 from rmqha.errors import LocalClusterError
 
 GROUP = "broker-a"
