@@ -27,6 +27,7 @@ UPDATE_BLACKLIST: frozenset[str] = frozenset({
     "tls_server_need_client_auth", "tls_enable", "tls_client_cert_path", "tls_client_key_path",
     "tls_client_key_password", "tls_client_trust_cert_path", "tls_client_auth_server",
     "tls_config_file", "https_enable", "cluster_secret", "cluster_secret_file", "allow_insecure",
+    "advertised_address",
 })
 
 #: Values never shown by GET_CONTROLLER_CONFIG.
@@ -71,6 +72,10 @@ class ControllerConfig(TlsKeys):
     #: Address the remoting port binds; off loopback only with a cluster secret or
     #: allow_insecure.
     listen_host: str = "127.0.0.1"
+    #: host:port brokers and tools are told to dial for this controller when it leads
+    #: (controllerLeaderAddress) if that differs from its controller_peers address (a NAT,
+    #: a service address or a proxy in between); empty = its controller_peers address.
+    advertised_address: str = field(default="", metadata={"aliases": ("controllerAdvertisedAddress",)})
     #: Directory of the Raft journal, its metadata and snapshots (raft/ under it).
     controller_store_path: Path = field(default_factory=lambda: Path.home() / "rmqha" / "controller")
     #: Accepted for RocketMQ confs; unused (UPDATE_CONTROLLER_CONFIG changes are not
@@ -145,6 +150,16 @@ class ControllerConfig(TlsKeys):
             )
         if self.raft_min_timeout <= 0 or self.raft_max_timeout < self.raft_min_timeout:
             raise ConfigError("raft_min_timeout must be > 0 and <= raft_max_timeout")
+        if self.advertised_address:
+            host, colon, port = self.advertised_address.rpartition(":")
+            if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(f"advertised_address: bad address {self.advertised_address!r}; "
+                                  f"expected host:port")
+
+    def advertised(self) -> str:
+        """The address this controller names itself by as leader: advertised_address, else
+        its controller_peers (RPC) address."""
+        return self.advertised_address or self.self_peer().rpc_address
 
     def secret(self) -> str | None:
         """The cluster secret: cluster_secret, else cluster_secret_file, else raft_password."""

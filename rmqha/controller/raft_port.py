@@ -39,6 +39,7 @@ from pysyncobj.monotonic import monotonic as monotonic_time
 from pysyncobj.transport import TCPTransport
 
 from rmqha.net.server import HANDSHAKE_TIMEOUT_S
+from rmqha.protocol.request_auth import RefusalLog
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,8 @@ class DeadlineTransport(TCPTransport):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._accepted: dict[Any, _Accepted] = {}
+        #: Refused links, logged at most once per kind per period.
+        self._refusals = RefusalLog(log)
         self._next_sweep = 0.0
         super().__init__(*args, **kwargs)
 
@@ -86,8 +89,8 @@ class DeadlineTransport(TCPTransport):
         waiting = sum(1 for c, a in self._accepted.items()
                       if a.host == host and c in self._unknownConnections)
         if waiting >= MAX_UNIDENTIFIED_PER_HOST:
-            log.warning("Raft link from %s refused: %d links from that host are already waiting "
-                        "to identify (at most %d)", host, waiting, MAX_UNIDENTIFIED_PER_HOST)
+            self._refusals.warn("unidentified", "Raft link from %s refused: %d links from that host are already "
+                                "waiting to identify (at most %d)", host, waiting, MAX_UNIDENTIFIED_PER_HOST)
             conn.disconnect()
             return
         self._accepted[conn] = _Accepted(host, monotonic_time())

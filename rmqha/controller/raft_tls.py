@@ -59,6 +59,7 @@ from pysyncobj.transport import TCPTransport
 
 from rmqha.errors import AuthenticationError, ConfigError, PeerIdentityError
 from rmqha.net.memory_tls import drain
+from rmqha.protocol.request_auth import RefusalLog
 from rmqha.security.identity import Identity, Role
 from rmqha.security.tls import ReloadingContext, TlsSettings, require_peer
 
@@ -83,8 +84,9 @@ class TlsSocket:
     the verified peer when the handshake completes (AuthenticationError to refuse)."""
 
     def __init__(self, sock: socket.socket, context: ssl.SSLContext, *, server_side: bool,
-                 peer_address: str, check: PeerCheck) -> None:
+                 peer_address: str, check: PeerCheck, refusals: RefusalLog | None = None) -> None:
         self.sock = sock
+        self._refusals = refusals or RefusalLog(log)
         self.peer_address = peer_address
         self._incoming = ssl.MemoryBIO()
         self._outgoing = ssl.MemoryBIO()
@@ -230,19 +232,21 @@ class TlsSocket:
             return call(arg)
         except ssl.SSLEOFError:
             # A peer stopping, or refusing us (it logs why): no warning here.
-            raise self._refuse("the peer closed the link during the TLS handshake",
+            raise self._refuse("the peer closed the link during the TLS handshake", "closed",
                                logging.INFO) from None
         except ssl.SSLError as exc:
-            raise self._refuse(f"TLS failed: {exc}") from None
+            raise self._refuse(f"TLS failed: {exc}", "TLS failed") from None
         except AuthenticationError as exc:
-            raise self._refuse(str(exc)) from None
+            raise self._refuse(str(exc), "identity") from None
 
-    def _refuse(self, why: str, level: int = logging.WARNING) -> ConnectionResetError:
-        """Log the refusal once; the error that makes pysyncobj drop the link."""
+    def _refuse(self, why: str, kind: str = "", level: int = logging.WARNING) -> ConnectionResetError:
+        """Log the refusal once for this link (and at most once per kind and period for the
+        controller); the error that makes pysyncobj drop the link."""
         if self._refusal is None:
             self._refusal = why
             side = "from" if self._server_side else "to"
-            log.log(level, "Raft link %s %s refused: %s", side, self.peer_address, why)
+            self._refusals.warn((side, kind, why), "Raft link %s %s refused: %s", side, self.peer_address, why,
+                                level=level)
         return ConnectionResetError(errno.ECONNRESET, f"Raft TLS link refused: {self._refusal}")
 
     def _raise_if_refused(self) -> None:
@@ -258,6 +262,8 @@ class RaftTls:
     server: ReloadingContext
     client: ReloadingContext
     ids: dict[str, str] = field(default_factory=dict)
+    #: Refused links of this controller, logged at most once per kind per period.
+    refusals: RefusalLog = field(default_factory=lambda: RefusalLog(log), compare=False, repr=False)
 
     @classmethod
     def from_settings(cls, settings: TlsSettings, ids: dict[str, str]) -> RaftTls | None:
@@ -275,12 +281,12 @@ class RaftTls:
     def dial(self, sock: socket.socket, address: str) -> TlsSocket:
         """The TLS side of a socket dialled to the member at Raft ``address``."""
         return TlsSocket(sock, self.client.get(), server_side=False, peer_address=address,
-                         check=lambda tls: self.check_dialled(tls, address))
+                         check=lambda tls: self.check_dialled(tls, address), refusals=self.refusals)
 
     def accept(self, sock: socket.socket) -> TlsSocket:
         """The TLS side of an accepted socket."""
         return TlsSocket(sock, self.server.get(), server_side=True,
-                         peer_address=_peer_name(sock), check=self.check_accepted)
+                         peer_address=_peer_name(sock), check=self.check_accepted, refusals=self.refusals)
 
     def check_dialled(self, tls: ssl.SSLObject, address: str) -> Identity:
         """The dialled peer's identity if it is the controller ``address`` belongs to."""
@@ -337,7 +343,7 @@ class TlsTransport(TCPTransport):
             why = self.raft_tls.claim_refusal(peer, message)
             if why is not None:
                 where = sock.peer_address if isinstance(sock, TlsSocket) else "?"
-                log.warning("Raft link from %s refused: %s", where, why)
+                self.raft_tls.refusals.warn(("claim", why), "Raft link from %s refused: %s", where, why)
                 conn.disconnect()
                 self._unknownConnections.discard(conn)
                 return

@@ -4,7 +4,10 @@ Request handling (RocketMQ's controller codes, see :mod:`rmqha.protocol.codes`):
 
 * GET_METADATA_INFO, BROKER_HEARTBEAT, GET/UPDATE_CONTROLLER_CONFIG: answered by any node.
 * Everything else needs the Raft leader; a follower answers CONTROLLER_NOT_LEADER with
-  the leader's RPC address in ``controllerLeaderAddress`` (and in the remark).
+  the leader's address in ``controllerLeaderAddress`` (and in the remark).  That is the
+  address the leader advertises (``advertised_address``, default its ``controller_peers``
+  address), recorded by its first commit of the term (the barrier below), so brokers
+  behind a NAT, a service address or a test's proxy follow the path the leader chose.
 * On the leader, one writer task handles requests one at a time: validate against the
   committed state (:mod:`rmqha.controller.logic`), commit the event, answer after it is
   applied.  Requests that queue up meanwhile are validated in order against a scratch
@@ -151,7 +154,6 @@ class ControllerServer:
         self._writer: asyncio.Task[None] | None = None
         self._ready_term = -1
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._notify_clients: dict[str, RemotingClient] = {}
         self._notify_tasks: dict[str, asyncio.Task[None]] = {}
         self._electing: set[str] = set()
         #: Groups with an election decided but not yet applied: no master lease is granted
@@ -200,8 +202,6 @@ class ControllerServer:
             except asyncio.CancelledError:
                 pass
         await self.remoting.stop()
-        for client in self._notify_clients.values():
-            await client.close()
         await asyncio.get_running_loop().run_in_executor(None, self.raft.stop)
         self.metrics.stop()
 
@@ -233,6 +233,17 @@ class ControllerServer:
             await self._run_decision(lambda logic: Decision())
         except (_NotLeader, ControllerError) as exc:
             log.info("new leader's barrier not done: %s", exc or "not leader")
+
+    def leader_address(self) -> str:
+        """The address clients are told to dial for the leader: the one it advertised in
+        its barrier, else (before that is applied here, or from a controller that predates
+        advertised addresses) its controller_peers address; empty when no leader is known."""
+        leader = self.leader_peer()
+        if leader is None:
+            return ""
+        if leader is self.self_peer:
+            return self.config.advertised()
+        return self.state.advertised_address(leader.id) or leader.rpc_address
 
     def leader_peer(self) -> Peer | None:
         if self.raft.is_leader:
@@ -314,7 +325,7 @@ class ControllerServer:
 
     def _not_leader(self, cmd: RemotingCommand) -> RemotingCommand:
         leader = self.leader_peer()
-        addr = leader.rpc_address if leader else ""
+        addr = self.leader_address()
         return cmd.response(
             ResponseCode.CONTROLLER_NOT_LEADER,
             f"The controller is not in leader state; leader: {addr or 'unknown'}",
@@ -337,7 +348,8 @@ class ControllerServer:
             raise _NotLeader()
         term = self.raft.term
         if self._ready_term != term:
-            await self.raft.apply({"type": "barrier"}, self.config.commit_timeout / 1000)
+            barrier = {"type": "barrier", "leader_id": self.self_peer.id, "address": self.config.advertised()}
+            await self.raft.apply(barrier, self.config.commit_timeout / 1000)
             self._ready_term = term
 
     async def _run_decision(self, decide: Callable[[ControllerLogic], Decision]) -> Decision:
@@ -458,7 +470,7 @@ class ControllerServer:
         return cmd.response(ext_fields={
             "group": self.config.controller_group,
             "controllerLeaderId": leader.id if leader else "",
-            "controllerLeaderAddress": leader.rpc_address if leader else "",
+            "controllerLeaderAddress": self.leader_address(),
             "isLeader": self.raft.is_leader,
             "peers": "".join(f"{p.id}:{p.rpc_address};" for p in self.peers),
         })
@@ -718,15 +730,17 @@ class ControllerServer:
             self._notify_tasks[addr] = asyncio.ensure_future(self._send_notify(addr, cmd))
 
     async def _send_notify(self, addr: str, cmd: RemotingCommand) -> None:
-        # Failures are only logged: brokers also poll GET_REPLICA_INFO and catch up.
+        # Failures are only logged: brokers also poll GET_REPLICA_INFO and catch up.  One
+        # connection per notice, closed after it: notices come only after elections, and a
+        # link held open to every broker would outlive a partition between them (a path
+        # from the controllers into a broker that the network no longer gives).
+        client = RemotingClient(addr, connect_timeout=3.0, security=self._notice_links)
         try:
-            client = self._notify_clients.get(addr)
-            if client is None:
-                client = self._notify_clients[addr] = RemotingClient(addr, connect_timeout=3.0,
-                                                                     security=self._notice_links)
             await asyncio.wait_for(client.oneway(cmd), 3.0)
         except (asyncio.TimeoutError, OSError, RmqhaError) as exc:
             log.info("role-change notice to %s failed: %s", addr, exc)
+        finally:
+            await client.close()
 
     # --- background loops ------------------------------------------------------------
 

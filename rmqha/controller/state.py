@@ -14,10 +14,17 @@ every controller (also when the journal is replayed):
 ``alter_set``          replace the SyncStateSet, set epoch + 1
 ``clean``              remove ids (all of the group when ``broker_ids`` is null); a removed
                        master leaves the group without a master
-``barrier``            nothing (a new leader's first commit, so it has applied everything)
+``barrier``            a new leader's first commit, so it has applied everything; with
+                       ``leader_id`` and ``address`` it records the address the leader
+                       advertises, which every controller then names it by
 ``batch``              the listed events in order (group commit of concurrent writes that
                        the leader validated one after another)
 =====================  ===================================================================
+
+The advertised addresses travel in the log, not in each controller's config, so a follower
+names a leader behind a NAT or proxy by the address that leader chose, and a controller
+restarted with a new one is named by it from its next term on.  They are not part of
+``revision`` (no broker write is validated against them).
 
 Every event carries ``expect_revision``, the state revision the leader validated against.
 An event whose revision no longer matches (a stale leader's write that reached the log
@@ -97,6 +104,8 @@ class ReplicasState:
         self._lock = threading.RLock()
         self.revision = 0
         self.groups: dict[str, BrokerGroup] = {}
+        #: Controller id -> the address it advertised in its last leader barrier.
+        self.advertised: dict[str, str] = {}
 
     # --- reads -----------------------------------------------------------------------
 
@@ -105,6 +114,11 @@ class ReplicasState:
         with self._lock:
             g = self.groups.get(broker_name)
             return g.copy() if g is not None else None
+
+    def advertised_address(self, controller_id: str) -> str | None:
+        """The address controller ``controller_id`` advertised when it last led, if any."""
+        with self._lock:
+            return self.advertised.get(controller_id)
 
     def overlay(self) -> ReplicasState:
         """A scratch state on top of this one: reads fall through, events change only the
@@ -123,6 +137,9 @@ class ReplicasState:
         with self._lock:
             kind = event.get("type")
             if kind == "barrier":
+                leader, address = event.get("leader_id"), event.get("address")
+                if isinstance(leader, str) and isinstance(address, str) and leader and address:
+                    self.advertised[leader] = address
                 return {"ok": True, "revision": self.revision}
             if kind == "batch":
                 events = event.get("events")
@@ -208,6 +225,7 @@ class ReplicasState:
             return json.dumps({
                 "revision": self.revision,
                 "groups": {k: g.to_json() for k, g in self.groups.items()},
+                "advertised": dict(self.advertised),
             }, sort_keys=True)
 
     def restore(self, text: str) -> None:
@@ -215,6 +233,8 @@ class ReplicasState:
         with self._lock:
             self.revision = int(data["revision"])
             self.groups = {k: BrokerGroup.from_json(v) for k, v in data["groups"].items()}
+            # Snapshots from before advertised addresses have none: peers' addresses apply.
+            self.advertised = {str(k): str(v) for k, v in data.get("advertised", {}).items()}
 
     def digest(self) -> str:
         """A stable fingerprint of the whole state (tests compare replicas with it)."""

@@ -28,6 +28,7 @@ from rmqha.ha.handshake import MasterHandshake
 from rmqha.ha.link import Link, LinkClosed, LinkTimeout, tune_socket
 from rmqha.ha.sync_service import SyncService
 from rmqha.ha.tls_link import HATls
+from rmqha.protocol.request_auth import RefusalLog
 from rmqha.security.tls import TlsMode, accepted_kind
 
 # The master side logs under one name, whichever module says it (operators filter on it).
@@ -40,6 +41,9 @@ class Acceptor:
     def __init__(self, handshake: MasterHandshake, service: SyncService, auth: HAAuth | None = None,
                  tls: HATls | None = None) -> None:
         self._handshake = handshake
+        #: Refused links, logged at most once per kind per period (a scan or a flood of
+        #: bad dials must not flood the log).
+        self._refusals = RefusalLog(log)
         self._service = service
         self._auth = auth
         self._tls = tls
@@ -47,6 +51,11 @@ class Acceptor:
         self._accept_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
+
+    @property
+    def refused(self) -> int:
+        """Links refused so far (logged or only counted), before or at the slave's hello."""
+        return self._refusals.refused + self._handshake.refusals.refused
 
     def listen(self, host: str, port: int) -> int:
         """Bind and start accepting; returns the bound port."""
@@ -129,18 +138,18 @@ class Acceptor:
         try:
             await accepted_kind(sock, TlsMode.ENFORCING, timeout)
         except (AuthenticationError, OSError, asyncio.TimeoutError) as exc:
-            why = f"{exc} (the HA port is internal: TLS only, whatever tls.server.mode)"
+            kind, why = "not TLS", f"{exc} (the HA port is internal: TLS only, whatever tls.server.mode)"
         else:
             try:
                 return await self._tls.accept(sock, timeout)
             except AuthenticationError as exc:
-                why = str(exc)
+                kind, why = "TLS identity", str(exc)
             except ssl.SSLError as exc:
-                why = f"TLS handshake failed: {exc}"
+                kind, why = "TLS failed", f"TLS handshake failed: {exc}"
             except (LinkClosed, LinkTimeout, OSError) as exc:
-                why = f"{type(exc).__name__} during the TLS handshake: {exc}"
+                kind, why = "TLS cut", f"{type(exc).__name__} during the TLS handshake: {exc}"
         sock.close()
-        log.warning("refusing HA link from %s: %s", peer, why)
+        self._refusals.warn((kind, why), "refusing HA link from %s: %s", peer, why)
         return None
 
     async def _admit(self, link: Link) -> tuple[Proof | None, bytes] | None:
@@ -149,17 +158,17 @@ class Acceptor:
         try:
             return await admit(link, self._auth, self._handshake.timeout)
         except AuthenticationError as exc:
-            why = f"authentication failed: {exc}"
+            kind, why = "authentication", f"authentication failed: {exc}"
         except ProtocolError as exc:
-            why = f"bad first bytes: {exc}"
+            kind, why = "first bytes", f"bad first bytes: {exc}"
         except (LinkClosed, LinkTimeout, OSError) as exc:
-            why = f"{type(exc).__name__} before it was admitted: {exc}"
+            kind, why = type(exc).__name__, f"{type(exc).__name__} before it was admitted: {exc}"
         except asyncio.CancelledError:
             link.close()
             raise
         # A connection that closes without a byte is a port probe, not an attack.
         level = logging.WARNING if link.bytes_in else logging.INFO
-        log.log(level, "refusing HA link from %s: %s", link.peer, why)
+        self._refusals.warn((kind, level, why), "refusing HA link from %s: %s", link.peer, why, level=level)
         link.close()
         return None
 

@@ -51,6 +51,7 @@ from rmqha.ha.dialects import (
 )
 from rmqha.ha.link import Link
 from rmqha.ha.replicated_log import ReplicatedLog
+from rmqha.protocol.request_auth import RefusalLog
 from rmqha.store.epoch_map import EpochMap
 
 # The master half logs under the master side's one name (operators filter on it).
@@ -93,6 +94,8 @@ class MasterHandshake:
         self.broker_id = broker_id
         self._is_known = is_known_replica
         self._timeout = config.ha_housekeeping_interval_ms / 1000
+        #: Refused hellos, logged at most once per reason per period.
+        self.refusals = RefusalLog(log)
 
     @property
     def timeout(self) -> float:
@@ -116,7 +119,8 @@ class MasterHandshake:
         self.epoch_map.set_max_offset(max_offset)
         reply = codec.hello(reason, max_offset, self.epoch_map.last_epoch(), self.epoch_map.pairs())
         if reason != RefuseReason.ACCEPTED:
-            log.warning("refusing HA slave %d from %s (%s): %s", hello.broker_id, link.peer, codec.name, why)
+            self.refusals.warn((reason, why), "refusing HA slave %d from %s (%s): %s", hello.broker_id, link.peer,
+                               codec.name, why)
             if reply is not None:
                 await link.send([reply], self._timeout)
             return None

@@ -133,6 +133,11 @@ class HAMaster:
         rocketmq = "; rocketmq dialect unauthenticated" if auth.allow_unauthenticated_rocketmq else ""
         return f"links authenticated as {auth.identity}{rocketmq}{tls}"
 
+    @property
+    def refused_links(self) -> int:
+        """Links this HA port refused so far (each kind logged once per period)."""
+        return self._acceptor.refused
+
     async def stop(self) -> None:
         """Close the port and every link; pending ack waits answer False."""
         if self._stopped:

@@ -7,6 +7,15 @@ each slave's ack offset; a slave its own offsets and link state.  One refresh ru
 ``status_poll_ms`` in the background (never per page view), so any number of open pages
 costs the brokers one query each per period.
 
+With ``status_controller_addr`` the controllers are asked too (GET_REPLICA_INFO of each
+group, with the brokers' queries): they are the authority on the master and the
+SyncStateSet, and they answer at once after a name server restart, when the routes hold
+only the members that registered again so far (a broker registers every 30 s by default,
+so a master could be missing from the page for that long); a master the controllers name
+but the routes do not hold yet is asked for its status at the address they give.  A slave
+that is caught up (its link SUSPEND: heartbeats only) and in the SyncStateSet is shown as
+"in sync".
+
 Elections are master epoch changes *observed* here, from registrations as they arrive and
 from the brokers' answers, each with the wall-clock time it was first seen: a name server
 started after an election has no record of it, and the time is when this process learnt
@@ -22,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from rmqha.controller.client import ControllerClient, ReplicaInfo
 from rmqha.protocol.codes import RequestCode
 from rmqha.errors import RmqhaError
 from rmqha.namesrv.route_table import MASTER_ID, BrokerRegistration, RouteTable
@@ -31,6 +41,8 @@ from rmqha.protocol.command import RemotingCommand
 
 log = logging.getLogger(__name__)
 
+#: What the page says of a slave in the SyncStateSet whose link is caught up.
+IN_SYNC = "in sync"
 #: How many elections the page lists (newest first).
 ELECTIONS_KEPT = 50
 #: A broker that left the routes (killed, expired, unregistered) stays on the page, as
@@ -77,6 +89,8 @@ class BrokerView:
     link_state: str | None = None
     #: When it was last seen in the routes, if it has left them (wall clock ms).
     gone_since_ms: int | None = None
+    #: Whether it is in the routes (False: a master the controllers name, not registered yet).
+    registered: bool = True
 
 
 @dataclass
@@ -91,14 +105,19 @@ class GroupView:
     max_offset: int | None = None
     confirm_offset: int | None = None
     brokers: list[BrokerView] = field(default_factory=list)
+    #: Where the master and SyncStateSet come from: "controller" or "brokers".
+    source: str = "brokers"
 
 
 class ClusterView:
     """The status page's data, refreshed in the background from registrations and brokers."""
 
     def __init__(self, routes: RouteTable, *, poll_ms: int, request_timeout_s: float = 1.0,
-                 clock: Callable[[], int] = wall_ms, security: ClientSecurity | None = None) -> None:
+                 clock: Callable[[], int] = wall_ms, security: ClientSecurity | None = None,
+                 controllers: ControllerClient | None = None) -> None:
         self.routes = routes
+        #: The controllers asked for each group's master and SyncStateSet (None: not asked).
+        self.controllers = controllers
         #: TLS of the connections to the brokers (the name server's tls.client.*).
         self.security = security
         self.poll_ms = poll_ms
@@ -130,6 +149,8 @@ class ClusterView:
         for client in self._clients.values():
             await client.close()
         self._clients.clear()
+        if self.controllers is not None:
+            await self.controllers.close()
 
     async def _refresh_loop(self) -> None:
         while True:
@@ -193,16 +214,32 @@ class ClusterView:
                 await client.close()
             return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
+    async def _replica_info(self, group: str) -> ReplicaInfo | None:
+        """The controllers' record of ``group``; None when not asked or no answer."""
+        if self.controllers is None:
+            return None
+        try:
+            return await asyncio.wait_for(self.controllers.get_replica_info(group), self.request_timeout_s * 2)
+        except (RmqhaError, OSError, asyncio.TimeoutError) as exc:
+            log.debug("status page: no replica info of %s from the controllers: %s", group, exc)
+            return None
+
     async def refresh(self) -> None:
-        regs = [r for name in self.routes.group_names() for r in self.routes.members(name)]
-        answers = await asyncio.gather(*(self._ask(r.broker_addr) for r in regs))
-        by_addr = dict(zip((r.broker_addr for r in regs), answers))
+        names = self.routes.group_names()
+        regs = [r for name in names for r in self.routes.members(name)]
+        infos = dict(zip(names, await asyncio.gather(*(self._replica_info(n) for n in names))))
+        # A master the controllers name that has not registered again yet is asked too.
+        addrs = list(dict.fromkeys([r.broker_addr for r in regs]
+                                   + [i.master_address for i in infos.values() if i and i.master_address]))
+        answers = await asyncio.gather(*(self._ask(a) for a in addrs))
+        by_addr = dict(zip(addrs, answers))
         groups: list[GroupView] = []
         now = self._clock()
-        for name in self.routes.group_names():
+        for name in names:
             members = [r for r in regs if r.broker_name == name]
             if members:
-                groups.append(self._group(name, members, by_addr))
+                groups.append(self._group(name, _with_unregistered_master(members, infos.get(name)), by_addr,
+                                          infos.get(name), {r.broker_addr for r in members}))
         self._add_departed(groups, now)
         # Clients of brokers that left the routes are closed, not kept forever.
         for addr in [a for a in self._clients if a not in by_addr]:
@@ -238,7 +275,8 @@ class ClusterView:
         groups.sort(key=lambda g: g.name)
 
     def _group(self, name: str, members: list[BrokerRegistration],
-               answers: dict[str, dict[str, Any] | str]) -> GroupView:
+               answers: dict[str, dict[str, Any] | str], info: ReplicaInfo | None = None,
+               registered: set[str] | None = None) -> GroupView:
         g = GroupView(cluster=members[0].cluster, name=name)
         master_status: dict[str, Any] | None = None
         for reg in members:
@@ -258,6 +296,12 @@ class ClusterView:
             self._observe_master(name, g.master_epoch, g.master_address, g.master_id, "broker status")
         elif master_reg is not None:
             g.master_address, g.master_epoch = master_reg.broker_addr, master_reg.master_epoch
+        if info is not None and info.master_address:
+            # The controllers' record wins: it is what every broker of the group follows.
+            g.source = "controller"
+            g.master_address, g.master_id, g.master_epoch = info.master_address, info.master_broker_id, info.master_epoch
+            g.sync_state_set, g.sync_state_set_epoch = sorted(info.sync_state_set), info.sync_state_set_epoch
+            self._observe_master(name, g.master_epoch, g.master_address, g.master_id, "controller")
         slaves_seen: dict[int, dict[str, Any]] = {}
         if master_status is not None:
             ha = master_status.get("ha")
@@ -265,7 +309,9 @@ class ClusterView:
                 if isinstance(s, dict) and s.get("broker_id") is not None:
                     slaves_seen[int(s["broker_id"])] = s
         for reg in members:
-            g.brokers.append(self._broker(reg, answers.get(reg.broker_addr), g, slaves_seen))
+            b = self._broker(reg, answers.get(reg.broker_addr), g, slaves_seen)
+            b.registered = registered is None or reg.broker_addr in registered
+            g.brokers.append(b)
         g.brokers.sort(key=lambda b: (b.role != "master", b.broker_id if b.broker_id is not None else 1 << 30))
         return g
 
@@ -290,8 +336,10 @@ class ClusterView:
             b.in_sync = True
             b.link_state = "serving"
             return b
-        b.link_state = ha.get("state")
         b.in_sync = b.broker_id in g.sync_state_set if b.broker_id is not None and g.sync_state_set else None
+        # SUSPEND is the HA link's word for caught up (heartbeats only): in the set, in sync.
+        state = ha.get("state")
+        b.link_state = IN_SYNC if b.in_sync and state == "SUSPEND" else state
         seen = slaves_seen.get(b.broker_id) if b.broker_id is not None else None
         if seen is not None:  # the master's view: what the slave acknowledged
             b.lag_bytes = _int_or_none(seen.get("lag_bytes"))
@@ -311,6 +359,17 @@ class ClusterView:
             "groups": [asdict(g) for g in self._groups],
             "elections": [asdict(e) for e in self.elections],
         }
+
+
+def _with_unregistered_master(members: list[BrokerRegistration], info: ReplicaInfo | None) -> list[BrokerRegistration]:
+    """``members`` and, when the controllers name a master the routes do not hold yet, a
+    stand-in registration of it (asked for its status like the others)."""
+    if info is None or not info.master_address or any(r.broker_addr == info.master_address for r in members):
+        return members
+    stand_in = BrokerRegistration(cluster=members[0].cluster, broker_name=members[0].broker_name,
+                                  broker_addr=info.master_address, broker_id=MASTER_ID,
+                                  master_epoch=info.master_epoch)
+    return [*members, stand_in]
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -69,6 +69,11 @@ class NamesrvConfig(TlsKeys):
     status_host: str = field(default="127.0.0.1", metadata=_alias("statusHost"))
     #: How often the page's data is refreshed from the brokers (and the page polls it).
     status_poll_ms: int = field(default=1000, metadata=_alias("statusPollMs"))
+    #: Controllers (host:port;...) the status page asks for each group's master and
+    #: SyncStateSet, the authority on both: a restarted name server shows a group's master
+    #: as soon as any member registers, not when the master registers again; empty = the
+    #: brokers' own answers only.
+    status_controller_addr: str = field(default="", metadata=_alias("statusControllerAddr"))
     #: Serve /metrics and the status page over HTTPS with the tls.server.* certificate (and client certificates
     #: as tls.server.need.client.auth asks); read at start.
     https_enable: bool = field(default=False, metadata=_alias("httpsEnable"))

@@ -49,6 +49,7 @@ from rmqha.protocol.code_rules import require_declared
 from rmqha.protocol.codes import RequestCode, ResponseCode, code_name
 from rmqha.errors import ConfigError
 from rmqha.metrics import MetricsRegistry
+from rmqha.controller.client import ControllerClient
 from rmqha.namesrv.cluster_view import ClusterView
 from rmqha.namesrv.config import NamesrvConfig
 from rmqha.namesrv.route_table import BrokerRegistration, RouteTable, TopicConfig
@@ -133,8 +134,11 @@ class NameServer:
         self.view: ClusterView | None = None
         self.status_page: StatusPageServer | None = None
         if config.status_port > 0:
-            self.view = ClusterView(self.routes, poll_ms=config.status_poll_ms,
-                                    security=ClientSecurity.for_links(self.tls))
+            links = ClientSecurity.for_links(self.tls)
+            controllers = (ControllerClient(config.status_controller_addr, request_timeout=1.0, security=links)
+                           if config.status_controller_addr.strip() else None)
+            self.view = ClusterView(self.routes, poll_ms=config.status_poll_ms, security=links,
+                                    controllers=controllers)
             self.status_page = StatusPageServer(config.status_host, config.status_port,
                                                 lambda: self.view.snapshot(self.address) if self.view else {},
                                                 ssl_context=server_context(self.tls) if config.https_enable else None)

@@ -108,6 +108,7 @@ function groupSection(g, now) {
     el("span", {}, "master ", el("b", {"data-field": "master"},
        g.master_address ? (g.master_id == null ? "" : "id " + g.master_id + " @ ") + g.master_address : "none")),
     el("span", {}, "master epoch ", el("b", {"data-field": "epoch"}, g.master_epoch)),
+    el("span", {}, "from ", el("b", {"data-field": "source"}, g.source == "controller" ? "the controllers" : "the brokers")),
     el("span", {}, "SyncStateSet ", el("b", {"data-field": "sss"}, ids(g.sync_state_set)),
        " (epoch " + g.sync_state_set_epoch + ")"),
     el("span", {}, "max offset ", el("b", {}, num(g.max_offset))),
@@ -124,7 +125,8 @@ function groupSection(g, now) {
       el("td", {class: "num"}, b.master_epoch), el("td", {class: "num"}, num(b.max_offset)),
       el("td", {class: "num"}, num(b.confirm_offset)), lagCell(b, g),
       el("td", {class: "num"}, num(b.lag_ms)), el("td", {}, insync),
-      el("td", {}, why ? el("span", {class: "err"}, why) : (b.link_state || "-")));
+      el("td", {}, why ? el("span", {class: "err"}, why)
+                       : (b.link_state || "-") + (b.registered ? "" : " (not registered yet)")));
   });
   return el("section", {"data-group": g.name, "data-master-epoch": g.master_epoch,
                         "data-master": g.master_address},

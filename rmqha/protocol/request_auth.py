@@ -46,7 +46,7 @@ import struct
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any, Protocol
 
 from rmqha.errors import RequestAuthError
@@ -272,30 +272,41 @@ def signed_timestamp_ms(cmd: RemotingCommand) -> int | None:
 
 
 class RefusalLog:
-    """Logs refused requests without letting a flood of them flood the log: the first
-    refusal of a code, then at most one line per ``period_s`` with how many were refused."""
+    """Logs refusals without letting a flood of them flood the log: the first refusal of
+    a kind, then at most one line per ``period_s`` for that kind, saying how many were
+    refused since the last.  The one rate limit of refusal warnings: the remoting ports
+    key it by request code (:meth:`note`), the HA and Raft ports by what was refused and
+    why (:meth:`warn`: a reason that names no peer address or time), so each kind still
+    shows once, at once, and a flood of one kind is a line per period."""
 
     def __init__(self, logger: logging.Logger, period_s: float = 10.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._log = logger
         self.period_s = period_s
         self._clock = clock
-        self._last: dict[int, float] = {}
-        self._quiet: dict[int, int] = {}
+        self._last: dict[Hashable, float] = {}
+        self._quiet: dict[Hashable, int] = {}
         self.refused = 0
 
     def note(self, cmd: RemotingCommand, peer: str, reason: str) -> None:
+        """A refused request: keyed by its code."""
+        code = int(cmd.code)
+        self.warn(code, "refused %s from %s: %s", code_name(code), peer, reason)
+
+    def warn(self, kind: Hashable, msg: str, *args: object, level: int = logging.WARNING) -> bool:
+        """Count one refusal of ``kind`` and log ``msg % args`` at ``level`` unless one of
+        that kind was logged within ``period_s``; True when it was logged."""
         self.refused += 1
         now = self._clock()
-        code = int(cmd.code)
-        last = self._last.get(code)
+        last = self._last.get(kind)
         if last is not None and now - last < self.period_s:
-            self._quiet[code] = self._quiet.get(code, 0) + 1
-            return
-        self._last[code] = now
-        quiet = self._quiet.pop(code, 0)
+            self._quiet[kind] = self._quiet.get(kind, 0) + 1
+            return False
+        self._last[kind] = now
+        quiet = self._quiet.pop(kind, 0)
         more = f" ({quiet} more refused since the last report)" if quiet else ""
-        self._log.warning("refused %s from %s: %s%s", code_name(code), peer, reason, more)
+        self._log.log(level, msg + "%s", *args, more)
+        return True
 
 
 def refusal(cmd: RemotingCommand, exc: RequestAuthError) -> RemotingCommand:

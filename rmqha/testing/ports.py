@@ -6,14 +6,19 @@ one process), and another process on the machine (a test on another worker) may 
 in between: :func:`taken_port` finds the port a failed start names, and
 :func:`pid_listens`, :func:`port_open` and :func:`live_processes_naming` say who listens
 and what still runs (the leftovers check of :class:`rmqha.testing.local_cluster.Cluster`).
+:func:`tcp_sockets` and :func:`links_to` read a process's connections, and whose the far
+end is, from the same one parser of /proc's tcp tables (a partition test's proof that a
+cut process reaches nothing on the other side).
 """
 from __future__ import annotations
 
+import enum
 import ipaddress
 import os
 import random
 import re
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,7 +135,8 @@ def _listening(table: Path, port: int) -> set[str]:
 
 @dataclass(frozen=True)
 class ListenSocket:
-    """One TCP socket a process listens on, as /proc shows it."""
+    """One TCP endpoint (host and port) as /proc shows it: a socket a process listens on,
+    or either end of a connection."""
 
     host: str
     port: int
@@ -144,29 +150,104 @@ class ListenSocket:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
+#: Either end of a connection is an endpoint of the same shape as a listener.
+Endpoint = ListenSocket
+
+
+class TcpState(enum.IntEnum):
+    """The states of /proc/net/tcp's ``st`` column that the checks here read."""
+
+    ESTABLISHED = 0x01
+    LISTEN = 0x0A
+
+
+@dataclass(frozen=True)
+class TcpRow:
+    """One row of a /proc/net/tcp{,6} table: a socket's two ends, its state and its inode
+    (as a /proc/PID/fd link names it)."""
+
+    local: Endpoint
+    remote: Endpoint
+    state: int
+    link: str
+
+
+@dataclass(frozen=True)
+class Link:
+    """An established connection of one process whose far end another process holds."""
+
+    local: Endpoint
+    remote: Endpoint
+    #: The process holding the far end, by pid and the name the caller gave it.
+    peer_pid: int
+    peer: str
+
+    def __str__(self) -> str:
+        return f"{self.local} -> {self.remote} ({self.peer}, pid {self.peer_pid})"
+
+
 def listening_sockets(pid: int) -> list[ListenSocket]:
     """Every TCP socket process ``pid`` itself listens on (Linux /proc: the listening
     rows of its network namespace's tcp and tcp6 tables whose inode is one of its open
     descriptors), sorted; empty when it exited."""
+    found = {row.local for row in tcp_sockets(pid) if row.state == TcpState.LISTEN}
+    return sorted(found, key=lambda s: (s.port, s.host))
+
+
+def tcp_sockets(pid: int) -> list[TcpRow]:
+    """Every TCP socket (any state) process ``pid`` holds: the rows of its network
+    namespace's tcp and tcp6 tables whose inode is one of its open descriptors; empty
+    when it exited."""
     try:
         inodes = {_link(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()}
-        found = {sock for table in ("tcp", "tcp6")
-                 for sock, inode in _listen_rows(Path(f"/proc/{pid}/net/{table}")) if inode in inodes}
+        return [row for table in ("tcp", "tcp6")
+                for row in _tcp_rows(Path(f"/proc/{pid}/net/{table}")) if row.link in inodes]
     except (OSError, IndexError, ValueError):
         return []
-    return sorted(found, key=lambda s: (s.port, s.host))
+
+
+def links_to(pid: int, others: Mapping[int, str]) -> list[Link]:
+    """The established connections of process ``pid`` whose far end one of ``others``
+    (pid -> a name for messages) holds: a socket of it bound to that endpoint, an
+    accepted connection or a listener (a wildcard one included).  What a test of a
+    partition reads to show that no path of the cut process reaches the other side
+    except through what it cut (a proxy's endpoints belong to the proxy's process)."""
+    held: dict[Endpoint, int] = {}
+    wildcard: dict[int, int] = {}
+    for other in others:
+        for row in tcp_sockets(other):
+            held[row.local] = other
+            if row.state == TcpState.LISTEN and row.local.wildcard:
+                wildcard[row.local.port] = other
+    out = []
+    for row in tcp_sockets(pid):
+        if row.state != TcpState.ESTABLISHED:
+            continue
+        peer = held.get(row.remote, wildcard.get(row.remote.port))
+        if peer is not None and peer != pid:
+            out.append(Link(row.local, row.remote, peer, others[peer]))
+    return out
 
 
 def _listen_rows(table: Path) -> list[tuple[ListenSocket, str]]:
     """(socket, its fd link name) for the listening rows of a /proc/net/tcp{,6} table."""
+    return [(row.local, row.link) for row in _tcp_rows(table) if row.state == TcpState.LISTEN]
+
+
+def _tcp_rows(table: Path) -> list[TcpRow]:
+    """Every row of a /proc/net/tcp{,6} table (the one parser of it here)."""
     rows = []
     for line in table.read_text().splitlines()[1:]:
         fields = line.split()
-        if fields[3] != "0A":
-            continue
-        hex_host, _, hex_port = fields[1].rpartition(":")
-        rows.append((ListenSocket(_proc_host(hex_host), int(hex_port, 16)), f"socket:[{fields[9]}]"))
+        rows.append(TcpRow(_endpoint(fields[1]), _endpoint(fields[2]), int(fields[3], 16),
+                           f"socket:[{fields[9]}]"))
     return rows
+
+
+def _endpoint(text: str) -> Endpoint:
+    """/proc's ``HEXHOST:HEXPORT`` as an endpoint."""
+    hex_host, _, hex_port = text.rpartition(":")
+    return Endpoint(_proc_host(hex_host), int(hex_port, 16))
 
 
 def _proc_host(hex_host: str) -> str:

@@ -2,9 +2,14 @@
 
 A :class:`ChaosRun` starts real processes on loopback: 3 controllers, a name server and a
 broker group of 3 (all-ack, ``min_in_sync_replicas = 2`` unless a negative control says
-otherwise).  Every broker reaches the controllers through its own TCP proxies and its
-slaves reach it through a proxy on its HA port (``ha_advertised_address``), so a fault can
-partition a master from the controllers only, or cut one replication link, or all.
+otherwise).  Each controller sits behind a TCP proxy that it advertises
+(``advertised_address``), so a broker reaches the controllers only through the proxies,
+the leader it is told of included; its slaves reach a broker through a proxy on its HA port
+(``ha_advertised_address``).  So a fault can partition a master from the controllers only
+(its links through the controllers' proxies cut, told apart by the sockets it dials from),
+or cut one replication link, or all; and each partition scenario checks in /proc that no
+connection of the cut process reaches a process on the other side
+(:meth:`ChaosRun.assert_cut_off`).
 
 While a fault runs, several producers send unique values and record every outcome with
 its client-side times (and, for a SEND_OK, the commitlog offset it names); a tailing
@@ -39,7 +44,7 @@ from typing import Any
 
 import pytest
 
-from cluster import BrokerProc, Cluster, free_port_pair
+from cluster import BrokerProc, Cluster, Process, free_port_pair
 from secure_mode import mode as security_mode, secure_cluster
 from judge import (
     TABLE_HEAD,
@@ -60,7 +65,8 @@ from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.errors import ClientError, RemotingError, RmqhaError, SendError
 from rmqha.protocol.message import parse_offset_msg_id
 from rmqha.store import CommitLog
-from tcp_proxy import TcpProxy
+from rmqha.testing.ports import Link, links_to, tcp_sockets
+from tcp_proxy import CutMode, TcpProxy
 
 GROUP = "broker-a"
 TOPIC = "chaos"
@@ -99,7 +105,8 @@ class ChaosRun:
                  controller: dict[str, Any] | None = None, producers: int = 3, seed: int = 1,
                  broker_env: dict[int, dict[str, str]] | None = None,
                  tmpfs_store: tuple[int, int] | None = None, expect_failover: bool = False,
-                 idempotent: bool = False, send_timeout_s: float = 2.0, retry_deadline_s: float = 8.0) -> None:
+                 idempotent: bool = False, send_timeout_s: float = 2.0, retry_deadline_s: float = 8.0,
+                 advertise_proxies: bool = True) -> None:
         tls_acl = security_mode() == "tls-acl"
         self.name = name = f"{name} [tls+acl]" if tls_acl else name
         #: (broker index, bytes): that broker's store is a tmpfs of that size (disk full).
@@ -125,7 +132,10 @@ class ChaosRun:
         self.rng = random.Random(seed)
         self.brokers: list[BrokerProc] = []
         self.ha_proxies: dict[str, TcpProxy] = {}
-        self.ctl_proxies: dict[str, list[TcpProxy]] = {}
+        #: One proxy in front of each controller's RPC port: the address it advertises.
+        self.ctl_proxies: list[TcpProxy] = []
+        #: Controllers advertise their proxies (off only in the partition check's control).
+        self.advertise_proxies = advertise_proxies
         #: Everything recorded as it happens (brokers and ids are filled in at start).
         self.ev = Evidence(name, need=int(self.acks.get("min_in_sync_replicas", 1)), brokers=[],
                            expect_failover=expect_failover, idempotent=idempotent)
@@ -138,21 +148,17 @@ class ChaosRun:
     def start(self) -> None:
         c = self.cluster
         secure = self.secure
-        c.start_controllers(3, **self.controller_overrides,
-                            **({"per_node": secure.controller_keys(3)} if secure else {}))
+        self.start_controllers()
         c.start_namesrv(**(secure.namesrv_keys() if secure else {}))
+        controllers = [f"127.0.0.1:{p.port}" for p in self.ctl_proxies]
         for i in range(3):
             listen = free_port_pair()
             ha = TcpProxy("127.0.0.1", listen + 1)
             ha.start()
-            ctl = [TcpProxy(*_split(addr)) for addr in c.controller_addresses]
-            for p in ctl:
-                p.start()
             b = c.add_broker(GROUP, listen_port=listen, ha_advertised_address=f"127.0.0.1:{ha.port}",
-                             controller_addr=[f"127.0.0.1:{p.port}" for p in ctl], **self.acks,
+                             controller_addr=controllers, **self.acks,
                              **(secure.broker_keys(GROUP, f"{GROUP}-{i}") if secure else {}))
             self.ha_proxies[b.name] = ha
-            self.ctl_proxies[b.name] = ctl
             if self.tmpfs_store is not None and self.tmpfs_store[0] == i:
                 self.mount_tmpfs(b.store_dir, self.tmpfs_store[1])
             b.start(env=self.broker_env.get(i))
@@ -171,6 +177,43 @@ class ChaosRun:
             problems = secure.check_enforced(master, f"{host}:{int(port) + 1}")
             assert not problems, problems
         self.record_ids()
+
+    def start_controllers(self) -> None:
+        """Three controllers, each behind a proxy it advertises (so the leader a controller
+        names is reached through a proxy too)."""
+        c, secure = self.cluster, self.secure
+        nodes = c.add_controllers(3, **self.controller_overrides,
+                                  **({"per_node": secure.controller_keys(3)} if secure else {}))
+        for node in nodes:
+            proxy = TcpProxy(*_split(node.address))
+            proxy.start()
+            self.ctl_proxies.append(proxy)
+            if self.advertise_proxies:
+                node.config["advertised_address"] = f"127.0.0.1:{proxy.port}"
+        for node in nodes:
+            node.start()
+        c.wait_controllers(nodes)
+        for node, proxy in zip(nodes, self.ctl_proxies):
+            proxy.target = _split(node.address)  # a port clash may have moved the group
+
+    def cut_from_controllers(self, b: BrokerProc, mode: CutMode) -> None:
+        """Cut every link of ``b`` to the controllers (all pass the proxies)."""
+        pid = b.pid
+        assert pid is not None, f"{b.name} is not running"
+        for p in self.ctl_proxies:
+            p.cut_clients(_dialled_from(pid), mode)
+
+    def assert_cut_off(self, cut: BrokerProc, other_side: list[Process]) -> None:
+        """No established connection of ``cut`` ends in a process of ``other_side``: the
+        partition really cuts every path (a link past the proxies would not be cut)."""
+        links = self.links_past_the_cut(cut, other_side)
+        assert not links, (f"{cut.name} still reaches the other side of the partition past the cut proxies: "
+                           + "; ".join(str(x) for x in links))
+
+    @staticmethod
+    def links_past_the_cut(cut: BrokerProc, other_side: list[Process]) -> list[Link]:
+        assert cut.pid is not None, f"{cut.name} is not running"
+        return links_to(cut.pid, {p.pid: p.name for p in other_side if p.pid is not None})
 
     def record_ids(self) -> None:
         """The group as started: its brokers and their ids (which must never change)."""
@@ -196,7 +239,7 @@ class ChaosRun:
         self.cluster.close()
         for path in self.mounts:
             subprocess.run(["umount", "-l", str(path)], check=False)
-        for p in [*self.ha_proxies.values(), *(x for ps in self.ctl_proxies.values() for x in ps)]:
+        for p in [*self.ha_proxies.values(), *self.ctl_proxies]:
             p.stop()
 
     # --- workload ---------------------------------------------------------------------------
@@ -382,7 +425,7 @@ class ChaosRun:
     # --- healing and checking ---------------------------------------------------------------
 
     def heal_and_settle(self) -> None:
-        for p in [*self.ha_proxies.values(), *(x for ps in self.ctl_proxies.values() for x in ps)]:
+        for p in [*self.ha_proxies.values(), *self.ctl_proxies]:
             if p.is_cut:
                 p.restore()
         c = self.cluster
@@ -437,22 +480,9 @@ def _read_store(b: BrokerProc, seg: int) -> tuple[list[StoredRecord], bytes]:
     return records, raw
 
 
-def _tcp_ports_of(pid: int) -> set[int]:
-    """The local ports of the IPv4 TCP sockets process ``pid`` holds (from /proc)."""
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = fd.readlink().name
-        except OSError:
-            continue  # closed meanwhile
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    ports = set()
-    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if fields[9] in inodes:
-            ports.add(int(fields[1].rpartition(":")[2], 16))
-    return ports
+def _dialled_from(pid: int) -> Callable[[tuple[str, int]], bool]:
+    """Whether a proxy's client (host, port) is a socket of process ``pid`` (from /proc)."""
+    return lambda peer: peer[1] in {row.local.port for row in tcp_sockets(pid)}
 
 
 def _split(addr: str) -> tuple[str, int]:
@@ -522,14 +552,17 @@ def pause_controller_leader(run: ChaosRun) -> None:
 
 
 def partition_master_from_controllers(run: ChaosRun) -> None:
+    """Every link of the master to the controllers silently dropped (the leader it was told
+    of included: that is a proxy too), its clients and slaves untouched."""
     m = run.master()
     run.mark_target(m)
-    for p in run.ctl_proxies[m.name]:
-        p.cut("blackhole")
+    run.cut_from_controllers(m, "blackhole")
     run.mark_fault()
     run.cluster.wait_for(lambda: (x := run.cluster.master_of(GROUP)) is not None and x is not m, 30,
                          what="a new master elected behind the partition")
+    run.assert_cut_off(m, run.cluster.controllers)
     run.run_load_for(1.5)
+    run.assert_cut_off(m, run.cluster.controllers)
 
 
 def reset_master_controller_links(run: ChaosRun) -> None:
@@ -539,12 +572,13 @@ def reset_master_controller_links(run: ChaosRun) -> None:
     timeout, which the master's lease does not outlast."""
     m = run.master()
     run.mark_target(m)
-    for p in run.ctl_proxies[m.name]:
-        p.cut("close")
+    run.cut_from_controllers(m, "close")
     run.mark_fault()
     run.cluster.wait_for(lambda: (x := run.cluster.master_of(GROUP)) is not None and x is not m, 30,
                          what="a new master elected after the links reset")
+    run.assert_cut_off(m, run.cluster.controllers)
     run.run_load_for(1.5)
+    run.assert_cut_off(m, run.cluster.controllers)
 
 
 def cut_one_slave_link(run: ChaosRun) -> None:
@@ -556,11 +590,12 @@ def cut_one_slave_link(run: ChaosRun) -> None:
     pid = victim.pid
     assert pid is not None
     # Told apart by the socket it dials from (its handshake is encrypted under TLS).
-    run.ha_proxies[m.name].blackhole_clients(lambda peer: peer[1] in _tcp_ports_of(pid))
+    run.ha_proxies[m.name].blackhole_clients(_dialled_from(pid))
     run.mark_fault()
     run.cluster.wait_for(lambda: run.ev.ids_before[victim.name] not in run.cluster.replica_info(GROUP).sync_state_set,
                          30, what=f"the set to drop {victim.name}, whose link is cut")
     assert len(run.cluster.replica_info(GROUP).sync_state_set) == 2
+    run.assert_cut_off(victim, [m])
     run.run_load_for(1.0)
 
 
@@ -571,6 +606,7 @@ def cut_master_links(run: ChaosRun) -> None:
     run.mark_fault()
     run.ha_proxies[m.name].cut("blackhole")
     run.run_load_for(2.0)
+    run.assert_cut_off(m, [b for b in run.brokers if b is not m])
 
 
 def cut_all_links_then_kill(run: ChaosRun, *, acked_alone: bool = False) -> None:
@@ -582,6 +618,7 @@ def cut_all_links_then_kill(run: ChaosRun, *, acked_alone: bool = False) -> None
     run.mark_fault()
     run.ha_proxies[m.name].cut("blackhole")
     run.wait_for_unique_tail(m, acked=acked_alone)
+    run.assert_cut_off(m, [b for b in run.brokers if b is not m])
     run.run_load_for(1.0)
     m.kill()
     run.ha_proxies[m.name].restore()

@@ -36,9 +36,9 @@ SLOW = [
 ]
 
 
-#: The partition drops the master's heartbeats, but leader-only calls follow the leader's
-#: real address past the proxies, so the replica-info poll would still tell the old master
-#: of the election: polled every 2 s (RocketMQ polls every 5 s), the lease is what acts.
+#: The partition drops every link of the master to the controllers (the leader it was told
+#: of is a proxy too), so it cannot hear of the election until the heal; polled every 2 s
+#: (RocketMQ polls every 5 s) it hears soon after, and meanwhile only the lease acts.
 PARTITION_ACKS = {**h.SAFE_ACKS, "sync_broker_metadata_period_ms": 2000}
 
 
@@ -189,3 +189,29 @@ def test_negative_control_unclean_election_is_reported_lost(tmp_path, chaos_repo
                             controller={"enable_elect_unclean_master": True}, failover=True)
     chaos_reports.append(report)
     assert report.lost > 0, "the checker did not see the loss the negative control causes"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("advertise", [True, False], ids=["proxies-advertised", "control: real-address"])
+def test_partition_check_sees_a_link_to_the_leader_past_the_proxies(tmp_path, advertise):
+    """The check every partition scenario makes (no connection of the cut process ends in
+    a process on the other side) against the path issue 40.5 found: with controllers that
+    advertise their real addresses (the control) the master follows the leader's address
+    past the proxies, and once its proxied links are cut the check must name that link to
+    the leader; with the proxies advertised there is none."""
+    run = h.ChaosRun(tmp_path, "partition check", advertise_proxies=advertise)
+    try:
+        run.start()
+        m = run.master()
+        run.cut_from_controllers(m, "blackhole")
+        links = run.links_past_the_cut(m, run.cluster.controllers)
+        if advertise:
+            assert links == []
+            run.assert_cut_off(m, run.cluster.controllers)
+            return
+        leader = run.cluster.controller_leader()
+        assert any(str(link.remote) == leader for link in links), f"no link to the leader {leader}: {links}"
+        with pytest.raises(AssertionError, match="still reaches the other side"):
+            run.assert_cut_off(m, run.cluster.controllers)
+    finally:
+        run.close()

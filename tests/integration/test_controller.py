@@ -238,8 +238,9 @@ def test_election_rules_one_by_one(group):
 
             info = await wait_until(lambda: master_is(3), 10, "b3 elected")
             assert (info.master_epoch, info.sync_state_set, info.sync_state_set_epoch) == (2, [3], 3)
-            await wait_until(lambda: _async_true(any(
-                n.ext_fields.get("masterBrokerId") == "3" for n in b1.notices)), 5, "b1 notified")
+            for b, who in ((b1, "b1"), (b3, "b3")):  # one-way notices, each on its own connection
+                await wait_until(lambda b=b: _async_true(any(
+                    n.ext_fields.get("masterBrokerId") == "3" for n in b.notices)), 5, f"{who} notified")
             # Over the secret's channel, from a controller (a broker takes no other).
             assert b1.senders and all(p is not None and p.role is Role.CONTROLLER for p in b1.senders)
             note = [n for n in b3.notices if n.ext_fields.get("masterEpoch") == "2"][0]

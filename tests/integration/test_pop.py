@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import time
 from pathlib import Path
 from typing import Any
@@ -274,7 +273,102 @@ def dlq_pull() -> RemotingCommand:
 # --- FIFO -------------------------------------------------------------------------------------
 
 
-def test_fifo_order_holds_under_two_concurrent_poppers(tmp_path: Path) -> None:
+class FifoCheck:
+    """A FIFO group's deliveries checked as they happen, by each message group's sequence
+    numbers (bodies ``<group>:<seq>``, sent in order from 0):
+
+    * a pop may return a queue's messages only when none of that queue is in flight (popped,
+      not acked), whoever holds them;
+    * each message group's messages in a pop are the next ones owed, consecutively: the
+      first the lowest not yet acked;
+    * each ack is of the next message owed.
+
+    Problems are collected, not raised, so a control can show the check fires."""
+
+    def __init__(self, groups: list[str]) -> None:
+        self.next_seq = {g: 0 for g in groups}
+        self.in_flight: dict[int, int] = {}
+        self.problems: list[str] = []
+        self.acked = 0
+        self.pops: dict[str, int] = {}
+        self.refused_pops: dict[str, int] = {}
+
+    def popped(self, popper: str, msgs: list[ReceivedMessage]) -> None:
+        if not msgs:
+            self.refused_pops[popper] = self.refused_pops.get(popper, 0) + 1
+            return
+        self.pops[popper] = self.pops.get(popper, 0) + 1
+        for q in sorted({m.queue_id for m in msgs}):
+            if self.in_flight.get(q):
+                self.problems.append(f"{popper} popped queue {q} while {self.in_flight[q]} of it are in flight")
+        owed = dict(self.next_seq)
+        for m in msgs:
+            group, seq = _group_seq(m)
+            if seq != owed[group]:
+                self.problems.append(f"{popper} popped {group}:{seq} where {group}:{owed[group]} was owed")
+            owed[group] = seq + 1
+            self.in_flight[m.queue_id] = self.in_flight.get(m.queue_id, 0) + 1
+
+    def acked_one(self, popper: str, m: ReceivedMessage) -> None:
+        group, seq = _group_seq(m)
+        if seq != self.next_seq[group]:
+            self.problems.append(f"{popper} acked {group}:{seq} where {group}:{self.next_seq[group]} was owed")
+        self.next_seq[group] = max(self.next_seq[group], seq + 1)
+        self.in_flight[m.queue_id] -= 1
+        self.acked += 1
+
+
+def _group_seq(m: ReceivedMessage) -> tuple[str, int]:
+    group, _, seq = m.body.decode().partition(":")
+    return group, int(seq)
+
+
+async def send_fifo(c: RemotingClient, topic: str, *, keys: int, per_key: int,
+                    swap: tuple[int, int] | None = None) -> list[str]:
+    """A FIFO topic of two queues and ``keys`` message groups (group k on queue k % 2),
+    ``per_key`` messages each sent in sequence order; ``swap``: group 0's messages of
+    those two sequence numbers sent in each other's place (the disorder a control injects).
+    Returns the message groups."""
+    resp = await create_topic(c.addr, topic, 2, attributes="+message.type=FIFO")
+    assert resp.code == ResponseCode.SUCCESS, resp.remark
+    groups = [f"{topic}-order-{k}" for k in range(keys)]
+    for seq in range(per_key):
+        for k, mg in enumerate(groups):
+            sent = seq
+            if swap is not None and k == 0 and seq in swap:
+                sent = swap[1] if seq == swap[0] else swap[0]
+            resp = await send_raw(c, topic, f"{mg}:{sent}".encode(), queue_id=k % 2, __SHARDINGKEY=mg)
+            assert resp.code == ResponseCode.SUCCESS, resp.remark
+    return groups
+
+
+async def fifo_schedule(address: str, group: str, topic: str, queues: list[int], check: FifoCheck,
+                        total: int) -> None:
+    """Two poppers, A and B, on their own connections, in a fixed order per queue: A pops
+    three and holds them; B pops the same queue, and A again (a FIFO group must give
+    neither anything while A's are in flight); then every popped message is acked in
+    order.  Until ``total`` are acked, or a round gives nothing (a problem)."""
+    async with RemotingClient(address) as a, RemotingClient(address) as b:
+        conns = {"A": a, "B": b}
+        while check.acked < total:
+            got = 0
+            for q in queues:
+                held: list[tuple[str, ReceivedMessage]] = []
+                for popper in ("A", "B", "A"):
+                    _, msgs = await pop(conns[popper], group, topic, queue_id=q, n=3, invisible=10_000)
+                    check.popped(popper, msgs)
+                    held += [(popper, m) for m in msgs]
+                for popper, m in held:
+                    r = await ack(conns[popper], group, m)
+                    assert r.code == ResponseCode.SUCCESS, r.remark
+                    check.acked_one(popper, m)
+                got += len(held)
+            if not got:
+                check.problems.append(f"a round gave nothing with {check.acked} of {total} acked")
+                return
+
+
+def test_fifo_order_holds_under_two_poppers(tmp_path: Path) -> None:
     async def main() -> None:
         async with Env(tmp_path) as env:
             b = await env.broker(**QUICK)
@@ -282,7 +376,7 @@ def test_fifo_order_holds_under_two_concurrent_poppers(tmp_path: Path) -> None:
                     ).code == ResponseCode.SUCCESS
             async with RemotingClient(b.address) as c:
                 await update_group(c, "fg", consumeMessageOrderly=True)
-                groups = [f"order-{k}" for k in range(4)]
+                groups = [f"order-{k}" for k in range(4)]  # for the redelivery below
                 for seq in range(10):
                     for k, mg in enumerate(groups):
                         resp = await send_raw(c, "FT", f"{mg}:{seq}".encode(), queue_id=k % 2,
@@ -301,48 +395,40 @@ def test_fifo_order_holds_under_two_concurrent_poppers(tmp_path: Path) -> None:
                 for m in redelivered:
                     assert (await ack(c, "fg", m)).code == ResponseCode.SUCCESS
 
-                # The control: a group that is not orderly pops the next messages of a
-                # queue while earlier ones are in flight (what the checks below would catch).
-                _, first = await pop(c, "plain", "FT", queue_id=1, n=2)
-                _, next_ = await pop(c, "plain", "FT", queue_id=1, n=2)
-                assert first and next_ and next_[0].queue_offset > first[-1].queue_offset
+                # Two poppers on every queue in a fixed schedule, each pop and ack
+                # checked as it happens (FifoCheck): deterministic, so disorder is
+                # exposed on every run, not when the poppers happen to race.
+                groups2 = await send_fifo(c, "FT2", keys=4, per_key=10)
+                await update_group(c, "fg2", consumeMessageOrderly=True)
+                check = FifoCheck(groups2)
+                await fifo_schedule(b.address, "fg2", "FT2", [0, 1], check, total=40)
+                assert check.problems == [] and check.acked == 40, check.problems
+                assert check.pops["A"] and check.refused_pops["B"], (check.pops, check.refused_pops)
 
-                acked: dict[str, list[int]] = {mg: [] for mg in groups}
-                by_popper = {"A": 0, "B": 0}
-                holding: dict[int, str] = {}  # queue -> the popper holding its messages
-                done = asyncio.Event()
-                done_count = [sum(1 for m in redelivered)]
+    run(main())
 
-                async def popper(name: str) -> None:
-                    rng = random.Random(name)
-                    async with RemotingClient(b.address) as mine:
-                        while not done.is_set():
-                            _, msgs = await pop(mine, "fg", "FT", n=3, poll=200,
-                                                invisible=10_000)
-                            for q in {m.queue_id for m in msgs}:
-                                assert holding.get(q) is None, (
-                                    f"{name} got queue {q} while {holding[q]} holds it")
-                                holding[q] = name
-                            for m in msgs:
-                                await asyncio.sleep(rng.random() * 0.01)
-                                mg, seq = m.body.decode().split(":")
-                                acked[mg].append(int(seq))
-                                if m is msgs[-1] or msgs[msgs.index(m) + 1].queue_id != m.queue_id:
-                                    holding.pop(m.queue_id, None)
-                                r = await ack(mine, "fg", m)
-                                assert r.code == ResponseCode.SUCCESS, r.remark
-                                done_count[0] += 1
-                                by_popper[name] += 1
-                            if done_count[0] >= 40:
-                                done.set()
 
-                await asyncio.wait_for(asyncio.gather(popper("A"), popper("B")), 30)
-                assert by_popper["A"] and by_popper["B"], by_popper
-                for mg, seqs in acked.items():
-                    # Each message group in send order (the redelivered head included).
-                    head = [int(m.body.decode().split(":")[1]) for m in redelivered
-                            if m.body.decode().startswith(mg + ":")]
-                    assert head + seqs == list(range(10)), (mg, head, seqs)
+def test_fifo_check_fires_on_disorder_stored_or_delivered(tmp_path: Path) -> None:
+    """The negative controls of FifoCheck, on the same schedule: a message group stored
+    out of order (two sequence numbers swapped at send), and a group that is not orderly
+    (it hands B the next messages of a queue while A holds earlier ones).  Each must be
+    caught on every run."""
+    async def main() -> None:
+        async with Env(tmp_path) as env:
+            b = await env.broker(**QUICK)
+            async with RemotingClient(b.address) as c:
+                swapped = await send_fifo(c, "FS", keys=2, per_key=6, swap=(2, 3))
+                await update_group(c, "fs", consumeMessageOrderly=True)
+                check = FifoCheck(swapped)
+                await fifo_schedule(b.address, "fs", "FS", [0, 1], check, total=12)
+                assert f"A popped {swapped[0]}:3 where {swapped[0]}:2 was owed" in check.problems, check.problems
+                assert all(swapped[0] in p for p in check.problems), check.problems
+
+                plain = await send_fifo(c, "FP", keys=2, per_key=6)
+                check = FifoCheck(plain)
+                await fifo_schedule(b.address, "plain", "FP", [0, 1], check, total=12)
+                assert any(p.startswith("B popped queue 0 while 3 of it are in flight") for p in check.problems), \
+                    check.problems
 
     run(main())
 

@@ -8,6 +8,9 @@ it.  ``cut()`` severs the link in one of two ways:
 * ``"blackhole"``: connections stay open but bytes in both directions are dropped, as in a
   network partition where nobody sees a FIN, so only timeouts can notice.
 
+``cut_clients(client, mode)`` cuts only the links whose client (host, port) ``client``
+picks, now and later, in either mode: one process among several that share the proxy.
+
 ``restore()`` lets new connections through again (blackholed ones stay dead: bytes dropped
 mid-stream can never be replayed, so they are closed on restore).
 
@@ -44,7 +47,8 @@ class TcpProxy:
         self._mode: CutMode | None = None
         self._links: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._holed: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
-        self._hole_if: Callable[[tuple[str, int]], bool] | None = None
+        #: cut_clients: which clients' links are cut, and how.
+        self._client_cut: tuple[Callable[[tuple[str, int]], bool], CutMode] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         #: Connections accepted so far (tests wait on reconnects with it).
         self.accepted = 0
@@ -72,15 +76,20 @@ class TcpProxy:
 
     def blackhole_clients(self, client: Callable[[tuple[str, int]], bool]) -> None:
         """Silently drop both directions of every link, now and later, whose client's
-        address (host, port) satisfies ``client`` (one client among several, told apart by
-        the socket it connects from, which works whatever it says, TLS included); the
-        others flow.  Live links are reset so every client reconnects and is judged.
-        :meth:`restore` ends it."""
-        self._call(self._blackhole_clients(client))
+        address (host, port) satisfies ``client``; see :meth:`cut_clients`."""
+        self.cut_clients(client, "blackhole")
+
+    def cut_clients(self, client: Callable[[tuple[str, int]], bool], mode: CutMode = "close") -> None:
+        """Cut every link, now and later, whose client's address (host, port) satisfies
+        ``client`` (one client among several, told apart by the socket it connects from,
+        which works whatever it says, TLS included); the others flow.  ``"blackhole"``: its
+        bytes are dropped and its new links accepted but silent; ``"close"``: its links
+        are reset and new ones closed at once.  :meth:`restore` ends it."""
+        self._call(self._cut_clients(client, mode))
 
     @property
     def is_cut(self) -> bool:
-        return self._mode is not None or bool(self._holed)
+        return self._mode is not None or self._client_cut is not None or bool(self._holed)
 
     def __enter__(self) -> TcpProxy:
         self.start()
@@ -117,16 +126,26 @@ class TcpProxy:
         if self._mode == "blackhole":
             self._reset_all()
         self._mode = None
-        self._hole_if = None
+        self._client_cut = None
         for a, b in list(self._holed):
             _reset(a)
             _reset(b)
             self._links.discard((a, b))
         self._holed.clear()
 
-    async def _blackhole_clients(self, client: Callable[[tuple[str, int]], bool]) -> None:
-        self._hole_if = client
-        self._reset_all()
+    async def _cut_clients(self, client: Callable[[tuple[str, int]], bool], mode: CutMode) -> None:
+        self._client_cut = (client, mode)
+        for link in list(self._links):
+            if client(link[0].get_extra_info("peername")[:2]):
+                self._cut_link(link, mode)
+
+    def _cut_link(self, link: tuple[asyncio.StreamWriter, asyncio.StreamWriter], mode: CutMode) -> None:
+        if mode == "blackhole":
+            self._holed.add(link)
+        else:
+            _reset(link[0])
+            _reset(link[1])
+            self._links.discard(link)
 
     def _reset_all(self) -> None:
         for a, b in list(self._links):
@@ -136,7 +155,9 @@ class TcpProxy:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.accepted += 1
-        if self._mode is not None:
+        cut = self._client_cut
+        client_mode = cut[1] if cut is not None and cut[0](writer.get_extra_info("peername")[:2]) else None
+        if self._mode is not None or client_mode == "close":
             _reset(writer)
             return
         try:
@@ -146,7 +167,7 @@ class TcpProxy:
             return
         link = (writer, up_writer)
         self._links.add(link)
-        if self._hole_if is not None and self._hole_if(writer.get_extra_info("peername")[:2]):
+        if client_mode == "blackhole":
             self._holed.add(link)
         t1 = asyncio.ensure_future(self._pump(reader, up_writer, link))
         t2 = asyncio.ensure_future(self._pump(up_reader, writer, link))
