@@ -36,9 +36,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib
 import logging
 import os
 import threading
+from types import ModuleType
 from typing import Any
 
 from rmqha import _core
@@ -53,12 +55,18 @@ from rmqha.ha.slave_state import ConfirmTracker, SlaveProgress, SlaveState
 
 log = logging.getLogger("rmqha.ha.slave")
 
-_impl: Any = None
-if not _core.NO_EXTENSIONS:
+
+def _load() -> ModuleType | None:
+    if _core.NO_EXTENSIONS:
+        return None
     try:
-        from rmqha._core import slave_lane as _impl  # type: ignore[no-redef]
+        return importlib.import_module("rmqha._core.slave_lane")
     except ImportError:  # built without OpenSSL's headers: the Python path serves
-        _impl = None
+        log.info("the HA slave's compiled lane is not built (no OpenSSL headers): the Python path serves")
+        return None
+
+
+_impl: Any = _load()
 
 
 def lane_available() -> bool:

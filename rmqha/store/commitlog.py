@@ -39,7 +39,6 @@ from rmqha.errors import (
     DiskFullError,
     InvalidMessageError,
     MessageTooLargeError,
-    StoreClosedError,
     StoreError,
 )
 from rmqha.store.checkpoint import CHECKPOINT_FILE, Checkpoint

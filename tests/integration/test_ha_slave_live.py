@@ -123,6 +123,10 @@ class ScriptedMaster:
         self.transferring = False
         self.truncated_at: list[int] = []
         self.acks: list[int] = []
+        #: What the slave sent once the transfer started, tags checked and removed, and
+        #: those bytes decoded: they must re-encode to exactly the same bytes.
+        self.ack_bytes = bytearray()
+        self.ack_frames: list[Any] = []
         self.reading = asyncio.Event()
         self.reading.set()
         self._task: asyncio.Task[None] | None = None
@@ -200,9 +204,12 @@ class ScriptedMaster:
             data = await loop.sock_recv(conn, 1 << 16)
             if not data:
                 raise ConnectionResetError("the slave closed the link")
-            for f in dec.feed(script.unseal(data)):
+            plain = script.unseal(data)
+            self.ack_bytes += plain
+            for f in dec.feed(plain):
                 assert isinstance(f, frames.TransferAck), f
                 self.acks.append(f.slave_max_offset)
+                self.ack_frames.append(f)
 
     def alive(self) -> bool:
         """True while the script runs (a failed step of it fails the waiting test at once)."""
@@ -243,8 +250,6 @@ def test_live_blocks_are_applied_and_acked_by_the_callback(tmp_path, lane: bool)
                 def on_confirm(offset: int) -> None:
                     assert m.conn is not None
                     told.append((offset, _queued(m.conn)))
-                    # The ack of it went out first: queued at the master, or read already.
-                    assert told[-1][1] == ACK_BYTES or offset in m.acks
 
                 async with slave_running(ha_slave(scl, sem, m.port, _cfg(lane), on_confirm=on_confirm)) as s:
                     await m.ready()
@@ -254,6 +259,10 @@ def test_live_blocks_are_applied_and_acked_by_the_callback(tmp_path, lane: bool)
                     assert (s.lane_blocks == len(recs)) == lane
                     assert s.confirm_offset == end
                     assert (s.sessions, s.last_error) == (1, "")
+                # The acks on the wire are exactly what the codec encodes (either path), and
+                # every tag checked (unseal): the lane's HMAC is the Python one's.
+                assert bytes(m.ack_bytes) == b"".join(frames.framed.encode(f) for f in m.ack_frames)
+                assert {f.epoch for f in m.ack_frames} == {1}
                 # (Led by the log end the slave reports as it starts following, unless the
                 # first block came before it paused.)
                 acks = m.acks[1:] if m.acks[:1] == [start] else m.acks
@@ -264,7 +273,8 @@ def test_live_blocks_are_applied_and_acked_by_the_callback(tmp_path, lane: bool)
         assert [c for c, _ in told] == [offset + len(data) for offset, data in recs]
         if not lane:
             # The callback tells on_confirm in the turn that sent the ack: still queued then.
-            # (The lane's thread sends it, the loop tells on_confirm later: checked above.)
+            # (The lane's thread sends the ack before it wakes the loop, which then tells
+            # on_confirm: by then the master's reader may have taken the ack already.)
             assert {q for _, q in told} == {ACK_BYTES}
 
 
@@ -587,3 +597,80 @@ def test_plain_blocks_take_one_compiled_call_per_read_and_a_bad_tag_is_refused(t
 
         asyncio.run(run())
         assert bytes(scl.read(one[0][0], offset - one[0][0])) == bytes(rcl.read(one[0][0], offset - one[0][0]))
+
+
+def _lane_threads() -> list[Any]:
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == "ha-slave-lane"]
+
+
+@pytest.mark.parametrize("lane", [pytest.param(True, id="lane", marks=needs.compiled_lane())])
+def test_stopping_the_slave_joins_the_lane_and_keeps_every_acked_byte(tmp_path, lane: bool) -> None:
+    """The fence of a role change: while the lane runs, the log's tail is the lane's (any
+    other write is refused: the negative control); HASlave.stop() returns only once the
+    lane's thread has ended, every byte it acked is the log's, and the log takes writes
+    again (a new master's appends, a truncation)."""
+    from rmqha.errors import StoreError
+
+    with _replica(tmp_path) as (scl, sem, rcl):
+        start = scl.max_offset
+        recs = _records(rcl, 60)
+        end = rcl.max_offset
+
+        async def run() -> None:
+            async with ScriptedMaster(end) as m:
+                s = ha_slave(scl, sem, m.port, _cfg(lane))
+                await s.start()
+                try:
+                    await m.ready()
+                    for offset, data in recs[:10]:
+                        await m.send_acked(offset, data)
+                    assert s.lane_blocks == 10 and len(_lane_threads()) == 1
+                    with pytest.raises(StoreError, match="compiled lane holds"):
+                        scl.append_batch("intruder", [b"x"])
+                    # A burst the slave is still taking when it is told to stop.
+                    await m.send(b"".join(_block(off, d) for off, d in recs[10:]))
+                    await wait_until_async(lambda: scl.max_offset > recs[10][0], DEADLINE, "the burst arriving")
+                finally:
+                    await s.stop()
+                assert _lane_threads() == []
+                acked = max(m.acks)
+                assert scl.max_offset >= acked, (scl.max_offset, acked)
+
+        asyncio.run(run())
+        mx = scl.max_offset
+        assert bytes(scl.read(start, mx - start)) == bytes(rcl.read(start, mx - start))
+        scl.truncate(recs[5][0])  # the tail is the log's writers' again
+        assert scl.max_offset == recs[5][0]
+
+
+@pytest.mark.parametrize("lane", [pytest.param(True, id="lane", marks=needs.compiled_lane())])
+def test_the_lane_refuses_a_bad_tag_and_stores_nothing_of_it(tmp_path, lane: bool) -> None:
+    """The frame MAC in C: a plain block whose tag does not check ends the session with
+    the Python path's reason, nothing of it stored (the good blocks before it, checked by
+    the same C code, were taken: the negative control is this one flipped bit)."""
+    with _replica(tmp_path) as (scl, sem, rcl):
+        good = _records(rcl, 5)
+        offset, data = _records(rcl, 1)[0]
+        end = rcl.max_offset
+
+        async def run() -> None:
+            async with ScriptedMaster(end) as m:
+                async with slave_running(ha_slave(scl, sem, m.port, _cfg(lane))) as s:
+                    await m.ready()
+                    for off, d in good:
+                        await m.send_acked(off, d)
+                    assert s.lane_blocks == len(good)
+                    before = store_digest(scl)
+                    assert m.conn is not None
+                    sealed = bytearray(m.script.seal(_block(offset, data)))
+                    sealed[-1] ^= 1
+                    await asyncio.get_running_loop().sock_sendall(m.conn, bytes(sealed))
+                    await wait_until_async(lambda: "failed authentication" in s.last_error, DEADLINE,
+                                           "the bad tag refused")
+                    await m.ready(sessions=2)
+                    assert store_digest(scl) == before
+                    assert scl.max_offset == offset
+
+        asyncio.run(run())
