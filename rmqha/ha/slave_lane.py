@@ -159,9 +159,13 @@ class LaneRunner:
 
     def _main(self, loop: asyncio.AbstractEventLoop, done: asyncio.Future[int]) -> None:
         """The lane's thread: the compiled loop, then the asyncio side is told."""
-        why = self._lane.run()
+        outcome: int | BaseException
         try:
-            loop.call_soon_threadsafe(_resolve, done, why)
+            outcome = self._lane.run()
+        except Exception as exc:  # noqa: BLE001 - handed to the awaiting task, which raises it
+            outcome = exc
+        try:
+            loop.call_soon_threadsafe(_resolve, done, outcome)
         except RuntimeError:  # the loop is closed: finish() joined this thread already
             pass
 
@@ -256,6 +260,10 @@ class LaneRunner:
         raise OSError(err, os.strerror(err))
 
 
-def _resolve(done: asyncio.Future[int], why: int) -> None:
-    if not done.done():
-        done.set_result(why)
+def _resolve(done: asyncio.Future[int], outcome: int | BaseException) -> None:
+    if done.done():
+        return
+    if isinstance(outcome, BaseException):
+        done.set_exception(outcome)
+    else:
+        done.set_result(outcome)

@@ -270,6 +270,8 @@ def test_live_blocks_are_applied_and_acked_by_the_callback(tmp_path, lane: bool)
 
         asyncio.run(run())
         assert bytes(scl.read(start, end - start)) == bytes(rcl.read(start, end - start))
+        # The queue-offset table too (the lane's appends are caught up into it from the log).
+        assert scl.queue_offsets() == rcl.queue_offsets() and scl.queue_offset("live", 0) > 0
         assert [c for c, _ in told] == [offset + len(data) for offset, data in recs]
         if not lane:
             # The callback tells on_confirm in the turn that sent the ack: still queued then.
