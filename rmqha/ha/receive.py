@@ -21,6 +21,11 @@ checked before anything of the frame is used: in the receive buffer for buffered
 and for a block received straight into the log after its last byte and its tag arrived,
 before it is committed (a bad tag zeroes what came, as a bad record does).
 
+On a plaintext framed link the pauses are served by the compiled lane instead, where it is
+built and ``ha_slave_compiled_lane`` is on (:mod:`rmqha.ha.slave_lane`: a native thread
+without the GIL receives, checks, appends and acks; this task takes the link back for
+whatever is unusual, from the frame the lane left at the buffer's front).
+
 Every ack first waits for the epoch entries the blocks opened
 (:class:`rmqha.ha.slave_epochs.EpochWriter`) and, with ``ha_slave_flush_before_ack``, for
 the data's fsync.  The master's silence for ``ha_housekeeping_interval_ms`` ends the

@@ -7,7 +7,11 @@ blocks scattered in one buffer: one ``pwritev``, or copies into the mapping wher
 warm-up faulted it in, validated where they lie, the log moved once), or straight into
 the mapping through :meth:`ReceivePath.receive_view` / :meth:`ReceivePath.commit_received`
 (one kernel copy from the socket).  A block may end inside a record (the next block
-continues it) but never crosses a segment end.
+continues it) but never crosses a segment end.  The HA slave's compiled lane
+(``rmqha._core.slave_lane``) borrows the tail instead: :meth:`ReceivePath.lane_grant`
+lends it the active segment, :meth:`ReceivePath.lane_adopt` makes what it appended and
+validated part of the log (the queue-offset table caught up from the records' headers),
+:meth:`ReceivePath.lane_release` ends the loan; meanwhile every other writer is refused.
 
 :class:`ReceivePath` is a part of :class:`~rmqha.store.CommitLog` kept in its own module:
 it works on the log's writer state (the writer lock, max and whole offsets, the active
