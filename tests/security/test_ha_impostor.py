@@ -22,6 +22,7 @@ it.  The valid frames before them are taken (the controls).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
@@ -56,6 +57,8 @@ from rmqha.testing.ha import (
     wait_until_async,
 )
 from rmqha.testing.sealed_script import ScriptedAuth, recv_exactly
+
+import needs
 
 SEG = 1 << 20
 CFG = fast_config(ha_housekeeping_interval_ms=2000, ha_reconnect_min_ms=50)
@@ -267,8 +270,14 @@ def _pieces(frame: bytes) -> tuple[bytes, ...]:
     return frame[:1000], frame[1000:60_000], frame[60_000:]
 
 
+@pytest.mark.parametrize("lane", [pytest.param(False, id="python"),
+                                  pytest.param(True, id="lane", marks=needs.compiled_lane())])
 @pytest.mark.parametrize("case", sorted(TAMPER))
-def test_a_tampered_frame_from_the_master_closes_the_link_and_stores_nothing(tmp_path, caplog, case: str) -> None:
+def test_a_tampered_frame_from_the_master_closes_the_link_and_stores_nothing(tmp_path, caplog, case: str,
+                                                                            lane: bool) -> None:
+    """Either receive path (the compiled lane checks the tags in C and takes a large block
+    in its buffer, so no direct receive there)."""
+    cfg = dataclasses.replace(CFG, ha_slave_compiled_lane=lane)
     with replica_stores(tmp_path, SEG, "s", "ref") as [(scl, sem), (ref, _)]:
         sem.append(1, 0)
         fill(scl, 200_000)
@@ -318,10 +327,11 @@ def test_a_tampered_frame_from_the_master_closes_the_link_and_stores_nothing(tmp
                     if r.name == "rmqha.ha.slave" and "failed authentication" in r.getMessage()]
 
         async def run() -> None:
-            async with scripted_master(master_script) as port, slave_running(ha_slave(scl, sem, port, CFG)) as s:
+            async with scripted_master(master_script) as port, slave_running(ha_slave(scl, sem, port, cfg)) as s:
                 await wait_until_async(lambda: bool(refused()), 10, "the slave refusing the frame")
-                if case in LARGE:
+                if case in LARGE and not lane:
                     assert s.direct_receives >= 1
+                assert (s.lane_blocks > 0) == lane  # block A: which path took it
 
         caplog.set_level(logging.INFO, logger="rmqha.ha.slave")
         asyncio.run(run())
