@@ -340,7 +340,12 @@ class Receiver:
             return False
         if partial:
             rb.make_room(partial)  # a small block in pieces: the rest comes in a later turn
-        return self._try_ack(now, epoch)
+        if not self._try_ack(now, epoch):
+            return False
+        # The compiled lane could not start when this callback took the link (a log with
+        # no epoch entry yet, a full disk): once it can, the task lends it the link.
+        lane = self._lane
+        return lane is None or partial != 0 or not lane.usable()
 
     def _live_step_stream(self) -> bool:
         """The reader callback of :meth:`_live` for the decoding path (the rocketmq dialect):

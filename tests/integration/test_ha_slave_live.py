@@ -676,3 +676,41 @@ def test_the_lane_refuses_a_bad_tag_and_stores_nothing_of_it(tmp_path, lane: boo
                     assert scl.max_offset == offset
 
         asyncio.run(run())
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_live_traffic_across_a_segment_end(tmp_path, lane: bool) -> None:
+    """Live blocks run into the segment's end (the master pads it with a blank) and go on
+    in the next segment: the lane hands the block it has no room for to the task, which
+    opens the next segment, and takes the traffic again at the next pause."""
+    with replica_stores(tmp_path, SEG, "m", "s") as [(mcl, mem), (scl, sem)]:
+        mem.append(1, 0)
+        fill(mcl, SEG - 40_000, batch=8)
+        assert mcl.max_offset < SEG - 20_000
+
+        async def run() -> None:
+            m = ha_master(mcl, mem, CFG)
+            async with master_running(m) as port, slave_running(ha_slave(scl, sem, port, _cfg(lane))) as s:
+                def acked() -> int:
+                    slaves = m.status()["slaves"]
+                    return slaves[0]["ack_offset"] if slaves else -1
+
+                await wait_until_async(lambda: acked() == mcl.max_offset, DEADLINE, "catch-up")
+                for _ in range(80):
+                    mcl.append_batch("live", [b"y" * 1000])
+                    end = mcl.max_offset
+                    await wait_until_async(lambda: acked() == end, DEADLINE, f"ack of {end}", interval=0.0005)
+                assert mcl.max_offset > SEG  # the traffic crossed into the second segment
+                assert (s.lane_blocks > 0) == lane
+                # The lane handed back (at least) at the segment end, and took over again.
+                assert (s.status()["lane_runs"] >= 1) == lane
+                lane_blocks = s.lane_blocks
+                mcl.append_batch("live", [b"z" * 1000])
+                end = mcl.max_offset
+                await wait_until_async(lambda: acked() == end, DEADLINE, f"ack of {end}")
+                assert (s.lane_blocks > lane_blocks) == lane
+                assert (s.sessions, s.last_error) == (1, "")
+
+        asyncio.run(run())
+        assert_same_log(mcl, scl)
+        assert scl.queue_offsets() == mcl.queue_offsets()

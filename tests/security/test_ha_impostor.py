@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import needs
 import pytest
 
 from rmqha.errors import AuthenticationError
@@ -57,8 +58,6 @@ from rmqha.testing.ha import (
     wait_until_async,
 )
 from rmqha.testing.sealed_script import ScriptedAuth, recv_exactly
-
-import needs
 
 SEG = 1 << 20
 CFG = fast_config(ha_housekeeping_interval_ms=2000, ha_reconnect_min_ms=50)
