@@ -113,6 +113,11 @@ class FrameMac:
         return LaneMacState(opener.key, opener.direction, opener.seq, sealer.key, sealer.direction, sealer.seq,
                             self._received_blocks.key, self._received_blocks.count)
 
+    @property
+    def failed(self) -> bool:
+        """Whether a received frame failed its tag (every later one fails too)."""
+        return self._opener.failed
+
     def lane_advance(self, frames_in: int, blocks_in: int, frames_out: int) -> None:
         """The lane checked ``frames_in`` frames (``blocks_in`` block digests) and tagged
         ``frames_out`` acks: continue after them."""

@@ -110,14 +110,16 @@ class LaneRunner:
         self._seen_out = 0
         #: Whether the run took a block (the session's first block is no longer ahead).
         self.took_blocks = False
+        #: Set when the lane could not start: the Python path serves the rest of the session.
+        self._disabled = False
         #: The MAC's state when the run started (None: no MAC).
         self._mac_start: LaneMacState | None = None
 
     def usable(self) -> bool:
         """Whether a run may start now (else the Python path serves this pause)."""
-        return (not self.link.closed and not self.disk.active and not self.epochs.pending
+        return (not self._disabled and not self.link.closed and not self.disk.active and not self.epochs.pending
                 and self.epochs.last_entry() is not None
-                and (self.mac is None or self.mac.lane_state() is not None))
+                and (self.mac is None or not self.mac.failed))
 
     async def run(self, rb: RecvBuffer, acked: int) -> LaneEnd:
         """Lend the lane the link, ``rb`` and the log's tail until it stops; raises what
@@ -139,6 +141,14 @@ class LaneRunner:
             self._mac_start = self.mac.lane_state() if self.mac is not None else None
             if self._mac_start is not None:
                 lane.set_mac(*dataclasses.astuple(self._mac_start))
+        except ValueError as exc:
+            # A state the lane does not take (never expected): the Python path serves.
+            lane.disarm()
+            self.commitlog.lane_release()
+            log.warning("HA slave: the compiled lane cannot start (%s); the Python path serves this session",
+                        exc)
+            self._disabled = True
+            return LaneEnd(False, acked)
         except BaseException:
             lane.disarm()
             self.commitlog.lane_release()
