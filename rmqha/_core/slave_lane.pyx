@@ -359,6 +359,7 @@ cdef extern from *:
                 L->end -= L->start; L->start = 0;
             }
             room = L->cap - L->end;
+            if (room <= 0) return LANE_BIG;  /* (cannot happen: a whole frame was taken) */
             n = recv(L->fd, L->buf + L->end, (size_t) room, MSG_DONTWAIT);
             now = lane_clock(CLOCK_MONOTONIC);
             if (n > 0) {
