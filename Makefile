@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.rmqha-installed
 PYTEST_ARGS ?=
 POWER_LOSS_SHIM := rmqha/testing/_power_loss_shim.so
 
-.PHONY: all venv build browser lint docs-map test test-proxy test-interop interop-build test-pure demo demo-grpc bench bench-quick bench-proxy bench-peers peers-jars test-peers-smoke trends chaos soak wheel-check clean
+.PHONY: all venv build libssl browser lint docs-map test test-proxy test-interop interop-build test-pure demo demo-grpc bench bench-quick bench-proxy bench-peers peers-jars test-peers-smoke trends chaos soak wheel-check clean
 
 all: build
 
@@ -16,19 +16,31 @@ $(PY):
 
 # Reinstall when the build or dependency files change; compile the extensions in place so
 # the editable install always imports the compiled twins that match the sources.
-$(STAMP): $(PY) pyproject.toml setup.py
+$(STAMP): $(PY) pyproject.toml setup.py | libssl
 	$(PY) -m pip install --quiet -e '.[dev,spark]'
 	touch $(STAMP)
 
 venv: $(STAMP)
 
-build: $(STAMP) $(POWER_LOSS_SHIM)
+build: $(STAMP) $(POWER_LOSS_SHIM) | libssl
 	$(PY) setup.py --quiet build_ext --inplace
 
 # The power-loss tests' LD_PRELOAD library (its header says what it models), built with the
 # system cc as the extensions are.
 $(POWER_LOSS_SHIM): rmqha/testing/power_loss_shim.c
 	$${CC:-cc} -O2 -Wall -Wno-format-truncation -shared -fPIC -o $@ $< -ldl -lpthread
+
+# The HA slave's compiled lane (rmqha/_core/slave_lane.pyx) computes the HA frame MAC with
+# OpenSSL's libcrypto: Debian's libssl-dev, installed when its headers are missing
+# (non-interactive; CI runs as root, elsewhere sudo -n is tried).  Without it setup.py
+# leaves that one module out and the slave keeps its Python receive path.
+libssl:
+	@test -f /usr/include/openssl/evp.h || { \
+		echo "installing libssl-dev (OpenSSL headers for rmqha/_core/slave_lane.pyx)"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo "sudo -n" ); \
+		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q </dev/null && \
+		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+			libssl-dev </dev/null; }
 
 # The status page test drives a real headless browser: Debian's chromium, installed when
 # missing (non-interactive; CI runs as root, elsewhere sudo -n is tried).
@@ -49,7 +61,8 @@ TWIN_MODULES := rmqha._core.records rmqha._core.epoch_map rmqha._core.frames \
 	rmqha._core.send_codec \
 	rmqha._core.pull_answer \
 	rmqha._core.send_frames \
-	rmqha._core.ack_table
+	rmqha._core.ack_table \
+	rmqha._core.slave_lane
 lint: build
 	$(PY) -m ruff check .
 	$(PY) -m mypy

@@ -6,7 +6,7 @@ with 256 sends in flight) timed by each process's own CPU clock (``/proc/<pid>/s
 so the master's and slaves' shares per message show apart from the client's.  By hand::
 
     .venv/bin/python benches/bench_window_cpu.py [--n 20000] [--window 256] [--rounds 3]
-        [--profile DIR] [--strace]
+        [--profile DIR] [--strace] [--slave-lane on|off]
 
 ``--profile DIR`` profiles the last round inside each broker (cProfile, the hook in
 ``window_cpu/sitecustomize.py``; ``DIR/<pid>.prof`` and a summary printed); ``--strace``
@@ -119,6 +119,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--profile", type=Path, default=None)
     ap.add_argument("--strace", action="store_true")
+    ap.add_argument("--slave-lane", choices=("on", "off"), default="on",
+                    help="the slaves' compiled receive lane (ha_slave_compiled_lane), to compare")
     args = ap.parse_args()
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
@@ -127,7 +129,7 @@ def main() -> None:
             [str(HERE / "window_cpu"), os.environ.get("PYTHONPATH", "")])
     body = b"x" * MESSAGE_BYTES
     with tempfile.TemporaryDirectory(prefix="window-cpu-") as tmp:
-        system = RmqhaSystem(copies=(3,))
+        system = RmqhaSystem(copies=(3,), broker_config={"ha_slave_compiled_lane": args.slave_lane == "on"})
         try:
             system.start(Path(tmp))
             pids = processes(system)

@@ -39,8 +39,10 @@ class RmqhaSystem(PeerSystem):
                        "flush = sync: the master's fsync overlaps the replication round trip")
 
     def __init__(self, flush_sync: bool = False, *, security: SecureSetup | None = None,
-                 copies: tuple[int, ...] = (3, 1)) -> None:
+                 copies: tuple[int, ...] = (3, 1), broker_config: dict[str, Any] | None = None) -> None:
         self.flush_sync = flush_sync
+        #: Broker settings on top of the bench's own (e.g. ha_slave_compiled_lane = false).
+        self.broker_config = dict(broker_config or {})
         self.security = security
         self.copies = copies
         self.cluster: Cluster | None = None
@@ -74,7 +76,7 @@ class RmqhaSystem(PeerSystem):
 
     def groups(self) -> list[tuple[str, int, dict[str, Any], str]]:
         """(group, brokers, config, topic) of each destination this system serves."""
-        cfg: dict[str, Any] = {"all_ack_in_sync_state_set": True, "log_level": "WARNING"}
+        cfg: dict[str, Any] = {"all_ack_in_sync_state_set": True, "log_level": "WARNING", **self.broker_config}
         groups = [("broker-a", 3, cfg, TOPICS[3]), ("broker-b", 1, cfg, TOPICS[1])]
         groups = [g for g in groups if g[1] in self.copies]
         if self.flush_sync:

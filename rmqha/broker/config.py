@@ -175,6 +175,8 @@ class BrokerConfig(TlsKeys):
     sync_from_last_file: bool = field(default=False, metadata=_alias("syncFromLastFile"))
     #: A slave fsyncs what it received before acking it (RocketMQ's slaves do not: off).
     ha_slave_flush_before_ack: bool = False
+    #: A slave takes live replication traffic in its compiled lane (no GIL); false: Python only.
+    ha_slave_compiled_lane: bool = True
     #: This slave replicates but never joins the SyncStateSet (RocketMQ's asyncLearner).
     async_learner: bool = field(default=False, metadata=_alias("asyncLearner"))
     #: A store that fails its start-up checks (a missing segment file) is moved aside to

@@ -51,6 +51,10 @@ class HAConfig:
     #: the slave's memory", and surviving the loss of every machine at once is what
     #: ``flush = sync`` on the master is for.
     ha_slave_flush_before_ack: bool = False
+    #: A slave takes live traffic on plaintext framed links in its compiled lane (a native
+    #: thread without the GIL: receive, check, append, ack; rmqha.ha.slave_lane); false
+    #: keeps every block on the Python path.  Without the extension it is the Python path anyway.
+    ha_slave_compiled_lane: bool = True
     #: An empty slave starts at the start of the master's last segment, not its min offset.
     sync_from_last_file: bool = False
     #: The dialect a slave speaks: "framed" (default) or "rocketmq" (RocketMQ 5 AutoSwitch HA).
@@ -84,6 +88,8 @@ class HAConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+        if not isinstance(self.ha_slave_compiled_lane, bool):
+            raise ConfigError(f"ha_slave_compiled_lane must be true or false, got {self.ha_slave_compiled_lane!r}")
         if not isinstance(self.ha_transfer_sendfile, bool):
             raise ConfigError(f"ha_transfer_sendfile must be true or false, got {self.ha_transfer_sendfile!r}")
         if self.ha_protocol not in PROTOCOLS:

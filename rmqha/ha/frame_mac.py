@@ -31,6 +31,7 @@ both sides cut loopback catch-up (benches/bench_replication.py) from 1264 to 799
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 from typing import Any
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -48,12 +49,37 @@ _PEEK = struct.Struct(">ii")  # a framed frame's length and type
 _NONCE = struct.Struct(">4xQ")  # a GMAC's nonce: 4 zero bytes, the block count
 
 
+@dataclass(frozen=True)
+class LaneMacState:
+    """The keys and counters of one authenticated link, for the compiled slave lane
+    (``SlaveLane.set_mac`` takes them in this order)."""
+
+    in_key: bytes
+    in_direction: bytes
+    in_seq: int
+    out_key: bytes
+    out_direction: bytes
+    out_seq: int
+    block_key: bytes
+    block_count: int
+
+
 class BlockDigest:
     """The GMACs of one direction's blocks, in order (see the module docstring)."""
 
     def __init__(self, key: bytes) -> None:
         self._aead = AESGCM(key)
+        #: The key and the count of blocks digested: the compiled slave lane continues them.
+        self.key = key
         self._count = 0
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def skip(self, blocks: int) -> None:
+        """``blocks`` digests were taken elsewhere (the compiled slave lane), in order."""
+        self._count += blocks
 
     def gmac(self, data: Any) -> bytes:
         """The GMAC of the next TRANSFER_DATA frame's data (its MAC input is the header,
@@ -75,6 +101,29 @@ class FrameMac:
         self._received_blocks = BlockDigest(receive_key)
         #: Who the peer proved to be.
         self.peer: Identity = session.peer
+
+    # --- the compiled slave lane ------------------------------------------------------------
+
+    def lane_state(self) -> LaneMacState | None:
+        """What the compiled slave lane needs to check received blocks and tag its acks, in
+        the state this MAC is in now (None after a failed frame: every later one fails)."""
+        opener, sealer = self._opener, self._sealer
+        if opener.failed:
+            return None
+        return LaneMacState(opener.key, opener.direction, opener.seq, sealer.key, sealer.direction, sealer.seq,
+                            self._received_blocks.key, self._received_blocks.count)
+
+    @property
+    def failed(self) -> bool:
+        """Whether a received frame failed its tag (every later one fails too)."""
+        return self._opener.failed
+
+    def lane_advance(self, frames_in: int, blocks_in: int, frames_out: int) -> None:
+        """The lane checked ``frames_in`` frames (``blocks_in`` block digests) and tagged
+        ``frames_out`` acks: continue after them."""
+        self._opener.seq += frames_in
+        self._received_blocks.skip(blocks_in)
+        self._sealer.seq += frames_out
 
     # --- out -------------------------------------------------------------------------------
 

@@ -21,6 +21,11 @@ checked before anything of the frame is used: in the receive buffer for buffered
 and for a block received straight into the log after its last byte and its tag arrived,
 before it is committed (a bad tag zeroes what came, as a bad record does).
 
+On a plaintext framed link the pauses are served by the compiled lane instead, where it is
+built and ``ha_slave_compiled_lane`` is on (:mod:`rmqha.ha.slave_lane`: a native thread
+without the GIL receives, checks, appends and acks; this task takes the link back for
+whatever is unusual, from the frame the lane left at the buffer's front).
+
 Every ack first waits for the epoch entries the blocks opened
 (:class:`rmqha.ha.slave_epochs.EpochWriter`) and, with ``ha_slave_flush_before_ack``, for
 the data's fsync.  The master's silence for ``ha_housekeeping_interval_ms`` ends the
@@ -42,6 +47,7 @@ from rmqha.ha.dialects import Block, FramedSlave, SlaveCodec, fr
 from rmqha.ha.frame_mac import TAG
 from rmqha.ha.link import Link, LinkTimeout, RecvBuffer
 from rmqha.ha.slave_epochs import EpochWriter
+from rmqha.ha.slave_lane import LaneRunner, lane_available
 from rmqha.ha.slave_state import ConfirmTracker, SlaveProgress
 
 #: During bulk catch-up the slave acks at least this often (in bytes received).
@@ -92,6 +98,24 @@ class Receiver:
         self._unsent_ack: list[memoryview] = []
         #: The epoch of the run :meth:`_apply_run` last took (its blocks' epoch, this log's last).
         self._run_epoch = -1
+        #: The compiled lane that takes live traffic off this task (framed, plaintext; None: off).
+        self._lane: LaneRunner | None = None
+
+    def close_lane(self) -> None:
+        """Stop the compiled lane and join its thread, what it appended adopted (the
+        session's close calls this before the link closes: a role change's fence)."""
+        if self._lane is not None:
+            self._lane.finish()
+
+    def _new_lane(self) -> LaneRunner | None:
+        """The compiled lane, where it may serve this link (see :mod:`rmqha.ha.slave_lane`)."""
+        cfg = self.config
+        if (not cfg.ha_slave_compiled_lane or not lane_available() or self.link.tls
+                or cfg.ha_slave_flush_before_ack or not hasattr(self.commitlog, "lane_grant")):
+            return None
+        return LaneRunner(self.link, self._mac, self.commitlog, config=cfg, epochs=self.epochs,
+                          confirm=self.confirm, progress=self.progress, disk=self.appender.disk,
+                          master=self.master)
 
     async def _send(self, *buffers: bytes | memoryview) -> None:
         await self.link.send(buffers, self.config.ha_housekeeping_interval_ms / 1000)
@@ -134,6 +158,7 @@ class Receiver:
             rb.end = len(unparsed_bytes)
         # A flush before every ack needs awaiting: the callback would hand back every block.
         step = None if cfg.ha_slave_flush_before_ack else functools.partial(self._live_step, rb)
+        self._lane = self._new_lane()
         # Nothing acked yet this session: the first pause tells the master where this log
         # ends at once, so a caught-up slave rejoins the SyncStateSet now rather than at
         # its first heartbeat (a new master whose min_in_sync_replicas needs it
@@ -196,6 +221,17 @@ class Receiver:
         if wait <= 0:
             return False
         if step is not None:
+            lane = self._lane
+            if lane is not None and lane.usable():
+                end = await lane.run(rb, self._acked)
+                if end.ran:
+                    # Handed back: what the lane left in the buffer is this task's.
+                    self._acked = end.acked
+                    if lane.took_blocks:
+                        self.appender.first_block = False
+                    if end.unsent:
+                        await self._send(end.unsent)
+                    return True
             # Handed back: what the callback left in the buffer is this task's.
             return await self._live(step, heartbeat, housekeeping)
         try:
@@ -304,7 +340,12 @@ class Receiver:
             return False
         if partial:
             rb.make_room(partial)  # a small block in pieces: the rest comes in a later turn
-        return self._try_ack(now, epoch)
+        if not self._try_ack(now, epoch):
+            return False
+        # The compiled lane could not start when this callback took the link (a log with
+        # no epoch entry yet, a full disk): once it can, the task lends it the link.
+        lane = self._lane
+        return lane is None or partial != 0 or not lane.usable()
 
     def _live_step_stream(self) -> bool:
         """The reader callback of :meth:`_live` for the decoding path (the rocketmq dialect):

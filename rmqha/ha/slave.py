@@ -179,6 +179,11 @@ class HASlave:
         return self._progress.task_blocks
 
     @property
+    def lane_blocks(self) -> int:
+        """Blocks (heartbeats included) the compiled lane took (rmqha.ha.slave_lane)."""
+        return self._progress.lane_blocks
+
+    @property
     def handbacks(self) -> int:
         """How often the reader callback handed the link back to the task."""
         return self._progress.handbacks
@@ -225,6 +230,8 @@ class HASlave:
             "last_read_ms_ago": int((now - p.last_read) * 1000) if p.last_read else None,
             "last_write_ms_ago": int((now - p.last_write) * 1000) if p.last_write else None,
             "bytes_received": self._session.bytes_in if self._session is not None else 0,
+            "lane_blocks": p.lane_blocks,
+            "lane_runs": p.lane_runs,
             **self._disk.status(),
         }
 

@@ -62,11 +62,16 @@ class SlaveSession:
         self.truncator = truncator
         self.disk = disk
         self.link: Link | None = None
+        self.receiver: Receiver | None = None
         #: Whether the handshake completed (the transfer started).
         self.transferring = False
 
     def close(self) -> None:
-        """End the session (its run raises LinkClosed once it has a link)."""
+        """End the session (its run raises LinkClosed once it has a link).  The compiled
+        lane, if it runs, is stopped and joined first: once this returns, nothing of the
+        session writes the log."""
+        if self.receiver is not None:
+            self.receiver.close_lane()
         if self.link is not None:
             self.link.close()
 
@@ -98,9 +103,12 @@ class SlaveSession:
         self.transferring = True
         appender = BlockAppender(self.commitlog, self.epochs, self.truncator, self.progress, self.confirm,
                                  self.disk, protocol=self.protocol, master=self.master, master_pairs=pairs)
-        receiver = Receiver(link, codec, appender, config=cfg, epochs=self.epochs, confirm=self.confirm,
-                            progress=self.progress)
-        await receiver.run(handshake.pending)
+        receiver = self.receiver = Receiver(link, codec, appender, config=cfg, epochs=self.epochs,
+                                            confirm=self.confirm, progress=self.progress)
+        try:
+            await receiver.run(handshake.pending)
+        finally:
+            receiver.close_lane()
 
     async def _handshake(self, handshake: SlaveHandshake) -> tuple[int, list[tuple[int, int]]]:
         """Hello, epochs, the cut, the confirm: the offset the transfer starts from and the

@@ -40,6 +40,10 @@ class SlaveProgress:
     callback_blocks: int = 0
     task_blocks: int = 0
     handbacks: int = 0
+    #: Blocks the compiled lane took (rmqha.ha.slave_lane), and its runs (each ends with a
+    #: hand-back to the Python path, or the session's end).
+    lane_blocks: int = 0
+    lane_runs: int = 0
     master_max_offset: int = -1
     #: time.monotonic() of the last read from and write to the master (0: never).
     last_read: float = 0.0

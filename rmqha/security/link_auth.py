@@ -123,6 +123,8 @@ class _FrameTags:
     ``hmac.new(...).copy()`` runs a Python wrapper and OpenSSL's MAC context around them."""
 
     def __init__(self, key: bytes, direction: bytes) -> None:
+        #: The key as given: a compiled twin of these tags (rmqha._core.slave_lane) takes it.
+        self.key = key
         if len(key) > _SHA256_BLOCK:
             key = hashlib.sha256(key).digest()
         key = key.ljust(_SHA256_BLOCK, b"\0")
@@ -131,6 +133,10 @@ class _FrameTags:
         self._head = struct.Struct(f">{len(direction)}sQ")
         self._direction = direction
         self.seq = 0
+
+    @property
+    def direction(self) -> bytes:
+        return self._direction
 
     def _tag(self, frame: bytes | memoryview, more: bytes | memoryview | None) -> bytes:
         """The tag of frame number ``seq`` whose bytes are ``frame`` then ``more``."""
@@ -177,6 +183,11 @@ class FrameOpener(_FrameTags):
                 f"frame #{self.seq} failed authentication (altered, dropped, reordered or "
                 "replayed); close the link")
         self.seq += 1
+
+    @property
+    def failed(self) -> bool:
+        """Whether a frame failed its tag (every later one is refused)."""
+        return self._failed
 
     def open(self, data: bytes) -> bytes:
         """The frame inside ``data`` (frame || tag), once its tag checks."""

@@ -39,7 +39,6 @@ from rmqha.errors import (
     DiskFullError,
     InvalidMessageError,
     MessageTooLargeError,
-    StoreClosedError,
     StoreError,
 )
 from rmqha.store.checkpoint import CHECKPOINT_FILE, Checkpoint
@@ -274,8 +273,8 @@ class CommitLog(ReceivePath):
         return hb
 
     def _check_open(self) -> None:
-        if self._closed or self._closing:
-            raise StoreClosedError(f"commitlog {self._dir} is closed")
+        if self._closed or self._closing or self._lane_held:
+            raise self._not_writable()
 
     # --- appends -------------------------------------------------------------------------
 

@@ -7,7 +7,11 @@ blocks scattered in one buffer: one ``pwritev``, or copies into the mapping wher
 warm-up faulted it in, validated where they lie, the log moved once), or straight into
 the mapping through :meth:`ReceivePath.receive_view` / :meth:`ReceivePath.commit_received`
 (one kernel copy from the socket).  A block may end inside a record (the next block
-continues it) but never crosses a segment end.
+continues it) but never crosses a segment end.  The HA slave's compiled lane
+(``rmqha._core.slave_lane``) borrows the tail instead: :meth:`ReceivePath.lane_grant`
+lends it the active segment, :meth:`ReceivePath.lane_adopt` makes what it appended and
+validated part of the log (the queue-offset table caught up from the records' headers),
+:meth:`ReceivePath.lane_release` ends the loan; meanwhile every other writer is refused.
 
 :class:`ReceivePath` is a part of :class:`~rmqha.store.CommitLog` kept in its own module:
 it works on the log's writer state (the writer lock, max and whole offsets, the active
@@ -15,14 +19,16 @@ segment, the queue-offset table), which the annotations below name.
 """
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from rmqha._core._protocols import RecordsTwin
 from rmqha._core.records_py import ScanStop
-from rmqha.errors import CorruptRecordError, DiskFullError, OffsetMismatchError, StoreError
+from rmqha.errors import CorruptRecordError, DiskFullError, OffsetMismatchError, StoreClosedError, StoreError
 from rmqha.store.flusher import Flusher, FlushMode
 from rmqha.store.segments import PrefaultWindow, Segment
 
@@ -31,6 +37,27 @@ _INT32 = struct.Struct(">i")
 _CLEAN_STOPS = (int(ScanStop.END), int(ScanStop.BLANK))
 #: Buffers per ``pwritev`` (Linux's IOV_MAX).
 _IOV_MAX = 1024
+#: A verify_from beyond any offset: catching the queue-offset table up after the compiled
+#: lane re-reads headers only (the lane checked every record's CRC already).
+_NO_VERIFY = 1 << 62
+#: What lane_grant reserves at least, past the max offset (the warm-up reserves more ahead).
+_MIN_GRANT = 4 << 20
+
+
+@dataclass(frozen=True)
+class LaneGrant:
+    """The log's tail lent to the HA slave's compiled lane (:meth:`ReceivePath.lane_grant`):
+    the active segment's mapping and file, its base, how far the lane may write into it
+    (``limit``, a position: the blocks reserved so far), the global offset below which the
+    warm-up faulted it in, and the log's max and whole offsets."""
+
+    mapping: mmap.mmap
+    fd: int
+    base: int
+    limit: int
+    warm: int
+    max_offset: int
+    whole_offset: int
 
 
 class ReceivePath:
@@ -58,6 +85,61 @@ class ReceivePath:
     _appended: Callable[..., None]
     segment_start: Callable[[int], int]
     segment_end: Callable[[int], int]
+    _dir: str
+    #: Whether the HA slave's compiled lane holds the tail (every other writer is refused).
+    _lane_held = False
+
+    def _not_writable(self) -> StoreError:
+        if self._closed or self._closing:
+            return StoreClosedError(f"commitlog {self._dir} is closed")
+        return StoreError(f"commitlog {self._dir}: the HA slave's compiled lane holds the log's tail")
+
+    # --- the compiled lane (rmqha.ha.slave_lane) --------------------------------------------
+
+    def lane_grant(self) -> LaneGrant:
+        """Lend the log's tail to the HA slave's compiled lane, which appends validated
+        blocks into the active segment's mapping below ``limit`` without the lock (one
+        writer) until :meth:`lane_release`; meanwhile every other write, truncation or
+        reset is refused (StoreError), and :meth:`lane_adopt` makes what it appended part
+        of the log.  DiskFullError when not even a block can be reserved (then nothing is
+        lent)."""
+        with self._lock:
+            self._check_open()
+            seg = self._active_segment()
+            pos = self._max_offset - seg.base
+            self._allocate(seg, min(pos + _MIN_GRANT, self._sb))
+            self._lane_held = True
+            return LaneGrant(seg.mm, seg.fd, seg.base, min(seg.allocated, self._sb), self._warm.faulted,
+                             self._max_offset, self._whole_offset)
+
+    def lane_adopt(self, max_offset: int, whole_offset: int) -> tuple[int, int]:
+        """The lane appended and validated up to ``max_offset`` (its last whole record ends
+        at ``whole_offset``), in the segment it was lent: move the log there, catch the
+        queue-offset table up, tell the listeners and the flusher.  Returns the room the
+        lane may use now: (limit, warm), as in :class:`LaneGrant`."""
+        with self._lock:
+            seg = self._active
+            if seg is None or not self._lane_held:
+                raise StoreError("lane_adopt without a lane holding the log's tail")
+            moved = max_offset > self._max_offset
+            if moved:
+                if not (seg.base <= self._whole_offset <= whole_offset <= max_offset <= seg.base + self._sb):
+                    raise StoreError(f"lane_adopt: offsets {whole_offset}/{max_offset} outside the segment at "
+                                     f"{seg.base} (log at {self._whole_offset}/{self._max_offset})")
+                table: dict[tuple[bytes, int], int] = {}
+                self._codec.scan(seg.mm, self._whole_offset - seg.base, whole_offset - seg.base, seg.base,
+                                 _NO_VERIFY, table)
+                self._queue_offsets.update(table)
+                self._advance(seg, max_offset - seg.base, whole_offset - seg.base)
+            room = min(seg.allocated, self._sb), self._warm.faulted
+        if moved:
+            self._received(max_offset, False)
+        return room
+
+    def lane_release(self) -> None:
+        """The lane stopped: the tail is the log's writers' again."""
+        with self._lock:
+            self._lane_held = False
 
     def append_data(self, offset: int, data: bytes | bytearray | memoryview, *,
                     wait_flush: bool = True) -> int:

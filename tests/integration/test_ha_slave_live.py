@@ -45,11 +45,26 @@ from rmqha.testing.ha import (auth_for, store_digest, EPOCH_FILE, assert_same_lo
 from rmqha.testing.sealed_script import ScriptedAuth
 from rmqha.store import CommitLog, EpochMap
 
+import needs
+
 SEG = 1 << 20
 #: Heartbeats rare enough that none falls inside a test's traffic (each one briefly hands
 #: the link back to the task, which could then read a block itself).
 CFG = fast_config(ha_send_heartbeat_interval_ms=2000, ha_housekeeping_interval_ms=5000,
-                  ha_reconnect_min_ms=50, max_frame_bytes=1 << 20)
+                  ha_reconnect_min_ms=50, max_frame_bytes=1 << 20, ha_slave_compiled_lane=False)
+#: The tests that hold for both paths run with the compiled lane too (rmqha.ha.slave_lane);
+#: the rest watch the Python path's own mechanics, so CFG keeps the lane off.
+LANES = [pytest.param(False, id="python"),
+         pytest.param(True, id="lane", marks=needs.compiled_lane())]
+
+
+def _cfg(lane: bool, **changes: Any) -> Any:
+    return dataclasses.replace(CFG, ha_slave_compiled_lane=lane, **changes)
+
+
+def _live(s: Any) -> int:
+    """Blocks the live path took: the reader callback's, or the compiled lane's."""
+    return s.callback_blocks + s.lane_blocks
 ACK_BYTES = 32 + TAG  # a framed TRANSFER_ACK (24-byte envelope + offset) and its tag
 DEADLINE = 5.0
 
@@ -108,6 +123,10 @@ class ScriptedMaster:
         self.transferring = False
         self.truncated_at: list[int] = []
         self.acks: list[int] = []
+        #: What the slave sent once the transfer started, tags checked and removed, and
+        #: those bytes decoded: they must re-encode to exactly the same bytes.
+        self.ack_bytes = bytearray()
+        self.ack_frames: list[Any] = []
         self.reading = asyncio.Event()
         self.reading.set()
         self._task: asyncio.Task[None] | None = None
@@ -185,9 +204,12 @@ class ScriptedMaster:
             data = await loop.sock_recv(conn, 1 << 16)
             if not data:
                 raise ConnectionResetError("the slave closed the link")
-            for f in dec.feed(script.unseal(data)):
+            plain = script.unseal(data)
+            self.ack_bytes += plain
+            for f in dec.feed(plain):
                 assert isinstance(f, frames.TransferAck), f
                 self.acks.append(f.slave_max_offset)
+                self.ack_frames.append(f)
 
     def alive(self) -> bool:
         """True while the script runs (a failed step of it fails the waiting test at once)."""
@@ -215,7 +237,8 @@ class ScriptedMaster:
                                f"handshake of session {sessions}")
 
 
-def test_live_blocks_are_applied_and_acked_by_the_callback(tmp_path) -> None:
+@pytest.mark.parametrize("lane", LANES)
+def test_live_blocks_are_applied_and_acked_by_the_callback(tmp_path, lane: bool) -> None:
     with _replica(tmp_path) as (scl, sem, rcl):
         start = scl.max_offset
         recs = _records(rcl, 40)
@@ -228,13 +251,18 @@ def test_live_blocks_are_applied_and_acked_by_the_callback(tmp_path) -> None:
                     assert m.conn is not None
                     told.append((offset, _queued(m.conn)))
 
-                async with slave_running(ha_slave(scl, sem, m.port, CFG, on_confirm=on_confirm)) as s:
+                async with slave_running(ha_slave(scl, sem, m.port, _cfg(lane), on_confirm=on_confirm)) as s:
                     await m.ready()
                     for offset, data in recs:
                         await m.send_acked(offset, data, confirm=offset + len(data))
-                    assert (s.callback_blocks, s.task_blocks, s.handbacks) == (len(recs), 0, 0)
+                    assert (_live(s), s.task_blocks, s.handbacks) == (len(recs), 0, 0)
+                    assert (s.lane_blocks == len(recs)) == lane
                     assert s.confirm_offset == end
                     assert (s.sessions, s.last_error) == (1, "")
+                # The acks on the wire are exactly what the codec encodes (either path), and
+                # every tag checked (unseal): the lane's HMAC is the Python one's.
+                assert bytes(m.ack_bytes) == b"".join(frames.framed.encode(f) for f in m.ack_frames)
+                assert {f.epoch for f in m.ack_frames} == {1}
                 # (Led by the log end the slave reports as it starts following, unless the
                 # first block came before it paused.)
                 acks = m.acks[1:] if m.acks[:1] == [start] else m.acks
@@ -242,13 +270,19 @@ def test_live_blocks_are_applied_and_acked_by_the_callback(tmp_path) -> None:
 
         asyncio.run(run())
         assert bytes(scl.read(start, end - start)) == bytes(rcl.read(start, end - start))
+        # The queue-offset table too (the lane's appends are caught up into it from the log).
+        assert scl.queue_offsets() == rcl.queue_offsets() and scl.queue_offset("live", 0) > 0
         assert [c for c, _ in told] == [offset + len(data) for offset, data in recs]
-        # The ack went out first: it was already queued at the master when on_confirm ran.
-        assert {q for _, q in told} == {ACK_BYTES}
+        if not lane:
+            # The callback tells on_confirm in the turn that sent the ack: still queued then.
+            # (The lane's thread sends the ack before it wakes the loop, which then tells
+            # on_confirm: by then the master's reader may have taken the ack already.)
+            assert {q for _, q in told} == {ACK_BYTES}
 
 
+@pytest.mark.parametrize("lane", LANES)
 @pytest.mark.parametrize("protocol", ["framed", "rocketmq"])
-def test_live_traffic_from_a_real_master_goes_through_the_callback(tmp_path, protocol: str) -> None:
+def test_live_traffic_from_a_real_master_goes_through_the_callback(tmp_path, protocol: str, lane: bool) -> None:
     """Both dialects: once caught up, every appended record reaches the slave as one block,
     applied and acked by the callback."""
     with replica_stores(tmp_path, SEG, "m", "s") as [(mcl, mem), (scl, sem)]:
@@ -258,7 +292,7 @@ def test_live_traffic_from_a_real_master_goes_through_the_callback(tmp_path, pro
         async def run() -> None:
             m = ha_master(mcl, mem, CFG)
             async with master_running(m) as port, \
-                    slave_running(ha_slave(scl, sem, port, CFG, protocol=protocol)) as s:
+                    slave_running(ha_slave(scl, sem, port, _cfg(lane), protocol=protocol)) as s:
                 def acked() -> int:
                     slaves = m.status()["slaves"]
                     return slaves[0]["ack_offset"] if slaves else -1
@@ -270,10 +304,12 @@ def test_live_traffic_from_a_real_master_goes_through_the_callback(tmp_path, pro
 
                 await wait_until_async(lambda: acked() == mcl.max_offset, DEADLINE, "catch-up")
                 await append_acked()
-                blocks = (s.callback_blocks, s.task_blocks)
+                blocks = (_live(s), s.task_blocks)
                 for _ in range(50):
                     await append_acked()
-                assert (s.callback_blocks, s.task_blocks) == (blocks[0] + 50, blocks[1])
+                assert (_live(s), s.task_blocks) == (blocks[0] + 50, blocks[1])
+                # The lane serves plaintext framed links only (the rocketmq dialect: Python).
+                assert (s.lane_blocks > 0) == (lane and protocol == "framed")
                 assert (s.sessions, s.last_error) == (1, "")
 
         asyncio.run(run())
@@ -302,8 +338,9 @@ BAD_FRAMES: dict[str, tuple[Callable[[int, bytes], bytes | None], str, int]] = {
 }
 
 
+@pytest.mark.parametrize("lane", LANES)
 @pytest.mark.parametrize("case", sorted(BAD_FRAMES))
-def test_bad_frame_in_callback_mode_ends_the_session_as_before(tmp_path, caplog, case: str) -> None:
+def test_bad_frame_in_callback_mode_ends_the_session_as_before(tmp_path, caplog, case: str, lane: bool) -> None:
     make, reason, level = BAD_FRAMES[case]
     with _replica(tmp_path) as (scl, sem, rcl):
         good = _records(rcl, 3)
@@ -312,11 +349,11 @@ def test_bad_frame_in_callback_mode_ends_the_session_as_before(tmp_path, caplog,
 
         async def run() -> None:
             async with ScriptedMaster(end) as m:
-                async with slave_running(ha_slave(scl, sem, m.port, CFG)) as s:
+                async with slave_running(ha_slave(scl, sem, m.port, _cfg(lane))) as s:
                     await m.ready()
                     for off, d in good:
                         await m.send_acked(off, d)
-                    assert s.callback_blocks == len(good)
+                    assert _live(s) == len(good)
                     before = (store_digest(scl), sem.pairs())
                     frame = make(offset, data)
                     if frame is None:
@@ -330,7 +367,7 @@ def test_bad_frame_in_callback_mode_ends_the_session_as_before(tmp_path, caplog,
                     assert m.truncated_at == [good[0][0], offset]
                     assert (store_digest(scl), sem.pairs()) == before
                     # The callback raised; the task ended the session (nothing handed back).
-                    assert (s.callback_blocks, s.task_blocks, s.handbacks) == (len(good), 0, 0)
+                    assert (_live(s), s.task_blocks, s.handbacks) == (len(good), 0, 0)
                     return s.last_error
 
         with caplog.at_level(logging.INFO, logger="rmqha.ha.slave"):
@@ -385,7 +422,12 @@ def test_large_block_in_callback_mode_is_received_by_the_task_straight_into_the_
         assert bytes(scl.read(start, end - start)) == bytes(rcl.read(start, end - start))
 
 
-def test_new_epoch_in_callback_mode_is_acked_once_its_entry_is_on_disk(tmp_path) -> None:
+@pytest.mark.parametrize("lane", LANES)
+def test_new_epoch_in_callback_mode_is_acked_once_its_entry_is_on_disk(tmp_path, lane: bool) -> None:
+    """The callback hands the block back (its ack awaits the entry); the lane hands it to
+    the task (an epoch change is the Python path's), and takes the next block again."""
+    # (callback or lane blocks, task blocks, callback hand-backs) after the 3rd and 4th block
+    third, fourth = ((2, 1, 0), (3, 1, 0)) if lane else ((3, 0, 1), (4, 0, 1))
     with _replica(tmp_path) as (scl, sem, rcl):
         start = scl.max_offset
         recs = _records(rcl, 4)
@@ -395,7 +437,7 @@ def test_new_epoch_in_callback_mode_is_acked_once_its_entry_is_on_disk(tmp_path)
 
         async def run() -> None:
             async with ScriptedMaster(end) as m:
-                async with slave_running(ha_slave(scl, sem, m.port, CFG)) as s:
+                async with slave_running(ha_slave(scl, sem, m.port, _cfg(lane))) as s:
                     await m.ready()
                     for offset, data in recs[:2]:
                         await m.send_acked(offset, data)
@@ -403,10 +445,10 @@ def test_new_epoch_in_callback_mode_is_acked_once_its_entry_is_on_disk(tmp_path)
                     await m.send_acked(offset, data, epoch=2, epoch_start=epoch2_at)
                     # What a crash right after this ack would find.
                     on_disk.append(EpochMap.open(os.path.join(tmp_path, "s", EPOCH_FILE)).pairs())
-                    assert (s.callback_blocks, s.task_blocks, s.handbacks) == (3, 0, 1)
+                    assert (_live(s), s.task_blocks, s.handbacks) == third
                     offset, data = recs[3]
                     await m.send_acked(offset, data, epoch=2, epoch_start=epoch2_at)
-                    assert (s.callback_blocks, s.task_blocks, s.handbacks) == (4, 0, 1)
+                    assert (_live(s), s.task_blocks, s.handbacks) == fourth
 
         asyncio.run(run())
         assert on_disk == [[(1, 0), (2, epoch2_at)]]
@@ -460,14 +502,14 @@ def test_ack_the_socket_cannot_take_is_finished_by_the_task(tmp_path, monkeypatc
         assert bytes(scl.read(start, end - start)) == bytes(rcl.read(start, end - start))
 
 
-def test_a_caught_up_slave_acks_its_log_end_as_soon_as_it_follows(tmp_path) -> None:
+@pytest.mark.parametrize("lane", LANES)
+def test_a_caught_up_slave_acks_its_log_end_as_soon_as_it_follows(tmp_path, lane: bool) -> None:
     """No data and no heartbeat due: the slave still tells a new master where its log ends
     right after the handshake, so the master can add it to the SyncStateSet at once (a
     new master with min_in_sync_replicas = 2 acknowledges nothing until then; waiting for
     the first heartbeat ack held a failover's first acknowledgement ~0.3 s)."""
-    cfg = dataclasses.replace(CFG, ha_send_heartbeat_interval_ms=30_000,
-                              ha_housekeeping_interval_ms=60_000,
-                              ha_max_time_slave_not_catchup_ms=90_000)
+    cfg = _cfg(lane, ha_send_heartbeat_interval_ms=30_000, ha_housekeeping_interval_ms=60_000,
+               ha_max_time_slave_not_catchup_ms=90_000)
     with _replica(tmp_path) as (scl, sem, rcl):
         end = scl.max_offset
 
@@ -481,8 +523,9 @@ def test_a_caught_up_slave_acks_its_log_end_as_soon_as_it_follows(tmp_path) -> N
         asyncio.run(run())
 
 
-def test_heartbeat_acks_go_out_while_no_data_arrives(tmp_path) -> None:
-    cfg = dataclasses.replace(CFG, ha_send_heartbeat_interval_ms=100, ha_housekeeping_interval_ms=2000)
+@pytest.mark.parametrize("lane", LANES)
+def test_heartbeat_acks_go_out_while_no_data_arrives(tmp_path, lane: bool) -> None:
+    cfg = _cfg(lane, ha_send_heartbeat_interval_ms=100, ha_housekeeping_interval_ms=2000)
     with _replica(tmp_path) as (scl, sem, rcl):
         first, second = _records(rcl, 2)
         end = rcl.max_offset
@@ -500,9 +543,9 @@ def test_heartbeat_acks_go_out_while_no_data_arrives(tmp_path) -> None:
                     assert time.monotonic() - t0 >= 0.25  # one per interval, not a burst
                     assert m.acks[seen:] == [acked] * (len(m.acks) - seen)
                     # And the callback still takes the next block.
-                    blocks = s.callback_blocks
+                    blocks = _live(s)
                     await m.send_acked(*second)
-                    assert s.callback_blocks == blocks + 1
+                    assert _live(s) == blocks + 1
                     assert (s.sessions, s.last_error) == (1, "")
 
         asyncio.run(run())
@@ -556,3 +599,118 @@ def test_plain_blocks_take_one_compiled_call_per_read_and_a_bad_tag_is_refused(t
 
         asyncio.run(run())
         assert bytes(scl.read(one[0][0], offset - one[0][0])) == bytes(rcl.read(one[0][0], offset - one[0][0]))
+
+
+def _lane_threads() -> list[Any]:
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == "ha-slave-lane"]
+
+
+@pytest.mark.parametrize("lane", [pytest.param(True, id="lane", marks=needs.compiled_lane())])
+def test_stopping_the_slave_joins_the_lane_and_keeps_every_acked_byte(tmp_path, lane: bool) -> None:
+    """The fence of a role change: while the lane runs, the log's tail is the lane's (any
+    other write is refused: the negative control); HASlave.stop() returns only once the
+    lane's thread has ended, every byte it acked is the log's, and the log takes writes
+    again (a new master's appends, a truncation)."""
+    from rmqha.errors import StoreError
+
+    with _replica(tmp_path) as (scl, sem, rcl):
+        start = scl.max_offset
+        recs = _records(rcl, 60)
+        end = rcl.max_offset
+
+        async def run() -> None:
+            async with ScriptedMaster(end) as m:
+                s = ha_slave(scl, sem, m.port, _cfg(lane))
+                await s.start()
+                try:
+                    await m.ready()
+                    for offset, data in recs[:10]:
+                        await m.send_acked(offset, data)
+                    assert s.lane_blocks == 10 and len(_lane_threads()) == 1
+                    with pytest.raises(StoreError, match="compiled lane holds"):
+                        scl.append_batch("intruder", [b"x"])
+                    # A burst the slave is still taking when it is told to stop.
+                    await m.send(b"".join(_block(off, d) for off, d in recs[10:]))
+                    await wait_until_async(lambda: scl.max_offset > recs[10][0], DEADLINE, "the burst arriving")
+                finally:
+                    await s.stop()
+                assert _lane_threads() == []
+                acked = max(m.acks)
+                assert scl.max_offset >= acked, (scl.max_offset, acked)
+
+        asyncio.run(run())
+        mx = scl.max_offset
+        assert bytes(scl.read(start, mx - start)) == bytes(rcl.read(start, mx - start))
+        scl.truncate(recs[5][0])  # the tail is the log's writers' again
+        assert scl.max_offset == recs[5][0]
+
+
+@pytest.mark.parametrize("lane", [pytest.param(True, id="lane", marks=needs.compiled_lane())])
+def test_the_lane_refuses_a_bad_tag_and_stores_nothing_of_it(tmp_path, lane: bool) -> None:
+    """The frame MAC in C: a plain block whose tag does not check ends the session with
+    the Python path's reason, nothing of it stored (the good blocks before it, checked by
+    the same C code, were taken: the negative control is this one flipped bit)."""
+    with _replica(tmp_path) as (scl, sem, rcl):
+        good = _records(rcl, 5)
+        offset, data = _records(rcl, 1)[0]
+        end = rcl.max_offset
+
+        async def run() -> None:
+            async with ScriptedMaster(end) as m:
+                async with slave_running(ha_slave(scl, sem, m.port, _cfg(lane))) as s:
+                    await m.ready()
+                    for off, d in good:
+                        await m.send_acked(off, d)
+                    assert s.lane_blocks == len(good)
+                    before = store_digest(scl)
+                    assert m.conn is not None
+                    sealed = bytearray(m.script.seal(_block(offset, data)))
+                    sealed[-1] ^= 1
+                    await asyncio.get_running_loop().sock_sendall(m.conn, bytes(sealed))
+                    await wait_until_async(lambda: "failed authentication" in s.last_error, DEADLINE,
+                                           "the bad tag refused")
+                    await m.ready(sessions=2)
+                    assert store_digest(scl) == before
+                    assert scl.max_offset == offset
+
+        asyncio.run(run())
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_live_traffic_across_a_segment_end(tmp_path, lane: bool) -> None:
+    """Live blocks run into the segment's end (the master pads it with a blank) and go on
+    in the next segment: the lane hands the block it has no room for to the task, which
+    opens the next segment, and takes the traffic again at the next pause."""
+    with replica_stores(tmp_path, SEG, "m", "s") as [(mcl, mem), (scl, sem)]:
+        mem.append(1, 0)
+        fill(mcl, SEG - 40_000, batch=8)
+        assert mcl.max_offset < SEG - 20_000
+
+        async def run() -> None:
+            m = ha_master(mcl, mem, CFG)
+            async with master_running(m) as port, slave_running(ha_slave(scl, sem, port, _cfg(lane))) as s:
+                def acked() -> int:
+                    slaves = m.status()["slaves"]
+                    return slaves[0]["ack_offset"] if slaves else -1
+
+                await wait_until_async(lambda: acked() == mcl.max_offset, DEADLINE, "catch-up")
+                for _ in range(80):
+                    mcl.append_batch("live", [b"y" * 1000])
+                    end = mcl.max_offset
+                    await wait_until_async(lambda: acked() == end, DEADLINE, f"ack of {end}", interval=0.0005)
+                assert mcl.max_offset > SEG  # the traffic crossed into the second segment
+                assert (s.lane_blocks > 0) == lane
+                # The lane handed back (at least) at the segment end, and took over again.
+                assert (s.status()["lane_runs"] >= 1) == lane
+                lane_blocks = s.lane_blocks
+                mcl.append_batch("live", [b"z" * 1000])
+                end = mcl.max_offset
+                await wait_until_async(lambda: acked() == end, DEADLINE, f"ack of {end}")
+                assert (s.lane_blocks > lane_blocks) == lane
+                assert (s.sessions, s.last_error) == (1, "")
+
+        asyncio.run(run())
+        assert_same_log(mcl, scl)
+        assert scl.queue_offsets() == mcl.queue_offsets()
