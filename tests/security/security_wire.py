@@ -67,13 +67,21 @@ class RawClient:
 
     def request(self, cmd: RemotingCommand) -> RemotingCommand:
         self.send(cmd)
+        return self._answer(cmd.opaque, cmd.describe())
+
+    def request_bytes(self, data: bytes, opaque: int) -> RemotingCommand:
+        """Send a whole frame as it is (plain connections) and read the answer to ``opaque``."""
+        self.sock.sendall(data)
+        return self._answer(opaque, f"frame of opaque {opaque}")
+
+    def _answer(self, opaque: int, what: str) -> RemotingCommand:
         while True:
             for i, got in enumerate(self._ready):
-                if got.is_response and got.opaque == cmd.opaque:
+                if got.is_response and got.opaque == opaque:
                     return self._ready.pop(i)
             data = self.sock.recv(65536)
             if not data:
-                raise ConnectionError(f"{cmd.describe()}: the peer closed the connection")
+                raise ConnectionError(f"{what}: the peer closed the connection")
             self._ready += self._received(data)
 
     def close(self) -> None:

@@ -31,6 +31,7 @@ from rmqha.errors import ClientError, ConfigError, RemotingError
 from rmqha.net.client_security import ClientSecurity, Credentials
 from rmqha.protocol.command import SERIALIZE_ROCKETMQ, VERSION, decode_frame, encode
 from rmqha.protocol.message import CompressionType
+from rmqha.security.replay import NONCE_FIELD, TIME_FIELD
 from rmqha.security.signature import sign, signature_matches, signed_content, signed_fields
 
 TOPIC = "TopicAcl"
@@ -244,11 +245,12 @@ def test_a_send_frame_is_signed_in_place_as_sign_signs_its_command(batch: bool) 
         320 if batch else 310, 77, VERSION, "pg", TOPIC, 0, 1700000000123, 3,
         "UNIQ_KEY\x01AB12\x02WAIT\x01true\x02", batch, 2, b"\x00body\xff")
     cmd = decode_frame(frame[4:])
-    creds = Credentials(**APP)
+    stamp = {TIME_FIELD: "1800000000000", NONCE_FIELD: "0011223344556677"}
+    creds = Credentials(**APP, stamper=lambda: dict(stamp))
     signed = creds.sign_send_frame(frame, cmd.ext_fields, cmd.body)
     assert signed is not None
     got = decode_frame(signed[4:])
-    want = sign(cmd.ext_fields, cmd.body, APP["access_key"], APP["secret_key"])
+    want = sign(cmd.ext_fields, cmd.body, APP["access_key"], APP["secret_key"], extra=stamp)
     assert (got.code, got.opaque, got.body, got.ext_fields) == (cmd.code, 77, cmd.body, want)
     assert signature_matches(got.ext_fields, got.body, APP["secret_key"], got.version)
     # The broker's lane parses the same signing material from it.
