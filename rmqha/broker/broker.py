@@ -305,7 +305,7 @@ class Broker:
         # role notices); plain clients are served as before, told apart by the preface.
         self.server = RemotingServer(
             cfg.listen_host, cfg.listen_port, max_frame_bytes=cfg.max_frame_bytes, tls=self.tls,
-            channels=channel.expecting((SecurityRole.CONTROLLER,)) if channel is not None else None)
+            max_connections_per_peer=cfg.max_connections_per_peer, channels=channel.expecting((SecurityRole.CONTROLLER,)) if channel is not None else None)
         if cfg.acl_enable:
             replay = ReplayWindow(max_entries=cfg.acl_replay_cache_entries, require_time=cfg.acl_require_signed_time)
             acl_guard(cfg.acl_file, auth=self.auth, replay=replay).protect(self.server, self.message_service)

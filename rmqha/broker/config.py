@@ -57,6 +57,9 @@ class BrokerConfig(TlsKeys):
     #: Largest remoting frame accepted; a longer length closes the connection before
     #: anything is allocated.
     max_frame_bytes: int = 16 * 1024 * 1024
+    #: Connections one peer host may hold open on each port of this process (a stranger
+    #: opening more gets each extra one closed at accept, logged; rmqha.net.peer_limit).
+    max_connections_per_peer: int = 512
     #: Timeout of one request to a controller or name server.
     rpc_timeout_ms: int = 3000
     #: Admin writes (topic changes, config updates) need this token when it is set.

@@ -126,7 +126,8 @@ class ControllerServer:
         #: Who may send what, by certificate identity (rmqha.controller.peer_rules).
         self.peer_check = PeerCheck(self.tls)
         self.remoting = RemotingServer(config.listen_host, int(port), None, config.max_frame_bytes,
-                                       tls=self.tls, channels=channels)
+                                       tls=self.tls, channels=channels,
+                                       max_connections_per_peer=config.max_connections_per_peer)
         self.raft = RaftNode(
             RaftSettings(
                 self_address=self.self_peer.raft_address,
@@ -142,6 +143,7 @@ class ControllerServer:
                 tls=RaftTls.from_settings(self.tls, {p.raft_address: p.id for p in self.peers}),
                 # The Raft port listens where the RPC port does (pysyncobj alone: 0.0.0.0).
                 bind_host=config.listen_host,
+                max_connections_per_peer=config.max_connections_per_peer,
             ),
             self.state.apply, self.state.snapshot, self.state.restore,
             on_role_change=self._role_changed_from_raft,

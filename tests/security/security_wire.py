@@ -33,9 +33,10 @@ class RawClient:
     """One TCP connection; ``request`` sends a frame and reads until its answer."""
 
     def __init__(self, address: str, timeout: float = 5.0, *, channel: str | None = None,
-                 identity: Identity = RAW_IDENTITY) -> None:
+                 identity: Identity = RAW_IDENTITY, source: str | None = None) -> None:
         host, _, port = address.rpartition(":")
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        self.sock = socket.create_connection((host, int(port)), timeout=timeout,
+                                             source_address=(source, 0) if source else None)
         self._decoder = FrameDecoder()
         self._ready: list[RemotingCommand] = []
         self._endpoint: ChannelEndpoint | None = None
