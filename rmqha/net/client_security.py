@@ -164,6 +164,10 @@ class ServerRole:
         return cls(Role.NAMESRV)
 
     @classmethod
+    def controller(cls) -> ServerRole:
+        return cls(Role.CONTROLLER)
+
+    @classmethod
     def broker(cls, cluster: str | None = None, group: str | None = None) -> ServerRole:
         return cls(Role.BROKER, cluster or None, group or None)
 
