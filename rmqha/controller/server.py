@@ -73,7 +73,7 @@ from rmqha.controller.raft import RaftNode, RaftRole, RaftSettings
 from rmqha.controller.raft_tls import RaftTls
 from rmqha.net.client import RemotingClient
 from rmqha.net.channel import refused_off_channel
-from rmqha.net.client_security import ClientSecurity
+from rmqha.net.client_security import ClientSecurity, ServerRole
 from rmqha.net.connection import Connection
 from rmqha.net.peer_check import PeerCheck
 from rmqha.net.server import RemotingServer
@@ -724,7 +724,8 @@ class ControllerServer:
             client = self._notify_clients.get(addr)
             if client is None:
                 client = self._notify_clients[addr] = RemotingClient(addr, connect_timeout=3.0,
-                                                                     security=self._notice_links)
+                                                                     security=self._notice_links,
+                                                                     expect=ServerRole.broker())
             await asyncio.wait_for(client.oneway(cmd), 3.0)
         except (asyncio.TimeoutError, OSError, RmqhaError) as exc:
             log.info("role-change notice to %s failed: %s", addr, exc)
