@@ -60,18 +60,28 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     acl.write_text(ACL)
     with Cluster(base / "cluster") as c:
         c.client_security = ClientSecurity(None, ADMIN.sign)
-        c.start_controllers(1)
-        c.start_namesrv()
-        c.a = c.start_broker("broker-a", acl_enable=True, acl_file=str(acl))
-        c.b = c.start_broker("broker-b", acl_enable=True, acl_file=str(acl), acl_require_signed_time=True)
+        # Generous waits: a loaded two-core machine starts a process in tens of seconds.
+        c.wait_controllers(c.start_controllers(1, wait=False), 90)
+        ns = c.start_namesrv(wait=False)
+        c.wait_for(lambda: ns.listens(ns.address), 90, what="the name server listening", process=ns)
+        c.a = c.start_broker("broker-a", wait=False, acl_enable=True, acl_file=str(acl))
+        c.b = c.start_broker("broker-b", wait=False, acl_enable=True, acl_file=str(acl),
+                             acl_require_signed_time=True)
         for broker in (c.a, c.b):
-            c.wait_role(broker, "master", 30)
-            created = _ask(broker.address, _signed(ADMIN, RequestCode.UPDATE_AND_CREATE_TOPIC, {
-                "topic": TOPIC, "readQueueNums": "1", "writeQueueNums": "1", "perm": "6"}))
-            assert created.code == ResponseCode.SUCCESS, created.remark
+            c.wait_broker_up(broker, 90)
+            c.wait_role(broker, "master", 90)
+            c.wait_for(lambda b=broker: _create_topic(b.address), 60, what=f"{TOPIC} created on {broker.name}",
+                       process=broker)
         c.wait_for(lambda: c.route(TOPIC) is not None and len(c.route(TOPIC)["brokerDatas"]) == 2,
                    what="both brokers in the topic's route")
         yield c
+
+
+def _create_topic(address: str) -> bool:
+    """Whether the topic was created (a master still settling answers an error: asked again)."""
+    created = _ask(address, _signed(ADMIN, RequestCode.UPDATE_AND_CREATE_TOPIC, {
+        "topic": TOPIC, "readQueueNums": "1", "writeQueueNums": "1", "perm": "6"}))
+    return created.code == ResponseCode.SUCCESS
 
 
 def _signed(creds: Credentials, code: int, ext: dict[str, str], body: bytes = b"") -> RemotingCommand:

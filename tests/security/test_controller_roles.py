@@ -40,9 +40,12 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 def live(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[Cluster]:
     with Cluster(tmp_path_factory.mktemp("ctlroles")) as c:
         c.client_security = _security(pki)
-        c.start_controllers(1, **config_keys(process_tls(pki.good, CONTROLLER)))
-        c.as_client = c.start_namesrv(**config_keys(process_tls(pki.good, CLIENT)))
-        c.as_namesrv = c.start_namesrv(**config_keys(process_tls(pki.good, NAMESRV)))
+        # Generous waits: a loaded two-core machine starts a process in tens of seconds.
+        c.wait_controllers(c.start_controllers(1, wait=False, **config_keys(process_tls(pki.good, CONTROLLER))), 90)
+        c.as_client = c.start_namesrv(wait=False, **config_keys(process_tls(pki.good, CLIENT)))
+        c.as_namesrv = c.start_namesrv(wait=False, **config_keys(process_tls(pki.good, NAMESRV)))
+        for ns in (c.as_client, c.as_namesrv):
+            c.wait_for(lambda ns=ns: ns.listens(ns.address), 90, what=f"{ns.name} listening", process=ns)
         yield c
 
 
