@@ -28,11 +28,13 @@ import pytest
 from security_wire import RawClient
 
 from rmqha._core import load
+from rmqha.broker.acl_guard import acl_guard
 from rmqha.client import BlockingProducer, Message, Producer, SendStatus
 from rmqha.net.client_security import ClientSecurity, Credentials
+from rmqha.net.server import RemotingServer
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.command import VERSION, RemotingCommand, decode_frame
-from rmqha.security.replay import NONCE_FIELD, TIME_FIELD, stamp
+from rmqha.security.replay import NONCE_FIELD, TIME_FIELD, ReplayWindow, stamp
 from rmqha.security.signature import sign
 from rmqha.testing.local_cluster import Cluster
 
@@ -215,3 +217,40 @@ def test_the_start_up_warning_says_what_is_replayable(live: Cluster) -> None:
     log_a, log_b = (Path(b.log_path).read_text(errors="replace") for b in (live.a, live.b))
     assert "a request of a RocketMQ client (no signed RmqhaTime) can be replayed" in log_a
     assert "requests without a signed RmqhaTime are refused" in log_b
+
+
+def test_a_send_the_fast_lane_admitted_but_did_not_take_is_not_checked_twice(tmp_path: Path) -> None:
+    """A plain send the lane admits but its handler leaves (a new master waiting for its
+    first lease, a slave) goes the ordinary way without a second check: the window would
+    call its own first check a replay.  A real server port in this process, the broker's
+    guard; the replay of the same frame is still refused (negative control)."""
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text(ACL)
+    guard = acl_guard(acl, replay=ReplayWindow())
+    taken: list[int] = []
+
+    async def ordinary(cmd: RemotingCommand, conn: Any) -> RemotingCommand:
+        taken.append(cmd.opaque)
+        return cmd.response(ResponseCode.SUCCESS, "taken the ordinary way")
+
+    async def main() -> list[RemotingCommand]:
+        server = RemotingServer(handler={310: ordinary})
+        server.dispatcher.guard = guard
+        server.dispatcher.plain_guard = guard.plain
+        server.dispatcher.register_plain_send(lambda send, conn: False, ())  # never takes one
+        async with server:
+            frame = load("send_codec").encode_send(310, 99, VERSION, "PG_REPLAY", TOPIC, 0, 1, 0, "", False, 0,
+                                                   b"left by the lane")
+            signed = APP.sign_send_frame(frame, decode_frame(frame[4:]).ext_fields, b"left by the lane")
+            assert signed is not None
+            loop = asyncio.get_running_loop()
+
+            def both() -> list[RemotingCommand]:
+                with RawClient(server.address) as client:
+                    return [client.request_bytes(signed, 99), client.request_bytes(signed, 99)]
+            return await loop.run_in_executor(None, both)
+
+    first, again = asyncio.run(main())
+    assert first.code == ResponseCode.SUCCESS, first.remark
+    _refused(again, "is a replay")
+    assert taken == [99]
