@@ -313,3 +313,27 @@ def test_credentials_are_whole_and_keep_the_secret_out_of_repr() -> None:
         Credentials.resolve(secret_key="sk-1234567", env={})
     env = {"RMQHA_ACCESS_KEY": "ak-env-123", "RMQHA_SECRET_KEY": "sk-env-123"}
     assert Credentials.resolve(env=env) == Credentials("ak-env-123", "sk-env-123")
+
+
+def test_cli_group_changes_sign_with_an_admin_account(tmp_path: Path, acl: Path) -> None:
+    """``rmqha update-sub-group`` takes ``--access-key`` / ``--secret-key``: an admin
+    account changes a group on a broker with ``aclEnable``; an application's account and
+    no account are refused (the negative control: the broker does check)."""
+    async def main() -> dict[str, subprocess.CompletedProcess[str]]:
+        async with Env(tmp_path) as env:
+            b = await env.broker(acl_file=acl)
+            loop = asyncio.get_running_loop()
+
+            async def cli(*flags: str) -> Any:
+                clean = {k: v for k, v in os.environ.items() if not k.startswith("RMQHA_")}
+                return await loop.run_in_executor(None, lambda: subprocess.run(
+                    [sys.executable, "-m", "rmqha", "update-sub-group", "-b", b.address, "-g", "g-acl",
+                     "--timeout", "5", *flags], capture_output=True, text=True, timeout=60, env=clean))
+            return {"admin": await cli("--access-key", ADMIN["access_key"], "--secret-key", ADMIN["secret_key"]),
+                    "app": await cli("--access-key", APP["access_key"], "--secret-key", APP["secret_key"]),
+                    "none": await cli()}
+
+    r = run(main())
+    assert r["admin"].returncode == 0 and "OK" in r["admin"].stdout, r["admin"].stdout + r["admin"].stderr[-2000:]
+    for case in ("app", "none"):
+        assert r[case].returncode != 0 and "FAILED" in r[case].stdout, (case, r[case].stdout)
