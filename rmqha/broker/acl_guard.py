@@ -6,6 +6,9 @@ must be that account's HMAC-SHA1 of the request, and the account must hold the p
 the request code needs (:mod:`rmqha.security.acl`).  A refusal answers RocketMQ's code for
 it (SYSTEM_ERROR with the reason as remark) and changes nothing.
 
+Every verified signature also passes the replay window (:mod:`rmqha.security.replay`):
+a signed ``RmqhaTime`` within 5 minutes, a signature not taken before.
+
 A plain send (the remoting connection's fast lane, parsed with its signing material) is
 first put to :class:`rmqha.security.acl_lane.SendLane` (:meth:`AclGuard.plain`): what it
 admits is what the check would admit, and everything else goes to the check as a command,
@@ -52,6 +55,7 @@ from rmqha.protocol.request_auth import (
 from rmqha.security.acl import AclValidator
 from rmqha.security.acl_lane import SendLane
 from rmqha.security.identity import Role
+from rmqha.security.replay import ReplayWindow
 
 _PROCESSES = Sender.BROKER | Sender.CONTROLLER
 #: The certificate role of each sender a certificate can prove.
@@ -84,8 +88,8 @@ class AclGuard:
     :data:`~rmqha.net.dispatcher.PlainGuard` (:meth:`plain`), over one validator."""
 
     def __init__(self, acl_file: Path, *, recheck_interval_s: float = 1.0,
-                 auth: RequestAuthenticator | None = None) -> None:
-        self.validator = AclValidator(acl_file, recheck_interval_s=recheck_interval_s)
+                 auth: RequestAuthenticator | None = None, replay: ReplayWindow | None = None) -> None:
+        self.validator = AclValidator(acl_file, recheck_interval_s=recheck_interval_s, replay=replay)
         self.lane = SendLane(self.validator)
         self.auth: RequestAuthenticator = auth if auth is not None else OpenAuth()
 
@@ -124,14 +128,15 @@ class AclGuard:
     def plain(self, send: SendFrame, conn: LanePeer) -> bool:
         """Whether the check would let this plain send through (False: ask it)."""
         return self.lane.admits(send[12], send[3], send[13], send[14], send[10],
-                                conn.attributes, _host(conn.peer))
+                                conn.attributes, _host(conn.peer), send[11])
 
 
 def acl_guard(acl_file: Path, *, recheck_interval_s: float = 1.0,
-              auth: RequestAuthenticator | None = None) -> AclGuard:
+              auth: RequestAuthenticator | None = None, replay: ReplayWindow | None = None) -> AclGuard:
     """A guard checking every client request against ``acl_file`` (reloaded when it
-    changes); ``auth`` (the broker's cluster secret) admits the codes a broker signs."""
-    return AclGuard(acl_file, recheck_interval_s=recheck_interval_s, auth=auth)
+    changes); ``auth`` (the broker's cluster secret) admits the codes a broker signs;
+    ``replay``: the window signed times must fall in (:mod:`rmqha.security.replay`)."""
+    return AclGuard(acl_file, recheck_interval_s=recheck_interval_s, auth=auth, replay=replay)
 
 
 def _cluster_peer(cmd: RemotingCommand, conn: LanePeer) -> bool:

@@ -65,6 +65,7 @@ from rmqha.net.peer_check import Need, PeerCheck
 from rmqha.net.server import RemotingServer
 from rmqha.protocol.code_rules import APPEND_CODES, require_declared
 from rmqha.protocol.command import RemotingCommand
+from rmqha.security.replay import ReplayWindow, plaintext_acl_warning
 from rmqha.security.tls import TlsMode, TlsSettings
 from rmqha.protocol.request_auth import OpenAuth, RequestAuthenticator, request_auth
 from rmqha.security.channel_auth import ChannelKey
@@ -204,9 +205,11 @@ class Broker:
         # role notices); plain clients are served as before, told apart by the preface.
         self.server = RemotingServer(
             cfg.listen_host, cfg.listen_port, max_frame_bytes=cfg.max_frame_bytes, tls=self.tls,
+            max_connections_per_peer=cfg.max_connections_per_peer,
             channels=channel.expecting((IdentityRole.CONTROLLER,)) if channel is not None else None)
         if cfg.acl_enable:
-            acl_guard(cfg.acl_file, auth=self.auth).protect(self.server, self.message_service)
+            replay = ReplayWindow(max_entries=cfg.acl_replay_cache_entries, require_time=cfg.acl_require_signed_time)
+            acl_guard(cfg.acl_file, auth=self.auth, replay=replay).protect(self.server, self.message_service)
         if self._served_bytes is not None and handlers.get(int(RequestCode.PULL_MESSAGE)) is not None:
             handlers[int(RequestCode.PULL_MESSAGE)] = self._count_served(handlers[int(RequestCode.PULL_MESSAGE)])
         for code, handler in handlers.items():
@@ -234,12 +237,10 @@ class Broker:
         log.info("broker %s/%s id %d serving clients on %s", cfg.cluster, cfg.broker_name, broker_id,
                  self.server.address)
         if cfg.acl_enable and self.server.tls_mode is not TlsMode.ENFORCING:
-            # ACL 1.0 signs the request, not a time or nonce: on a plaintext link a captured
-            # request is a valid request for ever (issue 37; docs/security.md).
-            log.warning("ACL on %s over plaintext (tls.server.mode = %s): a signed request captured "
-                        "on the network can be replayed as it is (ACL 1.0 signs no time or nonce); "
-                        "serve TLS only (tls.server.mode = enforcing) to keep requests from being "
-                        "captured", self.server.address, self.server.tls_mode.value)
+            # ACL 1.0 signs no time or nonce: a captured request of a RocketMQ client is
+            # valid for ever over plaintext (issue 37; docs/security.md).
+            log.warning("%s", plaintext_acl_warning(self.server.address, self.server.tls_mode.value,
+                                                    require_time=cfg.acl_require_signed_time))
 
         if self.metrics is not None:
             self.metrics_port = self.metrics.serve(cfg.metrics_port, cfg.metrics_host,

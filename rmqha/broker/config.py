@@ -57,6 +57,9 @@ class BrokerConfig(TlsKeys):
     #: Largest remoting frame accepted; a longer length closes the connection before
     #: anything is allocated.
     max_frame_bytes: int = 16 * 1024 * 1024
+    #: Connections one peer host may hold open on each port of this process (a stranger
+    #: opening more gets each extra one closed at accept, logged; rmqha.net.peer_limit).
+    max_connections_per_peer: int = 512
     #: Timeout of one request to a controller or name server.
     rpc_timeout_ms: int = 3000
     #: Admin writes (topic changes, config updates) need this token when it is set.
@@ -66,6 +69,13 @@ class BrokerConfig(TlsKeys):
     acl_enable: bool = field(default=False, metadata=_alias("aclEnable"))
     #: The ACL accounts file; re-read when it changes.
     acl_file: Path = field(default=Path("plain_acl.yml"), metadata=_alias("aclFile"))
+    #: With ``acl_enable``: refuse a signed request that carries no signed ``RmqhaTime``
+    #: (RocketMQ's own clients never send one; rmqha's always do).  Such a request cannot be
+    #: told from its replay; off, it is taken as RocketMQ takes it (docs/security.md, Replay).
+    acl_require_signed_time: bool = False
+    #: With ``acl_enable``: signatures the replay window remembers (~120 bytes each); full,
+    #: it refuses requests signed before the oldest one it forgot (the window shrinks).
+    acl_replay_cache_entries: int = 262_144
     #: The secret shared by every process of the cluster (at least 16 bytes; make one with
     #: ``rmqha certs secret``).  Given, every HA link authenticates both ways (the peer
     #: must be a broker of this cluster and group) and every HA frame carries a MAC; this
@@ -308,6 +318,8 @@ class BrokerConfig(TlsKeys):
         self._check_cluster_secret()
         if self.in_sync_replicas < 1 or self.min_in_sync_replicas < 1:
             raise ConfigError("in_sync_replicas and min_in_sync_replicas must be at least 1")
+        if self.acl_replay_cache_entries < 1:
+            raise ConfigError(f"acl_replay_cache_entries must be at least 1, got {self.acl_replay_cache_entries}")
         if self.segment_bytes < 4096:
             raise ConfigError(f"segment_bytes {self.segment_bytes} is below 4096")
         if self.prefault_window_bytes < 8192:

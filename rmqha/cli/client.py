@@ -139,7 +139,8 @@ def _topic_list(args: argparse.Namespace) -> int:
 
 def _broker_status(addr: str, timeout: float, security: ClientSecurity | None) -> dict[str, Any] | None:
     try:
-        with BlockingRemotingClient(addr, connect_timeout=timeout, security=security) as client:
+        with BlockingRemotingClient(addr, connect_timeout=timeout, security=security,
+                                    expect=ServerRole.broker()) as client:
             resp = client.request(RemotingCommand.request(RequestCode.GET_BROKER_HA_STATUS), timeout)
     except (RemotingError, TimeoutError):
         return None

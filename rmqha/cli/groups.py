@@ -14,10 +14,12 @@ import os
 import sys
 from typing import Any
 
+from rmqha.cli.client_security import add_flags, client_security
 from rmqha.cli.lookup import members
 from rmqha.cli.output import add_json_flag, emit, reports_errors, table
 from rmqha.errors import ConfigError, RemotingError
 from rmqha.net.blocking import BlockingRemotingClient
+from rmqha.net.client_security import ServerRole
 from rmqha.protocol.codes import RequestCode, ResponseCode
 from rmqha.protocol.command import RemotingCommand
 from rmqha.protocol.groups import SubscriptionGroupConfig
@@ -58,6 +60,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--admin-token", default=os.environ.get("RMQHA_ADMIN_TOKEN"),
                    help="the cluster's admin token (default: $RMQHA_ADMIN_TOKEN)")
     p.add_argument("--timeout", type=float, default=3.0, help="per-request timeout in seconds")
+    add_flags(p)  # an admin account and TLS: a secured broker takes group changes from admins only
     add_json_flag(p)
 
 
@@ -114,7 +117,7 @@ def _targets(args: argparse.Namespace) -> list[tuple[str, str]] | None:
               file=sys.stderr)
         return None
     return [(m.broker_name, m.address) for m in
-            members(args.namesrv, cluster=args.cluster, timeout=args.timeout)
+            members(args.namesrv, cluster=args.cluster, timeout=args.timeout, security=client_security(args))
             if m.namesrv_id == 0]
 
 
@@ -127,7 +130,8 @@ def _apply(args: argparse.Namespace, code: int, ext: dict[str, Any], body: Any) 
     rows: list[tuple[str, str, str, str]] = []
     for name, addr in targets:
         try:
-            with BlockingRemotingClient(addr, connect_timeout=args.timeout) as client:
+            with BlockingRemotingClient(addr, connect_timeout=args.timeout, security=client_security(args),
+                                        expect=ServerRole.broker()) as client:
                 resp = client.request(RemotingCommand.request(code, ext, body), args.timeout)
             ok, remark = resp.code == ResponseCode.SUCCESS, resp.remark or ""
         except (RemotingError, TimeoutError) as exc:

@@ -46,7 +46,7 @@ from rmqha.protocol.control_headers import (
 )
 from rmqha.errors import ControllerError, RemoteCommandError, RemotingError
 from rmqha.net.client import RemotingClient
-from rmqha.net.client_security import ClientSecurity
+from rmqha.net.client_security import ClientSecurity, ServerRole
 from rmqha.net.loop import EventLoopThread
 from rmqha.protocol.command import RemotingCommand
 from rmqha.protocol.request_auth import RequestAuthenticator, request_auth
@@ -187,8 +187,9 @@ class ControllerClient:
     def _client(self, addr: str) -> RemotingClient:
         client = self._clients.get(addr)
         if client is None:
+            # Over TLS with the cluster CA the server must show a controller's certificate.
             client = self._clients[addr] = RemotingClient(addr, connect_timeout=self.request_timeout,
-                                                          security=self.security)
+                                                          security=self.security, expect=ServerRole.controller())
         return client
 
     async def close(self) -> None:

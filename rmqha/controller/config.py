@@ -132,6 +132,9 @@ class ControllerConfig(TlsKeys):
     #: Largest remoting frame accepted; a longer length closes the connection before
     #: anything is allocated.
     max_frame_bytes: int = 16 * 1024 * 1024
+    #: Connections one peer host may hold open on each port of this process (a stranger
+    #: opening more gets each extra one closed at accept, logged; rmqha.net.peer_limit).
+    max_connections_per_peer: int = 512
 
     #: Prometheus exporter port (0 = off).
     metrics_port: int = field(default=0, metadata={"aliases": ("metricsPromExporterPort",)})

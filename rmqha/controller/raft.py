@@ -61,6 +61,7 @@ from rmqha.errors import ConfigError, ControllerError, NotLeaderError
 from rmqha.protocol.lease_timing import LEADER_FALLBACK_TIMEOUT_S, RAFT_TICK_S
 from rmqha.controller.raft_journal import DurableJournal, SyncHook, durable_mkdir
 from rmqha.controller.raft_port import bind_address, deadline_transport
+from rmqha.net.peer_limit import DEFAULT_MAX_PER_PEER
 from rmqha.controller.raft_tls import RaftTls, tls_transport
 
 #: pysyncobj's constructor is patched for the journal factory one node at a time.
@@ -134,6 +135,8 @@ class RaftSettings:
     #: The host the Raft port listens on (the controller's ``listen_host``); None: the
     #: self address's host.  Never a wildcard unless given one (rmqha.controller.raft_port).
     bind_host: str | None = None
+    #: Accepted Raft links one host may hold open (rmqha.net.peer_limit).
+    max_connections_per_peer: int = DEFAULT_MAX_PER_PEER
     extra: dict[str, Any] = field(default_factory=dict)
 
     def check(self) -> None:
@@ -344,7 +347,7 @@ class RaftNode:
                 log.warning("pysyncobj %s is not a version the fast-commit guard was checked "
                             "against (%s)", PYSYNCOBJ_VERSION, ", ".join(_GUARDED_VERSIONS))
             transport_class = _GuardedTransport
-        transport_class = deadline_transport(transport_class)
+        transport_class = deadline_transport(transport_class, self.settings.max_connections_per_peer)
         if self.settings.tls is not None:
             transport_class = tls_transport(transport_class, self.settings.tls)
         self._role = RaftRole.FOLLOWER

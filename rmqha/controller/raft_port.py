@@ -19,10 +19,12 @@ controller:
   heartbeat every 50 ms and its followers answer each; a link between two followers
   carries nothing between elections, is dropped after 20 s and dialled again within
   pysyncobj's retry time (0.3 s) by the member that dials it;
-* **cap** (:data:`MAX_UNIDENTIFIED_PER_HOST`): at most this many accepted links from one
-  host may be waiting to identify at once; more are closed at accept.  A group has one
-  link per pair of members (the member with the greater address dials), so even the
-  loopback groups of the tests, every member on 127.0.0.1, need at most two.
+* **caps**: at most :data:`MAX_UNIDENTIFIED_PER_HOST` accepted links from one host may be
+  waiting to identify at once, and at most ``max_connections_per_peer`` accepted links
+  from one host may be open at all (:mod:`rmqha.net.peer_limit`, the rule of every port);
+  more are closed at accept.  A group has one link per pair of members (the member with
+  the greater address dials), so even the loopback groups of the tests, every member on
+  127.0.0.1, need at most two.
 
 Every drop logs one line naming the peer and why: WARNING for links that never
 identified; DEBUG for idle members' links (two followers' link drops every 20 s between
@@ -38,6 +40,7 @@ from typing import Any
 from pysyncobj.monotonic import monotonic as monotonic_time
 from pysyncobj.transport import TCPTransport
 
+from rmqha.net.peer_limit import DEFAULT_MAX_PER_PEER, PeerLimit, Slot
 from rmqha.net.server import HANDSHAKE_TIMEOUT_S
 from rmqha.protocol.request_auth import RefusalLog
 
@@ -71,34 +74,49 @@ class _Accepted:
 
     host: str
     since: float
+    slot: Slot
 
 
 class DeadlineTransport(TCPTransport):
     """pysyncobj's TCP transport with the handshake and idle deadlines and the per-host
     cap of the module docstring (mixed in front of the transport class a node uses)."""
 
+    #: Accepted links one host may hold open (set by :func:`deadline_transport`).
+    max_per_peer = DEFAULT_MAX_PER_PEER
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._accepted: dict[Any, _Accepted] = {}
         #: Refused links, logged at most once per kind per period.
         self._refusals = RefusalLog(log)
         self._next_sweep = 0.0
+        self.peer_limit = PeerLimit("Raft port", self.max_per_peer)
         super().__init__(*args, **kwargs)
 
     def _onNewIncomingConnection(self, conn: Any) -> None:  # noqa: N802 (pysyncobj's name)
         host = _peer_host(conn)
+        slot = self.peer_limit.admit(host)
+        if slot is None:
+            conn.disconnect()
+            return
         waiting = sum(1 for c, a in self._accepted.items()
                       if a.host == host and c in self._unknownConnections)
         if waiting >= MAX_UNIDENTIFIED_PER_HOST:
             self._refusals.warn("unidentified", "Raft link from %s refused: %d links from that host are already "
                                 "waiting to identify (at most %d)", host, waiting, MAX_UNIDENTIFIED_PER_HOST)
+            slot.release()
             conn.disconnect()
             return
-        self._accepted[conn] = _Accepted(host, monotonic_time())
+        self._accepted[conn] = _Accepted(host, monotonic_time(), slot)
         super()._onNewIncomingConnection(conn)
 
     def _onDisconnected(self, conn: Any) -> None:  # noqa: N802
-        self._accepted.pop(conn, None)
+        self._forget(conn)
         super()._onDisconnected(conn)
+
+    def _forget(self, conn: Any) -> None:
+        accepted = self._accepted.pop(conn, None)
+        if accepted is not None:
+            accepted.slot.release()
 
     def _onTick(self) -> None:  # noqa: N802
         super()._onTick()
@@ -115,7 +133,7 @@ class DeadlineTransport(TCPTransport):
                 continue
             level = logging.WARNING if conn in self._unknownConnections else logging.DEBUG
             log.log(level, "Raft link from %s dropped: %s", accepted.host, why)
-            self._accepted.pop(conn, None)
+            self._forget(conn)
             conn.disconnect()
             self._unknownConnections.discard(conn)
 
@@ -133,9 +151,9 @@ class DeadlineTransport(TCPTransport):
         return len(self._accepted)
 
 
-def deadline_transport(base: type[TCPTransport]) -> type[TCPTransport]:
-    """``base`` (pysyncobj's transport or a subclass) with the deadlines and the cap."""
-    return type(f"Deadline{base.__name__}", (DeadlineTransport, base), {})
+def deadline_transport(base: type[TCPTransport], max_per_peer: int = DEFAULT_MAX_PER_PEER) -> type[TCPTransport]:
+    """``base`` (pysyncobj's transport or a subclass) with the deadlines and the caps."""
+    return type(f"Deadline{base.__name__}", (DeadlineTransport, base), {"max_per_peer": max_per_peer})
 
 
 def _peer_host(conn: Any) -> str:

@@ -76,7 +76,7 @@ from rmqha.controller.raft import RaftNode, RaftRole, RaftSettings
 from rmqha.controller.raft_tls import RaftTls
 from rmqha.net.client import RemotingClient
 from rmqha.net.channel import refused_off_channel
-from rmqha.net.client_security import ClientSecurity
+from rmqha.net.client_security import ClientSecurity, ServerRole
 from rmqha.net.peer import RequestPeer
 from rmqha.net.peer_check import PeerCheck
 from rmqha.net.server import RemotingServer
@@ -129,7 +129,8 @@ class ControllerServer:
         #: Who may send what, by certificate identity (rmqha.controller.peer_rules).
         self.peer_check = PeerCheck(self.tls)
         self.remoting = RemotingServer(config.listen_host, int(port), None, config.max_frame_bytes,
-                                       tls=self.tls, channels=channels)
+                                       tls=self.tls, channels=channels,
+                                       max_connections_per_peer=config.max_connections_per_peer)
         self.raft = RaftNode(
             RaftSettings(
                 self_address=self.self_peer.raft_address,
@@ -145,6 +146,7 @@ class ControllerServer:
                 tls=RaftTls.from_settings(self.tls, {p.raft_address: p.id for p in self.peers}),
                 # The Raft port listens where the RPC port does (pysyncobj alone: 0.0.0.0).
                 bind_host=config.listen_host,
+                max_connections_per_peer=config.max_connections_per_peer,
             ),
             self.state.apply, self.state.snapshot, self.state.restore,
             on_role_change=self._role_changed_from_raft,
@@ -734,7 +736,7 @@ class ControllerServer:
         # connection per notice, closed after it: notices come only after elections, and a
         # link held open to every broker would outlive a partition between them (a path
         # from the controllers into a broker that the network no longer gives).
-        client = RemotingClient(addr, connect_timeout=3.0, security=self._notice_links)
+        client = RemotingClient(addr, connect_timeout=3.0, security=self._notice_links, expect=ServerRole.broker())
         try:
             await asyncio.wait_for(client.oneway(cmd), 3.0)
         except (asyncio.TimeoutError, OSError, RmqhaError) as exc:

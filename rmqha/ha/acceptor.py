@@ -1,6 +1,8 @@
 """The HA master's port (:class:`Acceptor`): accept, handshake, then serve the link.
 
-Every accepted connection goes, in one task, through: the :class:`rmqha.ha.link.Link`
+Every accepted connection holds a place in its peer host's count
+(:mod:`rmqha.net.peer_limit`) until its task ends; one past ``max_connections_per_peer``
+is closed at accept.  Every accepted connection goes, in one task, through: the :class:`rmqha.ha.link.Link`
 around the socket (with TLS, :class:`rmqha.ha.tls_link.HATls`: a TLS link, its handshake
 and the slave's certificate, which must name a broker of this cluster and group; a
 plaintext connection is refused, whatever the client port's mode); the admission
@@ -28,6 +30,7 @@ from rmqha.ha.handshake import MasterHandshake
 from rmqha.ha.link import Link, LinkClosed, LinkTimeout, tune_socket
 from rmqha.ha.sync_service import SyncService
 from rmqha.ha.tls_link import HATls
+from rmqha.net.peer_limit import DEFAULT_MAX_PER_PEER, PeerLimit
 from rmqha.protocol.request_auth import RefusalLog
 from rmqha.security.tls import TlsMode, accepted_kind
 
@@ -39,7 +42,7 @@ class Acceptor:
     """Listens on the HA port and runs one task per connection."""
 
     def __init__(self, handshake: MasterHandshake, service: SyncService, auth: HAAuth | None = None,
-                 tls: HATls | None = None) -> None:
+                 tls: HATls | None = None, *, max_connections_per_peer: int = DEFAULT_MAX_PER_PEER) -> None:
         self._handshake = handshake
         #: Refused links, logged at most once per kind per period (a scan or a flood of
         #: bad dials must not flood the log).
@@ -51,6 +54,7 @@ class Acceptor:
         self._accept_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
+        self.peer_limit = PeerLimit("HA port", max_connections_per_peer)
 
     @property
     def refused(self) -> int:
@@ -69,6 +73,7 @@ class Acceptor:
             sock.close()
             raise
         self._server = sock
+        self.peer_limit.where = f"HA port {host}:{sock.getsockname()[1]}"
         self._accept_task = asyncio.ensure_future(self._accept_loop(sock))
         return int(sock.getsockname()[1])
 
@@ -93,10 +98,15 @@ class Acceptor:
                 log.warning("HA accept failed: %s", exc)
                 await asyncio.sleep(0.1)
                 continue
+            slot = self.peer_limit.admit(_peer_of(conn).rpartition(":")[0])
+            if slot is None:
+                conn.close()
+                continue
             tune_socket(conn)
             task = asyncio.ensure_future(self.serve(conn))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(slot.release)
 
     async def serve(self, sock: socket.socket) -> None:
         """One connection, from accept to its end."""

@@ -66,6 +66,8 @@ class HAConfig:
     ha_reconnect_max_ms: int = 5000
     #: Connect timeout of the slave.
     ha_connect_timeout_ms: int = 3000
+    #: Connections one peer host may hold open on the HA port (rmqha.net.peer_limit).
+    max_connections_per_peer: int = 512
 
     def __post_init__(self) -> None:
         positive = (

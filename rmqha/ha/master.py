@@ -106,7 +106,8 @@ class HAMaster:
         )
         handshake = MasterHandshake(commitlog, epoch_map, self.config, group=group, broker_id=self.broker_id,
                                     is_known_replica=is_known_replica)
-        self._acceptor = Acceptor(handshake, self._service, auth, tls)
+        self._acceptor = Acceptor(handshake, self._service, auth, tls,
+                                  max_connections_per_peer=self.config.max_connections_per_peer)
         self._stopped = False
         self.address = ""
 

@@ -36,7 +36,7 @@ from rmqha.protocol.codes import RequestCode
 from rmqha.errors import RmqhaError
 from rmqha.namesrv.route_table import MASTER_ID, BrokerRegistration, RouteTable
 from rmqha.net.client import RemotingClient
-from rmqha.net.client_security import ClientSecurity
+from rmqha.net.client_security import ClientSecurity, ServerRole
 from rmqha.protocol.command import RemotingCommand
 
 log = logging.getLogger(__name__)
@@ -195,7 +195,7 @@ class ClusterView:
         client = self._clients.get(address)
         if client is None:
             client = self._clients[address] = RemotingClient(address, connect_timeout=self.request_timeout_s,
-                                                             security=self.security)
+                                                             security=self.security, expect=ServerRole.broker())
         cmd = RemotingCommand.request(RequestCode.GET_BROKER_HA_STATUS)
         resp = await asyncio.wait_for(client.request(cmd, self.request_timeout_s), self.request_timeout_s * 2)
         resp.check_success(RequestCode.GET_BROKER_HA_STATUS)

@@ -37,6 +37,9 @@ class NamesrvConfig(TlsKeys):
     #: Largest remoting frame accepted; a longer length closes the connection before
     #: anything is allocated.
     max_frame_bytes: int = 16 * 1024 * 1024
+    #: Connections one peer host may hold open on each port of this process (a stranger
+    #: opening more gets each extra one closed at accept, logged; rmqha.net.peer_limit).
+    max_connections_per_peer: int = 512
     #: Admin writes (topic deletion from the route table) need this token when set.
     admin_token: str = ""
     #: The cluster's shared secret (env RMQHA_CLUSTER_SECRET): REGISTER_BROKER and

@@ -121,7 +121,8 @@ class NameServer:
         self.tls = TlsSettings.from_config(config, "name server config")
         channels = key_from_text(secret, Identity.namesrv("namesrv"), _REGISTRARS) if secret else None
         self.server = RemotingServer(config.listen_host, config.listen_port, max_frame_bytes=config.max_frame_bytes,
-                                     tls=self.tls, channels=channels)
+                                     tls=self.tls, channels=channels,
+                                     max_connections_per_peer=config.max_connections_per_peer)
         #: Over mutual TLS a broker registers and unregisters only as itself.
         self.peer_check = PeerCheck(self.tls)
         self.controller: Any = None

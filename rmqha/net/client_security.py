@@ -11,7 +11,9 @@ through ``ClientSession``, ``Producer``, ``Consumer`` ...):
   every answer must carry its MAC (a cluster process's control links);
 - ``rpc_hook``: called with every outgoing request just before it is written (RocketMQ's
   ``RPCHook.doBeforeRequest``); :meth:`Credentials.sign` is the one rmqha has, adding
-  ``AccessKey`` and the ``Signature`` over the final ext fields and body;
+  ``AccessKey``, the replay stamp (``RmqhaTime`` and ``RmqhaNonce``,
+  :mod:`rmqha.security.replay`: brokers refuse the request after 5 minutes or a second
+  time) and the ``Signature`` over the final ext fields and body;
 - ``credentials``: those :class:`Credentials` themselves, when the hook is theirs, so that
   a send encoded in one compiled call is signed as it is
   (:meth:`Credentials.sign_send_frame`) instead of being built again as a command.
@@ -37,7 +39,8 @@ from rmqha.errors import ConfigError, ServerIdentityError
 from rmqha.protocol.command import RemotingCommand
 from rmqha.security.channel_auth import ChannelKey
 from rmqha.security.identity import Identity, Role
-from rmqha.security.signature import ACCESS_KEY, mac_for, sign, signed_fields_with
+from rmqha.security.replay import NONCE_FIELD, TIME_FIELD, stamp
+from rmqha.security.signature import ACCESS_KEY, mac_for, sign, signed_fields_plus
 from rmqha.security.tls import ReloadingContext, TlsSettings
 
 ENV_ACCESS_KEY = "RMQHA_ACCESS_KEY"
@@ -62,6 +65,8 @@ class Credentials:
     access_key: str
     secret_key: str = field(repr=False)
     security_token: str | None = field(default=None, repr=False)
+    #: The replay stamp added to each request (time and nonce; a test fixes it).
+    stamper: Callable[[], dict[str, str]] = field(default=stamp, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.access_key or not self.secret_key:
@@ -87,7 +92,7 @@ class Credentials:
     def sign(self, cmd: RemotingCommand) -> None:
         """An :data:`RpcHook`: sign ``cmd`` the RocketMQ ACL 1.0 way."""
         cmd.ext_fields = sign(cmd.ext_fields, cmd.body, self.access_key, self.secret_key,
-                              self.security_token)
+                              self.security_token, self.stamper())
 
     def sign_send_frame(self, frame: bytes, ext_fields: Mapping[str, str],
                         body: bytes) -> bytes | None:
@@ -99,14 +104,17 @@ class Credentials:
         ours = self._in_place
         if ours is None:
             return None
+        stamped = self.stamper()
         total, ori = _LENGTHS.unpack_from(frame, 0)
         at = frame.find(_EXT_START, 8, 8 + (ori & 0xFFFFFF)) + len(_EXT_START)
         if ori >> 24 != 0 or at < len(_EXT_START) or frame[at:at + 1] != b'"' or ori > 0xFFF000:
             return None  # not JSON, no extFields entry to put ours before, or no room
         # The body hashed where it is, after the fields (no joined copy of a batch's body).
         signature = mac_for(self.secret_key).base64(
-            signed_fields_with(ext_fields, ACCESS_KEY, self.access_key), body)
-        ours = b'%s%s",' % (ours, signature)
+            signed_fields_plus(ext_fields, {ACCESS_KEY: self.access_key, **stamped}), body)
+        ours = b'"%s":"%s","%s":"%s",%s%s",' % (
+            NONCE_FIELD.encode(), stamped[NONCE_FIELD].encode(), TIME_FIELD.encode(),
+            stamped[TIME_FIELD].encode(), ours, signature)
         return b"".join([_LENGTHS.pack(total + len(ours), ori + len(ours)), frame[8:at], ours,
                          frame[at:]])
 
@@ -154,6 +162,10 @@ class ServerRole:
     @classmethod
     def namesrv(cls) -> ServerRole:
         return cls(Role.NAMESRV)
+
+    @classmethod
+    def controller(cls) -> ServerRole:
+        return cls(Role.CONTROLLER)
 
     @classmethod
     def broker(cls, cluster: str | None = None, group: str | None = None) -> ServerRole:

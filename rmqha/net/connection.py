@@ -763,7 +763,7 @@ class Connection(asyncio.Protocol):
             except Exception:  # a broken callback must not stop the others
                 log.exception("close callback of %s failed", self.name)
 
-    def _on_command(self, cmd: RemotingCommand | SendFrame | RawAnswer) -> None:
+    def _on_command(self, cmd: RemotingCommand | SendFrame | RawAnswer, admitted: bool = False) -> None:
         if isinstance(cmd, RawAnswer):
             raw = self._raw.get(cmd.opaque)
             if raw is None:
@@ -786,7 +786,7 @@ class Connection(asyncio.Protocol):
             return
         if self._dispatcher is not None:
             guard = self._dispatcher.guard
-            if guard is not None and not self._admitted(guard, cmd):
+            if guard is not None and not admitted and not self._admitted(guard, cmd):
                 return
             now = self._dispatcher.immediate.get(cmd.code)
             if now is not None and self._take_now(now, cmd):
@@ -797,13 +797,13 @@ class Connection(asyncio.Protocol):
 
     def _on_plain_send(self, send: SendFrame) -> None:
         """A plain send to its handler, or (not taken, or a guard whose plain check does
-        not admit it) the ordinary way; either way in its place among the connection's
-        requests."""
+        not admit it) the ordinary way, in its place; one the plain check admitted is not
+        checked again (its check counts once: the ACL's replay window remembers it)."""
         dispatcher = self._dispatcher
         handler = dispatcher.plain_send if dispatcher is not None else None
-        if handler is not None and dispatcher is not None and (
-                dispatcher.guard is None or (dispatcher.plain_guard is not None
-                                             and dispatcher.plain_guard(send, self))):
+        admitted = bool(handler is not None and dispatcher is not None and dispatcher.guard is not None
+                        and dispatcher.plain_guard is not None and dispatcher.plain_guard(send, self))
+        if handler is not None and dispatcher is not None and (dispatcher.guard is None or admitted):
             self._immediate += 1
             try:
                 if handler(send, self):
@@ -814,7 +814,7 @@ class Connection(asyncio.Protocol):
                 self.answer(cmd, cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}"))
                 return
             self._immediate -= 1
-        self._on_command(command_of(send))
+        self._on_command(command_of(send), admitted)
 
     def _admitted(self, guard: Guard, cmd: RemotingCommand) -> bool:
         """Whether ``guard`` lets ``cmd`` through; a refusal is answered here."""

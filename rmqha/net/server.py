@@ -7,6 +7,10 @@ handshake over TLS and anything else as plaintext, ENFORCING closes plaintext.  
 connection gets the context as it is at its handshake, so renewed certificate files serve
 the next connection without a restart.
 
+Every connection holds a place in its peer host's count (:mod:`rmqha.net.peer_limit`)
+from the accept (with TLS, before the handshake) to its close; one past
+``max_connections_per_peer`` is closed at once.
+
 With ``channels`` (a :class:`~rmqha.security.channel_auth.ChannelKey`) a connection that
 opens with the channel preface is authenticated by the cluster secret and MACs every frame
 (:mod:`rmqha.net.channel`; ``conn.channel_peer`` names the peer); others are served plain.
@@ -23,6 +27,7 @@ from rmqha.errors import AuthenticationError
 from rmqha.net.channel import accepting_layer
 from rmqha.net.connection import DEFAULT_FRAME_READ_TIMEOUT_S, Connection
 from rmqha.net.dispatcher import Dispatcher, Handler, ImmediateHandler
+from rmqha.net.peer_limit import DEFAULT_MAX_PER_PEER, PeerLimit, Slot, host_of
 from rmqha.protocol.command import DEFAULT_MAX_FRAME_BYTES
 from rmqha.security.channel_auth import ChannelKey
 from rmqha.security.tls import ReloadingContext, TlsMode, TlsSettings, accept_connection
@@ -56,6 +61,7 @@ class RemotingServer:
         frame_read_timeout: float | None = DEFAULT_FRAME_READ_TIMEOUT_S,
         tls: TlsSettings | None = None,
         channels: ChannelKey | None = None,
+        max_connections_per_peer: int = DEFAULT_MAX_PER_PEER,
     ) -> None:
         self.host = host
         self.port = port
@@ -73,6 +79,7 @@ class RemotingServer:
         self._accepting: asyncio.Task[None] | None = None
         self._handshakes: set[asyncio.Task[None]] = set()
         self._channel_layer = accepting_layer(channels) if channels is not None else None
+        self.peer_limit = PeerLimit(f"remoting port {host}:{port}", max_connections_per_peer)
 
     def register(self, code: int, handler: Handler) -> None:
         self.dispatcher.register(code, handler)
@@ -87,9 +94,9 @@ class RemotingServer:
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def _connection(self) -> Connection:
-        conn = Connection(self.dispatcher, self.max_frame_bytes,
-                          frame_read_timeout=self.frame_read_timeout, on_made=self._accept)
+    def _connection(self, slot: Slot | None = None) -> Connection:
+        conn = Connection(self.dispatcher, self.max_frame_bytes, frame_read_timeout=self.frame_read_timeout,
+                          on_made=lambda made: self._accept(made, slot))
         if self._channel_layer is not None:
             conn.use_layer(self._channel_layer(conn))
         return conn
@@ -104,6 +111,7 @@ class RemotingServer:
             self._accepting = asyncio.get_running_loop().create_task(
                 self._accept_loop(sock), name=f"accept-{self.host}:{sock.getsockname()[1]}")
         self.port = sock.getsockname()[1]
+        self.peer_limit.where = f"remoting port {self.address}"
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -122,7 +130,13 @@ class RemotingServer:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    def _accept(self, conn: Connection) -> None:
+    def _accept(self, conn: Connection, slot: Slot | None) -> None:
+        if slot is None:  # accepted by the loop's server: counted now
+            slot = self.peer_limit.admit(host_of(conn.peer))
+            if slot is None:
+                conn.drop(f"more than {self.peer_limit.max_per_peer} connections from {host_of(conn.peer)}")
+                return
+        conn.add_close_callback(slot.release)
         asyncio.get_running_loop().call_later(HANDSHAKE_TIMEOUT_S, _drop_if_silent, conn, self.address)
         self.connections.add(conn)
         conn.add_close_callback(self.connections.discard)
@@ -140,21 +154,32 @@ class RemotingServer:
                 log.warning("accept on %s failed: %s", self.address, exc)
                 await asyncio.sleep(0.1)
                 continue
-            task = loop.create_task(self._serve_accepted(sock))
+            slot = self.peer_limit.admit(_peer_host(sock))
+            if slot is None:
+                sock.close()
+                continue
+            task = loop.create_task(self._serve_accepted(sock, slot))
             self._handshakes.add(task)
             task.add_done_callback(self._handshakes.discard)
 
-    async def _serve_accepted(self, sock: socket.socket) -> None:
+    async def _serve_accepted(self, sock: socket.socket, slot: Slot) -> None:
+        """Serve one accepted socket; its slot passes to the connection once made (which
+        releases it at its close) and is released here if none is."""
         peer = _peer_text(sock)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            await accept_connection(sock, self._connection, self.tls_mode, self.tls_context,
+            await accept_connection(sock, lambda: self._connection(slot), self.tls_mode, self.tls_context,
                                     timeout=HANDSHAKE_TIMEOUT_S)
         except AuthenticationError as exc:
+            slot.release()
             log.info("%s: closed connection from %s: %s", self.address, peer, exc)
         except (ssl.SSLError, ConnectionError, TimeoutError, OSError) as exc:
+            slot.release()
             log.info("%s: TLS handshake with %s failed: %s", self.address, peer,
                      exc or type(exc).__name__)
+        except asyncio.CancelledError:
+            slot.release()
+            raise
 
     async def _stop_accepting(self) -> None:
         tasks = [t for t in (self._accepting, *self._handshakes) if t is not None]
@@ -181,6 +206,13 @@ def _listen(host: str, port: int) -> socket.socket:
     sock = socket.create_server((host, port), family=family, backlog=100)
     sock.setblocking(False)
     return sock
+
+
+def _peer_host(sock: socket.socket) -> str:
+    try:
+        return host_of(sock.getpeername())
+    except OSError:
+        return "?"
 
 
 def _peer_text(sock: socket.socket) -> str:

@@ -42,6 +42,7 @@ from rmqha.protocol.topic_attributes import TopicMessageType, topic_message_type
 from rmqha.protocol.topics import TopicConfig
 from rmqha.proxy.config import ProxyConfig
 from rmqha.proxy.status import RETRIABLE, Code, transport_error
+from rmqha.security.replay import stamp
 from rmqha.security.signature import sign
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ class ClusterAccess:
     def signed(self, cmd: RemotingCommand) -> RemotingCommand:
         if self.cfg.inner_access_key:
             cmd.ext_fields = sign(cmd.ext_fields, cmd.body, self.cfg.inner_access_key,
-                                  self.cfg.inner_secret_key)
+                                  self.cfg.inner_secret_key, extra=stamp())
         return cmd
 
     async def request(self, addr: str, cmd: RemotingCommand, timeout: float) -> RemotingCommand:

@@ -63,6 +63,7 @@ from rmqha.errors import (
 from rmqha.protocol.code_rules import RULES, CodeRule, Kind, Named, Need, resources_of, rule_of, topic_resource
 from rmqha.protocol.codes import RequestCode
 from rmqha.security.address_pattern import AddressPattern, parse_ip
+from rmqha.security.replay import ReplayWindow
 from rmqha.security.signature import ACCESS_KEY, SIGNATURE, signature_matches
 
 log = logging.getLogger(__name__)
@@ -314,8 +315,9 @@ def required_access(code: int, ext_fields: Mapping[str, str], body: bytes | None
 
 def check_request(config: AclConfig, code: int, ext_fields: Mapping[str, str], body: bytes | None,
                   remote_ip: str, *, version: int | None = None,
-                  rules: Mapping[RequestCode, CodeRule] = RULES) -> None:
-    """Raise an :class:`~rmqha.errors.AclError` unless ``config`` lets this request through."""
+                  rules: Mapping[RequestCode, CodeRule] = RULES, replay: ReplayWindow | None = None) -> None:
+    """Raise an :class:`~rmqha.errors.AclError` unless ``config`` lets this request through
+    (and ``replay``, given, takes its signed time and signature: :mod:`rmqha.security.replay`)."""
     ip = parse_ip(remote_ip)
     if any(p.matches_ip(ip) for p in config.global_white):
         return
@@ -332,6 +334,8 @@ def check_request(config: AclConfig, code: int, ext_fields: Mapping[str, str], b
     if not signature_matches(ext_fields, body, account.secret_key, version):
         raise AclAuthenticationError(f"check signature failed for accessKey={access_key}")
     _check_permissions(account, required_access(code, ext_fields, body, rules), rules)
+    if replay is not None:  # last: a refused request leaves no signature in the cache
+        replay.check_fields(ext_fields, ext_fields[SIGNATURE].encode("utf-8", "replace"), code)
 
 
 def _check_permissions(account: Account, need: RequiredAccess, rules: Mapping[RequestCode, CodeRule]) -> None:
@@ -370,8 +374,10 @@ class AclValidator:
     """
 
     def __init__(self, path: str | Path, *, recheck_interval_s: float = 1.0,
-                 rules: Mapping[RequestCode, CodeRule] = RULES) -> None:
+                 rules: Mapping[RequestCode, CodeRule] = RULES, replay: ReplayWindow | None = None) -> None:
         self.path = Path(path)
+        #: The replay window every verified signature passes (None: none, RocketMQ's way).
+        self.replay = replay
         self.recheck_interval_s = recheck_interval_s
         #: The code declarations it decides by (a test hands a wrong one to its negative control).
         self.rules = rules
@@ -429,7 +435,7 @@ class AclValidator:
         """
         self._maybe_reload()
         check_request(self.config, code, ext_fields, body, remote_ip, version=version,
-                      rules=self.rules)
+                      rules=self.rules, replay=self.replay)
 
     def allows(self, ext_fields: Mapping[str, str], remote_ip: str, named: Named) -> bool:
         """Whether the account of a request :meth:`check` let through may see ``named``,

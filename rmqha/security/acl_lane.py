@@ -15,6 +15,11 @@ Everything else (no or an unknown AccessKey, a wrong signature, no permission, a
 group's retry or dead-letter topic, a header unusual for signing) is False: the broker then
 runs the ordinary check on the decoded command, which refuses it as it always did.
 
+A send that verifies also passes the validator's replay window
+(:mod:`rmqha.security.replay`): its ``RmqhaTime`` is read from the frame's JSON header
+(:func:`rmqha.security.replay.time_in_frame`; a header where it cannot be read for sure
+goes to the ordinary check) and its signature is remembered as the ordinary check would.
+
 What an account may do on a topic is worked out once per connection, account and topic
 (:class:`_Grants`, kept in the connection's state) and forgotten when ``plain_acl.yml``
 is reloaded: the grants belong to the config object they were made from.  A grant that
@@ -27,9 +32,11 @@ import hmac
 from collections.abc import MutableMapping
 from typing import Any
 
+from rmqha.errors import AclAuthenticationError
 from rmqha.protocol.code_rules import group_of_topic
 from rmqha.security.acl import TRACE_TOPIC, AclConfig, AclValidator, Perm, perm_allows
 from rmqha.security.address_pattern import parse_ip
+from rmqha.security.replay import time_in_frame
 from rmqha.security.signature import Sha1Mac, mac_for
 
 #: Where a connection's grants live in its state mapping.
@@ -40,6 +47,8 @@ MAX_GRANTS = 1024
 _WHITE = True
 
 Grant = Sha1Mac | bool | None
+#: The code a refusal here would name (never shown: the ordinary check answers it).
+_SEND = 10
 
 
 class _Grants:
@@ -89,10 +98,11 @@ class SendLane:
 
     def admits(self, access_key: str | None, topic: str, signature: bytes | None,
                fields: bytes | None, body: bytes, state: MutableMapping[str, Any],
-               remote_ip: str) -> bool:
+               remote_ip: str, head: bytes = b"") -> bool:
         """Whether the ordinary check would let this send through (False: ask it).
         ``fields``: the signed content before ``body``; ``state``: the connection's own
-        mapping; ``remote_ip``: its peer's address."""
+        mapping; ``remote_ip``: its peer's address; ``head``: the frame up to its body
+        (where the signed time is read)."""
         config = self.validator.current()
         grants = state.get(STATE_KEY)
         if grants is None or grants.config is not config:
@@ -108,4 +118,21 @@ class SendLane:
             return True
         if fields is None or signature is None or not isinstance(grant, Sha1Mac):
             return False
-        return hmac.compare_digest(grant.base64(fields, body), signature)
+        if not hmac.compare_digest(grant.base64(fields, body), signature):
+            return False
+        return self._fresh(head, signature, access_key)
+
+    def _fresh(self, head: bytes, signature: bytes, access_key: str) -> bool:
+        """Whether the replay window takes this verified send (False: the ordinary check
+        decides, and refuses it with the reason)."""
+        replay = self.validator.replay
+        if replay is None:
+            return True
+        readable, signed_at = time_in_frame(head)
+        if not readable:
+            return False
+        try:
+            replay.check(signed_at, signature, _SEND, access_key)
+        except AclAuthenticationError:
+            return False
+        return True

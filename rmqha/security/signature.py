@@ -106,30 +106,30 @@ def signed_fields(ext_fields: Mapping[str, str], version: int | None = None) -> 
 
 def signed_fields_with(ext_fields: Mapping[str, str], name: str, value: str) -> bytes:
     """:func:`signed_fields` of ``ext_fields`` with the field ``name`` set to ``value``
-    (a client adding its ``AccessKey``), without a copy of the fields: their signing order
-    is sorted once per set of names (:func:`_order_with`), not on every request."""
-    at, values = _order_with(tuple(ext_fields), name)
-    got = list(values(ext_fields))
-    got.insert(at, value)
-    return "".join(got).encode("utf-8")
+    (:func:`signed_fields_plus` of one field)."""
+    return signed_fields_plus(ext_fields, {name: value})
 
 
-#: Sets of field names whose signing order :func:`_order_with` keeps (a producer sends
+def signed_fields_plus(ext_fields: Mapping[str, str], extra: Mapping[str, str]) -> bytes:
+    """:func:`signed_fields` of ``ext_fields`` with the fields of ``extra`` added (a
+    client's ``AccessKey`` and replay stamp), their signing order sorted once per set of
+    names (:func:`_order_plus`)."""
+    getter = _order_plus(tuple(ext_fields), tuple(extra))
+    return "".join(getter({**ext_fields, **extra})).encode("utf-8")
+
+
+#: Sets of field names whose signing order :func:`_order_plus` keeps (a producer sends
 #: a few: one and batch, each topic's the same).
 MAX_ORDERS = 256
 
 
 @functools.lru_cache(maxsize=MAX_ORDERS)
-def _order_with(names: tuple[str, ...], name: str
-                ) -> tuple[int, Callable[[Mapping[str, str]], Sequence[str]]]:
-    """Where ``name``'s value goes among the values of ``names`` (Signature left out),
-    and a getter of those values in signing order."""
-    order = [k for k in _sorted_keys(dict.fromkeys((*names, name), "")) if k not in _NEVER_SIGNED]
-    at = order.index(name)
-    del order[at]
+def _order_plus(names: tuple[str, ...], extra: tuple[str, ...]) -> Callable[[Mapping[str, str]], Sequence[str]]:
+    """A getter of the signed values of ``names`` and ``extra`` in signing order."""
+    order = [k for k in _sorted_keys(dict.fromkeys((*names, *extra), "")) if k not in _NEVER_SIGNED]
     if len(order) > 1:
-        return at, operator.itemgetter(*order)
-    return at, lambda fields: [fields[k] for k in order]  # itemgetter of one is no tuple
+        return operator.itemgetter(*order)
+    return lambda fields: [fields[k] for k in order]
 
 
 def signed_content(ext_fields: Mapping[str, str], body: bytes | None,
@@ -156,10 +156,13 @@ def signature_matches(ext_fields: Mapping[str, str], body: bytes | None, secret_
 
 
 def sign(ext_fields: Mapping[str, str], body: bytes | None, access_key: str, secret_key: str,
-         security_token: str | None = None) -> dict[str, str]:
+         security_token: str | None = None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The ext fields a client sends: the given ones plus ``AccessKey`` (and
-    ``SecurityToken``) and the ``Signature`` over all of them and the body."""
+    ``SecurityToken``, and ``extra``: rmqha's replay stamp) and the ``Signature`` over all
+    of them and the body."""
     fields = dict(ext_fields)
+    if extra:
+        fields.update(extra)
     fields.pop(SIGNATURE, None)  # a stale one is replaced, never signed
     fields[ACCESS_KEY] = access_key
     if security_token is not None:

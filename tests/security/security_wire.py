@@ -33,9 +33,10 @@ class RawClient:
     """One TCP connection; ``request`` sends a frame and reads until its answer."""
 
     def __init__(self, address: str, timeout: float = 5.0, *, channel: str | None = None,
-                 identity: Identity = RAW_IDENTITY) -> None:
+                 identity: Identity = RAW_IDENTITY, source: str | None = None) -> None:
         host, _, port = address.rpartition(":")
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        self.sock = socket.create_connection((host, int(port)), timeout=timeout,
+                                             source_address=(source, 0) if source else None)
         self._decoder = FrameDecoder()
         self._ready: list[RemotingCommand] = []
         self._endpoint: ChannelEndpoint | None = None
@@ -67,13 +68,21 @@ class RawClient:
 
     def request(self, cmd: RemotingCommand) -> RemotingCommand:
         self.send(cmd)
+        return self._answer(cmd.opaque, cmd.describe())
+
+    def request_bytes(self, data: bytes, opaque: int) -> RemotingCommand:
+        """Send a whole frame as it is (plain connections) and read the answer to ``opaque``."""
+        self.sock.sendall(data)
+        return self._answer(opaque, f"frame of opaque {opaque}")
+
+    def _answer(self, opaque: int, what: str) -> RemotingCommand:
         while True:
             for i, got in enumerate(self._ready):
-                if got.is_response and got.opaque == cmd.opaque:
+                if got.is_response and got.opaque == opaque:
                     return self._ready.pop(i)
             data = self.sock.recv(65536)
             if not data:
-                raise ConnectionError(f"{cmd.describe()}: the peer closed the connection")
+                raise ConnectionError(f"{what}: the peer closed the connection")
             self._ready += self._received(data)
 
     def close(self) -> None:

@@ -31,6 +31,7 @@ from rmqha.errors import ClientError, ConfigError, RemotingError
 from rmqha.net.client_security import ClientSecurity, Credentials
 from rmqha.protocol.command import SERIALIZE_ROCKETMQ, VERSION, decode_frame, encode
 from rmqha.protocol.message import CompressionType
+from rmqha.security.replay import NONCE_FIELD, TIME_FIELD
 from rmqha.security.signature import sign, signature_matches, signed_content, signed_fields
 
 TOPIC = "TopicAcl"
@@ -244,11 +245,12 @@ def test_a_send_frame_is_signed_in_place_as_sign_signs_its_command(batch: bool) 
         320 if batch else 310, 77, VERSION, "pg", TOPIC, 0, 1700000000123, 3,
         "UNIQ_KEY\x01AB12\x02WAIT\x01true\x02", batch, 2, b"\x00body\xff")
     cmd = decode_frame(frame[4:])
-    creds = Credentials(**APP)
+    stamp = {TIME_FIELD: "1800000000000", NONCE_FIELD: "0011223344556677"}
+    creds = Credentials(**APP, stamper=lambda: dict(stamp))
     signed = creds.sign_send_frame(frame, cmd.ext_fields, cmd.body)
     assert signed is not None
     got = decode_frame(signed[4:])
-    want = sign(cmd.ext_fields, cmd.body, APP["access_key"], APP["secret_key"])
+    want = sign(cmd.ext_fields, cmd.body, APP["access_key"], APP["secret_key"], extra=stamp)
     assert (got.code, got.opaque, got.body, got.ext_fields) == (cmd.code, 77, cmd.body, want)
     assert signature_matches(got.ext_fields, got.body, APP["secret_key"], got.version)
     # The broker's lane parses the same signing material from it.
@@ -311,3 +313,27 @@ def test_credentials_are_whole_and_keep_the_secret_out_of_repr() -> None:
         Credentials.resolve(secret_key="sk-1234567", env={})
     env = {"RMQHA_ACCESS_KEY": "ak-env-123", "RMQHA_SECRET_KEY": "sk-env-123"}
     assert Credentials.resolve(env=env) == Credentials("ak-env-123", "sk-env-123")
+
+
+def test_cli_group_changes_sign_with_an_admin_account(tmp_path: Path, acl: Path) -> None:
+    """``rmqha update-sub-group`` takes ``--access-key`` / ``--secret-key``: an admin
+    account changes a group on a broker with ``aclEnable``; an application's account and
+    no account are refused (the negative control: the broker does check)."""
+    async def main() -> dict[str, subprocess.CompletedProcess[str]]:
+        async with Env(tmp_path) as env:
+            b = await env.broker(acl_file=acl)
+            loop = asyncio.get_running_loop()
+
+            async def cli(*flags: str) -> Any:
+                clean = {k: v for k, v in os.environ.items() if not k.startswith("RMQHA_")}
+                return await loop.run_in_executor(None, lambda: subprocess.run(
+                    [sys.executable, "-m", "rmqha", "update-sub-group", "-b", b.address, "-g", "g-acl",
+                     "--timeout", "5", *flags], capture_output=True, text=True, timeout=60, env=clean))
+            return {"admin": await cli("--access-key", ADMIN["access_key"], "--secret-key", ADMIN["secret_key"]),
+                    "app": await cli("--access-key", APP["access_key"], "--secret-key", APP["secret_key"]),
+                    "none": await cli()}
+
+    r = run(main())
+    assert r["admin"].returncode == 0 and "OK" in r["admin"].stdout, r["admin"].stdout + r["admin"].stderr[-2000:]
+    for case in ("app", "none"):
+        assert r[case].returncode != 0 and "FAILED" in r[case].stdout, (case, r[case].stdout)

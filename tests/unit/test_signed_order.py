@@ -12,6 +12,7 @@ from rmqha.net.client_security import Credentials
 from rmqha.protocol.command import decode_frame
 from rmqha.protocol.headers import SEND_V2_QUEUE_ID
 from rmqha.protocol.message import CompressionType
+from rmqha.security.replay import NONCE_FIELD, TIME_FIELD
 from rmqha.security.signature import (
     ACCESS_KEY,
     compute_signature,
@@ -19,6 +20,9 @@ from rmqha.security.signature import (
     signed_fields,
     signed_fields_with,
 )
+
+#: A fixed replay stamp (a client's is the time and a random nonce).
+STAMP = {TIME_FIELD: "1800000000000", NONCE_FIELD: "0011223344556677"}
 
 SHAPES = [
     {"a": "pg", "b": "T", "e": "3", "i": "UNIQ_KEY\x01k\x02"},  # a send's: lowercase names
@@ -54,14 +58,14 @@ def test_a_signed_frame_carries_the_signature_of_rocketmqs_content(batch: bool) 
                              max_batch_bytes=1 << 20, compress_batches=False)
     req = (next(builder.batches("T", [b"m1", b"m2"], 2)) if batch
            else builder.single("T", b"body", 2))
-    creds = Credentials("ak", "sk")
+    creds = Credentials("ak", "sk", stamper=lambda: dict(STAMP))
     for queue in (2, 5):
         fields = {**req.header, SEND_V2_QUEUE_ID: str(queue)}
         signed = creds.sign_send_frame(req.frame(9, queue), fields, req.body)
         assert signed is not None
         got = decode_frame(signed[4:]).ext_fields
-        content = signed_content({**fields, ACCESS_KEY: "ak"}, req.body)
-        assert got == {**fields, ACCESS_KEY: "ak", "Signature": compute_signature(content, "sk")}
+        content = signed_content({**fields, ACCESS_KEY: "ak", **STAMP}, req.body)
+        assert got == {**fields, ACCESS_KEY: "ak", **STAMP, "Signature": compute_signature(content, "sk")}
 
 
 def test_keys_that_cannot_go_in_place_are_left_to_the_hook() -> None:
