@@ -598,14 +598,17 @@ def _idle_java(push: bool) -> Callable[[str, float], Callable[[], None]]:
         cmd = java_command("idle-push" if push else "idle-simple", IDLE_TOPIC, str(int(window_s) + 120),
                            f"bench_proxy_idle_java_{'push' if push else 'simple'}")
         cmd.insert(1, f"-Drocketmq.log.root={home}")
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                env={**os.environ, "INTEROP_PROXY": endpoint})
+        err = Path(home) / "stderr.txt"
+        with err.open("w") as err_file:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err_file, text=True,
+                                    env={**os.environ, "INTEROP_PROXY": endpoint})
         assert proc.stdout is not None
         for text in proc.stdout:
             if '"ready"' in text:
                 break
         else:
-            raise AssertionError(f"the Java idle consumer exited {proc.wait()} before it was ready")
+            raise AssertionError(f"the Java idle consumer exited {proc.wait()} before it was ready: "
+                                 f"{err.read_text()[-3000:]}")
 
         def close() -> None:
             proc.kill()
