@@ -8,8 +8,8 @@ behind it on mutual TLS and ACL: :mod:`grpc_side`).
 - ``GrpcTransaction``: commit / rollback at once; and a producer JVM SIGKILLed with its
   transactions open, whose check-backs a second producer's TransactionChecker answers;
   what is delivered is read back with rmqha's own consumer (exactly the commits);
-- ``GrpcFailover``: a Producer and a SimpleConsumer in one JVM while the master is
-  SIGKILLed: every acknowledged message is received, the JVM is not restarted;
+- ``GrpcFailover``: a Producer and a SimpleConsumer (or a PushConsumer) in one JVM while
+  the master is SIGKILLed: every acknowledged message is received, the JVM is not restarted;
 - negative control: in tls-acl the same client without credentials is refused and stores
   nothing (in plaintext it is served).
 """
@@ -31,13 +31,17 @@ KINDS = [("normal", "NORMAL"), ("fifo", "FIFO"), ("delay", "DELAY"), ("push", "N
 TX_TOPIC, TX_CHECK_TOPIC, FAILOVER_TOPIC, REFUSED_TOPIC = "grpc-tx", "grpc-tx-check", "grpc-failover", "grpc-refused"
 READER = "grpc-reader"
 FAILOVER_GROUP = "grpc-failover-group"
+#: The failover test's consumers: each its own topic and group.
+FAILOVER_CONSUMERS = ("simple", "push")
 
 
 @pytest.fixture(scope="module")
 def interop_grants() -> Grants:
     topics = {f"grpc-{kind}": "PUB|SUB" for kind, _ in KINDS}
-    topics.update({t: "PUB|SUB" for t in (TX_TOPIC, TX_CHECK_TOPIC, FAILOVER_TOPIC, REFUSED_TOPIC)})
-    return Grants(topics=topics, groups=[*(f"grpc-{kind}-group" for kind, _ in KINDS), READER, FAILOVER_GROUP])
+    topics.update({t: "PUB|SUB" for t in (TX_TOPIC, TX_CHECK_TOPIC, REFUSED_TOPIC)})
+    topics.update({f"{FAILOVER_TOPIC}-{c}": "PUB|SUB" for c in FAILOVER_CONSUMERS})
+    return Grants(topics=topics, groups=[*(f"grpc-{kind}-group" for kind, _ in KINDS), READER,
+                                         *(f"{FAILOVER_GROUP}-{c}" for c in FAILOVER_CONSUMERS)])
 
 
 @pytest.fixture(scope="module")
@@ -115,14 +119,16 @@ def test_unsigned_client_is_refused_and_stores_nothing(proxied: Proxied) -> None
 FAILOVER_COUNT, KILL_AFTER = 300, 80
 
 
-def test_clients_ride_through_a_master_sigkill(proxied: Proxied) -> None:
-    """A Producer (one send at a time, 20 ms apart) and a SimpleConsumer in one JVM; once 80
-    sends are acknowledged the master gets SIGKILL.  The same JVM goes on: every message
-    the producer saw acknowledged is received (at least once), and some were acknowledged
-    after the kill (by the new master)."""
+@pytest.mark.parametrize("consumer", FAILOVER_CONSUMERS)
+def test_clients_ride_through_a_master_sigkill(proxied: Proxied, consumer: str) -> None:
+    """A Producer (one send at a time, 20 ms apart) and a SimpleConsumer (or a PushConsumer)
+    in one JVM; once 80 sends are acknowledged the master gets SIGKILL.  The same JVM goes
+    on: every message the producer saw acknowledged is received (at least once), and some
+    were acknowledged after the kill (by the new master)."""
     ic = proxied.ic
-    ic.create_topic(FAILOVER_TOPIC, 4, attributes="+message.type=NORMAL")
-    proc = proxied.start("GrpcFailover", FAILOVER_TOPIC, FAILOVER_GROUP, str(FAILOVER_COUNT), "20")
+    topic, group = f"{FAILOVER_TOPIC}-{consumer}", f"{FAILOVER_GROUP}-{consumer}"
+    ic.create_topic(topic, 4, attributes="+message.type=NORMAL")
+    proc = proxied.start("GrpcFailover", topic, group, str(FAILOVER_COUNT), "20", consumer)
     try:
         lines = read_until(proc, SentCounter(KILL_AFTER), 120)
         killed, new = ic.kill_master()
@@ -142,9 +148,9 @@ def test_clients_ride_through_a_master_sigkill(proxied: Proxied) -> None:
     errors = [line for line in lines if "error" in line]
     after = [line for line in lines if "sent" in line and line["at"] > killed_at]
     missing = acked - set(received)
-    print(f"grpc failover ({ic.mode.value}): {len(acked)} acknowledged ({len(after)} after the kill, by "
-          f"{new.name}), {len(errors)} sends failed after the client's retries, {len(received)} deliveries "
-          f"({len(received) - len(set(received))} repeated), receive errors "
+    print(f"grpc failover ({ic.mode.value}, {consumer} consumer): {len(acked)} acknowledged ({len(after)} after "
+          f"the kill, by {new.name}), {len(errors)} sends failed after the client's retries, "
+          f"{len(received)} deliveries ({len(received) - len(set(received))} repeated), receive errors "
           f"{sum('receiveError' in line for line in lines)}, ack errors {sum('ackError' in line for line in lines)}: "
           f"{[line['ackError'] for line in lines if 'ackError' in line][:3]}")
     assert not missing, f"{len(missing)} acknowledged messages never received: {sorted(missing)[:3]}"
