@@ -108,10 +108,12 @@ demo-grpc: $(PROXY_STAMP)
 	$(PROXY_PY) setup.py --quiet build_ext --inplace
 	$(PROXY_PY) -m rmqha demo --grpc $(DEMO_ARGS)
 
-# The official client through the proxy beside rmqha's client over remoting, and an idle
-# consumer's request rate at the proxy (benches/bench_proxy.py), in the proxy's venv;
-# RMQHA_BENCH_QUICK=1 and RMQHA_BENCH_PROXY_SCALE shrink it.  Not part of `make bench`.
-bench-proxy: $(PROXY_STAMP)
+# RocketMQ 5's Java and Python clients through the proxy beside rmqha's client over remoting,
+# an idle consumer's request rate at the proxy, and the server CPU one unary call costs
+# (grpcio alone, the proxy) (benches/bench_proxy.py), in the proxy's venv; the Java rows run
+# interop/'s GrpcBench.  RMQHA_BENCH_QUICK=1 and RMQHA_BENCH_PROXY_SCALE shrink it.  Not
+# part of `make bench`.
+bench-proxy: $(PROXY_STAMP) interop-build
 	$(PROXY_PY) setup.py --quiet build_ext --inplace
 	$(PROXY_PY) -m pip install --quiet "pytest-benchmark>=5"
 	$(PROXY_PY) -m pytest benches/bench_proxy.py --benchmark-only --benchmark-autosave \

@@ -1,36 +1,51 @@
-"""RocketMQ 5's official client through ``rmqha proxy``, beside rmqha's own client over
-remoting, on the same cluster; and what an idle consumer costs the proxy.
+"""RocketMQ 5's official clients through ``rmqha proxy`` (the Java 5.x client, the Python
+one), beside rmqha's own client over remoting, on the same cluster; what an idle consumer
+costs the proxy; and what one unary call costs grpcio's server and the proxy.
 
-Runs in the proxy's venv (``make bench-proxy``: the 5.x client cannot share ``.venv`` with
-the dev extra's rocketmq 0.4.4; ``make bench`` leaves this file out).  One cluster for the
-module: a controller, a name server and a broker group of three with
-``all_ack_in_sync_state_set`` (a send is answered once all three hold it), 1 KiB bodies,
-8 queues, and a proxy process in front.  Each workload is measured once per client:
+Runs in the proxy's venv (``make bench-proxy``, which also builds ``interop/``: the Java rows
+run its ``io.rmqha.interop.grpc.GrpcBench`` on the shaded client jar; the Python 5.x client
+cannot share ``.venv`` with the dev extra's rocketmq 0.4.4; ``make bench`` leaves this file
+out).  One cluster for the module: a controller, a name server and a broker group of three
+with ``all_ack_in_sync_state_set`` (a send is answered once all three hold it), 1 KiB
+bodies, 8 queues, and a proxy process in front.  Each workload is measured once per client
+(rows ``rocketmq5-java-grpc``, ``rocketmq5-grpc-proxy`` (Python), ``rmqha-remoting``):
 
 - ``produce one at a time``: ``Producer.send`` (gRPC) / ``BlockingProducer.send``
-  (remoting), each acknowledged before the next; per-message latency;
-- ``produce, 256 in flight``: ``Producer.send_async`` with at most 256 unanswered / 256
-  asyncio tasks each awaiting ``Producer.send`` (rmqha, no auto-batch);
+  (remoting), each acknowledged before the next; per-message latency.  Target: the Java
+  client's p50 within 1.5x rmqha's remoting client's;
+- ``produce, 256 in flight``: ``sendAsync`` (Java) / ``Producer.send_async`` (Python) with
+  at most 256 unanswered / 256 asyncio tasks each awaiting ``Producer.send`` (rmqha, no
+  auto-batch).  Target: 20k msg/s;
 - ``consume, batches of 32``: a SimpleConsumer's ``receive(32, ...)`` with every message
-  acked (8 acks at a time on a thread pool: the client's ``ack_async`` needs an asyncio
-  loop in the calling thread and returns nothing in 5.1.2) / rmqha's Consumer pulling 32
-  at a time; both read the same messages, written beforehand;
+  acked (Java: ``ackAsync`` of a whole batch at once; Python: 8 acks at a time on a thread
+  pool, its ``ack_async`` needs an asyncio loop in the calling thread) / rmqha's Consumer
+  pulling 32 at a time; the messages are written beforehand.  Target: 20k msg/s;
 - ``idle consumer``: RPCs a consumer with nothing to receive makes, counted per method at
   the proxy (one run in this process, with a counting gRPC interceptor) over a few
-  seconds, for a SimpleConsumer in a receive loop and for a PushConsumer.  Target:
-  under 5 ReceiveMessage calls per second (an idle consumer is held by the long poll).
+  seconds, for a SimpleConsumer in a receive loop and for a PushConsumer, Java and
+  Python.  Target: under 5 calls per second;
+- ``server CPU per unary call``: the CPU the server process spends per call (from
+  ``/proc/<pid>/stat``), 64 calls in flight: grpcio with a no-op handler
+  (``benches/grpc_floor_server.py``) and the proxy's QueryRoute of a cached route.
 
-Speed and rates go to ``extra_info`` and are printed, never asserted.  Sizes:
-``RMQHA_BENCH_QUICK=1`` is CI-sized (and idles 10 s instead of 30 s);
-``RMQHA_BENCH_PROXY_SCALE`` multiplies the message counts (0.25 with quick mode for a check
-that it runs).  The client logs under
-``~/logs/rocketmq_python`` (its own choice; HOME decides where).
+Every gRPC row also reports the proxy process's CPU per message (``proxy_cpu_us_per_msg``:
+``/proc/<pid>/stat`` over the timed part), the figure that says how many messages per
+second one proxy process can carry per core.  Speed and rates go to ``extra_info`` and are
+printed, never asserted.  Sizes: ``RMQHA_BENCH_QUICK=1`` is CI-sized (and idles 10 s
+instead of 30 s); ``RMQHA_BENCH_PROXY_SCALE`` multiplies the message counts (0.25 with
+quick mode for a check that it runs).  The Python client logs under
+``~/logs/rocketmq_python`` (its own choice; HOME decides where), the Java one in a
+temporary directory.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -45,6 +60,8 @@ import grpc
 import pytest
 import rocketmq
 from conftest import QUICK
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.grpc_protocol import service_pb2_grpc
 from rocketmq.v5.exception import ClientException
 
@@ -63,6 +80,7 @@ BATCH = 32
 ACK_THREADS = 8
 IDLE_TARGET_PER_S = 5.0
 PRODUCE_TOPIC, READ_TOPIC, IDLE_TOPIC = "BenchProxy", "BenchProxyRead", "BenchProxyIdle"
+READ_JAVA_TOPIC = "BenchProxyReadJava"
 BODY = os.urandom(MESSAGE_BYTES // 2).hex().encode()  # incompressible-ish 1 KiB
 
 
@@ -93,7 +111,7 @@ def _measure(fn: Callable[[], list[float] | None], messages: int) -> Run:
     return Run(messages, time.perf_counter() - t0, time.process_time() - cpu0, latencies)
 
 
-def _report(benchmark: Any, client: str, batch: int, run: Run) -> None:
+def _report(benchmark: Any, client: str, batch: int, run: Run, proxy_cpu_s: float | None = None) -> None:
     lat = sorted(run.latencies_s)
     info = {
         "implementation": client, "message_bytes": MESSAGE_BYTES, "batch": batch, "replicas": 3,
@@ -103,13 +121,109 @@ def _report(benchmark: Any, client: str, batch: int, run: Run) -> None:
         "p50_ms": round(statistics.median(lat) * 1000, 3) if lat else None,
         "p99_ms": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1000, 3) if lat else None,
     }
+    if proxy_cpu_s is not None:
+        info["proxy_cpu_us_per_msg"] = round(proxy_cpu_s / run.messages * 1e6, 1)
     benchmark.extra_info.update(info)
     print(f"\n{client:>22} {benchmark.group}: {info['messages_per_s']:,.0f} msg/s, p50 "
-          f"{info['p50_ms']} ms, p99 {info['p99_ms']} ms, client {info['client_cpu_us_per_msg']} µs/msg")
+          f"{info['p50_ms']} ms, p99 {info['p99_ms']} ms, client {info['client_cpu_us_per_msg']} µs/msg"
+          + (f", proxy {info['proxy_cpu_us_per_msg']} µs/msg" if proxy_cpu_s is not None else ""))
 
 
 def _once(benchmark: Any, fn: Callable[[], Run]) -> Run:
     out: dict[str, Run] = {}
+    benchmark.pedantic(lambda: out.setdefault("run", fn()), rounds=1, iterations=1)
+    return out["run"]
+
+
+# --- the Java 5.x client (interop/'s GrpcBench) and the proxy's CPU --------------------------
+
+INTEROP = Path(__file__).resolve().parents[1] / "interop"
+PY_ROW, JAVA_ROW, REMOTING_ROW = "rocketmq5-grpc-proxy", "rocketmq5-java-grpc", "rmqha-remoting"
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` so far (``/proc/<pid>/stat``; clock ticks, 10 ms)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def proxy_pid(setup: Setup) -> int:
+    assert setup.proxy.pid is not None, "the proxy is not running"
+    return setup.proxy.pid
+
+
+def java_classpath() -> str:
+    """interop/'s classes and the shaded gRPC client jar alone (the rule of
+    tests/interop/grpc_side.py: the remoting client's rocketmq-proto must not come first)."""
+    listing = INTEROP / "target" / "classpath.txt"
+    if not listing.is_file():
+        raise AssertionError(f"{listing} is missing: `make bench-proxy` runs `make interop-build` first")
+    jars = [j for j in listing.read_text().strip().split(os.pathsep) if "rocketmq-client-java" in j]
+    return os.pathsep.join([str(INTEROP / "target" / "classes"), *jars])
+
+
+def java_command(mode: str, *args: str) -> list[str]:
+    java = shutil.which("java") or "java"
+    return [java, "-Xms64m", "-Xmx512m", "-XX:+UseParallelGC", "-cp", java_classpath(),
+            "io.rmqha.interop.grpc.GrpcBench", mode, *args]
+
+
+@dataclass
+class JavaRun:
+    """What GrpcBench printed last (its result) and the proxy's CPU over the timed part."""
+
+    result: dict[str, Any]
+    proxy_cpu_s: float
+
+
+def run_java(endpoint: str, pid: int, mode: str, *args: str, timeout: float = 900.0) -> JavaRun:
+    """Run GrpcBench to its end, sampling the proxy's CPU at its ``start`` line and at its
+    result line (the JVM's start and warm-up are outside)."""
+    env = {**os.environ, "INTEROP_PROXY": endpoint}
+    with tempfile.TemporaryDirectory(prefix="bench-java-") as home:
+        cmd = java_command(mode, *args)
+        cmd.insert(1, f"-Drocketmq.log.root={home}")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        start_cpu, end_cpu, result = 0.0, 0.0, None
+        try:
+            assert proc.stdout is not None
+            for text in proc.stdout:
+                if not text.startswith("{"):
+                    continue
+                line = json.loads(text)
+                if line.get("phase") == "start":
+                    start_cpu = proc_cpu_s(pid)
+                elif "mode" in line:
+                    end_cpu, result = proc_cpu_s(pid), line
+            proc.wait(timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        err = proc.stderr.read() if proc.stderr is not None else ""
+    assert proc.returncode == 0 and result is not None, f"GrpcBench {mode} exited {proc.returncode}: {err[-3000:]}"
+    return JavaRun(result, end_cpu - start_cpu)
+
+
+def _report_java(benchmark: Any, batch: int, run: JavaRun) -> None:
+    r = run.result
+    info = {
+        "implementation": JAVA_ROW, "message_bytes": MESSAGE_BYTES, "batch": batch, "replicas": 3,
+        "messages": r["messages"], "messages_per_s": round(r["messagesPerS"], 1),
+        "client_cpu_us_per_msg": round(r["clientCpuUsPerMsg"], 1),
+        "p50_ms": round(r["p50Ms"], 3) if r["p50Ms"] >= 0 else None,
+        "p99_ms": round(r["p99Ms"], 3) if r["p99Ms"] >= 0 else None,
+        "proxy_cpu_us_per_msg": round(run.proxy_cpu_s / r["messages"] * 1e6, 1),
+    }
+    benchmark.extra_info.update(info)
+    print(f"\n{JAVA_ROW:>22} {benchmark.group}: {info['messages_per_s']:,.0f} msg/s, p50 {info['p50_ms']} ms, "
+          f"p99 {info['p99_ms']} ms, client {info['client_cpu_us_per_msg']} µs/msg, "
+          f"proxy {info['proxy_cpu_us_per_msg']} µs/msg")
+
+
+def _once_java(benchmark: Any, fn: Callable[[], JavaRun]) -> JavaRun:
+    out: dict[str, JavaRun] = {}
     benchmark.pedantic(lambda: out.setdefault("run", fn()), rounds=1, iterations=1)
     return out["run"]
 
@@ -135,7 +249,7 @@ def bench_cluster() -> Iterator[Setup]:
         c.start_namesrv()
         brokers = c.start_group("broker-a", 3, in_sync=True, timeout=60,
                                 all_ack_in_sync_state_set=True, log_level="WARNING")
-        for topic in (PRODUCE_TOPIC, READ_TOPIC, IDLE_TOPIC):
+        for topic in (PRODUCE_TOPIC, READ_TOPIC, READ_JAVA_TOPIC, IDLE_TOPIC):
             resp = c.request(brokers[0].address, RequestCode.UPDATE_AND_CREATE_TOPIC,
                              {"topic": topic, "readQueueNums": 8, "writeQueueNums": 8})
             assert resp.code == 0, resp.remark
@@ -198,13 +312,19 @@ def _remoting_one_at_a_time(namesrv: list[str]) -> Run:
 
 
 @pytest.mark.benchmark(group="proxy-produce-one-at-a-time")
-@pytest.mark.parametrize("client", ["rocketmq5-grpc-proxy", "rmqha-remoting"])
+@pytest.mark.parametrize("client", [JAVA_ROW, PY_ROW, REMOTING_ROW])
 def test_produce_one_at_a_time(benchmark: Any, bench_cluster: Setup, client: str) -> None:
-    if client == "rmqha-remoting":
+    pid = proxy_pid(bench_cluster)
+    if client == JAVA_ROW:
+        _report_java(benchmark, 1, _once_java(benchmark, lambda: run_java(
+            bench_cluster.proxy.address, pid, "one", PRODUCE_TOPIC, str(ONE_AT_A_TIME))))
+        return
+    cpu0 = proc_cpu_s(pid)
+    if client == REMOTING_ROW:
         run = _once(benchmark, lambda: _remoting_one_at_a_time(bench_cluster.namesrv))
     else:
         run = _once(benchmark, lambda: _grpc_one_at_a_time(bench_cluster.proxy.address))
-    _report(benchmark, client, 1, run)
+    _report(benchmark, client, 1, run, None if client == REMOTING_ROW else proc_cpu_s(pid) - cpu0)
 
 
 # --- produce: 256 in flight -------------------------------------------------------------
@@ -264,13 +384,19 @@ def _remoting_window(namesrv: list[str]) -> Run:
 
 
 @pytest.mark.benchmark(group="proxy-produce-256-in-flight")
-@pytest.mark.parametrize("client", ["rocketmq5-grpc-proxy", "rmqha-remoting"])
+@pytest.mark.parametrize("client", [JAVA_ROW, PY_ROW, REMOTING_ROW])
 def test_produce_256_in_flight(benchmark: Any, bench_cluster: Setup, client: str) -> None:
-    if client == "rmqha-remoting":
+    pid = proxy_pid(bench_cluster)
+    if client == JAVA_ROW:
+        _report_java(benchmark, 1, _once_java(benchmark, lambda: run_java(
+            bench_cluster.proxy.address, pid, "window", PRODUCE_TOPIC, str(IN_FLIGHT), str(WINDOW))))
+        return
+    cpu0 = proc_cpu_s(pid)
+    if client == REMOTING_ROW:
         run = _once(benchmark, lambda: _remoting_window(bench_cluster.namesrv))
     else:
         run = _once(benchmark, lambda: _grpc_window(bench_cluster.proxy.address))
-    _report(benchmark, client, 1, run)
+    _report(benchmark, client, 1, run, None if client == REMOTING_ROW else proc_cpu_s(pid) - cpu0)
 
 
 # --- consume: batches of 32 --------------------------------------------------------------
@@ -336,14 +462,39 @@ def _remoting_read(namesrv: list[str]) -> Run:
         loop.close()
 
 
+@pytest.fixture(scope="module")
+def written_java(bench_cluster: Setup) -> str:
+    """READ messages in READ_JAVA_TOPIC, written after the Java group's first receive (its
+    pop cursors start at the beginning); the group's name."""
+    group = "bench_proxy_read_java"
+    run_java(bench_cluster.proxy.address, proxy_pid(bench_cluster), "prime", READ_JAVA_TOPIC, "0", "1", group)
+    producer = BlockingProducer(bench_cluster.namesrv, "bench_proxy_fill_java", send_timeout_s=10.0)
+    try:
+        for start in range(0, READ, BATCH):
+            results = producer.send_batch(READ_JAVA_TOPIC, [BODY] * min(BATCH, READ - start))
+            assert results[-1].ok, results[-1].status
+    finally:
+        producer.close()
+    return group
+
+
 @pytest.mark.benchmark(group="proxy-consume-batch-32")
-@pytest.mark.parametrize("client", ["rocketmq5-grpc-proxy", "rmqha-remoting"])
-def test_consume_batches_of_32(benchmark: Any, bench_cluster: Setup, written: Any, client: str) -> None:
-    if client == "rmqha-remoting":
+@pytest.mark.parametrize("client", [JAVA_ROW, PY_ROW, REMOTING_ROW])
+def test_consume_batches_of_32(benchmark: Any, bench_cluster: Setup, client: str,
+                               request: pytest.FixtureRequest) -> None:
+    pid = proxy_pid(bench_cluster)
+    if client == JAVA_ROW:
+        group = request.getfixturevalue("written_java")
+        _report_java(benchmark, BATCH, _once_java(benchmark, lambda: run_java(
+            bench_cluster.proxy.address, pid, "read", READ_JAVA_TOPIC, str(READ), str(BATCH), group)))
+        return
+    written = request.getfixturevalue("written")
+    cpu0 = proc_cpu_s(pid)
+    if client == REMOTING_ROW:
         run = _once(benchmark, lambda: _remoting_read(bench_cluster.namesrv))
     else:
         run = _once(benchmark, lambda: _grpc_read(written))
-    _report(benchmark, client, BATCH, run)
+    _report(benchmark, client, BATCH, run, None if client == REMOTING_ROW else proc_cpu_s(pid) - cpu0)
 
 
 # --- an idle consumer's requests, counted at the proxy ----------------------------------
@@ -439,12 +590,45 @@ def _idle_push(endpoint: str, window_s: float) -> Callable[[], None]:
     return consumer.shutdown  # type: ignore[no-any-return]
 
 
+def _idle_java(push: bool) -> Callable[[str, float], Callable[[], None]]:
+    """A Java SimpleConsumer in a receive loop (20 s long polls) or a PushConsumer with
+    nothing to receive (GrpcBench idle-*); returns its stop once it reported ready."""
+    def start(endpoint: str, window_s: float) -> Callable[[], None]:
+        home = tempfile.mkdtemp(prefix="bench-java-idle-")
+        cmd = java_command("idle-push" if push else "idle-simple", IDLE_TOPIC, str(int(window_s) + 120),
+                           f"bench_proxy_idle_java_{'push' if push else 'simple'}")
+        cmd.insert(1, f"-Drocketmq.log.root={home}")
+        err = Path(home) / "stderr.txt"
+        with err.open("w") as err_file:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err_file, text=True,
+                                    env={**os.environ, "INTEROP_PROXY": endpoint})
+        assert proc.stdout is not None
+        for text in proc.stdout:
+            if '"ready"' in text:
+                break
+        else:
+            raise AssertionError(f"the Java idle consumer exited {proc.wait()} before it was ready: "
+                                 f"{err.read_text()[-3000:]}")
+
+        def close() -> None:
+            proc.kill()
+            proc.wait(10)
+            shutil.rmtree(home, ignore_errors=True)
+        return close
+    return start
+
+
+IDLE_KINDS: dict[str, Callable[[str, float], Callable[[], None]]] = {
+    "java-simple-consumer": _idle_java(push=False), "java-push-consumer": _idle_java(push=True),
+    "simple-consumer": _idle_simple, "push-consumer": _idle_push,
+}
+
+
 @pytest.mark.benchmark(group="proxy-idle-consumer")
-@pytest.mark.parametrize("kind", ["simple-consumer", "push-consumer"])
+@pytest.mark.parametrize("kind", list(IDLE_KINDS))
 def test_idle_consumer_request_rate(benchmark: Any, bench_cluster: Setup, kind: str) -> None:
     with CountingProxy(bench_cluster.cluster) as proxy:
-        start = _idle_simple if kind == "simple-consumer" else _idle_push
-        close = start(proxy.address, IDLE_WINDOW_S)
+        close = IDLE_KINDS[kind](proxy.address, IDLE_WINDOW_S)
         try:
             counted: dict[str, Counter[str]] = {}
 
@@ -457,12 +641,81 @@ def test_idle_consumer_request_rate(benchmark: Any, bench_cluster: Setup, kind: 
             close()
     calls = counted["calls"]
     receive_per_s = calls["ReceiveMessage"] / IDLE_WINDOW_S
+    all_per_s = sum(calls.values()) / IDLE_WINDOW_S
     benchmark.extra_info.update({
         "implementation": f"rocketmq5-{kind}", "window_s": IDLE_WINDOW_S,
         "receive_calls_per_s": round(receive_per_s, 3),
-        "all_calls_per_s": round(sum(calls.values()) / IDLE_WINDOW_S, 3),
+        "all_calls_per_s": round(all_per_s, 3),
         "calls": dict(calls), "target_per_s": IDLE_TARGET_PER_S,
-        "target_met": receive_per_s < IDLE_TARGET_PER_S,
+        "target_met": all_per_s < IDLE_TARGET_PER_S,
     })
-    print(f"\nidle {kind}: {receive_per_s:.2f} ReceiveMessage/s over {IDLE_WINDOW_S:.0f} s "
-          f"(target < {IDLE_TARGET_PER_S:g}); all calls: {dict(calls)}")
+    print(f"\nidle {kind}: {receive_per_s:.2f} ReceiveMessage/s, {all_per_s:.2f} calls/s over "
+          f"{IDLE_WINDOW_S:.0f} s (target < {IDLE_TARGET_PER_S:g}); calls: {dict(calls)}")
+
+
+# --- what one unary call costs the server: grpcio alone, and the proxy ---------------------
+
+
+FLOOR_CALLS = _n(20_000, 4000)
+FLOOR_CONCURRENCY = 64
+FLOOR_SERVER = Path(__file__).resolve().parent / "grpc_floor_server.py"
+
+
+async def _call_many(endpoint: str, call: Callable[[grpc.aio.Channel], Any]) -> None:
+    async with grpc.aio.insecure_channel(endpoint) as channel:
+        await call(channel)   # warm-up: connection and the server's first-call paths
+        todo = iter(range(FLOOR_CALLS))
+
+        async def worker() -> None:
+            for _ in todo:
+                await call(channel)
+        await asyncio.gather(*(worker() for _ in range(FLOOR_CONCURRENCY)))
+
+
+def _noop_call(channel: grpc.aio.Channel) -> Any:
+    return channel.unary_unary("/bench.Floor/Echo")(b"x" * 64)
+
+
+def _query_route_call(channel: grpc.aio.Channel) -> Any:
+    request = spb.QueryRouteRequest(topic=pb.Resource(name=PRODUCE_TOPIC), endpoints=pb.Endpoints(
+        scheme=pb.AddressScheme.IPv4, addresses=[pb.Address(host="127.0.0.1", port=1)]))
+    return service_pb2_grpc.MessagingServiceStub(channel).QueryRoute(
+        request, metadata=(("x-mq-client-id", "bench-floor"),))
+
+
+def _server_cpu_per_call(endpoint: str, pid: int, call: Callable[[grpc.aio.Channel], Any]) -> float:
+    loop = event_loop.new_event_loop()
+    try:
+        cpu0 = proc_cpu_s(pid)
+        loop.run_until_complete(_call_many(endpoint, call))
+        return (proc_cpu_s(pid) - cpu0) / (FLOOR_CALLS + 1)
+    finally:
+        loop.close()
+
+
+@pytest.mark.benchmark(group="proxy-server-cpu-per-call")
+@pytest.mark.parametrize("server", ["grpcio-noop", "proxy-QueryRoute"])
+def test_server_cpu_per_unary_call(benchmark: Any, bench_cluster: Setup, server: str) -> None:
+    """CPU the server process spends per unary call, 64 calls in flight from this process:
+    grpcio's own cost (a no-op bytes handler, benches/grpc_floor_server.py) and the proxy's
+    cheapest served call (QueryRoute of a cached route: grpcio, protobuf, the proxy's call
+    plumbing, no broker round trip).  What a second core buys follows: 1e6 / µs calls per
+    second per core."""
+    if server == "grpcio-noop":
+        port = free_port()
+        proc = subprocess.Popen([sys.executable, str(FLOOR_SERVER), str(port)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "serving"
+            per_call = _server_cpu_per_call(f"127.0.0.1:{port}", proc.pid, _noop_call)
+        finally:
+            proc.kill()
+            proc.wait(10)
+    else:
+        per_call = _server_cpu_per_call(bench_cluster.proxy.address, proxy_pid(bench_cluster), _query_route_call)
+    us = per_call * 1e6
+    benchmark.pedantic(lambda: None, rounds=1, iterations=1)
+    benchmark.extra_info.update({"implementation": server, "calls": FLOOR_CALLS, "concurrency": FLOOR_CONCURRENCY,
+                                 "server_cpu_us_per_call": round(us, 1),
+                                 "calls_per_core_s": round(1e6 / us) if us > 0 else None})
+    print(f"\n{server}: {us:.1f} µs of server CPU per unary call ({FLOOR_CALLS} calls, "
+          f"{FLOOR_CONCURRENCY} in flight): at most {1e6 / us if us else 0:,.0f} calls/s per core")

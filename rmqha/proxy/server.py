@@ -40,11 +40,15 @@ GRACE_S = 1.0
 #: (GOAWAY: clients dial again when they next call), RocketMQ's 120 s channel idle time.
 HANDSHAKE_TIMEOUT_MS = 10_000
 IDLE_TIMEOUT_MS = 120_000
-#: The server's channel options: frame size and the deadlines above.
+#: The server's channel options: frame size and the deadlines above, and no SO_REUSEPORT:
+#: grpc sets it on Linux by default, so a second process (another proxy, a test's server)
+#: binding a taken port would silently share it, each taking some of the connections; with
+#: it off a taken port is refused at start (ConfigError naming the port).
 SERVER_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_receive_message_length", MAX_INBOUND_BYTES),
     ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
     ("grpc.max_connection_idle_ms", IDLE_TIMEOUT_MS),
+    ("grpc.so_reuseport", 0),
 ]
 
 
@@ -67,9 +71,14 @@ async def run_proxy(cfg: ProxyConfig, stop: asyncio.Event) -> None:
     server = grpc.aio.server(options=SERVER_OPTIONS)
     service_pb2_grpc.add_MessagingServiceServicer_to_server(service, server)
     credentials = port_credentials(cfg.tls)
-    bound = (server.add_insecure_port(cfg.address) if credentials is None
-             else server.add_secure_port(cfg.address, credentials))
+    try:
+        bound = (server.add_insecure_port(cfg.address) if credentials is None
+                 else server.add_secure_port(cfg.address, credentials))
+    except RuntimeError as exc:   # grpcio 1.5x raises where older ones returned 0
+        await cluster.close()
+        raise ConfigError(f"grpcServerPort: cannot bind {cfg.address} (is it taken?): {exc}") from None
     if bound == 0:
+        await cluster.close()
         raise ConfigError(f"grpcServerPort: cannot bind {cfg.address}")
     await server.start()
     if cfg.ignored_keys:

@@ -28,7 +28,9 @@ import org.apache.rocketmq.client.apis.producer.SendReceipt;
  * delivery timestamp 2 s ahead; {@code push}: normal ones), then a SimpleConsumer receives and
  * acks until it has them all ({@code push}: a PushConsumer's listener consumes them).  Arguments: kind topic group count.  Environment: {@code INTEROP_PROXY} (host:port),
  * {@code INTEROP_SSL} ("true": TLS), {@code INTEROP_ACCESS_KEY} / {@code INTEROP_SECRET_KEY}
- * (credentials, when set).  One JSON line per send ({@code sent}), per receipt
+ * (credentials, when set), {@code INTEROP_TIMEOUT_MS} (the client's request timeout, 30 s
+ * unless set: its deadline runs from before the connection is made, and a cold JVM's
+ * first TLS connection on two busy cores took 33 s once, the client then failing at start).  One JSON line per send ({@code sent}), per receipt
  * ({@code received}, with its message group, delivery timestamp and when it came)
  * and a last {@code done} line.
  */
@@ -40,7 +42,8 @@ public final class GrpcSendReceive {
         ClientConfigurationBuilder builder = ClientConfiguration.newBuilder()
             .setEndpoints(System.getenv("INTEROP_PROXY"))
             .enableSsl(Boolean.parseBoolean(System.getenv().getOrDefault("INTEROP_SSL", "false")))
-            .setRequestTimeout(Duration.ofSeconds(10));
+            .setRequestTimeout(Duration.ofMillis(Long.parseLong(System.getenv().getOrDefault("INTEROP_TIMEOUT_MS",
+                "30000"))));
         String ak = System.getenv("INTEROP_ACCESS_KEY");
         if (ak != null && !ak.isEmpty()) {
             builder.setCredentialProvider(new StaticSessionCredentialsProvider(ak, System.getenv("INTEROP_SECRET_KEY")));
