@@ -648,7 +648,7 @@ class Broker:
             "brokerName": self.config.broker_name,
             "brokerId": self.namesrv_broker_id,
             "epochList": epoch_list,
-            "maxOffset": int(self.commitlog.max_offset) if self.commitlog is not None else 0,
+            "maxOffset": int(self.commitlog.received_end()) if self.commitlog is not None else 0,
         }
 
     async def _handle_epoch_cache(self, cmd: RemotingCommand, conn: RequestPeer) -> RemotingCommand:
@@ -672,7 +672,7 @@ class Broker:
             "staleNoticesIgnored": st.stale_notices_ignored if st else 0,
             "unconfirmedNoticesIgnored": st.unconfirmed_notices_ignored if st else 0,
             "lastEpoch": self.epoch_map.last_epoch() if self.epoch_map is not None else -1,
-            "maxOffset": int(self.commitlog.max_offset) if self.commitlog is not None else 0,
+            "maxOffset": int(self.commitlog.received_end()) if self.commitlog is not None else 0,
             "confirmOffset": self.replication.confirm_offset() if self.commitlog is not None else 0,
             "corruptRecords": [b.offset for b in self.commitlog.corrupt] if self.commitlog is not None else [],
             "acceptingWrites": self.replicas.accepts_writes if self.replicas is not None else False,

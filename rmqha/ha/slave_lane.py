@@ -153,6 +153,7 @@ class LaneRunner:
             lane.disarm()
             self.commitlog.lane_release()
             raise
+        self.commitlog.lane_watch(lane.progress)
         self._rb = rb
         self._seen_blocks = self._seen_in = self._seen_out = 0
         loop = self._loop = asyncio.get_running_loop()

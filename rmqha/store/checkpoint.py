@@ -15,7 +15,7 @@ import struct
 import zlib
 
 from rmqha.errors import StoreError
-from rmqha.store.segments import sidecar_path
+from rmqha.store.segments import fsync_dir, sidecar_path
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,10 @@ class Checkpoint:
 
     def __init__(self, directory: str) -> None:
         self.path = sidecar_path(directory, CHECKPOINT_FILE)
+        created = not os.path.exists(self.path)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        if created:  # the new name is durable only once its directory is synced
+            fsync_dir(os.path.dirname(self.path))
         try:
             # One writer per directory, across processes too (released on close or exit).
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -134,9 +137,12 @@ class DispatchCheckpoint:
         """Record ``offset`` durably (the file is created on first use)."""
         head = _DISPATCH_MAGIC + struct.pack(">qI16s", offset, _CLEAN if clean else 0,
                                              self._boot)
+        created = not os.path.exists(self.path)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             os.pwrite(fd, head + struct.pack(">I", zlib.crc32(head)), 0)
             os.fdatasync(fd)
         finally:
             os.close(fd)
+        if created:  # a power loss would forget a name its directory never synced
+            fsync_dir(os.path.dirname(os.path.abspath(self.path)))

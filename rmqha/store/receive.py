@@ -88,6 +88,9 @@ class ReceivePath:
     _dir: str
     #: Whether the HA slave's compiled lane holds the tail (every other writer is refused).
     _lane_held = False
+    #: While a lane runs: its ``progress()`` (whole end, appended end), read by
+    #: :meth:`received_end` before :meth:`lane_adopt` catches the log up.
+    _lane_progress: Callable[[], tuple[int, int]] | None = None
 
     def _not_writable(self) -> StoreError:
         if self._closed or self._closing:
@@ -136,10 +139,24 @@ class ReceivePath:
             self._received(max_offset, False)
         return room
 
+    def lane_watch(self, progress: Callable[[], tuple[int, int]]) -> None:
+        """The armed lane's progress, for :meth:`received_end` (until :meth:`lane_release`)."""
+        self._lane_progress = progress
+
+    def received_end(self) -> int:
+        """Where the log ends as this slave's acks say: with a lane running, what it appended
+        and acknowledged, which the log's own ``max_offset`` adopts one loop wake-up later.
+        A status that reports a slave's offset reads this, or it shows the slave behind
+        records its master already counted as copied."""
+        progress = self._lane_progress
+        end = self._max_offset
+        return end if progress is None else max(end, progress()[1])
+
     def lane_release(self) -> None:
         """The lane stopped: the tail is the log's writers' again."""
         with self._lock:
             self._lane_held = False
+            self._lane_progress = None
 
     def append_data(self, offset: int, data: bytes | bytearray | memoryview, *,
                     wait_flush: bool = True) -> int:

@@ -80,13 +80,38 @@ def _read_queue(cluster: Cluster, addr: str, n: int) -> dict[int, bytes]:
 
 def _indexed(broker: BrokerProc) -> int:
     """The commitlog offset the consume queues' checkpoint says they hold durably (-1: none)."""
-    state = DispatchCheckpoint(broker.store_dir / "consumequeue" / DISPATCH_CHECKPOINT_FILE).read()
+    return _indexed_in(broker.store_dir / "consumequeue" / DISPATCH_CHECKPOINT_FILE)
+
+
+def _indexed_in(path: Path) -> int:
+    state = DispatchCheckpoint(path).read()
     return -1 if state is None else state.offset
+
+
+def _durable_copy(disk: PowerLossDisk, live: Path, dest: Path) -> Path:
+    """What of ``live`` a power loss now would keep (the shim's copy of its inode at its last
+    sync; an empty file when never synced), written to ``dest``."""
+    kept = disk.shadow / "ino" / str(live.stat().st_ino) if live.exists() else None
+    dest.write_bytes(kept.read_bytes() if kept is not None and kept.exists() else b"")
+    return dest
+
+
+def _checkpoints_durable(disk: PowerLossDisk, broker: BrokerProc, end: int, scratch: Path) -> bool:
+    """Both checkpoints past ``end`` in what the shim holds as synced, not only in the page
+    cache: a checkpoint written but not yet fdatasynced when the cut comes is lost by right."""
+    store = broker.store_dir
+    flushed = _durable_copy(disk, Path(sidecar_path(str(store / "commitlog"), CHECKPOINT_FILE)),
+                            scratch / "commitlog.checkpoint")
+    indexed = _durable_copy(disk, store / "consumequeue" / DISPATCH_CHECKPOINT_FILE, scratch / "cq.checkpoint")
+    return _flushed_in(flushed) >= end and _indexed_in(indexed) >= end
 
 
 def _flushed(store: Path) -> int:
     """The flushed offset the commitlog's checkpoint holds (0: missing, empty or corrupt)."""
-    path = Path(sidecar_path(str(store / "commitlog"), CHECKPOINT_FILE))
+    return _flushed_in(Path(sidecar_path(str(store / "commitlog"), CHECKPOINT_FILE)))
+
+
+def _flushed_in(path: Path) -> int:
     raw = path.read_bytes()[:_CHECKPOINT.size] if path.exists() else b""
     if len(raw) != _CHECKPOINT.size:
         return 0
@@ -119,6 +144,16 @@ def _run(tmp_path: Path, skip: tuple[str, ...], env: dict[str, str] | None = Non
         cluster.wait_for(lambda: min(_indexed(broker), _flushed(broker.store_dir)) >= end
                          or _send(cluster, broker.address, 1, "nudge") and False,
                          60, what="both checkpoints past the sends")
+        # ... and synced: the shim's copies past them too, or a cut in the moment between a
+        # checkpoint's write and its fdatasync loses it by right.  A control that skips a
+        # checkpoint's sync never gets there: after 10 s it is cut anyway, and caught below.
+        scratch = tmp_path / "durable-checkpoints"
+        scratch.mkdir(exist_ok=True)
+        try:
+            cluster.wait_for(lambda: _checkpoints_durable(disk, broker, end, scratch), 10,
+                             what="both checkpoints synced past the sends")
+        except LocalClusterError:
+            pass
 
         disk.cut(broker)
         if _flushed(broker.store_dir) < end:
