@@ -389,7 +389,7 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        parse_conf(args.conf)  # a malformed setting is refused before any work starts
+        parse_conf(getattr(args, "conf", []))  # a malformed setting is refused before any work starts
         return int(args.func(args, spark))
     except _UsageError as exc:
         print(f"rmqha-trends: error: {exc}", file=sys.stderr)
