@@ -43,7 +43,7 @@ TLS_CLIENT_KEYS = ("tls.enable", "tls.client.certPath", "tls.client.keyPath", "t
 _TLS_BY_LOWER = {k.lower(): k for k in TLS_CLIENT_KEYS}
 #: Test only: plan each queue's latest this many offsets past what the broker reports as
 #: readable, as a reader that ignored the confirm offset would (the tests' negative control).
-TEST_END_PAST_CONFIRM = "rmqha.test.endPastConfirm"
+TEST_END_PAST_CONFIRM = "testOnlyEndPastConfirm"
 
 
 class OffsetKind(Enum):

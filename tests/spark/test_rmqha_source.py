@@ -11,7 +11,7 @@ acknowledged once both hold it).  Proven here:
 - a reader never returns what is past the confirm offset: with the slave stopped, sends
   are stored on the master but not confirmed; a read plans and returns only the confirmed
   ones, promptly.  Negative control: the same check over a reader planned past the
-  confirm offset (``rmqha.test.endPastConfirm``) fails.
+  confirm offset (``testOnlyEndPastConfirm``) fails.
 """
 from __future__ import annotations
 
@@ -158,7 +158,7 @@ def test_a_reader_never_returns_what_is_past_the_confirm_offset(session, rmq: Cl
         # confirmed one) is caught by the same check: the broker holds back what is not
         # confirmed, so that read cannot complete its plan and fails.
         with pytest.raises((AssertionError, PySparkException, CapturedException)) as err:
-            _read_confirmed_only(session, rmq, confirmed, stored, **{"rmqha.test.endPastConfirm": "10"})
+            _read_confirmed_only(session, rmq, confirmed, stored, **{"testOnlyEndPastConfirm": "10"})
         assert "30..39 were planned but not served" in str(err.value), err.value
     finally:
         os.kill(slave.pid, signal.SIGCONT)
