@@ -19,7 +19,6 @@ from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
 from rmqha.client import BlockingProducer, Message
 from rmqha.errors import SparkOptionError, SparkSourceError
-from rmqha.spark.broker_io import security_of
 from rmqha.spark.options import SinkOptions
 
 #: Rows per send_batch: one request per this many rows of a topic (1 KiB rows: ~256 KiB).
@@ -64,12 +63,10 @@ class Writer(DataSourceWriter):
 
     def write(self, iterator: Iterator[Any]) -> SentCount:
         client = self.opts.client
-        security = {"access_key": client.access_key, "secret_key": client.secret_key, "tls": client.tls}
-        if security_of(client) is None:
-            security = {}
         sent = 0
         pending: dict[str, list[Message]] = {}
-        with BlockingProducer(client.namesrv, self.opts.producer_group, **security) as producer:
+        with BlockingProducer(client.namesrv, self.opts.producer_group, access_key=client.access_key,
+                              secret_key=client.secret_key, tls=client.tls) as producer:
             for row in iterator:
                 data = row.asDict()
                 topic = data.get("topic") or self.opts.topic
