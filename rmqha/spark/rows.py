@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.compute  # type: ignore[import-untyped]  # noqa: F401 - pa.compute
 
 from rmqha.protocol.message import Prop, ReceivedMessage
 
@@ -37,6 +38,7 @@ def arrow_schema() -> Any:  # noqa: ANN401 - pyarrow ships no types
 
 
 _SCHEMA = arrow_schema()
+_TIMESTAMP = pa.timestamp("us", tz="UTC")
 
 
 def to_batch(msgs: Sequence[ReceivedMessage]) -> Any:  # noqa: ANN401
@@ -48,7 +50,10 @@ def to_batch(msgs: Sequence[ReceivedMessage]) -> Any:  # noqa: ANN401
         [m.queue_offset for m in msgs], [m.commit_offset for m in msgs], [m.body for m in msgs],
         [p.get(Prop.TAGS) for p in props], [p.get(Prop.KEYS) for p in props],
         [list(p.items()) for p in props],
-        [m.born_timestamp * 1000 for m in msgs], [m.store_timestamp * 1000 for m in msgs],
     ]
     arrays = [pa.array(col, type=f.type) for col, f in zip(columns, schema)]
+    # Milliseconds as int64, then viewed as microsecond timestamps: converting Python ints
+    # straight to a timestamp type costs ~10x more per value.
+    for millis in ([m.born_timestamp for m in msgs], [m.store_timestamp for m in msgs]):
+        arrays.append(pa.compute.multiply(pa.array(millis, pa.int64()), 1000).view(_TIMESTAMP))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
