@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.rmqha-installed
 PYTEST_ARGS ?=
 POWER_LOSS_SHIM := rmqha/testing/_power_loss_shim.so
 
-.PHONY: all venv build libssl browser lint docs-map test test-proxy test-interop interop-build test-pure demo demo-grpc bench bench-quick bench-proxy bench-peers peers-jars test-peers-smoke trends chaos soak wheel-check clean
+.PHONY: all venv build libssl browser lint docs-map test test-proxy test-interop interop-build test-pure demo demo-grpc bench bench-quick bench-spark-source bench-proxy bench-peers peers-jars test-peers-smoke trends chaos soak wheel-check clean
 
 all: build
 
@@ -151,9 +151,19 @@ soak: build
 demo: build
 	$(PY) -m rmqha demo $(DEMO_ARGS)
 
+# BENCH_PUBLISH=rmqha://NAMESRV/TOPIC also sends the run's results to that topic, which
+# `rmqha-trends trends --history rmqha://NAMESRV/TOPIC` reads (docs/spark.md).
+BENCH_RUN_JSON = .benchmarks/last-run.json
 bench: build
 	$(PY) -m pytest benches --benchmark-only --benchmark-autosave \
-		--benchmark-storage=file://.benchmarks --benchmark-disable-gc $(BENCH_ARGS)
+		--benchmark-storage=file://.benchmarks --benchmark-disable-gc \
+		$(if $(BENCH_PUBLISH),--benchmark-json=$(BENCH_RUN_JSON)) $(BENCH_ARGS)
+	$(if $(BENCH_PUBLISH),$(PY) -m spark_bench publish --to '$(BENCH_PUBLISH)' $(BENCH_RUN_JSON))
+
+# The rmqha Spark source alone: a batch read of 1 M 1 KiB messages on local[2] and a
+# stream's send-to-sink latency (benches/bench_spark_source.py).
+bench-spark-source: build
+	$(PY) -m pytest benches/bench_spark_source.py --benchmark-only --benchmark-disable-gc -s $(BENCH_ARGS)
 
 bench-quick: build
 	RMQHA_BENCH_QUICK=1 $(MAKE) bench

@@ -176,6 +176,23 @@ class SequenceGapError(SendError):
         super().__init__(message, code, "PRODUCER_SEQUENCE_GAP")
 
 
+# --- the Spark source and sink -----------------------------------------------------------
+
+
+class SparkOptionError(ConfigError):
+    """An option of ``spark.read/readStream/write.format("rmqha")`` is missing or wrong;
+    ``option`` names it (as the user spelled it in the docs), the message says why."""
+
+    def __init__(self, option: str, message: str) -> None:
+        self.option = option
+        super().__init__(f"option {option!r}: {message}")
+
+
+class SparkSourceError(ClientError):
+    """The rmqha Spark source cannot read a planned range (offsets gone below the retained
+    log with failOnDataLoss, or not served before the deadline) or the sink cannot send."""
+
+
 # --- security ----------------------------------------------------------------------------
 
 

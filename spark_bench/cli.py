@@ -7,6 +7,9 @@
   When nothing was ingested and the table and options are those of the last run, the
   trend tables are reused. This is what ``make trends`` runs.
 * ``report --out URL``: re-render the HTML and CSV from the trend tables.
+* ``publish --to rmqha://NAMESRV/TOPIC FILE...``: send benchmark files to an rmqha topic,
+  one message each; ``--history rmqha://NAMESRV/TOPIC`` reads them back
+  (:mod:`spark_bench.topic_history`).
 
 Paths may be local or any Hadoop file system URL (``file://``, ``hdfs://``, ``s3a://``,
 ``viewfs://``); ``--conf spark.hadoop.KEY=VALUE`` (repeatable) gives Hadoop the settings such
@@ -91,7 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_ingest)
 
     p = sub.add_parser("trends", help="baselines, change points, ratios, then the report")
-    p.add_argument("--history", nargs="+", metavar="PATH", help="ingest these first (paths or URLs)")
+    p.add_argument("--history", nargs="+", metavar="PATH",
+                   help="ingest these first (paths or URLs; rmqha://NAMESRV/TOPIC reads a topic "
+                        "`publish` filled)")
     p.add_argument("--table", help=f"run table (default OUT/{RUN_TABLE_DIR})")
     p.add_argument("--out", required=True, help="output directory (path or URL) for tables and report")
     p.add_argument("--metric", default="median", choices=("median", "mean", "min", "ops"))
@@ -118,6 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spark_args(p)
     _add_gate_args(p)
     p.set_defaults(func=cmd_trends)
+
+    p = sub.add_parser("publish", help="send benchmark JSON files to an rmqha topic (one message each)")
+    p.add_argument("--to", required=True, metavar="URL",
+                   help="rmqha://<name server>[;<name server>...]/<topic>, what --history then reads")
+    p.add_argument("files", nargs="+", metavar="FILE", help="pytest-benchmark JSON files")
+    p.set_defaults(func=cmd_publish)
 
     p = sub.add_parser("report", help="render report.html and CSV from the trend tables")
     p.add_argument("--out", required=True, help="directory written by `trends`")
@@ -313,6 +324,16 @@ def _report(args: argparse.Namespace, policy: GatePolicy, summary: pd.DataFrame,
     return _gate(args, result.failing)
 
 
+def cmd_publish(args: argparse.Namespace, spark: SparkSession | None = None) -> int:
+    from spark_bench.topic_history import publish
+    try:
+        sent = publish(args.to, args.files)
+    except ValueError as exc:
+        raise _UsageError(str(exc)) from exc
+    print(f"published {sent} file(s) to {args.to}")
+    return EXIT_PASSED
+
+
 def _is_local(path: str) -> bool:
     return "://" not in path or path.startswith("file:")
 
@@ -368,7 +389,7 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        parse_conf(args.conf)  # a malformed setting is refused before any work starts
+        parse_conf(getattr(args, "conf", []))  # a malformed setting is refused before any work starts
         return int(args.func(args, spark))
     except _UsageError as exc:
         print(f"rmqha-trends: error: {exc}", file=sys.stderr)

@@ -34,7 +34,7 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark_bench import parse, storage
+from spark_bench import parse, storage, topic_history
 from spark_bench.schema import FILE_MANIFEST, RUN_TABLE
 
 #: What the parser gives: the run table's columns (all nullable), ``problem`` and
@@ -95,13 +95,17 @@ def list_json_files(spark: SparkSession, paths: list[str]) -> DataFrame:
     directories searched recursively, or globs). Spark lists (in parallel for many
     directories) and skips hidden names (``.x``, ``_x``) and zero-length files as it does for
     tables."""
-    present = [p for p in paths if storage.glob_matches(spark, p)]
-    if not present:
+    topics = [p for p in paths if topic_history.is_topic(p)]
+    present = [p for p in paths if not topic_history.is_topic(p) and storage.glob_matches(spark, p)]
+    listed = [topic_history.listing(spark, topics)] if topics else []
+    if present:
+        listed.append(spark.read.format("binaryFile")
+                      .option("pathGlobFilter", "*.json").option("recursiveFileLookup", "true")
+                      .load(present)
+                      .select("path", "length", F.col("modificationTime").alias("modified")))
+    if not listed:
         return spark.createDataFrame([], FILE_MANIFEST).select("path", "length", "modified")
-    return (spark.read.format("binaryFile")
-            .option("pathGlobFilter", "*.json").option("recursiveFileLookup", "true")
-            .load(present)
-            .select("path", "length", F.col("modificationTime").alias("modified")))
+    return listed[0] if len(listed) == 1 else listed[0].unionByName(listed[1])
 
 
 def _escape_glob(path: str) -> str:
@@ -120,7 +124,15 @@ def parse_files(spark: SparkSession, files: list[str],
     """Rows (:data:`PARSED_ROWS`) of ``files``, parsed by :mod:`spark_bench.parse` in the
     executors' Python workers: from the bytes ``binaryFile`` read, or, for ``file:`` paths
     in local mode, read by the workers themselves (the file contents then never pass
-    through the JVM). Files whose content digest is in ``known`` are hashed, not parsed."""
+    through the JVM). Files whose content digest is in ``known`` are hashed, not parsed.
+    Messages of a history topic (:mod:`spark_bench.topic_history`) are parsed from their
+    bodies as files are from their bytes."""
+    messages = [f for f in files if topic_history.is_topic(f)]
+    if messages:
+        parsed = topic_history.contents(spark, messages).mapInArrow(
+            partial(parse.parse_batches, known=known), PARSED_ROWS)
+        others = [f for f in files if not topic_history.is_topic(f)]
+        return parsed.unionByName(parse_files(spark, others, known)) if others else parsed
     if executors_share_driver_files(spark) and all(f.startswith("file:") for f in files):
         # Round-robin, so every core gets about as many files (and no lone last task).
         slices = max(1, min(len(files), 2 * spark.sparkContext.defaultParallelism))
