@@ -1,0 +1,61 @@
+"""The trend job gives the outputs it gave before the issue-41 speed work: summary, change
+points, every series point, the gate's lines and the report's text, on one fixed synthetic
+history (tests/spark/golden_trends.py says how the golden files were made and compared).
+
+A rerun with nothing new must give them again (from the reused tables), and a negative
+control shows the comparison can fail: the same history with one more 20% step differs."""
+from __future__ import annotations
+
+import difflib
+import os
+
+import pytest
+from spark_support import SPARK_OK, SPARK_TEST_MARKS, spark  # noqa: F401 - fixture
+
+if SPARK_OK:
+    import golden_trends
+
+pytestmark = SPARK_TEST_MARKS
+
+GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden", "trends")
+
+
+def _golden() -> dict[str, str]:
+    return {name: golden_trends.read_text(os.path.join(GOLDEN, name)) for name in golden_trends.FILES}
+
+
+def _differences(got: dict[str, str], want: dict[str, str]) -> list[str]:
+    out = []
+    for name in golden_trends.FILES:
+        if got[name] != want[name]:
+            diff = difflib.unified_diff(want[name].splitlines(), got[name].splitlines(),
+                                        f"golden/{name}", f"now/{name}", n=0, lineterm="")
+            out.append("\n".join(list(diff)[:20]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def first(spark, tmp_path_factory):  # noqa: ANN001, ANN201, F811
+    root = str(tmp_path_factory.mktemp("golden"))
+    code, texts, _ = golden_trends.run(root, spark)
+    return {"root": root, "code": code, "texts": texts}
+
+
+def test_outputs_match_the_golden_files(first) -> None:  # noqa: ANN001
+    assert first["code"] == 1  # the 20% and 12% open regressions fail the gate
+    assert _differences(first["texts"], _golden()) == []
+
+
+def test_a_rerun_with_nothing_new_gives_the_same_outputs(first, spark) -> None:  # noqa: ANN001, F811
+    code, texts, stdout = golden_trends.run(first["root"], spark)
+    assert code == 1
+    assert "unchanged since the last run" in stdout
+    assert _differences(texts, _golden()) == []
+
+
+def test_negative_control_another_history_differs(spark, tmp_path, monkeypatch) -> None:  # noqa: ANN001, F811
+    steps = {**golden_trends.SPEC_ARGS["steps"], 3: [(120, 1.2)]}
+    monkeypatch.setitem(golden_trends.SPEC_ARGS, "steps", steps)
+    _, texts, _ = golden_trends.run(str(tmp_path), spark)
+    changed = _differences(texts, _golden())
+    assert len(changed) >= 3  # summary, changes, gate (and the report) differ
