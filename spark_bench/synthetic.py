@@ -150,12 +150,15 @@ def run_document(spec: HistorySpec, run: int, row: np.ndarray) -> dict[str, obje
     }
 
 
-def write_history(spec: HistorySpec, directory: str) -> list[str]:
-    """One pretty-printed JSON file per run, named like pytest-benchmark autosaves."""
+def write_history(spec: HistorySpec, directory: str, first: int = 0) -> list[str]:
+    """One pretty-printed JSON file per run, named like pytest-benchmark autosaves; runs
+    before ``first`` are not written. ``dataclasses.replace(spec, runs=spec.runs + 1)``
+    written from ``first=spec.runs`` adds one run to a history on disk (its timings are
+    drawn anew with the same levels and steps; the files already there stay as they are)."""
     os.makedirs(directory, exist_ok=True)
     values = timings(spec)
     paths = []
-    for run in range(spec.runs):
+    for run in range(first, spec.runs):
         stamp = run_time_of(spec, run).strftime("%Y%m%d_%H%M%S")
         path = os.path.join(directory, f"{run + 1:04d}_{commit_of(run, spec.commit_salt)[:12]}_{stamp}.json")
         with open(path, "w", encoding="utf-8") as fh:
