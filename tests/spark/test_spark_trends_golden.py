@@ -3,11 +3,14 @@ points, every series point, the gate's lines and the report's text, on one fixed
 history (tests/spark/golden_trends.py says how the golden files were made and compared).
 
 A rerun with nothing new must give them again (from the reused tables), and a negative
-control shows the comparison can fail: the same history with one more 20% step differs."""
+control shows the comparison can fail: the same tables judged at another threshold (the
+pandas-only ``report`` command) give another gate verdict and report."""
 from __future__ import annotations
 
 import difflib
+import io
 import os
+from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 from spark_support import SPARK_OK, SPARK_TEST_MARKS, spark  # noqa: F401 - fixture
@@ -15,7 +18,9 @@ from spark_support import SPARK_OK, SPARK_TEST_MARKS, spark  # noqa: F401 - fixt
 if SPARK_OK:
     import golden_trends
 
-pytestmark = SPARK_TEST_MARKS
+    from spark_bench.cli import main
+
+pytestmark = [*SPARK_TEST_MARKS, pytest.mark.timeout(900)]
 
 GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden", "trends")
 
@@ -53,9 +58,12 @@ def test_a_rerun_with_nothing_new_gives_the_same_outputs(first, spark) -> None: 
     assert _differences(texts, _golden()) == []
 
 
-def test_negative_control_another_history_differs(spark, tmp_path, monkeypatch) -> None:  # noqa: ANN001, F811
-    steps = {**golden_trends.SPEC_ARGS["steps"], 3: [(120, 1.2)]}
-    monkeypatch.setitem(golden_trends.SPEC_ARGS, "steps", steps)
-    _, texts, _ = golden_trends.run(str(tmp_path), spark)
+def test_negative_control_another_verdict_differs(first) -> None:  # noqa: ANN001
+    out = os.path.join(first["root"], "out")
+    err = io.StringIO()
+    with redirect_stderr(err), redirect_stdout(io.StringIO()):
+        code = main(["report", "--out", out, "--fail-on-regression", "--threshold", "25"])
+    assert code == 0
+    texts = golden_trends.outputs(out, err.getvalue())
     changed = _differences(texts, _golden())
-    assert len(changed) >= 3  # summary, changes, gate (and the report) differ
+    assert [c.split("\n", 1)[0] for c in changed] == ["--- golden/gate.txt", "--- golden/report.txt"]
