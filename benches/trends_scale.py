@@ -91,6 +91,10 @@ def _tree(root: int) -> list[int]:
     return out
 
 
+#: Seconds between the progress notes of a running command.
+NOTE_EVERY_S = 60.0
+
+
 def measure(cmd: list[str], env: dict[str, str]) -> Measured:
     """Run ``cmd`` and poll its process tree until it exits."""
     started, before = time.perf_counter(), os.times()
@@ -104,9 +108,16 @@ def measure(cmd: list[str], env: dict[str, str]) -> Measured:
     assert stream is not None  # stdout=PIPE
     reader = threading.Thread(target=lambda: chunks.append(stream.read()), daemon=True)
     reader.start()
+    next_note = started + NOTE_EVERY_S
     while proc.poll() is None:
         pids = _tree(proc.pid)
-        peak_sum = max(peak_sum, sum(_status_kib(p, "VmRSS:") for p in pids) / 1024.0)
+        now_sum = sum(_status_kib(p, "VmRSS:") for p in pids) / 1024.0
+        peak_sum = max(peak_sum, now_sum)
+        if time.perf_counter() >= next_note:  # a long run shows it is alive, and its memory
+            next_note += NOTE_EVERY_S
+            print(f"    ... {time.perf_counter() - started:.0f} s: {len(pids)} processes, RSS "
+                  f"{now_sum:.0f} MiB (peak {peak_sum:.0f}), CPU {sum(cpu.values()):.0f} s",
+                  flush=True)
         for p in pids:
             hwm[p] = max(hwm.get(p, 0), _status_kib(p, "VmHWM:"))
             cpu[p] = max(cpu.get(p, 0.0), _cpu_s(p))
