@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.rmqha-installed
 PYTEST_ARGS ?=
 POWER_LOSS_SHIM := rmqha/testing/_power_loss_shim.so
 
-.PHONY: all venv build libssl browser lint docs-map test test-proxy test-interop interop-build test-pure demo demo-grpc bench bench-quick bench-spark-source bench-proxy bench-peers peers-jars test-peers-smoke trends chaos soak wheel-check clean
+.PHONY: all venv build libssl browser lint docs-map test test-proxy test-interop interop-build test-pure demo demo-grpc bench bench-quick bench-spark-source bench-proxy bench-peers peers-jars test-peers-smoke trends chaos soak wheel-check clean bench-trends
 
 all: build
 
@@ -203,6 +203,13 @@ bench-peers: build peers-jars
 # Gate a CI run with TRENDS_ARGS="--fail-on-regression" (exit codes: see docs/benchmarks.md).
 trends: build
 	$(PY) -m spark_bench trends --history .benchmarks --out reports/trends $(TRENDS_ARGS)
+
+# The trends command at 2,000 and 20,000 runs x 200 benchmarks: wall, CPU and the peak summed
+# RSS of its process tree, first run / rerun / one more run (docs/benchmarks.md, "Trends at
+# scale").  Histories (0.56 and 5.6 GB of JSON) are kept in reports/bench-trends.
+# BENCH_TRENDS_ARGS="--runs 2000" for one size, "--master spark://host:7077" for a cluster.
+bench-trends: build
+	$(PY) benches/trends_scale.py $(BENCH_TRENDS_ARGS)
 
 # Build a wheel and prove it installs and imports in a fresh venv.
 wheel-check: $(PY)

@@ -17,6 +17,11 @@ and of Apache Otava (formerly Hunter):
 * A statistically significant but tiny shift is not worth a human's time: changes whose size
   (median after vs median before, between neighbouring change points) is below
   ``min_change`` are merged away at the end.
+* The last ``min_size - 1`` runs are out of the statistic's reach, so :func:`tail_jump`
+  looks at them alone: the latest runs all off the level before them (by ``min_change``
+  and ``min_z`` robust standard deviations each, in one direction). One such run is a
+  *suspected* jump (a spike and a step look the same until a rerun); two or more are a
+  step the reruns confirmed, and :func:`detect_with_tail` reports it as a change point.
 
 This module is plain numpy so it runs inside a Spark grouped pandas UDF and in unit tests
 without a JVM.
@@ -259,3 +264,77 @@ def detect(values: np.ndarray | list[float], cfg: DetectorConfig | None = None,
     return [ChangePoint(index=offset + s, before=before, after=after,
                         change=_relative(before, after), p_value=accepted[s], z=float(z))
             for (_, _, before, after, z), s in zip(sizes, splits, strict=True)]
+
+
+@dataclass(frozen=True)
+class TailJump:
+    """The latest ``runs`` runs, all off the level of the runs before them."""
+
+    index: int  # first run of the jump
+    runs: int
+    before: float  # median of the reference runs before the jump
+    after: float  # median of the jumped runs
+    change: float  # (after - before) / before
+    z: float  # the smallest distance of a jumped run from ``before``, in robust sigmas
+
+
+def _tail_off(x: np.ndarray, k: int, start: int, cfg: DetectorConfig) -> TailJump | None:
+    """The last ``k`` points as a jump from up to ``cfg.window`` points before them (from
+    ``start`` on), or None when one of them is not clearly off that level."""
+    n = x.size
+    ref = x[max(start, n - k - cfg.window):n - k]
+    if ref.size < cfg.min_size:
+        return None
+    level = float(np.median(ref))
+    sigma = 1.4826 * float(np.median(np.abs(ref - level)))
+    tail = x[n - k:]
+    shift = tail - level
+    if not (np.all(shift > 0) or np.all(shift < 0)) or level == 0.0:
+        return None
+    if np.min(np.abs(shift)) < cfg.min_change * abs(level):
+        return None
+    # A point against a median of `ref.size` points: the median's own error adds to its noise.
+    scale = sigma * np.sqrt(1.0 + 1.2533 ** 2 / ref.size)
+    z = float("inf") if scale == 0.0 else float(np.min(np.abs(shift)) / scale)
+    if z < cfg.min_z:
+        return None
+    after = float(np.median(tail))
+    return TailJump(index=n - k, runs=k, before=level, after=after,
+                    change=_relative(level, after), z=z)
+
+
+def tail_jump(values: np.ndarray | list[float], cfg: DetectorConfig | None = None,
+              start: int = 0) -> TailJump | None:
+    """The run of latest points off the level before them, when it is shorter than
+    ``cfg.min_size`` (a longer one is :func:`detect`'s to find, or not); ``start`` is the
+    first point of the current level (the last change point), the reference never reaches
+    before it. None when the latest point is on that level."""
+    cfg = cfg or DetectorConfig()
+    x = np.asarray(values, dtype=np.float64)
+    if x.size == 0 or not np.all(np.isfinite(x[-cfg.min_size:])):
+        return None
+    found = None
+    for k in range(1, cfg.min_size + 1):
+        jump = _tail_off(x, k, start, cfg)
+        if jump is None:
+            break
+        found = jump
+    if found is None or found.runs >= cfg.min_size:
+        return None
+    return found
+
+
+def detect_with_tail(values: np.ndarray | list[float], cfg: DetectorConfig | None = None,
+                     seed: int | str = 0) -> tuple[list[ChangePoint], TailJump | None]:
+    """:func:`detect`, plus the latest runs: a jump of two or more of them (the latest
+    confirmed by a rerun) is one more change point, without a permutation test (its
+    ``p_value`` is NaN: too few points after it for one); a jump of the latest run alone
+    is returned as *suspected*, not as a change."""
+    cfg = cfg or DetectorConfig()
+    found = detect(values, cfg, seed)
+    jump = tail_jump(values, cfg, start=found[-1].index if found else 0)
+    if jump is None or jump.runs == 1:
+        return found, jump
+    confirmed = ChangePoint(index=jump.index, before=jump.before, after=jump.after,
+                            change=jump.change, p_value=float("nan"), z=jump.z)
+    return [*found, confirmed], None

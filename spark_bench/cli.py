@@ -208,8 +208,10 @@ def cmd_ingest(args: argparse.Namespace, spark: SparkSession | None = None) -> i
     return EXIT_PASSED if result.files_seen else EXIT_NO_DATA
 
 
-def _gate(args: argparse.Namespace, failing: pd.DataFrame) -> int:
+def _gate(args: argparse.Namespace, failing: pd.DataFrame, suspects: pd.DataFrame) -> int:
     from spark_bench import gate
+    if len(suspects):
+        print(gate.describe_suspected(suspects))
     if len(failing):
         print(gate.describe(failing), file=sys.stderr)
         return EXIT_REGRESSED if args.fail_on_regression else EXIT_PASSED
@@ -257,7 +259,7 @@ def cmd_trends(args: argparse.Namespace, spark: SparkSession | None = None) -> i
         # options, the report) of the last run are still right. The manifest is left out:
         # files that added no run (known content, foreign files) change nothing.
         state = {"table": storage.fingerprint(session, table, excluding=MANIFEST_DIR),
-                 "config": repr(cfg)}
+                 "config": repr(cfg), "tables": trends.TABLES_VERSION}
         state_path = storage.join(out, STATE_FILE)
         saved_text = storage.read_text(session, state_path)
         saved = json.loads(saved_text) if saved_text else {}
@@ -284,7 +286,7 @@ def cmd_trends(args: argparse.Namespace, spark: SparkSession | None = None) -> i
                 {**state, "report": saved.get("report") if reused else None}))
             if not args.no_report:
                 print(f"report: {out.rstrip('/')}/report.html is up to date")
-            return _gate(args, gate.failing(summary, changes, policy))
+            return _gate(args, gate.failing(summary, changes, policy), gate.suspected(summary, policy))
         if ingest_log is None:
             text = storage.read_text(session, storage.join(out, INGEST_LOG))
             ingest_log = json.loads(text) if text else None
@@ -321,7 +323,7 @@ def _report(args: argparse.Namespace, policy: GatePolicy, summary: pd.DataFrame,
     print(f"report: {args.out.rstrip('/')}/{report.REPORT_FILE} ({result.plots} plots, "
           f"{len(result.html.encode()) / 1e6:.1f} MB, {time.perf_counter() - started:.1f} s); "
           f"summary.csv, changes.csv")
-    return _gate(args, result.failing)
+    return _gate(args, result.failing, gate.suspected(summary, policy))
 
 
 def cmd_publish(args: argparse.Namespace, spark: SparkSession | None = None) -> int:

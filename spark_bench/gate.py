@@ -5,9 +5,12 @@ worse direction, slower for times or fewer per second for rates, whose level has
 recovered) and what that regression still costs (``open_worse_pct``: the current level
 against the level before the change) is at least the threshold for that benchmark.
 
-* A lone spike never fails: a change point needs ``min_size`` runs on each side, so one
-  noisy run (even the latest) is noise to the detector, not a change.
-* A 10-20 % step fails once the detector has confirmed it (a few runs after the step).
+* A lone spike never fails. In the middle of a series it is noise to the detector (a change
+  point needs ``min_size`` runs on each side). In the latest run it cannot be told from a
+  step yet: it is printed as ``SUSPECTED ...; rerun to confirm`` (stdout, exit code
+  unchanged) when it is at or above the threshold in the worse direction.
+* A 10-20 % step fails once it is confirmed: by one more run at the new level (the
+  detector's look at the latest runs), or by the detector once ``min_size`` runs follow it.
 * A stale series (not measured in the last ``stale_after`` runs of its machine and branch,
   because the benchmark was renamed or removed) is forgotten, whatever it did before.
 * Ratio series (an rmqha twin against a peer) are reported, never gated: a peer getting
@@ -96,6 +99,36 @@ def failing(summary: pd.DataFrame, changes: pd.DataFrame,
     worst = (merged.sort_values("open_worse_pct", ascending=False)
              .drop_duplicates("series_id", keep="first"))
     return worst[columns].reset_index(drop=True)
+
+
+def suspected(summary: pd.DataFrame, policy: GatePolicy | None = None) -> pd.DataFrame:
+    """Live benchmark series whose latest run alone jumped, in the worse direction, by at
+    least their threshold (what would fail the gate if a rerun confirmed it), worst first,
+    with ``threshold_pct``. Tables without the ``suspect_*`` columns give none."""
+    policy = policy or GatePolicy()
+    if summary.empty or "suspect_worse_pct" not in summary.columns:
+        return summary.iloc[0:0].assign(threshold_pct=[])
+    rows = summary[(summary["kind"] == SeriesKind.BENCHMARK.value)
+                   & ~summary["stale"].fillna(False).astype(bool)
+                   & summary["suspect_worse_pct"].notna()].copy()
+    rows["threshold_pct"] = [policy.threshold_for(b, s)
+                             for b, s in zip(rows["benchmark"], rows["series_id"], strict=True)]
+    rows = rows[rows["suspect_worse_pct"] >= rows["threshold_pct"]]
+    return rows.sort_values("suspect_worse_pct", ascending=False).reset_index(drop=True)
+
+
+def describe_suspected(rows: pd.DataFrame) -> str:
+    """One line per suspected jump: not a failure, a request for a rerun."""
+    lines = []
+    for row in rows.itertuples(index=False):
+        hib = bool(row.higher_is_better)
+        lines.append(
+            f"SUSPECTED {row.series_id}: {row.suspect_worse_pct:+.1f}% in the latest run alone "
+            f"({'throughput down' if hib else 'slower'}; "
+            f"{format_value(row.suspect_before, hib)} -> {format_value(row.latest_value, hib)}) "
+            f"at commit {str(row.latest_commit)[:12]}; suspected, rerun to confirm "
+            f"(not a failure; threshold {row.threshold_pct:g}%)")
+    return "\n".join(lines)
 
 
 def format_value(value: float, higher_is_better: bool) -> str:

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 try:  # 3x faster than the standard library on these documents; optional on executors
@@ -207,13 +208,19 @@ def columns_of(path: str, data: bytes) -> dict[str, list[Any]]:
 FILES_PER_BATCH = 64
 
 
+#: Columns with one value per file (columns_of repeats it on each of the file's rows): a
+#: batch converts one value per file to Arrow and repeats it there, instead of converting
+#: every row's copy (the nine-entry machine_info map of every row was a third of the
+#: conversion's time).
+RUN_LEVEL = ("run_id", "run_time", "commit", "commit_dirty", "branch", "machine", "python",
+             "cpu", "source_file", "commit_time", "machine_info", "problem", "content_digest")
+
+
 def _batches_of(files: Iterator[tuple[str, bytes | str]],
                 known: frozenset[str] = frozenset()) -> Iterator[pa.RecordBatch]:
     """(path, bytes, or the reason they could not be read) -> batches of rows. A file whose
     content digest is in ``known`` is stored already: one row with its path and digest."""
-    names = ARROW_SCHEMA.names
-    columns: dict[str, list[Any]] = {n: [] for n in names}
-    pending = 0
+    batch = _PendingBatch()
     for path, data in files:
         if isinstance(data, str):
             found = _problem_columns(path, data)
@@ -221,20 +228,58 @@ def _batches_of(files: Iterator[tuple[str, bytes | str]],
             digest = content_digest(data)
             found = _problem_columns(path, None) if digest in known else columns_of(path, data)
             found["content_digest"] = [digest] * len(found["source_file"])
-        for n in names:
-            columns[n].extend(found[n])
-        pending += 1
-        if pending == FILES_PER_BATCH:
-            yield _record_batch(columns)
-            columns, pending = {n: [] for n in names}, 0
-    if pending:
-        yield _record_batch(columns)
+        batch.add(found)
+        if batch.files == FILES_PER_BATCH:
+            yield batch.record_batch()
+            batch = _PendingBatch()
+    if batch.files:
+        yield batch.record_batch()
 
 
-def _record_batch(columns: dict[str, list[Any]]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays(
-        [pa.array(columns[n], type=ARROW_SCHEMA.field(n).type) for n in ARROW_SCHEMA.names],
-        schema=ARROW_SCHEMA)
+class _PendingBatch:
+    """Rows of up to FILES_PER_BATCH files: per-row columns as lists, run-level ones as one
+    value per file and the file's row count."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, list[Any]] = {n: [] for n in ARROW_SCHEMA.names if n not in RUN_LEVEL}
+        self.per_file: dict[str, list[Any]] = {n: [] for n in RUN_LEVEL}
+        self.counts: list[int] = []
+        self.files = 0
+
+    def add(self, found: dict[str, list[Any]]) -> None:
+        n = len(found["source_file"])
+        for name, values in self.rows.items():
+            values.extend(found[name])
+        for name, values in self.per_file.items():
+            values.append(found[name][0] if n else None)
+        self.counts.append(n)
+        self.files += 1
+
+    def record_batch(self) -> pa.RecordBatch:
+        repeat = pa.array(np.repeat(np.arange(self.files, dtype=np.int64), self.counts))
+        arrays = []
+        for name in ARROW_SCHEMA.names:
+            kind = ARROW_SCHEMA.field(name).type
+            if name in RUN_LEVEL:
+                arrays.append(pa.array(self.per_file[name], type=kind).take(repeat))
+            elif kind == _MAP:
+                arrays.append(_map_array(self.rows[name]))
+            else:
+                arrays.append(pa.array(self.rows[name], type=kind))
+        return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
+
+
+def _map_array(maps: list[list[tuple[str, str | None]] | None]) -> pa.Array:
+    """Map cells (lists of pairs, or None) as one Arrow map array, built from flat key and
+    value columns (2-3x faster than converting the nested lists)."""
+    lengths = np.fromiter((0 if m is None else len(m) for m in maps), dtype=np.int32, count=len(maps))
+    offsets = np.zeros(len(maps) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    keys = [k for m in maps if m for k, _ in m]
+    items = [v for m in maps if m for _, v in m]
+    mask = pa.array(np.fromiter((m is None for m in maps), dtype=bool, count=len(maps)))
+    return pa.MapArray.from_arrays(pa.array(offsets), pa.array(keys, _STR), pa.array(items, _STR),
+                                   mask=mask if mask.true_count else None)
 
 
 def parse_batches(batches: Iterator[pa.RecordBatch],

@@ -205,6 +205,39 @@ def _plotly_js() -> str:
     return get_plotlyjs()
 
 
+def _suspected_section(summary: pd.DataFrame, policy: gate.GatePolicy,
+                       stale: dict[str, bool]) -> str:
+    """Series whose latest run alone jumped off their level, largest first: empty (no
+    heading) when there is none, so a page without suspects is the page it always was."""
+    if "suspect_worse_pct" not in summary.columns:
+        return ""
+    rows = summary[summary["suspect_worse_pct"].notna()
+                   & ~summary["series_id"].map(stale).fillna(False).astype(bool)]
+    if rows.empty:
+        return ""
+    rows = rows.assign(_a=rows["suspect_change_pct"].abs()).sort_values("_a", ascending=False)
+    failing_if_confirmed = set(gate.suspected(summary, policy)["series_id"])
+
+    def verdict(r: object) -> str:
+        if r.series_id in failing_if_confirmed:
+            return f"would fail the gate if confirmed ({policy.threshold_for(r.benchmark, r.series_id):g}%)"
+        if r.kind == SeriesKind.RATIO:
+            return "ratio: reported only"
+        return "improvement" if r.suspect_worse_pct < 0 else "below its threshold"
+
+    return ("<h2>Suspected: a jump in the latest run alone, rerun to confirm</h2>"
+            "<p>One run cannot tell a step from a spike: these are not failures. A rerun at "
+            "the same level confirms the change (and the gate judges it); a rerun back at the "
+            "old level clears it.</p>"
+            + _table([[html.escape(r.series_id), str(r.latest_run_time)[:19], str(r.latest_commit)[:12],
+                       _fmt_value(r.suspect_before, r.kind, r.higher_is_better),
+                       _fmt_value(r.latest_value, r.kind, r.higher_is_better),
+                       _fmt_pct(r.suspect_change_pct), f"{r.suspect_z:.1f}", verdict(r)]
+                      for r in rows.itertuples(index=False)],
+                     ["series", "latest run", "commit", "level before", "latest", "jump",
+                      "strength (robust σ)", "gate"], frozenset({0})))
+
+
 def render(summary: pd.DataFrame, changes: pd.DataFrame, points: pd.DataFrame,
            policy: gate.GatePolicy | None = None, ingest_log: dict[str, object] | None = None,
            max_plots: int = DEFAULT_MAX_PLOTS) -> ReportResult:
@@ -263,6 +296,8 @@ def render(summary: pd.DataFrame, changes: pd.DataFrame, points: pd.DataFrame,
         for r in fails.itertuples(index=False)],
         ["series", "before", "now", "worse by", "threshold", "since commit", "run time"],
         frozenset({0}), "bad"))
+
+    parts.append(_suspected_section(summary, policy, stale))
 
     parts.append("<h2>Open regressions (not recovered), worst first</h2>")
     parts.append(_table([

@@ -42,6 +42,24 @@ def make_dirs(spark: SparkSession, path: str) -> None:
     fs.mkdirs(hpath)
 
 
+def move_files(spark: SparkSession, source: str, target: str, prefix: str) -> int:
+    """Move the files named ``prefix*`` of directory ``source`` into directory ``target``
+    (created if missing), keeping their names: a rename each, no byte copied (Spark's part
+    file names carry its write job's id, so they do not collide with those already there).
+    Returns how many were moved."""
+    src, fs = _fs(spark, source)
+    dst = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(target)
+    fs.mkdirs(dst)
+    moved = 0
+    for status in fs.listStatus(src):
+        path = status.getPath()
+        if status.isFile() and path.getName().startswith(prefix):
+            if not fs.rename(path, spark.sparkContext._jvm.org.apache.hadoop.fs.Path(dst, path.getName())):
+                raise OSError(f"could not move {path.toString()} into {target}")
+            moved += 1
+    return moved
+
+
 def write_bytes(spark: SparkSession, path: str, data: bytes) -> None:
     """Create or replace ``path`` with ``data``."""
     hpath, fs = _fs(spark, path)

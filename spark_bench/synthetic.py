@@ -48,6 +48,18 @@ class HistorySpec:
     commit_salt: str = ""
 
 
+def bench_spec(runs: int, benchmarks: int) -> HistorySpec:
+    """The history the trend benches time: 3% noise, 1% spikes, a 20% slowdown of every
+    tenth benchmark and a 15% speed-up of every twentieth (from the fifth). The slowdowns
+    start at three quarters of the history, but no earlier than 1,000 runs before its end,
+    so the detector (which looks at the last ``DetectorConfig.max_points`` = 3,000 runs)
+    sees them at 20,000 runs as it does at 2,000."""
+    slow_from = max(runs * 3 // 4, runs - 1000)
+    steps = {i: [(slow_from, 1.2)] for i in range(0, benchmarks, 10)}
+    steps.update({i: [(runs // 3, 0.85)] for i in range(5, benchmarks, 20)})
+    return HistorySpec(runs=runs, benchmarks=benchmarks, noise=0.03, spike_rate=0.01, steps=steps)
+
+
 def commit_of(run: int, salt: str = "") -> str:
     return hashlib.sha1(f"{salt}run-{run}".encode()).hexdigest()
 
@@ -138,12 +150,15 @@ def run_document(spec: HistorySpec, run: int, row: np.ndarray) -> dict[str, obje
     }
 
 
-def write_history(spec: HistorySpec, directory: str) -> list[str]:
-    """One pretty-printed JSON file per run, named like pytest-benchmark autosaves."""
+def write_history(spec: HistorySpec, directory: str, first: int = 0) -> list[str]:
+    """One pretty-printed JSON file per run, named like pytest-benchmark autosaves; runs
+    before ``first`` are not written. ``dataclasses.replace(spec, runs=spec.runs + 1)``
+    written from ``first=spec.runs`` adds one run to a history on disk (its timings are
+    drawn anew with the same levels and steps; the files already there stay as they are)."""
     os.makedirs(directory, exist_ok=True)
     values = timings(spec)
     paths = []
-    for run in range(spec.runs):
+    for run in range(first, spec.runs):
         stamp = run_time_of(spec, run).strftime("%Y%m%d_%H%M%S")
         path = os.path.join(directory, f"{run + 1:04d}_{commit_of(run, spec.commit_salt)[:12]}_{stamp}.json")
         with open(path, "w", encoding="utf-8") as fh:

@@ -12,9 +12,12 @@ matched by benchmark group (or test function) and parameters. A ratio is a speed
 many times faster the rmqha side is, so higher is better.
 
 Each series is analysed in one grouped Arrow UDF (``applyInArrow``): ordering, the
-rolling baseline (the exact median of the previous ``baseline_window`` runs) and the change
-points of :mod:`spark_bench.changepoint`. Spark does the rest: selecting runs, building
-series and ratio series, the per-machine staleness and the summary.
+rolling baseline (the exact median of the previous ``baseline_window`` runs), the change
+points of :mod:`spark_bench.changepoint` and its look at the latest runs: a jump of the
+latest run alone is *suspected* (``suspect_*`` columns on that point and in the summary:
+reported, rerun to confirm, never gated); two or more runs off the level are a change.
+Spark does the rest: selecting runs, building series and ratio series, the per-machine
+staleness and the summary.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark_bench.changepoint import DetectorConfig, detect
+from spark_bench.changepoint import DetectorConfig, detect_with_tail
 from spark_bench.schema import MACHINE_FIELDS
 from spark_bench.series import Direction, SeriesKind
 
@@ -260,6 +263,15 @@ CHANGE_COLUMNS = [
     ("cp_direction", T.StringType()), ("cp_open", T.BooleanType()),
     ("cp_current", T.DoubleType()), ("cp_open_worse_pct", T.DoubleType()),
 ]
+#: On the latest point of a series whose latest run alone jumped off its level: that level,
+#: the jump (in percent, and in the worse direction) and its strength in robust sigmas.
+SUSPECT_COLUMNS = [
+    ("suspect_before", T.DoubleType()), ("suspect_change_pct", T.DoubleType()),
+    ("suspect_worse_pct", T.DoubleType()), ("suspect_z", T.DoubleType()),
+]
+#: Bumped when the trend tables gain or change columns: tables an older version wrote
+#: are then computed again instead of reused.
+TABLES_VERSION = 2
 _POINT_TYPES = {
     "run_index": T.LongType(), "run_time": T.TimestampType(), "order_time": T.TimestampType(),
     "value": T.DoubleType(), "higher_is_better": T.BooleanType(), "baseline": T.DoubleType(),
@@ -268,7 +280,8 @@ _POINT_TYPES = {
 ANALYSED_SCHEMA = T.StructType(
     [T.StructField(c, _POINT_TYPES.get(c, T.StringType())) for c in SERIES_COLUMNS]
     + [T.StructField("is_latest", T.BooleanType())]
-    + [T.StructField(c, t) for c, t in CHANGE_COLUMNS])
+    + [T.StructField(c, t) for c, t in CHANGE_COLUMNS]
+    + [T.StructField(c, t) for c, t in SUSPECT_COLUMNS])
 
 
 def _analyse_series(cfg: TrendConfig):  # noqa: ANN202 - returns the UDF body
@@ -283,7 +296,7 @@ def _analyse_series(cfg: TrendConfig):  # noqa: ANN202 - returns the UDF body
     det = cfg.detector
     passed = [f.name for f in ANALYSED_SCHEMA.fields
               if f.name in POINT_SCHEMA.names]
-    change_types = {c: _ARROW_TYPES[type(t)] for c, t in CHANGE_COLUMNS}
+    change_types = {c: _ARROW_TYPES[type(t)] for c, t in CHANGE_COLUMNS + SUSPECT_COLUMNS}
 
     def run(table: pa.Table) -> pa.Table:
         order = pc.sort_indices(table, sort_keys=[(c, "ascending") for c in RUN_ORDER])
@@ -305,7 +318,7 @@ def _analyse_series(cfg: TrendConfig):  # noqa: ANN202 - returns the UDF body
             "is_latest": pa.array(run_index == n - 1),
         }
         cols: dict[str, list[object]] = {c: [None] * n for c, _ in CHANGE_COLUMNS}
-        found = detect(values, det, seed=series_id)
+        found, suspect_jump = detect_with_tail(values, det, seed=series_id)
         last_level = float(np.median(values[found[-1].index:])) if found else None
         for cp in found:
             worse = -cp.change if higher_better else cp.change
@@ -320,8 +333,17 @@ def _analyse_series(cfg: TrendConfig):  # noqa: ANN202 - returns the UDF body
             cols["cp_open"][i] = bool(worse > 0 and open_worse >= det.min_change)
             cols["cp_current"][i] = last_level
             cols["cp_open_worse_pct"][i] = open_worse * 100.0
+        suspect: dict[str, list[object]] = {c: [None] * n for c, _ in SUSPECT_COLUMNS}
+        if suspect_jump is not None:
+            change_pct = suspect_jump.change * 100.0
+            suspect["suspect_before"][-1] = suspect_jump.before
+            suspect["suspect_change_pct"][-1] = change_pct
+            suspect["suspect_worse_pct"][-1] = -change_pct if higher_better else change_pct
+            suspect["suspect_z"][-1] = suspect_jump.z
         for c, _ in CHANGE_COLUMNS:
             computed[c] = pa.array(cols[c], type=change_types[c])
+        for c, _ in SUSPECT_COLUMNS:
+            computed[c] = pa.array(suspect[c], type=change_types[c])
         return pa.table({name: (table.column(name) if name in passed else computed[name])
                          for name in ANALYSED_SCHEMA.names})
     return run
@@ -344,7 +366,8 @@ def changes_of(analysed: DataFrame) -> DataFrame:
 
 
 def summarize(series: DataFrame, changes: DataFrame, stale_after: int = 5) -> DataFrame:
-    """One row per series: its latest point against the baseline, change counts, and
+    """One row per series: its latest point against the baseline, change counts, whether
+    its latest run alone is a suspected jump (``suspected``, ``suspect_*``), and
     ``runs_since_seen``: how many later runs of its machine, branch and mode did not
     measure it (``stale`` from ``stale_after`` on: renamed or removed)."""
     latest = series.filter("is_latest").drop("run_index")
@@ -374,7 +397,9 @@ def summarize(series: DataFrame, changes: DataFrame, stale_after: int = 5) -> Da
                 F.col("last_change.run_time").alias("last_change_time"),
                 F.col("last_change.commit").alias("last_change_commit"),
                 F.col("last_change.change_pct").alias("last_change_pct"),
-                F.col("last_change.direction").alias("last_change_direction")))
+                F.col("last_change.direction").alias("last_change_direction"),
+                F.col("suspect_worse_pct").isNotNull().alias("suspected"),
+                *(c for c, _ in SUSPECT_COLUMNS)))
 
 
 def compute(runs: DataFrame, out: str, cfg: TrendConfig | None = None) -> TrendTables:

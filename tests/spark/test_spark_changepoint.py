@@ -122,3 +122,46 @@ def test_constant_series_statistic_is_exactly_zero() -> None:
     # The permutation test counts ties against a change: rounding noise must not appear.
     q = energy_statistic(np.full((3, 50), 1.7e-3), min_size=5)
     assert (q[np.isfinite(q)] == 0.0).all()
+
+
+def test_tail_jump_of_the_latest_run_alone_is_suspected_not_a_change() -> None:
+    from spark_bench.changepoint import detect_with_tail
+    rng = np.random.default_rng(21)
+    x = noisy(rng, 80, noise=0.03)
+    x[-1] *= 1.2
+    found, suspected = detect_with_tail(x, seed=1)
+    assert found == []
+    assert suspected is not None and suspected.runs == 1 and suspected.index == 79
+    assert suspected.change == pytest.approx(0.2, abs=0.06)
+
+
+def test_tail_jump_confirmed_by_a_rerun_is_a_change_point() -> None:
+    from spark_bench.changepoint import detect_with_tail
+    rng = np.random.default_rng(21)
+    x = noisy(rng, 80, noise=0.03)
+    x[-2:] *= 1.2
+    found, suspected = detect_with_tail(x, seed=1)
+    assert suspected is None
+    [cp] = found
+    assert cp.index == 78 and cp.change == pytest.approx(0.2, abs=0.06)
+    assert np.isnan(cp.p_value)  # no permutation test on two points
+
+
+def test_tail_jump_negative_controls() -> None:
+    """No jump, a spike that came back down, and a jump too small to matter: nothing; a
+    jump as long as min_size is the detector's to find, not the tail rule's."""
+    from spark_bench.changepoint import detect_with_tail, tail_jump
+    rng = np.random.default_rng(22)
+    x = noisy(rng, 80, noise=0.03)
+    assert detect_with_tail(x, seed=1) == ([], None)
+    spike = x.copy()
+    spike[-2] *= 1.5
+    assert detect_with_tail(spike, seed=1) == ([], None)
+    small = noisy(rng, 80, noise=0.002)
+    small[-1] *= 1.03  # 15 sigma, but under the 5% min_change
+    assert tail_jump(small) is None
+    long = x.copy()
+    long[-DetectorConfig.min_size:] *= 1.3
+    assert tail_jump(long) is None
+    found, suspected = detect_with_tail(long, seed=1)
+    assert suspected is None and [c.index for c in found] == [80 - DetectorConfig.min_size]

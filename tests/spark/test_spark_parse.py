@@ -121,3 +121,26 @@ def test_a_file_whose_content_is_known_is_hashed_not_parsed() -> None:
     assert rows[1]["benchmark"] is not None
     assert rows[-1]["problem"].startswith("malformed JSON")
     assert rows[-1]["content_digest"] == parse.content_digest(b"{")
+
+
+def test_batches_are_the_rows_converted_one_by_one() -> None:
+    """The batch builder repeats run-level values per file and builds maps from flat
+    arrays: the same table as converting every row's values, nulls and empty maps kept."""
+    from spark_bench.parse import _map_array
+    cells = [[("a", "1")], None, [], [("b", None), ("c", "3")]]
+    assert _map_array(cells).equals(pa.array(cells, pa.map_(pa.string(), pa.string())))
+    spec = synthetic.HistorySpec(runs=3, benchmarks=4)
+    docs = [synthetic.run_document(spec, r, synthetic.timings(spec)[r]) for r in range(3)]
+    docs[1]["benchmarks"][2]["params"] = None  # type: ignore[index]
+    files = [(f"file:/h/{i}.json", json.dumps(d).encode()) for i, d in enumerate(docs)]
+    files.append(("file:/h/bad.json", b"{"))
+    got = pa.Table.from_batches(list(parse._batches_of(iter(files))))
+    rows: dict[str, list[object]] = {n: [] for n in parse.ARROW_SCHEMA.names}
+    for path, data in files:
+        cols = parse.columns_of(path, data)
+        cols["content_digest"] = [parse.content_digest(data)] * len(cols["source_file"])
+        for n in rows:
+            rows[n].extend(cols[n])
+    want = pa.table({n: pa.array(rows[n], parse.ARROW_SCHEMA.field(n).type) for n in rows},
+                    schema=parse.ARROW_SCHEMA)
+    assert got.num_rows == 13 and got.equals(want)
