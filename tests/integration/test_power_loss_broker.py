@@ -203,10 +203,12 @@ def test_consume_queues_lost_unsynced_are_rebuilt_from_the_commitlog(tmp_path):
 
 @pytest.mark.parametrize("skip, what", [
     (("commitlog/0*",), "acknowledged messages"),
-    (("commitlog.checkpoint",), "commitlog checkpoint lost"),
-    (("consumequeue/checkpoint",), "consume queue checkpoint lost"),
-    ((".broker.meta*",), "broker id|did not start"),
-    (("epochFileCheckpoint*",), "epoch entries|did not start"),
+    # The other durable things' controls run in `make soak` (13 s each): make test keeps
+    # the commitlog's here and the flusher's below, inside its ten minutes.
+    pytest.param(("commitlog.checkpoint",), "commitlog checkpoint lost", marks=pytest.mark.slow),
+    pytest.param(("consumequeue/checkpoint",), "consume queue checkpoint lost", marks=pytest.mark.slow),
+    pytest.param((".broker.meta*",), "broker id|did not start", marks=pytest.mark.slow),
+    pytest.param(("epochFileCheckpoint*",), "epoch entries|did not start", marks=pytest.mark.slow),
 ], ids=["commitlog", "commitlog-checkpoint", "consume-queue-checkpoint", "broker-id", "epoch-file"])
 def test_negative_control_a_skipped_sync_is_caught(tmp_path, skip, what):
     with pytest.raises(Lost, match=what):
