@@ -77,6 +77,7 @@ from rmqha.testing.local_cluster import (
 from rmqha.testing.secure_setup import Account, SecureSetup
 from rmqha.security.secret import generate_secret_text
 from rmqha.net.loop import EventLoopThread
+from rmqha.protocol.codes import RequestCode
 from rmqha.demo.load import AckProgress, ProduceLoad, seq_of
 from rmqha.demo.options import (
     ADMIN_KEY, ALL_ACK, APP_KEY, CLUSTER_NAME, GROUP, HA_ADVERTISED_KEY, QUEUES, TOPIC, DemoOptions,
@@ -344,10 +345,17 @@ class Demo:
         crossed = links.forwarded_ends()
         stored = self._slaves_settled if links.opaque() else self._slaves_stored
         shortest, longest = t0 + self.opts.stall_s, t0 + self._stall_cap
+        nudged = False
         while not load.done and time.monotonic() < longest:
-            if (time.monotonic() >= shortest and stored(slaves, crossed)
-                    and self._master_ahead(master, slaves)):
-                break
+            if time.monotonic() >= shortest and stored(slaves, crossed):
+                if self._master_ahead(master, slaves):
+                    break
+                if not nudged:
+                    # A producer whose whole window crossed before the stall waits for acks
+                    # stuck in the stalled links and sends nothing: one more send, which the
+                    # master appends and no slave can get, gives the kill a tail to cut.
+                    nudged = True
+                    threading.Thread(target=self._send_unackable, args=(master,), daemon=True).start()
             self._tick(bar, load, 0.01)
         ha = c.broker_status(master).get("ha") or {}
         f.slave_max_at_kill = [int(c.broker_status(b)["maxOffset"]) for b in slaves]
@@ -390,6 +398,18 @@ class Demo:
                 for st in (c.broker_status(b) for b in slaves)]
         settled, self._settled_seen = seen == self._settled_seen, seen
         return settled
+
+    def _send_unackable(self, master: BrokerProc) -> None:
+        """One send to ``master`` while its links stall: appended there, never acknowledged
+        (the request times out; the kill that follows cuts it with the rest of the tail)."""
+        try:
+            self._c.request(master.address, RequestCode.SEND_MESSAGE, {
+                "producerGroup": "demo-tail", "topic": TOPIC, "defaultTopic": "TBW102",
+                "defaultTopicQueueNums": 4, "queueId": 0, "sysFlag": 0,
+                "bornTimestamp": int(time.time() * 1000), "flag": 0, "properties": "",
+                "reconsumeTimes": 0}, b"written while the links stall", timeout=self._stall_cap)
+        except (RmqhaError, TimeoutError, CancelledError):
+            pass  # never answered SEND_OK by design: the master dies first
 
     def _master_ahead(self, master: BrokerProc, slaves: list[BrokerProc]) -> bool:
         c = self._c
