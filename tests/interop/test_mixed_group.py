@@ -27,7 +27,6 @@ system topics.  Replication and acknowledgement do not depend on it.
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -65,16 +64,6 @@ def mixed(tmp_path: Path) -> Iterator[tuple[RocketmqCluster, Cluster]]:
         rmqha.stop_all()
         rocketmq.stop()
     assert not rmqha.leftovers()
-
-
-def _wait(condition, what: str, timeout: float = DEADLINE_S):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"no {what} within {timeout:g} s")
 
 
 def _send(namesrv: str, tag: str) -> None:
@@ -116,14 +105,15 @@ def test_an_rmqha_slave_follows_a_rocketmq_master(mixed: tuple[RocketmqCluster, 
         segment_bytes=COMMITLOG_FILE_BYTES)
     slave.start()
     rmqha.wait_role(slave, "slave", DEADLINE_S)
-    state = _wait(lambda: (s := rocketmq.replica_state()) is not None and len(s.sync_state_set) == 2 and s,
-                  "SyncStateSet of two at RocketMQ's controller")
+    state = rmqha.wait_for(lambda: (s := rocketmq.replica_state()) is not None and len(s.sync_state_set) == 2 and s,
+                           DEADLINE_S, what="SyncStateSet of two at RocketMQ's controller")
     assert state.master_address == master_addr
 
     # Every send now needs the rmqha slave's ack (allAckInSyncStateSet): all are acknowledged.
     _send(rocketmq.namesrv_address, "after")
     end = int(_epochs(rocketmq, master_addr)["maxOffset"])
-    _wait(lambda: int(rmqha.broker_epochs(slave)["maxOffset"]) >= end, "the slave at the master's end")
+    rmqha.wait_for(lambda: int(rmqha.broker_epochs(slave)["maxOffset"]) >= end, DEADLINE_S,
+                   what="the slave at the master's end")
 
     theirs = _bytes(rocketmq.workdir / master / "store" / "commitlog", end)
     ours = _bytes(slave.commitlog_dir, end)
